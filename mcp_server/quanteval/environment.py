@@ -1,0 +1,165 @@
+"""check_environment: what is installed and reachable here. Reports; never fails because something is absent."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from quanteval import __version__
+from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
+from quanteval.models import StrictModel
+
+PACKAGES = ["quanteval", "nemo-evaluator-launcher", "nemo-evaluator", "mcp", "pydantic", "paramiko",
+            "safetensors", "torch", "sglang", "vllm", "nemo-skills"]
+
+
+class CheckEnvironmentInput(StrictModel):
+    probe_gpus: bool = Field(True, description="Run nvidia-smi (up to 5 s) to list GPUs.")
+
+
+class GpuInfo(BaseModel):
+    index: int
+    name: str
+    memory_mib: int | None = None
+
+
+class Workspace(BaseModel):
+    path: str
+    has_checkpoints: bool = Field(description="Contains a config.json somewhere within two levels.")
+
+
+class EnvironmentReport(BaseModel):
+    python: str
+    platform: str
+    quanteval: str
+    packages: dict[str, str | None] = Field(description="Installed version per package; null when not installed.")
+    nel_on_path: str | None = Field(description="Path of the `nel` executable, or null.")
+    docker_daemon: bool = Field(description="A Docker daemon answers on its socket (NEL's local executor needs one).")
+    docker_detail: str
+    gpus: list[GpuInfo]
+    gpu_detail: str
+    ssh_hosts: list[str] = Field(description="Host aliases from ~/.ssh/config (no wildcards).")
+    env_vars_set: list[str] = Field(description="Known env vars that are set (names only, never values).")
+    env_vars_unset: list[str]
+    workspace_root: str | None = Field(description="MODELOPT_WORKSPACE_ROOT, when set.")
+    workspaces: list[Workspace]
+    notes: list[str]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _docker_status() -> tuple[bool, str]:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return False, f"DOCKER_HOST={host} is not a unix socket; not probed"
+    path = host.removeprefix("unix://")
+    if not Path(path).exists():
+        return False, f"no Docker socket at {path}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            answer = sock.recv(256)
+        ok = b" 200 " in answer.split(b"\r\n", 1)[0]
+        return ok, "daemon answered /_ping" if ok else "socket exists but the daemon did not answer OK"
+    except OSError as exc:
+        return False, f"socket {path} not answering: {exc.strerror or exc}"
+
+
+def _gpus(probe: bool) -> tuple[list[GpuInfo], str]:
+    if not probe:
+        return [], "not probed"
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return [], "nvidia-smi not found"
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError) as exc:
+        return [], f"nvidia-smi failed: {type(exc).__name__}"
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit():
+            memory = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+            gpus.append(GpuInfo(index=int(parts[0]), name=parts[1], memory_mib=memory))
+    return gpus, f"{len(gpus)} GPU(s) from nvidia-smi"
+
+
+def ssh_config_hosts(config_path: Path | None = None) -> list[str]:
+    path = config_path or Path.home() / ".ssh" / "config"
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    hosts: list[str] = []
+    for line in lines:
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[0].lower() == "host":
+            hosts += [h for h in parts[1].split() if not any(c in h for c in "*?!")]
+    return hosts
+
+
+def _workspaces(root: str | None) -> list[Workspace]:
+    if not root or not Path(root).is_dir():
+        return []
+    found = []
+    for entry in sorted(Path(root).iterdir())[:200]:
+        if entry.is_dir():
+            has = any(entry.glob("config.json")) or any(entry.glob("*/config.json"))
+            found.append(Workspace(path=str(entry), has_checkpoints=has))
+    return found
+
+
+def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
+    """Report the Python and package versions, whether `nel` is on PATH, whether a Docker daemon answers,
+    which GPUs are visible, ssh config hosts, which known env vars are set (names only) and ModelOpt
+    workspaces under MODELOPT_WORKSPACE_ROOT. Use it first, before building a config: it never fails
+    because something is missing, it says what is missing."""
+    docker_ok, docker_detail = _docker_status()
+    gpus, gpu_detail = _gpus(request.probe_gpus)
+    set_names = set_env_var_names()
+    nel = shutil.which("nel")
+    root = os.environ.get("MODELOPT_WORKSPACE_ROOT")
+    notes = []
+    if not nel:
+        notes.append("`nel` is not on PATH: install nemo-evaluator-launcher==0.2.6 (quanteval uses its Python API).")
+    if not docker_ok:
+        notes.append("No Docker daemon: NEL's local executor cannot run here; use execution: slurm or a remote host.")
+    if not gpus:
+        notes.append("No GPU visible: deployments must run on a cluster (SLURM) or an existing endpoint.")
+    if root and not Path(root).is_dir():
+        notes.append(f"MODELOPT_WORKSPACE_ROOT={root} is not a directory.")
+    return EnvironmentReport(
+        python=sys.version.split()[0],
+        platform=f"{platform.system()} {platform.machine()}",
+        quanteval=__version__,
+        packages={name: _version(name) for name in PACKAGES},
+        nel_on_path=nel,
+        docker_daemon=docker_ok,
+        docker_detail=docker_detail,
+        gpus=gpus,
+        gpu_detail=gpu_detail,
+        ssh_hosts=ssh_config_hosts(),
+        env_vars_set=sorted(set_names),
+        env_vars_unset=sorted(set(KNOWN_ENV_VARS) - set(set_names)),
+        workspace_root=root,
+        workspaces=_workspaces(root),
+        notes=notes,
+    )

@@ -1,0 +1,52 @@
+"""Every environment variable quanteval reads or reports, and where its state lives.
+
+One place for these names: `env.example` lists exactly these (a test checks it), and
+tools report names only — never values.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# name -> what it is for. Values are secrets or paths; tools only ever report the names.
+KNOWN_ENV_VARS: dict[str, str] = {
+    "HF_TOKEN": "Hugging Face token for gated models and datasets (read by NEL containers).",
+    "HF_HOME": "Hugging Face home; the hub cache under it is where inspect_checkpoint looks for HF handles.",
+    "HF_HUB_CACHE": "Hugging Face hub cache directory, if not under HF_HOME.",
+    "NGC_API_KEY": "NGC key for pulling NVIDIA containers (nvcr.io) and NIM deployments.",
+    "NEMO_EVALUATOR_TELEMETRY_LEVEL": "NEL telemetry; 0 turns it off (the test suite sets 0).",
+    "NEMO_EVALUATOR_TRUST_PRE_CMD": "Must be 1 for NEL to run a config's pre_cmd.",
+    "MODELOPT_WORKSPACE_ROOT": "Root of ModelOpt quantization/deployment workspaces to reuse.",
+    "QUANTEVAL_STATE_DIR": "Where quanteval keeps its state (ledger, caches). Default: $XDG_STATE_HOME/quanteval.",
+    "QUANTEVAL_LEDGER": "Path of the SQLite ledger of runs and deployments. Default: <state dir>/ledger.sqlite3.",
+    "XDG_STATE_HOME": "Base of the default state directory (~/.local/state when unset).",
+    "SSH_AUTH_SOCK": "ssh-agent socket used by the remote tools.",
+    "JUDGE_API_KEY": "API key of the LLM judge used by judge-scored tasks (e.g. ns_hle_aa, aa_lcr).",
+    "OPENAI_API_KEY": "OpenAI-compatible key for judges or user simulators hosted by OpenAI.",
+    "DUMMY_API_KEY": "Placeholder key NeMo-Skills tasks send to a self-deployed endpoint (api_key_name: DUMMY_API_KEY).",
+    "WANDB_API_KEY": "Weights & Biases key, for export: wandb.",
+    "MLFLOW_TRACKING_URI": "MLflow server, for export: mlflow.",
+}
+
+
+def state_dir() -> Path:
+    """The directory for quanteval's own state, created on first use."""
+    explicit = os.environ.get("QUANTEVAL_STATE_DIR")
+    if explicit:
+        path = Path(explicit).expanduser()
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        path = Path(base).expanduser() / "quanteval"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def ledger_path() -> Path:
+    explicit = os.environ.get("QUANTEVAL_LEDGER")
+    return Path(explicit).expanduser() if explicit else state_dir() / "ledger.sqlite3"
+
+
+def set_env_var_names(names: list[str] | None = None) -> list[str]:
+    """Which of `names` (default: all known) are set and non-empty. Names only, never values."""
+    return [name for name in (names or list(KNOWN_ENV_VARS)) if os.environ.get(name)]

@@ -1,0 +1,109 @@
+"""The one list of tools. The MCP server, the CLI and the tests are all generated from it.
+
+A tool is a plain function in its domain module:
+
+    def inspect_checkpoint(request: InspectCheckpointInput, progress: ProgressFn = no_progress) -> CheckpointReport:
+        \"\"\"What it does. When to use it.\"\"\"
+
+One pydantic input model, one pydantic output model, the docstring as description,
+and an optional `progress` keyword for work that takes more than a second or two.
+Registering it here with truthful annotations is all it takes to appear everywhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from quanteval import checkpoint, environment
+from quanteval.models import ProgressFn, ToolError, no_progress
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    fn: Callable[..., BaseModel]
+    read_only: bool
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = False  # talks to something outside this machine's files (hosts, servers, registries)
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    @cached_property
+    def _hints(self) -> dict[str, Any]:
+        return typing.get_type_hints(self.fn)
+
+    @property
+    def input_model(self) -> type[BaseModel]:
+        first_param = next(iter(inspect.signature(self.fn).parameters))
+        return self._hints[first_param]
+
+    @property
+    def output_model(self) -> type[BaseModel]:
+        return self._hints["return"]
+
+    @property
+    def description(self) -> str:
+        return inspect.getdoc(self.fn) or ""
+
+    @property
+    def wants_progress(self) -> bool:
+        return "progress" in inspect.signature(self.fn).parameters
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
+    by_name: dict[str, ToolSpec] = {}
+    for spec in specs:
+        if spec.name in by_name:
+            raise RuntimeError(f"tool {spec.name} registered twice")
+        by_name[spec.name] = spec
+    return by_name
+
+
+TOOLS: dict[str, ToolSpec] = _tools(
+    ToolSpec(environment.check_environment, read_only=True, idempotent=True),
+    ToolSpec(checkpoint.inspect_checkpoint, read_only=True, idempotent=True),
+)
+
+
+def get_tool(name: str) -> ToolSpec:
+    try:
+        return TOOLS[name]
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(name, TOOLS, n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else " Run `quanteval tools` to list them."
+        raise ToolError(f"Unknown tool '{name}'.{hint}") from None
+
+
+class ArgumentsError(ToolError):
+    """The arguments do not match the tool's input schema (a usage error)."""
+
+
+def parse_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
+    try:
+        return spec.input_model.model_validate(arguments)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ArgumentsError(f"Invalid arguments for {spec.name}: {problems}") from None
+
+
+def call_tool(spec: ToolSpec, request: BaseModel, progress: ProgressFn = no_progress) -> BaseModel:
+    """Run one tool on already-validated input."""
+    if spec.wants_progress:
+        return spec.fn(request, progress=progress)
+    return spec.fn(request)

@@ -1,0 +1,150 @@
+"""The whole tool surface, as MCP clients and CLI users see it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import anyio
+import pytest
+from mcp import Client
+
+from quanteval import registry
+from quanteval.server import build_server
+
+CONTRACT = """check_environment inspect_checkpoint build_config get_config_value set_config_value
+delete_config_value list_missing_values list_tasks get_task_recipe add_tasks apply_checkpoint validate_config
+dry_run launch_canary launch_full_run run_status run_logs kill_run resume_run list_runs ssh_check slurm_queue
+remote_grep check_registry_credentials plan_deployment launch_deployment deployment_status stop_deployment
+validate_run extract_scores compare_results""".split()
+
+
+def list_tools():
+    async def go():
+        async with Client(build_server()) as client:
+            return (await client.list_tools()).tools
+
+    return anyio.run(go)
+
+
+def test_every_contract_tool_is_registered():
+    missing = [name for name in CONTRACT if name not in registry.TOOLS]
+    assert not missing, f"contract tools not registered: {missing}"
+
+
+def test_every_tool_has_description_schemas_and_annotations():
+    tools = {tool.name: tool for tool in list_tools()}
+    assert set(tools) == set(registry.TOOLS)
+    for name, spec in registry.TOOLS.items():
+        tool = tools[name]
+        assert len(tool.description) > 60, f"{name}: description must say what it does and when to use it"
+        assert tool.input_schema["type"] == "object"
+        assert tool.output_schema and tool.output_schema["type"] == "object", name
+        annotations = tool.annotations
+        assert annotations.read_only_hint is spec.read_only
+        assert annotations.destructive_hint is spec.destructive
+        assert annotations.idempotent_hint is spec.idempotent
+        assert annotations.open_world_hint is spec.open_world
+        # a read-only tool cannot also be destructive
+        assert not (spec.read_only and spec.destructive), name
+        # every input field is described for the model that calls the tool
+        for field, schema in tool.input_schema.get("properties", {}).items():
+            assert schema.get("description"), f"{name}.{field} has no description"
+
+
+def test_structured_content_equals_json_text():
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("check_environment", {"probe_gpus": False})
+
+    result = anyio.run(go)
+    assert not result.is_error
+    assert json.loads(result.content[0].text) == result.structured_content
+    assert result.structured_content["python"].startswith("3.")
+
+
+def test_tool_error_reaches_the_client_as_an_error_result_without_traceback(tmp_path):
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("inspect_checkpoint", {"path": str(tmp_path / "absent")})
+
+    result = anyio.run(go)
+    assert result.is_error
+    text = result.content[0].text
+    assert "absent" in text and "no such checkpoint directory" in text
+    assert "Traceback" not in text
+
+
+def test_cli_tools_json_lists_every_tool(cli_env):
+    out = subprocess.run(["quanteval", "tools", "--json"], capture_output=True, text=True, env=cli_env, check=True)
+    listed = json.loads(out.stdout)
+    assert [tool["name"] for tool in listed] == list(registry.TOOLS)
+    assert all(tool["input_schema"]["type"] == "object" for tool in listed)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "stderr_part"),
+    [
+        (["call", "no_such_tool"], 2, "Unknown tool"),
+        (["call", "inspect_chekpoint"], 2, "Did you mean: inspect_checkpoint"),
+        (["call", "check_environment", "--json", "{not json"], 2, "not valid JSON"),
+        (["call", "check_environment", "--json", "[1]"], 2, "JSON object"),
+        (["call", "check_environment", "--json", '{"probe_gpu": false}'], 2, "probe_gpu"),
+        (["call", "inspect_checkpoint", "--json", '{"path": "/definitely/not/here"}'], 1, "no such checkpoint"),
+    ],
+)
+def test_cli_exit_codes(cli_env, argv, code, stderr_part):
+    out = subprocess.run(["quanteval", *argv], capture_output=True, text=True, env=cli_env)
+    assert out.returncode == code, out.stderr
+    assert stderr_part in out.stderr
+    assert out.stdout == ""
+    assert "Traceback" not in out.stderr
+
+
+def test_cli_call_prints_only_json(cli_env):
+    out = subprocess.run(
+        ["quanteval", "call", "check_environment", "--json", '{"probe_gpus": false}'],
+        capture_output=True, text=True, env=cli_env, check=True,
+    )
+    assert json.loads(out.stdout)["quanteval"]
+
+
+def test_stdio_server_speaks_only_protocol_on_stdout(cli_env, tmp_path):
+    """Spawn quanteval-mcp as an IDE would, drive it, and check every stdout line is a JSON-RPC message."""
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+         "params": {"name": "check_environment", "arguments": {"probe_gpus": False}}},
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+         "params": {"name": "inspect_checkpoint", "arguments": {"path": str(tmp_path / "nope")}}},
+    ]
+    proc = subprocess.Popen(
+        ["quanteval-mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=cli_env, text=True,
+    )
+    answers = {}
+    try:
+        for request in requests:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            if "id" in request:
+                while True:
+                    line = proc.stdout.readline()
+                    assert line, f"server closed stdout; stderr: {proc.stderr.read()[-2000:]}"
+                    message = json.loads(line)  # anything that is not JSON fails here
+                    assert message["jsonrpc"] == "2.0"
+                    if message.get("id") == request["id"]:
+                        answers[request["id"]] = message
+                        break
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=20)
+    rest = proc.stdout.read()
+    assert all(json.loads(line)["jsonrpc"] == "2.0" for line in rest.splitlines() if line.strip())
+    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.TOOLS)
+    assert answers[3]["result"]["structuredContent"]["quanteval"]
+    assert answers[4]["result"]["isError"] is True
