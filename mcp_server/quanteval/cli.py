@@ -89,7 +89,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
         return EXIT_OK
     width = max(len(name) for name in registry.TOOLS)
     for spec in registry.TOOLS.values():
-        summary = spec.description.split("\n", 1)[0]
+        summary = spec.description.replace("\n", " ").split(". ", 1)[0].rstrip(".") + "."
         sys.stdout.write(f"{spec.name:<{width}}  {summary}\n")
     return EXIT_OK
 

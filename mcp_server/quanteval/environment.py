@@ -135,7 +135,8 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)
     set_names = set_env_var_names()
-    nel = shutil.which("nel")
+    # `nel` comes with the nemo-evaluator-launcher package, so look beside this interpreter too (an unactivated venv).
+    nel = shutil.which("nel") or shutil.which("nel", path=str(Path(sys.executable).parent))
     root = os.environ.get("MODELOPT_WORKSPACE_ROOT")
     notes = []
     if not nel:

@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mcp").setLevel(args.log_level)  # the SDK logs every tool error at INFO otherwise
     server = build_server()
     if args.http:
         server.run("streamable-http", host="127.0.0.1", port=args.port)
