@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, environment
+from quanteval import checkpoint, environment, nelconfig
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
@@ -74,6 +74,10 @@ def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
 TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(environment.check_environment, read_only=True, idempotent=True),
     ToolSpec(checkpoint.inspect_checkpoint, read_only=True, idempotent=True),
+    ToolSpec(nelconfig.build_config, read_only=False),
+    ToolSpec(nelconfig.get_config_value, read_only=True, idempotent=True),
+    ToolSpec(nelconfig.set_config_value, read_only=False, destructive=True, idempotent=True),
+    ToolSpec(nelconfig.delete_config_value, read_only=False, destructive=True),
 )
 
 

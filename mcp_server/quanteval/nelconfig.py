@@ -1,0 +1,545 @@
+"""NEL config files: build from NEL's templates, round-trip edits, missing values, checkpoint facts.
+
+Edits go through ruamel.yaml's round-trip mode so comments and key order survive, and
+through `edit_config`, which holds an exclusive lock on a sidecar file while it reads,
+changes and atomically replaces the config — two writers never lose each other's update.
+
+Dotted paths address nested keys; a list element is addressed by index
+(`evaluation.tasks[0]`) or, for lists of named entries such as `evaluation.tasks`, by
+name (`evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fcntl
+import io
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+
+from quanteval.models import StrictModel, ToolError
+
+MISSING = "???"  # OmegaConf's marker for a value that must be filled in
+
+
+# ---------------------------------------------------------------------------
+# Round-trip YAML
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never re-wrap long command lines or extra_args
+    yaml.indent(mapping=2, sequence=4, offset=2)  # the layout of NEL's own templates
+    # Write null as `null` (ruamel's default is an empty value, easy to misread as a forgotten value).
+    yaml.representer.add_representer(type(None), lambda rep, _: rep.represent_scalar("tag:yaml.org,2002:null", "null"))
+    return yaml
+
+
+def parse_config_text(text: str, source: str) -> CommentedMap:
+    """Parse YAML text into a round-trip mapping; bad YAML becomes a ToolError with line and column."""
+    try:
+        doc = _yaml().load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ToolError(f"{source}: invalid YAML at {where}: {problem}. Fix the YAML syntax there; the file was not changed.") from None
+    if doc is None:
+        return CommentedMap()
+    if not isinstance(doc, CommentedMap):
+        raise ToolError(f"{source}: the top level must be a mapping (keys like `execution:`, `evaluation:`), not a {type(doc).__name__}.")
+    return doc
+
+
+def dump_config(doc: CommentedMap) -> str:
+    buffer = io.StringIO()
+    _yaml().dump(doc, buffer)
+    return buffer.getvalue()
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise ToolError(f"{path}: no such config file. Create one with build_config, or check the path.")
+    return path.read_text(encoding="utf-8")
+
+
+def load_config(path: str | Path) -> CommentedMap:
+    """Load a NEL config for reading or round-trip editing (comments and order kept)."""
+    path = Path(path).expanduser()
+    return parse_config_text(_read_text(path), str(path))
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    # A sidecar lock file: the config itself is replaced by rename, so a lock on its inode would not hold.
+    lock_path = path.with_name(f".{path.name}.lock")
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as temp:
+            temp.write(text)
+            temp.flush()
+            os.fsync(temp.fileno())
+        os.chmod(temp_name, mode)
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def unified_diff(before: str, after: str, path: Path) -> str:
+    return "".join(
+        difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path.name}", f"b/{path.name}")
+    )
+
+
+def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None]) -> str:
+    """Apply `mutate` to the config under an exclusive lock and replace the file atomically.
+
+    Returns the unified diff ("" when nothing changed). Bad YAML or a ToolError from
+    `mutate` leaves the file untouched.
+    """
+    path = Path(path).expanduser()
+    with _locked(path):
+        before = _read_text(path)
+        doc = parse_config_text(before, str(path))
+        mutate(doc)
+        after = dump_config(doc)
+        if after == before:
+            return ""
+        _write_atomically(path, after)
+    return unified_diff(before, after, path)
+
+
+# ---------------------------------------------------------------------------
+# Dotted paths
+
+_SEGMENT = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]|(\.)")
+
+PathStep = str | int  # str: mapping key or entry name (in a list); int: list index
+
+
+class MissingKeyError(ToolError):
+    """A mapping along the path lacks the key (set_path creates it; get/delete report it)."""
+
+
+def parse_path(dotted: str) -> list[tuple[str, PathStep]]:
+    """`a.b[ns_gpqa].c[0]` -> [("key","a"), ("key","b"), ("name","ns_gpqa"), ("key","c"), ("index",0)]."""
+    steps: list[tuple[str, PathStep]] = []
+    position = 0
+    expect_key = True
+    while position < len(dotted):
+        match = _SEGMENT.match(dotted, position)
+        if not match:
+            raise ToolError(f"path '{dotted}': cannot parse at character {position + 1}. Use keys joined by dots, e.g. deployment.extra_args or evaluation.tasks[ns_gpqa].name.")
+        key, selector, dot = match.groups()
+        if key is not None:
+            if not expect_key:
+                raise ToolError(f"path '{dotted}': a '.' is missing before '{key}'.")
+            steps.append(("key", key.strip()))
+            expect_key = False
+        elif selector is not None:
+            selector = selector.strip().strip("'\"")
+            if not selector or (expect_key and steps):
+                raise ToolError(f"path '{dotted}': empty or misplaced [..]. Use [<index>] or [<task name>] right after a list key.")
+            if re.fullmatch(r"-?\d+", selector):
+                steps.append(("index", int(selector)))
+            else:
+                steps.append(("name", selector))
+            expect_key = False
+        else:
+            if expect_key:
+                raise ToolError(f"path '{dotted}': empty key between dots.")
+            expect_key = True
+        position = match.end()
+    if not steps or expect_key:
+        raise ToolError(f"path '{dotted}': empty or ends with '.'. Give a key path such as deployment.tensor_parallel_size.")
+    return steps
+
+
+def format_path(steps: list[tuple[str, PathStep]]) -> str:
+    text = ""
+    for kind, step in steps:
+        text += f"[{step}]" if kind in ("index", "name") else (f".{step}" if text else str(step))
+    return text
+
+
+def _named_index(seq: list, name: str, where: str) -> int:
+    matches = [i for i, item in enumerate(seq) if isinstance(item, dict) and item.get("name") == name]
+    if len(matches) == 1:
+        return matches[0]
+    names = [str(item.get("name")) for item in seq if isinstance(item, dict) and "name" in item]
+    if not matches:
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else f" Entries: {', '.join(names) or '(none)'}."
+        raise ToolError(f"{where}: no entry named '{name}'.{hint}")
+    raise ToolError(f"{where}: {len(matches)} entries are named '{name}' (indices {matches}). Address one by index, e.g. [{matches[0]}].")
+
+
+def _step_into(node: Any, kind: str, step: PathStep, where: str) -> tuple[Any, Any]:
+    """Return (container key/index, child) for one step, or raise a ToolError naming what exists."""
+    if kind == "key":
+        if not isinstance(node, dict):
+            raise ToolError(f"{where}: is a {type(node).__name__}, not a mapping; cannot look up key '{step}'.")
+        if step not in node:
+            close = difflib.get_close_matches(str(step), [str(k) for k in node], n=3)
+            hint = f" Did you mean: {', '.join(close)}?" if close else f" Keys here: {', '.join(map(str, node)) or '(none)'}."
+            raise MissingKeyError(f"{where}: has no key '{step}'.{hint}")
+        return step, node[step]
+    if not isinstance(node, list):
+        raise ToolError(f"{where}: is a {type(node).__name__}, not a list; [{step}] needs a list.")
+    if kind == "index":
+        assert isinstance(step, int)
+        if not -len(node) <= step < len(node):
+            raise ToolError(f"{where}: index {step} is out of range (the list has {len(node)} entries).")
+        return step, node[step]
+    index = _named_index(node, str(step), where)
+    return index, node[index]
+
+
+def get_path(doc: Any, dotted: str) -> Any:
+    """The value at `dotted`; ToolError naming the nearest keys when it does not exist."""
+    steps = parse_path(dotted)
+    node = doc
+    for depth, (kind, step) in enumerate(steps):
+        _, node = _step_into(node, kind, step, format_path(steps[:depth]) or "(top level)")
+    return node
+
+
+def has_path(doc: Any, dotted: str) -> bool:
+    try:
+        get_path(doc, dotted)
+    except ToolError:
+        return False
+    return True
+
+
+def _parent_of(doc: Any, steps: list[tuple[str, PathStep]], create: bool) -> Any:
+    node = doc
+    for depth, (kind, step) in enumerate(steps[:-1]):
+        where = format_path(steps[:depth]) or "(top level)"
+        try:
+            _, child = _step_into(node, kind, step, where)
+        except MissingKeyError:
+            if not create:
+                raise
+            child = CommentedMap() if steps[depth + 1][0] == "key" else CommentedSeq()
+            node[step] = child
+        if child is None and create:
+            child = CommentedMap() if steps[depth + 1][0] == "key" else CommentedSeq()
+            node[step] = child
+        node = child
+    return node
+
+
+def set_path(doc: Any, dotted: str, value: Any) -> None:
+    """Set the value at `dotted`, creating missing intermediate mappings. Existing comments stay."""
+    steps = parse_path(dotted)
+    parent = _parent_of(doc, steps, create=True)
+    kind, step = steps[-1]
+    where = format_path(steps[:-1]) or "(top level)"
+    if kind == "key":
+        if not isinstance(parent, dict):
+            raise ToolError(f"{where}: is a {type(parent).__name__}, not a mapping; cannot set key '{step}'.")
+        parent[step] = value
+        return
+    index, _ = _step_into(parent, kind, step, where)
+    parent[index] = value
+
+
+def delete_path(doc: Any, dotted: str) -> Any:
+    """Remove the key or list entry at `dotted` and return what was there; ToolError when absent."""
+    steps = parse_path(dotted)
+    parent = _parent_of(doc, steps, create=False)
+    kind, step = steps[-1]
+    where = format_path(steps[:-1]) or "(top level)"
+    try:
+        index, old = _step_into(parent, kind, step, where)
+    except MissingKeyError as exc:
+        raise ToolError(f"{exc} Nothing was deleted.") from None
+    del parent[index]
+    return old
+
+
+def to_plain(node: Any) -> Any:
+    """Round-trip nodes (CommentedMap, ScalarFloat, quoted strings, ...) as plain JSON-able Python values."""
+    if isinstance(node, dict):
+        return {str(key): to_plain(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [to_plain(item) for item in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return str(node)
+
+
+def walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every (dotted path, value) below `node`, tasks addressed by name where their names are unique."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path, value
+            yield from walk(value, path)
+    elif isinstance(node, list):
+        names = [item.get("name") for item in node if isinstance(item, dict)]
+        for index, item in enumerate(node):
+            name = item.get("name") if isinstance(item, dict) else None
+            unique = isinstance(name, str) and names.count(name) == 1 and not re.search(r"[.\[\]]", name)
+            path = f"{prefix}[{name if unique else index}]"
+            yield path, item
+            yield from walk(item, path)
+
+
+# ---------------------------------------------------------------------------
+# build_config
+
+Execution = Literal["local", "slurm"]
+Deployment = Literal["none", "vllm", "sglang", "nim", "trtllm"]
+ModelType = Literal["base", "chat_reasoning"]
+Export = Literal["none", "mlflow", "wandb"]
+
+
+def benchmark_bundles() -> dict[str, list[str]]:
+    """Benchmark bundles per model type, as NEL's own build-config defines them."""
+    from nemo_evaluator_launcher.common.build_config import _SUPPORTED_BENCHMARKS_BY_MODEL_TYPE
+
+    return {model_type: sorted(bundles) for model_type, bundles in _SUPPORTED_BENCHMARKS_BY_MODEL_TYPE.items()}
+
+
+def _templates_dir() -> Path:
+    # NEL resolves templates with MultiplexedPath.joinpath(a, b), which Python 3.11 rejects;
+    # joining one segment at a time works on every version.
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("nemo_evaluator_launcher.resources") / "config_templates"))
+
+
+def _merge(base: CommentedMap, override: CommentedMap) -> None:
+    """NEL's deep_merge (mappings merge, lists extend, scalars replace), keeping comments and order."""
+    for key, value in override.items():
+        current = base.get(key)
+        if key in base and isinstance(current, dict) and isinstance(value, dict):
+            _merge(current, value)
+        elif key in base and isinstance(current, list) and isinstance(value, list):
+            current.extend(value)
+        else:
+            base[key] = value
+            if key in override.ca.items:
+                base.ca.items[key] = override.ca.items[key]
+
+
+class BuildConfigInput(StrictModel):
+    execution: Execution = Field(description="Where the evaluation runs: 'local' (Docker on this machine) or 'slurm' (a cluster reached over SSH).")
+    deployment: Deployment = Field(
+        description="Who serves the model: 'vllm', 'sglang', 'trtllm' or 'nim' (NEL starts the server), or 'none' (an existing endpoint you give in target.api_endpoint)."
+    )
+    model_type: ModelType = Field(description="'chat_reasoning' for instruct/reasoning models (chat endpoint), 'base' for pretrained models (completions endpoint, log-probabilities).")
+    benchmarks: list[str] = Field(
+        min_length=1,
+        description="Benchmark bundles to include. base: general_knowledge, coding, long_context, multilingual. chat_reasoning: core_reasoning, agentic, long_context, multilingual.",
+    )
+    export: Export = Field("none", description="Where results are exported automatically after the run: 'none', 'mlflow' or 'wandb'.")
+    output: str | None = Field(
+        None,
+        description="A *.yaml/*.yml file path (must not exist yet) or a directory (a name like local_vllm_chat_reasoning_core_reasoning.yaml is generated there). Default: the current directory.",
+    )
+
+    @model_validator(mode="after")
+    def _bundles_fit_model_type(self) -> BuildConfigInput:
+        supported = benchmark_bundles()[self.model_type]
+        unknown = [name for name in self.benchmarks if name not in supported]
+        if unknown:
+            raise ValueError(f"benchmarks {unknown} are not bundles for model_type '{self.model_type}'; choose from {supported}")
+        return self
+
+
+class BuildConfigOutput(BaseModel):
+    path: str = Field(description="The config file that was written.")
+    tasks: list[str] = Field(description="Task names in evaluation.tasks.")
+    missing_values: list[str] = Field(description="Dotted paths still set to ??? — fill them with set_config_value or apply_checkpoint.")
+
+
+def _output_path(request: BuildConfigInput) -> Path:
+    if request.output and Path(request.output).suffix in (".yaml", ".yml"):
+        path = Path(request.output).expanduser()
+        if path.exists():
+            raise ToolError(f"{path}: already exists; build_config never overwrites a file. Choose another output path, or edit this one with set_config_value.")
+        if not path.parent.is_dir():
+            raise ToolError(f"{path.parent}: directory does not exist. Create it first or choose another output path.")
+        return path
+    directory = Path(request.output).expanduser() if request.output else Path.cwd()
+    if directory.exists() and not directory.is_dir():
+        raise ToolError(f"{directory}: exists and is not a directory. Give a *.yaml path or a directory as output.")
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"{request.execution}_{request.deployment}_{request.model_type}_{'_'.join(sorted(request.benchmarks))}"
+    candidate, counter = directory / f"{stem}.yaml", 1
+    while candidate.exists():  # like NEL: a numbered sibling, never an overwrite
+        candidate, counter = directory / f"{stem}_{counter}.yaml", counter + 1
+    return candidate
+
+
+def build_config_document(execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str) -> CommentedMap:
+    """The merged config, from NEL's templates in NEL's order (execution, export, model type, bundles, deployment)."""
+    templates = _templates_dir()
+    parts = [f"execution/{execution}.yaml", f"export/{export}.yaml", f"evaluation/{model_type}/default.yaml"]
+    parts += [f"evaluation/{model_type}/{bundle}.yaml" for bundle in benchmarks]
+    parts.append(f"deployment/{deployment}.yaml")
+    doc = CommentedMap()
+    for part in parts:
+        file = templates / part
+        _merge(doc, parse_config_text(file.read_text(encoding="utf-8"), str(file)))
+    # Hydra needs _self_ last in defaults, exactly as NEL's build-config arranges it.
+    defaults = doc.setdefault("defaults", CommentedSeq())
+    for index in reversed(range(len(defaults))):
+        if defaults[index] == "_self_":
+            del defaults[index]
+    defaults.append("_self_")
+    for entry in defaults:  # drop the blank lines that ended each template's defaults block
+        if isinstance(entry, CommentedMap):
+            entry.ca.items.clear()
+    return doc
+
+
+def missing_value_paths(doc: Any) -> list[str]:
+    return [path for path, value in walk(doc) if value == MISSING]
+
+
+def build_config(request: BuildConfigInput) -> BuildConfigOutput:
+    """Write a new NEL config from NEL's own templates (what `nel skills build-config` does, also on Python 3.11).
+
+    Use this first when there is no config yet: pick execution (local|slurm), deployment
+    (none|vllm|sglang|nim|trtllm), model type and benchmark bundles. The file keeps the
+    templates' comments; never overwrites an existing file. Fill the returned
+    missing_values next (apply_checkpoint, set_config_value), then validate_config.
+    """
+    path = _output_path(request)
+    doc = build_config_document(request.execution, request.deployment, request.model_type, request.benchmarks, request.export)
+    try:
+        with open(path, "x", encoding="utf-8") as handle:
+            handle.write(dump_config(doc))
+    except FileExistsError:
+        raise ToolError(f"{path}: already exists; build_config never overwrites a file. Choose another output path.") from None
+    tasks = [str(task.get("name")) for task in doc.get("evaluation", {}).get("tasks", []) if isinstance(task, dict)]
+    return BuildConfigOutput(path=str(path.resolve()), tasks=tasks, missing_values=missing_value_paths(doc))
+
+
+# ---------------------------------------------------------------------------
+# get / set / delete
+
+_CONFIG_FIELD = "Path of the NEL config YAML file."
+_PATH_FIELD = (
+    "Dotted key path. Tasks can be addressed by name or index: "
+    "'evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature', 'evaluation.tasks[0].name', 'deployment.extra_args'."
+)
+
+
+class GetConfigValueInput(StrictModel):
+    config: str = Field(description=_CONFIG_FIELD)
+    path: str = Field(description=_PATH_FIELD)
+
+
+class GetConfigValueOutput(BaseModel):
+    path: str
+    value: Any = Field(description="The value as JSON (mappings and lists included).")
+    missing: bool = Field(description="True when the value is ??? (must still be filled in).")
+
+
+def get_config_value(request: GetConfigValueInput) -> GetConfigValueOutput:
+    """Read one value (or a whole section) from a NEL config by dotted path, tasks addressable by name.
+
+    Use it to check what a config currently says before changing it, e.g. a task's params
+    ('evaluation.tasks[ns_gpqa].nemo_evaluator_config') or 'deployment.extra_args'.
+    """
+    value = get_path(load_config(request.config), request.path)
+    return GetConfigValueOutput(path=request.path, value=to_plain(value), missing=value == MISSING)
+
+
+class SetConfigValueInput(StrictModel):
+    config: str = Field(description=_CONFIG_FIELD)
+    path: str = Field(description=_PATH_FIELD + " Missing intermediate keys are created.")
+    value: Any = Field(
+        None,
+        description="The new value as JSON: string, number, boolean, null, list or object (objects become YAML mappings). Use either value or yaml_value.",
+    )
+    yaml_value: str | None = Field(
+        None,
+        description="The new value written as YAML text instead, e.g. '0.6', '[a, b]' or '{limit_samples: 10}'; parsed before it is stored.",
+    )
+
+    @model_validator(mode="after")
+    def _one_value(self) -> SetConfigValueInput:
+        if self.yaml_value is not None and "value" in self.model_fields_set:
+            raise ValueError("give either value or yaml_value, not both")
+        return self
+
+
+class ConfigEditOutput(BaseModel):
+    config: str
+    path: str
+    changed: bool = Field(description="False when the file already held this value.")
+    diff: str = Field(description="Unified diff of the file (empty when unchanged).")
+
+
+def _parse_yaml_value(text: str) -> Any:
+    wrapped = parse_config_text(f"value: {text}" if "\n" not in text else "value:\n" + "\n".join("  " + line for line in text.splitlines()), "yaml_value")
+    return wrapped["value"]
+
+
+def _as_round_trip(value: Any) -> Any:
+    """JSON objects/lists as round-trip nodes, so they are written in block style like the rest of the file."""
+    if isinstance(value, dict) and not isinstance(value, CommentedMap):
+        return CommentedMap((key, _as_round_trip(item)) for key, item in value.items())
+    if isinstance(value, list) and not isinstance(value, CommentedSeq):
+        return CommentedSeq(_as_round_trip(item) for item in value)
+    return value
+
+
+def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
+    """Set one value in a NEL config by dotted path (tasks addressable by name), keeping comments and key order.
+
+    Use it to fill a ??? value, change a param or deployment setting, or add a key. The
+    write is atomic and locked (concurrent edits are never lost) and returns a unified diff.
+    """
+    value = _parse_yaml_value(request.yaml_value) if request.yaml_value is not None else _as_round_trip(request.value)
+    diff = edit_config(request.config, lambda doc: set_path(doc, request.path, value))
+    return ConfigEditOutput(config=request.config, path=request.path, changed=bool(diff), diff=diff)
+
+
+class DeleteConfigValueInput(StrictModel):
+    config: str = Field(description=_CONFIG_FIELD)
+    path: str = Field(description=_PATH_FIELD + " A task path like 'evaluation.tasks[ns_gpqa]' removes that task.")
+
+
+def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
+    """Remove a key or a list entry (e.g. a whole task) from a NEL config, keeping everything else as it was.
+
+    Use it to drop a task, a stray or misspelled key, or one of checkpoint_path/hf_model_handle.
+    Fails clearly when the path does not exist; returns a unified diff.
+    """
+    diff = edit_config(request.config, lambda doc: delete_path(doc, request.path))
+    return ConfigEditOutput(config=request.config, path=request.path, changed=bool(diff), diff=diff)
