@@ -20,6 +20,7 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "MODELOPT_WORKSPACE_ROOT": "Root of ModelOpt quantization/deployment workspaces to reuse.",
     "QUANTEVAL_STATE_DIR": "Where quanteval keeps its state (ledger, caches). Default: $XDG_STATE_HOME/quanteval.",
     "QUANTEVAL_LEDGER": "Path of the SQLite ledger of runs and deployments. Default: <state dir>/ledger.sqlite3.",
+    "QUANTEVAL_RECIPES_DIR": "Directory of task recipes (*.md) used instead of the bundled recipes/tasks.",
     "XDG_STATE_HOME": "Base of the default state directory (~/.local/state when unset).",
     "SSH_AUTH_SOCK": "ssh-agent socket used by the remote tools.",
     "JUDGE_API_KEY": "API key of the LLM judge used by judge-scored tasks (e.g. ns_hle_aa, aa_lcr).",

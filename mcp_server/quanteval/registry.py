@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, environment, nelconfig
+from quanteval import checkpoint, environment, nelconfig, tasks
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
@@ -74,6 +74,9 @@ def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
 TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(environment.check_environment, read_only=True, idempotent=True),
     ToolSpec(checkpoint.inspect_checkpoint, read_only=True, idempotent=True),
+    ToolSpec(tasks.list_tasks, read_only=True, idempotent=True),
+    ToolSpec(tasks.get_task_recipe, read_only=True, idempotent=True),
+    ToolSpec(tasks.add_tasks, read_only=False, idempotent=True),
     ToolSpec(nelconfig.build_config, read_only=False),
     ToolSpec(nelconfig.get_config_value, read_only=True, idempotent=True),
     ToolSpec(nelconfig.set_config_value, read_only=False, destructive=True, idempotent=True),

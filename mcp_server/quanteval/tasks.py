@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from quanteval import envvars
+from quanteval.models import StrictModel, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ def nel_tasks_file() -> Path:
     """The task list packaged with the installed NEL, found without importing NEL (that takes seconds)."""
     spec = importlib.util.find_spec("nemo_evaluator_launcher")
     if spec is None or not spec.submodule_search_locations:
-        from quanteval.models import ToolError
-
         raise ToolError(
             "nemo_evaluator_launcher is not installed in this Python. "
             "Install it with `pip install nemo-evaluator-launcher==0.2.6` (scripts/setup does)."
@@ -91,8 +90,6 @@ def catalogue(source: Path | None = None) -> list[TaskEntry]:
     try:
         stat = source.stat()
     except OSError as exc:
-        from quanteval.models import ToolError
-
         raise ToolError(f"{source}: cannot read NEL's task list ({exc.strerror}). Reinstall nemo-evaluator-launcher.") from None
     version = _nel_version()
     key = (str(source), version, stat.st_size, stat.st_mtime_ns)
@@ -152,3 +149,446 @@ def suggest(name: str, n: int = 3, source: Path | None = None) -> list[str]:
         else:
             suggestions.append(match)
     return list(dict.fromkeys(suggestions))[:n]
+
+
+# --- recipes: recipes/tasks/<name>.md, reviewed by people, one per benchmark ------------------
+
+RECIPE_SECTIONS = ("Task Details", "Params", "YAML", "Score Extraction")
+
+
+def pack_dir() -> Path:
+    """Root of the skill pack's files (recipes/, skills/, references/).
+
+    In a source checkout (editable install) that is the repository root next to
+    mcp_server/; an installed wheel carries a copy under the package as `_pack/`.
+    """
+    package = Path(__file__).resolve().parent
+    checkout = package.parent.parent
+    if (checkout / "recipes").is_dir():
+        return checkout
+    return package / "_pack"
+
+
+def recipes_dir() -> Path:
+    explicit = os.environ.get("QUANTEVAL_RECIPES_DIR")
+    return Path(explicit).expanduser() if explicit else pack_dir() / "recipes" / "tasks"
+
+
+class Recipe(BaseModel):
+    name: str = Field(description="Recipe name (the file stem), e.g. gpqa.")
+    nel_task: str = Field(description="The task name as NEL lists it, e.g. ns_gpqa.")
+    harness: str = Field(description="Harness of the task, e.g. nemo_skills.")
+    run_time: str = Field(description="Rough run time: short, medium or long.")
+    metric: str = Field(description="Metric holding the headline score in results.yml.")
+    score: str = Field(description="Score name under that metric.")
+    scale: str = Field(description="fraction (0-1) or percent (0-100).")
+    env_vars: list[str] = Field(default_factory=list, description="Environment variable names the task needs.")
+    judge: bool = Field(default=False, description="Whether an LLM judge scores the task.")
+    repeats: int = Field(default=1, description="How many times the recipe repeats each sample.")
+    score_path: str = Field(description="Dotted path of the headline score in artifacts/results.yml.")
+    sections: dict[str, str] = Field(description="The recipe's Markdown sections by heading (Task Details, Params, ...).")
+    yaml_fragment: str = Field(description="The evaluation.tasks list item, as YAML text.")
+    path: str = Field(description="The recipe file.")
+
+
+def _recipe_error(path: Path, problem: str) -> ToolError:
+    return ToolError(f"{path}: {problem}. Fix the recipe file (format: recipes/tasks/README or DESIGN.md).")
+
+
+def parse_recipe(path: Path) -> Recipe:
+    """Parse one recipe file; every format problem is a ToolError naming the file."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _recipe_error(path, f"cannot read ({exc.strerror})") from None
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---" or "---" not in (line.strip() for line in lines[1:]):
+        raise _recipe_error(path, "no YAML frontmatter between '---' lines at the top")
+    end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end])) or {}
+    except yaml.YAMLError as exc:
+        raise _recipe_error(path, f"frontmatter is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(front, dict):
+        raise _recipe_error(path, "frontmatter must be a mapping of keys")
+    missing = [key for key in ("name", "nel_task", "harness", "run_time", "metric", "score", "scale") if not front.get(key)]
+    if missing:
+        raise _recipe_error(path, f"frontmatter lacks {', '.join(missing)}")
+    if front["name"] != path.stem:
+        raise _recipe_error(path, f"frontmatter name '{front['name']}' differs from the file name '{path.stem}'")
+
+    sections: dict[str, str] = {}
+    heading: str | None = None
+    for line in lines[end + 1 :]:
+        if line.startswith("## "):
+            heading = line[3:].strip()
+            sections[heading] = ""
+        elif heading is not None:
+            sections[heading] += line + "\n"
+    sections = {key: value.strip("\n") for key, value in sections.items()}
+    absent = [name for name in RECIPE_SECTIONS if name not in sections]
+    if absent:
+        raise _recipe_error(path, f"missing section(s) {', '.join('## ' + name for name in absent)}")
+
+    fragment = _single_yaml_block(path, sections["YAML"])
+    try:
+        items = yaml.safe_load(fragment)
+    except yaml.YAMLError as exc:
+        raise _recipe_error(path, f"the ```yaml block is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not (isinstance(items, list) and len(items) == 1 and isinstance(items[0], dict)):
+        raise _recipe_error(path, "the ```yaml block must be exactly one evaluation.tasks list item ('- name: <task>')")
+    fragment_task = str(items[0].get("name", ""))
+    if fragment_task.split(".")[-1] != str(front["nel_task"]).split(".")[-1]:
+        raise _recipe_error(path, f"the YAML item's name '{fragment_task}' differs from nel_task '{front['nel_task']}'")
+
+    try:
+        return Recipe(
+            name=front["name"],
+            nel_task=str(front["nel_task"]),
+            harness=str(front["harness"]),
+            run_time=str(front["run_time"]),
+            metric=str(front["metric"]),
+            score=str(front["score"]),
+            scale=str(front["scale"]),
+            env_vars=[str(name) for name in front.get("env_vars") or []],
+            judge=bool(front.get("judge", False)),
+            repeats=int(front.get("repeats") or 1),
+            score_path=f"results.tasks.{fragment_task.split('.')[-1]}.metrics.{front['metric']}.scores.{front['score']}.value",
+            sections=sections,
+            yaml_fragment=fragment,
+            path=str(path),
+        )
+    except (TypeError, ValueError) as exc:
+        raise _recipe_error(path, f"a frontmatter value has the wrong type ({exc})") from None
+
+
+def _single_yaml_block(path: Path, section: str) -> str:
+    blocks: list[str] = []
+    current: list[str] | None = None
+    for line in section.splitlines():
+        stripped = line.strip()
+        if current is None and stripped.startswith("```yaml"):
+            current = []
+        elif current is not None and stripped.startswith("```"):
+            blocks.append("\n".join(current) + "\n")
+            current = None
+        elif current is not None:
+            current.append(line)
+    if len(blocks) != 1:
+        raise _recipe_error(path, f"'## YAML' must hold exactly one ```yaml block (found {len(blocks)})")
+    return blocks[0]
+
+
+def list_recipes() -> list[Recipe]:
+    """Every recipe in recipes_dir(), sorted by name."""
+    directory = recipes_dir()
+    if not directory.is_dir():
+        return []
+    return [parse_recipe(path) for path in sorted(directory.glob("*.md")) if path.stem.lower() != "readme"]
+
+
+def load_recipe(name: str) -> Recipe:
+    path = recipes_dir() / f"{name}.md"
+    if not path.is_file():
+        known = [recipe.name for recipe in list_recipes()]
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else f" Known recipes: {', '.join(known) or 'none'}."
+        raise ToolError(f"{path}: no recipe named '{name}'.{hint}")
+    return parse_recipe(path)
+
+
+# --- resolving a requested name to a recipe or a catalogue task -------------------------------
+
+
+class ResolvedTask(BaseModel):
+    requested: str
+    recipe: Recipe | None
+    entry: TaskEntry
+    config_name: str  # the name to write into evaluation.tasks[].name
+
+
+def _unknown_task_error(name: str, recipes: list[Recipe]) -> ToolError:
+    close = difflib.get_close_matches(name, [recipe.name for recipe in recipes], n=2) + suggest(name)
+    hint = f" Did you mean: {', '.join(dict.fromkeys(close))}?" if close else " Run list_tasks to search the catalogue."
+    return ToolError(f"tasks: '{name}' is neither a recipe in {recipes_dir()} nor a NEL task.{hint}")
+
+
+def _ambiguous_task_error(name: str, entries: list[TaskEntry]) -> ToolError:
+    qualified = ", ".join(entry.qualified_name for entry in entries)
+    return ToolError(f"tasks: '{name}' is ambiguous: NEL has it in several harnesses. Use one of: {qualified}.")
+
+
+def resolve(name: str, recipes: list[Recipe] | None = None) -> ResolvedTask:
+    """A recipe name (file stem), a recipe's nel_task, or a bare / `harness.task` NEL name."""
+    name = name.strip()
+    recipes = list_recipes() if recipes is None else recipes
+    recipe = next((r for r in recipes if r.name == name), None) or next(
+        (r for r in recipes if name in (r.nel_task, f"{r.harness}.{r.nel_task}")), None
+    )
+    if recipe is not None:
+        entries = lookup(recipe.nel_task if "." in recipe.nel_task else f"{recipe.harness}.{recipe.nel_task}")
+        if not entries:
+            raise _recipe_error(Path(recipe.path), f"nel_task '{recipe.nel_task}' (harness {recipe.harness}) is not in NEL {_nel_version()}'s task list")
+        import yaml
+
+        config_name = str(yaml.safe_load(recipe.yaml_fragment)[0]["name"])
+        return ResolvedTask(requested=name, recipe=recipe, entry=entries[0], config_name=config_name)
+    entries = lookup(name)
+    if not entries:
+        raise _unknown_task_error(name, recipes)
+    if len(entries) > 1:
+        raise _ambiguous_task_error(name, entries)
+    return ResolvedTask(requested=name, recipe=None, entry=entries[0], config_name=name)
+
+
+def generic_fragment(config_name: str) -> str:
+    """The evaluation.tasks item for a task without a recipe: NEL's own defaults."""
+    return f"- name: {config_name}\n"
+
+
+# --- tools ------------------------------------------------------------------------------------
+
+
+class ListTasksInput(StrictModel):
+    query: str = Field(
+        default="",
+        description="Case-insensitive text to find in task names (ranked first) or descriptions, e.g. 'gpqa', 'aime', 'code'. Empty lists everything.",
+    )
+    harness: str | None = Field(
+        default=None, description="Only tasks of this harness, e.g. 'nemo_skills', 'simple_evals', 'lm-evaluation-harness'."
+    )
+    offset: int = Field(default=0, ge=0, description="How many matches to skip (pagination; use next_offset from the last page).")
+    limit: int = Field(default=30, ge=1, le=200, description="Page size, 1-200.")
+
+
+class TaskSummary(BaseModel):
+    name: str = Field(description="Task name as NEL lists it.")
+    harness: str = Field(description="Harness the task belongs to.")
+    qualified_name: str = Field(description="`harness.name`; use it in a config when `ambiguous` is true.")
+    ambiguous: bool = Field(description="True when several harnesses have a task of this name: the bare name fails in NEL.")
+    recipe: str | None = Field(description="Name of the reviewed recipe for this task, if there is one (prefer it in add_tasks).")
+    description: str = Field(description="NEL's description, shortened.")
+
+
+class ListTasksOutput(BaseModel):
+    total: int = Field(description="Matches in all, across pages.")
+    offset: int
+    limit: int
+    next_offset: int | None = Field(description="Offset of the next page; null on the last page.")
+    nel_version: str = Field(description="Version of NEL whose task list this is.")
+    tasks: list[TaskSummary]
+
+
+def _shorten(text: str, width: int = 200) -> str:
+    return text if len(text) <= width else text[: width - 1].rsplit(" ", 1)[0] + "…"
+
+
+def list_tasks(request: ListTasksInput) -> ListTasksOutput:
+    """Search NEL's task catalogue (the same list as `nel ls tasks`, cached, answers in milliseconds).
+
+    Use it to find the exact task name for a benchmark before add_tasks, to see which
+    harness runs it, and whether a name is ambiguous across harnesses (then the
+    qualified `harness.task` name must be used). Tasks with a reviewed recipe are marked.
+    Results are paginated; `total` counts every match.
+    """
+    entries = catalogue()
+    if request.harness is not None:
+        harnesses = list(dict.fromkeys(entry.harness for entry in entries))
+        if request.harness not in harnesses:
+            close = difflib.get_close_matches(request.harness, harnesses, n=3)
+            hint = f"Did you mean: {', '.join(close)}?" if close else f"Harnesses: {', '.join(harnesses)}."
+            raise ToolError(f"harness: no harness named '{request.harness}'. {hint}")
+        entries = [entry for entry in entries if entry.harness == request.harness]
+
+    query = request.query.strip().lower()
+    if query:
+        ranked = []
+        for position, entry in enumerate(entries):
+            name = entry.qualified_name.lower()
+            if query in (entry.name.lower(), name):
+                rank = 0
+            elif query in name:
+                rank = 1
+            elif query in entry.description.lower():
+                rank = 2
+            else:
+                continue
+            ranked.append((rank, position, entry))
+        entries = [entry for _, _, entry in sorted(ranked, key=lambda item: item[:2])]
+
+    counts: dict[str, int] = {}
+    for entry in catalogue():
+        counts[entry.name] = counts.get(entry.name, 0) + 1
+    recipe_by_task = {(recipe.harness, recipe.nel_task.split(".")[-1]): recipe.name for recipe in list_recipes()}
+    page = entries[request.offset : request.offset + request.limit]
+    end = request.offset + len(page)
+    return ListTasksOutput(
+        total=len(entries),
+        offset=request.offset,
+        limit=request.limit,
+        next_offset=end if end < len(entries) else None,
+        nel_version=_nel_version(),
+        tasks=[
+            TaskSummary(
+                name=entry.name,
+                harness=entry.harness,
+                qualified_name=entry.qualified_name,
+                ambiguous=counts[entry.name] > 1,
+                recipe=recipe_by_task.get((entry.harness, entry.name)),
+                description=_shorten(entry.description),
+            )
+            for entry in page
+        ],
+    )
+
+
+class GetTaskRecipeInput(StrictModel):
+    name: str = Field(
+        description="A recipe name (e.g. 'gpqa'), or a NEL task name, bare ('ns_gpqa') or qualified ('nemo_skills.ns_gpqa')."
+    )
+
+
+class GetTaskRecipeOutput(BaseModel):
+    name: str = Field(description="The name asked for.")
+    has_recipe: bool = Field(description="True when a reviewed recipe exists; false means NEL defaults only.")
+    recipe: Recipe | None = Field(description="The recipe: frontmatter fields, Markdown sections and YAML fragment.")
+    task: TaskEntry = Field(description="The NEL catalogue entry of the task.")
+    yaml_fragment: str = Field(description="The evaluation.tasks list item add_tasks would insert.")
+    note: str = Field(description="What to keep in mind about this task.")
+
+
+def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
+    """The reviewed recipe for one benchmark: how to run it, its params, its YAML fragment and where its score is.
+
+    Use it before adding a task to see what the recipe sets (repeats, judge, env vars,
+    score path). When no recipe exists, returns the NEL catalogue entry and a generic
+    fragment that relies on NEL's defaults, and says so. Unknown names get a did-you-mean;
+    ambiguous names list the qualified `harness.task` names to use.
+    """
+    resolved = resolve(request.name)
+    if resolved.recipe is not None:
+        recipe = resolved.recipe
+        notes = [f"Reviewed recipe {recipe.path}; headline score at {recipe.score_path} ({recipe.scale})."]
+        if recipe.env_vars:
+            notes.append(f"Needs env vars: {', '.join(recipe.env_vars)}.")
+        if recipe.judge:
+            notes.append("Scored by an LLM judge: the judge endpoint must be configured.")
+        return GetTaskRecipeOutput(
+            name=request.name,
+            has_recipe=True,
+            recipe=recipe,
+            task=resolved.entry,
+            yaml_fragment=recipe.yaml_fragment,
+            note=" ".join(notes),
+        )
+    return GetTaskRecipeOutput(
+        name=request.name,
+        has_recipe=False,
+        recipe=None,
+        task=resolved.entry,
+        yaml_fragment=generic_fragment(resolved.config_name),
+        note=(
+            f"No reviewed recipe for {resolved.entry.qualified_name}: the fragment uses NEL's defaults "
+            "(params, repeats and score path unchecked). Check the task's docs before a full run."
+        ),
+    )
+
+
+class AddTasksInput(StrictModel):
+    config_path: str = Field(description="Path of the NEL config YAML to edit (from build_config).")
+    tasks: list[str] = Field(
+        min_length=1,
+        description="Recipe names (e.g. 'gpqa', 'aime2025') or NEL task names, bare or 'harness.task'. Recipes keep their repeat counts and params.",
+    )
+
+
+class AddedTask(BaseModel):
+    requested: str = Field(description="The name as given.")
+    task: str = Field(description="The name written to evaluation.tasks[].name.")
+    recipe: str | None = Field(description="The recipe used, or null for NEL defaults.")
+    repeats: int | None = Field(description="Repeat count the recipe sets (null without a recipe).")
+
+
+class SkippedTask(BaseModel):
+    requested: str
+    reason: str
+
+
+class AddTasksOutput(BaseModel):
+    config_path: str
+    added: list[AddedTask]
+    skipped: list[SkippedTask] = Field(description="Tasks not added, with why (already present).")
+    env_vars: list[str] = Field(description="Env var names the added recipes need (names only).")
+    judge_needed: bool = Field(description="True when an added task is scored by an LLM judge.")
+    diff: str = Field(description="Unified diff of the config change ('' when nothing changed).")
+
+
+def _task_key(config_name: str) -> str:
+    """`harness.task` where the name resolves to one task, so ns_gpqa and nemo_skills.ns_gpqa compare equal."""
+    if "." in config_name:
+        return config_name
+    entries = lookup(config_name)
+    return entries[0].qualified_name if len(entries) == 1 else config_name
+
+
+def add_tasks(request: AddTasksInput) -> AddTasksOutput:
+    """Add benchmarks to a NEL config's evaluation.tasks, from reviewed recipes or bare NEL task names.
+
+    Use it after build_config (or on any NEL config) to put the tasks you want to run
+    into the file. A recipe's YAML fragment goes in as reviewed (repeats, params, judge);
+    a bare task name gets NEL's defaults. Tasks already present are skipped and reported.
+    Every name is checked first: an unknown name fails with a did-you-mean, an ambiguous
+    one lists the qualified names, and then nothing is written. Returns the diff.
+    """
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    # nelconfig's validator imports this module, so import it here, not at the top.
+    from quanteval import nelconfig
+
+    recipes = list_recipes()
+    resolved = [resolve(name, recipes) for name in request.tasks]
+    added: list[AddedTask] = []
+    skipped: list[SkippedTask] = []
+
+    def insert(doc: CommentedMap) -> None:
+        added.clear()
+        skipped.clear()
+        evaluation = doc.setdefault("evaluation", CommentedMap())
+        if not isinstance(evaluation, dict):
+            raise ToolError(f"{request.config_path}: evaluation must be a mapping. Fix the config or rebuild it with build_config.")
+        tasks = evaluation.setdefault("tasks", CommentedSeq())
+        if tasks is None:
+            tasks = evaluation["tasks"] = CommentedSeq()
+        if not isinstance(tasks, list):
+            raise ToolError(f"{request.config_path}: evaluation.tasks must be a list. Fix the config or rebuild it with build_config.")
+        present = {_task_key(str(item.get("name"))) for item in tasks if isinstance(item, dict) and item.get("name")}
+        for task in resolved:
+            key = task.entry.qualified_name
+            if key in present:
+                skipped.append(SkippedTask(requested=task.requested, reason=f"{task.config_name} is already in evaluation.tasks"))
+                continue
+            fragment = task.recipe.yaml_fragment if task.recipe else generic_fragment(task.config_name)
+            tasks.append(YAML().load(fragment)[0])
+            present.add(key)
+            added.append(
+                AddedTask(
+                    requested=task.requested,
+                    task=task.config_name,
+                    recipe=task.recipe.name if task.recipe else None,
+                    repeats=task.recipe.repeats if task.recipe else None,
+                )
+            )
+
+    diff = nelconfig.edit_config(request.config_path, insert)
+    used = [task.recipe for task in resolved if task.recipe and task.recipe.name in {a.recipe for a in added}]
+    return AddTasksOutput(
+        config_path=request.config_path,
+        added=added,
+        skipped=skipped,
+        env_vars=list(dict.fromkeys(name for recipe in used for name in recipe.env_vars)),
+        judge_needed=any(recipe.judge for recipe in used),
+        diff=diff,
+    )
