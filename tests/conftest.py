@@ -13,6 +13,9 @@ VENV_BIN = Path(sys.executable).parent
 
 os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 
+# `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
+pytest_plugins = ["infra.slurm_cluster"]
+
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
