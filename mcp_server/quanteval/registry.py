@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, environment, nelconfig, tasks
+from quanteval import checkpoint, compare, environment, nelconfig, results, tasks
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
@@ -81,6 +81,9 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(nelconfig.get_config_value, read_only=True, idempotent=True),
     ToolSpec(nelconfig.set_config_value, read_only=False, destructive=True, idempotent=True),
     ToolSpec(nelconfig.delete_config_value, read_only=False, destructive=True),
+    ToolSpec(results.validate_run, read_only=True, idempotent=True, open_world=True),
+    ToolSpec(results.extract_scores, read_only=True, idempotent=True, open_world=True),
+    ToolSpec(compare.compare_results, read_only=False, open_world=True),
 )
 
 

@@ -1,0 +1,434 @@
+"""compare_results: is the candidate (quantized) run's score drop real, and is it acceptable?
+
+First the comparability checklist from both runs' saved run configs, then per task the delta and
+its uncertainty:
+
+- unpaired: delta = c - b, se = sqrt(se_b^2 + se_c^2), 95% CI = delta +/- 1.96 se;
+- paired, when both runs kept per-sample outputs for the same samples and those reproduce the
+  headline scores: d_i = mean score of sample i in c minus in b, delta = mean(d_i),
+  se = sd(d_i) / sqrt(n), 95% CI from a paired bootstrap over samples with a fixed seed.
+
+Scores are compared as fractions (percent values are divided by 100), so the threshold is always
+"an absolute drop of 0.01 = one point". The table, a PNG chart and a self-contained HTML report
+are written to an output directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from quanteval.envvars import state_dir
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.results import (
+    RESULTS_FILE,
+    load_yaml,
+    RunTree,
+    ScoreValue,
+    TaskScores,
+    locate_run,
+    per_sample_scores,
+    repeats,
+    run_config,
+    task_scores,
+)
+
+Z95 = 1.959964  # two-sided 95% normal quantile
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 20240617  # fixed, so the same inputs give the same interval every time
+PAIRED_MATCH_TOLERANCE = 0.005  # per-sample means must reproduce the headline to within half a point
+PROMPT_KEYS = re.compile(r"prompt|template|system|few_?shot|chat", re.IGNORECASE)
+REASONING_KEYS = re.compile(r"reason|think", re.IGNORECASE)
+JUDGE_KEYS = re.compile(r"judge", re.IGNORECASE)
+
+
+class CompareResultsInput(StrictModel):
+    baseline: str = Field(
+        description="The reference run (usually the unquantized model): results directory, host:path, ledger id or NEL invocation id."
+    )
+    candidate: str = Field(
+        description="The run to judge (usually the quantized model), named the same ways as baseline."
+    )
+    threshold: float | None = Field(
+        None, ge=0,
+        description="Largest acceptable drop as an absolute fraction (0.01 = one point, on 0-1 or 0-100 scores alike). "
+        "Without it the acceptability verdict is inconclusive.",
+    )
+    output_dir: str | None = Field(
+        None, description="Directory for the PNG chart and HTML report. Default: a new folder under quanteval's state dir."
+    )
+
+
+class ChecklistItem(BaseModel):
+    task: str
+    item: str = Field(description="task, container, prompts, generation, reasoning, repeats, samples or judge.")
+    status: Literal["same", "different", "unknown"]
+    baseline: str = Field(description="The baseline's value (JSON, at most 300 characters).")
+    candidate: str
+
+
+class TaskComparison(BaseModel):
+    task: str
+    metric: str
+    score: str
+    scale: str = Field(description="The stored scale of both scores; values below are fractions (0-1).")
+    baseline: float
+    candidate: float
+    baseline_stderr: float | None
+    candidate_stderr: float | None
+    delta: float = Field(description="candidate - baseline, as a fraction.")
+    delta_stderr: float | None
+    ci_low: float | None = Field(description="95% confidence interval of delta, low end.")
+    ci_high: float | None
+    method: str = Field(description="How the interval was computed (unpaired from stderrs, or paired bootstrap over n samples).")
+    verdict: Literal["acceptable", "not acceptable", "inconclusive"]
+    why: str
+
+
+class CompareResultsOutput(BaseModel):
+    comparability: Literal["comparable", "not comparable", "inconclusive"]
+    acceptability: Literal["acceptable", "not acceptable", "inconclusive"]
+    reasons: list[str] = Field(description="What decided the two verdicts.")
+    checklist: list[ChecklistItem]
+    comparisons: list[TaskComparison]
+    table_markdown: str
+    chart_png: str | None = Field(description="Path of the PNG chart (scores with error bars, deltas with CIs).")
+    report_html: str | None = Field(description="Path of the self-contained HTML report.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparability checklist
+# ---------------------------------------------------------------------------------------------
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _interceptors(config: dict[str, Any], pattern: re.Pattern[str]) -> list[Any]:
+    adapter = ((config.get("target") or {}).get("api_endpoint") or {}).get("adapter_config") or {}
+    return [item for item in adapter.get("interceptors") or [] if isinstance(item, dict) and pattern.search(str(item.get("name", "")))]
+
+
+def _facets(task_dir: Path, scores: TaskScores) -> dict[str, Any] | None:
+    """What must match between two runs of one task, read from the saved run config and results."""
+    config = run_config(task_dir)
+    if not config:
+        return None
+    params = (config.get("config") or {}).get("params") or {}
+    extra = params.get("extra") or {}
+    versioning = ((load_yaml(task_dir / "artifacts" / RESULTS_FILE) or {}).get("metadata") or {}).get("versioning")
+    counts = sorted({s.count for s in scores.scores if s.count is not None})
+    return {
+        "task": {"harness": config.get("framework_name"), "task": (config.get("config") or {}).get("type")},
+        "container": versioning,
+        "prompts": {
+            "params": {k: v for k, v in extra.items() if PROMPT_KEYS.search(k)},
+            "interceptors": _interceptors(config, re.compile(r"system_message|prompt", re.IGNORECASE)),
+        },
+        "generation": {k: params.get(k) for k in ("temperature", "top_p", "max_new_tokens")} | {"top_k": extra.get("top_k")},
+        "reasoning": {
+            "params": {k: v for k, v in extra.items() if REASONING_KEYS.search(k)},
+            "interceptors": _interceptors(config, REASONING_KEYS),
+        },
+        "repeats": repeats(params),
+        "samples": {"limit_samples": params.get("limit_samples"), "scored": counts},
+        "judge": {k: v for k, v in extra.items() if JUDGE_KEYS.search(k)},
+    }
+
+
+def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, Any] | None) -> list[ChecklistItem]:
+    items = []
+    for item in ("task", "container", "prompts", "generation", "reasoning", "repeats", "samples", "judge"):
+        if baseline is None or candidate is None:
+            items.append(ChecklistItem(task=task, item=item, status="unknown",
+                                       baseline="no run_config.yml" if baseline is None else _short(baseline[item]),
+                                       candidate="no run_config.yml" if candidate is None else _short(candidate[item])))
+            continue
+        b, c = baseline[item], candidate[item]
+        status = "unknown" if item == "container" and b is None and c is None else "same" if b == c else "different"
+        items.append(ChecklistItem(task=task, item=item, status=status, baseline=_short(b), candidate=_short(c)))
+    return items
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_fraction(score: ScoreValue) -> tuple[float, float | None]:
+    factor = 0.01 if score.scale == "percent" else 1.0
+    return score.value * factor, None if score.stderr is None else score.stderr * factor
+
+
+def paired_delta(baseline: dict[str, list[float]], candidate: dict[str, list[float]]) -> tuple[float, float, float, float, int] | None:
+    """(delta, se, ci_low, ci_high, n) over samples both runs scored; None when fewer than 2 are shared."""
+    import numpy as np
+
+    shared = sorted(set(baseline) & set(candidate))
+    if len(shared) < 2:
+        return None
+    differences = np.array([np.mean(candidate[i]) - np.mean(baseline[i]) for i in shared])
+    n = len(differences)
+    delta = float(differences.mean())
+    se = float(differences.std(ddof=1) / math.sqrt(n))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    means = differences[rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return delta, se, float(low), float(high), n
+
+
+def judge(delta: float, low: float | None, high: float | None, threshold: float | None) -> tuple[str, str]:
+    if low is None or high is None:
+        return "inconclusive", "no standard error recorded for one of the scores, so no interval"
+    if threshold is None:
+        return "inconclusive", "no threshold given"
+    if low >= -threshold:
+        return "acceptable", f"the whole 95% CI [{low:+.4f}, {high:+.4f}] stays above -{threshold:g}"
+    if high < -threshold:
+        return "not acceptable", f"the whole 95% CI [{low:+.4f}, {high:+.4f}] lies below -{threshold:g}"
+    return "inconclusive", f"the 95% CI [{low:+.4f}, {high:+.4f}] straddles -{threshold:g}: more samples or repeats needed"
+
+
+def compare_task(task: str, base: ScoreValue, cand: ScoreValue, base_dir: Path, cand_dir: Path, threshold: float | None) -> TaskComparison:
+    b, b_se = _as_fraction(base)
+    c, c_se = _as_fraction(cand)
+    delta = c - b
+    se = math.sqrt(b_se**2 + c_se**2) if b_se is not None and c_se is not None else None
+    low, high = (delta - Z95 * se, delta + Z95 * se) if se is not None else (None, None)
+    method = "unpaired: se = sqrt(se_b^2 + se_c^2), CI = delta +/- 1.96 se"
+    base_samples, cand_samples = per_sample_scores(base_dir), per_sample_scores(cand_dir)
+    if base_samples and cand_samples:
+        paired = paired_delta(base_samples, cand_samples)
+        b_mean = sum(sum(v) / len(v) for v in base_samples.values()) / len(base_samples)
+        c_mean = sum(sum(v) / len(v) for v in cand_samples.values()) / len(cand_samples)
+        if paired and abs(b_mean - b) <= PAIRED_MATCH_TOLERANCE and abs(c_mean - c) <= PAIRED_MATCH_TOLERANCE:
+            delta, se, low, high, n = paired
+            method = f"paired bootstrap over {n} shared samples ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}); se = sd(d)/sqrt(n)"
+        else:
+            method += " (per-sample outputs present but they do not reproduce both headline scores, so not paired)"
+    verdict, why = judge(delta, low, high, threshold)
+    return TaskComparison(
+        task=task, metric=base.metric, score=base.score, scale=base.scale, baseline=b, candidate=c,
+        baseline_stderr=b_se, candidate_stderr=c_se, delta=delta, delta_stderr=se, ci_low=low, ci_high=high,
+        method=method, verdict=verdict, why=why,
+    )
+
+
+def _pairs(base: TaskScores, cand: TaskScores) -> list[tuple[ScoreValue, ScoreValue]]:
+    """The headline scores, or every score both runs have when there is no headline."""
+    if base.headline and cand.headline:
+        return [(base.headline, cand.headline)]
+    cand_by_path = {s.path: s for s in cand.scores}
+    return [(s, cand_by_path[s.path]) for s in base.scores if s.path in cand_by_path][:20]
+
+
+# ---------------------------------------------------------------------------------------------
+# Table, chart, report
+# ---------------------------------------------------------------------------------------------
+
+
+def _points(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}"
+
+
+def table_markdown(rows: list[TaskComparison]) -> str:
+    lines = [
+        "| task | metric | baseline | candidate | delta (pts) | 95% CI (pts) | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        base = f"{_points(r.baseline)} ± {_points(r.baseline_stderr)}"
+        cand = f"{_points(r.candidate)} ± {_points(r.candidate_stderr)}"
+        ci = "n/a" if r.ci_low is None else f"[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]"
+        lines.append(f"| {r.task} | {r.metric}.{r.score} | {base} | {cand} | {100 * r.delta:+.2f} | {ci} | {r.verdict} |")
+    return "\n".join(lines)
+
+
+def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path) -> None:
+    """Left: both runs' scores with 95% error bars. Right: deltas with 95% CIs, zero and -threshold lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [r.task if r.score == r.metric else f"{r.task}\n{r.metric}.{r.score}" for r in rows]
+    y = np.arange(len(rows))
+    height = max(2.8, 0.7 * len(rows) + 1.6)
+    fig, (scores_ax, delta_ax) = plt.subplots(1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [3, 2]}, sharey=True)
+
+    def err(values: list[float | None]) -> list[float]:
+        return [0.0 if v is None else 100 * Z95 * v for v in values]
+
+    bar = 0.38
+    scores_ax.barh(y - bar / 2, [100 * r.baseline for r in rows], bar, xerr=err([r.baseline_stderr for r in rows]),
+                   label="baseline", color="#4c72b0", capsize=4)
+    scores_ax.barh(y + bar / 2, [100 * r.candidate for r in rows], bar, xerr=err([r.candidate_stderr for r in rows]),
+                   label="candidate", color="#dd8452", capsize=4)
+    for row, pos in zip(rows, y, strict=True):
+        for value, stderr, offset in ((row.baseline, row.baseline_stderr, -bar / 2), (row.candidate, row.candidate_stderr, bar / 2)):
+            # the label sits past the error bar so the two never overlap
+            scores_ax.text(100 * value + err([stderr])[0] + 1, pos + offset, f"{100 * value:.1f}", va="center", fontsize=8)
+    scores_ax.set_yticks(y, labels)
+    scores_ax.invert_yaxis()
+    scores_ax.set_xlim(0, max(100.0, max(100 * max(r.baseline, r.candidate) for r in rows)) * 1.12)
+    scores_ax.set_xlabel("score (points, 0-100) with 95% error bars")
+    scores_ax.set_title("Scores", loc="left")
+    scores_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
+    scores_ax.grid(axis="x", alpha=0.3)
+
+    colours = {"acceptable": "#55a868", "not acceptable": "#c44e52", "inconclusive": "#8c8c8c"}
+    for row, pos in zip(rows, y, strict=True):
+        lower = None if row.ci_low is None else 100 * (row.delta - row.ci_low)
+        upper = None if row.ci_high is None else 100 * (row.ci_high - row.delta)
+        xerr = None if lower is None else [[lower], [upper]]
+        delta_ax.errorbar([100 * row.delta], [pos], xerr=xerr, fmt="o", color=colours[row.verdict], capsize=5, markersize=7)
+        delta_ax.annotate(f"{100 * row.delta:+.2f} ({row.verdict})", (100 * row.delta, pos), textcoords="offset points",
+                          xytext=(0, 9), ha="center", fontsize=8)
+    delta_ax.axvline(0, color="black", linewidth=0.8)
+    if threshold is not None:
+        delta_ax.axvline(-100 * threshold, color="#c44e52", linestyle="--", linewidth=1, label=f"-threshold ({-100 * threshold:.2f})")
+        delta_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    span = [abs(100 * v) for r in rows for v in (r.delta, r.ci_low, r.ci_high) if v is not None]
+    limit = max(span + [100 * threshold if threshold else 0.5]) * 1.6
+    delta_ax.set_xlim(-limit, limit)
+    delta_ax.set_ylim(len(rows) - 0.5, -0.5)
+    delta_ax.set_xlabel("candidate - baseline (points) with 95% CI")
+    delta_ax.set_title("Delta", loc="left")
+    delta_ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render_html(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
+    image = ""
+    if png is not None:
+        image = f'<img alt="scores and deltas" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}">'
+    rows = "".join(
+        f"<tr><td>{html.escape(r.task)}</td><td>{html.escape(r.metric)}.{html.escape(r.score)}</td>"
+        f"<td>{_points(r.baseline)} ± {_points(r.baseline_stderr)}</td><td>{_points(r.candidate)} ± {_points(r.candidate_stderr)}</td>"
+        f"<td>{100 * r.delta:+.2f}</td><td>{'n/a' if r.ci_low is None else f'[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]'}</td>"
+        f"<td>{html.escape(r.verdict)}</td><td>{html.escape(r.method)}</td></tr>"
+        for r in output.comparisons
+    )
+    checks = "".join(
+        f"<tr class='{c.status}'><td>{html.escape(c.task)}</td><td>{c.item}</td><td>{c.status}</td>"
+        f"<td><code>{html.escape(c.baseline)}</code></td><td><code>{html.escape(c.candidate)}</code></td></tr>"
+        for c in output.checklist
+    )
+    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in output.reasons)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>quanteval comparison</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}tr.different{{background:#fde2e2}}
+tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</style></head><body>
+<h1>Baseline vs candidate</h1>
+<p>baseline: <code>{html.escape(baseline)}</code><br>candidate: <code>{html.escape(candidate)}</code></p>
+<p><b>Comparability:</b> {output.comparability} &nbsp; <b>Acceptability:</b> {output.acceptability}</p>
+<ul>{reasons}</ul>
+{image}
+<h2>Scores (points, ± standard error)</h2>
+<table><tr><th>task</th><th>metric</th><th>baseline</th><th>candidate</th><th>delta</th><th>95% CI</th><th>verdict</th><th>method</th></tr>{rows}</table>
+<h2>Comparability checklist</h2>
+<table><tr><th>task</th><th>item</th><th>status</th><th>baseline</th><th>candidate</th></tr>{checks}</table>
+</body></html>
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The tool
+# ---------------------------------------------------------------------------------------------
+
+
+def _by_task(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
+    found = {}
+    for task_dir in tree.task_dirs:
+        scores = task_scores(tree, task_dir)
+        found[scores.task or task_dir.name] = (task_dir, scores)
+    return found
+
+
+def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
+    """Compare a candidate (quantized) run against a baseline run: first a comparability checklist from both
+    runs' saved configs (task and container versions, prompts, generation params, reasoning handling, repeats,
+    sample counts, judge), then per task the score delta with its standard error and 95% CI (paired bootstrap
+    when both runs kept per-sample outputs), verdicts against the acceptable-drop threshold, a markdown table,
+    a PNG chart and an HTML report. Use it once both runs passed validate_run."""
+    progress(0, 3, "reading both runs")
+    base_tree, cand_tree = locate_run(request.baseline), locate_run(request.candidate)
+    base_tasks, cand_tasks = _by_task(base_tree), _by_task(cand_tree)
+    reasons: list[str] = []
+    items: list[ChecklistItem] = []
+    rows: list[TaskComparison] = []
+    for task in sorted(set(base_tasks) | set(cand_tasks)):
+        if task not in base_tasks or task not in cand_tasks:
+            missing = "baseline" if task not in base_tasks else "candidate"
+            reasons.append(f"{task}: only one run has it (missing in the {missing}); it is not compared.")
+            continue
+        (base_dir, base_scores), (cand_dir, cand_scores) = base_tasks[task], cand_tasks[task]
+        items += checklist(task, _facets(base_dir, base_scores), _facets(cand_dir, cand_scores))
+        pairs = _pairs(base_scores, cand_scores)
+        if not pairs:
+            problem = base_scores.problem or cand_scores.problem or "the runs share no score"
+            reasons.append(f"{task}: not compared: {problem}")
+        for base, cand in pairs:
+            if base.scale != cand.scale:
+                reasons.append(f"{task}: {base.metric}.{base.score} is {base.scale} in the baseline and {cand.scale} in the candidate; not compared.")
+                continue
+            rows.append(compare_task(task, base, cand, base_dir, cand_dir, request.threshold))
+    progress(1, 3, "statistics done")
+
+    different = [i for i in items if i.status == "different"]
+    unknown = [i for i in items if i.status == "unknown"]
+    if different:
+        comparability = "not comparable"
+        reasons += [f"{i.task}: {i.item} differs (baseline {i.baseline}, candidate {i.candidate})." for i in different[:20]]
+    elif unknown or not items:
+        comparability = "inconclusive"
+        reasons += [f"{i.task}: {i.item} could not be checked ({i.baseline} / {i.candidate})." for i in unknown[:20]]
+        if not items:
+            reasons.append("No task is present in both runs.")
+    else:
+        comparability = "comparable"
+    verdicts = {row.verdict for row in rows}
+    if comparability != "comparable":
+        acceptability = "inconclusive"
+        reasons.append("Acceptability is inconclusive because the runs are not known to be comparable.")
+    elif not rows:
+        acceptability = "inconclusive"
+    elif "not acceptable" in verdicts:
+        acceptability = "not acceptable"
+    elif "inconclusive" in verdicts:
+        acceptability = "inconclusive"
+    else:
+        acceptability = "acceptable"
+    reasons += [f"{row.task}: {row.verdict}: {row.why}." for row in rows]
+
+    output_dir = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "comparisons" / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ToolError(f"output_dir {output_dir}: cannot create it ({exc.strerror}). Pass a writable directory.") from None
+    png = output_dir / "comparison.png" if rows else None
+    if png is not None:
+        render_chart(rows, request.threshold, png)
+    progress(2, 3, "chart written")
+    output = CompareResultsOutput(
+        comparability=comparability, acceptability=acceptability, reasons=reasons, checklist=items, comparisons=rows,
+        table_markdown=table_markdown(rows), chart_png=str(png) if png else None, report_html=None,
+    )
+    report = output_dir / "report.html"
+    report.write_text(render_html(output, base_tree.label, cand_tree.label, png), encoding="utf-8")
+    output.report_html = str(report)
+    return output

@@ -1,0 +1,638 @@
+"""validate_run and extract_scores: is a finished NEL run trustworthy, and what did it score.
+
+NEL writes one directory per invocation, one sub-directory per task:
+
+    <output_dir>/<ts>-<invocation>/<task>.<i>/artifacts/{results.yml, eval_factory_metrics.json,
+                                                         run_config.yml, metadata.yaml,
+                                                         nemo-evaluator-per-sample-outputs/*.jsonl}
+                                              logs/{stage.exit, client-*.log, slurm-*.log, server-*.log}
+
+A run is named by that directory, by `host:path` on a cluster (only the small artifacts are
+copied; logs are grepped on the host), or by an invocation id (quanteval's ledger, then NEL's
+own execution records). Logs are always streamed or grepped, never read whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field
+
+from quanteval import ledger
+from quanteval.envvars import state_dir
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.yml"
+METRICS_FILE = "eval_factory_metrics.json"
+RUN_CONFIG_FILE = "run_config.yml"
+METADATA_FILE = "metadata.yaml"
+SAMPLE_OUTPUTS_DIR = "nemo-evaluator-per-sample-outputs"  # nemo_evaluator.api.api_dataclasses.SAMPLE_OUTPUTS_DIR
+# The small files worth copying from a cluster; logs stay there and are grepped in place.
+REMOTE_ARTIFACT_PATTERNS = [
+    f"*/artifacts/{RESULTS_FILE}",
+    f"*/artifacts/{METRICS_FILE}",
+    f"*/artifacts/{RUN_CONFIG_FILE}",
+    f"*/artifacts/{METADATA_FILE}",
+    f"*/artifacts/{SAMPLE_OUTPUTS_DIR}/*.jsonl",
+    "*/logs/stage.exit",
+]
+REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys harnesses use for repeats
+MAX_EVIDENCE_PER_CHECK = 5
+
+# Log lines that matter, one regex per check. Matched line by line; the first hits are kept as evidence.
+LOG_PATTERNS: dict[str, re.Pattern[str]] = {
+    "slurm_timeout": re.compile(r"DUE TO TIME LIMIT|DUE TO PREEMPTION|NODE_FAIL"),
+    "resumed": re.compile(r"RESUMING\.\.\."),
+    "judge_failure": re.compile(r"judge\w*[^\n]{0,80}?(error|failed|exception|timed? ?out)", re.IGNORECASE),
+    "sandbox_failure": re.compile(r"sandbox[^\n]{0,80}?(error|failed|exception|refused|timed? ?out)", re.IGNORECASE),
+    "loaded_checkpoint": re.compile(
+        r"model_path='(?P<sglang>[^']+)'|Starting to load model (?P<vllm>\S+)|'model': '(?P<vllm_args>[^']+)'"
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Locating a run
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunTree:
+    """A run's task directories on this machine (a fetched copy when the run lives on a cluster)."""
+
+    label: str
+    root: Path
+    task_dirs: list[Path]
+    host: str | None = None
+    remote_root: str | None = None
+
+    def display(self, path: Path) -> str:
+        """The path as the person knows it: on the cluster for remote runs."""
+        if self.host and self.remote_root:
+            return f"{self.host}:{self.remote_root.rstrip('/')}/{path.relative_to(self.root)}"
+        return str(path)
+
+    def remote_path(self, path: Path) -> str:
+        assert self.remote_root is not None
+        return f"{self.remote_root.rstrip('/')}/{path.relative_to(self.root)}"
+
+
+def _is_task_dir(path: Path) -> bool:
+    return (path / "artifacts").is_dir() or (path / "logs").is_dir()
+
+
+def _task_dirs(root: Path) -> list[Path]:
+    if _is_task_dir(root):
+        return [root]
+    return sorted(child for child in root.iterdir() if child.is_dir() and _is_task_dir(child))
+
+
+def _remote_spec(run: str) -> tuple[str, str] | None:
+    host, sep, path = run.partition(":")
+    if sep and host and path and "/" not in host and not Path(run).exists():
+        return host, path
+    return None
+
+
+def _nel_output_dir(invocation_id: str) -> str | None:
+    """Where NEL's own execution records say the invocation wrote its results (local dir or host:path)."""
+    from nemo_evaluator_launcher.common.execdb import ExecutionDB
+    from nemo_evaluator_launcher.exporters.utils import get_results_dir_from_job_data
+
+    jobs = ExecutionDB().get_jobs(invocation_id)
+    for job in jobs.values():
+        task_dir = get_results_dir_from_job_data(job.data)
+        if task_dir:
+            host, _, path = task_dir.rpartition(":") if ":" in task_dir and not Path(task_dir).exists() else ("", "", task_dir)
+            parent = str(Path(path).parent)
+            return f"{host}:{parent}" if host else parent
+    return None
+
+
+def _fetch_remote(label: str, host: str, remote_root: str) -> RunTree:
+    from quanteval import remote
+
+    digest = hashlib.sha256(f"{host}:{remote_root}".encode()).hexdigest()[:16]
+    local_root = state_dir() / "results-cache" / host / digest
+    local_root.mkdir(parents=True, exist_ok=True)
+    remote.fetch_tree(host, remote_root, local_root, REMOTE_ARTIFACT_PATTERNS)
+    tasks = _task_dirs(local_root)
+    if not tasks:
+        raise ToolError(
+            f"{host}:{remote_root}: no NEL task directories (<task>.<i>/artifacts) found there. "
+            "Give the invocation directory <output_dir>/<ts>-<invocation> or one task directory inside it."
+        )
+    return RunTree(label=label, root=local_root, task_dirs=tasks, host=host, remote_root=remote_root)
+
+
+def locate_run(run: str) -> RunTree:
+    """Resolve a run reference: a local directory, `host:path`, a ledger id or a NEL invocation id."""
+    run = run.strip()
+    if not run:
+        raise ToolError("run: empty. Give a run directory, host:path on a cluster, or an invocation id.")
+    local = Path(run).expanduser()
+    if local.is_dir():
+        tasks = _task_dirs(local)
+        if not tasks:
+            raise ToolError(
+                f"{local}: no NEL task directories (<task>.<i>/artifacts or logs) inside. "
+                "Give the invocation directory <output_dir>/<ts>-<invocation> or one task directory inside it."
+            )
+        return RunTree(label=run, root=local, task_dirs=tasks)
+    if remote := _remote_spec(run):
+        return _fetch_remote(run, *remote)
+    if local.is_absolute() or run.startswith("."):
+        raise ToolError(f"{run}: no such directory. Check the path, or pass host:path for a run on a cluster.")
+    output_dir = _output_dir_from_ledger(run) or _nel_output_dir(run)
+    if not output_dir:
+        raise ToolError(
+            f"run '{run}': not a directory, and neither the ledger nor NEL's records know this id. "
+            "list_runs shows known runs; or pass the results directory (local or host:path)."
+        )
+    tree = locate_run(output_dir)
+    tree.label = run
+    return tree
+
+
+def _output_dir_from_ledger(run: str) -> str | None:
+    try:
+        record = ledger.get(run)
+    except ToolError:
+        return None
+    output_dir = record.details.get("output_dir")
+    if output_dir:
+        return f"{record.host}:{output_dir}" if record.host and record.executor == "slurm" else str(output_dir)
+    return _nel_output_dir(record.invocation_id) if record.invocation_id else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading artifacts
+# ---------------------------------------------------------------------------------------------
+
+
+def load_yaml(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        log.warning("unreadable %s: %s", path, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        log.warning("unreadable %s: %s", path, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_config(task_dir: Path) -> dict[str, Any]:
+    """The nemo-evaluator run config NEL saved for this task (config.type, config.params, target), or {}."""
+    return load_yaml(task_dir / "artifacts" / RUN_CONFIG_FILE) or {}
+
+
+def task_params(task_dir: Path) -> dict[str, Any]:
+    return ((run_config(task_dir).get("config") or {}).get("params")) or {}
+
+
+def repeats(params: dict[str, Any]) -> int:
+    extra = params.get("extra") or {}
+    for key in REPEAT_KEYS:
+        if isinstance(extra.get(key), int) and extra[key] > 0:
+            return extra[key]
+    return 1
+
+
+def per_sample_scores(task_dir: Path) -> dict[str, list[float]]:
+    """Scores per sample id (one per repeat) from the per-sample outputs, streamed line by line."""
+    scores: dict[str, list[float]] = {}
+    for path in sorted((task_dir / "artifacts" / SAMPLE_OUTPUTS_DIR).glob("*.jsonl")):
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and row.get("id") is not None and isinstance(row.get("score"), (int, float)):
+                    scores.setdefault(str(row["id"]), []).append(float(row["score"]))
+    return scores
+
+
+# ---------------------------------------------------------------------------------------------
+# extract_scores
+# ---------------------------------------------------------------------------------------------
+
+Scale = Literal["fraction", "percent", "unknown"]
+
+
+class ExtractScoresInput(StrictModel):
+    run: str = Field(
+        description="The run: its results directory (<output_dir>/<ts>-<invocation> or one <task>.<i> inside), "
+        "host:path on a cluster, a quanteval ledger id, or a NEL invocation id."
+    )
+
+
+class ScoreValue(BaseModel):
+    task: str = Field(description="Task name as results.yml lists it under results.tasks / results.groups.")
+    metric: str
+    score: str
+    value: float
+    stderr: float | None = Field(None, description="Standard error on the same scale as value; null when NEL did not record one.")
+    count: int | None = Field(None, description="Values the score was computed from (stats.count).")
+    scale: Scale = Field(description="fraction (0-1) or percent (0-100), as stored; never converted.")
+    scale_from: Literal["recipe", "inferred"] = Field(description="recipe: the task recipe says so; inferred: from the value.")
+    path: str = Field(description="Where in results.yml the value sits.")
+
+
+class TaskScores(BaseModel):
+    task_dir: str
+    task: str | None = Field(None, description="The NEL task (run_config config.type), when known.")
+    recipe: str | None = Field(None, description="Recipe whose metric/score named the headline, if any.")
+    headline: ScoreValue | None = Field(None, description="The recipe's score, or the only score when there is one.")
+    scores: list[ScoreValue] = Field(default_factory=list, description="Every score found (first 50).")
+    problem: str | None = Field(None, description="Why no score could be read, when none could.")
+
+
+class ExtractScoresOutput(BaseModel):
+    run: str
+    tasks: list[TaskScores]
+
+
+def _infer_scale(value: float) -> Scale:
+    if 0.0 <= value <= 1.0:
+        return "fraction"
+    if 1.0 < value <= 100.0:
+        return "percent"
+    return "unknown"
+
+
+def _recipe_scale(recipe: Any) -> Scale:
+    return recipe.scale if recipe.scale in ("fraction", "percent") else "unknown"
+
+
+def _stderr(stats: dict[str, Any]) -> float | None:
+    if isinstance(stats.get("stderr"), (int, float)):
+        return float(stats["stderr"])
+    # NEL's stddev is the population one: stderr = stddev * sqrt(n/(n-1)) / sqrt(n) = stddev / sqrt(n-1).
+    count, stddev = stats.get("count"), stats.get("stddev")
+    if isinstance(count, int) and count > 1 and isinstance(stddev, (int, float)):
+        return float(stddev) / math.sqrt(count - 1)
+    return None
+
+
+def _walk_scores(section: str, name: str, data: dict[str, Any], prefix: str) -> Iterator[tuple[str, str, str, dict[str, Any], str]]:
+    for metric, metric_data in (data.get("metrics") or {}).items():
+        for score, score_data in ((metric_data or {}).get("scores") or {}).items():
+            if isinstance(score_data, dict) and isinstance(score_data.get("value"), (int, float)):
+                path = f"{prefix}.metrics.{metric}.scores.{score}"
+                yield name, metric, score, score_data, path
+    for group, group_data in (data.get("groups") or {}).items():
+        yield from _walk_scores(section, f"{name}/{group}", group_data or {}, f"{prefix}.groups.{group}")
+
+
+def _recipe_for(task: str | None) -> Any | None:
+    """The task recipe (recipes/tasks/*.md) whose nel_task is this task, if one exists."""
+    if not task:
+        return None
+    from quanteval import tasks
+
+    for recipe in tasks.list_recipes():
+        if recipe.nel_task.split(".")[-1] == task:
+            return recipe
+    return None
+
+
+def task_scores(tree: RunTree, task_dir: Path) -> TaskScores:
+    results_path = task_dir / "artifacts" / RESULTS_FILE
+    shown = tree.display(task_dir)
+    nel_task = (run_config(task_dir).get("config") or {}).get("type")
+    data = load_yaml(results_path)
+    if data is None or not isinstance(data.get("results"), dict):
+        reason = "missing" if not results_path.exists() else "unreadable or without a results section"
+        return TaskScores(task_dir=shown, task=nel_task, problem=f"{tree.display(results_path)}: {reason}")
+    recipe = _recipe_for(nel_task)
+    found: list[ScoreValue] = []
+    for section in ("tasks", "groups"):
+        for name, entry in (data["results"].get(section) or {}).items():
+            for task, metric, score, score_data, path in _walk_scores(section, name, entry or {}, f"results.{section}.{name}"):
+                value = float(score_data["value"])
+                found.append(
+                    ScoreValue(
+                        task=task, metric=metric, score=score, value=value,
+                        stderr=_stderr(score_data.get("stats") or {}),
+                        count=(score_data.get("stats") or {}).get("count"),
+                        scale=_recipe_scale(recipe) if recipe else _infer_scale(value),
+                        scale_from="recipe" if recipe else "inferred",
+                        path=path,
+                    )
+                )
+    headline = None
+    if recipe:
+        headline = next((s for s in found if s.metric == recipe.metric and s.score == recipe.score), None)
+    elif len(found) == 1:
+        headline = found[0]
+    problem = None
+    if not found:
+        problem = f"{tree.display(results_path)}: no scores under results.tasks or results.groups"
+    elif recipe and headline is None:
+        problem = (
+            f"{tree.display(results_path)}: recipe {recipe.name} names metric {recipe.metric}, score {recipe.score}, "
+            "which this results.yml lacks; fix the recipe's Score Extraction or see `scores` for what is there."
+        )
+    return TaskScores(
+        task_dir=shown, task=nel_task or (found[0].task if found else None), recipe=recipe.name if recipe else None,
+        headline=headline, scores=found[:50], problem=problem,
+    )
+
+
+def extract_scores(request: ExtractScoresInput) -> ExtractScoresOutput:
+    """Read the headline score and its standard error for every task of a finished NEL run, using the task
+    recipe's metric/score when the task has a recipe, else every metric under results.tasks and results.groups.
+    Values keep their stored scale (fraction 0-1 or percent) and say which. Use it after validate_run passes."""
+    tree = locate_run(request.run)
+    return ExtractScoresOutput(run=tree.label, tasks=[task_scores(tree, task_dir) for task_dir in tree.task_dirs])
+
+
+# ---------------------------------------------------------------------------------------------
+# validate_run
+# ---------------------------------------------------------------------------------------------
+
+Verdict = Literal["pass", "fail", "inconclusive"]
+Severity = Literal["fail", "unknown", "warning", "info"]
+
+
+class ValidateRunInput(StrictModel):
+    run: str = Field(
+        description="The run: its results directory (<output_dir>/<ts>-<invocation> or one <task>.<i> inside), "
+        "host:path on a cluster, a quanteval ledger id, or a NEL invocation id."
+    )
+    expected_checkpoint: str | None = Field(
+        None, description="Checkpoint path the server should have loaded; a different one in the deployment logs fails the run."
+    )
+    max_error_share: float = Field(
+        0.01, ge=0, le=1, description="Largest acceptable share of non-2xx HTTP responses (0.01 = 1%)."
+    )
+    max_truncated_share: float = Field(
+        0.02, ge=0, le=1, description="Largest acceptable share of responses cut by finish_reason=length (0.02 = 2%)."
+    )
+
+
+class Evidence(BaseModel):
+    file: str
+    line: int | None = None
+    text: str = Field(description="The line or value that shows it (at most 300 characters).")
+
+
+class Finding(BaseModel):
+    severity: Severity = Field(description="fail: the run cannot be trusted; unknown: could not be checked; warning; info.")
+    check: str
+    message: str
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
+class TaskValidation(BaseModel):
+    task_dir: str
+    task: str | None = None
+    finished: bool | None = Field(None, description="results.yml written and the task exited 0; null when unknown.")
+    resumed_after_timeout: bool = False
+    expected_samples: int | None = Field(None, description="limit_samples or dataset size, times repeats.")
+    evaluated_samples: int | None = Field(None, description="stats.count of the scores.")
+    responses: int | None = Field(None, description="HTTP responses seen by the response-stats interceptor.")
+    error_share: float | None = None
+    truncated_share: float | None = Field(None, description="Share of successful responses with finish_reason=length.")
+    leaked_reasoning: int | None = Field(None, description="Final answers that still contain <think> or </think>.")
+    loaded_checkpoint: str | None = Field(None, description="The model path the server logs say it loaded.")
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class ValidateRunOutput(BaseModel):
+    run: str
+    verdict: Verdict = Field(description="pass only when every task passed every check that could be made.")
+    reasons: list[str] = Field(description="Why the verdict is not pass (empty when it is).")
+    tasks: list[TaskValidation]
+
+
+def _clip(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _scan_local_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
+    hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
+    logs = task_dir / "logs"
+    for path in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, start=1):
+                _classify(line, tree.display(path), number, hits)
+    return hits
+
+
+def _scan_remote_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
+    """grep on the cluster: the logs (often GBs of server output) never cross the network."""
+    from quanteval import remote
+
+    hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
+    combined = "|".join(f"({pattern.pattern})" for pattern in LOG_PATTERNS.values())
+    logs = tree.remote_path(task_dir / "logs")
+    command = f"cd {shlex.quote(logs)} 2>/dev/null && grep -n -i -E -m 200 -H {shlex.quote(combined)} -- *.log"
+    result = remote.run_remote(tree.host, command, timeout=120)
+    for raw in result.stdout.splitlines():
+        name, _, rest = raw.partition(":")
+        number, _, line = rest.partition(":")
+        if number.isdigit():
+            _classify(line, f"{tree.host}:{logs}/{name}", int(number), hits)
+    return hits
+
+
+def _classify(line: str, file: str, number: int, hits: dict[str, list[Evidence]]) -> None:
+    for name, pattern in LOG_PATTERNS.items():
+        if len(hits[name]) < MAX_EVIDENCE_PER_CHECK and pattern.search(line):
+            hits[name].append(Evidence(file=file, line=number, text=_clip(line)))
+
+
+def _loaded_checkpoint(evidence: list[Evidence]) -> str | None:
+    for item in evidence:
+        match = LOG_PATTERNS["loaded_checkpoint"].search(item.text)
+        if match:
+            return next(value for value in match.groupdict().values() if value)
+    return None
+
+
+def _exit_code(task_dir: Path) -> int | None:
+    stage_exit = task_dir / "logs" / "stage.exit"
+    if not stage_exit.is_file():
+        return None
+    _, _, code = stage_exit.read_text(encoding="utf-8", errors="replace").strip().rpartition(" ")
+    return int(code) if code.lstrip("-").isdigit() else None
+
+
+def _leaked_reasoning(task_dir: Path) -> int | None:
+    files = sorted((task_dir / "artifacts" / SAMPLE_OUTPUTS_DIR).glob("*.jsonl"))
+    if not files:
+        return None
+    leaked = 0
+    for path in files:
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                try:
+                    generation = json.loads(line).get("generation")
+                except (json.JSONDecodeError, AttributeError):
+                    continue
+                if isinstance(generation, str) and ("<think>" in generation or "</think>" in generation):
+                    leaked += 1
+    return leaked
+
+
+def _expected_samples(config: dict[str, Any]) -> int | None:
+    if not config.get("config"):
+        return None
+    from nemo_evaluator_launcher.common.helpers import get_eval_factory_dataset_size_from_run_config
+
+    try:
+        size = get_eval_factory_dataset_size_from_run_config(
+            {"framework_name": config.get("framework_name"), "config": {"params": {}, **config["config"]}}
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if size is None else size * repeats(config["config"].get("params") or {})
+
+
+def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> TaskValidation:
+    shown = tree.display(task_dir)
+    artifacts = task_dir / "artifacts"
+    config = run_config(task_dir)
+    scores = task_scores(tree, task_dir)
+    report = TaskValidation(task_dir=shown, task=scores.task)
+    findings = report.findings
+    logs = _scan_remote_logs(tree, task_dir) if tree.host else _scan_local_logs(tree, task_dir)
+
+    # Finished or not. A SLURM timeout is fine when the paired restart job resumed and finished the task.
+    exit_code = _exit_code(task_dir)
+    has_results = scores.problem is None or bool(scores.scores)
+    report.resumed_after_timeout = bool(logs["slurm_timeout"]) and has_results
+    if logs["slurm_timeout"] and has_results:
+        findings.append(Finding(severity="info", check="finished", message="SLURM stopped the job (time limit/preemption) and the restart job resumed and finished it.",
+                                evidence=logs["slurm_timeout"][:2] + logs["resumed"][:2]))
+    if exit_code not in (None, 0):
+        report.finished = False
+        findings.append(Finding(severity="fail", check="finished", message=f"The task exited with code {exit_code}; see its client log (run_logs).",
+                                evidence=[Evidence(file=tree.display(task_dir / "logs" / "stage.exit"), line=1, text=str(exit_code))]))
+    elif not has_results:
+        report.finished = False
+        cause = " SLURM stopped it and no resume finished it: resume_run." if logs["slurm_timeout"] else ""
+        findings.append(Finding(severity="fail", check="finished", message=f"{scores.problem}.{cause}",
+                                evidence=logs["slurm_timeout"][:2]))
+    else:
+        report.finished = True
+
+    # Sample accounting.
+    counts = [s.count for s in scores.scores if isinstance(s.count, int)]
+    report.evaluated_samples = max(counts) if counts else None
+    report.expected_samples = _expected_samples(config)
+    params = ((config.get("config") or {}).get("params")) or {}
+    if report.finished and report.expected_samples is None:
+        findings.append(Finding(severity="unknown", check="samples", message=f"{tree.display(artifacts / RUN_CONFIG_FILE)}: no limit_samples and no known dataset size, so dropped samples cannot be counted."))
+    elif report.finished and report.evaluated_samples is None:
+        findings.append(Finding(severity="unknown", check="samples", message=f"{tree.display(artifacts / RESULTS_FILE)}: scores carry no stats.count, so dropped samples cannot be counted."))
+    elif report.finished:
+        per_prompt = report.expected_samples // repeats(params)
+        if report.evaluated_samples not in (report.expected_samples, per_prompt):
+            policy = (params.get("extra") or {}).get("failed_samples_policy")
+            dropped = report.expected_samples - report.evaluated_samples
+            findings.append(Finding(
+                severity="fail", check="samples",
+                message=f"{report.evaluated_samples} samples scored, {report.expected_samples} expected ({dropped} dropped or failed"
+                + (f"; failed_samples_policy={policy}" if policy else "") + "). The score covers a different set than the baseline's.",
+                evidence=[Evidence(file=tree.display(artifacts / RESULTS_FILE), text=f"stats.count={report.evaluated_samples}")]))
+
+    # HTTP errors, truncation and reasoning from the interceptors' statistics.
+    metrics = _load_json(artifacts / METRICS_FILE)
+    metrics_file = tree.display(artifacts / METRICS_FILE)
+    stats = (metrics or {}).get("response_stats")
+    if not stats:
+        findings.append(Finding(severity="unknown", check="responses", message=f"{metrics_file}: no response_stats; HTTP errors and truncation cannot be checked. Keep the response_stats interceptor on."))
+    else:
+        codes = {str(code): int(n) for code, n in (stats.get("status_codes") or {}).items()}
+        report.responses = int(stats.get("count") or sum(codes.values()))
+        errors = sum(n for code, n in codes.items() if not code.startswith("2"))
+        if report.responses:
+            report.error_share = errors / report.responses
+            if errors:
+                findings.append(Finding(
+                    severity="fail" if report.error_share > request.max_error_share else "warning", check="http_errors",
+                    message=f"{errors} of {report.responses} responses were HTTP errors ({report.error_share:.1%}; limit {request.max_error_share:.1%}).",
+                    evidence=[Evidence(file=metrics_file, text=f"status_codes={json.dumps(codes)}")]))
+        reasons = {str(k): int(v) for k, v in (stats.get("finish_reason") or {}).items()}
+        if sum(reasons.values()):
+            report.truncated_share = reasons.get("length", 0) / sum(reasons.values())
+            if reasons.get("length"):
+                findings.append(Finding(
+                    severity="fail" if report.truncated_share > request.max_truncated_share else "warning", check="truncation",
+                    message=f"{reasons['length']} of {sum(reasons.values())} responses hit the token limit ({report.truncated_share:.1%}; limit {request.max_truncated_share:.1%}): raise max_new_tokens.",
+                    evidence=[Evidence(file=metrics_file, text=f"finish_reason={json.dumps(reasons)}")]))
+    reasoning = (metrics or {}).get("reasoning") or {}
+    if reasoning.get("reasoning_unfinished_count"):
+        findings.append(Finding(
+            severity="warning", check="reasoning",
+            message=f"{reasoning['reasoning_unfinished_count']} responses started reasoning and never closed it (answer lost in the thinking).",
+            evidence=[Evidence(file=metrics_file, text=f"reasoning_unfinished_count={reasoning['reasoning_unfinished_count']}")]))
+    report.leaked_reasoning = _leaked_reasoning(task_dir)
+    if report.leaked_reasoning:
+        findings.append(Finding(
+            severity="fail", check="reasoning",
+            message=f"{report.leaked_reasoning} final answers still contain <think> tags: reasoning is not stripped (add the reasoning interceptor or fix the chat template).",
+            evidence=[Evidence(file=tree.display(artifacts / SAMPLE_OUTPUTS_DIR), text="<think> in generation")]))
+
+    # Judge and sandbox failures, and what the server really loaded.
+    for check in ("judge_failure", "sandbox_failure"):
+        if logs[check]:
+            findings.append(Finding(severity="fail", check=check,
+                                    message=f"{check.replace('_', ' ')} lines in the logs: the scores of the affected samples are not the model's.",
+                                    evidence=logs[check]))
+    report.loaded_checkpoint = _loaded_checkpoint(logs["loaded_checkpoint"])
+    if request.expected_checkpoint and report.loaded_checkpoint:
+        if Path(report.loaded_checkpoint).as_posix().rstrip("/") != Path(request.expected_checkpoint).as_posix().rstrip("/"):
+            findings.append(Finding(severity="fail", check="checkpoint",
+                                    message=f"The server loaded {report.loaded_checkpoint}, not {request.expected_checkpoint}.",
+                                    evidence=logs["loaded_checkpoint"][:1]))
+    elif request.expected_checkpoint:
+        findings.append(Finding(severity="unknown", check="checkpoint",
+                                message="No deployment log says which checkpoint was loaded (no server-*.log with the model path)."))
+    return report
+
+
+def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) -> ValidateRunOutput:
+    """Check that a finished NEL run can be trusted, task by task: finished (a SLURM timeout then resume is fine),
+    samples scored vs expected, HTTP error share, responses cut by the token limit, leaked <think> reasoning,
+    judge/sandbox failures in the logs and the checkpoint the server loaded. Returns pass/fail/inconclusive with
+    reasons and evidence (file, line). Use it before extract_scores or compare_results, and before a full run's results are reported."""
+    tree = locate_run(request.run)
+    tasks = []
+    for index, task_dir in enumerate(tree.task_dirs):
+        progress(index, len(tree.task_dirs), f"validating {task_dir.name}")
+        tasks.append(validate_task(tree, task_dir, request))
+    reasons = [
+        f"{task.task or task.task_dir}: {finding.message}"
+        for task in tasks for finding in task.findings if finding.severity in ("fail", "unknown")
+    ]
+    severities = {finding.severity for task in tasks for finding in task.findings}
+    verdict: Verdict = "fail" if "fail" in severities else "inconclusive" if "unknown" in severities else "pass"
+    return ValidateRunOutput(run=tree.label, verdict=verdict, reasons=reasons[:50], tasks=tasks)
