@@ -132,7 +132,9 @@ class GpuFit(BaseModel):
     gpu_type: str = Field(description="H100 (80 GB), H200 (141 GB) or B200 (180 GB).")
     memory_gb: float
     min_gpus: int = Field(description="Fewest GPUs that hold the weights with KV-cache headroom.")
-    tensor_parallel_size: int = Field(description="Smallest TP >= min_gpus that divides the attention heads.")
+    tensor_parallel_size: int = Field(
+        description="Per node: the smallest power of two >= the GPUs needed that divides the attention heads, else the smallest such divisor."
+    )
     nodes: int = Field(1, description="Nodes of 8 GPUs needed (pipeline parallel across nodes when > 1).")
     note: str | None = None
 
@@ -387,7 +389,8 @@ def _from_modelopt_config_json(qc: dict) -> QuantizationInfo:
     if not quant_algo:
         group_algos = {_algo_from_group(g) for g in groups}
         quant_algo = group_algos.pop() if len(group_algos) == 1 else ("MIXED_PRECISION" if group_algos else None)
-    group_sizes = {g.get("weights", {}).get("group_size") for g in groups} - {None}
+    # MIXED_PRECISION group sizes are per layer (as in hf_quant_config.json), not one for the model.
+    group_sizes = set() if quant_algo == "MIXED_PRECISION" else {g.get("weights", {}).get("group_size") for g in groups} - {None}
     info = QuantizationInfo(
         detected=True,
         method="modelopt",
@@ -534,12 +537,16 @@ def _gpu_fit(weight_bytes: int, num_heads: int | None, quant: QuantizationInfo) 
         min_gpus = max(1, math.ceil(weight_bytes / usable))
         nodes = math.ceil(min_gpus / MAX_GPUS_PER_NODE)
         per_node = math.ceil(min_gpus / nodes)
-        tp = next(
-            (t for t in (1, 2, 4, 8) if t >= per_node and (not num_heads or num_heads % t == 0)),
-            MAX_GPUS_PER_NODE,
+        heads = num_heads or MAX_GPUS_PER_NODE
+        # A power of two first (what kernels and NCCL like best), then any divisor of the heads.
+        tp = next((t for t in (1, 2, 4, 8) if t >= per_node and heads % t == 0), None) or next(
+            (t for t in range(per_node, MAX_GPUS_PER_NODE + 1) if heads % t == 0), None
         )
         note = None
-        if needs_blackwell and gpu not in BLACKWELL_GPUS:
+        if tp is None:
+            tp = MAX_GPUS_PER_NODE
+            note = f"No tensor-parallel size from {per_node} to {MAX_GPUS_PER_NODE} divides the {heads} attention heads; plan the split by hand."
+        elif needs_blackwell and gpu not in BLACKWELL_GPUS:
             note = "NVFP4 kernels need Blackwell: SGLang fails on this GPU, vLLM falls back to slower Marlin W4A16."
         elif nodes > 1:
             note = f"{nodes} nodes: tensor parallel {tp} within a node, pipeline parallel {nodes} across nodes."
