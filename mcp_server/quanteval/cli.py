@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -114,6 +115,78 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from quanteval.plan import PlanRequest, format_plan, make_plan
+
+    request = PlanRequest(
+        model=args.model,
+        tasks=[name.strip() for name in (args.tasks or "").split(",") if name.strip()],
+        execution=args.execution,
+        deployment=args.deployment,
+        model_type=args.model_type,
+        output_dir=args.output_dir,
+        config=args.config,
+        force=args.force,
+    )
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        print(f"[plan {done:g}/{total:g}] {message or ''}".rstrip(), file=sys.stderr)
+
+    with stdout_to_stderr():
+        plan = make_plan(request, progress)
+    if args.json:
+        emit_json(plan.model_dump(mode="json") | {"ready": plan.ready})
+    else:
+        sys.stdout.write(format_plan(plan) + "\n")
+    return EXIT_OK
+
+
+def cmd_skills_install(args: argparse.Namespace) -> int:
+    from quanteval import skillpack
+
+    if args.dest:
+        roots = [Path(args.dest).expanduser()]
+    else:
+        agents = [agent for agent in skillpack.AGENT_SKILL_DIRS if getattr(args, agent)] or list(skillpack.AGENT_SKILL_DIRS)
+        roots = [skillpack.skills_root_for(agent, project=args.project) for agent in agents]
+    kept = 0
+    for root in roots:
+        for outcome in skillpack.install_skills(root, force=args.force):
+            if outcome.installed:
+                sys.stdout.write(f"installed {outcome.skill} -> {outcome.destination}\n")
+            else:
+                kept += 1
+                print(f"quanteval: {outcome.destination} already exists; kept it (use --force to replace)", file=sys.stderr)
+    return EXIT_TOOL_ERROR if kept else EXIT_OK
+
+
+def cmd_serve_eval(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from quanteval.evalserver import ServerSettings, serve
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = ServerSettings(
+        output_root=Path(args.output_root).expanduser().resolve(),
+        backend=args.backend,
+        max_concurrent_requests=args.max_concurrent_requests,
+        max_concurrent_jobs=args.max_concurrent_jobs,
+        model_name=args.model_name,
+        ns_command=args.ns_command,
+        nel_command=args.nel_command,
+        cluster=args.cluster,
+        config_dir=args.config_dir,
+        nel_execution=args.nel_execution,
+        job_timeout_s=args.job_timeout,
+    )
+    try:
+        serve(settings, host=args.host, port=args.port)
+    except OSError as exc:
+        raise ToolError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quanteval",
@@ -135,6 +208,62 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("path", help="checkpoint directory or Hugging Face handle (org/name) already in the local cache")
     insp.add_argument("--json", action="store_true", help="print the full report as JSON")
     insp.set_defaults(func=cmd_inspect)
+
+    plan = sub.add_parser(
+        "plan",
+        help="the main job: checkpoint + benchmarks -> a checked NEL config and the canary/full-run commands",
+        description="Inspect the checkpoint, build a NEL config, add the tasks, apply the checkpoint, list what is "
+        "missing, validate, and dry-run with NEL; prints a summary and the commands to launch. Launches nothing.",
+    )
+    plan.add_argument("model", help="checkpoint directory or Hugging Face handle (org/name) already in the local cache")
+    plan.add_argument("--tasks", help="comma-separated recipe or NEL task names, e.g. gpqa,aime2025 (default: the model type's core bundle)")
+    plan.add_argument("--execution", choices=["local", "slurm"], default="local", help="where NEL runs the jobs (default local)")
+    plan.add_argument("--deployment", choices=["vllm", "sglang", "none"], default="vllm", help="who serves the model (default vllm)")
+    plan.add_argument("--model-type", choices=["chat_reasoning", "base"], default="chat_reasoning", help="default chat_reasoning")
+    plan.add_argument("--output-dir", help="execution.output_dir for results (absolute on SLURM)")
+    plan.add_argument("--config", help="config file to write (default <model>-<execution>-<deployment>.yaml here)")
+    plan.add_argument("--force", action="store_true", help="replace an existing config file")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(func=cmd_plan)
+
+    serve_eval = sub.add_parser(
+        "serve-eval",
+        help="serve NeMo-Skills evaluations to a training loop (slime's eval-delegate API)",
+        description="GET /health, POST /evaluate (blocking), POST /jobs + GET /jobs/<id> (async).",
+    )
+    serve_eval.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve_eval.add_argument("--port", type=int, default=9050, help="port (default 9050)")
+    serve_eval.add_argument("--output-root", required=True, help="directory for evaluation outputs and logs")
+    serve_eval.add_argument("--backend", choices=["nemo-skills", "nel"], default="nemo-skills",
+                            help="nemo-skills runs `ns eval`; nel runs NEL's nemo_skills tasks (default nemo-skills)")
+    serve_eval.add_argument("--max-concurrent-requests", type=int, default=512,
+                            help="concurrent requests each benchmark sends to the router (default 512)")
+    serve_eval.add_argument("--max-concurrent-jobs", type=int, default=2,
+                            help="evaluations that run at once; more wait in a queue (default 2)")
+    serve_eval.add_argument("--model-name", default="slime-openai-model", help="model name sent to the router")
+    serve_eval.add_argument("--ns-command", default="ns", help="NeMo-Skills `ns` executable (default: ns on PATH)")
+    serve_eval.add_argument("--nel-command", default="nel", help="`nel` executable for --backend nel")
+    serve_eval.add_argument("--cluster", help="NeMo-Skills cluster config name passed to `ns eval --cluster`")
+    serve_eval.add_argument("--config-dir", help="NeMo-Skills cluster config directory (`ns eval --config_dir`)")
+    serve_eval.add_argument("--nel-execution", choices=["local", "slurm"], default="local",
+                            help="NEL executor for --backend nel (default local)")
+    serve_eval.add_argument("--job-timeout", type=float, default=6 * 3600,
+                            help="seconds before a benchmark's process group is killed (default 6 h)")
+    serve_eval.set_defaults(func=cmd_serve_eval)
+
+    skills = sub.add_parser("skills", help="the skill pack for AI assistants")
+    skills_sub = skills.add_subparsers(dest="skills_command", required=True, metavar="SKILLS_COMMAND")
+    install = skills_sub.add_parser(
+        "install",
+        help="copy the skill pack from this installation into an assistant's skills folder (no network)",
+        description="With no assistant flag, installs for all of them (as `nel skills add` does).",
+    )
+    for agent, label in (("claude", "Claude Code"), ("codex", "Codex"), ("cursor", "Cursor"), ("opencode", "OpenCode")):
+        install.add_argument(f"--{agent}", action="store_true", help=f"install for {label}")
+    install.add_argument("--project", action="store_true", help="install into the current project instead of your home")
+    install.add_argument("--force", action="store_true", help="replace skills that are already installed")
+    install.add_argument("--dest", help="install into this skills folder instead (ignores the assistant flags)")
+    install.set_defaults(func=cmd_skills_install)
 
     return parser
 
