@@ -1,0 +1,826 @@
+"""Deployments: plan, launch, probe and stop SGLang / vLLM / TensorRT-LLM servers, locally or on SLURM.
+
+A plan is an argv split in two: the launcher (`python3 -m sglang.launch_server`, `vllm serve`,
+`trtllm-serve`) and the server arguments. The launcher can be replaced through an environment
+variable (QUANTEVAL_SGLANG_LAUNCHER, QUANTEVAL_VLLM_LAUNCHER, QUANTEVAL_TRTLLM_LAUNCHER), e.g. to
+run a specific Python or a container wrapper; the test suite uses it to run a stand-in HTTP server
+through exactly the same launch path. The launcher runs where the server runs (this machine, or the
+SLURM node).
+
+Local servers run in their own process group with their log under the state directory; SLURM
+servers are sbatch jobs submitted over SSH. Both are ledger records of kind "deployment".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from quanteval import ledger
+from quanteval.checkpoint import (
+    BLACKWELL_GPUS,
+    GPU_TYPES,
+    MODELOPT_QUANT_ALGOS,
+    WEIGHT_MEMORY_FRACTION,
+    CheckpointReport,
+    InspectCheckpointInput,
+    inspect_checkpoint,
+)
+from quanteval.envvars import state_dir
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+
+log = logging.getLogger(__name__)
+
+Framework = Literal["sglang", "vllm", "trtllm"]
+
+# --- Fact tables --------------------------------------------------------------------------------
+
+LAUNCHER_ENV_VARS: dict[str, str] = {
+    "sglang": "QUANTEVAL_SGLANG_LAUNCHER",
+    "vllm": "QUANTEVAL_VLLM_LAUNCHER",
+    "trtllm": "QUANTEVAL_TRTLLM_LAUNCHER",
+}
+DEFAULT_LAUNCHERS: dict[str, list[str]] = {
+    "sglang": ["python3", "-m", "sglang.launch_server"],
+    "vllm": ["vllm", "serve"],
+    "trtllm": ["trtllm-serve"],
+}
+DEFAULT_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000, "trtllm": 8000}
+
+# Compute capability per GPU type (FP8 tensor cores need >= 8.9). Memory comes from
+# checkpoint.GPU_TYPES; the two older types quanteval does not size there are added here.
+COMPUTE_CAPABILITY: dict[str, float] = {"A100": 8.0, "L40S": 8.9, "H100": 9.0, "H200": 9.0, "B200": 10.0}
+GPU_MEMORY_GB: dict[str, float] = {"A100": 80.0, "L40S": 48.0, **GPU_TYPES}
+
+# model_type -> parser name, per framework. Only used when the chat template shows reasoning /
+# tool calls. Names checked against SGLang's --reasoning-parser/--tool-call-parser choices and
+# vLLM's documented parser names.
+REASONING_PARSERS: dict[str, dict[str, str]] = {
+    "qwen3": {"sglang": "qwen3", "vllm": "qwen3"},
+    "qwen3_moe": {"sglang": "qwen3", "vllm": "qwen3"},
+    "deepseek_v3": {"sglang": "deepseek-r1", "vllm": "deepseek_r1"},
+    "gpt_oss": {"sglang": "gpt-oss", "vllm": "openai_gptoss"},
+    "glm4_moe": {"sglang": "glm45", "vllm": "glm45"},
+}
+TOOL_CALL_PARSERS: dict[str, dict[str, str]] = {
+    "qwen3": {"sglang": "qwen25", "vllm": "hermes"},
+    "qwen3_moe": {"sglang": "qwen25", "vllm": "hermes"},
+    "qwen2": {"sglang": "qwen25", "vllm": "hermes"},
+    "llama": {"sglang": "llama3", "vllm": "llama3_json"},
+    "mistral": {"sglang": "mistral", "vllm": "mistral"},
+    "deepseek_v3": {"sglang": "deepseekv3", "vllm": "deepseek_v3"},
+    "gpt_oss": {"sglang": "gpt-oss", "vllm": "openai"},
+    "glm4_moe": {"sglang": "glm45", "vllm": "glm45"},
+}
+
+# Known server failures, matched against the log: (regex, what it means, the fix).
+KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
+     "SGLang left no room for the KV cache after loading the weights.",
+     "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length, or use more GPUs (--tp-size)."),
+    (re.compile(r"Capture cuda graph failed"),
+     "SGLang ran out of memory or hit a kernel error while capturing CUDA graphs.",
+     "Add --disable-cuda-graph, or lower the CUDA-graph batch size (--cuda-graph-max-bs, "
+     "--cuda-graph-max-bs-decode in newer SGLang), or lower --mem-fraction-static."),
+    (re.compile(r"(?i)(nvfp4|fp4)[^\n]*(blackwell|sm_?100|sm ?10\d|not supported on|requires? .*capability)"),
+     "NVFP4 kernels need a Blackwell GPU.",
+     "Run on B200 (Blackwell), or serve with vLLM (Marlin W4A16 fallback on Hopper), or use an FP8 checkpoint."),
+    (re.compile(r"does not match the quantization method specified in the `?quantization`? argument"),
+     "--quantization disagrees with the checkpoint's own quantization config.",
+     "Drop --quantization (the server reads the checkpoint's config), or set the value the config names."),
+    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA"),
+     "The GPU ran out of memory.",
+     "Use more GPUs (tensor parallel), lower --context-length/--max-model-len, or lower "
+     "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)."),
+    (re.compile(r"requires you to execute the configuration file|trust_remote_code=True"),
+     "The model needs its own code from the checkpoint.",
+     "Add --trust-remote-code (only for checkpoints you trust)."),
+    (re.compile(r"Address already in use|error while attempting to bind on address"),
+     "The port is taken by another process.",
+     "Stop the other server or launch with another port."),
+]
+
+READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line
+LOG_TAIL_LINES = 30
+LOG_SCAN_BYTES = 512 * 1024
+
+
+# --- plan_deployment ----------------------------------------------------------------------------
+
+
+class PlanDeploymentInput(StrictModel):
+    checkpoint: str = Field(description="Checkpoint directory (or a Hugging Face handle already in the local HF cache) to serve.")
+    framework: Framework = Field("sglang", description="Serving framework: 'sglang', 'vllm' or 'trtllm'.")
+    gpu_type: str | None = Field(
+        None, description="GPU the server will run on (A100, L40S, H100, H200, B200); enables hardware warnings and TP sizing."
+    )
+    gpus: int | None = Field(None, ge=1, le=64, description="Tensor-parallel size; default: the fewest GPUs that hold the weights.")
+    port: int | None = Field(None, ge=1, le=65535, description="Server port; default 30000 for SGLang, 8000 for vLLM/TRT-LLM.")
+    served_model_name: str | None = Field(
+        None, description="Model name clients send in requests; default: the checkpoint folder name."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More server arguments appended verbatim, e.g. ['--mem-fraction-static', '0.9'] after an out-of-memory failure.",
+    )
+
+
+class PlanWarning(BaseModel):
+    level: Literal["error", "warning"] = Field(description="'error': the server will not start or serve correctly this way.")
+    message: str
+
+
+class ParserCheck(BaseModel):
+    checked: bool = Field(description="Whether the framework's own argument parser was run on the server arguments.")
+    ok: bool | None = Field(None, description="The parser accepted the arguments (None when not checked).")
+    message: str
+
+
+class DeploymentPlan(BaseModel):
+    framework: Framework
+    checkpoint: str = Field(description="Resolved checkpoint directory.")
+    served_model_name: str
+    host: str
+    port: int
+    tensor_parallel_size: int
+    gpu_type: str | None = None
+    launcher: list[str] = Field(description="argv prefix that starts the server (replaceable via QUANTEVAL_<FRAMEWORK>_LAUNCHER).")
+    server_args: list[str] = Field(description="Arguments after the launcher.")
+    argv: list[str] = Field(description="The whole command: launcher + server_args.")
+    command: str = Field(description="argv as one shell-quoted line.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables (no secrets) to set for the server.")
+    warnings: list[PlanWarning] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    parser_check: ParserCheck
+
+
+def _launcher(framework: str) -> list[str]:
+    override = os.environ.get(LAUNCHER_ENV_VARS[framework], "").strip()
+    return shlex.split(override) if override else list(DEFAULT_LAUNCHERS[framework])
+
+
+def _parsers(report: CheckpointReport, framework: str) -> tuple[str | None, str | None]:
+    model_type = report.architecture.model_type or ""
+    reasoning = REASONING_PARSERS.get(model_type, {}).get(framework) if report.reasoning else None
+    tools = TOOL_CALL_PARSERS.get(model_type, {}).get(framework) if report.tool_calling else None
+    return reasoning, tools
+
+
+def _hardware_warnings(report: CheckpointReport, framework: str, gpu_type: str | None, tp: int) -> list[PlanWarning]:
+    quant = report.quantization
+    algos = ({quant.quant_algo} | set(quant.layer_algos)) if quant.method == "modelopt" else set()
+    facts = [MODELOPT_QUANT_ALGOS[a] for a in algos if a in MODELOPT_QUANT_ALGOS]
+    warnings: list[PlanWarning] = []
+    if any(f.trtllm_only for f in facts) and framework != "trtllm":
+        warnings.append(PlanWarning(level="error", message=(
+            f"{quant.quant_algo} is a TensorRT-LLM ModelOpt format: {framework} does not load it. Use framework 'trtllm'.")))
+    needs_blackwell = any(f.needs_blackwell for f in facts)
+    if needs_blackwell and gpu_type is None and framework == "sglang":
+        warnings.append(PlanWarning(level="warning", message="NVFP4 needs Blackwell (B200) for SGLang; give gpu_type to check."))
+    if needs_blackwell and gpu_type and gpu_type not in BLACKWELL_GPUS:
+        if framework == "sglang":
+            warnings.append(PlanWarning(level="error", message=(
+                f"NVFP4 kernels need Blackwell: SGLang fails on {gpu_type}. Use B200, or vLLM (slower Marlin W4A16 fallback).")))
+        elif framework == "vllm":
+            warnings.append(PlanWarning(level="warning", message=(
+                f"NVFP4 on {gpu_type}: vLLM falls back to Marlin W4A16 kernels (correct but slower than on Blackwell).")))
+    if gpu_type and any(f.fp8_compute for f in facts) and COMPUTE_CAPABILITY.get(gpu_type, 99) < 8.9:
+        warnings.append(PlanWarning(level="error", message=(
+            f"FP8 needs compute capability >= 8.9; {gpu_type} has {COMPUTE_CAPABILITY[gpu_type]}. Use L40S, H100, H200 or B200.")))
+    if gpu_type:
+        usable = GPU_MEMORY_GB[gpu_type] * 1e9 * WEIGHT_MEMORY_FRACTION * tp
+        weight_bytes = report.weight_memory_gb * 1e9 or report.weights.size_bytes
+        if weight_bytes > usable:
+            needed = next((fit.min_gpus for fit in report.gpu_fit if fit.gpu_type == gpu_type), None)
+            more = f" It needs at least {needed} {gpu_type}." if needed else ""
+            warnings.append(PlanWarning(level="error", message=(
+                f"The weights ({weight_bytes / 1e9:.1f} GB) do not fit {tp} x {gpu_type} with room for the KV cache.{more}")))
+    return warnings
+
+
+def _tensor_parallel_size(report: CheckpointReport, gpu_type: str | None, gpus: int | None) -> int:
+    if gpus:
+        return gpus
+    fit = next((f for f in report.gpu_fit if f.gpu_type == gpu_type), None) if gpu_type else None
+    if fit is None and report.gpu_fit:
+        fit = min(report.gpu_fit, key=lambda f: f.tensor_parallel_size)
+    return fit.tensor_parallel_size if fit else 1
+
+
+def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, host: str, port: int) -> list[str]:
+    checkpoint_flags = report.deployment_flags.get(framework)
+    flags = list(checkpoint_flags.args) if checkpoint_flags else []
+    reasoning, tools = _parsers(report, framework)
+    if framework == "sglang":
+        args = ["--model-path", report.path, "--served-model-name", name, "--tp-size", str(tp), *flags]
+        args += ["--reasoning-parser", reasoning] if reasoning else []
+        args += ["--tool-call-parser", tools] if tools else []
+    elif framework == "vllm":
+        args = [report.path, "--served-model-name", name, "--tensor-parallel-size", str(tp), *flags]
+        args += ["--reasoning-parser", reasoning] if reasoning else []
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", tools] if tools else []
+    else:
+        args = [report.path, "--backend", "pytorch", "--tp_size", str(tp), *flags]
+    return [*args, "--host", host, "--port", str(port)]
+
+
+_SGLANG_CHECK = """
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser(prog="sglang.launch_server")
+ServerArgs.add_cli_args(parser)
+ServerArgs.from_cli_args(parser.parse_args(json.loads(sys.argv[1])))
+"""
+
+_VLLM_CHECK = """
+import json, sys
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(["--model", *json.loads(sys.argv[1])])
+"""
+
+
+def check_server_args(framework: str, server_args: list[str]) -> ParserCheck:
+    """Run the framework's own argument parser on the arguments (in a subprocess: heavy imports, prints)."""
+    module, code = {"sglang": ("sglang", _SGLANG_CHECK), "vllm": ("vllm", _VLLM_CHECK)}.get(framework, (None, None))
+    if module is None:
+        return ParserCheck(checked=False, message="TensorRT-LLM arguments are not checked (trtllm-serve is not installed here).")
+    if find_spec(module) is None:
+        hint = " (bash scripts/install-sglang-parser installs its CPU-only parser)" if module == "sglang" else ""
+        return ParserCheck(checked=False, message=f"{module} is not importable here{hint}; arguments not checked by its parser.")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(server_args)],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return ParserCheck(checked=False, message=f"{module}'s parser did not answer within 120 s.")
+    if done.returncode == 0:
+        return ParserCheck(checked=True, ok=True, message=f"{module}'s own argument parser accepts these arguments.")
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    detail = (errors[-1] if errors else done.stderr.strip()[-500:])[:500]
+    return ParserCheck(checked=True, ok=False, message=f"{module}'s argument parser rejected the arguments: {detail}")
+
+
+def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_progress) -> DeploymentPlan:
+    """Plan an inference server for a checkpoint: the exact argv and environment for SGLang
+    (`python3 -m sglang.launch_server`), vLLM (`vllm serve`) or TensorRT-LLM (`trtllm-serve`) with served
+    name, tensor-parallel size, context length, trust-remote-code, --quantization only where needed and
+    reasoning/tool-call parsers from the chat template, plus hardware/format warnings (NVFP4 needs
+    Blackwell, TensorRT-LLM-only formats, FP8 below compute capability 8.9, weights that do not fit).
+    The SGLang argv is checked by SGLang's own argument parser when installed. Use it before
+    launch_deployment, or to hand a user the command for their own cluster."""
+    framework = request.framework
+    if request.gpu_type is not None and request.gpu_type not in COMPUTE_CAPABILITY:
+        raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(COMPUTE_CAPABILITY)}.")
+    progress(0, 2, "inspecting the checkpoint")
+    report = inspect_checkpoint(InspectCheckpointInput(path=request.checkpoint))
+    name = request.served_model_name or Path(report.path).name
+    tp = _tensor_parallel_size(report, request.gpu_type, request.gpus)
+    port = request.port or DEFAULT_PORTS[framework]
+    host = "127.0.0.1"
+    server_args = [*_server_args(framework, report, name, tp, host, port), *request.extra_args]
+    launcher = _launcher(framework)
+
+    notes = list(report.deployment_flags[framework].notes) if framework in report.deployment_flags else []
+    reasoning, tools = _parsers(report, framework)
+    if report.reasoning and not reasoning and framework != "trtllm":
+        notes.append(f"The chat template has reasoning, but quanteval knows no {framework} reasoning parser for "
+                     f"model_type '{report.architecture.model_type}'; add one with extra_args if the server has it.")
+    if report.tool_calling and not tools and framework != "trtllm":
+        notes.append(f"The chat template renders tools, but quanteval knows no {framework} tool-call parser for "
+                     f"model_type '{report.architecture.model_type}'.")
+    if launcher != DEFAULT_LAUNCHERS[framework]:
+        notes.append(f"Launcher replaced by {LAUNCHER_ENV_VARS[framework]}.")
+    env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
+    progress(1, 2, "checking the arguments with the framework's parser")
+    check = check_server_args(framework, server_args)
+    argv = [*launcher, *server_args]
+    return DeploymentPlan(
+        framework=framework, checkpoint=report.path, served_model_name=name, host=host, port=port,
+        tensor_parallel_size=tp, gpu_type=request.gpu_type, launcher=launcher, server_args=server_args,
+        argv=argv, command=shlex.join(argv), env=env,
+        warnings=_hardware_warnings(report, framework, request.gpu_type, tp), notes=notes, parser_check=check,
+    )
+
+
+# --- launch_deployment --------------------------------------------------------------------------
+
+
+class LaunchDeploymentInput(StrictModel):
+    plan: DeploymentPlan | None = Field(None, description="A plan from plan_deployment (as returned). Give this or checkpoint.")
+    checkpoint: str | None = Field(None, description="Checkpoint to plan and launch in one step (default plan for the framework).")
+    framework: Framework = Field("sglang", description="Framework when launching from checkpoint.")
+    where: str = Field(
+        "local", description="'local' to run on this machine, or an SSH host alias of a SLURM login node to submit an sbatch job."
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535,
+        description="Port to use instead of the plan's; an explicit port that is busy is an error, a busy default is replaced by a free one.",
+    )
+    startup_timeout_s: float = Field(
+        1800, gt=0, description="How long loading may take before deployment_status reports 'timed_out'."
+    )
+    force: bool = Field(False, description="Launch even though the plan has error-level warnings.")
+    partition: str | None = Field(None, description="SLURM partition (SLURM only).")
+    account: str | None = Field(None, description="SLURM account (SLURM only).")
+    time_limit: str = Field("04:00:00", description="SLURM time limit HH:MM:SS (SLURM only).")
+    gpus_per_node: int | None = Field(
+        None, ge=0, description="GPUs to request from SLURM; default the plan's tensor-parallel size, 0 requests none."
+    )
+
+
+class LaunchDeploymentResult(BaseModel):
+    deployment_id: str = Field(description="Ledger id; pass it to deployment_status and stop_deployment.")
+    where: str
+    status: str
+    port: int
+    endpoint_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (SLURM: known once the job runs).")
+    served_model_name: str
+    command: str
+    log_path: str = Field(description="Server log (on the SLURM host for SLURM jobs).")
+    pid: int | None = None
+    job_id: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+# Local children we started in this process, so their exit is reaped (no zombies) and their code known.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _with_option(args: list[str], flag: str, value: str) -> list[str]:
+    args = list(args)
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    return args
+
+
+def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_progress) -> LaunchDeploymentResult:
+    """Start an inference server from a plan (or a checkpoint + framework) and return a deployment id at
+    once, recorded in the ledger. where='local' runs it on this machine in its own process group on a
+    free port with its log under the state directory; where=<ssh host alias> submits an sbatch job on
+    that SLURM cluster. Then poll deployment_status until it is ready, and stop it with stop_deployment."""
+    if (request.plan is None) == (request.checkpoint is None):
+        raise ToolError("launch_deployment: give exactly one of plan (from plan_deployment) or checkpoint.")
+    plan = request.plan or plan_deployment(PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework))
+    errors = [w.message for w in plan.warnings if w.level == "error"]
+    if errors and not request.force:
+        raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
+    if request.where == "local":
+        return _launch_local(plan, request)
+    return _launch_slurm(plan, request)
+
+
+def _launch_local(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
+    notes: list[str] = []
+    port = request.port or plan.port
+    if not _port_free(port):
+        if request.port:
+            raise ToolError(f"port: {port} is already in use on 127.0.0.1. Stop what uses it, or leave port unset to get a free one.")
+        port = _free_port()
+        notes.append(f"Port {plan.port} was busy; using free port {port}.")
+    server_args = _with_option(_with_option(plan.server_args, "--host", "127.0.0.1"), "--port", str(port))
+    argv = [*plan.launcher, *server_args]
+    record = ledger.add("deployment", status="starting", executor="local", config_path=plan.checkpoint,
+                        details={"framework": plan.framework, "served_model_name": plan.served_model_name})
+    run_dir = state_dir() / "deployments" / record.id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
+    # A shell wrapper records the exit code, so any later process (CLI, restarted MCP server) can report it.
+    wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-deploy", str(rc_path), *argv]
+    with open(log_path, "ab") as log_file:
+        try:
+            child = subprocess.Popen(
+                wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
+            )
+        except OSError as exc:
+            ledger.update(record.id, status="failed", message=str(exc))
+            raise ToolError(f"launcher: cannot start {argv[0]}: {exc.strerror}. Check the launcher or {LAUNCHER_ENV_VARS[plan.framework]}.") from None
+    _CHILDREN[child.pid] = child
+    endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"
+    ledger.update(record.id, status="loading", details={
+        "pid": child.pid, "pgid": child.pid, "port": port, "host_address": "127.0.0.1", "log_path": str(log_path),
+        "exit_code_path": str(rc_path), "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
+        "startup_timeout_s": request.startup_timeout_s,
+    })
+    return LaunchDeploymentResult(
+        deployment_id=record.id, where="local", status="loading", port=port, endpoint_url=endpoint,
+        served_model_name=plan.served_model_name, command=shlex.join(argv), log_path=str(log_path), pid=child.pid, notes=notes,
+    )
+
+
+def _sbatch_script(plan: DeploymentPlan, request: LaunchDeploymentInput, deployment_id: str, port: int) -> str:
+    server_args = _with_option(_with_option(plan.server_args, "--host", "0.0.0.0"), "--port", str(port))
+    gpus = plan.tensor_parallel_size if request.gpus_per_node is None else request.gpus_per_node
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=quanteval-{deployment_id}",
+        "#SBATCH --output=server.log",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks=1",
+        f"#SBATCH --time={request.time_limit}",
+    ]
+    lines += [f"#SBATCH --gpus-per-node={gpus}"] if gpus else []
+    lines += [f"#SBATCH --partition={request.partition}"] if request.partition else []
+    lines += [f"#SBATCH --account={request.account}"] if request.account else []
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in plan.env.items()]
+    lines += [
+        # The login node reaches the server through the node's name; written before the server starts.
+        'echo "${SLURMD_NODENAME:-$(hostname)}" > endpoint_host',
+        f"exec {shlex.join([*plan.launcher, *server_args])}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _remote(host: str, command: str, timeout: float = 60) -> Any:
+    from quanteval.remote import run_remote
+
+    return run_remote(host, command, timeout=timeout)
+
+
+def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
+    port = request.port or plan.port
+    record = ledger.add("deployment", status="submitting", executor="slurm", host=request.where, config_path=plan.checkpoint,
+                        details={"framework": plan.framework, "served_model_name": plan.served_model_name})
+    remote_dir = f".quanteval/deployments/{record.id}"
+    script = _sbatch_script(plan, request, record.id, port)
+    command = (
+        f"mkdir -p {remote_dir} && cd {remote_dir} && cat > job.sbatch <<'QUANTEVAL_EOF'\n{script}QUANTEVAL_EOF\n"
+        "sbatch --parsable job.sbatch && pwd"
+    )
+    result = _remote(request.where, command)
+    if result.exit_code != 0:
+        ledger.update(record.id, status="failed", message=result.stderr[-500:])
+        raise ToolError(f"sbatch on {request.where} failed: {result.stderr.strip()[-500:]}. Check partition/account/gpus_per_node.")
+    job_line, absolute_dir = (result.stdout.strip().splitlines() + ["", ""])[:2]
+    job_id = job_line.split(";")[0].strip()
+    ledger.update(record.id, status="loading", invocation_id=None, details={
+        "job_id": job_id, "remote_dir": absolute_dir, "port": port, "log_path": f"{absolute_dir}/server.log",
+        "argv": [*plan.launcher, *plan.server_args], "started_at": time.time(), "startup_timeout_s": request.startup_timeout_s,
+    })
+    return LaunchDeploymentResult(
+        deployment_id=record.id, where=request.where, status="loading", port=port, served_model_name=plan.served_model_name,
+        command=f"sbatch {absolute_dir}/job.sbatch", log_path=f"{absolute_dir}/server.log", job_id=job_id,
+        notes=[f"SLURM job {job_id} on {request.where}; the endpoint is known once the job runs."],
+    )
+
+
+# --- deployment_status --------------------------------------------------------------------------
+
+
+class DeploymentStatusInput(StrictModel):
+    deployment_id: str = Field(description="Id returned by launch_deployment.")
+    wait_s: float = Field(
+        0, ge=0, le=3600,
+        description="Poll until the server is ready, failed or timed out, for at most this many seconds (0: probe once).",
+    )
+    chat_probe: bool = Field(True, description="Send one tiny chat completion when the server is up, and time it.")
+
+
+class KnownFailure(BaseModel):
+    line: str = Field(description="The log line that matched.")
+    meaning: str
+    fix: str
+
+
+class DeploymentStatus(BaseModel):
+    deployment_id: str
+    where: str
+    state: Literal["loading", "ready", "failed", "timed_out", "stopped", "exited"] = Field(
+        description="loading (health 503 while loading is normal), ready, failed, timed_out (still loading past startup_timeout_s), stopped, exited."
+    )
+    process: str = Field(description="Local: running / exited with code N. SLURM: the job state.")
+    elapsed_s: float
+    health_status: int | None = Field(None, description="HTTP status of /health (503 while loading).")
+    served_models: list[str] = Field(default_factory=list, description="Ids listed by /v1/models.")
+    served_name_matches: bool | None = None
+    chat_latency_s: float | None = None
+    chat_reply: str | None = None
+    endpoint_url: str | None = Field(None, description="Chat-completions URL, for `deployment: none` evaluations.")
+    served_model_name: str
+    config_values: dict[str, str] = Field(
+        default_factory=dict,
+        description="NEL config values that point a `deployment: none` config at this server (apply with set_config_value).",
+    )
+    failures: list[KnownFailure] = Field(default_factory=list, description="Known failures found in the log, with fixes.")
+    message: str
+    log_path: str
+    log_tail: list[str] = Field(default_factory=list, description=f"Last {LOG_TAIL_LINES} log lines.")
+
+
+class _Probe(BaseModel):
+    health: int | None = None
+    models: list[str] = Field(default_factory=list)
+    chat_latency_s: float | None = None
+    chat_reply: str | None = None
+    chat_error: str | None = None
+
+
+def _chat_body(name: str) -> dict[str, Any]:
+    return {"model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
+
+
+def _probe_local(base: str, name: str, chat: bool) -> _Probe:
+    import httpx
+
+    probe = _Probe()
+    try:
+        probe.health = httpx.get(f"{base}/health", timeout=3).status_code
+    except httpx.HTTPError:
+        return probe
+    if probe.health != 200:
+        return probe
+    try:
+        models = httpx.get(f"{base}/v1/models", timeout=5).json()
+        probe.models = [m.get("id") for m in models.get("data", [])]
+        if chat:
+            started = time.monotonic()
+            reply = httpx.post(f"{base}/v1/chat/completions", json=_chat_body(name), timeout=60)
+            probe.chat_latency_s = round(time.monotonic() - started, 3)
+            _read_chat(probe, reply.status_code, reply.text)
+    except (httpx.HTTPError, ValueError) as exc:
+        probe.chat_error = str(exc)[:300]
+    return probe
+
+
+def _read_chat(probe: _Probe, status: int, text: str) -> None:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = {}
+    if status == 200 and body.get("choices"):
+        probe.chat_reply = str(body["choices"][0].get("message", {}).get("content"))[:200]
+    else:
+        probe.chat_error = f"HTTP {status}: {text[:300]}"
+
+
+def _scan_log(text: str) -> list[KnownFailure]:
+    found: list[KnownFailure] = []
+    seen: set[str] = set()
+    for line in text.splitlines():
+        for pattern, meaning, fix in KNOWN_FAILURES:
+            if meaning not in seen and pattern.search(line):
+                seen.add(meaning)
+                found.append(KnownFailure(line=line.strip()[:300], meaning=meaning, fix=fix))
+    return found
+
+
+def _read_log_tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - LOG_SCAN_BYTES))
+            return handle.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _local_process(details: dict[str, Any]) -> tuple[bool, int | None]:
+    """(running, exit code when known)."""
+    pid = details["pid"]
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        child.poll()
+    running = bool(group_members(details["pgid"]))
+    rc_path = Path(details["exit_code_path"])
+    code = int(rc_path.read_text().strip() or -1) if rc_path.is_file() else None
+    return running, code
+
+
+_REMOTE_PROBE = """
+cd {dir} 2>/dev/null || exit 3
+echo @@job; squeue -h -j {job} -o %T 2>/dev/null
+echo @@host; cat endpoint_host 2>/dev/null
+h=$(cat endpoint_host 2>/dev/null)
+echo @@health
+if [ -n "$h" ]; then code=$(curl -s -o /dev/null -w '%{{http_code}}' -m 3 http://$h:{port}/health); echo "$code"; fi
+echo @@models
+if [ "$code" = 200 ]; then curl -s -m 5 http://$h:{port}/v1/models; fi
+echo; echo @@chat
+if [ "$code" = 200 ] && [ {chat} = 1 ]; then
+  curl -s -m 60 -w '\\n%{{http_code}} %{{time_total}}' -H 'Content-Type: application/json' -d {body} http://$h:{port}/v1/chat/completions
+fi
+echo; echo @@log; tail -n 2000 server.log 2>/dev/null | tail -c {scan}
+"""
+
+
+def _sections(text: str) -> dict[str, str]:
+    parts = re.split(r"^@@(\w+)\n?", text, flags=re.M)
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+
+
+def _status_slurm(record: ledger.Record, chat: bool) -> tuple[str, bool, _Probe, str, str | None]:
+    """(process description, running, probe, log text, endpoint host)."""
+    details = record.details
+    name = details["served_model_name"]
+    script = _REMOTE_PROBE.format(dir=shlex.quote(details["remote_dir"]), job=details["job_id"], port=details["port"],
+                                  chat=int(chat), body=shlex.quote(json.dumps(_chat_body(name))), scan=LOG_SCAN_BYTES)
+    result = _remote(record.host or "", script, timeout=120)
+    if result.exit_code == 3:
+        raise ToolError(f"{record.host}:{details['remote_dir']}: deployment directory is gone.")
+    out = _sections(result.stdout)
+    job_state = out.get("job", "")
+    running = job_state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING")
+    probe = _Probe()
+    if out.get("health", "").isdigit():
+        probe.health = int(out["health"]) or None
+    if out.get("models"):
+        try:
+            probe.models = [m.get("id") for m in json.loads(out["models"]).get("data", [])]
+        except ValueError:
+            pass
+    if out.get("chat"):
+        body, _, tail = out["chat"].rpartition("\n")
+        status_code, _, seconds = tail.partition(" ")
+        probe.chat_latency_s = round(float(seconds), 3) if seconds else None
+        _read_chat(probe, int(status_code) if status_code.isdigit() else 0, body)
+    process = f"SLURM job {details['job_id']}: {job_state or 'no longer in the queue'}"
+    return process, running, probe, out.get("log", ""), out.get("host") or None
+
+
+def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
+    details = record.details
+    name = details["served_model_name"]
+    elapsed = time.time() - details.get("started_at", record.created_at)
+    if record.executor == "slurm":
+        process, running, probe, log_text, node = _status_slurm(record, chat)
+        endpoint = f"http://{node}:{details['port']}/v1/chat/completions" if node else None
+        code = None  # a job's exit code needs accounting; the log says why it ended
+    else:
+        running, code = _local_process(details)
+        process = "running" if running else f"exited with code {code}" if code is not None else "exited"
+        probe = _probe_local(f"http://127.0.0.1:{details['port']}", name, chat) if running else _Probe()
+        log_text = _read_log_tail(Path(details["log_path"]))
+        endpoint = details["endpoint_url"]
+    failures = _scan_log(log_text)
+    ready = probe.health == 200 and name in probe.models
+    if record.status == "stopped":
+        state, message = "stopped", "Stopped by stop_deployment."
+    elif ready:
+        state = "ready"
+        message = f"Serving '{name}' at {endpoint}."
+        if probe.chat_error:
+            message += f" The test chat completion failed: {probe.chat_error}"
+    elif probe.health == 200:
+        state, message = "failed", f"/health is up but /v1/models lists {probe.models}, not '{name}'. Check --served-model-name."
+    elif not running:
+        state = "failed" if failures or (code not in (None, 0)) else "exited"
+        message = (f"The server is not running ({process})."
+                   + (f" {failures[0].meaning} Fix: {failures[0].fix}" if failures else " See log_tail."))
+    elif elapsed > details.get("startup_timeout_s", 1800):
+        state = "timed_out"
+        message = (f"Still not healthy after {elapsed:.0f} s (startup_timeout_s {details.get('startup_timeout_s')}). "
+                   "Look at log_tail for where loading stopped; stop_deployment frees the GPUs.")
+    else:
+        state = "loading"
+        message = "Loading (/health answers 503 or nothing yet; that is normal while weights load)."
+    tail = [line[:500] for line in log_text.splitlines()[-LOG_TAIL_LINES:]]
+    config_values = {"target.api_endpoint.url": endpoint, "target.api_endpoint.model_id": name} if endpoint and ready else {}
+    return DeploymentStatus(
+        deployment_id=record.id, where=record.host or "local", state=state, process=process, elapsed_s=round(elapsed, 1),
+        health_status=probe.health, served_models=probe.models[:20],
+        served_name_matches=(name in probe.models) if probe.models else None,
+        chat_latency_s=probe.chat_latency_s, chat_reply=probe.chat_reply, endpoint_url=endpoint, served_model_name=name,
+        config_values=config_values, failures=failures, message=message, log_path=details.get("log_path", ""), log_tail=tail,
+    )
+
+
+def _deployment(deployment_id: str) -> ledger.Record:
+    record = ledger.get(deployment_id)
+    if record.kind != "deployment":
+        raise ToolError(f"deployment_id: '{deployment_id}' is a {record.kind} record, not a deployment.")
+    if "port" not in record.details:
+        raise ToolError(f"deployment_id: '{deployment_id}' never started (status {record.status}).")
+    return record
+
+
+def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_progress) -> DeploymentStatus:
+    """Probe a deployment started by launch_deployment: process or SLURM job state, /health (503 while
+    loading is normal), /v1/models (does the served name match), one tiny chat completion with its latency,
+    and the server log scanned for known failures (out of memory, CUDA graph capture, NVFP4 on Hopper,
+    quantization mismatch) with the fix for each. Returns endpoint_url and the NEL config values for a
+    `deployment: none` evaluation once ready. Use wait_s to poll until ready, failed or timed out."""
+    deadline = time.monotonic() + request.wait_s
+    while True:
+        record = _deployment(request.deployment_id)
+        status = _probe_once(record, request.chat_probe)
+        finished = status.state != "loading"
+        if finished or time.monotonic() >= deadline:
+            break
+        progress(status.elapsed_s, None, status.message)
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    if record.status != status.state and record.status != "stopped":
+        ledger.update(record.id, status=status.state, message=status.message[:300])
+    return status
+
+
+# --- stop_deployment ----------------------------------------------------------------------------
+
+
+class StopDeploymentInput(StrictModel):
+    deployment_id: str = Field(description="Id returned by launch_deployment.")
+    grace_s: float = Field(20, ge=0, le=600, description="Seconds between SIGTERM (or scancel) and SIGKILL / giving up.")
+
+
+class StopDeploymentResult(BaseModel):
+    deployment_id: str
+    stopped: bool = Field(description="Nothing of the server is left running.")
+    how: str = Field(description="What was done: SIGTERM, SIGKILL, scancel, or already stopped.")
+    remaining_pids: list[int] = Field(default_factory=list, description="Processes still alive (local), if any.")
+
+
+def _stop_local(details: dict[str, Any], grace_s: float) -> tuple[bool, str, list[int]]:
+    pgid = details["pgid"]
+    if not group_members(pgid):
+        return True, "already stopped", []
+    how = "SIGTERM"
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True, "already stopped", []
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        _local_process(details)  # reaps our own child
+        time.sleep(0.1)
+    if group_members(pgid):
+        how = "SIGTERM, then SIGKILL after the grace period"
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _local_process(details)
+    remaining = group_members(pgid)
+    return not remaining, how, remaining
+
+
+def _stop_slurm(record: ledger.Record, grace_s: float) -> tuple[bool, str]:
+    job = record.details["job_id"]
+    result = _remote(record.host or "", f"scancel {job}; for i in $(seq {max(1, int(grace_s * 2))}); do "
+                     f"[ -z \"$(squeue -h -j {job} -o %T 2>/dev/null)\" ] && echo GONE && exit 0; sleep 0.5; done; "
+                     f"squeue -h -j {job} -o %T", timeout=grace_s + 60)
+    gone = "GONE" in result.stdout
+    return gone, f"scancel {job}" + ("" if gone else f" (job still {result.stdout.strip()[-40:]})")
+
+
+def stop_deployment(request: StopDeploymentInput) -> StopDeploymentResult:
+    """Stop a deployment: SIGTERM to the server's whole process group, then SIGKILL after grace_s, so no
+    worker is left holding GPUs; or scancel the SLURM job and wait for it to leave the queue. Safe to
+    repeat. Use it when an evaluation is done or a deployment failed or hangs."""
+    record = _deployment(request.deployment_id)
+    if record.executor == "slurm":
+        stopped, how = _stop_slurm(record, request.grace_s)
+        remaining: list[int] = []
+    else:
+        stopped, how, remaining = _stop_local(record.details, request.grace_s)
+    if stopped:
+        ledger.update(record.id, status="stopped", message=how)
+    return StopDeploymentResult(deployment_id=record.id, stopped=stopped, how=how, remaining_pids=remaining)

@@ -1,0 +1,109 @@
+"""A real HTTP process standing in for `python -m sglang.launch_server` / `vllm serve` where no GPU exists.
+
+It takes the server's own arguments (the same argv quanteval plans), serves SGLang's and vLLM's
+endpoints on the requested host/port, and can be told to behave like a failing SGLang through its
+own `--fake-*` options, which go first in the launcher prefix
+(QUANTEVAL_SGLANG_LAUNCHER="python fake_inference_server.py --fake-mode oom"):
+
+  healthy     load for --fake-load-s seconds (/health answers 503), then serve
+  oom         print SGLang's "Not enough memory" line and exit 1
+  cuda-graph  print SGLang's "Capture cuda graph failed" error and exit 1
+  hang        keep loading forever (/health stays 503)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fake-mode", choices=["healthy", "oom", "cuda-graph", "hang"], default="healthy")
+    parser.add_argument("--fake-load-s", type=float, default=0.5)
+    parser.add_argument("model", nargs="?", help="vLLM style: `vllm serve <model>`")
+    parser.add_argument("--model-path", "--model")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--context-length", "--max-model-len", type=int, default=4096)
+    args, _ = parser.parse_known_args(argv)  # every other real server flag is accepted and ignored
+    return args
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
+    model_path = args.model_path or args.model or "model"
+    served_name = args.served_model_name or model_path
+    state = {"ready": False}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if not state["ready"]:
+                self._send(503, {"error": "server is starting"})
+            elif self.path == "/health":
+                self._send(200, {})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [
+                    {"id": served_name, "object": "model", "root": model_path, "max_model_len": args.context_length}
+                ]})
+            elif self.path == "/model_info":
+                self._send(200, {"model_path": model_path, "tokenizer_path": model_path, "is_generation": True})
+            else:
+                self._send(404, {"error": f"no route {self.path}"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if not state["ready"]:
+                self._send(503, {"error": "server is starting"})
+            elif self.path != "/v1/chat/completions":
+                self._send(404, {"error": f"no route {self.path}"})
+            elif body.get("model") not in (served_name, model_path):
+                self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+            else:
+                self._send(200, {
+                    "id": "chatcmpl-standin", "object": "chat.completion", "model": served_name,
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "Hello from the stand-in."}}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+                })
+
+        def log_message(self, format: str, *log_args: object) -> None:
+            print(f"INFO: {self.address_string()} - {format % log_args}", flush=True)
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"server_args: model_path={model_path} served_model_name={served_name} port={args.port}", flush=True)
+    print("Load weight begin.", flush=True)
+    if args.fake_mode == "hang":
+        while True:
+            time.sleep(3600)
+    time.sleep(args.fake_load_s)
+    if args.fake_mode == "oom":
+        print("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", flush=True)
+        sys.exit(1)
+    if args.fake_mode == "cuda-graph":
+        print("Exception: Capture cuda graph failed: CUDA error: out of memory", flush=True)
+        sys.exit(1)
+    state["ready"] = True
+    print(f"INFO: Uvicorn running on http://{args.host}:{args.port}", flush=True)
+    print(READY_LINE, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
