@@ -16,6 +16,7 @@ import fcntl
 import io
 import os
 import re
+import shlex
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +28,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from quanteval.models import StrictModel, ToolError
+from quanteval import checkpoint, envvars, tasks
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 MISSING = "???"  # OmegaConf's marker for a value that must be filled in
 
@@ -543,3 +545,299 @@ def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
     """
     diff = edit_config(request.config, lambda doc: delete_path(doc, request.path))
     return ConfigEditOutput(config=request.config, path=request.path, changed=bool(diff), diff=diff)
+
+
+# ---------------------------------------------------------------------------
+# Facts about a config every later step needs
+
+
+def deployment_type(doc: Any) -> str:
+    """vllm, sglang, nim, trtllm, none, ...: deployment.type, else the `deployment:` entry of defaults."""
+    deployment = doc.get("deployment")
+    if isinstance(deployment, dict) and isinstance(deployment.get("type"), str):
+        return str(deployment["type"])
+    for entry in doc.get("defaults") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("deployment"), str):
+            return str(entry["deployment"])
+    return "none"
+
+
+def execution_type(doc: Any) -> str:
+    """local or slurm (lepton, ...): execution.type, else the `execution:` entry of defaults."""
+    execution = doc.get("execution")
+    if isinstance(execution, dict) and isinstance(execution.get("type"), str):
+        return str(execution["type"])
+    for entry in doc.get("defaults") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("execution"), str):
+            return str(entry["execution"]).split("/")[0]
+    return "local"
+
+
+def config_tasks(doc: Any) -> list[tuple[str, Any]]:
+    """(path, task mapping) for every entry of evaluation.tasks, paths by name where unique."""
+    evaluation = doc.get("evaluation")
+    task_list = evaluation.get("tasks") if isinstance(evaluation, dict) else None
+    if not isinstance(task_list, list):
+        return []
+    names = [task.get("name") for task in task_list if isinstance(task, dict)]
+    found = []
+    for index, task in enumerate(task_list):
+        name = task.get("name") if isinstance(task, dict) else None
+        unique = isinstance(name, str) and names.count(name) == 1 and not re.search(r"[.\[\]]", name)
+        found.append((f"evaluation.tasks[{name if unique else index}]", task))
+    return found
+
+
+def recipes_by_task() -> dict[str, tasks.Recipe]:
+    """Recipes keyed by their NEL task name and by harness.task."""
+    by_task: dict[str, tasks.Recipe] = {}
+    for recipe in tasks.list_recipes():
+        by_task[recipe.nel_task] = recipe
+        by_task[f"{recipe.harness}.{recipe.nel_task}"] = recipe
+    return by_task
+
+
+_HOST_REF = re.compile(r"^host:([A-Za-z_][A-Za-z0-9_]*)$")
+_OC_ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(,[^}]*)?\}")
+
+
+def env_var_references(doc: Any) -> list[tuple[str, str]]:
+    """(path, variable name) for every `host:VAR` value and every `${oc.env:VAR}` without a default.
+
+    `target.api_endpoint.api_key_name` counts too: NEL forwards that variable from the host.
+    """
+    references = []
+    for path, value in walk(doc):
+        if not isinstance(value, str):
+            continue
+        host = _HOST_REF.match(value.strip())
+        if host:
+            references.append((path, host.group(1)))
+        references += [(path, match.group(1)) for match in _OC_ENV_REF.finditer(value) if not match.group(2)]
+    target = doc.get("target")
+    endpoint = target.get("api_endpoint") if isinstance(target, dict) else None
+    key_name = endpoint.get("api_key_name") if isinstance(endpoint, dict) else None
+    if isinstance(key_name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_name):
+        references.append(("target.api_endpoint.api_key_name", key_name))
+    return references
+
+
+# ---------------------------------------------------------------------------
+# list_missing_values
+
+
+class ListMissingValuesInput(StrictModel):
+    config: str = Field(description=_CONFIG_FIELD)
+
+
+class UnsetEnvVar(BaseModel):
+    name: str = Field(description="Environment variable name (never its value).")
+    paths: list[str] = Field(description="Config paths that refer to it, or 'recipe:<name>' when a task recipe needs it.")
+    note: str | None = Field(None, description="What the variable is for (from env.example / quanteval's list of known variables).")
+
+
+class ListMissingValuesOutput(BaseModel):
+    config: str
+    missing_values: list[str] = Field(description="Every dotted path still set to ??? (NEL itself stops at the first).")
+    unset_env_vars: list[UnsetEnvVar] = Field(description="Variables the config or its tasks' recipes need that are unset here.")
+    complete: bool = Field(description="True when nothing above is left.")
+
+
+def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOutput:
+    """List everything a NEL config still needs before it can run, all at once: every ??? value, every
+    `host:VAR` / `${oc.env:VAR}` whose variable is unset, and the env vars each task's recipe needs
+    (judge, user-simulator, dataset keys). Use it after build_config/apply_checkpoint to see what is
+    left to fill; reports variable names only, never values.
+    """
+    doc = load_config(request.config)
+    needed: dict[str, list[str]] = {}
+    for path, name in env_var_references(doc):
+        needed.setdefault(name, []).append(path)
+    recipes = recipes_by_task()
+    for _, task in config_tasks(doc):
+        recipe = recipes.get(str(task.get("name"))) if isinstance(task, dict) else None
+        for name in recipe.env_vars if recipe else []:
+            needed.setdefault(name, []).append(f"recipe:{recipe.name}")
+    unset = [
+        UnsetEnvVar(name=name, paths=list(dict.fromkeys(paths)), note=envvars.KNOWN_ENV_VARS.get(name))
+        for name, paths in needed.items()
+        if not os.environ.get(name)
+    ]
+    missing = missing_value_paths(doc)
+    return ListMissingValuesOutput(config=request.config, missing_values=missing, unset_env_vars=unset, complete=not missing and not unset)
+
+
+# ---------------------------------------------------------------------------
+# extra_args: server flags as (flag, value) options
+
+# Flags NEL's own deployment command already passes (configs/deployment/*.yaml): repeating them in
+# extra_args makes the server see them twice; their values belong in the deployment keys.
+NEL_COMMAND_FLAGS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "--tensor-parallel-size": "deployment.tensor_parallel_size",
+        "--pipeline-parallel-size": "deployment.pipeline_parallel_size",
+        "--data-parallel-size": "deployment.data_parallel_size",
+        "--port": "deployment.port",
+        "--trust-remote-code": "(always passed by NEL's vLLM command)",
+        "--served-model-name": "deployment.served_model_name",
+        "--gpu-memory-utilization": "deployment.gpu_memory_utilization",
+    },
+    "sglang": {
+        "--model-path": "deployment.checkpoint_path / deployment.hf_model_handle",
+        "--host": "(always 0.0.0.0 in NEL's SGLang command)",
+        "--port": "deployment.port",
+        "--served-model-name": "deployment.served_model_name",
+        "--tp-size": "deployment.tensor_parallel_size",
+        "--dp-size": "deployment.data_parallel_size",
+        "--pp-size": "deployment.pipeline_parallel_size",
+    },
+    "trtllm": {
+        "--tp_size": "deployment.tensor_parallel_size",
+        "--pp_size": "deployment.pipeline_parallel_size",
+        "--host": "(always 0.0.0.0 in NEL's TensorRT-LLM command)",
+        "--port": "deployment.port",
+        "--backend": "(always pytorch in NEL's TensorRT-LLM command)",
+        "--trust_remote_code": "(always passed by NEL's TensorRT-LLM command)",
+    },
+}
+
+CONTEXT_LENGTH_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length", "trtllm": "--max_seq_len"}
+
+
+def parse_extra_args(text: str) -> list[tuple[str, str | None]]:
+    """`--a 1 --b --c=x` -> [("--a","1"), ("--b",None), ("--c","x")]; stray words become (word, None)."""
+    tokens = shlex.split(text)
+    options: list[tuple[str, str | None]] = []
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        if token.startswith("-") and "=" in token:
+            flag, value = token.split("=", 1)
+            options.append((flag, value))
+        elif token.startswith("-") and index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
+            options.append((token, tokens[index + 1]))
+            index += 1
+        else:
+            options.append((token, None))
+        index += 1
+    return options
+
+
+def render_extra_args(options: list[tuple[str, str | None]]) -> str:
+    return " ".join(flag if value is None else f"{flag} {shlex.quote(value)}" for flag, value in options)
+
+
+def merge_extra_args(current: str, additions: list[tuple[str, str | None]]) -> str:
+    """Add or replace flags: one occurrence per flag, the addition's value wins, order kept."""
+    options = parse_extra_args(current)
+    for flag, value in additions:
+        positions = [i for i, (existing, _) in enumerate(options) if existing == flag]
+        if positions:
+            options[positions[0]] = (flag, value)
+            options = [option for i, option in enumerate(options) if i not in positions[1:]]
+        else:
+            options.append((flag, value))
+    return render_extra_args(options)
+
+
+# ---------------------------------------------------------------------------
+# apply_checkpoint
+
+
+class ApplyCheckpointInput(StrictModel):
+    config: str = Field(description=_CONFIG_FIELD + " Its deployment must be vllm, sglang or trtllm (NEL starts the server).")
+    checkpoint: str = Field(description="Local checkpoint directory, or a Hugging Face handle (org/name) present in the local HF cache.")
+    served_model_name: str | None = Field(None, description="Name the server exposes the model under. Default: the HF handle, or the checkpoint folder name.")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, description="GPUs per model replica. Default: the smallest fit inspect_checkpoint computed for the first GPU type (H100)."
+    )
+    cluster_checkpoint_path: str | None = Field(
+        None,
+        description="Where the checkpoint lives on the machine that runs the job (e.g. a SLURM cluster's shared filesystem), when that differs from the local copy inspected here.",
+    )
+
+
+class ApplyCheckpointOutput(BaseModel):
+    config: str
+    changes: list[str] = Field(description="One line per key written.")
+    diff: str = Field(description="Unified diff of the config file.")
+    missing_values: list[str] = Field(description="Paths still set to ??? afterwards.")
+    notes: list[str] = Field(description="Checkpoint warnings and framework notes worth reading before a run.")
+
+
+def _is_nemo_skills(name: str) -> bool:
+    return any(entry.harness == "nemo_skills" for entry in tasks.lookup(name))
+
+
+def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:
+    """Write what inspect_checkpoint finds into a NEL config's deployment: checkpoint_path or
+    hf_model_handle (never both), served_model_name, tensor_parallel_size, and extra_args merged
+    without duplicates (the real context length instead of the 32768 fallback, spelled per
+    framework; --trust-remote-code and a quantization flag only where needed). Also fills the
+    tokenizer and reasoning params still set to ???, and the `api_key_name: DUMMY_API_KEY` that
+    NeMo-Skills tasks need against a self-deployed endpoint. Use it right after build_config.
+    """
+    doc = load_config(request.config)
+    framework = deployment_type(doc)
+    if framework not in CONTEXT_LENGTH_FLAGS:
+        raise ToolError(
+            f"{request.config}: deployment is '{framework}'; apply_checkpoint configures a server NEL starts (vllm, sglang or trtllm). "
+            "For an existing endpoint set target.api_endpoint.model_id/url with set_config_value; for NIM set deployment.image."
+        )
+    progress(0, 2, "inspecting checkpoint")
+    report = checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(path=request.checkpoint))
+    progress(1, 2, "writing config")
+    handle = report.hf_handle
+    if framework == "trtllm" and handle and not request.cluster_checkpoint_path:
+        raise ToolError(f"{request.checkpoint}: NEL's TensorRT-LLM deployment reads a local checkpoint_path only. Give the checkpoint's directory (or cluster_checkpoint_path).")
+    local_path = request.cluster_checkpoint_path or (None if handle else report.path)
+    served_name = request.served_model_name or handle or Path(report.path).name
+    flags = report.deployment_flags.get(framework)
+    skip = NEL_COMMAND_FLAGS[framework]
+    additions = [option for option in parse_extra_args(" ".join(shlex.quote(arg) for arg in flags.args)) if option[0] not in skip] if flags else []
+    tp = request.tensor_parallel_size or (report.gpu_fit[0].tensor_parallel_size if report.gpu_fit else None)
+    changes: list[str] = []
+
+    def write(doc: CommentedMap, path: str, value: Any) -> None:
+        old = get_path(doc, path) if has_path(doc, path) else None
+        if old != value or not has_path(doc, path):
+            set_path(doc, path, value)
+            changes.append(f"{path}: {to_plain(old)!r} -> {to_plain(value)!r}")
+
+    def mutate(doc: CommentedMap) -> None:
+        changes.clear()
+        if local_path:
+            write(doc, "deployment.checkpoint_path", local_path)
+            if framework != "trtllm":
+                write(doc, "deployment.hf_model_handle", None)
+        else:
+            write(doc, "deployment.hf_model_handle", handle)
+            write(doc, "deployment.checkpoint_path", None)
+        write(doc, "deployment.served_model_name", served_name)
+        if tp:
+            write(doc, "deployment.tensor_parallel_size", tp)
+        current_args = get_path(doc, "deployment.extra_args") if has_path(doc, "deployment.extra_args") else ""
+        write(doc, "deployment.extra_args", merge_extra_args(str(current_args or ""), additions))
+        for path, value in list(walk(doc)):
+            if value != MISSING:
+                continue
+            if path.endswith("params.extra.tokenizer") and handle:
+                write(doc, path, handle)
+            elif path.endswith("adapter_config.params_to_add"):
+                if report.reasoning:
+                    write(doc, path, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)))
+                else:  # NEL's template: remove the field for models without a reasoning toggle
+                    delete_path(doc, path)
+                    changes.append(f"{path}: removed (the chat template has no reasoning toggle)")
+        has_key = has_path(doc, "target.api_endpoint.api_key_name") and get_path(doc, "target.api_endpoint.api_key_name")
+        if not has_key and any(_is_nemo_skills(str(task.get("name"))) for _, task in config_tasks(doc) if isinstance(task, dict)):
+            write(doc, "target.api_endpoint.api_key_name", "DUMMY_API_KEY")
+
+    diff = edit_config(request.config, mutate)
+    notes = list(report.warnings) + (list(flags.notes) if flags else [])
+    missing = missing_value_paths(load_config(request.config))
+    if any(path.endswith("params.extra.tokenizer") for path in missing):
+        notes.append("The evaluation tokenizer is still ???: set it to the model's HF handle (or a path visible inside the evaluation container) with set_config_value.")
+    if any("DUMMY_API_KEY" in change for change in changes):
+        notes.append("NeMo-Skills tasks send DUMMY_API_KEY to the self-deployed server: export DUMMY_API_KEY=dummy before running NEL.")
+    return ApplyCheckpointOutput(config=request.config, changes=changes, diff=diff, missing_values=missing, notes=notes)
