@@ -48,6 +48,10 @@ def test_every_tool_has_description_schemas_and_annotations():
         assert annotations.open_world_hint is spec.open_world
         # a read-only tool cannot also be destructive
         assert not (spec.read_only and spec.destructive), name
+        # MCP clients see exactly the input model's fields, required where the model requires them
+        fields = spec.input_model.model_fields
+        assert set(tool.input_schema.get("properties", {})) == set(fields), name
+        assert set(tool.input_schema.get("required", [])) == {f for f, info in fields.items() if info.is_required()}, name
         # every input field is described for the model that calls the tool
         for field, schema in tool.input_schema.get("properties", {}).items():
             assert schema.get("description"), f"{name}.{field} has no description"
@@ -148,3 +152,49 @@ def test_stdio_server_speaks_only_protocol_on_stdout(cli_env, tmp_path):
     assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.TOOLS)
     assert answers[3]["result"]["structuredContent"]["quanteval"]
     assert answers[4]["result"]["isError"] is True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_stdio_and_http_transports_give_identical_results(cli_env, repo):
+    """The same tools and the same structured answers over stdio and streamable HTTP (127.0.0.1 only)."""
+    import time
+    import urllib.request
+
+    from mcp import StdioServerParameters
+
+    example = str(repo / "examples" / "checkpoints" / "llama-tiny-fp8")
+    port = _free_port()
+    http = subprocess.Popen(["quanteval-mcp", "--http", "--port", str(port)], env=cli_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/mcp", timeout=1)
+            except urllib.error.HTTPError:
+                break  # it answers (a bare GET is not a valid MCP request)
+            except OSError:
+                assert http.poll() is None, http.stderr.read()
+                assert time.monotonic() < deadline, "HTTP server did not come up"
+                time.sleep(0.2)
+
+        async def session(target):
+            async with Client(target) as client:
+                tools = sorted(tool.name for tool in (await client.list_tools()).tools)
+                result = await client.call_tool("inspect_checkpoint", {"path": example})
+                return tools, result.structured_content
+
+        over_stdio = anyio.run(session, StdioServerParameters(command="quanteval-mcp", env=cli_env))
+        over_http = anyio.run(session, f"http://127.0.0.1:{port}/mcp")
+    finally:
+        http.terminate()
+        http.wait(timeout=20)
+    assert over_stdio == over_http
+    assert over_stdio[1]["quantization"]["quant_algo"] == "FP8"

@@ -52,7 +52,9 @@ def _handler(spec: registry.ToolSpec):
     annotations: dict[str, Any] = {"ctx": Context, "return": spec.output_model}
     for name, field in spec.input_model.model_fields.items():
         annotation = Annotated[field.annotation, field]
-        default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
+        # a default_factory stays inside the FieldInfo (pydantic refuses it next to a plain default)
+        plain_default = not field.is_required() and field.default_factory is None
+        default = field.default if plain_default else inspect.Parameter.empty
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
         annotations[name] = annotation
     handler.__signature__ = inspect.Signature(params, return_annotation=spec.output_model)  # type: ignore[attr-defined]
