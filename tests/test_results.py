@@ -292,3 +292,22 @@ def test_cli_validate_run_prints_the_verdict_as_json(tmp_path: Path, cli_env: di
     result = json.loads(done.stdout)
     assert result["verdict"] == "fail"
     assert math.isclose(result["tasks"][0]["truncated_share"], 0.10)
+
+
+def test_a_run_on_the_cluster_validates_like_a_local_one(slurm_cluster, tmp_path: Path) -> None:
+    """host:path over real SSH: small artifacts are copied, logs are grepped on the host and cited there."""
+    remote_output = slurm_cluster.workdir / "results"
+    run = make_invocation(remote_output, invocation="0badcafe")
+    make_task(run, "ns_gpqa", exit_code=None, logs={"slurm-4242.log": SLURM_TIMEOUT, "slurm-4243.log": SLURM_RESUME,
+                                                    "server-0-4243-0.log": SGLANG_LOG})
+    make_task(run, "ns_aime2025", limit_samples=30, count=30, finish_reason={"stop": 27, "length": 3})
+    report = validate(f"{slurm_cluster.ssh_alias}:{run}", expected_checkpoint="/models/llama-fp8")
+    gpqa, aime = sorted(report.tasks, key=lambda task: task.task != "ns_gpqa")
+    assert gpqa.resumed_after_timeout and gpqa.loaded_checkpoint == "/models/llama-fp8"
+    timeout = next(f for f in gpqa.findings if f.check == "finished").evidence[0]
+    assert (timeout.file, timeout.line) == (f"{slurm_cluster.ssh_alias}:{run}/ns_gpqa.0/logs/slurm-4242.log", 2)
+    assert aime.truncated_share == pytest.approx(0.10)  # 3 of 30
+    assert report.verdict == "fail"
+    assert report.tasks[0].task_dir.startswith(f"{slurm_cluster.ssh_alias}:{run}/")
+    scores = extract_scores(ExtractScoresInput(run=f"{slurm_cluster.ssh_alias}:{run}/ns_gpqa.0")).tasks[0]
+    assert scores.headline is not None and scores.headline.value == 0.5

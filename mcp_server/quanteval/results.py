@@ -20,6 +20,7 @@ import logging
 import math
 import re
 import shlex
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +41,14 @@ RUN_CONFIG_FILE = "run_config.yml"
 METADATA_FILE = "metadata.yaml"
 SAMPLE_OUTPUTS_DIR = "nemo-evaluator-per-sample-outputs"  # nemo_evaluator.api.api_dataclasses.SAMPLE_OUTPUTS_DIR
 # The small files worth copying from a cluster; logs stay there and are grepped in place.
+# The leading * matches nothing (a task directory given itself) or "<task>.<i>/" (an invocation directory).
 REMOTE_ARTIFACT_PATTERNS = [
-    f"*/artifacts/{RESULTS_FILE}",
-    f"*/artifacts/{METRICS_FILE}",
-    f"*/artifacts/{RUN_CONFIG_FILE}",
-    f"*/artifacts/{METADATA_FILE}",
-    f"*/artifacts/{SAMPLE_OUTPUTS_DIR}/*.jsonl",
-    "*/logs/stage.exit",
+    f"*artifacts/{RESULTS_FILE}",
+    f"*artifacts/{METRICS_FILE}",
+    f"*artifacts/{RUN_CONFIG_FILE}",
+    f"*artifacts/{METADATA_FILE}",
+    f"*artifacts/{SAMPLE_OUTPUTS_DIR}/*.jsonl",
+    "*logs/stage.exit",
 ]
 REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys harnesses use for repeats
 MAX_EVIDENCE_PER_CHECK = 5
@@ -61,6 +63,8 @@ LOG_PATTERNS: dict[str, re.Pattern[str]] = {
         r"model_path='(?P<sglang>[^']+)'|Starting to load model (?P<vllm>\S+)|'model': '(?P<vllm_args>[^']+)'"
     ),
 }
+# A coarse POSIX-ERE superset of LOG_PATTERNS for grep on a cluster; the hits are then classified by LOG_PATTERNS.
+GREP_PREFILTER = "time limit|preemption|node_fail|resuming|judge|sandbox|model_path=|starting to load model|'model': "
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,7 +130,8 @@ def _fetch_remote(label: str, host: str, remote_root: str) -> RunTree:
 
     digest = hashlib.sha256(f"{host}:{remote_root}".encode()).hexdigest()[:16]
     local_root = state_dir() / "results-cache" / host / digest
-    local_root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(local_root, ignore_errors=True)  # our own cache: a fresh copy, no files the cluster has since removed
+    local_root.mkdir(parents=True)
     remote.fetch_tree(host, remote_root, local_root, REMOTE_ARTIFACT_PATTERNS)
     tasks = _task_dirs(local_root)
     if not tasks:
@@ -450,9 +455,8 @@ def _scan_remote_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]
     from quanteval import remote
 
     hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
-    combined = "|".join(f"({pattern.pattern})" for pattern in LOG_PATTERNS.values())
     logs = tree.remote_path(task_dir / "logs")
-    command = f"cd {shlex.quote(logs)} 2>/dev/null && grep -n -i -E -m 200 -H {shlex.quote(combined)} -- *.log"
+    command = f"cd {shlex.quote(logs)} 2>/dev/null && grep -n -i -E -m 200 -H {shlex.quote(GREP_PREFILTER)} -- *.log"
     result = remote.run_remote(tree.host, command, timeout=120)
     for raw in result.stdout.splitlines():
         name, _, rest = raw.partition(":")
