@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, deploy, environment, nelconfig, tasks
+from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, results, runs, tasks
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
@@ -74,15 +74,29 @@ def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
 TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(environment.check_environment, read_only=True, idempotent=True),
     ToolSpec(checkpoint.inspect_checkpoint, read_only=True, idempotent=True),
-    ToolSpec(tasks.list_tasks, read_only=True, idempotent=True),
-    ToolSpec(tasks.get_task_recipe, read_only=True, idempotent=True),
-    ToolSpec(tasks.add_tasks, read_only=False, idempotent=True),
     ToolSpec(nelconfig.build_config, read_only=False),
     ToolSpec(nelconfig.get_config_value, read_only=True, idempotent=True),
     ToolSpec(nelconfig.set_config_value, read_only=False, destructive=True, idempotent=True),
     ToolSpec(nelconfig.delete_config_value, read_only=False, destructive=True),
     ToolSpec(nelconfig.list_missing_values, read_only=True, idempotent=True),
     ToolSpec(nelconfig.apply_checkpoint, read_only=False, destructive=True, idempotent=True),
+    ToolSpec(tasks.list_tasks, read_only=True, idempotent=True),
+    ToolSpec(tasks.get_task_recipe, read_only=True, idempotent=True),
+    ToolSpec(tasks.add_tasks, read_only=False, idempotent=True),
+    ToolSpec(evalserver.start_eval_server, read_only=False),
+    ToolSpec(evalserver.eval_server_status, read_only=True, idempotent=True),
+    ToolSpec(evalserver.stop_eval_server, read_only=False, destructive=True, idempotent=True),
+    ToolSpec(runs.dry_run, read_only=False),
+    ToolSpec(runs.launch_canary, read_only=False, open_world=True),
+    ToolSpec(runs.launch_full_run, read_only=False, open_world=True),
+    ToolSpec(runs.run_status, read_only=False, idempotent=True, open_world=True),
+    ToolSpec(runs.run_logs, read_only=True, idempotent=True, open_world=True),
+    ToolSpec(runs.kill_run, read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec(runs.resume_run, read_only=False, open_world=True),
+    ToolSpec(runs.list_runs, read_only=True, idempotent=True),
+    ToolSpec(results.validate_run, read_only=True, idempotent=True, open_world=True),
+    ToolSpec(results.extract_scores, read_only=True, idempotent=True, open_world=True),
+    ToolSpec(compare.compare_results, read_only=False, open_world=True),
     ToolSpec(deploy.plan_deployment, read_only=True, idempotent=True),
     ToolSpec(deploy.launch_deployment, read_only=False, open_world=True),
     ToolSpec(deploy.deployment_status, read_only=False, idempotent=True, open_world=True),
