@@ -1,0 +1,198 @@
+"""Run one NEL API call in a child process and hand its answer back as JSON.
+
+NEL prints freely (dry-run scripts, colours, ssh chatter) and can block on ssh, so every
+call runs in `python -m quanteval.nelexec`: the child points its fd 1 at stderr before
+importing NEL and writes one JSON object to the real stdout at the end; the parent reads
+that object with a timeout. Nothing NEL prints can reach the MCP stdout.
+
+Child protocol: request `{"op": ..., "args": {...}}` on stdin; answer `{"ok": true, ...}`
+or `{"ok": false, "error": "<NEL's message, no traceback>"}` on stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from quanteval.models import ToolError
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+MAX_ERROR_CHARS = 2000
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def call(op: str, timeout: float, **args: Any) -> dict[str, Any]:
+    """Run `op` in a child process; return its JSON answer (ok or not). ToolError when the child dies or hangs."""
+    request = json.dumps({"op": op, "args": args})
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "quanteval.nelexec"],
+            input=request,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    except subprocess.TimeoutExpired:
+        raise ToolError(
+            f"NEL did not answer within {timeout:.0f} s ({op}). A host may be unreachable; "
+            "check it with ssh_check and retry."
+        ) from None
+    try:
+        answer = json.loads(completed.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        last = [line for line in completed.stderr.strip().splitlines() if line.strip()][-3:]
+        raise ToolError(f"NEL's {op} ended without an answer (exit {completed.returncode}): {' | '.join(last)}") from None
+    return answer
+
+
+# ---------------------------------------------------------------- child side
+
+
+def error_message(exc: BaseException) -> str:
+    """NEL's error as a person reads it: the message only, no traceback, no Hydra hint, bounded."""
+    text = ANSI_ESCAPE.sub("", str(exc)).strip() or type(exc).__name__
+    lines = [line for line in text.splitlines() if "HYDRA_FULL_ERROR" not in line]
+    message = "\n".join(lines).strip()
+    return message[:MAX_ERROR_CHARS]
+
+
+def _compose(config_path: str, overrides: list[str]) -> Any:
+    from nemo_evaluator_launcher.api.types import RunConfig
+    from nemo_evaluator_launcher.common.override_sugar import apply_task_name_overrides, partition_overrides
+
+    hydra_overrides, task_overrides = partition_overrides(overrides)
+    cfg = RunConfig.from_hydra(config=config_path, hydra_overrides=hydra_overrides)
+    if task_overrides:
+        cfg = apply_task_name_overrides(cfg, task_overrides)
+    return cfg
+
+
+def content_hash(cfg: Any) -> str:
+    """sha256 of the composed config, unresolved (env values never enter it) and without NEL's own path key."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=False)
+    data.pop("user_config_path", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _summary(cfg: Any) -> dict[str, Any]:
+    execution = cfg.execution
+    return {
+        "executor": str(execution.get("type", "local")),
+        "host": str(execution.get("hostname")) if execution.get("type") == "slurm" else None,
+        "output_dir": str(execution.get("output_dir")),
+        "tasks": [str(task.name) for task in (cfg.evaluation.tasks or [])],
+    }
+
+
+def _docker_daemon_problem() -> str | None:
+    if shutil.which("docker") is None:
+        return "the `docker` command is not installed"
+    try:
+        probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                               timeout=15)
+    except subprocess.TimeoutExpired:
+        return "the Docker daemon did not answer within 15 s"
+    if probe.returncode != 0:
+        return "no Docker daemon answers (`docker info` failed)"
+    return None
+
+
+def op_hash(config_path: str, overrides: list[str]) -> dict[str, Any]:
+    cfg = _compose(config_path, overrides)
+    return {"config_hash": content_hash(cfg), **_summary(cfg)}
+
+
+def op_run(config_path: str, overrides: list[str], extra_overrides: list[str], tasks: list[str],
+           dry_run: bool) -> dict[str, Any]:
+    from nemo_evaluator_launcher.api.functional import run_eval
+
+    cfg_hash = content_hash(_compose(config_path, overrides))
+    cfg = _compose(config_path, overrides + extra_overrides)
+    summary = _summary(cfg)
+    if not dry_run and summary["executor"] == "local":
+        problem = _docker_daemon_problem()
+        if problem:
+            return {"ok": False, "error": (
+                f"execution.type local runs every task in Docker, but {problem}. Start a Docker daemon on this "
+                "machine, or set execution to slurm (execution.hostname = your cluster's login node)."),
+                    "config_hash": cfg_hash, **summary}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        invocation_id = run_eval(cfg, dry_run=dry_run, tasks=tasks or None)
+    return {"invocation_id": invocation_id, "config_hash": cfg_hash, "printed": ANSI_ESCAPE.sub("", printed.getvalue()),
+            **summary}
+
+
+def _jobs(invocation_id: str) -> dict[str, Any]:
+    from nemo_evaluator_launcher.common.execdb import ExecutionDB
+
+    return ExecutionDB().get_jobs(invocation_id)
+
+
+def op_jobs(invocation_id: str) -> dict[str, Any]:
+    """The jobs NEL recorded for an invocation: executor and where each one runs/logs."""
+    jobs = _jobs(invocation_id)
+    return {"jobs": [{"job_id": job_id, "executor": job.executor, "data": job.data} for job_id, job in jobs.items()]}
+
+
+def _progress(value: Any) -> int | None:
+    """NEL reports progress as an int (SLURM), {"progress": int} (local) or "unknown"."""
+    if isinstance(value, dict):
+        value = value.get("progress")
+    return value if isinstance(value, int) else None
+
+
+def op_status(invocation_id: str) -> dict[str, Any]:
+    from nemo_evaluator_launcher.api.functional import get_status
+
+    rows = get_status([invocation_id])
+    return {"jobs": [{"job_id": row.get("job_id"), "status": row.get("status"), "progress": _progress(row.get("progress")),
+                      "error": (row.get("data") or {}).get("error") if row.get("status") == "error" else None}
+                     for row in rows]}
+
+
+def op_kill(invocation_id: str) -> dict[str, Any]:
+    from nemo_evaluator_launcher.api.functional import kill_job_or_invocation
+
+    rows = kill_job_or_invocation(invocation_id)
+    return {"jobs": [{"job_id": row.get("job_id"), "status": row.get("status"),
+                      "error": (row.get("data") or {}).get("error")} for row in rows]}
+
+
+def op_resume(invocation_id: str) -> dict[str, Any]:
+    from nemo_evaluator_launcher.api.functional import resume_eval
+
+    return {"invocation_id": resume_eval(invocation_id)}
+
+
+OPS = {"hash": op_hash, "run": op_run, "jobs": op_jobs, "status": op_status, "kill": op_kill, "resume": op_resume}
+
+
+def main() -> None:
+    from quanteval.stdio_guard import stdout_to_stderr
+
+    with stdout_to_stderr() as real_stdout:
+        request = json.loads(sys.stdin.read())
+        try:
+            answer = {"ok": True, **OPS[request["op"]](**request["args"])}
+        except Exception as exc:  # noqa: BLE001 - every NEL failure becomes a message for the person
+            answer = {"ok": False, "error": error_message(exc)}
+        os.write(real_stdout, (json.dumps(answer, default=str) + "\n").encode())
+
+
+if __name__ == "__main__":
+    main()

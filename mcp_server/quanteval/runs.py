@@ -1,0 +1,761 @@
+"""The run lifecycle: dry-run, canary, gated full run, status, logs, kill, resume, list.
+
+Every NEL call runs in a child process (quanteval.nelexec) with a timeout, so NEL's
+prints never reach the MCP stdout and a dead host never hangs a tool. Every dry-run,
+canary and full run is recorded in the ledger with a hash of its composed config; the
+hash ignores the canary's own limit override, so a canary and the full run of the same
+config share it — that is what the full-run gate checks.
+
+SLURM status is read from the cluster directly (one ssh call: the job chain file NEL's
+auto-resume writes, `squeue -t all`, and `sacct`/`sacct -c` for purged jobs) because NEL
+reports every ssh or sacct hiccup as FAILED; a walltime TIMEOUT with NEL's paired
+restart job queued is reported as `resuming`, never as a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+import subprocess
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from quanteval import envvars, ledger, nelexec, results
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+
+LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples={}"
+DRY_RUN_TIMEOUT_S = 180.0
+LAUNCH_TIMEOUT_S = 600.0
+QUERY_TIMEOUT_S = 120.0
+SSH_TIMEOUT_S = 60.0
+SCRIPT_HEAD_LINES = 40
+MAX_SCRIPTS = 20
+MAX_HITS = 100
+
+ACTIVE = ("submitted", "pending", "running", "resuming")
+FINISHED = ("succeeded", "failed", "killed")
+RunKind = Literal["dry_run", "canary", "full_run"]
+
+# The failure classes the workflow names, in one place. Each regex is also valid POSIX ERE
+# (GNU grep -E) because remote logs are grepped on the cluster; matching is case-insensitive.
+FAILURE_PATTERNS: dict[str, str] = {
+    "traceback": r"Traceback \(most recent call last\)",
+    "oom": r"out of memory|OutOfMemoryError|oom[-_ ]kill|\bOOM\b",
+    "killed": r"\bkilled\b|SIGKILL|signal 9",
+    "timeout": r"timed out|\btimeout\b|DUE TO TIME LIMIT",
+    "unauthorized": r"unauthori[sz]ed|forbidden|\b401\b|\b403\b|authentication failed",
+    "rate_limit": r"rate.?limit|too many requests|\b429\b",
+    "sandbox": r"sandbox",
+    "container": r"pyxis|enroot|container.*(error|fail|not found)|manifest unknown|image.*not found",
+    "judge": r"judge.*(error|fail)",
+    "parse": r"parse error|failed to parse|could not parse|ParseError|JSONDecodeError",
+    "scoring": r"scor(e|ing).*(error|fail)",
+    "exception": r"exception|\b[A-Za-z]+Error:",
+}
+COMPILED_PATTERNS = {name: re.compile(pattern, re.IGNORECASE) for name, pattern in FAILURE_PATTERNS.items()}
+ANY_FAILURE_ERE = "|".join(f"({pattern})" for pattern in FAILURE_PATTERNS.values())
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")
+# Shell lines that carry secret values (NEL's `set -x` echoes its re-exports into the SLURM log).
+SECRET_ASSIGNMENT = re.compile(r"((?:export\s+'?)\w+=|\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=)(\"[^\"]*\"|'[^']*'|\S+)",
+                               re.IGNORECASE)
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def _secret_values(secrets_files: list[Path]) -> set[str]:
+    """Values that must never appear in a result: known env vars that are set, and what NEL wrote to .secrets.env."""
+    values = {value for name in envvars.set_env_var_names() if SECRET_NAME.search(name)
+              and len(value := os.environ[name]) >= 4}
+    for path in secrets_files:
+        for line in path.read_text(errors="replace").splitlines():
+            _, _, value = line.partition("=")
+            value = value.strip().strip("'\"")
+            if len(value) >= 4:
+                values.add(value)
+    return values
+
+
+def _scrub(text: str, secrets: set[str]) -> str:
+    for value in sorted(secrets, key=len, reverse=True):
+        text = text.replace(value, "***")
+    return SECRET_ASSIGNMENT.sub(lambda match: f"{match.group(1)}***", text)
+
+
+def _protect_secrets_files(root: Path) -> list[Path]:
+    """chmod 600 every .secrets.env NEL left under root (it writes them 644 with real values)."""
+    files = sorted(root.rglob(".secrets.env")) if root.is_dir() else []
+    for path in files:
+        path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    return files
+
+
+def _config_file(config_path: str) -> str:
+    path = Path(config_path).expanduser()
+    if not path.is_file():
+        raise ToolError(f"{config_path}: no such config file. Create one with build_config, or pass the right path.")
+    return str(path.resolve())
+
+
+def _nel(op: str, timeout: float, **args: object) -> dict:
+    answer = nelexec.call(op, timeout, **args)
+    if not answer.get("ok"):
+        raise ToolError(f"NEL: {_scrub(answer.get('error', 'unknown error'), _secret_values([]))}")
+    return answer
+
+
+class _Unreachable(Exception):
+    """The cluster could not be asked (ssh failed or slurmctld did not answer); nothing is known about the job."""
+
+
+def _ssh(user: str, host: str, command: str, timeout: float = SSH_TIMEOUT_S) -> str:
+    """Run a command on a cluster login node with the system ssh (the same client and ~/.ssh/config NEL uses)."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
+            f"{user}@{host}", command]
+    try:
+        completed = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise _Unreachable(f"ssh {host} did not answer within {timeout:.0f} s") from None
+    if completed.returncode == 255:
+        reason = completed.stderr.strip().splitlines()[-1:] or ["connection failed"]
+        raise _Unreachable(f"ssh {host} failed: {reason[0]}")
+    return completed.stdout
+
+
+# ---------------------------------------------------------------- config_hash
+
+
+def config_hash(path: str, overrides: list[str] | None = None) -> str:
+    """Hash of the config as NEL composes it (defaults + file + overrides), env values not resolved."""
+    return _nel("hash", QUERY_TIMEOUT_S, config_path=_config_file(path), overrides=overrides or [])["config_hash"]
+
+
+# ---------------------------------------------------------------- dry_run
+
+
+class DryRunInput(StrictModel):
+    config_path: str = Field(description="Path of the NEL run config YAML to dry-run.")
+    overrides: list[str] = Field(default_factory=list, description=(
+        "Hydra overrides as for `nel run -o`, e.g. 'execution.output_dir=/abs/out'. A key the config does not "
+        "have yet needs '++' in front."))
+
+
+class RenderedScript(BaseModel):
+    name: str = Field(description="Script name relative to the invocation directory, e.g. 'gpqa.0/run.sh'.")
+    path: str | None = Field(description="Where it lies on disk (null for SLURM, whose scripts NEL renders in a temp dir).")
+    size_bytes: int
+    head: list[str] = Field(description=f"The first {SCRIPT_HEAD_LINES} lines, secret values masked.")
+
+
+class DryRunOutput(BaseModel):
+    ok: bool = Field(description="NEL accepted the config and rendered every script.")
+    record_id: str = Field(description="Ledger record of this dry-run.")
+    config_hash: str | None
+    executor: str | None
+    invocation_id: str | None
+    invocation_dir: str | None = Field(description="Local directory NEL rendered into (local executor).")
+    scripts: list[RenderedScript]
+    secrets_files_protected: list[str] = Field(
+        description=".secrets.env files NEL wrote with real values, now mode 600. Their values are never returned.")
+    error: str | None = Field(description="NEL's error message when ok is false (no traceback).")
+
+
+def _split_printed_scripts(printed: str) -> list[tuple[str, str]]:
+    """SLURM dry-run scripts exist only in NEL's printout: sections headed '=== Task N ==='."""
+    sections = re.split(r"=+ Task (\d+) =+\n", printed)
+    scripts = []
+    for index, body in zip(sections[1::2], sections[2::2]):
+        body = re.split(r"\n-+ Secrets \(redacted\)|\nTo submit jobs", body)[0].strip("\n")
+        scripts.append((f"task{index}/run.sub", body + "\n"))
+    return scripts
+
+
+def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunOutput:
+    """Run NEL's own dry-run on a config and return the result as structure: ok or not, the rendered scripts
+    (names, sizes, first lines), the invocation directory, and NEL's error reduced to its message. Use it after
+    validate_config and before launch_canary: it is the last check before spending GPU time. NEL's .secrets.env
+    files are made private (mode 600) and their values never appear in the result. Recorded in the ledger."""
+    config_path = _config_file(request.config_path)
+    progress(0, 2, "NEL dry-run (composes the config and renders the scripts, ~5 s)")
+    answer = nelexec.call("run", DRY_RUN_TIMEOUT_S, config_path=config_path, overrides=request.overrides,
+                          extra_overrides=[], tasks=[], dry_run=True)
+    progress(1, 2, "collecting rendered scripts")
+    invocation_id = answer.get("invocation_id")
+    invocation_dir: Path | None = None
+    protected: list[Path] = []
+    scripts: list[tuple[str, Path | None, str]] = []
+    if answer.get("ok") and answer.get("executor") == "local":
+        candidates = sorted(Path(answer["output_dir"]).expanduser().absolute().glob(f"*-{invocation_id}"))
+        invocation_dir = candidates[-1] if candidates else None
+        if invocation_dir:
+            protected = _protect_secrets_files(invocation_dir)
+            for path in sorted([*invocation_dir.glob("*.sh"), *invocation_dir.glob("*/run.sh")]):
+                scripts.append((str(path.relative_to(invocation_dir)), path, path.read_text(errors="replace")))
+    elif answer.get("ok"):
+        scripts = [(name, None, body) for name, body in _split_printed_scripts(answer.get("printed", ""))]
+    secrets = _secret_values(protected)
+    rendered = [RenderedScript(name=name, path=str(path) if path else None, size_bytes=len(body.encode()),
+                               head=_scrub("\n".join(body.splitlines()[:SCRIPT_HEAD_LINES]), secrets).splitlines())
+                for name, path, body in scripts[:MAX_SCRIPTS]]
+    error = None if answer.get("ok") else _scrub(answer.get("error", ""), secrets)
+    record = ledger.add("dry_run", status="passed" if answer.get("ok") else "failed", config_path=config_path,
+                        config_hash=answer.get("config_hash"), invocation_id=invocation_id,
+                        executor=answer.get("executor"), host=answer.get("host"),
+                        details={"invocation_dir": str(invocation_dir) if invocation_dir else None, "error": error,
+                                 "overrides": request.overrides}, message=error)
+    progress(2, 2, "done")
+    return DryRunOutput(ok=bool(answer.get("ok")), record_id=record.id, config_hash=answer.get("config_hash"),
+                        executor=answer.get("executor"), invocation_id=invocation_id,
+                        invocation_dir=str(invocation_dir) if invocation_dir else None, scripts=rendered,
+                        secrets_files_protected=[str(path) for path in protected], error=error)
+
+
+# ---------------------------------------------------------------- launches
+
+
+class LaunchOutput(BaseModel):
+    record_id: str = Field(description="Ledger record id; run_status, run_logs, kill_run and resume_run take it.")
+    kind: RunKind
+    invocation_id: str = Field(description="NEL's invocation id (also accepted by `nel status`).")
+    config_hash: str
+    executor: str
+    host: str | None
+    status: str
+    gate: str | None = Field(None, description="Why a full run was allowed: the canary that passed, or the forced reason.")
+
+
+def _launch(kind: RunKind, config_path: str, overrides: list[str], extra_overrides: list[str], tasks: list[str],
+            details: dict, progress: ProgressFn) -> tuple[ledger.Record, dict]:
+    progress(1, 3, f"submitting the {kind.replace('_', ' ')} through NEL")
+    answer = nelexec.call("run", LAUNCH_TIMEOUT_S, config_path=config_path, overrides=overrides,
+                          extra_overrides=extra_overrides, tasks=tasks, dry_run=False)
+    secrets = _secret_values([])
+    if not answer.get("ok"):
+        error = _scrub(answer.get("error", "unknown error"), secrets)
+        ledger.add(kind, status="failed", config_path=config_path, config_hash=answer.get("config_hash"),
+                   executor=answer.get("executor"), host=answer.get("host"),
+                   details={**details, "error": error, "overrides": overrides}, message=f"launch failed: {error}")
+        raise ToolError(f"NEL could not launch the {kind.replace('_', ' ')}: {error}")
+    progress(2, 3, "recording the run")
+    if answer["executor"] == "local":
+        _protect_secrets_files(Path(answer["output_dir"]).expanduser().absolute())
+    record = ledger.add(kind, status="submitted", config_path=config_path, config_hash=answer["config_hash"],
+                        invocation_id=answer["invocation_id"], executor=answer["executor"], host=answer.get("host"),
+                        details={**details, "overrides": overrides, "tasks": tasks or answer.get("tasks", [])},
+                        message="submitted through NEL")
+    if answer["executor"] == "slurm":
+        _protect_remote_secrets(record)
+    progress(3, 3, f"submitted as {answer['invocation_id']}")
+    return record, answer
+
+
+def _protect_remote_secrets(record: ledger.Record) -> None:
+    """NEL rsyncs .secrets.env to the cluster mode 644; make them private there too."""
+    try:
+        for job in _jobs(record):
+            data = job["data"]
+            _ssh(data["username"], data["hostname"],
+                 f"chmod 600 {shlex.quote(data['remote_rundir_path'])}/.secrets.env 2>/dev/null; true")
+    except (_Unreachable, ToolError) as exc:
+        ledger.update(record.id, message=f"could not chmod the remote .secrets.env: {exc}")
+
+
+class LaunchCanaryInput(StrictModel):
+    config_path: str = Field(description="Path of the NEL run config YAML (the same file the full run will use).")
+    limit_samples: int = Field(10, ge=1, le=100000, description="Samples per task for the canary (default 10).")
+    tasks: list[str] = Field(default_factory=list, description=(
+        "Only these tasks of the config (names as in evaluation.tasks, or 'name.index'); empty = all tasks."))
+    overrides: list[str] = Field(default_factory=list, description=(
+        "Hydra overrides as for `nel run -o`; a key the config does not have yet needs '++'. Pass the same "
+        "overrides to launch_full_run, or the config hashes differ and the gate refuses."))
+
+
+def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress) -> LaunchOutput:
+    """Launch a small canary run of a config (NEL run with limit_samples=N, default 10) and return its ids at once.
+    Use it after a passing dry_run and before launch_full_run: the full run is refused until a canary of the same
+    config finished and passed validation. Poll it with run_status; read failures with run_logs. The local
+    executor needs a Docker daemon; without one this fails at once and says so."""
+    config_path = _config_file(request.config_path)
+    progress(0, 3, "composing the config")
+    record, answer = _launch("canary", config_path, request.overrides,
+                             [LIMIT_SAMPLES_OVERRIDE.format(request.limit_samples)], request.tasks,
+                             {"limit_samples": request.limit_samples}, progress)
+    return LaunchOutput(record_id=record.id, kind="canary", invocation_id=record.invocation_id or "",
+                        config_hash=answer["config_hash"], executor=answer["executor"], host=answer.get("host"),
+                        status=record.status)
+
+
+class LaunchFullRunInput(StrictModel):
+    config_path: str = Field(description="Path of the NEL run config YAML whose canary passed.")
+    overrides: list[str] = Field(default_factory=list, description="The same Hydra overrides the canary was launched with.")
+    tasks: list[str] = Field(default_factory=list, description="Only these tasks of the config; empty = all tasks.")
+    force: bool = Field(False, description=(
+        "Launch without a passing canary. Only when the person explicitly asks; requires `reason`."))
+    reason: str | None = Field(None, description="Why the canary gate is skipped (required with force; recorded in the ledger).")
+
+
+def _canary_verdict(canary: ledger.Record) -> tuple[bool, str]:
+    """Did this finished canary pass? results.validate_run decides (scores present, errors and truncation low)."""
+    try:
+        report = results.validate_run(results.ValidateRunInput(run=canary.invocation_id or canary.id))
+    except ToolError as exc:
+        return False, f"validate_run could not read it: {exc}"
+    reasons = f" ({'; '.join(report.reasons[:3])})" if report.reasons else ""
+    return report.verdict == "pass", f"validate_run verdict: {report.verdict}{reasons}"
+
+
+def _gate(config_hash_value: str, progress: ProgressFn) -> str:
+    canaries = ledger.find(kind="canary", config_hash=config_hash_value, limit=20)
+    if not canaries:
+        raise ToolError(
+            f"Full run refused: no canary has run for this config (hash {config_hash_value}). Run launch_canary on "
+            "the same config and overrides, wait until run_status says succeeded, then launch the full run.")
+    problems = []
+    for canary in canaries:
+        if canary.status in ACTIVE and canary.invocation_id:
+            progress(0.5, 3, f"refreshing canary {canary.id}")
+            canary = _refresh(canary).record
+        if canary.status != "succeeded":
+            problems.append(f"{canary.id}: {canary.status}")
+            continue
+        passed, why = _canary_verdict(canary)
+        ledger.update(canary.id, details={"validation": why, "validation_passed": passed}, message=f"gate check: {why}")
+        if passed:
+            return f"canary {canary.id} ({canary.invocation_id}) passed: {why}"
+        problems.append(f"{canary.id}: {why}")
+    raise ToolError(
+        f"Full run refused: no canary of this config (hash {config_hash_value}) has passed ({'; '.join(problems[:5])}). "
+        "Wait for a running canary (run_status), or read run_logs of the failed one, fix the config and launch a "
+        "new canary. To override, call again with force=true and a reason.")
+
+
+def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progress) -> LaunchOutput:
+    """Launch the full evaluation of a config — refused unless a canary of the same config (same hash of the
+    composed config, ignoring the canary's own limit) finished and passed validation. Use it as the last step,
+    after launch_canary succeeded. `force` with a written `reason` overrides the gate; the reason is recorded."""
+    config_path = _config_file(request.config_path)
+    if request.force and not (request.reason and request.reason.strip()):
+        raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
+    progress(0, 3, "checking the canary gate")
+    config_hash_value = config_hash(config_path, request.overrides)
+    if request.force:
+        gate = f"forced: {request.reason.strip()}"
+    else:
+        gate = _gate(config_hash_value, progress)
+    details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if request.force else None}
+    record, answer = _launch("full_run", config_path, request.overrides, [], request.tasks, details, progress)
+    return LaunchOutput(record_id=record.id, kind="full_run", invocation_id=record.invocation_id or "",
+                        config_hash=answer["config_hash"], executor=answer["executor"], host=answer.get("host"),
+                        status=record.status, gate=gate)
+
+
+# ---------------------------------------------------------------- status
+
+
+class RunRef(StrictModel):
+    run: str = Field(description="Ledger record id (from a launch or list_runs) or NEL invocation id.")
+
+
+class JobStatus(BaseModel):
+    job_id: str = Field(description="NEL job id (<invocation>.<task index>).")
+    status: str = Field(description="pending, running, resuming, succeeded, failed, killed or unknown.")
+    slurm_job_id: str | None = None
+    current_slurm_job_id: str | None = Field(None, description="Latest job of NEL's auto-resume chain, when it moved on.")
+    restart_job_id: str | None = Field(None, description="NEL's paired restart job waiting behind the current one.")
+    slurm_state: str | None = None
+    progress: int | None = Field(None, description="Requests completed so far, when NEL tracks it.")
+    note: str | None = None
+
+
+class RunStatusOutput(BaseModel):
+    record_id: str
+    kind: str
+    invocation_id: str | None
+    status: str = Field(description="submitted, pending, running, resuming, succeeded, failed, killed or unknown.")
+    executor: str | None
+    host: str | None
+    reachable: bool = Field(description="False when the cluster could not be asked; status is then the last known one.")
+    message: str | None
+    jobs: list[JobStatus]
+    history: list[ledger.Event] = Field(description="Status changes recorded in the ledger, oldest first (last 20).")
+
+
+NEL_STATE = {"success": "succeeded", "failed": "failed", "killed": "killed", "pending": "pending",
+             "running": "running"}
+
+
+def _overall(job_states: list[str]) -> str:
+    for state in ("running", "resuming", "pending"):
+        if state in job_states:
+            return state
+    for state in ("failed", "killed", "unknown"):
+        if state in job_states:
+            return state
+    return "succeeded" if job_states else "unknown"
+
+
+def _jobs(record: ledger.Record) -> list[dict]:
+    if not record.invocation_id:
+        raise ToolError(f"{record.id}: this {record.kind} has no NEL invocation (its launch failed); nothing to ask.")
+    jobs = _nel("jobs", QUERY_TIMEOUT_S, invocation_id=record.invocation_id)["jobs"]
+    if not jobs:
+        raise ToolError(f"{record.id}: NEL's execution database has no jobs for invocation {record.invocation_id} "
+                        "(was NEMO_EVALUATOR_EXEC_DB_FILE changed?).")
+    return jobs
+
+
+def _slurm_state(state_field: str) -> str:
+    return state_field.split()[0].rstrip("+") if state_field.strip() else "UNKNOWN"
+
+
+def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
+    """One ssh call per host: chain files, `squeue -t all`, then sacct (or `sacct -c` without slurmdbd)."""
+    by_host: dict[tuple[str, str], list[dict]] = {}
+    for job in jobs:
+        by_host.setdefault((job["data"]["username"], job["data"]["hostname"]), []).append(job)
+    statuses = []
+    for (user, host), host_jobs in by_host.items():
+        chain_cmds = "; ".join(
+            f"echo @@CHAIN {job['job_id']}; cat {shlex.quote(job['data']['remote_rundir_path'])}/.slurm_job_id.list "
+            "2>/dev/null; echo" for job in host_jobs)
+        script = (f"{chain_cmds}; echo @@SQUEUE; squeue -h -t all -u {shlex.quote(user)} -o '%i|%T|%E'; "
+                  "echo \"@@SQUEUE_RC $?\"")
+        output = _ssh(user, host, script)
+        chains: dict[str, list[str]] = {}
+        current = None
+        squeue_lines: list[str] = []
+        squeue_ok = False
+        for line in output.splitlines():
+            if line.startswith("@@CHAIN "):
+                current = line.split()[1]
+                chains[current] = []
+            elif line == "@@SQUEUE":
+                current = "@@SQUEUE"
+            elif line.startswith("@@SQUEUE_RC"):
+                squeue_ok = line.split()[1] == "0"
+            elif current == "@@SQUEUE":
+                squeue_lines.append(line)
+            elif current and line.strip():
+                chains[current].extend(line.split())
+        if not squeue_ok:
+            raise _Unreachable(f"squeue on {host} failed: the SLURM controller is not answering")
+        queue = {}
+        dependents: list[tuple[str, str, str]] = []
+        for line in squeue_lines:
+            parts = line.split("|")
+            if len(parts) >= 3:
+                queue[parts[0].strip()] = parts[1].strip()
+                if parts[2].strip() not in ("", "(null)"):
+                    dependents.append((parts[0].strip(), parts[1].strip(), parts[2].strip()))
+        latest_ids = {job["job_id"]: (chains.get(job["job_id"]) or [str(job["data"]["slurm_job_id"])])[-1]
+                      for job in host_jobs}
+        purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
+        if purged:
+            ids = ",".join(purged)
+            accounting = _ssh(user, host, f"sacct -n -P -X -o JobID,State -j {ids} 2>/dev/null || "
+                                          f"sacct -c -n -P -o JobID,State -j {ids} 2>/dev/null; true")
+            for line in accounting.splitlines():
+                job_id, _, state = line.partition("|")
+                if job_id.strip() in purged:
+                    queue[job_id.strip()] = state
+        for job in host_jobs:
+            original = str(job["data"]["slurm_job_id"])
+            latest = latest_ids[job["job_id"]]
+            state = _slurm_state(queue.get(latest, ""))
+            restart = next((dep_id for dep_id, dep_state, dependency in dependents
+                            if latest in dependency and dep_state == "PENDING"), None)
+            status, note = _map_slurm(state, restart, latest != original)
+            statuses.append(JobStatus(job_id=job["job_id"], status=status, slurm_job_id=original,
+                                      current_slurm_job_id=latest if latest != original else None,
+                                      restart_job_id=restart, slurm_state=state, note=note))
+    return statuses
+
+
+def _map_slurm(state: str, restart_job: str | None, resumed: bool) -> tuple[str, str | None]:
+    if state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+        return "running", "resumed after walltime by NEL's restart job" if resumed else None
+    if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
+        return ("resuming", "restart job queued after walltime") if resumed else ("pending", None)
+    if state == "COMPLETED":
+        return "succeeded", None
+    if state in ("TIMEOUT", "PREEMPTED", "NODE_FAIL"):
+        if restart_job:
+            return "resuming", f"{state.lower()}; NEL's paired restart job {restart_job} continues the run"
+        return "failed", f"{state.lower()} and no restart job queued (max_walltime reached?); resume_run restarts it"
+    if state == "CANCELLED":
+        return "killed", "cancelled (scancel or kill_run)"
+    if state == "UNKNOWN":
+        return "unknown", "SLURM no longer knows this job and accounting has no record of it"
+    return "failed", f"SLURM state {state}"
+
+
+class _Refreshed(BaseModel):
+    record: ledger.Record
+    jobs: list[JobStatus]
+    reachable: bool
+    message: str | None
+
+
+def _refresh(record: ledger.Record) -> _Refreshed:
+    """Ask NEL/SLURM for the current state and record a change in the ledger; an unreachable cluster changes nothing."""
+    if not record.invocation_id:
+        return _Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
+    if record.kind == "dry_run":
+        return _Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
+    jobs = _jobs(record)
+    try:
+        if record.executor == "slurm":
+            statuses = _slurm_job_statuses(jobs)
+        else:
+            answer = _nel("status", QUERY_TIMEOUT_S, invocation_id=record.invocation_id)
+            statuses = [JobStatus(job_id=row["job_id"] or record.invocation_id,
+                                  status=NEL_STATE.get(row["status"], "unknown"), progress=row.get("progress"),
+                                  note=row.get("error")) for row in answer["jobs"]]
+    except _Unreachable as exc:
+        ledger.update(record.id, message=f"status poll failed: {exc}")
+        return _Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
+                          message=f"{exc}. Status unchanged ({record.status}); retry run_status later.")
+    status = _overall([job.status for job in statuses])
+    updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses}})
+    return _Refreshed(record=updated, jobs=statuses, reachable=True, message=None)
+
+
+def _record(run: str) -> ledger.Record:
+    record = ledger.get(run.strip())
+    if record.kind not in ("dry_run", "canary", "full_run"):
+        raise ToolError(f"{run} is a {record.kind}, not a run; use deployment_status for deployments.")
+    return record
+
+
+def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatusOutput:
+    """Current status of a canary or full run (per job: pending, running, resuming, succeeded, failed, killed),
+    read through NEL (local) or straight from SLURM (squeue/sacct over ssh), with the ledger's history. Use it
+    to poll a launch. A walltime TIMEOUT with NEL's restart job queued is `resuming`, not failed; an unreachable
+    cluster gives reachable=false and leaves the recorded status alone."""
+    progress(0, 1, "asking the executor")
+    refreshed = _refresh(_record(request.run))
+    record = refreshed.record
+    progress(1, 1, record.status)
+    return RunStatusOutput(record_id=record.id, kind=record.kind, invocation_id=record.invocation_id,
+                           status=record.status, executor=record.executor, host=record.host,
+                           reachable=refreshed.reachable, message=refreshed.message, jobs=refreshed.jobs,
+                           history=ledger.events(record.id)[-20:])
+
+
+# ---------------------------------------------------------------- logs
+
+
+class RunLogsInput(StrictModel):
+    run: str = Field(description="Ledger record id or NEL invocation id.")
+    lines: int = Field(50, ge=1, le=500, description="How many last lines of each log file to return.")
+    job: str | None = Field(None, description="Only this NEL job id (<invocation>.<index>); default: every job.")
+
+
+class LogTail(BaseModel):
+    job_id: str
+    file: str
+    lines: list[str]
+
+
+class FailureHit(BaseModel):
+    failure_class: str = Field(description=f"One of: {', '.join(FAILURE_PATTERNS)}.")
+    file: str
+    line: int
+    text: str
+
+
+class RunLogsOutput(BaseModel):
+    record_id: str
+    invocation_id: str | None
+    tails: list[LogTail]
+    failures: list[FailureHit] = Field(description="Lines matching a known failure class anywhere in the logs, with file:line.")
+    failures_truncated: bool
+    failure_classes: list[str] = Field(description="The distinct failure classes found, most specific first.")
+
+
+def classify(line: str) -> str | None:
+    """The first failure class whose pattern matches the line (the table is ordered most specific first)."""
+    return next((name for name, pattern in COMPILED_PATTERNS.items() if pattern.search(line)), None)
+
+
+def _local_log_files(job: dict) -> list[Path]:
+    task_dir = Path(job["data"]["output_dir"])
+    return sorted(path for directory in (task_dir / "logs", task_dir.parent / "logs") if directory.is_dir()
+                  for path in directory.iterdir() if path.is_file())
+
+
+def _read_local_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]], list[tuple[str, int, str]]]:
+    tails, hits = [], []
+    for path in _local_log_files(job):
+        content = path.read_text(errors="replace").splitlines()
+        tails.append((str(path), content[-lines:]))
+        hits.extend((str(path), number, text) for number, text in enumerate(content, 1) if classify(text))
+    return tails, hits
+
+
+def _read_remote_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]], list[tuple[str, int, str]]]:
+    data = job["data"]
+    logs = shlex.quote(f"{data['remote_rundir_path']}/logs")
+    script = (f"cd {logs} 2>/dev/null || exit 0; for f in *; do [ -f \"$f\" ] || continue; "
+              f"echo \"@@FILE $PWD/$f\"; tail -n {lines} -- \"$f\"; done; echo @@HITS; "
+              f"grep -n -i -H -E {shlex.quote(ANY_FAILURE_ERE)} -- * 2>/dev/null | head -n {MAX_HITS * 2}")
+    output = _ssh(data["username"], data["hostname"], script)
+    tails: list[tuple[str, list[str]]] = []
+    hits: list[tuple[str, int, str]] = []
+    in_hits = False
+    remote_dir = f"{data['remote_rundir_path']}/logs"
+    for line in output.splitlines():
+        if line == "@@HITS":
+            in_hits = True
+        elif in_hits:
+            name, _, rest = line.partition(":")
+            number, _, text = rest.partition(":")
+            if number.isdigit():
+                hits.append((f"{remote_dir}/{name}", int(number), text))
+        elif line.startswith("@@FILE "):
+            tails.append((line[len("@@FILE "):], []))
+        elif tails:
+            tails[-1][1].append(line)
+    return tails, hits
+
+
+def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
+    """The last N lines of every log file of a run, plus every line anywhere in those logs that matches a known
+    failure class (traceback, oom, killed, timeout, unauthorized, rate_limit, sandbox, container, judge, parse,
+    scoring, exception) with its file and line number. Use it when run_status says failed, or to watch a canary.
+    Works for local runs (files on this machine) and SLURM runs (read over ssh). Secret values are masked."""
+    record = _record(request.run)
+    jobs = [job for job in _jobs(record) if request.job in (None, job["job_id"])]
+    if not jobs:
+        raise ToolError(f"job: {request.job} is not part of {record.invocation_id}. run_status lists its jobs.")
+    tails: list[LogTail] = []
+    hits: list[FailureHit] = []
+    secrets = _secret_values([])
+    for index, job in enumerate(jobs):
+        progress(index, len(jobs), f"reading logs of {job['job_id']}")
+        try:
+            reader = _read_remote_logs if job["executor"] == "slurm" else _read_local_logs
+            job_tails, job_hits = reader(job, request.lines)
+        except _Unreachable as exc:
+            raise ToolError(f"{record.host}: {exc}. Check the host with ssh_check and retry.") from None
+        tails.extend(LogTail(job_id=job["job_id"], file=file, lines=_scrub("\n".join(lines), secrets).splitlines())
+                     for file, lines in job_tails)
+        hits.extend(FailureHit(failure_class=classify(text) or "exception", file=file, line=number,
+                               text=_scrub(text.strip(), secrets)[:300]) for file, number, text in job_hits)
+    classes = [name for name in FAILURE_PATTERNS if any(hit.failure_class == name for hit in hits)]
+    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id, tails=tails,
+                         failures=hits[:MAX_HITS], failures_truncated=len(hits) > MAX_HITS, failure_classes=classes)
+
+
+# ---------------------------------------------------------------- kill / resume
+
+
+class KillRunOutput(BaseModel):
+    record_id: str
+    status: str
+    jobs: list[JobStatus] = Field(description="What NEL did per job: killed, or why it could not.")
+
+
+def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutput:
+    """Stop a canary or full run through NEL (docker stop / scancel), including a job that NEL's auto-resume has
+    already moved to a restart job, and record it as killed. Use it when a run is wrong or stuck; it cannot be
+    undone (resume_run starts it again from its scripts)."""
+    record = _record(request.run)
+    if record.kind == "dry_run":
+        raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
+    progress(0, 2, "killing through NEL")
+    answer = _nel("kill", QUERY_TIMEOUT_S, invocation_id=record.invocation_id or "")
+    results = [JobStatus(job_id=row["job_id"] or "", status="killed" if row["status"] == "killed" else "unknown",
+                         note=row.get("error")) for row in answer["jobs"]]
+    if record.executor == "slurm":
+        # NEL cancels the first SLURM job only; once auto-resume moved on, the chain's current job and its
+        # restart job are what runs, so those are cancelled as well.
+        progress(1, 2, "cancelling the rest of the auto-resume chain")
+        jobs = _jobs(record)
+        data_by_job = {job["job_id"]: job["data"] for job in jobs}
+        try:
+            for job in _slurm_job_statuses(jobs):
+                leftovers = [job_id for job_id in (job.current_slurm_job_id, job.restart_job_id) if job_id]
+                if leftovers and job.status in ACTIVE:
+                    data = data_by_job[job.job_id]
+                    _ssh(data["username"], data["hostname"], f"scancel {' '.join(leftovers)}")
+        except _Unreachable as exc:
+            ledger.update(record.id, message=f"kill: could not check the restart chain: {exc}")
+    refreshed = _refresh(ledger.get(record.id))
+    status = refreshed.record.status
+    if refreshed.reachable and status in ACTIVE:
+        status = ledger.update(record.id, status="killed", message="kill_run").status
+    elif not refreshed.reachable:
+        status = ledger.update(record.id, status="killed", message="kill_run (cluster unreachable afterwards)").status
+    progress(2, 2, status)
+    return KillRunOutput(record_id=record.id, status=status, jobs=results)
+
+
+class ResumeRunOutput(BaseModel):
+    record_id: str
+    invocation_id: str
+    status: str
+
+
+def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRunOutput:
+    """Resume a stopped or failed run through NEL (re-runs its rendered scripts: `bash run.sh` locally, `sbatch
+    run.sub` on SLURM), keeping the same invocation id. Use it after a kill or a transient failure; it does not
+    pick up config edits (launch a new canary for those)."""
+    record = _record(request.run)
+    if record.kind == "dry_run" or not record.invocation_id:
+        raise ToolError(f"{record.id} never ran (a dry-run or a failed launch); use launch_canary instead.")
+    progress(0, 1, "resuming through NEL")
+    answer = _nel("resume", LAUNCH_TIMEOUT_S, invocation_id=record.invocation_id)
+    updated = ledger.update(record.id, status="submitted", message="resumed through NEL")
+    progress(1, 1, "resumed")
+    return ResumeRunOutput(record_id=updated.id, invocation_id=answer["invocation_id"], status=updated.status)
+
+
+# ---------------------------------------------------------------- list_runs
+
+
+class ListRunsInput(StrictModel):
+    kind: RunKind | None = Field(None, description="Only dry_run, canary or full_run records.")
+    status: str | None = Field(None, description="Only records in this status, e.g. running, failed, succeeded.")
+    offset: int = Field(0, ge=0, description="Skip this many records (newest first).")
+    limit: int = Field(20, ge=1, le=100, description="At most this many records.")
+
+
+class RunSummary(BaseModel):
+    record_id: str
+    kind: str
+    status: str
+    invocation_id: str | None
+    config_path: str | None
+    config_hash: str | None
+    executor: str | None
+    host: str | None
+    created_at: float
+    updated_at: float
+    note: str | None = Field(description="The failure message, or the reason a full run was forced.")
+
+
+class ListRunsOutput(BaseModel):
+    total: int = Field(description="Records matching the filters.")
+    offset: int
+    runs: list[RunSummary]
+
+
+def list_runs(request: ListRunsInput) -> ListRunsOutput:
+    """Dry-runs, canaries and full runs recorded in the ledger, newest first, with status as last recorded, config
+    hash and invocation id; filter by kind and status, paginate with offset/limit. Use it to find a run's id for
+    run_status or run_logs, or to see which canary passed. It reads the ledger only (call run_status to refresh)."""
+    kinds: list[ledger.RecordKind] = [request.kind] if request.kind else ["dry_run", "canary", "full_run"]
+    page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)
+    total = ledger.count(kinds=kinds, status=request.status)
+    return ListRunsOutput(total=total, offset=request.offset, runs=[
+        RunSummary(record_id=record.id, kind=record.kind, status=record.status, invocation_id=record.invocation_id,
+                   config_path=record.config_path, config_hash=record.config_hash, executor=record.executor,
+                   host=record.host, created_at=record.created_at, updated_at=record.updated_at,
+                   note=record.details.get("error") or (record.details.get("gate") if record.kind == "full_run" else None))
+        for record in page])

@@ -1,0 +1,305 @@
+"""Run lifecycle against the real NEL: dry-run, hashing, the canary gate, status and log classification.
+
+NEL's own executors and execution database are used throughout; runs that would need Docker or
+GPUs are represented by the files NEL's run scripts write (stage.exit, logs, results), laid out
+exactly as NEL reads them back. SLURM is covered in test_runs_slurm.py against a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from quanteval import ledger, runs
+from quanteval.models import ToolError
+from results_factory import make_invocation, make_task  # noqa: E402
+
+PLANTED = "planted-judge-secret-9f8e7d"
+
+
+@pytest.fixture(autouse=True)
+def nel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """NEL's execution database in the test's own directory, and a secret NEL will write to .secrets.env."""
+    exec_db = tmp_path / "nel-exec-db" / "exec.v1.jsonl"
+    monkeypatch.setenv("NEMO_EVALUATOR_EXEC_DB_FILE", str(exec_db))
+    monkeypatch.setenv("JUDGE_API_KEY", PLANTED)
+    return exec_db
+
+
+def write_config(directory: Path, *, executor: str = "local", url: str = "http://127.0.0.1:9/v1/chat/completions",
+                 tasks: tuple[str, ...] = ("lm-evaluation-harness.ifeval", "lm-evaluation-harness.gsm8k"),
+                 name: str = "run.yaml", extra: str = "") -> Path:
+    execution = f"""execution:
+  output_dir: {directory / 'out'}
+"""
+    if executor == "slurm":
+        execution = f"""execution:
+  hostname: cluster-login
+  username: evaluser
+  account: acct
+  output_dir: {directory / 'remote-out'}
+"""
+    task_lines = "\n".join(f"    - name: {task}" for task in tasks)
+    path = directory / name
+    path.write_text(f"""# a comment NEL ignores
+defaults:
+  - execution: {'slurm/default' if executor == 'slurm' else executor}
+  - deployment: none
+  - _self_
+{execution}target:
+  api_endpoint:
+    url: {url}
+    model_id: tiny-model
+    api_key_name: JUDGE_API_KEY
+evaluation:
+  env_vars:
+    JUDGE_KEY_FOR_TASK: host:JUDGE_API_KEY
+  tasks:
+{task_lines}
+{extra}""")
+    return path
+
+
+def test_dry_run_local_renders_scripts_and_locks_away_secrets(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    result = runs.dry_run(runs.DryRunInput(config_path=str(config)))
+
+    assert result.ok and result.error is None
+    assert result.executor == "local" and result.invocation_id
+    assert Path(result.invocation_dir).is_dir()
+    names = {script.name for script in result.scripts}
+    assert {"run_all.sequential.sh", "lm-evaluation-harness.ifeval.0/run.sh",
+            "lm-evaluation-harness.gsm8k.1/run.sh"} <= names
+    assert all(script.size_bytes > 0 and 0 < len(script.head) <= runs.SCRIPT_HEAD_LINES for script in result.scripts)
+    # NEL wrote the real secret into .secrets.env; the file is now private and the value never comes back.
+    assert len(result.secrets_files_protected) == 2
+    for secrets_file in map(Path, result.secrets_files_protected):
+        assert PLANTED in secrets_file.read_text()
+        assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    assert PLANTED not in result.model_dump_json()
+    record = ledger.get(result.record_id)
+    assert (record.kind, record.status, record.config_hash) == ("dry_run", "passed", result.config_hash)
+    assert PLANTED not in json.dumps(record.details)
+
+
+def test_dry_run_slurm_returns_scripts_nel_only_printed(tmp_path: Path) -> None:
+    config = write_config(tmp_path, executor="slurm", tasks=("lm-evaluation-harness.ifeval",))
+    result = runs.dry_run(runs.DryRunInput(config_path=str(config)))
+
+    assert result.ok, result.error
+    assert result.executor == "slurm" and result.invocation_dir is None
+    assert [script.name for script in result.scripts] == ["task0/run.sub"]
+    head = "\n".join(result.scripts[0].head)
+    assert "#SBATCH --account acct" in head
+    assert PLANTED not in result.model_dump_json()
+    assert ledger.get(result.record_id).host == "cluster-login"
+
+
+def test_dry_run_reports_nels_error_as_a_message(tmp_path: Path) -> None:
+    config = write_config(tmp_path, url="???")
+    result = runs.dry_run(runs.DryRunInput(config_path=str(config)))
+
+    assert not result.ok and result.scripts == []
+    assert "target.api_endpoint.url" in result.error
+    assert "Traceback" not in result.error and 'File "' not in result.error
+    assert ledger.get(result.record_id).status == "failed"
+
+
+def test_dry_run_new_key_without_plus_is_nels_hydra_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    result = runs.dry_run(runs.DryRunInput(
+        config_path=str(config), overrides=["evaluation.nemo_evaluator_config.config.params.limit_samples=5"]))
+    assert not result.ok
+    assert "limit_samples" in result.error and "HYDRA_FULL_ERROR" not in result.error
+
+
+def test_dry_run_missing_config_file_is_a_tool_error(tmp_path: Path) -> None:
+    with pytest.raises(ToolError, match="no such config file"):
+        runs.dry_run(runs.DryRunInput(config_path=str(tmp_path / "nope.yaml")))
+    assert ledger.count() == 0
+
+
+def test_config_hash_ignores_the_canary_limit_and_the_file_location(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    copy = tmp_path / "elsewhere" / "same.yaml"
+    copy.parent.mkdir()
+    copy.write_text(config.read_text())
+    base = runs.config_hash(str(config))
+
+    assert runs.config_hash(str(copy)) == base
+    assert runs.config_hash(str(config), ["target.api_endpoint.model_id=other"]) != base
+    # The canary's own limit override does not change the hash it is recorded with.
+    with pytest.raises(ToolError):
+        runs.launch_canary(runs.LaunchCanaryInput(config_path=str(config), limit_samples=3))
+    (canary,) = ledger.find(kind="canary")
+    assert canary.config_hash == base
+
+
+def test_local_canary_without_docker_daemon_fails_fast_and_says_so(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="Docker") as error:
+        runs.launch_canary(runs.LaunchCanaryInput(config_path=str(config)))
+    assert time.monotonic() - started < 60
+    assert "slurm" in str(error.value)
+    (canary,) = ledger.find(kind="canary")
+    assert canary.status == "failed" and "Docker" in canary.details["error"]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_full_run_refused_without_a_canary_and_force_needs_a_reason(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    with pytest.raises(ToolError, match="no canary has run for this config.*launch_canary"):
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
+    with pytest.raises(ToolError, match="reason"):
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config), force=True))
+    with pytest.raises(ToolError, match="reason"):
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config), force=True, reason="   "))
+    assert ledger.find(kind="full_run") == []
+
+
+def test_forced_full_run_records_the_reason(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    with pytest.raises(ToolError, match="Docker"):  # gate skipped; the launch itself then needs Docker
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config), force=True,
+                                                     reason="canary passed on the twin cluster yesterday"))
+    (full,) = ledger.find(kind="full_run")
+    assert full.details["forced"] is True
+    assert full.details["reason"] == "canary passed on the twin cluster yesterday"
+    assert full.details["gate"].startswith("forced:")
+
+
+def write_exec_db_job(exec_db: Path, invocation: str, executor: str, data: dict) -> None:
+    """Record a job in NEL's execution database with NEL's own writer (in a child: NEL fixes the path at import)."""
+    code = ("import json, sys, time; from nemo_evaluator_launcher.common.execdb import ExecutionDB, JobData; "
+            "inv, executor, data = json.loads(sys.argv[1]); "
+            "ExecutionDB().write_job(JobData(invocation_id=inv, job_id=inv + '.0', timestamp=time.time(), "
+            "executor=executor, data=data, config={}))")
+    subprocess.run([sys.executable, "-c", code, json.dumps([invocation, executor, data])], check=True,
+                   env={**os.environ, "NEMO_EVALUATOR_EXEC_DB_FILE": str(exec_db)})
+
+
+def record_finished_local_run(tmp_path: Path, exec_db: Path, invocation: str, *, exit_code: int,
+                              logs: dict[str, str] | None = None, kind: str = "canary",
+                              config_hash: str | None = None) -> ledger.Record:
+    """A local NEL run as its run.sh leaves it: task dir with logs/stage.exit and artifacts, plus NEL's exec-db entry."""
+    invocation_dir = make_invocation(tmp_path / "out", invocation=invocation)
+    task_dir = make_task(invocation_dir, exit_code=exit_code, logs=logs)
+    write_exec_db_job(exec_db, invocation, "local", {"output_dir": str(task_dir), "container": "c", "eval_image": "i"})
+    return ledger.add(kind, status="submitted", config_path="x.yaml", config_hash=config_hash,
+                      invocation_id=invocation, executor="local")
+
+
+def test_run_status_reads_nel_and_records_the_transition(tmp_path: Path, nel_env: Path) -> None:
+    record = record_finished_local_run(tmp_path, nel_env, "aa11bb22cc33dd44", exit_code=0)
+    status = runs.run_status(runs.RunRef(run=record.invocation_id))
+
+    assert status.record_id == record.id and status.reachable
+    assert status.status == "succeeded" and [job.status for job in status.jobs] == ["succeeded"]
+    assert [event.status for event in status.history] == ["submitted", "succeeded"]
+    failed = record_finished_local_run(tmp_path, nel_env, "ff11bb22cc33dd44", exit_code=1)
+    assert runs.run_status(runs.RunRef(run=failed.id)).status == "failed"
+
+
+def test_run_logs_classifies_failures_with_file_and_line(tmp_path: Path, nel_env: Path) -> None:
+    log = "\n".join([
+        "starting evaluation",
+        "Traceback (most recent call last):",
+        '  File "eval.py", line 3, in <module>',
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "HTTP 429 Too Many Requests from the judge endpoint",
+        f"+ export 'JUDGE_API_KEY={PLANTED}'",
+        "done",
+    ])
+    record = record_finished_local_run(tmp_path, nel_env, "bb11bb22cc33dd44", exit_code=1,
+                                       logs={"client-bb11bb22cc33dd44.0.log": log})
+    result = runs.run_logs(runs.RunLogsInput(run=record.id, lines=3))
+
+    by_class = {hit.failure_class: hit for hit in result.failures}
+    assert by_class["oom"].line == 4 and by_class["oom"].file.endswith("client-bb11bb22cc33dd44.0.log")
+    assert by_class["traceback"].line == 2
+    assert by_class["rate_limit"].line == 5
+    assert result.failure_classes[:2] == ["traceback", "oom"]
+    client_tail = next(tail for tail in result.tails if tail.file.endswith(".0.log"))
+    assert len(client_tail.lines) == 3 and client_tail.lines[-1] == "done"
+    assert PLANTED not in result.model_dump_json()
+
+
+@pytest.mark.parametrize(("line", "failure_class"), [
+    ("slurmstepd: error: Detected 1 oom_kill event in StepId=12.0", "oom"),
+    ("slurmstepd: error: *** JOB 12 ON localhost CANCELLED AT 2026-11-21T10:00:00 DUE TO TIME LIMIT ***", "timeout"),
+    ("openai.AuthenticationError: Error code: 401 - Unauthorized", "unauthorized"),
+    ("pyxis: importing docker image: nvcr.io/nvidia/eval-factory/x:1", "container"),
+    ("srun: error: task 0: Killed", "killed"),
+    ("Sandbox execution failed: connection refused", "sandbox"),
+    ("judge model returned an error for sample 12", "judge"),
+    ("json.decoder.JSONDecodeError: Expecting value", "parse"),
+    ("scoring failed for task gpqa", "scoring"),
+    ("ValueError: bad value", "exception"),
+    ("evaluation finished: 198 samples", None),
+])
+def test_failure_classes(line: str, failure_class: str | None) -> None:
+    assert runs.classify(line) == failure_class
+
+
+def test_failure_patterns_work_in_gnu_grep(tmp_path: Path) -> None:
+    """Remote logs are grepped with `grep -E -i` on the cluster, so the patterns must mean the same there."""
+    sample = tmp_path / "log"
+    sample.write_text("fine\nCUDA out of memory\nall good\nrate limit hit\n")
+    found = subprocess.run(["grep", "-n", "-i", "-E", runs.ANY_FAILURE_ERE, str(sample)], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert [line.split(":")[0] for line in found] == ["2", "4"]
+
+
+def test_gate_passes_a_validated_canary_and_refuses_a_failed_one(tmp_path: Path, nel_env: Path) -> None:
+    config = write_config(tmp_path)
+    config_hash = runs.config_hash(str(config))
+    failed = record_finished_local_run(tmp_path, nel_env, "cc11bb22cc33dd44", exit_code=1, config_hash=config_hash)
+    with pytest.raises(ToolError, match=f"{failed.id}: failed"):
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
+    assert ledger.get(failed.id).status == "failed"  # the gate refreshed it from NEL
+
+    passed = record_finished_local_run(tmp_path, nel_env, "dd11bb22cc33dd44", exit_code=0, config_hash=config_hash)
+    with pytest.raises(ToolError, match="Docker"):  # the gate opened; only the local executor's Docker is missing
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
+    (full,) = ledger.find(kind="full_run")
+    assert full.details["gate"].startswith(f"canary {passed.id}") and full.details["forced"] is False
+    assert ledger.get(passed.id).details["validation_passed"] is True
+
+
+def test_status_of_unknown_run_is_a_clear_error() -> None:
+    with pytest.raises(ToolError, match="list_runs"):
+        runs.run_status(runs.RunRef(run="canary-doesnotexist"))
+
+
+def test_list_runs_filters_and_paginates(tmp_path: Path) -> None:
+    for index in range(5):
+        ledger.add("canary", status="failed" if index % 2 else "succeeded", config_hash=f"h{index}")
+    ledger.add("dry_run", status="passed")
+    ledger.add("deployment", status="running")
+
+    everything = runs.list_runs(runs.ListRunsInput())
+    assert everything.total == 6 and all(run.kind != "deployment" for run in everything.runs)
+    page = runs.list_runs(runs.ListRunsInput(kind="canary", offset=1, limit=2))
+    assert page.total == 5 and [run.config_hash for run in page.runs] == ["h3", "h2"]
+    assert runs.list_runs(runs.ListRunsInput(status="failed")).total == 2
+
+
+def test_tools_run_from_the_cli_with_nothing_but_json_on_stdout(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    config = write_config(tmp_path)
+    completed = subprocess.run([str(Path(sys.executable).parent / "quanteval"), "call", "dry_run", "--json",
+                                json.dumps({"config_path": str(config)})], capture_output=True, text=True,
+                               env={**cli_env, "NEMO_EVALUATOR_EXEC_DB_FILE": os.environ["NEMO_EVALUATOR_EXEC_DB_FILE"]},
+                               timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    assert result["ok"] is True and PLANTED not in completed.stdout
