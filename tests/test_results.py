@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -311,3 +312,32 @@ def test_a_run_on_the_cluster_validates_like_a_local_one(slurm_cluster, tmp_path
     assert report.tasks[0].task_dir.startswith(f"{slurm_cluster.ssh_alias}:{run}/")
     scores = extract_scores(ExtractScoresInput(run=f"{slurm_cluster.ssh_alias}:{run}/ns_gpqa.0")).tasks[0]
     assert scores.headline is not None and scores.headline.value == 0.5
+
+
+def test_an_invocation_id_is_found_through_nels_own_records(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A run launched with `nel` directly: NEL's execution DB (its own file, written by NEL's own code) says where."""
+    run = make_invocation(tmp_path / "out", invocation="0123456789abcdef")
+    task_dir = make_task(run)
+    env = {**cli_env, "NEMO_EVALUATOR_EXEC_DB_FILE": str(tmp_path / "exec-db" / "exec.v1.jsonl")}
+    record = (
+        "from nemo_evaluator_launcher.common.execdb import ExecutionDB, JobData;"
+        f"ExecutionDB().write_job(JobData(invocation_id='0123456789abcdef', job_id='0123456789abcdef.0', timestamp=0.0,"
+        f" executor='local', data={{'output_dir': {str(task_dir)!r}}}))"
+    )
+    subprocess.run([sys.executable, "-c", record], env=env, check=True, timeout=60)
+    done = subprocess.run(["quanteval", "call", "validate_run", "--json", json.dumps({"run": "0123456789abcdef"})],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["verdict"] == "pass"
+    assert [task["task_dir"] for task in result["tasks"]] == [str(task_dir)]
+
+
+def test_a_recipe_naming_a_missing_score_warns_and_lists_what_is_there(tmp_path: Path) -> None:
+    task_dir = make_task(make_invocation(tmp_path), metric="pass@1", score="symbolic_correct")  # recipe wants symbolic_correct.accuracy
+    report = validate(task_dir)
+    assert report.verdict == "pass"
+    warning = next(f for f in report.tasks[0].findings if f.check == "score")
+    assert "recipe gpqa names metric symbolic_correct, score accuracy" in warning.message
+    [task] = extract_scores(ExtractScoresInput(run=str(task_dir))).tasks
+    assert task.headline is None and [s.path for s in task.scores] == ["results.tasks.ns_gpqa.metrics.pass@1.scores.symbolic_correct"]

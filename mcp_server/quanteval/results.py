@@ -115,11 +115,15 @@ def _nel_output_dir(invocation_id: str) -> str | None:
     from nemo_evaluator_launcher.common.execdb import ExecutionDB
     from nemo_evaluator_launcher.exporters.utils import get_results_dir_from_job_data
 
-    jobs = ExecutionDB().get_jobs(invocation_id)
+    try:
+        jobs = ExecutionDB().get_jobs(invocation_id)
+    except ValueError as exc:  # a partial id that matches several invocations
+        raise ToolError(f"run '{invocation_id}': {exc}. Give the full invocation id.") from None
     for job in jobs.values():
+        # a task directory, local or host:path; the invocation directory is its parent
         task_dir = get_results_dir_from_job_data(job.data)
         if task_dir:
-            host, _, path = task_dir.rpartition(":") if ":" in task_dir and not Path(task_dir).exists() else ("", "", task_dir)
+            host, path = _remote_spec(task_dir) or ("", task_dir)
             parent = str(Path(path).parent)
             return f"{host}:{parent}" if host else parent
     return None
@@ -214,10 +218,6 @@ def run_config(task_dir: Path) -> dict[str, Any]:
     return load_yaml(task_dir / "artifacts" / RUN_CONFIG_FILE) or {}
 
 
-def task_params(task_dir: Path) -> dict[str, Any]:
-    return ((run_config(task_dir).get("config") or {}).get("params")) or {}
-
-
 def repeats(params: dict[str, Any]) -> int:
     extra = params.get("extra") or {}
     for key in REPEAT_KEYS:
@@ -303,14 +303,14 @@ def _stderr(stats: dict[str, Any]) -> float | None:
     return None
 
 
-def _walk_scores(section: str, name: str, data: dict[str, Any], prefix: str) -> Iterator[tuple[str, str, str, dict[str, Any], str]]:
+def _walk_scores(name: str, data: dict[str, Any], prefix: str) -> Iterator[tuple[str, str, str, dict[str, Any], str]]:
     for metric, metric_data in (data.get("metrics") or {}).items():
         for score, score_data in ((metric_data or {}).get("scores") or {}).items():
             if isinstance(score_data, dict) and isinstance(score_data.get("value"), (int, float)):
                 path = f"{prefix}.metrics.{metric}.scores.{score}"
                 yield name, metric, score, score_data, path
     for group, group_data in (data.get("groups") or {}).items():
-        yield from _walk_scores(section, f"{name}/{group}", group_data or {}, f"{prefix}.groups.{group}")
+        yield from _walk_scores(f"{name}/{group}", group_data or {}, f"{prefix}.groups.{group}")
 
 
 def _recipe_for(task: str | None) -> Any | None:
@@ -337,7 +337,7 @@ def task_scores(tree: RunTree, task_dir: Path) -> TaskScores:
     found: list[ScoreValue] = []
     for section in ("tasks", "groups"):
         for name, entry in (data["results"].get(section) or {}).items():
-            for task, metric, score, score_data, path in _walk_scores(section, name, entry or {}, f"results.{section}.{name}"):
+            for task, metric, score, score_data, path in _walk_scores(name, entry or {}, f"results.{section}.{name}"):
                 value = float(score_data["value"])
                 found.append(
                     ScoreValue(
@@ -546,6 +546,8 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
                                 evidence=logs["slurm_timeout"][:2]))
     else:
         report.finished = True
+        if scores.problem:
+            findings.append(Finding(severity="warning", check="score", message=scores.problem))
 
     # Sample accounting.
     counts = [s.count for s in scores.scores if isinstance(s.count, int)]
@@ -561,9 +563,10 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
         if report.evaluated_samples not in (report.expected_samples, per_prompt):
             policy = (params.get("extra") or {}).get("failed_samples_policy")
             dropped = report.expected_samples - report.evaluated_samples
+            accounting = f"{dropped} dropped or failed" if dropped > 0 else f"{-dropped} more than requested"
             findings.append(Finding(
                 severity="fail", check="samples",
-                message=f"{report.evaluated_samples} samples scored, {report.expected_samples} expected ({dropped} dropped or failed"
+                message=f"{report.evaluated_samples} samples scored, {report.expected_samples} expected ({accounting}"
                 + (f"; failed_samples_policy={policy}" if policy else "") + "). The score covers a different set than the baseline's.",
                 evidence=[Evidence(file=tree.display(artifacts / RESULTS_FILE), text=f"stats.count={report.evaluated_samples}")]))
 
