@@ -55,13 +55,19 @@ deployment:
 """
 
 
-@pytest.fixture
-def recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(autouse=True)
+def empty_recipes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Tests see only the recipes they write, not the bundled ones (which change as they are reviewed)."""
     directory = tmp_path / "recipes"
     directory.mkdir()
-    (directory / "gpqa.md").write_text(GPQA_RECIPE, encoding="utf-8")
     monkeypatch.setenv("QUANTEVAL_RECIPES_DIR", str(directory))
     return directory
+
+
+@pytest.fixture
+def recipes(empty_recipes: Path) -> Path:
+    (empty_recipes / "gpqa.md").write_text(GPQA_RECIPE, encoding="utf-8")
+    return empty_recipes
 
 
 @pytest.fixture
@@ -212,10 +218,13 @@ def test_get_task_recipe_with_and_without_recipe(recipes: Path) -> None:
     assert "No reviewed recipe" in bare.note
 
 
-def test_pack_dir_finds_the_checkout_recipes(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
+def test_bundled_recipes_parse_and_name_real_nel_tasks(monkeypatch: pytest.MonkeyPatch, repo: Path) -> None:
     monkeypatch.delenv("QUANTEVAL_RECIPES_DIR", raising=False)
-    assert tasks.pack_dir() == repo
     assert tasks.recipes_dir() == repo / "recipes" / "tasks"
+    for recipe in tasks.list_recipes():
+        resolved = tasks.resolve(recipe.name)
+        assert resolved.entry.harness == recipe.harness, recipe.path
+        assert tasks.resolve(recipe.nel_task).recipe == recipe
 
 
 # --- add_tasks -------------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""`quanteval plan`: from a checkpoint and a list of benchmarks to a checked NEL config and the commands to run it.
+
+It chains the registry's tools exactly as an assistant would call them — inspect_checkpoint,
+build_config, add_tasks, apply_checkpoint, list_missing_values, validate_config, dry_run —
+and gathers what a person needs to decide the next step into one report. Nothing here
+launches GPU work: the report ends with the canary and full-run commands to run by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from quanteval import registry, tasks
+from quanteval.models import ProgressFn, ToolError, no_progress
+
+LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples=10"
+
+# Benchmark bundle used to build the base config when --tasks replaces its tasks anyway.
+DEFAULT_BUNDLE = {"chat_reasoning": "core_reasoning", "base": "general_knowledge"}
+
+
+class PlanRequest(BaseModel):
+    model: str = Field(description="Checkpoint directory or Hugging Face handle already in the local HF cache.")
+    tasks: list[str] = Field(default_factory=list, description="Recipe or NEL task names; empty keeps the bundle's tasks.")
+    execution: Literal["local", "slurm"] = "local"
+    deployment: Literal["vllm", "sglang", "none"] = "vllm"
+    model_type: Literal["chat_reasoning", "base"] = "chat_reasoning"
+    output_dir: str | None = Field(None, description="execution.output_dir for the results.")
+    config: str | None = Field(None, description="Config file to write; default <model>-<execution>-<deployment>.yaml here.")
+    force: bool = Field(False, description="Replace an existing config file.")
+
+
+class PlanStep(BaseModel):
+    tool: str
+    summary: str
+
+
+class PlanReport(BaseModel):
+    model: str
+    config_path: str
+    architecture: str | None
+    quantization: str
+    context_length: int | None
+    tensor_parallel_size: int | None
+    notes: list[str] = Field(description="Checkpoint warnings and framework notes worth reading before a run.")
+    tasks: list[str] = Field(description="evaluation.tasks names in the written config.")
+    skipped_tasks: list[str]
+    missing_values: list[str] = Field(description="What still needs a value: dotted paths and env var names, never values.")
+    validation_problems: list[str] = Field(description="'severity path: message (fix)' per problem validate_config found.")
+    dry_run_ok: bool
+    dry_run_detail: str
+    canary_command: str
+    canary_nel_command: str
+    full_run_command: str
+    full_run_nel_command: str
+    steps: list[PlanStep] = Field(description="Each tool called, in order, with a one-line outcome.")
+
+    @property
+    def ready(self) -> bool:
+        """Nothing left to fill, no validation error, NEL's dry-run passed: the canary can go."""
+        return self.dry_run_ok and not self.missing_values and not any(p.startswith("error") for p in self.validation_problems)
+
+
+def _call(name: str, arguments: dict[str, Any]) -> BaseModel:
+    spec = registry.get_tool(name)
+    return registry.call_tool(spec, registry.parse_arguments(spec, arguments))
+
+
+def default_config_path(model: str, execution: str, deployment: str) -> Path:
+    stem = Path(model.rstrip("/")).name if Path(model).exists() else model.replace("/", "--")
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-") or "model"
+    return Path.cwd() / f"{stem}-{execution}-{deployment}.yaml"
+
+
+def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanReport:
+    """Run the whole chain; a ToolError from any step stops it (nothing is launched either way)."""
+    from quanteval import nelconfig
+
+    config_path = Path(request.config).expanduser().resolve() if request.config else default_config_path(
+        request.model, request.execution, request.deployment
+    )
+    if config_path.exists() and not request.force:
+        raise ToolError(f"{config_path}: already exists. Pass --force to replace it, or --config to write another file.")
+    for name in request.tasks:  # a misspelled task fails here, before any file is written
+        tasks.resolve(name)
+    steps: list[PlanStep] = []
+    total = 7
+
+    progress(0, total, "inspecting the checkpoint")
+    report = _call("inspect_checkpoint", {"path": request.model})
+    quant = report.quantization
+    quant_text = f"{quant.method or '?'} {quant.quant_algo or ''}".strip() if quant.detected else "none (unquantized)"
+    steps.append(PlanStep(tool="inspect_checkpoint", summary=f"{report.architecture.architecture}, quantization {quant_text}"))
+
+    progress(1, total, "building the base config")
+    if config_path.exists():  # --force: build_config never overwrites, so the old file goes first
+        config_path.unlink()
+    built = _call(
+        "build_config",
+        {
+            "execution": request.execution,
+            "deployment": request.deployment,
+            "model_type": request.model_type,
+            "benchmarks": [DEFAULT_BUNDLE[request.model_type]],
+            "output": str(config_path),
+        },
+    )
+    steps.append(PlanStep(tool="build_config", summary=f"wrote {built.path}"))
+
+    skipped: list[str] = []
+    if request.tasks:
+        progress(2, total, "adding tasks")
+
+        def drop_bundle_tasks(doc: Any) -> None:
+            doc["evaluation"]["tasks"].clear()
+
+        nelconfig.edit_config(config_path, drop_bundle_tasks)
+        added = _call("add_tasks", {"config_path": str(config_path), "tasks": request.tasks})
+        skipped = [f"{item.requested} ({item.reason})" for item in added.skipped]
+        steps.append(PlanStep(tool="add_tasks", summary=f"added {', '.join(a.task for a in added.added)}"))
+    if request.output_dir:
+        output_dir = request.output_dir if request.execution == "slurm" else str(Path(request.output_dir).expanduser().resolve())
+
+        def set_output_dir(doc: Any) -> None:
+            nelconfig.set_path(doc, "execution.output_dir", output_dir)
+
+        nelconfig.edit_config(config_path, set_output_dir)
+
+    notes: list[str] = []
+    if request.deployment == "none":
+        notes.append("deployment none: point target.api_endpoint.url and model_id at your running server (set_config_value).")
+    else:
+        # apply_checkpoint after add_tasks: it also sets per-task keys (the NeMo-Skills api_key_name).
+        progress(3, total, "applying the checkpoint")
+        applied = _call("apply_checkpoint", {"config": str(config_path), "checkpoint": request.model})
+        notes += applied.notes
+        steps.append(PlanStep(tool="apply_checkpoint", summary=f"{len(applied.changes)} change(s)"))
+
+    progress(4, total, "listing missing values")
+    missing = _call("list_missing_values", {"config": str(config_path)})
+    missing_values = list(missing.missing_values) + [f"env {item.name}" for item in missing.unset_env_vars]
+    steps.append(PlanStep(tool="list_missing_values", summary=f"{len(missing_values)} missing"))
+
+    progress(5, total, "validating")
+    validation = _call("validate_config", {"config": str(config_path)})
+    problems = [f"{p.severity} {p.path}: {p.message} Fix: {p.fix}" for p in validation.problems]
+    steps.append(PlanStep(tool="validate_config", summary=f"{len(problems)} problem(s)"))
+
+    progress(6, total, "NEL dry-run")
+    dry = _call("dry_run", {"config_path": str(config_path)})
+    dry_detail = (
+        f"{len(dry.scripts)} script(s) rendered" + (f" in {dry.invocation_dir}" if dry.invocation_dir else "")
+        if dry.ok
+        else (dry.error or "failed").strip().splitlines()[0]
+    )
+    steps.append(PlanStep(tool="dry_run", summary="ok" if dry.ok else "failed"))
+    progress(total, total, "done")
+
+    config_doc = nelconfig.load_config(config_path)
+    task_names = [str(task.get("name")) for task in (config_doc.get("evaluation") or {}).get("tasks") or []]
+    tensor_parallel = (config_doc.get("deployment") or {}).get("tensor_parallel_size")
+    quoted = shlex.quote(str(config_path))
+    return PlanReport(
+        model=request.model,
+        config_path=str(config_path),
+        architecture=report.architecture.architecture,
+        quantization=quant_text,
+        context_length=report.context_length,
+        tensor_parallel_size=int(tensor_parallel) if isinstance(tensor_parallel, int) else None,
+        notes=list(dict.fromkeys([*report.warnings, *notes])),
+        tasks=task_names,
+        skipped_tasks=skipped,
+        missing_values=missing_values,
+        validation_problems=problems,
+        dry_run_ok=dry.ok,
+        dry_run_detail=dry_detail,
+        canary_command="quanteval call launch_canary --json " + shlex.quote(json.dumps({"config_path": str(config_path), "limit_samples": 10})),
+        canary_nel_command=f"nel run --config {quoted} -o {LIMIT_SAMPLES_OVERRIDE}",
+        full_run_command="quanteval call launch_full_run --json " + shlex.quote(json.dumps({"config_path": str(config_path)})),
+        full_run_nel_command=f"nel run --config {quoted}",
+        steps=steps,
+    )
+
+
+def format_plan(plan: PlanReport) -> str:
+    """The readable summary `quanteval plan` prints."""
+    lines = [
+        f"model:         {plan.model}",
+        f"architecture:  {plan.architecture or 'unknown'}",
+        f"quantization:  {plan.quantization}",
+        f"context:       {plan.context_length or 'unknown'}",
+        f"tensor para.:  {plan.tensor_parallel_size or 'unknown'}",
+    ]
+    lines += [f"note:          {note}" for note in plan.notes]
+    lines += [
+        "",
+        f"config:        {plan.config_path}",
+        f"tasks:         {', '.join(plan.tasks) or 'none'}",
+    ]
+    lines += [f"skipped:       {item}" for item in plan.skipped_tasks]
+    if plan.missing_values:
+        lines.append("still needs a value (fill with `quanteval call set_config_value` or export the env vars):")
+        lines += [f"  - {name}" for name in plan.missing_values]
+    else:
+        lines.append("missing values: none")
+    if plan.validation_problems:
+        lines.append("validation:")
+        lines += [f"  - {problem}" for problem in plan.validation_problems]
+    else:
+        lines.append("validation:    no problems")
+    lines.append(f"NEL dry-run:   {'ok' if plan.dry_run_ok else 'FAILED'}: {plan.dry_run_detail}")
+    lines += [
+        "",
+        "ready for a canary" if plan.ready else "not ready yet: fix what is listed above, then re-run `quanteval plan --force` or the tools",
+        "canary (10 samples per task):",
+        f"  {plan.canary_command}",
+        f"  or: {plan.canary_nel_command}",
+        "full run (refused until a canary of this config passed):",
+        f"  {plan.full_run_command}",
+        f"  or: {plan.full_run_nel_command}",
+    ]
+    return "\n".join(lines)
