@@ -21,6 +21,9 @@ from quanteval.models import ProgressFn, ToolError, no_progress
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples=10"
 
+# validate_config rules whose findings list_missing_values already reports (shown once, as missing values).
+LISTED_AS_MISSING = {"missing_value", "unset_env_var"}
+
 # Benchmark bundle used to build the base config when --tasks replaces its tasks anyway.
 DEFAULT_BUNDLE = {"chat_reasoning": "core_reasoning", "base": "general_knowledge"}
 
@@ -52,7 +55,9 @@ class PlanReport(BaseModel):
     tasks: list[str] = Field(description="evaluation.tasks names in the written config.")
     skipped_tasks: list[str]
     missing_values: list[str] = Field(description="What still needs a value: dotted paths and env var names, never values.")
-    validation_problems: list[str] = Field(description="'severity path: message (fix)' per problem validate_config found.")
+    validation_problems: list[str] = Field(
+        description="'severity path: message Fix: ...' per problem validate_config found, other than the missing values."
+    )
     dry_run_ok: bool
     dry_run_detail: str
     canary_command: str
@@ -149,7 +154,9 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
 
     progress(5, total, "validating")
     validation = _call("validate_config", {"config": str(config_path)})
-    problems = [f"{p.severity} {p.path}: {p.message} Fix: {p.fix}" for p in validation.problems]
+    problems = [
+        f"{p.severity} {p.path}: {p.message} Fix: {p.fix}" for p in validation.problems if p.rule not in LISTED_AS_MISSING
+    ]
     steps.append(PlanStep(tool="validate_config", summary=f"{len(problems)} problem(s)"))
 
     progress(6, total, "NEL dry-run")
@@ -213,11 +220,14 @@ def format_plan(plan: PlanReport) -> str:
         lines.append("validation:")
         lines += [f"  - {problem}" for problem in plan.validation_problems]
     else:
-        lines.append("validation:    no problems")
+        lines.append("validation:    no problems beyond the missing values" if plan.missing_values else "validation:    no problems")
     lines.append(f"NEL dry-run:   {'ok' if plan.dry_run_ok else 'FAILED'}: {plan.dry_run_detail}")
     lines += [
         "",
-        "ready for a canary" if plan.ready else "not ready yet: fix what is listed above, then re-run `quanteval plan --force` or the tools",
+        "ready for a canary"
+        if plan.ready
+        else "not ready yet: fill what is listed above (set_config_value, export), then re-check with:\n"
+        f"  quanteval call dry_run --json {shlex.quote(json.dumps({'config_path': plan.config_path}))}",
         "canary (10 samples per task):",
         f"  {plan.canary_command}",
         f"  or: {plan.canary_nel_command}",
