@@ -341,3 +341,11 @@ def test_a_recipe_naming_a_missing_score_warns_and_lists_what_is_there(tmp_path:
     assert "recipe gpqa names metric symbolic_correct, score accuracy" in warning.message
     [task] = extract_scores(ExtractScoresInput(run=str(task_dir))).tasks
     assert task.headline is None and [s.path for s in task.scores] == ["results.tasks.ns_gpqa.metrics.pass@1.scores.symbolic_correct"]
+
+
+def test_an_output_dir_with_one_invocation_is_enough_and_with_several_asks_which(tmp_path: Path) -> None:
+    make_task(make_invocation(tmp_path, invocation="aaaa0001", timestamp="20261120_090000"))
+    assert validate(tmp_path).verdict == "pass"
+    make_task(make_invocation(tmp_path, invocation="bbbb0002", timestamp="20261121_090000"))
+    with pytest.raises(ToolError, match=r"holds 2 invocations .*pass one of them, e.g. .*/20261121_090000-bbbb0002"):
+        validate(tmp_path)

@@ -293,8 +293,9 @@ def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path
         upper = None if row.ci_high is None else 100 * (row.ci_high - row.delta)
         xerr = None if lower is None else [[lower], [upper]]
         delta_ax.errorbar([100 * row.delta], [pos], xerr=xerr, fmt="o", color=colours[row.verdict], capsize=5, markersize=7)
-        delta_ax.annotate(f"{100 * row.delta:+.2f} ({row.verdict})", (100 * row.delta, pos), textcoords="offset points",
-                          xytext=(0, 9), ha="center", fontsize=8)
+        paired = ", paired" if row.method.startswith("paired") else ""
+        delta_ax.annotate(f"{100 * row.delta:+.2f} ({row.verdict}{paired})", (100 * row.delta, pos), textcoords="offset points",
+                          xytext=(0, 9), ha="center", fontsize=8, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
     delta_ax.axvline(0, color="black", linewidth=0.8)
     if threshold is not None:
         delta_ax.axvline(-100 * threshold, color="#c44e52", linestyle="--", linewidth=1, label=f"-threshold ({-100 * threshold:.2f})")

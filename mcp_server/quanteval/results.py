@@ -97,10 +97,24 @@ def _is_task_dir(path: Path) -> bool:
     return (path / "artifacts").is_dir() or (path / "logs").is_dir()
 
 
-def _task_dirs(root: Path) -> list[Path]:
+def _task_dirs(root: Path, shown: str) -> list[Path]:
+    """The task directories of a task dir, an invocation dir, or an output_dir holding exactly one invocation."""
     if _is_task_dir(root):
         return [root]
-    return sorted(child for child in root.iterdir() if child.is_dir() and _is_task_dir(child))
+    children = sorted(child for child in root.iterdir() if child.is_dir())
+    tasks = [child for child in children if _is_task_dir(child)]
+    if tasks:
+        return tasks
+    invocations = [child for child in children if any(_is_task_dir(grandchild) for grandchild in child.iterdir() if grandchild.is_dir())]
+    if len(invocations) == 1:
+        return _task_dirs(invocations[0], shown)
+    if invocations:
+        names = ", ".join(child.name for child in invocations[-5:])
+        raise ToolError(f"{shown}: holds {len(invocations)} invocations ({names}); pass one of them, e.g. {shown.rstrip('/')}/{invocations[-1].name}.")
+    raise ToolError(
+        f"{shown}: no NEL task directories (<task>.<i>/artifacts or logs) inside. "
+        "Give the invocation directory <output_dir>/<ts>-<invocation> or one task directory inside it."
+    )
 
 
 def _remote_spec(run: str) -> tuple[str, str] | None:
@@ -137,12 +151,7 @@ def _fetch_remote(label: str, host: str, remote_root: str) -> RunTree:
     shutil.rmtree(local_root, ignore_errors=True)  # our own cache: a fresh copy, no files the cluster has since removed
     local_root.mkdir(parents=True)
     remote.fetch_tree(host, remote_root, local_root, REMOTE_ARTIFACT_PATTERNS)
-    tasks = _task_dirs(local_root)
-    if not tasks:
-        raise ToolError(
-            f"{host}:{remote_root}: no NEL task directories (<task>.<i>/artifacts) found there. "
-            "Give the invocation directory <output_dir>/<ts>-<invocation> or one task directory inside it."
-        )
+    tasks = _task_dirs(local_root, f"{host}:{remote_root}")
     return RunTree(label=label, root=local_root, task_dirs=tasks, host=host, remote_root=remote_root)
 
 
@@ -153,13 +162,7 @@ def locate_run(run: str) -> RunTree:
         raise ToolError("run: empty. Give a run directory, host:path on a cluster, or an invocation id.")
     local = Path(run).expanduser()
     if local.is_dir():
-        tasks = _task_dirs(local)
-        if not tasks:
-            raise ToolError(
-                f"{local}: no NEL task directories (<task>.<i>/artifacts or logs) inside. "
-                "Give the invocation directory <output_dir>/<ts>-<invocation> or one task directory inside it."
-            )
-        return RunTree(label=run, root=local, task_dirs=tasks)
+        return RunTree(label=run, root=local, task_dirs=_task_dirs(local, str(local)))
     if remote := _remote_spec(run):
         return _fetch_remote(run, *remote)
     if local.is_absolute() or run.startswith("."):
