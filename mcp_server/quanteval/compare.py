@@ -268,7 +268,8 @@ def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path
     fig, (scores_ax, delta_ax) = plt.subplots(1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [3, 2]}, sharey=True)
 
     def err(values: list[float | None]) -> list[float]:
-        return [0.0 if v is None else 100 * Z95 * v for v in values]
+        # NaN draws no error bar at all: a zero-width bar would claim a precision nobody measured
+        return [math.nan if v is None else 100 * Z95 * v for v in values]
 
     bar = 0.38
     scores_ax.barh(y - bar / 2, [100 * r.baseline for r in rows], bar, xerr=err([r.baseline_stderr for r in rows]),
@@ -278,7 +279,7 @@ def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path
     for row, pos in zip(rows, y, strict=True):
         for value, stderr, offset in ((row.baseline, row.baseline_stderr, -bar / 2), (row.candidate, row.candidate_stderr, bar / 2)):
             # the label sits past the error bar so the two never overlap
-            scores_ax.text(100 * value + err([stderr])[0] + 1, pos + offset, f"{100 * value:.1f}", va="center", fontsize=8)
+            scores_ax.text(100 * value + (0 if stderr is None else err([stderr])[0]) + 1, pos + offset, f"{100 * value:.1f}", va="center", fontsize=8)
     scores_ax.set_yticks(y, labels)
     scores_ax.invert_yaxis()
     scores_ax.set_xlim(0, max(100.0, max(100 * max(r.baseline, r.candidate) for r in rows)) * 1.12)
@@ -293,8 +294,8 @@ def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path
         upper = None if row.ci_high is None else 100 * (row.ci_high - row.delta)
         xerr = None if lower is None else [[lower], [upper]]
         delta_ax.errorbar([100 * row.delta], [pos], xerr=xerr, fmt="o", color=colours[row.verdict], capsize=5, markersize=7)
-        paired = ", paired" if row.method.startswith("paired") else ""
-        delta_ax.annotate(f"{100 * row.delta:+.2f} ({row.verdict}{paired})", (100 * row.delta, pos), textcoords="offset points",
+        note = ", paired" if row.method.startswith("paired") else ", no stderr: no CI" if row.ci_low is None else ""
+        delta_ax.annotate(f"{100 * row.delta:+.2f} ({row.verdict}{note})", (100 * row.delta, pos), textcoords="offset points",
                           xytext=(0, 9), ha="center", fontsize=8, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
     delta_ax.axvline(0, color="black", linewidth=0.8)
     if threshold is not None:
