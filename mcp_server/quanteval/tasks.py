@@ -9,6 +9,7 @@ file's size and mtime; a warm call reads only the small JSON file.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -48,6 +49,7 @@ def nel_tasks_file() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "resources" / "all_tasks_irs.yaml"
 
 
+@functools.cache  # a reinstall also changes the task file's mtime, which the cache key catches
 def _nel_version() -> str:
     try:
         return importlib.metadata.version(NEL_DISTRIBUTION)
@@ -197,7 +199,7 @@ class Recipe(BaseModel):
 
 
 def _recipe_error(path: Path, problem: str) -> ToolError:
-    return ToolError(f"{path}: {problem}. Fix the recipe file (format: recipes/tasks/README or DESIGN.md).")
+    return ToolError(f"{path}: {problem}. Fix the recipe file.")
 
 
 def parse_recipe(path: Path) -> Recipe:
