@@ -31,6 +31,8 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "ENROOT_CONFIG_PATH": "enroot config directory on a cluster host; check_registry_credentials reads .credentials there (default ~/.config/enroot).",
     "JUDGE_API_KEY": "API key of the LLM judge used by judge-scored tasks (e.g. ns_hle_aa, aa_lcr).",
     "OPENAI_API_KEY": "OpenAI-compatible key for judges or user simulators hosted by OpenAI.",
+    "NVIDIA_API_KEY": "build.nvidia.com key; tau2_bench_telecom forwards it as USER_API_KEY for its user simulator.",
+    "USER_API_KEY": "Inside the tau2_bench container: the user simulator's key (set from NVIDIA_API_KEY by the recipe).",
     "DUMMY_API_KEY": "Placeholder key NeMo-Skills tasks send to a self-deployed endpoint (api_key_name: DUMMY_API_KEY).",
     "WANDB_API_KEY": "Weights & Biases key, for export: wandb.",
     "MLFLOW_TRACKING_URI": "MLflow server, for export: mlflow.",
