@@ -9,12 +9,17 @@ own `--fake-*` options, which go first in the launcher prefix
   oom         print SGLang's "Not enough memory" line and exit 1
   cuda-graph  print SGLang's "Capture cuda graph failed" error and exit 1
   hang        keep loading forever (/health stays 503)
+
+--fake-workers N starts N child processes, as SGLang starts scheduler/detokenizer processes, and
+--fake-ignore-sigterm makes the server ignore SIGTERM, so stopping must escalate to SIGKILL.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fake-mode", choices=["healthy", "oom", "cuda-graph", "hang"], default="healthy")
     parser.add_argument("--fake-load-s", type=float, default=0.5)
+    parser.add_argument("--fake-workers", type=int, default=0)
+    parser.add_argument("--fake-ignore-sigterm", action="store_true")
     parser.add_argument("model", nargs="?", help="vLLM style: `vllm serve <model>`")
     parser.add_argument("--model-path", "--model")
     parser.add_argument("--served-model-name")
@@ -85,6 +92,10 @@ def main() -> None:
         def log_message(self, format: str, *log_args: object) -> None:
             print(f"INFO: {self.address_string()} - {format % log_args}", flush=True)
 
+    if args.fake_ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(args.fake_workers)]
+    print(f"worker pids: {[w.pid for w in workers]}", flush=True)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"server_args: model_path={model_path} served_model_name={served_name} port={args.port}", flush=True)

@@ -1,0 +1,299 @@
+"""Deployments on this machine: plans checked by SGLang's own parser, and real server processes.
+
+No GPU here, so the server is tests/standins/fake_inference_server.py, a real HTTP process speaking
+SGLang's endpoints, started through the same launcher path as `python3 -m sglang.launch_server`
+(QUANTEVAL_SGLANG_LAUNCHER replaces only the launcher prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from factories import make_checkpoint
+from quanteval import ledger
+from quanteval.deploy import (
+    DeploymentStatusInput,
+    LaunchDeploymentInput,
+    PlanDeploymentInput,
+    StopDeploymentInput,
+    deployment_status,
+    group_members,
+    launch_deployment,
+    plan_deployment,
+    stop_deployment,
+)
+from quanteval.models import ToolError
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples" / "checkpoints").iterdir())
+STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
+LLAMA_BF16 = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch):
+    """Use the stand-in server as SGLang's launcher, with the given --fake-* options."""
+
+    def use(*fake_options: str) -> None:
+        monkeypatch.setenv("QUANTEVAL_SGLANG_LAUNCHER", shlex.join([sys.executable, str(STANDIN), *fake_options]))
+
+    return use
+
+
+@pytest.fixture
+def launched():
+    """Launch through the tool; every deployment is stopped afterwards even when a test fails."""
+    ids: list[str] = []
+
+    def launch(**kwargs) -> object:
+        result = launch_deployment(LaunchDeploymentInput(**kwargs))
+        ids.append(result.deployment_id)
+        return result
+
+    yield launch
+    for deployment_id in ids:
+        stop_deployment(StopDeploymentInput(deployment_id=deployment_id, grace_s=2))
+
+
+# --- plans ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("checkpoint", EXAMPLES, ids=lambda p: p.name)
+def test_sglang_argv_for_every_bundled_example_is_accepted_by_sglangs_own_parser(checkpoint: Path):
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="sglang"))
+    assert plan.parser_check.checked, plan.parser_check.message
+    assert plan.parser_check.ok, plan.parser_check.message
+    assert plan.argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    args = plan.server_args
+    assert args[args.index("--model-path") + 1] == str(checkpoint)
+    assert args[args.index("--served-model-name") + 1] == checkpoint.name
+    assert args[args.index("--context-length") + 1] == str(json.loads((checkpoint / "config.json").read_text())["max_position_embeddings"])
+    assert args[-4:] == ["--host", "127.0.0.1", "--port", "30000"]
+    assert "--quantization" not in args  # SGLang reads the ModelOpt config of all three itself
+
+
+def test_qwen3_reasoning_checkpoint_gets_its_parsers_per_framework():
+    checkpoint = str(REPO / "examples" / "checkpoints" / "qwen3-tiny-nvfp4")
+    sglang = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="sglang", gpu_type="B200"))
+    assert sglang.server_args[sglang.server_args.index("--reasoning-parser") + 1] == "qwen3"
+    assert "--tool-call-parser" in sglang.server_args
+    assert sglang.parser_check.ok, sglang.parser_check.message
+    assert not [w for w in sglang.warnings if w.level == "error"]
+
+    vllm = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", gpus=2, port=8100, served_model_name="q"))
+    assert vllm.argv[:3] == ["vllm", "serve", checkpoint]
+    assert ["--served-model-name", "q", "--tensor-parallel-size", "2", "--max-model-len", "40960"] == vllm.server_args[1:7]
+    assert vllm.server_args[vllm.server_args.index("--reasoning-parser") + 1] == "qwen3"
+    assert "--enable-auto-tool-choice" in vllm.server_args
+    assert vllm.parser_check.checked is False and "vllm is not importable" in vllm.parser_check.message
+
+
+def test_plain_llama_gets_no_parsers_and_a_local_checkpoint_runs_offline():
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16)))
+    assert "--reasoning-parser" not in plan.server_args and "--tool-call-parser" not in plan.server_args
+    assert plan.env == {"HF_HUB_OFFLINE": "1"}
+    assert plan.command.startswith("python3 -m sglang.launch_server --model-path ")
+
+
+@pytest.mark.parametrize(
+    ("quant", "framework", "gpu_type", "level", "words"),
+    [
+        ("NVFP4", "sglang", "H100", "error", "Blackwell"),
+        ("NVFP4", "sglang", "H200", "error", "Blackwell"),
+        ("NVFP4", "vllm", "H100", "warning", "Marlin"),
+        ("FP8", "sglang", "A100", "error", "compute capability"),
+        ("W4A16_AWQ", "sglang", None, "error", "TensorRT-LLM"),
+        ("W4A8_AWQ", "vllm", None, "error", "TensorRT-LLM"),
+    ],
+)
+def test_hardware_and_format_mismatches_are_warned(tmp_path, quant, framework, gpu_type, level, words):
+    checkpoint = make_checkpoint(tmp_path / "ckpt", quant=quant)
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework=framework, gpu_type=gpu_type))
+    assert any(w.level == level and words in w.message for w in plan.warnings), plan.warnings
+
+
+def test_formats_that_match_the_hardware_are_not_warned(tmp_path):
+    fp8 = make_checkpoint(tmp_path / "fp8", quant="FP8")
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(fp8), gpu_type="H100"))
+    assert plan.warnings == []
+    nvfp4 = make_checkpoint(tmp_path / "nvfp4", quant="NVFP4", legacy_modelopt=False)
+    assert plan_deployment(PlanDeploymentInput(checkpoint=str(nvfp4), gpu_type="B200")).warnings == []
+
+
+def test_mixed_precision_gets_the_explicit_quantization_flag_and_sglang_accepts_it(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "mixed", quant="MIXED_PRECISION")
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint)))
+    assert plan.server_args[plan.server_args.index("--quantization") + 1] == "modelopt_mixed"
+    assert plan.parser_check.ok, plan.parser_check.message
+
+
+def test_trust_remote_code_checkpoint_gets_the_flag(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "remote", auto_map=True)
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint)))
+    assert "--trust-remote-code" in plan.server_args and plan.parser_check.ok
+
+
+def test_arguments_sglang_rejects_are_reported_with_its_own_message():
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), extra_args=["--mem-fraction-static", "lots"]))
+    assert plan.parser_check.checked and plan.parser_check.ok is False
+    assert "--mem-fraction-static" in plan.parser_check.message and "lots" in plan.parser_check.message
+
+
+def test_bad_plan_inputs_are_clear_errors(tmp_path):
+    with pytest.raises(ToolError, match="gpu_type: 'V100'.*Use one of"):
+        plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), gpu_type="V100"))
+    with pytest.raises(ToolError, match="no such checkpoint"):
+        plan_deployment(PlanDeploymentInput(checkpoint=str(tmp_path / "missing")))
+    with pytest.raises(ValueError):
+        PlanDeploymentInput(checkpoint=str(LLAMA_BF16), framwork="vllm")
+
+
+def test_plan_deployment_through_the_cli(cli_env):
+    out = subprocess.run(
+        ["quanteval", "call", "plan_deployment", "--json", json.dumps({"checkpoint": str(LLAMA_BF16), "framework": "vllm"})],
+        capture_output=True, text=True, env=cli_env, check=True,
+    )
+    plan = json.loads(out.stdout)
+    assert plan["argv"][:2] == ["vllm", "serve"] and plan["served_model_name"] == "llama-tiny-bf16"
+
+
+# --- launch, status, stop ------------------------------------------------------------------------
+
+
+def test_healthy_start_serves_the_model_and_stop_leaves_no_process(standin, launched):
+    standin("--fake-load-s", "1.5", "--fake-workers", "2")
+    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    assert ledger.get(result.deployment_id).kind == "deployment"
+    first = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
+    assert first.state == "loading"
+
+    ready = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=20))
+    assert ready.state == "ready", ready.message
+    assert ready.health_status == 200 and ready.served_models == ["llama-tiny-bf16"] and ready.served_name_matches
+    assert ready.chat_reply and ready.chat_latency_s is not None and ready.chat_latency_s < 5
+    assert ready.endpoint_url == f"http://127.0.0.1:{result.port}/v1/chat/completions"
+    assert ready.config_values == {"target.api_endpoint.url": ready.endpoint_url, "target.api_endpoint.model_id": "llama-tiny-bf16"}
+    assert any("fired up and ready to roll" in line for line in ready.log_tail)
+    assert ledger.get(result.deployment_id).status == "ready"
+
+    members = group_members(result.pid)
+    assert len(members) >= 4  # shell wrapper, server, two workers
+    stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id))
+    assert stopped.stopped and stopped.how == "SIGTERM" and stopped.remaining_pids == []
+    assert group_members(result.pid) == [] and not any(Path(f"/proc/{pid}").exists() and
+                                                        "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+                                                        for pid in members)
+    assert deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)).state == "stopped"
+    assert stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id)).how == "already stopped"
+
+
+def test_slow_start_reports_loading_with_503_then_ready(standin, launched):
+    standin("--fake-load-s", "4")
+    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    deadline = time.monotonic() + 3
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
+    while status.health_status != 503 and time.monotonic() < deadline:  # the port opens a moment after launch
+        time.sleep(0.2)
+        status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
+    assert status.state == "loading" and status.health_status == 503
+    assert "normal" in status.message and status.failures == []
+    ready = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=20))
+    assert ready.state == "ready" and ready.elapsed_s >= 4
+
+
+@pytest.mark.parametrize(
+    ("mode", "fix_words"),
+    [("oom", "--mem-fraction-static"), ("cuda-graph", "--disable-cuda-graph")],
+)
+def test_crash_with_a_known_error_gives_the_fix(standin, launched, mode, fix_words):
+    standin("--fake-mode", mode, "--fake-load-s", "0.2")
+    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
+    assert status.state == "failed"
+    assert status.process == "exited with code 1"
+    assert status.failures and fix_words in status.failures[0].fix
+    assert fix_words in status.message
+    assert ledger.get(result.deployment_id).status == "failed"
+
+
+def test_hang_while_loading_times_out_and_stop_escalates_to_sigkill(standin, launched):
+    standin("--fake-mode", "hang", "--fake-ignore-sigterm", "--fake-workers", "1")
+    result = launched(checkpoint=str(LLAMA_BF16), port=free_port(), startup_timeout_s=1.5)
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
+    assert status.state == "timed_out" and status.health_status == 503
+    assert "startup_timeout_s" in status.message
+    stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id, grace_s=1))
+    assert stopped.stopped and "SIGKILL" in stopped.how
+    assert group_members(result.pid) == []
+
+
+def test_busy_port_explicit_is_an_error_default_is_replaced(standin, launched):
+    standin("--fake-load-s", "0.2")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        with pytest.raises(ToolError, match=f"port: {busy} is already in use"):
+            launched(checkpoint=str(LLAMA_BF16), port=busy)
+        plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), port=busy))
+        result = launched(plan=plan)
+        assert result.port != busy and f"Port {busy} was busy; using free port {result.port}" in result.notes[0]
+        assert f"--port {result.port}" in result.command
+        status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
+        assert status.state == "ready" and status.endpoint_url.endswith(f":{result.port}/v1/chat/completions")
+
+
+def test_a_plan_with_errors_is_not_launched_unless_forced(standin, launched, tmp_path):
+    standin()
+    checkpoint = make_checkpoint(tmp_path / "awq", quant="W4A16_AWQ")
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint)))
+    before = ledger.count(kind="deployment")
+    with pytest.raises(ToolError, match="TensorRT-LLM.*force=true"):
+        launched(plan=plan)
+    assert ledger.count(kind="deployment") == before
+    with pytest.raises(ToolError, match="exactly one of plan"):
+        launched()
+
+
+def test_a_missing_launcher_is_a_clear_error(monkeypatch, launched):
+    monkeypatch.setenv("QUANTEVAL_SGLANG_LAUNCHER", "/nonexistent/python -m sglang.launch_server")
+    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=10))
+    assert status.state == "failed" and status.process == "exited with code 127"
+    assert any("/nonexistent/python" in line for line in status.log_tail)
+
+
+def test_status_of_unknown_or_foreign_ids_is_a_clear_error():
+    with pytest.raises(ToolError, match="No ledger record 'deployment-nope'"):
+        deployment_status(DeploymentStatusInput(deployment_id="deployment-nope"))
+    other = ledger.add("canary", status="running")
+    with pytest.raises(ToolError, match="is a canary record, not a deployment"):
+        stop_deployment(StopDeploymentInput(deployment_id=other.id))
+
+
+def test_status_survives_a_new_process(standin, launched, cli_env):
+    """A CLI call in another process (not the launcher's parent) probes and stops the same server."""
+    standin("--fake-load-s", "0.2")
+    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    env = {**cli_env, **{k: os.environ[k] for k in ("QUANTEVAL_STATE_DIR", "QUANTEVAL_LEDGER")}}
+    call = ["quanteval", "call", "deployment_status", "--json", json.dumps({"deployment_id": result.deployment_id, "wait_s": 15})]
+    status = json.loads(subprocess.run(call, capture_output=True, text=True, env=env, check=True).stdout)
+    assert status["state"] == "ready" and status["chat_reply"]
+    call = ["quanteval", "call", "stop_deployment", "--json", json.dumps({"deployment_id": result.deployment_id})]
+    stopped = json.loads(subprocess.run(call, capture_output=True, text=True, env=env, check=True).stdout)
+    assert stopped["stopped"] and group_members(result.pid) == []
