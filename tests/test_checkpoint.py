@@ -188,6 +188,26 @@ def test_conflicting_quantization_files_are_a_warning_naming_both(tmp_path: Path
     assert "config.json says modelopt FP8" in warning and "hf_quant_config.json says modelopt NVFP4" in warning
 
 
+@pytest.mark.parametrize("algo", ["FP8", "NVFP4", "W4A16_AWQ", "MIXED_PRECISION"])
+def test_modelopt_quant_algo_is_derived_from_config_groups_when_absent(tmp_path: Path, algo: str):
+    root = make_checkpoint(tmp_path / "ckpt", quant=algo, legacy_modelopt=False)
+    config = json.loads((root / "config.json").read_text())
+    del config["quantization_config"]["quant_algo"]
+    (root / "config.json").write_text(json.dumps(config))
+    assert inspect(root).quantization.quant_algo == algo
+
+
+def test_both_modelopt_files_agreeing_is_not_a_conflict(tmp_path: Path):
+    # Real ModelOpt exports write hf_quant_config.json and config.json quantization_config together.
+    legacy = make_checkpoint(tmp_path / "legacy", quant="NVFP4")
+    root = make_checkpoint(tmp_path / "both", quant="NVFP4", legacy_modelopt=False)
+    (root / "hf_quant_config.json").write_text((legacy / "hf_quant_config.json").read_text())
+    report = inspect(root)
+    assert report.quantization.source_file == "config.json" and report.quantization.quant_algo == "NVFP4"
+    assert "hf_quant_config.json" in report.files_read
+    assert not any("disagree" in w for w in report.warnings)
+
+
 def test_unlabelled_fp8_weights_are_a_warning(tmp_path: Path):
     root = make_checkpoint(tmp_path / "ckpt", quant="FP8")
     (root / "hf_quant_config.json").unlink()
