@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, results, runs, tasks
+from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, remote, results, runs, tasks
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
@@ -94,6 +94,10 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(runs.kill_run, read_only=False, destructive=True, idempotent=True, open_world=True),
     ToolSpec(runs.resume_run, read_only=False, open_world=True),
     ToolSpec(runs.list_runs, read_only=True, idempotent=True),
+    ToolSpec(remote.ssh_check, read_only=False, idempotent=True, open_world=True),  # writes known_hosts only when trusted
+    ToolSpec(remote.slurm_queue, read_only=True, idempotent=True, open_world=True),
+    ToolSpec(remote.remote_grep, read_only=True, idempotent=True, open_world=True),
+    ToolSpec(remote.check_registry_credentials, read_only=True, idempotent=True, open_world=True),
     ToolSpec(results.validate_run, read_only=True, idempotent=True, open_world=True),
     ToolSpec(results.extract_scores, read_only=True, idempotent=True, open_world=True),
     ToolSpec(compare.compare_results, read_only=False, open_world=True),

@@ -77,6 +77,11 @@ class SlurmCluster:
         return self.workdir / "jobs"
 
     @property
+    def enroot_dir(self) -> Path:
+        """ENROOT_CONFIG_PATH of SSH sessions on the cluster: put a `.credentials` file here."""
+        return self.workdir / "enroot"
+
+    @property
     def known_hosts_name(self) -> str:
         """How this server is named in known_hosts (a non-22 port puts it in brackets)."""
         return f"[127.0.0.1]:{self.port}"
@@ -111,6 +116,31 @@ class SlurmCluster:
 
     def pid(self, daemon: str) -> int:
         return int((self.workdir / "run" / f"{daemon}.pid").read_text().strip())
+
+    def ssh_session_pids(self, client_port: int) -> list[int]:
+        """PIDs of the sshd processes serving the connection whose client end is 127.0.0.1:`client_port`.
+
+        Kill them to drop that one connection. Found through the socket, not the process tree: after
+        an sshd restart the sessions of the old listener are orphans.
+        """
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if local_port == self.port and remote_port == client_port:
+                    inodes.add(f"socket:[{fields[9]}]")
+        pids = []
+        for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+            try:
+                if (fd_dir.parent / "comm").read_text().strip() != "sshd":
+                    continue
+                if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                    pids.append(int(fd_dir.parent.name))
+            except OSError:
+                continue
+        return pids
 
     def host_key_line(self) -> str:
         key_type, key_b64 = (self.host_key_path.with_suffix(".pub")).read_text().split()[:2]

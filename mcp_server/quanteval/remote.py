@@ -1,0 +1,852 @@
+"""Remote access over SSH (paramiko) and the tools built on it: ssh_check, slurm_queue, remote_grep,
+check_registry_credentials.
+
+Hosts are named as in ~/.ssh/config (or the file in QUANTEVAL_SSH_CONFIG): Host aliases, HostName,
+User, Port, IdentityFile, IdentitiesOnly, ProxyJump, ConnectTimeout, UserKnownHostsFile; keys also
+come from the ssh agent (SSH_AUTH_SOCK). `user@alias` overrides the user.
+
+Host keys are always checked against known_hosts (UserKnownHostsFile, else ~/.ssh/known_hosts, plus
+/etc/ssh/ssh_known_hosts). An unknown or changed key is refused with its SHA256 fingerprint, whatever
+StrictHostKeyChecking says, unless the caller passes trust_host_key=True: then the key is written to
+known_hosts and the result says so.
+
+The host name `local` means this machine without SSH (commands run in a local bash); every other
+name, `localhost` included, goes through SSH.
+
+Other modules use the helpers: `connect`, `run_remote`, `tail_remote`, `fetch_tree`. Connections are
+kept open per host and reused (polling the queue costs one round trip, not a handshake); a dead one
+is replaced on the next call.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import hashlib
+import logging
+import os
+import re
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, Field
+
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+
+if TYPE_CHECKING:
+    import paramiko
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local"
+CONNECT_TIMEOUT = 10.0
+OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream (the tail) by run_remote
+MAX_PROXY_HOPS = 4
+
+
+@dataclass(frozen=True)
+class RemoteResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    truncated: bool = False  # True when a stream was longer than OUTPUT_LIMIT and only its tail is kept
+
+
+# --- ssh config -------------------------------------------------------------------------------------
+
+
+def ssh_config_path() -> Path:
+    explicit = os.environ.get("QUANTEVAL_SSH_CONFIG")
+    return Path(explicit).expanduser() if explicit else Path.home() / ".ssh" / "config"
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    name: str  # what the caller asked for
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    identities_only: bool
+    known_hosts_files: tuple[Path, ...]
+    proxy_jump: str | None
+    connect_timeout: float
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name paramiko and OpenSSH look this host up under in known_hosts."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+
+def resolve_host(host: str) -> HostSettings:
+    """What ~/.ssh/config says about `host` (`alias` or `user@alias`)."""
+    import paramiko
+
+    host = host.strip()
+    if not host or any(ch.isspace() for ch in host) or host.startswith("-"):
+        raise ToolError(f"host '{host}': not a host name. Use an ssh config alias or user@hostname.")
+    user_override, _, alias = host.rpartition("@")
+    config_file = ssh_config_path()
+    config = paramiko.SSHConfig()
+    if config_file.is_file():
+        try:
+            config = paramiko.SSHConfig.from_path(str(config_file))
+        except Exception as exc:  # paramiko raises several types for bad syntax
+            raise ToolError(f"{config_file}: cannot parse ssh config ({exc}). Fix the file.") from None
+    entry = config.lookup(alias)
+    known = entry.get("userknownhostsfile")
+    known_files = tuple(Path(p).expanduser() for p in known.split()) if known else (Path.home() / ".ssh" / "known_hosts",)
+    try:
+        port = int(entry.get("port", 22))
+        timeout = float(entry.get("connecttimeout", CONNECT_TIMEOUT))
+    except ValueError as exc:
+        raise ToolError(f"{config_file}: Host {alias}: {exc}. Fix Port/ConnectTimeout.") from None
+    return HostSettings(
+        name=host,
+        hostname=entry.get("hostname", alias),
+        port=port,
+        user=user_override or entry.get("user") or _local_user(),
+        identity_files=tuple(str(Path(p).expanduser()) for p in entry.get("identityfile", [])),
+        identities_only=entry.get("identitiesonly", "no").lower() == "yes",
+        known_hosts_files=known_files,
+        proxy_jump=None if entry.get("proxyjump", "none").lower() == "none" else entry["proxyjump"].split(",")[0],
+        connect_timeout=timeout,
+    )
+
+
+def _local_user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+# --- host keys --------------------------------------------------------------------------------------
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style fingerprint: SHA256:<base64 without padding>."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+@dataclass
+class _HostKeyCheck:
+    """Refuses unknown keys unless trusted; remembers what it saw for the result."""
+
+    settings: HostSettings
+    trust: bool
+    added: bool = False
+    seen_key: paramiko.PKey | None = None
+
+    def policy(self) -> paramiko.MissingHostKeyPolicy:
+        import paramiko
+
+        check = self
+
+        class Policy(paramiko.MissingHostKeyPolicy):
+            def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+                check.seen_key = key
+                if not check.trust:
+                    raise ToolError(
+                        f"{check.settings.name}: host key not in known_hosts ({_files(check.settings)}): "
+                        f"{key.get_name()} {fingerprint(key)}. Compare it with the fingerprint your admin "
+                        "publishes, then call again with trust_host_key=true to add it."
+                    )
+                _save_host_key(check.settings, hostname, key)
+                check.added = True
+
+        return Policy()
+
+
+def _files(settings: HostSettings) -> str:
+    return ", ".join(str(p) for p in settings.known_hosts_files)
+
+
+def _save_host_key(settings: HostSettings, hostname: str, key: paramiko.PKey) -> None:
+    """Write `key` for `hostname` into the first known_hosts file, replacing an old key of that name."""
+    import paramiko
+
+    path = settings.known_hosts_files[0]
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    keys = paramiko.HostKeys()
+    if path.is_file():
+        keys.load(str(path))
+    keys[hostname] = {key.get_name(): key}  # drops the stale key of this host, keeps every other host
+    keys.save(str(path))
+    log.info("added host key %s %s for %s to %s", key.get_name(), fingerprint(key), hostname, path)
+
+
+def _load_known_hosts(client: paramiko.SSHClient, settings: HostSettings) -> None:
+    system = Path("/etc/ssh/ssh_known_hosts")
+    if system.is_file():
+        client.load_system_host_keys(str(system))
+    for path in settings.known_hosts_files:
+        if path.is_file():
+            try:
+                client.load_host_keys(str(path))
+            except Exception as exc:
+                raise ToolError(f"{path}: cannot read known_hosts ({exc}). Fix or remove the bad line.") from None
+
+
+# --- connections ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Connection:
+    client: paramiko.SSHClient
+    settings: HostSettings
+    host_key_fingerprint: str
+    host_key_added: bool
+    jump: Connection | None = None
+
+    def alive(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def close(self) -> None:
+        self.client.close()
+        if self.jump is not None:
+            self.jump.close()
+
+
+def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> Connection:
+    """A new, authenticated SSH connection to `host` with its key checked. The caller closes it."""
+    import paramiko
+
+    settings = resolve_host(host)
+    if _hops > MAX_PROXY_HOPS:
+        raise ToolError(f"{host}: ProxyJump chain longer than {MAX_PROXY_HOPS} hops (a loop?). Fix ~/.ssh/config.")
+    jump: Connection | None = None
+    sock = None
+    if settings.proxy_jump:
+        jump = open_connection(settings.proxy_jump, trust_host_key, _hops + 1)
+        try:
+            sock = jump.client.get_transport().open_channel(  # type: ignore[union-attr]
+                "direct-tcpip", (settings.hostname, settings.port), ("127.0.0.1", 0), timeout=settings.connect_timeout
+            )
+        except (paramiko.SSHException, OSError) as exc:
+            jump.close()
+            raise ToolError(
+                f"{host}: jump host {settings.proxy_jump} could not reach {settings.hostname}:{settings.port} ({exc}). "
+                "Check HostName/Port and that the jump host allows TCP forwarding."
+            ) from None
+
+    client = paramiko.SSHClient()
+    _load_known_hosts(client, settings)
+    check = _HostKeyCheck(settings, trust_host_key)
+    client.set_missing_host_key_policy(check.policy())
+    where = f"{settings.hostname}:{settings.port}" + (f" via {settings.proxy_jump}" if jump else "")
+    try:
+        client.connect(
+            settings.hostname,
+            port=settings.port,
+            username=settings.user,
+            key_filename=list(settings.identity_files) or None,
+            allow_agent=not settings.identities_only or not settings.identity_files,
+            look_for_keys=not settings.identity_files,
+            timeout=settings.connect_timeout,
+            banner_timeout=settings.connect_timeout,
+            auth_timeout=settings.connect_timeout,
+            channel_timeout=settings.connect_timeout,
+            sock=sock,
+        )
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        if not trust_host_key:
+            if jump:
+                jump.close()
+            raise ToolError(
+                f"{host}: HOST KEY CHANGED for {settings.known_hosts_name}: known_hosts ({_files(settings)}) has "
+                f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}, the server now offers "
+                f"{exc.key.get_name()} {fingerprint(exc.key)}. This can be an attack; refused. If the server was "
+                "really reinstalled, confirm the new fingerprint with its admin, then call again with "
+                "trust_host_key=true to replace the old key."
+            ) from None
+        _save_host_key(settings, settings.known_hosts_name, exc.key)
+        if jump:
+            jump.close()
+        replaced = open_connection(host, trust_host_key=False, _hops=_hops)
+        replaced.host_key_added = True
+        return replaced
+    except ToolError:
+        client.close()
+        if jump:
+            jump.close()
+        raise
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        if jump:
+            jump.close()
+        tried = ", ".join(settings.identity_files) or "default keys in ~/.ssh"
+        raise ToolError(
+            f"{host}: authentication failed for user {settings.user} at {where} ({exc}). Tried: {tried}"
+            f"{'' if settings.identities_only else ' and the ssh agent'}. Add the right IdentityFile/User for this "
+            "Host in ~/.ssh/config or load the key into ssh-agent."
+        ) from None
+    except socket.gaierror:
+        client.close()
+        raise ToolError(f"{host}: unknown host name {settings.hostname}. Check the Host/HostName in ~/.ssh/config.") from None
+    except (TimeoutError, socket.timeout):
+        client.close()
+        if jump:
+            jump.close()
+        raise ToolError(
+            f"{host}: host unreachable: no answer from {where} within {settings.connect_timeout:g} s. "
+            "Check VPN/network, HostName and Port."
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        client.close()
+        if jump:
+            jump.close()
+        reason = "connection refused (nothing listens there)" if isinstance(exc, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)) else str(exc) or type(exc).__name__
+        raise ToolError(f"{host}: host unreachable: {where}: {reason}. Check HostName, Port and that sshd runs.") from None
+    server_key = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
+    return Connection(client, settings, fingerprint(server_key), check.added, jump)
+
+
+_pool: dict[tuple[str, str], Connection] = {}
+_pool_lock = threading.Lock()
+
+
+def _pooled(host: str) -> Connection:
+    key = (str(ssh_config_path()), host)
+    with _pool_lock:
+        conn = _pool.get(key)
+        if conn is not None and conn.alive():
+            return conn
+        if conn is not None:
+            conn.close()
+        conn = open_connection(host)
+        _pool[key] = conn
+        return conn
+
+
+def _drop(host: str) -> None:
+    with _pool_lock:
+        conn = _pool.pop((str(ssh_config_path()), host), None)
+    if conn is not None:
+        conn.close()
+
+
+@contextmanager
+def connect(host: str, trust_host_key: bool = False) -> Iterator[paramiko.SSHClient]:
+    """A fresh SSH connection to `host` (an ssh config alias), closed when the block ends."""
+    conn = open_connection(host, trust_host_key)
+    try:
+        yield conn.client
+    finally:
+        conn.close()
+
+
+# --- commands ---------------------------------------------------------------------------------------
+
+
+class _Tail:
+    """Keeps the last OUTPUT_LIMIT bytes of a stream."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > OUTPUT_LIMIT:
+            del self.data[: len(self.data) - OUTPUT_LIMIT]
+            self.truncated = True
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+def run_remote(host: str, command: str, timeout: float = 60) -> RemoteResult:
+    """Run a shell command on `host` (or `local`); the last OUTPUT_LIMIT bytes of each stream come back.
+
+    Raises ToolError when the host cannot be reached, the command outlives `timeout` seconds, or the
+    connection drops before the command ends. A non-zero exit code is a result, not an error.
+    """
+    if host == LOCAL:
+        return _run_local(command, timeout)
+    conn = _pooled(host)
+    transport = conn.client.get_transport()
+    try:
+        channel = transport.open_session(timeout=conn.settings.connect_timeout)  # type: ignore[union-attr]
+        channel.exec_command(command)
+    except Exception as exc:  # the pooled transport died between alive() and here
+        _drop(host)
+        raise ToolError(f"{host}: connection lost before the command started ({exc or type(exc).__name__}). Call again.") from None
+    out, err = _Tail(), _Tail()
+    deadline = time.monotonic() + timeout
+    try:
+        # A dead transport also marks its channels finished (exit status -1): checked after the loop.
+        while not (channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready()):
+            busy = False
+            while channel.recv_ready():
+                out.add(channel.recv(65536))
+                busy = True
+            while channel.recv_stderr_ready():
+                err.add(channel.recv_stderr(65536))
+                busy = True
+            if time.monotonic() > deadline:
+                raise ToolError(f"{host}: command did not finish within {timeout:g} s and was abandoned. Retry, or raise the timeout.")
+            if not busy:
+                time.sleep(0.02)
+        exit_code = channel.recv_exit_status()
+    finally:
+        channel.close()
+    if exit_code == -1 and not transport.is_active():  # type: ignore[union-attr]
+        _drop(host)
+        raise ToolError(
+            f"{host}: the SSH connection dropped while running the command. Call again (a new connection is opened); "
+            "check the command's effect first if it changes something."
+        )
+    return RemoteResult(exit_code, out.text(), err.text(), out.truncated or err.truncated)
+
+
+def _run_local(command: str, timeout: float) -> RemoteResult:
+    try:
+        done = subprocess.run(["bash", "-c", command], capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"local: command did not finish within {timeout:g} s. Retry, or raise the timeout.") from None
+    out, err = _Tail(), _Tail()
+    out.add(done.stdout)
+    err.add(done.stderr)
+    return RemoteResult(done.returncode, out.text(), err.text(), out.truncated or err.truncated)
+
+
+def tail_remote(host: str, path: str, lines: int = 200) -> str:
+    """The last `lines` lines of a file on `host` (bounded by OUTPUT_LIMIT bytes)."""
+    result = run_remote(host, f"tail -n {int(lines)} -- {shlex.quote(path)}", timeout=60)
+    if result.exit_code != 0:
+        raise ToolError(f"{host}:{path}: cannot read ({result.stderr.strip()[-300:]}). Check the path.")
+    return result.stdout
+
+
+def fetch_tree(host: str, remote_dir: str, local_dir: Path, patterns: list[str], max_files: int = 2000) -> list[Path]:
+    """Copy the files under `remote_dir` whose relative path matches one of the glob `patterns`.
+
+    Returns the local paths written. Uses SFTP over the pooled connection; `local` copies files.
+    """
+    local_dir = Path(local_dir)
+    matches = lambda rel: any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(rel.rsplit("/", 1)[-1], p) for p in patterns)  # noqa: E731
+    written: list[Path] = []
+    if host == LOCAL:
+        root = Path(remote_dir)
+        if not root.is_dir():
+            raise ToolError(f"local:{remote_dir}: not a directory. Check the path.")
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if path.is_file() and matches(rel) and len(written) < max_files:
+                target = local_dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+                written.append(target)
+        return written
+    sftp = _pooled(host).client.open_sftp()
+    try:
+        stack = [""]
+        while stack and len(written) < max_files:
+            rel_dir = stack.pop()
+            remote = f"{remote_dir.rstrip('/')}/{rel_dir}" if rel_dir else remote_dir
+            try:
+                entries = sftp.listdir_attr(remote)
+            except OSError as exc:
+                raise ToolError(f"{host}:{remote}: cannot list ({exc}). Check the path.") from None
+            for entry in sorted(entries, key=lambda e: e.filename):
+                rel = f"{rel_dir}/{entry.filename}" if rel_dir else entry.filename
+                if stat.S_ISDIR(entry.st_mode or 0):
+                    stack.append(rel)
+                elif stat.S_ISREG(entry.st_mode or 0) and matches(rel) and len(written) < max_files:
+                    target = local_dir / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    sftp.get(f"{remote_dir.rstrip('/')}/{rel}", str(target))
+                    written.append(target)
+    finally:
+        sftp.close()
+    return written
+
+
+# --- ssh_check --------------------------------------------------------------------------------------
+
+PROBED_COMMANDS = ["sbatch", "squeue", "sacct", "srun", "enroot", "docker", "rsync"]
+
+
+class SshCheckInput(StrictModel):
+    host: str = Field(description="Host alias from ~/.ssh/config (or user@alias). 'local' checks this machine without SSH.")
+    trust_host_key: bool = Field(
+        False,
+        description="Add the server's host key to known_hosts if it is unknown or changed. Only set this after the "
+        "person confirmed the fingerprint shown in the refusal.",
+    )
+
+
+class SshCheckResult(BaseModel):
+    host: str
+    hostname: str = Field(description="Address connected to (after ssh config).")
+    port: int
+    user: str = Field(description="User logged in as, reported by the host (whoami).")
+    remote_hostname: str = Field(description="The host's own name (hostname).")
+    via_proxy_jump: str | None
+    host_key_fingerprint: str | None = Field(description="SHA256 fingerprint of the server's host key (null for local).")
+    host_key_added: bool = Field(description="True when this call wrote the host key into known_hosts (trust_host_key).")
+    known_hosts_file: str | None
+    commands: dict[str, bool] = Field(description="Whether each of sbatch, squeue, sacct, srun, enroot, docker, rsync is on the host's PATH.")
+    latency_ms: float = Field(description="Round trip of one trivial command on the open connection.")
+    notes: list[str]
+
+
+def ssh_check(request: SshCheckInput, progress: ProgressFn = no_progress) -> SshCheckResult:
+    """Connect to a host over SSH and report who/where you are, which SLURM/container commands exist and the latency.
+    Use it first for any cluster host (before launching runs or deployments there) and whenever a remote tool fails
+    to connect: it names the problem (unreachable, auth, host key) and, for a new host, the key fingerprint to confirm."""
+    progress(0, 3, f"connecting to {request.host}")
+    probe = "whoami; hostname; " + "".join(
+        f"command -v {c} >/dev/null 2>&1 && echo have:{c}; " for c in PROBED_COMMANDS
+    )
+    settings: HostSettings | None = None
+    fingerprint_text: str | None = None
+    added = False
+    if request.host == LOCAL:
+        result = _run_local(probe, 30)
+    else:
+        settings = resolve_host(request.host)
+        conn = open_connection(request.host, request.trust_host_key)
+        fingerprint_text, added = conn.host_key_fingerprint, conn.host_key_added
+        key = (str(ssh_config_path()), request.host)
+        with _pool_lock:
+            old = _pool.pop(key, None)
+            _pool[key] = conn
+        if old is not None:
+            old.close()
+        progress(1, 3, "probing commands")
+        result = run_remote(request.host, probe, timeout=30)
+    if result.exit_code != 0 and not result.stdout:
+        raise ToolError(f"{request.host}: the probe command failed ({result.stderr.strip()[-300:]}). Check the login shell.")
+    lines = result.stdout.splitlines()
+    progress(2, 3, "measuring latency")
+    started = time.monotonic()
+    run_remote(request.host, "true", timeout=30)
+    latency = (time.monotonic() - started) * 1000
+    commands = {c: f"have:{c}" in lines for c in PROBED_COMMANDS}
+    notes: list[str] = []
+    if added:
+        notes.append(f"Host key {fingerprint_text} was written to {settings.known_hosts_files[0]} (trust_host_key).")  # type: ignore[union-attr]
+    if not commands["sbatch"]:
+        notes.append("No sbatch on PATH: not a SLURM login node (NEL's slurm executor cannot submit here).")
+    if not commands["enroot"]:
+        notes.append("No enroot: fine on a login node; compute nodes need pyxis/enroot for NEL's containers.")
+    progress(3, 3, "done")
+    return SshCheckResult(
+        host=request.host,
+        hostname=settings.hostname if settings else LOCAL,
+        port=settings.port if settings else 0,
+        user=lines[0] if lines else "",
+        remote_hostname=lines[1] if len(lines) > 1 else "",
+        via_proxy_jump=settings.proxy_jump if settings else None,
+        host_key_fingerprint=fingerprint_text,
+        host_key_added=added,
+        known_hosts_file=str(settings.known_hosts_files[0]) if settings else None,
+        commands=commands,
+        latency_ms=round(latency, 1),
+        notes=notes,
+    )
+
+
+# --- slurm_queue ------------------------------------------------------------------------------------
+
+_JOB_ID = re.compile(r"^\d+(_\d+)?$")
+_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
+_SQUEUE_FORMAT = "%i|%j|%u|%T|%P|%M|%l|%D|%R"
+_SACCT_FIELDS = "JobID,JobName,User,State,Partition,Elapsed,Timelimit,NNodes,ExitCode"
+
+
+class SlurmQueueInput(StrictModel):
+    host: str = Field(description="SLURM login host: alias from ~/.ssh/config, or 'local' for this machine.")
+    user: str | None = Field(None, description="Only jobs of this user (default: every user's jobs).")
+    job_ids: list[str] = Field(default_factory=list, description="Only these job ids (e.g. ['1234', '1235_7']); empty = all.")
+    include_finished: bool = Field(
+        False, description="Also list finished jobs (from squeue's recent memory, then sacct, or `sacct -c` when accounting is off)."
+    )
+    limit: int = Field(50, ge=1, le=500, description="Jobs per page.")
+    offset: int = Field(0, ge=0, description="Jobs to skip (use next_offset from the previous page).")
+
+
+class SlurmJob(BaseModel):
+    job_id: str
+    name: str
+    user: str
+    state: str = Field(description="SLURM state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, OUT_OF_MEMORY, ...")
+    partition: str
+    elapsed: str
+    time_limit: str
+    nodes: str
+    reason: str | None = Field(None, description="Pending reason or node list (squeue %R).")
+    exit_code: str | None = Field(None, description="exit:signal, for finished jobs from sacct.")
+    source: Literal["squeue", "sacct", "sacct -c"]
+
+
+class SlurmQueueResult(BaseModel):
+    host: str
+    jobs: list[SlurmJob]
+    total: int = Field(description="Jobs matching the filters, over all pages.")
+    next_offset: int | None = Field(description="Offset of the next page; null when this is the last page.")
+    finished_source: Literal["sacct", "sacct -c"] | None = Field(description="Where finished jobs came from, when asked for.")
+    notes: list[str]
+
+
+def _slurm_unreachable(host: str, command: str, stderr: str) -> ToolError:
+    text = stderr.strip()[-400:]
+    if "command not found" in text:
+        return ToolError(f"{host}: {command} not found. Use a SLURM login node (check with ssh_check).")
+    if re.search(r"Unable to contact slurm controller|Socket timed out|Connection refused|Zero Bytes", text, re.I):
+        return ToolError(
+            f"{host}: SLURM controller not answering ({text}). Transient if slurmctld is restarting: call again in a minute."
+        )
+    return ToolError(f"{host}: {command} failed: {text}")
+
+
+def slurm_queue(request: SlurmQueueInput, progress: ProgressFn = no_progress) -> SlurmQueueResult:
+    """List SLURM jobs on a cluster (squeue; with include_finished also sacct, or `sacct -c` when accounting is off),
+    filtered by user and job ids, one page at a time. Use it to see whether NEL's jobs are pending, running or
+    finished and why (pending reason, exit code); run_status covers one run, this covers the whole queue."""
+    bad_ids = [j for j in request.job_ids if not _JOB_ID.match(j)]
+    if bad_ids:
+        raise ToolError(f"job_ids: {bad_ids} are not SLURM job ids. Use numbers like '1234' or array ids like '1234_5'.")
+    if request.user is not None and not _USER.match(request.user):
+        raise ToolError(f"user: '{request.user}' is not a user name. Use a plain login name.")
+    filters = ""
+    if request.user:
+        filters += f" -u {request.user}"
+    if request.job_ids:
+        filters += f" -j {','.join(request.job_ids)}"
+    progress(0, 2, f"squeue on {request.host}")
+    states = " -t all" if request.include_finished else ""
+    result = run_remote(request.host, f"squeue -h{states} -o '{_SQUEUE_FORMAT}'{filters}", timeout=90)
+    if result.exit_code != 0:
+        # squeue -j with only unknown (long finished) ids fails with "Invalid job id"; sacct may still know them.
+        if not (request.job_ids and "Invalid job id" in result.stderr):
+            raise _slurm_unreachable(request.host, "squeue", result.stderr)
+    jobs: dict[str, SlurmJob] = {}
+    for line in result.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 9:
+            continue
+        job_id, name, user, state, partition, elapsed, limit, nodes, reason = parts
+        jobs[job_id] = SlurmJob(
+            job_id=job_id, name=name, user=user, state=state, partition=partition, elapsed=elapsed,
+            time_limit=limit, nodes=nodes, reason=reason or None, source="squeue",
+        )
+    notes: list[str] = []
+    finished_source: Literal["sacct", "sacct -c"] | None = None
+    if request.include_finished:
+        progress(1, 2, f"sacct on {request.host}")
+        finished_source, finished, note = _finished_jobs(request)
+        if note:
+            notes.append(note)
+        for job in finished:
+            if job.job_id in jobs:  # squeue still remembers it; sacct adds the exit code
+                jobs[job.job_id].exit_code = job.exit_code
+            else:
+                jobs[job.job_id] = job
+    ordered = sorted(jobs.values(), key=lambda j: _job_sort_key(j.job_id), reverse=True)
+    page = ordered[request.offset : request.offset + request.limit]
+    end = request.offset + len(page)
+    progress(2, 2, "done")
+    return SlurmQueueResult(
+        host=request.host, jobs=page, total=len(ordered), next_offset=end if end < len(ordered) else None,
+        finished_source=finished_source, notes=notes,
+    )
+
+
+def _job_sort_key(job_id: str) -> tuple[int, int]:
+    base, _, task = job_id.partition("_")
+    return (int(base) if base.isdigit() else 0, int(task) if task.isdigit() else -1)
+
+
+def _finished_jobs(request: SlurmQueueInput) -> tuple[Literal["sacct", "sacct -c"] | None, list[SlurmJob], str | None]:
+    filters = (f" -u {request.user}" if request.user else " -a") + (f" -j {','.join(request.job_ids)}" if request.job_ids else "")
+    result = run_remote(request.host, f"sacct -n -P -X -o {_SACCT_FIELDS}{filters}", timeout=90)
+    source: Literal["sacct", "sacct -c"] = "sacct"
+    if result.exit_code != 0 and "accounting storage is disabled" in result.stderr.lower():
+        source = "sacct -c"
+        result = run_remote(request.host, f"sacct -c -n -P -o {_SACCT_FIELDS}", timeout=90)
+    if result.exit_code != 0:
+        return None, [], f"finished jobs unavailable: {source} failed ({result.stderr.strip()[-200:]})"
+    jobs = []
+    for line in result.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 9 or "." in parts[0]:  # job steps (1234.batch) are not jobs
+            continue
+        job_id, name, user, state, partition, elapsed, limit, nodes, exit_code = parts
+        user = user.split("(")[0]  # sacct -c prints root(0)
+        if source == "sacct -c" and (
+            (request.user and user != request.user) or (request.job_ids and job_id not in request.job_ids)
+        ):
+            continue
+        jobs.append(SlurmJob(
+            job_id=job_id, name=name, user=user, state=state.split()[0], partition=partition, elapsed=elapsed,
+            time_limit=limit, nodes=nodes, exit_code=exit_code, source=source,
+        ))
+    note = "accounting storage is off on this cluster; finished jobs come from the job completion log (sacct -c)" if source == "sacct -c" else None
+    return source, jobs, note
+
+
+# --- remote_grep ------------------------------------------------------------------------------------
+
+LINE_CHARS = 400
+
+
+class RemoteGrepInput(StrictModel):
+    host: str = Field(description="Host alias from ~/.ssh/config, or 'local' for this machine.")
+    path: str = Field(description="File or directory (searched recursively) on that host, e.g. a NEL run's logs directory.")
+    patterns: list[str] = Field(
+        min_length=1,
+        description="Extended regular expressions (grep -E); a line matching any of them is reported. "
+        "E.g. ['Traceback', 'OutOfMemory|OOM', 'CUDA out of memory'].",
+    )
+    ignore_case: bool = Field(True, description="Match regardless of case.")
+    max_lines: int = Field(50, ge=1, le=1000, description="Most matching lines to return; the rest are counted as truncated.")
+
+
+class GrepMatch(BaseModel):
+    file: str
+    line: int
+    text: str = Field(description=f"The matching line, cut to {LINE_CHARS} characters.")
+
+
+class RemoteGrepResult(BaseModel):
+    host: str
+    path: str
+    matches: list[GrepMatch]
+    truncated: bool = Field(description="More lines matched than max_lines.")
+    notes: list[str]
+
+
+def remote_grep(request: RemoteGrepInput, progress: ProgressFn = no_progress) -> RemoteGrepResult:
+    """Search files on a host (recursively under a directory) for regular expressions and return matching lines with
+    file and line number, capped at max_lines. Use it to find errors (Traceback, OOM, killed, unauthorized, ...) in a
+    remote run's logs without copying them; run_logs does this for one run, this works on any path."""
+    if any("\n" in p or "\0" in p for p in request.patterns):
+        raise ToolError("patterns: a pattern contains a newline or NUL. Pass one line per pattern.")
+    if "\0" in request.path:
+        raise ToolError("path: contains a NUL byte. Pass a plain path.")
+    progress(0, 1, f"grep on {request.host}")
+    args = ["grep", "-rnHIZ", "-E"] + (["-i"] if request.ignore_case else [])
+    for pattern in request.patterns:
+        args += ["-e", pattern]  # -e: a pattern starting with '-' stays a pattern
+    args += ["--", request.path]  # --: a path starting with '-' stays a path
+    grep = " ".join(shlex.quote(a) for a in args)
+    # Matches are cut at max_lines+1 by head; grep's own exit status is reported as the last stderr line.
+    script = f'{grep} | head -n {request.max_lines + 1}; echo "::grep-exit:${{PIPESTATUS[0]}}" >&2'
+    result = run_remote(request.host, f"bash -c {shlex.quote(script)}", timeout=120)
+    stderr, _, status = result.stderr.rstrip().rpartition("::grep-exit:")
+    stderr = stderr.strip()[-300:]
+    # grep exits 1 for "no match" and 141 (SIGPIPE) when head stopped reading: more matches than asked for.
+    if not status.isdigit() or int(status) not in (0, 1, 141):
+        if not result.stdout:
+            raise ToolError(f"{request.host}:{request.path}: grep failed ({stderr or result.stderr.strip()[-300:]}). Check the path and patterns.")
+    matches = []
+    for raw in result.stdout.splitlines():
+        file, sep, rest = raw.partition("\0")
+        number, _, text = rest.partition(":")
+        if not sep or not number.isdigit():
+            continue
+        matches.append(GrepMatch(file=file, line=int(number), text=text[:LINE_CHARS]))
+    truncated = len(matches) > request.max_lines
+    notes = [f"grep reported: {stderr}"] if stderr else []
+    progress(1, 1, "done")
+    return RemoteGrepResult(host=request.host, path=request.path, matches=matches[: request.max_lines], truncated=truncated, notes=notes)
+
+
+# --- check_registry_credentials ---------------------------------------------------------------------
+
+# Runs on the host: reads the netrc-style enroot credentials file and prints only machine names and
+# whether a login/password is present. Secrets never leave the host, so they cannot leak here.
+_CREDENTIALS_SCRIPT = r"""
+f="${ENROOT_CONFIG_PATH:-$HOME/.config/enroot}/.credentials"
+echo "file:$f"
+[ -e "$f" ] || { echo "missing"; exit 0; }
+[ -r "$f" ] || { echo "unreadable"; exit 0; }
+echo "mode:$(stat -c %a "$f")"
+awk '
+  { for (i = 1; i <= NF; i++) {
+      if (skip) { skip = 0; continue }
+      if ($i == "machine") { if (m != "") print "entry:" m ":" l ":" p; m = $(i+1); l = 0; p = 0; i++ }
+      else if ($i == "default") { if (m != "") print "entry:" m ":" l ":" p; m = "(default)"; l = 0; p = 0 }
+      else if ($i == "login") { l = 1; skip = 1 }
+      else if ($i == "password") { p = 1; skip = 1 }
+  } }
+  END { if (m != "") print "entry:" m ":" l ":" p }' "$f"
+"""
+
+
+class CheckRegistryCredentialsInput(StrictModel):
+    host: str = Field(description="Host whose enroot credentials to check (alias from ~/.ssh/config, or 'local').")
+    registry: str | None = Field(
+        None, description="Registry host that must have an entry, e.g. 'nvcr.io' for NGC containers. Default: just list them."
+    )
+
+
+class RegistryEntry(BaseModel):
+    machine: str = Field(description="Registry host named in the file.")
+    has_login: bool
+    has_password: bool
+
+
+class RegistryCredentialsResult(BaseModel):
+    host: str
+    credentials_file: str = Field(description="Path of the enroot credentials file on the host.")
+    exists: bool
+    entries: list[RegistryEntry] = Field(description="Registries with an entry. Never contains logins, passwords or tokens.")
+    registry: str | None
+    registry_ok: bool | None = Field(description="Whether `registry` has an entry with a password; null if no registry was asked for.")
+    notes: list[str]
+
+
+def check_registry_credentials(request: CheckRegistryCredentialsInput) -> RegistryCredentialsResult:
+    """Report which container registries have entries in a host's enroot credentials file
+    (~/.config/enroot/.credentials, netrc style) — names only, never a login, password or token. Use it before a SLURM
+    run whose containers come from nvcr.io or another private registry: a missing entry makes every job fail on pull."""
+    if request.registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?", request.registry):
+        raise ToolError(f"registry: '{request.registry}' is not a registry host name. Use e.g. 'nvcr.io'.")
+    result = run_remote(request.host, f"bash -c {shlex.quote(_CREDENTIALS_SCRIPT)}", timeout=30)
+    lines = result.stdout.splitlines()
+    path = next((line[5:] for line in lines if line.startswith("file:")), "~/.config/enroot/.credentials")
+    notes: list[str] = []
+    entries: list[RegistryEntry] = []
+    exists = "missing" not in lines
+    for line in lines:
+        if line.startswith("entry:"):
+            machine, login, password = line[6:].rsplit(":", 2)
+            entries.append(RegistryEntry(machine=machine, has_login=login == "1", has_password=password == "1"))
+        elif line.startswith("mode:") and line[5:].strip()[-2:] != "00":
+            notes.append(f"{path} is readable by other users (mode {line[5:].strip()}); run chmod 600 on it.")
+    if "unreadable" in lines:
+        notes.append(f"{path} exists but cannot be read by this user.")
+    if not exists:
+        notes.append(
+            f"{path} does not exist: enroot pulls from private registries will fail. Add lines like "
+            "'machine nvcr.io login $oauthtoken password <NGC_API_KEY>' (mode 600)."
+        )
+    registry_ok = None
+    if request.registry:
+        wanted = request.registry.lower()
+        registry_ok = any(e.machine.lower() == wanted and e.has_password for e in entries)
+        if not registry_ok:
+            notes.append(
+                f"No entry with a password for {request.registry}: add 'machine {request.registry} login <user> "
+                f"password <token>' to {path}."
+            )
+    return RegistryCredentialsResult(
+        host=request.host, credentials_file=path, exists=exists, entries=entries, registry=request.registry,
+        registry_ok=registry_ok, notes=notes,
+    )

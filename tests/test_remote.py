@@ -1,0 +1,406 @@
+"""Remote access against the real sshd + SLURM of the `slurm_cluster` fixture: the tools, their failures, faults."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from infra.slurm_cluster import SlurmCluster, free_port
+
+from quanteval import remote
+from quanteval.models import ToolError
+from quanteval.remote import (
+    CheckRegistryCredentialsInput,
+    RemoteGrepInput,
+    SlurmQueueInput,
+    SshCheckInput,
+    check_registry_credentials,
+    remote_grep,
+    run_remote,
+    slurm_queue,
+    ssh_check,
+)
+
+
+def host_fingerprint(cluster: SlurmCluster) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", str(cluster.host_key_path.with_suffix(".pub"))],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()[1]
+
+
+def write_config(cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alias: str, *,
+                 known_hosts: str = "", key: Path | None = None, port: int | None = None, extra: str = "") -> Path:
+    """An ssh config of this test's own (own known_hosts), made the one the remote tools read."""
+    known = tmp_path / "known_hosts"
+    known.write_text(known_hosts)
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host {alias}\n  HostName 127.0.0.1\n  Port {port or cluster.port}\n  User root\n"
+        f"  IdentityFile {key or cluster.key_path}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n"
+        f"  ConnectTimeout 3\n{extra}"
+        f"Host {cluster.ssh_alias}\n  HostName 127.0.0.1\n  Port {cluster.port}\n  User root\n"
+        f"  IdentityFile {cluster.key_path}\n  IdentitiesOnly yes\n  UserKnownHostsFile {cluster.known_hosts}\n"
+    )
+    monkeypatch.setenv("QUANTEVAL_SSH_CONFIG", str(config))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return known
+
+
+# --- ssh_check and connection failures ---------------------------------------------------------------
+
+
+def test_ssh_check_reports_user_host_commands_and_the_verified_key(slurm_cluster):
+    result = ssh_check(SshCheckInput(host=slurm_cluster.ssh_alias))
+    assert result.user == "root"
+    assert result.hostname == "127.0.0.1" and result.port == slurm_cluster.port
+    assert result.commands["sbatch"] and result.commands["squeue"] and result.commands["sacct"]
+    assert result.commands["enroot"] is False
+    assert result.host_key_fingerprint == host_fingerprint(slurm_cluster)
+    assert result.host_key_added is False
+    assert 0 < result.latency_ms < 2000
+    assert any("enroot" in note for note in result.notes)
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint_until_trusted(slurm_cluster, tmp_path, monkeypatch):
+    known = write_config(slurm_cluster, tmp_path, monkeypatch, "new-cluster")
+    with pytest.raises(ToolError) as refused:
+        ssh_check(SshCheckInput(host="new-cluster"))
+    assert "not in known_hosts" in str(refused.value)
+    assert host_fingerprint(slurm_cluster) in str(refused.value)
+    assert known.read_text() == ""  # nothing written without consent
+
+    trusted = ssh_check(SshCheckInput(host="new-cluster", trust_host_key=True))
+    assert trusted.host_key_added is True
+    assert any("written to" in note for note in trusted.notes)
+    assert f"[127.0.0.1]:{slurm_cluster.port} ssh-ed25519" in known.read_text()
+
+    again = ssh_check(SshCheckInput(host="new-cluster"))
+    assert again.host_key_added is False
+    # The entry paramiko wrote is one OpenSSH accepts with strict checking.
+    done = subprocess.run(
+        ["/usr/bin/ssh", "-F", str(tmp_path / "ssh_config"), "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+         "new-cluster", "true"], capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_changed_host_key_is_refused_then_replaced_only_when_trusted(slurm_cluster, tmp_path, monkeypatch):
+    old_fingerprint = host_fingerprint(slurm_cluster)
+    known = write_config(slurm_cluster, tmp_path, monkeypatch, "rekeyed", known_hosts=slurm_cluster.host_key_line())
+    assert ssh_check(SshCheckInput(host="rekeyed")).host_key_fingerprint == old_fingerprint
+
+    slurm_cluster.rotate_host_key()  # the server is "reinstalled": sshd restarts with a new key
+    new_fingerprint = host_fingerprint(slurm_cluster)
+    before = known.read_text()
+    with pytest.raises(ToolError) as refused:
+        ssh_check(SshCheckInput(host="rekeyed"))
+    message = str(refused.value)
+    assert "HOST KEY CHANGED" in message and old_fingerprint in message and new_fingerprint in message
+    assert known.read_text() == before
+
+    replaced = ssh_check(SshCheckInput(host="rekeyed", trust_host_key=True))
+    assert replaced.host_key_added and replaced.host_key_fingerprint == new_fingerprint
+    lines = [line for line in known.read_text().splitlines() if line.strip()]
+    assert len(lines) == 1 and f"[127.0.0.1]:{slurm_cluster.port}" in lines[0]
+
+
+def test_wrong_key_fails_as_authentication_failure(slurm_cluster, tmp_path, monkeypatch):
+    stranger = tmp_path / "stranger_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    write_config(slurm_cluster, tmp_path, monkeypatch, "wrong-key", known_hosts=slurm_cluster.host_key_line(), key=stranger)
+    with pytest.raises(ToolError, match="authentication failed for user root"):
+        ssh_check(SshCheckInput(host="wrong-key"))
+
+
+def test_closed_port_fails_fast_as_unreachable(slurm_cluster, tmp_path, monkeypatch):
+    write_config(slurm_cluster, tmp_path, monkeypatch, "nobody-home", port=free_port())
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="host unreachable.*connection refused"):
+        ssh_check(SshCheckInput(host="nobody-home"))
+    assert time.monotonic() - started < 3
+
+
+def test_silent_server_times_out_instead_of_hanging(slurm_cluster, tmp_path, monkeypatch):
+    # Accepts TCP and never speaks SSH: what a firewall-eaten or wedged host looks like.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    write_config(slurm_cluster, tmp_path, monkeypatch, "silent", port=listener.getsockname()[1])
+    started = time.monotonic()
+    try:
+        with pytest.raises(ToolError, match="silent: host unreachable"):
+            ssh_check(SshCheckInput(host="silent"))
+    finally:
+        listener.close()
+    assert time.monotonic() - started < 10  # ConnectTimeout 3 governs the banner wait too
+
+
+def test_proxy_jump_goes_through_the_jump_host(slurm_cluster, tmp_path, monkeypatch):
+    write_config(slurm_cluster, tmp_path, monkeypatch, "behind-jump", known_hosts=slurm_cluster.host_key_line(),
+                 extra=f"  ProxyJump {slurm_cluster.ssh_alias}\n")
+    result = ssh_check(SshCheckInput(host="behind-jump"))
+    assert result.via_proxy_jump == slurm_cluster.ssh_alias
+    assert result.user == "root" and result.commands["sbatch"]
+
+
+def test_bad_host_names_are_refused():
+    for bad in ["-oProxyCommand=touch /tmp/x", "two words", ""]:
+        with pytest.raises(ToolError, match="not a host name"):
+            ssh_check(SshCheckInput(host=bad))
+
+
+def test_ssh_check_through_the_cli_as_json(slurm_cluster, cli_env):
+    done = subprocess.run(
+        ["quanteval", "call", "ssh_check", "--json", json.dumps({"host": slurm_cluster.ssh_alias})],
+        capture_output=True, text=True, env=cli_env, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["commands"]["sbatch"] is True
+
+
+# --- slurm_queue ---------------------------------------------------------------------------------------
+
+
+def sbatch(cluster: SlurmCluster, args: str) -> str:
+    done = cluster.run(f"sbatch --parsable -o /dev/null {args}")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def wait_until(predicate, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError("condition not met in time")
+
+
+def test_slurm_queue_follows_a_job_from_queued_to_cancelled(slurm_cluster):
+    job = sbatch(slurm_cluster, "-J qe-sleeper --wrap 'sleep 30'")
+    live = slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, job_ids=[job]))
+    assert [j.job_id for j in live.jobs] == [job]
+    assert live.jobs[0].state in {"PENDING", "RUNNING"} and live.jobs[0].name == "qe-sleeper"
+    assert live.jobs[0].source == "squeue"
+
+    slurm_cluster.run(f"scancel {job}")
+
+    def finished():
+        page = slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, job_ids=[job], include_finished=True))
+        return page if page.jobs and page.jobs[0].exit_code else None
+
+    page = wait_until(finished)
+    assert page.jobs[0].state == "CANCELLED"
+    assert page.finished_source == "sacct -c"
+    assert any("sacct -c" in note for note in page.notes)
+    # Without include_finished the cancelled job is gone from the live queue.
+    assert slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, job_ids=[job])).jobs == []
+
+
+def test_slurm_queue_paginates_and_filters(slurm_cluster):
+    held = [sbatch(slurm_cluster, "--hold -J qe-held --wrap 'true'") for _ in range(3)]
+    try:
+        first = slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, job_ids=held, limit=2))
+        assert first.total == 3 and len(first.jobs) == 2 and first.next_offset == 2
+        rest = slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, job_ids=held, limit=2, offset=2))
+        assert len(rest.jobs) == 1 and rest.next_offset is None
+        assert {j.job_id for j in first.jobs + rest.jobs} == set(held)
+        assert all(j.state == "PENDING" for j in first.jobs)
+        assert slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, user="nobody-here", job_ids=held)).jobs == []
+    finally:
+        slurm_cluster.run(f"scancel {' '.join(held)}")
+
+
+def test_slurm_queue_refuses_injection_in_ids_and_user(slurm_cluster):
+    with pytest.raises(ToolError, match="job_ids"):
+        slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, job_ids=["1; touch /tmp/qe-pwned"]))
+    with pytest.raises(ToolError, match="user"):
+        slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, user="root --me"))
+
+
+def test_slurmctld_restart_during_polling_gives_clear_errors_then_answers(slurm_cluster):
+    job = sbatch(slurm_cluster, "--hold --wrap 'true'")
+    outcomes: list[str] = []
+    durations: list[float] = []
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                page = slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, job_ids=[job]))
+                outcomes.append("ok" if page.jobs else "missing")
+            except ToolError as exc:
+                outcomes.append(str(exc))
+            durations.append(time.monotonic() - started)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        time.sleep(0.5)
+        slurm_cluster.stop("slurmctld")
+        wait_until(lambda: any(o not in ("ok", "missing") for o in outcomes), timeout=90)
+        slurm_cluster.up()
+        mark = len(outcomes)
+        wait_until(lambda: "ok" in outcomes[mark:], timeout=90)
+    finally:
+        stop.set()
+        poller.join(120)
+        slurm_cluster.run(f"scancel {job}")
+    errors = [o for o in outcomes if o not in ("ok", "missing")]
+    assert errors and all("SLURM controller not answering" in e and "call again" in e for e in errors)
+    assert "missing" not in outcomes  # the restarted controller still knows the job
+    assert max(durations) < 90
+
+
+def test_dropped_ssh_connection_mid_command_is_a_clear_error_and_the_next_call_works(slurm_cluster):
+    slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias))  # the pooled connection the next calls reuse
+    client_port = remote._pooled(slurm_cluster.ssh_alias).client.get_transport().sock.getsockname()[1]
+    errors: list[Exception] = []
+
+    def long_poll():
+        try:
+            run_remote(slurm_cluster.ssh_alias, "sleep 20", timeout=60)
+        except Exception as exc:  # noqa: BLE001 - the test inspects what came back
+            errors.append(exc)
+
+    worker = threading.Thread(target=long_poll)
+    worker.start()
+    time.sleep(1)
+    sessions = slurm_cluster.ssh_session_pids(client_port)
+    assert sessions
+    for pid in sessions:
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    worker.join(30)
+    assert not worker.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ToolError)
+    assert "connection dropped" in str(errors[0]) and "call again" in str(errors[0]).lower()
+    assert slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias)).host == slurm_cluster.ssh_alias
+
+
+def test_command_timeout_is_enforced(slurm_cluster):
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="did not finish within 1 s"):
+        run_remote(slurm_cluster.ssh_alias, "sleep 30", timeout=1)
+    assert time.monotonic() - started < 5
+
+
+# --- remote_grep ---------------------------------------------------------------------------------------
+
+
+def test_remote_grep_finds_the_oom_line_with_file_and_line(slurm_cluster):
+    logs = slurm_cluster.jobs_dir / "grep-oom" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "client-1.log").write_text(
+        "loading model\nstep 1 ok\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\nbye\n"
+    )
+    (logs / "server.log").write_text("all fine\n")
+    result = remote_grep(RemoteGrepInput(host=slurm_cluster.ssh_alias, path=str(logs.parent), patterns=["out of memory", "OOM"]))
+    assert [(m.file, m.line) for m in result.matches] == [(str(logs / "client-1.log"), 3)]
+    assert "CUDA out of memory" in result.matches[0].text
+    assert result.truncated is False
+
+
+def test_remote_grep_caps_matches_and_line_length(slurm_cluster):
+    log = slurm_cluster.jobs_dir / "grep-cap.log"
+    log.write_text("".join(f"Traceback {i} " + "x" * 5000 + "\n" for i in range(2000)))
+    result = remote_grep(RemoteGrepInput(host=slurm_cluster.ssh_alias, path=str(log), patterns=["traceback"], max_lines=10))
+    assert len(result.matches) == 10 and result.truncated is True
+    assert [m.line for m in result.matches] == list(range(1, 11))
+    assert all(len(m.text) <= remote.LINE_CHARS for m in result.matches)
+
+
+def test_remote_grep_arguments_cannot_become_options_or_shell(slurm_cluster):
+    base = slurm_cluster.jobs_dir / "grep-inject"
+    base.mkdir()
+    victim = base / "pwned"
+    (base / "a.log").write_text("plain line\nflag -v here\n")
+    odd = base / "-name; with 'quotes' $(x).log"
+    odd.write_text("killed by signal 9\n")
+    hostile = ["-v", f"'; touch {victim}; '", f"$(touch {victim})", f"`touch {victim}`"]
+    result = remote_grep(RemoteGrepInput(host=slurm_cluster.ssh_alias, path=str(base), patterns=hostile))
+    assert [(Path(m.file).name, m.line) for m in result.matches] == [("a.log", 2)]  # '-v' matched as text
+    assert not victim.exists()
+    odd_hit = remote_grep(RemoteGrepInput(host=slurm_cluster.ssh_alias, path=str(odd), patterns=["killed"]))
+    assert odd_hit.matches[0].file == str(odd) and odd_hit.matches[0].line == 1
+    with pytest.raises(ToolError, match="No such file"):  # a path '-r' is a (missing) file, not an option
+        remote_grep(RemoteGrepInput(host=slurm_cluster.ssh_alias, path="-r", patterns=["x"]))
+    assert not victim.exists()
+
+
+def test_remote_grep_on_a_missing_path_is_a_clear_error(slurm_cluster):
+    with pytest.raises(ToolError, match="No such file"):
+        remote_grep(RemoteGrepInput(host=slurm_cluster.ssh_alias, path="/nonexistent/logs", patterns=["x"]))
+
+
+def test_remote_grep_on_this_machine_with_local(tmp_path):
+    (tmp_path / "eval.log").write_text("ok\nHTTP 401 Unauthorized\n")
+    result = remote_grep(RemoteGrepInput(host="local", path=str(tmp_path), patterns=["unauthorized"]))
+    assert [(Path(m.file).name, m.line) for m in result.matches] == [("eval.log", 2)]
+
+
+# --- check_registry_credentials ------------------------------------------------------------------------
+
+SECRET = "nvapi-PLANTED-s3cr3t-9f8e7d"
+
+
+def test_registry_credentials_report_names_never_secrets(slurm_cluster, caplog):
+    credentials = slurm_cluster.enroot_dir / ".credentials"
+    credentials.write_text(
+        f"machine nvcr.io login $oauthtoken password {SECRET}\n"
+        f"machine authn.nvidia.com login $oauthtoken password {SECRET}\n"
+        "machine gitlab.example.com\n  login deploy-user\n  password machine\n"  # a password that looks like a keyword
+    )
+    credentials.chmod(0o600)
+    with caplog.at_level(logging.DEBUG):
+        result = check_registry_credentials(CheckRegistryCredentialsInput(host=slurm_cluster.ssh_alias, registry="nvcr.io"))
+    assert [e.machine for e in result.entries] == ["nvcr.io", "authn.nvidia.com", "gitlab.example.com"]
+    assert all(e.has_login and e.has_password for e in result.entries)
+    assert result.registry_ok is True and result.exists
+    dumped = result.model_dump_json()
+    assert SECRET not in dumped and "deploy-user" not in dumped and "oauthtoken" not in dumped
+    assert SECRET not in caplog.text
+
+    missing = check_registry_credentials(CheckRegistryCredentialsInput(host=slurm_cluster.ssh_alias, registry="ghcr.io"))
+    assert missing.registry_ok is False and any("ghcr.io" in n for n in missing.notes)
+
+
+def test_registry_credentials_flag_a_world_readable_or_missing_file(slurm_cluster):
+    credentials = slurm_cluster.enroot_dir / ".credentials"
+    credentials.write_text(f"machine nvcr.io login $oauthtoken password {SECRET}\n")
+    credentials.chmod(0o644)
+    loose = check_registry_credentials(CheckRegistryCredentialsInput(host=slurm_cluster.ssh_alias))
+    assert any("chmod 600" in n for n in loose.notes)
+    credentials.unlink()
+    absent = check_registry_credentials(CheckRegistryCredentialsInput(host=slurm_cluster.ssh_alias, registry="nvcr.io"))
+    assert absent.exists is False and absent.entries == [] and absent.registry_ok is False
+
+
+def test_registry_argument_is_validated():
+    with pytest.raises(ToolError, match="registry"):
+        check_registry_credentials(CheckRegistryCredentialsInput(host="local", registry="nvcr.io; cat ~/.ssh/id_rsa"))
+
+
+# --- helpers used by other modules ---------------------------------------------------------------------
+
+
+def test_tail_and_fetch_tree_bring_back_what_was_asked(slurm_cluster, tmp_path):
+    run = slurm_cluster.jobs_dir / "fetch-run"
+    (run / "task" / "artifacts").mkdir(parents=True)
+    (run / "task" / "artifacts" / "results.yml").write_text("results: {}\n")
+    (run / "task" / "logs.txt").write_text("\n".join(f"line {i}" for i in range(100)) + "\n")
+    (run / "task" / "artifacts" / "big.bin").write_bytes(b"\0" * 1000)
+    assert remote.tail_remote(slurm_cluster.ssh_alias, str(run / "task" / "logs.txt"), 2) == "line 98\nline 99\n"
+    written = remote.fetch_tree(slurm_cluster.ssh_alias, str(run), tmp_path / "copy", ["*.yml", "*.txt"])
+    assert sorted(p.relative_to(tmp_path / "copy").as_posix() for p in written) == [
+        "task/artifacts/results.yml", "task/logs.txt"]
+    assert (tmp_path / "copy" / "task" / "artifacts" / "results.yml").read_text() == "results: {}\n"
+    with pytest.raises(ToolError, match="cannot read"):
+        remote.tail_remote(slurm_cluster.ssh_alias, str(run / "nope.txt"), 5)
