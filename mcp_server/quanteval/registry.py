@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, remote, results, runs, tasks
+from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, remote, results, runs, tasks, validation
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
@@ -80,6 +80,7 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(nelconfig.delete_config_value, read_only=False, destructive=True),
     ToolSpec(nelconfig.list_missing_values, read_only=True, idempotent=True),
     ToolSpec(nelconfig.apply_checkpoint, read_only=False, destructive=True, idempotent=True),
+    ToolSpec(validation.validate_config, read_only=True, idempotent=True),
     ToolSpec(tasks.list_tasks, read_only=True, idempotent=True),
     ToolSpec(tasks.get_task_recipe, read_only=True, idempotent=True),
     ToolSpec(tasks.add_tasks, read_only=False, idempotent=True),

@@ -1,0 +1,683 @@
+"""validate_config: every problem in a NEL config at once, offline, in tens of milliseconds.
+
+`nel run --dry-run` takes seconds, stops at the first `???`, only warns on a misspelled
+param and knows nothing about the checkpoint. The rules here read the config once and
+compare it with what NEL, nemo-evaluator and the checkpoint itself define: NEL's packaged
+defaults (known keys), NEL's own pydantic models (evaluation section), nemo-evaluator's
+models (params, target), the task catalogue and recipes, and inspect_checkpoint's facts.
+Every problem names its path, a severity and a concrete fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shlex
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from quanteval import checkpoint, nelconfig, tasks
+from quanteval.models import StrictModel, ToolError
+
+Severity = Literal["error", "warning"]
+
+
+class Problem(BaseModel):
+    path: str = Field(description="Dotted path of the offending key (tasks by name), or the override / flag concerned.")
+    severity: Severity = Field(description="error: NEL or the server will fail or silently do the wrong thing; warning: worth a look.")
+    rule: str = Field(description="Short rule id, e.g. missing_value, unknown_key, unknown_task, wrong_framework_flag.")
+    message: str
+    fix: str = Field(description="What to change, concretely.")
+
+
+class ValidateConfigInput(StrictModel):
+    config: str = Field(description="Path of the NEL config YAML file to check.")
+    overrides: list[str] = Field(
+        default_factory=list,
+        description="Hydra overrides you intend to pass to `nel run -o ...` (e.g. '++evaluation.nemo_evaluator_config.config.params.limit_samples=10'); checked for syntax and for keys that need ++.",
+    )
+    check_env: bool = Field(
+        True, description="Report env vars the config needs that are unset here. Set false when the run will start from another machine's environment."
+    )
+
+
+class ValidateConfigOutput(BaseModel):
+    config: str
+    valid: bool = Field(description="True when there is no error (warnings allowed).")
+    errors: int
+    warnings: int
+    problems: list[Problem] = Field(description="Every problem found, in file order; at most 200.")
+    elapsed_ms: float
+
+
+MAX_PROBLEMS = 200
+
+# ---------------------------------------------------------------------------
+# Known keys, from NEL's packaged defaults plus keys NEL's code reads that no default names.
+
+TOP_LEVEL_KEYS = {"defaults", "execution", "deployment", "evaluation", "target", "env_vars", "auxiliary_deployments", "export", "hydra"}
+EXTRA_EXECUTION_KEYS = {"type", "auto_export", "env_vars", "mounts", "gpus_per_node", "evaluation_gpu_visible", "lepton_platform", "deployment", "proxy"}
+EXTRA_DEPLOYMENT_KEYS = {"type", "hf_model_handle", "checkpoint_path", "cache_path", "multiple_instances", "pre_cmd", "lepton_config", "env_vars", "n_tasks"}
+NEMO_EVALUATOR_CONFIG_KEYS = {"config", "target", "metadata"}
+
+
+@cache
+def _nel_default_keys(section: str) -> frozenset[str]:
+    """Keys of every packaged NEL default for `section` (execution or deployment)."""
+    import yaml
+
+    from nemo_evaluator_launcher import configs
+
+    keys: set[str] = set()
+    for file in (Path(configs.__file__).parent / section).rglob("*.yaml"):
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        keys |= {key for key in data if key != "defaults"}
+    return frozenset(keys)
+
+
+def known_execution_keys() -> frozenset[str]:
+    return _nel_default_keys("execution") | EXTRA_EXECUTION_KEYS
+
+
+def known_deployment_keys() -> frozenset[str]:
+    return _nel_default_keys("deployment") | EXTRA_DEPLOYMENT_KEYS
+
+
+# Flags that exist in one serving framework only: flag -> {framework: its spelling there}.
+FRAMEWORK_FLAGS: dict[str, dict[str, dict[str, str]]] = {
+    "vllm": {
+        "--max-model-len": {"sglang": "--context-length", "trtllm": "--max_seq_len"},
+        "--gpu-memory-utilization": {"sglang": "--mem-fraction-static", "trtllm": "--kv_cache_free_gpu_memory_fraction"},
+        "--max-num-seqs": {"sglang": "--max-running-requests", "trtllm": "--max_batch_size"},
+        "--enforce-eager": {"sglang": "--disable-cuda-graph"},
+        "--max-num-batched-tokens": {"sglang": "--chunked-prefill-size", "trtllm": "--max_num_tokens"},
+        "--tensor-parallel-size": {"sglang": "--tp-size", "trtllm": "--tp_size"},
+        "--data-parallel-size": {"sglang": "--dp-size"},
+        "--enable-auto-tool-choice": {},
+        "--reasoning-parser": {"sglang": "--reasoning-parser"},
+    },
+    "sglang": {
+        "--context-length": {"vllm": "--max-model-len", "trtllm": "--max_seq_len"},
+        "--mem-fraction-static": {"vllm": "--gpu-memory-utilization", "trtllm": "--kv_cache_free_gpu_memory_fraction"},
+        "--max-running-requests": {"vllm": "--max-num-seqs", "trtllm": "--max_batch_size"},
+        "--disable-cuda-graph": {"vllm": "--enforce-eager"},
+        "--chunked-prefill-size": {"vllm": "--max-num-batched-tokens", "trtllm": "--max_num_tokens"},
+        "--tp-size": {"vllm": "--tensor-parallel-size", "trtllm": "--tp_size"},
+        "--tp": {"vllm": "--tensor-parallel-size", "trtllm": "--tp_size"},
+        "--dp-size": {"vllm": "--data-parallel-size"},
+        "--dp": {"vllm": "--data-parallel-size"},
+        "--mem-fraction": {"vllm": "--gpu-memory-utilization"},
+    },
+    "trtllm": {
+        "--max_seq_len": {"vllm": "--max-model-len", "sglang": "--context-length"},
+        "--max_batch_size": {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"},
+        "--max_num_tokens": {"vllm": "--max-num-batched-tokens", "sglang": "--chunked-prefill-size"},
+        "--kv_cache_free_gpu_memory_fraction": {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"},
+        "--tp_size": {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"},
+    },
+}
+# Flags both vLLM and SGLang accept with the same spelling (never "wrong framework" there).
+SHARED_FLAGS = {"--reasoning-parser", "--tool-call-parser", "--quantization", "--kv-cache-dtype", "--trust-remote-code", "--chat-template", "--dtype", "--seed"}
+
+# What a --quantization value claims about the checkpoint: the quant_algo family it needs.
+QUANTIZATION_FLAG_FAMILY = {
+    "modelopt_fp4": "NVFP4",
+    "modelopt_fp8": "FP8",
+    "modelopt_mixed": "MIXED_PRECISION",
+    "awq": "AWQ",
+    "awq_marlin": "AWQ",
+    "gptq": "GPTQ",
+    "gptq_marlin": "GPTQ",
+    "compressed-tensors": "COMPRESSED_TENSORS",
+    "bitsandbytes": "BITSANDBYTES",
+}
+
+# A Hydra override: optional +, ++ or ~ prefix, a key path, "=", a value (~key may stand alone).
+_OVERRIDE = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][\w\-]*(?:\.[\w\-]+)*)(?P<eq>=(?P<value>.*))?$", re.S)
+
+
+# ---------------------------------------------------------------------------
+# The pass
+
+
+@dataclass
+class _Context:
+    doc: Any
+    config_path: Path
+    deployment: str
+    execution: str
+    check_env: bool
+    problems: list[Problem] = field(default_factory=list)
+    _report: Any = None
+    _report_read: bool = False
+
+    def add(self, path: str, severity: Severity, rule: str, message: str, fix: str) -> None:
+        self.problems.append(Problem(path=path, severity=severity, rule=rule, message=message, fix=fix))
+
+    def section(self, name: str) -> dict:
+        value = self.doc.get(name)
+        return value if isinstance(value, dict) else {}
+
+    def checkpoint_report(self) -> checkpoint.CheckpointReport | None:
+        """inspect_checkpoint's report when deployment.checkpoint_path is a readable local directory."""
+        if not self._report_read:
+            self._report_read = True
+            local = self.section("deployment").get("checkpoint_path")
+            if isinstance(local, str) and local != nelconfig.MISSING:
+                path = Path(local).expanduser()
+                if not path.is_absolute():
+                    path = self.config_path.parent / path
+                if (path / "config.json").is_file():
+                    self._report = _inspect_cached(str(path.resolve()), (path / "config.json").stat().st_mtime_ns)
+        return self._report
+
+
+@cache
+def _inspect_cached(path: str, config_mtime_ns: int) -> checkpoint.CheckpointReport | None:
+    try:
+        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(path=path))
+    except ToolError:
+        return None  # a broken checkpoint is inspect_checkpoint's to report, not a config problem
+
+
+def _close(word: str, known: set[str] | frozenset[str]) -> str | None:
+    matches = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.75)
+    return matches[0] if matches else None
+
+
+def _is_unresolved(value: Any) -> bool:
+    """??? (reported once, by the missing-value rule) or an interpolation checked only at run time."""
+    return value == nelconfig.MISSING or (isinstance(value, str) and "${" in value)
+
+
+def _check_keys(ctx: _Context, mapping: Any, prefix: str, known: set[str] | frozenset[str], what: str) -> None:
+    """Unknown keys: a near miss of a known key is an error (a typo NEL would silently ignore), others a warning."""
+    if not isinstance(mapping, dict):
+        return
+    for key in mapping:
+        if key in known:
+            continue
+        path = f"{prefix}.{key}" if prefix else str(key)
+        near = _close(str(key), known)
+        if near:
+            ctx.add(path, "error", "unknown_key", f"'{key}' is not a {what} key; it looks like a misspelling of '{near}'.", f"Rename '{key}' to '{near}'.")
+        else:
+            ctx.add(path, "warning", "unknown_key", f"'{key}' is not a {what} key NEL knows; it is probably ignored.", f"Remove it, or check the spelling against: {', '.join(sorted(known))}.")
+
+
+def _check_missing(ctx: _Context) -> None:
+    deployment = ctx.section("deployment")
+    for path in nelconfig.missing_value_paths(ctx.doc):
+        fix = f"Set it with set_config_value (path '{path}')."
+        if path == "deployment.hf_model_handle" and isinstance(deployment.get("checkpoint_path"), str) and deployment["checkpoint_path"] != nelconfig.MISSING:
+            fix = "checkpoint_path is set, so set hf_model_handle to null (never both)."
+        elif path.startswith("deployment.") or path.endswith("params.extra.tokenizer") or path.endswith("params_to_add"):
+            fix += " apply_checkpoint fills the deployment, tokenizer and reasoning values from the checkpoint."
+        ctx.add(path, "error", "missing_value", "Still ??? — NEL stops at the first one it meets.", fix)
+
+
+def _check_top_level(ctx: _Context) -> None:
+    _check_keys(ctx, ctx.doc, "", TOP_LEVEL_KEYS, "top-level")
+    _check_keys(ctx, ctx.section("execution"), "execution", known_execution_keys(), "execution")
+    _check_keys(ctx, ctx.section("deployment"), "deployment", known_deployment_keys(), "deployment")
+    mounts = ctx.section("execution").get("mounts")
+    if isinstance(mounts, dict):
+        from nemo_evaluator_launcher.common.config_models import MountsModel
+
+        _pydantic_problems(ctx, MountsModel, nelconfig.to_plain(mounts), "execution.mounts", {})
+
+
+def _loc_path(prefix: str, loc: tuple, task_paths: dict[int, str]) -> str:
+    path = prefix
+    for index, part in enumerate(loc):
+        if isinstance(part, int):
+            path = task_paths.get(part, f"{path}[{part}]") if index == 1 and loc[0] == "tasks" else f"{path}[{part}]"
+        else:
+            path = f"{path}.{part}" if path else str(part)
+    return path
+
+
+def _pydantic_problems(ctx: _Context, model: type[BaseModel], data: Any, prefix: str, task_paths: dict[int, str], skip_extra: bool = False) -> None:
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        for error in exc.errors():
+            loc = tuple(error["loc"])
+            path = _loc_path(prefix, loc, task_paths)
+            value = error.get("input")
+            if error["type"] == "extra_forbidden":
+                if skip_extra:
+                    continue
+                key = str(loc[-1])
+                known = set(model.model_fields)
+                parent = data
+                for part in loc[:-1]:
+                    parent = parent[part] if isinstance(parent, (dict, list)) else None
+                if len(loc) >= 2 and loc[0] == "tasks":
+                    from nemo_evaluator_launcher.common.config_models import TaskModel
+
+                    known = set(TaskModel.model_fields)
+                near = _close(key, known)
+                fix = f"Rename '{key}' to '{near}'." if near else f"Remove it; allowed keys: {', '.join(sorted(known))}."
+                ctx.add(path, "error", "unknown_key", f"'{key}' is not allowed here" + (f"; did you mean '{near}'?" if near else "."), fix)
+            elif not _is_unresolved(value):
+                ctx.add(path, "error", "wrong_type", f"{error['msg']} (got {value!r}).", "Give a value of the expected type.")
+
+
+def _check_evaluation(ctx: _Context) -> None:
+    from nemo_evaluator_launcher.common.config_models import EvaluationModel
+
+    evaluation = ctx.doc.get("evaluation")
+    if not isinstance(evaluation, dict):
+        ctx.add("evaluation", "error", "wrong_type", "evaluation must be a mapping with a `tasks:` list.", "Start from build_config, or add `evaluation: {tasks: [{name: <task>}]}`.")
+        return
+    task_list = evaluation.get("tasks")
+    if not isinstance(task_list, list) or not task_list:
+        ctx.add("evaluation.tasks", "error", "no_tasks", "There are no tasks to run.", "Add tasks with add_tasks (recipes or NEL task names).")
+    task_paths = {index: path for index, (path, _) in enumerate(nelconfig.config_tasks(ctx.doc))}
+    _pydantic_problems(ctx, EvaluationModel, nelconfig.to_plain(evaluation), "evaluation", task_paths)
+    _check_nemo_evaluator_config(ctx, evaluation.get("nemo_evaluator_config"), "evaluation.nemo_evaluator_config")
+    for path, task in nelconfig.config_tasks(ctx.doc):
+        if isinstance(task, dict):
+            _check_nemo_evaluator_config(ctx, task.get("nemo_evaluator_config"), f"{path}.nemo_evaluator_config")
+
+
+def _check_nemo_evaluator_config(ctx: _Context, section: Any, prefix: str) -> None:
+    if not isinstance(section, dict):
+        return
+    from nemo_evaluator.api.api_dataclasses import ApiEndpoint, ConfigParams, EvaluationConfig
+
+    _check_keys(ctx, section, prefix, NEMO_EVALUATOR_CONFIG_KEYS, "nemo_evaluator_config")
+    config = section.get("config")
+    if isinstance(config, dict):
+        plain = nelconfig.to_plain(config)
+        params = plain.pop("params", None)
+        _pydantic_problems(ctx, EvaluationConfig, plain, f"{prefix}.config", {})
+        if isinstance(params, dict):
+            _check_params(ctx, ConfigParams, params, f"{prefix}.config.params")
+            _check_extra_args(ctx, params.get("extra"), f"{prefix}.config.params.extra")
+    target = section.get("target")
+    if isinstance(target, dict):
+        _check_keys(ctx, target, f"{prefix}.target", {"api_endpoint"}, "nemo_evaluator_config.target")
+        endpoint = target.get("api_endpoint")
+        if isinstance(endpoint, dict):
+            plain = {key: value for key, value in nelconfig.to_plain(endpoint).items() if key != "adapter_config"}
+            _pydantic_problems(ctx, ApiEndpoint, plain, f"{prefix}.target.api_endpoint", {})
+
+
+def _check_params(ctx: _Context, model: type[BaseModel], params: dict, prefix: str) -> None:
+    known = set(model.model_fields)
+    for key in params:
+        if key in known:
+            continue
+        near = _close(key, known)
+        if near:
+            ctx.add(f"{prefix}.{key}", "error", "unknown_param", f"'{key}' is not a nemo-evaluator param; it looks like a misspelling of '{near}' (NEL only warns and the value is lost).", f"Rename '{key}' to '{near}'.")
+        else:
+            ctx.add(f"{prefix}.{key}", "warning", "unknown_param", f"'{key}' is not a nemo-evaluator param ({', '.join(sorted(known))}).", f"Harness-specific settings go under {prefix}.extra.{key}.")
+    _pydantic_problems(ctx, model, {key: value for key, value in params.items() if key in known}, prefix, {}, skip_extra=True)
+
+
+def _check_extra_args(ctx: _Context, extra: Any, prefix: str) -> None:
+    """NeMo-Skills `extra.args`: Hydra overrides for `ns eval`; adding a key takes ++."""
+    if not isinstance(extra, dict) or "args" not in extra:
+        return
+    args = extra["args"]
+    path = f"{prefix}.args"
+    if not isinstance(args, str):
+        ctx.add(path, "error", "wrong_type", f"extra.args must be one string of overrides, got {type(args).__name__}.", "Write it as a string, e.g. \"++prompt_config=eval/aai/mcq-4choices ++inference.tokens_to_generate=null\".")
+        return
+    try:
+        tokens = shlex.split(args)
+    except ValueError as exc:
+        ctx.add(path, "error", "malformed_override", f"Cannot split the overrides: {exc}.", "Balance the quotes in extra.args.")
+        return
+    for token in tokens:
+        match = _OVERRIDE.match(token)
+        if not match or (not match.group("eq") and match.group("prefix") != "~"):
+            ctx.add(path, "error", "malformed_override", f"'{token}' is not a Hydra override (key=value).", f"Write it as ++{token.lstrip('+')}=<value>, or remove it.")
+        elif not match.group("prefix"):
+            ctx.add(path, "warning", "override_needs_plus", f"'{token}' has no ++: NeMo-Skills rejects it if the key is not already in its config.", f"Write ++{token}.")
+
+
+def _check_overrides(ctx: _Context, overrides: list[str]) -> None:
+    plain = nelconfig.to_plain(ctx.doc)
+    for override in overrides:
+        match = _OVERRIDE.match(override.strip())
+        path = f"override '{override}'"
+        if not match or (not match.group("eq") and match.group("prefix") != "~"):
+            ctx.add(path, "error", "malformed_override", "Not a Hydra override: expected [+|++|~]key.path=value.", "Write it like ++evaluation.nemo_evaluator_config.config.params.limit_samples=10.")
+            continue
+        exists = _hydra_key_exists(plain, match.group("key"))
+        prefix = match.group("prefix")
+        if not prefix and not exists:
+            ctx.add(path, "error", "override_needs_plus", f"'{match.group('key')}' is not in the config: Hydra fails to override a key that does not exist.", f"Use ++{override} (adds or replaces).")
+        elif prefix == "+" and exists:
+            ctx.add(path, "error", "override_key_exists", f"'{match.group('key')}' already exists: `+` only adds new keys and Hydra fails.", f"Use {override[1:]} or +{override}.")
+        elif prefix == "~" and not exists:
+            ctx.add(path, "error", "override_key_missing", f"'{match.group('key')}' is not in the config, so it cannot be deleted.", "Drop this override or fix the key path.")
+
+
+def _hydra_key_exists(plain: Any, key: str) -> bool:
+    node = plain
+    for part in key.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+def _check_tasks(ctx: _Context, recipes: dict[str, tasks.Recipe]) -> None:
+    evaluation_params = _params_at(ctx.section("evaluation").get("nemo_evaluator_config"))
+    for path, task in nelconfig.config_tasks(ctx.doc):
+        if not isinstance(task, dict):
+            ctx.add(path, "error", "wrong_type", "A task entry must be a mapping with a `name:`.", "Write it as `- name: <task>`.")
+            continue
+        name = task.get("name")
+        if not isinstance(name, str) or not name.strip():
+            ctx.add(path, "error", "missing_value", "The task has no name.", "Add `name: <task>`; list_tasks shows the names.")
+            continue
+        entries = tasks.lookup(name)
+        if not entries:
+            suggestions = tasks.suggest(name)
+            hint = f"Did you mean: {', '.join(suggestions)}?" if suggestions else "list_tasks shows every task."
+            ctx.add(f"{path}.name", "error", "unknown_task", f"'{name}' is not a task NEL knows.", hint)
+            continue
+        if len(entries) > 1:
+            choices = ", ".join(entry.qualified_name for entry in entries)
+            ctx.add(f"{path}.name", "error", "ambiguous_task", f"'{name}' exists in several harnesses: {choices}.", f"Use the qualified name, e.g. {entries[0].qualified_name}.")
+        recipe = recipes.get(name)
+        if recipe and recipe.judge:
+            task_params = _params_at(task.get("nemo_evaluator_config"))
+            judge = (task_params.get("extra") or {}).get("judge") or (evaluation_params.get("extra") or {}).get("judge")
+            if not isinstance(judge, dict) or not judge.get("api_key"):
+                ctx.add(
+                    f"{path}.nemo_evaluator_config.config.params.extra.judge",
+                    "error",
+                    "judge_missing",
+                    f"'{name}' is scored by an LLM judge, but no judge (extra.judge.api_key) is configured.",
+                    f"Add the judge block from the '{recipe.name}' recipe (get_task_recipe), e.g. extra.judge.api_key: JUDGE_API_KEY with env_vars JUDGE_API_KEY: host:JUDGE_API_KEY.",
+                )
+        if ctx.check_env and recipe:
+            for variable in recipe.env_vars:
+                if not os.environ.get(variable):
+                    ctx.add(f"{path}", "warning", "unset_env_var", f"The '{recipe.name}' recipe needs {variable}, which is unset here.", f"export {variable}=... before the run (see env.example).")
+
+
+def _params_at(section: Any) -> dict:
+    if not isinstance(section, dict):
+        return {}
+    config = section.get("config")
+    params = config.get("params") if isinstance(config, dict) else None
+    return params if isinstance(params, dict) else {}
+
+
+def _check_env_vars(ctx: _Context) -> None:
+    from nemo_evaluator_launcher.common.env_vars import parse_env_var_value
+
+    mappings: list[tuple[str, Any]] = [("env_vars", ctx.doc.get("env_vars")), ("evaluation.env_vars", ctx.section("evaluation").get("env_vars"))]
+    mappings.append(("deployment.env_vars", ctx.section("deployment").get("env_vars")))
+    mappings += [(f"{path}.env_vars", task.get("env_vars")) for path, task in nelconfig.config_tasks(ctx.doc) if isinstance(task, dict)]
+    for prefix, mapping in mappings:
+        if not isinstance(mapping, dict):
+            continue
+        for name, raw in mapping.items():
+            try:
+                parse_env_var_value(str(raw))
+            except ValueError as exc:
+                ctx.add(f"{prefix}.{name}", "error", "env_var_prefix", str(exc).split(" Run the migration")[0], f"Write {name}: host:{name} (from this machine), lit:<value> or runtime:<VAR>.")
+    if not ctx.check_env:
+        return
+    seen: set[str] = set()
+    for path, name in nelconfig.env_var_references(ctx.doc):
+        if name in seen or os.environ.get(name):
+            continue
+        seen.add(name)
+        ctx.add(path, "error", "unset_env_var", f"{name} is unset here; NEL resolves it when the run starts and fails without it.", f"export {name}=... (see env.example), or remove the reference.")
+
+
+def _extra_args(ctx: _Context) -> list[tuple[str, str | None]]:
+    raw = ctx.section("deployment").get("extra_args")
+    if not isinstance(raw, str):
+        return []
+    try:
+        return nelconfig.parse_extra_args(raw)
+    except ValueError:
+        return []
+
+
+def _int_at(section: dict, key: str, default: int | None = None) -> int | None:
+    value = section.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _check_deployment(ctx: _Context) -> None:
+    deployment = ctx.section("deployment")
+    framework = ctx.deployment
+    raw_args = deployment.get("extra_args")
+    if raw_args is not None and not isinstance(raw_args, str):
+        ctx.add("deployment.extra_args", "error", "wrong_type", f"extra_args must be one string of server flags, got {type(raw_args).__name__}.", 'Write it as a string: extra_args: "--max-model-len 8192".')
+    elif isinstance(raw_args, str):
+        try:
+            shlex.split(raw_args)
+        except ValueError as exc:
+            ctx.add("deployment.extra_args", "error", "malformed_extra_args", f"Cannot split the flags: {exc}.", "Balance the quotes in extra_args.")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "port"):
+        value = deployment.get(key)
+        if key in deployment and not _is_unresolved(value) and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            ctx.add(f"deployment.{key}", "error", "wrong_type", f"{key} must be a positive integer, got {value!r}.", f"Set deployment.{key} to an integer such as 1.")
+    gpu_memory = deployment.get("gpu_memory_utilization")
+    if gpu_memory is not None and not _is_unresolved(gpu_memory) and (not isinstance(gpu_memory, (int, float)) or not 0 < gpu_memory <= 1):
+        ctx.add("deployment.gpu_memory_utilization", "error", "wrong_type", f"gpu_memory_utilization must be a fraction in (0, 1], got {gpu_memory!r}.", "Use e.g. 0.9.")
+
+    options = _extra_args(ctx)
+    flags = [flag for flag, _ in options]
+    for flag in sorted({flag for flag in flags if flags.count(flag) > 1}):
+        ctx.add("deployment.extra_args", "warning", "duplicate_flag", f"{flag} appears {flags.count(flag)} times; the server takes the last.", f"Keep one {flag}.")
+    if framework in nelconfig.NEL_COMMAND_FLAGS:
+        for flag in flags:
+            owner = nelconfig.NEL_COMMAND_FLAGS[framework].get(flag)
+            if owner:
+                ctx.add("deployment.extra_args", "error", "flag_set_by_nel", f"{flag} is already in NEL's {framework} command; passing it again conflicts.", f"Remove {flag} from extra_args" + (f" and set {owner}." if owner.startswith("deployment.") else "."))
+        for flag in flags:
+            for other, spelled in FRAMEWORK_FLAGS.items():
+                if other == framework or flag not in spelled or flag in SHARED_FLAGS or flag in FRAMEWORK_FLAGS.get(framework, {}):
+                    continue
+                equivalent = spelled[flag].get(framework)
+                fix = f"Replace {flag} with {equivalent}." if equivalent else f"Remove {flag}; {framework} has no such flag."
+                ctx.add("deployment.extra_args", "error", "wrong_framework_flag", f"{flag} is a {other} flag; the {framework} server rejects it.", fix)
+                break
+
+    has_path = isinstance(deployment.get("checkpoint_path"), str) and deployment["checkpoint_path"] not in ("", nelconfig.MISSING)
+    has_handle = isinstance(deployment.get("hf_model_handle"), str) and deployment["hf_model_handle"] not in ("", nelconfig.MISSING)
+    if has_path and has_handle:
+        ctx.add("deployment.hf_model_handle", "error", "both_model_sources", "Both checkpoint_path and hf_model_handle are set; NEL serves hf_model_handle and ignores the local checkpoint.", "Keep one: set hf_model_handle to null to serve the local checkpoint (or checkpoint_path to null).")
+    if framework in ("vllm", "sglang") and not has_path and not has_handle and "???" not in (deployment.get("checkpoint_path"), deployment.get("hf_model_handle")):
+        ctx.add("deployment.checkpoint_path", "error", "no_model_source", "Neither checkpoint_path nor hf_model_handle is set: the server has nothing to load.", "Run apply_checkpoint with the checkpoint directory or HF handle.")
+    if framework in ("vllm", "sglang", "trtllm"):
+        _check_against_checkpoint(ctx, options)
+
+
+def _check_against_checkpoint(ctx: _Context, options: list[tuple[str, str | None]]) -> None:
+    report = ctx.checkpoint_report()
+    if report is None:
+        return
+    framework = ctx.deployment
+    values = dict(options)
+    length_flag = nelconfig.CONTEXT_LENGTH_FLAGS[framework]
+    length = values.get(length_flag)
+    if report.context_length and length and length.isdigit() and int(length) > report.context_length:
+        ctx.add(
+            "deployment.extra_args",
+            "error",
+            "context_too_long",
+            f"{length_flag} {length} exceeds the checkpoint's max_position_embeddings ({report.context_length}); the server refuses to start.",
+            f"Use {length_flag} {report.context_length} (apply_checkpoint writes it).",
+        )
+    quantization = values.get("--quantization")
+    if quantization and framework in ("vllm", "sglang"):
+        _check_quantization_flag(ctx, report, quantization)
+    if framework == "sglang" and report.trust_remote_code and "--trust-remote-code" not in values:
+        ctx.add("deployment.extra_args", "error", "trust_remote_code", "The checkpoint ships its own model code (auto_map) and SGLang needs --trust-remote-code to load it.", "Add --trust-remote-code to extra_args.")
+    deployment = ctx.section("deployment")
+    tp = _int_at(deployment, "tensor_parallel_size")
+    heads = report.architecture.num_attention_heads
+    if tp and heads and heads % tp:
+        ctx.add("deployment.tensor_parallel_size", "error", "tp_heads", f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads.", f"Use a divisor of {heads}, e.g. {max(d for d in (1, 2, 4, 8) if heads % d == 0)}.")
+
+
+def _flag_fits_checkpoint(value: str, quant: checkpoint.QuantizationInfo) -> bool:
+    algo, method = (quant.quant_algo or "").upper(), (quant.method or "").lower()
+    if value == "modelopt":
+        return method == "modelopt"
+    family = QUANTIZATION_FLAG_FAMILY.get(value)
+    checks = {
+        "NVFP4": "NVFP4" in algo,
+        "FP8": algo.startswith("FP8") or method == "fp8",
+        "MIXED_PRECISION": algo == "MIXED_PRECISION",
+        "AWQ": "AWQ" in algo or method == "awq",
+        "GPTQ": method == "gptq",
+        "COMPRESSED_TENSORS": method == "compressed-tensors",
+        "BITSANDBYTES": method == "bitsandbytes",
+    }
+    return checks.get(family or "", True)  # a value we know nothing about is not called a contradiction
+
+
+def _check_quantization_flag(ctx: _Context, report: checkpoint.CheckpointReport, value: str) -> None:
+    quant = report.quantization
+    expected = report.deployment_flags[ctx.deployment].quantization if ctx.deployment in report.deployment_flags else None
+    if not quant.detected:
+        if value != "fp8":  # --quantization fp8 quantizes a BF16 model on the fly; every other value needs a quantized checkpoint
+            ctx.add("deployment.extra_args", "error", "quantization_mismatch", f"--quantization {value}, but the checkpoint is not quantized.", "Remove --quantization (or point checkpoint_path at the quantized checkpoint).")
+        return
+    if not _flag_fits_checkpoint(value, quant):
+        fix = f"Use --quantization {expected}." if expected else "Remove --quantization: the server reads the checkpoint's quantization config itself."
+        found = " ".join(part for part in (quant.method, quant.quant_algo) if part)
+        ctx.add("deployment.extra_args", "error", "quantization_mismatch", f"--quantization {value} contradicts the checkpoint ({found}); the server fails to load it.", fix)
+
+
+def _check_execution(ctx: _Context) -> None:
+    execution = ctx.section("execution")
+    output_dir = execution.get("output_dir")
+    if ctx.execution == "slurm":
+        if isinstance(output_dir, str) and not _is_unresolved(output_dir) and not output_dir.startswith("/"):
+            ctx.add("execution.output_dir", "error", "slurm_output_dir", f"output_dir '{output_dir}' is relative; SLURM jobs run on compute nodes and need an absolute path on shared storage.", "Use an absolute path such as /lustre/<project>/<user>/nel-results.")
+        for key, what in (("hostname", "the login node to ssh to"), ("account", "the SLURM account to charge")):
+            value = execution.get(key)
+            if key not in execution or value is None or (isinstance(value, str) and not value.strip()):
+                ctx.add(f"execution.{key}", "error", f"slurm_{key}", f"execution.{key} ({what}) is not set.", f"Set execution.{key}.")
+    elif output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
+        ctx.add("execution.output_dir", "error", "wrong_type", "output_dir must be a directory path.", "Set execution.output_dir, e.g. nel-results.")
+    for key in ("num_nodes", "num_instances", "ntasks_per_node"):
+        value = execution.get(key)
+        if key in execution and not _is_unresolved(value) and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            ctx.add(f"execution.{key}", "error", "wrong_type", f"{key} must be a positive integer, got {value!r}.", f"Set execution.{key} to an integer such as 1.")
+    nodes = _int_at(execution, "num_nodes", 1) or 1
+    instances = _int_at(execution, "num_instances", 1) or 1
+    if instances > 1 and ctx.execution != "slurm":
+        ctx.add("execution.num_instances", "warning", "num_instances", "num_instances only applies to the SLURM executor.", "Remove it, or run on SLURM.")
+    if instances > 1 and ctx.deployment == "none":
+        ctx.add("execution.num_instances", "error", "num_instances", "num_instances > 1 replicates a deployment, but deployment is none.", "Set num_instances to 1, or let NEL deploy the model.")
+    if nodes % instances:
+        ctx.add("execution.num_instances", "error", "num_instances", f"num_nodes {nodes} is not a multiple of num_instances {instances}: every instance needs the same number of nodes.", f"Use num_nodes {instances * max(1, nodes // instances)} or a num_instances that divides {nodes}.")
+    if ctx.execution == "slurm" and ctx.deployment in ("vllm", "sglang", "trtllm"):
+        _check_gpus_per_node(ctx, nodes // instances if nodes % instances == 0 else 1)
+
+
+def _gpus_per_node(execution: dict) -> int | None:
+    explicit = _int_at(execution, "gpus_per_node")
+    if explicit:
+        return explicit
+    gres = execution.get("gres", "gpu:8")  # NEL's SLURM default
+    match = re.search(r"gpu(?::[\w.-]+)?:(\d+)$", str(gres)) if gres else None
+    return int(match.group(1)) if match else None
+
+
+def _check_gpus_per_node(ctx: _Context, nodes_per_instance: int) -> None:
+    execution, deployment = ctx.section("execution"), ctx.section("deployment")
+    gpus = _gpus_per_node(execution)
+    tp = _int_at(deployment, "tensor_parallel_size", 8 if ctx.deployment in ("vllm", "sglang", "trtllm") else 1)
+    pp = _int_at(deployment, "pipeline_parallel_size", 1) or 1
+    dp = _int_at(deployment, "data_parallel_size", 1) or 1
+    if not gpus or not tp:
+        return
+    if tp > gpus:
+        ctx.add("deployment.tensor_parallel_size", "error", "tp_exceeds_node", f"tensor_parallel_size {tp} exceeds the {gpus} GPUs per node (execution.gres).", f"Use tensor_parallel_size <= {gpus}; span nodes with pipeline_parallel_size instead.")
+    elif tp * pp * dp > gpus * nodes_per_instance:
+        ctx.add(
+            "deployment.data_parallel_size",
+            "error",
+            "parallelism_exceeds_gpus",
+            f"tensor {tp} x pipeline {pp} x data {dp} = {tp * pp * dp} GPUs per instance, but an instance has {nodes_per_instance} node(s) x {gpus} GPUs.",
+            "Lower data_parallel_size / pipeline_parallel_size, or raise execution.num_nodes.",
+        )
+
+
+def _check_pre_cmd(ctx: _Context) -> None:
+    if os.environ.get("NEMO_EVALUATOR_TRUST_PRE_CMD") == "1":
+        return
+    places = [("evaluation.pre_cmd", ctx.section("evaluation").get("pre_cmd")), ("deployment.pre_cmd", ctx.section("deployment").get("pre_cmd"))]
+    places += [(f"{path}.pre_cmd", task.get("pre_cmd")) for path, task in nelconfig.config_tasks(ctx.doc) if isinstance(task, dict)]
+    for path, command in places:
+        if isinstance(command, str) and command.strip():
+            ctx.add(path, "error", "pre_cmd_untrusted", "NEL refuses to run a pre_cmd unless NEMO_EVALUATOR_TRUST_PRE_CMD=1 (the dry-run only warns).", "Read the command; if you trust it, export NEMO_EVALUATOR_TRUST_PRE_CMD=1. Otherwise remove pre_cmd.")
+
+
+def _check_self_deployment_key(ctx: _Context) -> None:
+    if ctx.deployment in ("none", "nim"):
+        return
+    endpoint = ctx.section("target").get("api_endpoint")
+    if isinstance(endpoint, dict) and endpoint.get("api_key_name"):
+        return
+    names = [str(task.get("name")) for _, task in nelconfig.config_tasks(ctx.doc) if isinstance(task, dict)]
+    if any(entry.harness == "nemo_skills" for name in names for entry in tasks.lookup(name)):
+        ctx.add("target.api_endpoint.api_key_name", "warning", "nemo_skills_api_key", "NeMo-Skills tasks send an API key even to a self-deployed server, and none is named.", "Set target.api_endpoint.api_key_name: DUMMY_API_KEY (apply_checkpoint does) and export DUMMY_API_KEY=dummy.")
+
+
+def validate_document(doc: Any, config_path: Path, overrides: list[str] | None = None, check_env: bool = True) -> list[Problem]:
+    """Every problem in a parsed config (the rules behind validate_config)."""
+    ctx = _Context(doc=doc, config_path=config_path, deployment=nelconfig.deployment_type(doc), execution=nelconfig.execution_type(doc), check_env=check_env)
+    recipes = nelconfig.recipes_by_task()
+    _check_missing(ctx)
+    _check_top_level(ctx)
+    _check_evaluation(ctx)
+    _check_tasks(ctx, recipes)
+    _check_env_vars(ctx)
+    _check_deployment(ctx)
+    _check_execution(ctx)
+    _check_pre_cmd(ctx)
+    _check_self_deployment_key(ctx)
+    _check_overrides(ctx, overrides or [])
+    return ctx.problems
+
+
+def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
+    """Check a NEL config offline in one pass and report every problem with its path, severity and a
+    concrete fix: unresolved ???, unknown or ambiguous task names (did-you-mean), misspelled keys and
+    params (temprature), wrong value types, overrides that need ++, server flags for the wrong
+    framework, quantization flags or context lengths that contradict the checkpoint, tensor
+    parallelism vs heads and GPUs per node, unset env vars, SLURM specifics, judge tasks without a
+    judge. Use it after every edit and before dry_run: it takes milliseconds, NEL's dry-run seconds.
+    """
+    started = time.perf_counter()
+    path = Path(request.config).expanduser()
+    problems = validate_document(nelconfig.load_config(path), path, request.overrides, request.check_env)
+    errors = sum(problem.severity == "error" for problem in problems)
+    return ValidateConfigOutput(
+        config=request.config,
+        valid=errors == 0,
+        errors=errors,
+        warnings=len(problems) - errors,
+        problems=problems[:MAX_PROBLEMS],
+        elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
