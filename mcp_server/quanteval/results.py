@@ -53,18 +53,22 @@ REMOTE_ARTIFACT_PATTERNS = [
 REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys harnesses use for repeats
 MAX_EVIDENCE_PER_CHECK = 5
 
-# Log lines that matter, one regex per check. Matched line by line; the first hits are kept as evidence.
+# Log lines that matter, one pattern per check, written in the regex dialect Python and POSIX ERE
+# (grep -E) share: grep finds the candidate lines (locally or on the cluster), Python sorts them into checks.
 LOG_PATTERNS: dict[str, re.Pattern[str]] = {
-    "slurm_timeout": re.compile(r"DUE TO TIME LIMIT|DUE TO PREEMPTION|NODE_FAIL"),
-    "resumed": re.compile(r"RESUMING\.\.\."),
-    "judge_failure": re.compile(r"judge\w*[^\n]{0,80}?(error|failed|exception|timed? ?out)", re.IGNORECASE),
-    "sandbox_failure": re.compile(r"sandbox[^\n]{0,80}?(error|failed|exception|refused|timed? ?out)", re.IGNORECASE),
-    "loaded_checkpoint": re.compile(
-        r"model_path='(?P<sglang>[^']+)'|Starting to load model (?P<vllm>\S+)|'model': '(?P<vllm_args>[^']+)'"
-    ),
+    name: re.compile(pattern, re.IGNORECASE)
+    for name, pattern in {
+        "slurm_timeout": r"DUE TO TIME LIMIT|DUE TO PREEMPTION|NODE_FAIL",
+        "resumed": r"RESUMING\.\.\.",
+        "judge_failure": r"judge.{0,80}(error|fail|exception|timed? ?out)",
+        "sandbox_failure": r"sandbox.{0,80}(error|fail|exception|refused|timed? ?out)",
+        "loaded_checkpoint": r"model_path='|Starting to load model |'model': '",
+    }.items()
 }
-# A coarse POSIX-ERE superset of LOG_PATTERNS for grep on a cluster; the hits are then classified by LOG_PATTERNS.
-GREP_PREFILTER = "time limit|preemption|node_fail|resuming|judge|sandbox|model_path=|starting to load model|'model': "
+GREP_PATTERN = "|".join(f"({pattern.pattern})" for pattern in LOG_PATTERNS.values())
+GREP_MAX_PER_FILE = 100  # candidate lines per log file; evidence keeps MAX_EVIDENCE_PER_CHECK of them
+# Which checkpoint: SGLang prints its server_args, vLLM its load line or its non-default args.
+CHECKPOINT_PATH = re.compile(r"model_path='([^']+)'|Starting to load model (\S+)|'model': '([^']+)'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,29 +447,22 @@ def _clip(text: str) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _scan_local_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
-    hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
-    logs = task_dir / "logs"
-    for path in sorted(logs.glob("*.log")) if logs.is_dir() else []:
-        with path.open(encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, start=1):
-                _classify(line, tree.display(path), number, hits)
-    return hits
-
-
-def _scan_remote_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
-    """grep on the cluster: the logs (often GBs of server output) never cross the network."""
+def _scan_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
+    """grep where the logs are (here, or on the cluster): they are often GBs of server output, never read whole."""
     from quanteval import remote
 
     hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
-    logs = tree.remote_path(task_dir / "logs")
-    command = f"cd {shlex.quote(logs)} 2>/dev/null && grep -n -i -E -m 200 -H {shlex.quote(GREP_PREFILTER)} -- *.log"
-    result = remote.run_remote(tree.host, command, timeout=120)
+    host = tree.host or remote.LOCAL
+    logs = tree.remote_path(task_dir / "logs") if tree.host else str(task_dir / "logs")
+    command = (f"cd {shlex.quote(logs)} 2>/dev/null && grep -n -i -E -H -m {GREP_MAX_PER_FILE} "
+               f"{shlex.quote(GREP_PATTERN)} -- *.log")
+    result = remote.run_remote(host, command, timeout=300)
     for raw in result.stdout.splitlines():
         name, _, rest = raw.partition(":")
         number, _, line = rest.partition(":")
         if number.isdigit():
-            _classify(line, f"{tree.host}:{logs}/{name}", int(number), hits)
+            shown = f"{tree.host}:{logs}/{name}" if tree.host else str(Path(logs) / name)
+            _classify(line, shown, int(number), hits)
     return hits
 
 
@@ -477,9 +474,9 @@ def _classify(line: str, file: str, number: int, hits: dict[str, list[Evidence]]
 
 def _loaded_checkpoint(evidence: list[Evidence]) -> str | None:
     for item in evidence:
-        match = LOG_PATTERNS["loaded_checkpoint"].search(item.text)
+        match = CHECKPOINT_PATH.search(item.text)
         if match:
-            return next(value for value in match.groupdict().values() if value)
+            return next(value for value in match.groups() if value)
     return None
 
 
@@ -529,7 +526,7 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
     scores = task_scores(tree, task_dir)
     report = TaskValidation(task_dir=shown, task=scores.task)
     findings = report.findings
-    logs = _scan_remote_logs(tree, task_dir) if tree.host else _scan_local_logs(tree, task_dir)
+    logs = _scan_logs(tree, task_dir)
 
     # Finished or not. A SLURM timeout is fine when the paired restart job resumed and finished the task.
     exit_code = _exit_code(task_dir)
