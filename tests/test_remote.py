@@ -134,7 +134,7 @@ def test_silent_server_times_out_instead_of_hanging(slurm_cluster, tmp_path, mon
     write_config(slurm_cluster, tmp_path, monkeypatch, "silent", port=listener.getsockname()[1])
     started = time.monotonic()
     try:
-        with pytest.raises(ToolError, match="silent: host unreachable"):
+        with pytest.raises(ToolError, match="silent: host unreachable: no SSH answer"):
             ssh_check(SshCheckInput(host="silent"))
     finally:
         listener.close()
@@ -404,3 +404,28 @@ def test_tail_and_fetch_tree_bring_back_what_was_asked(slurm_cluster, tmp_path):
     assert (tmp_path / "copy" / "task" / "artifacts" / "results.yml").read_text() == "results: {}\n"
     with pytest.raises(ToolError, match="cannot read"):
         remote.tail_remote(slurm_cluster.ssh_alias, str(run / "nope.txt"), 5)
+
+
+def test_keys_from_a_running_ssh_agent_are_used(slurm_cluster, tmp_path, monkeypatch):
+    agent_socket = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(agent_socket)], stdout=subprocess.DEVNULL)
+    try:
+        wait_until(agent_socket.exists, timeout=10)
+        env = {"SSH_AUTH_SOCK": str(agent_socket), "PATH": "/usr/bin:/bin"}
+        subprocess.run(["ssh-add", "-q", str(slurm_cluster.key_path)], env=env, check=True, timeout=10)
+        known = tmp_path / "known_hosts"
+        known.write_text(slurm_cluster.host_key_line())
+        config = tmp_path / "agent_config"  # no IdentityFile: the only way in is the agent's key
+        config.write_text(f"Host via-agent\n  HostName 127.0.0.1\n  Port {slurm_cluster.port}\n  User root\n"
+                          f"  UserKnownHostsFile {known}\n")
+        monkeypatch.setenv("QUANTEVAL_SSH_CONFIG", str(config))
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(agent_socket))
+        monkeypatch.setenv("HOME", str(tmp_path))  # no default keys in ~/.ssh to fall back on
+        assert ssh_check(SshCheckInput(host="via-agent")).user == "root"
+        remote._drop("via-agent")
+        monkeypatch.delenv("SSH_AUTH_SOCK")
+        with pytest.raises(ToolError, match="authentication failed"):
+            ssh_check(SshCheckInput(host="via-agent"))
+    finally:
+        agent.terminate()
+        agent.wait(10)

@@ -283,8 +283,18 @@ def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> 
         if jump:
             jump.close()
         raise
-    except paramiko.AuthenticationException as exc:
+    except (paramiko.AuthenticationException, paramiko.SSHException) as exc:
         client.close()
+        if not isinstance(exc, paramiko.AuthenticationException) and "authentication" not in str(exc).lower():
+            if jump:
+                jump.close()
+            if "banner" in str(exc).lower() or "no existing session" in str(exc).lower():
+                # TCP connected, but the SSH handshake never happened: wrong port, wedged or overloaded sshd.
+                raise ToolError(
+                    f"{host}: host unreachable: no SSH answer from {where} within {settings.connect_timeout:g} s. "
+                    "Check that Port is sshd's port and the host is not overloaded."
+                ) from None
+            raise ToolError(f"{host}: host unreachable: {where}: {exc}. Check HostName, Port and that sshd runs.") from None
         if jump:
             jump.close()
         tried = ", ".join(settings.identity_files) or "default keys in ~/.ssh"
@@ -304,11 +314,12 @@ def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> 
             f"{host}: host unreachable: no answer from {where} within {settings.connect_timeout:g} s. "
             "Check VPN/network, HostName and Port."
         ) from None
-    except (paramiko.SSHException, OSError, EOFError) as exc:
+    except (OSError, EOFError) as exc:
         client.close()
         if jump:
             jump.close()
-        reason = "connection refused (nothing listens there)" if isinstance(exc, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)) else str(exc) or type(exc).__name__
+        refused = isinstance(exc, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError))
+        reason = "connection refused (nothing listens there)" if refused else str(exc) or type(exc).__name__
         raise ToolError(f"{host}: host unreachable: {where}: {reason}. Check HostName, Port and that sshd runs.") from None
     server_key = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
     return Connection(client, settings, fingerprint(server_key), check.added, jump)
