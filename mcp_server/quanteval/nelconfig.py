@@ -60,7 +60,7 @@ def parse_config_text(text: str, source: str) -> CommentedMap:
     if doc is None:
         return CommentedMap()
     if not isinstance(doc, CommentedMap):
-        raise ToolError(f"{source}: the top level must be a mapping (keys like `execution:`, `evaluation:`), not a {type(doc).__name__}.")
+        raise ToolError(f"{source}: the top level must be a mapping (keys like `execution:`, `evaluation:`), not {_kind(doc)}.")
     return doc
 
 
@@ -162,7 +162,7 @@ def parse_path(dotted: str) -> list[tuple[str, PathStep]]:
             expect_key = False
         elif selector is not None:
             selector = selector.strip().strip("'\"")
-            if not selector or (expect_key and steps):
+            if not selector or not steps or (expect_key and steps):
                 raise ToolError(f"path '{dotted}': empty or misplaced [..]. Use [<index>] or [<task name>] right after a list key.")
             if re.fullmatch(r"-?\d+", selector):
                 steps.append(("index", int(selector)))
@@ -198,18 +198,26 @@ def _named_index(seq: list, name: str, where: str) -> int:
     raise ToolError(f"{where}: {len(matches)} entries are named '{name}' (indices {matches}). Address one by index, e.g. [{matches[0]}].")
 
 
+def _kind(node: Any) -> str:
+    if isinstance(node, dict):
+        return "a mapping"
+    if isinstance(node, list):
+        return "a list"
+    return "null" if node is None else f"a {type(node).__name__.lower().replace('scalar', '')} value"
+
+
 def _step_into(node: Any, kind: str, step: PathStep, where: str) -> tuple[Any, Any]:
     """Return (container key/index, child) for one step, or raise a ToolError naming what exists."""
     if kind == "key":
         if not isinstance(node, dict):
-            raise ToolError(f"{where}: is a {type(node).__name__}, not a mapping; cannot look up key '{step}'.")
+            raise ToolError(f"{where}: is {_kind(node)}, not a mapping; cannot look up key '{step}'.")
         if step not in node:
             close = difflib.get_close_matches(str(step), [str(k) for k in node], n=3)
             hint = f" Did you mean: {', '.join(close)}?" if close else f" Keys here: {', '.join(map(str, node)) or '(none)'}."
             raise MissingKeyError(f"{where}: has no key '{step}'.{hint}")
         return step, node[step]
     if not isinstance(node, list):
-        raise ToolError(f"{where}: is a {type(node).__name__}, not a list; [{step}] needs a list.")
+        raise ToolError(f"{where}: is {_kind(node)}, not a list; [{step}] needs a list.")
     if kind == "index":
         assert isinstance(step, int)
         if not -len(node) <= step < len(node):
@@ -262,7 +270,7 @@ def set_path(doc: Any, dotted: str, value: Any) -> None:
     where = format_path(steps[:-1]) or "(top level)"
     if kind == "key":
         if not isinstance(parent, dict):
-            raise ToolError(f"{where}: is a {type(parent).__name__}, not a mapping; cannot set key '{step}'.")
+            raise ToolError(f"{where}: is {_kind(parent)}, not a mapping; cannot set key '{step}'.")
         parent[step] = value
         return
     index, _ = _step_into(parent, kind, step, where)
