@@ -161,7 +161,8 @@ def test_mismatched_generation_params_are_not_comparable(tmp_path: Path) -> None
 
 def test_checklist_catches_repeats_samples_judge_reasoning_and_container(tmp_path: Path) -> None:
     base, cand = runs(tmp_path)
-    make_task(base, limit_samples=100, count=100, extra={"n_samples": 4, "judge": {"model_id": "judge-a"}},
+    make_task(base, limit_samples=100, count=100,
+              extra={"n_samples": 4, "judge": {"model_id": "judge-a", "api_key": "sk-live-1234", "api_key_name": "JUDGE_API_KEY"}},
               interceptors=[{"name": "reasoning", "config": {"end_reasoning_token": "</think>"}}])
     make_task(cand, limit_samples=50, count=50, extra={"n_samples": 1, "judge": {"model_id": "judge-b"}},
               interceptors=[{"name": "response_stats"}],
@@ -170,6 +171,10 @@ def test_checklist_catches_repeats_samples_judge_reasoning_and_container(tmp_pat
     statuses = {item.item: item.status for item in result.checklist}
     assert statuses == {"task": "same", "container": "different", "prompts": "same", "generation": "same",
                         "reasoning": "different", "repeats": "different", "samples": "different", "judge": "different"}
+    judge = next(item for item in result.checklist if item.item == "judge")
+    assert "sk-live-1234" not in judge.baseline and '"api_key": "<redacted>"' in judge.baseline
+    assert '"api_key_name": "JUDGE_API_KEY"' in judge.baseline  # env var names are fine to show
+    assert "sk-live-1234" not in Path(result.report_html).read_text()
 
 
 def test_missing_run_config_makes_comparability_inconclusive(tmp_path: Path) -> None:

@@ -185,10 +185,14 @@ def test_leaked_reasoning_fails(tmp_path: Path) -> None:
     assert report.tasks[0].leaked_reasoning == 1
 
 
-def test_judge_and_sandbox_failures_are_found_with_their_lines(tmp_path: Path) -> None:
-    log = "step 1\nstep 2\nERROR judge request failed: 401 Unauthorized\nstep 4\nSandbox execution timed out after 30s\n"
+def test_judge_and_sandbox_failures_are_found_with_their_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUDGE_API_KEY", "sk-judge-0123456789")
+    log = ("step 1\nstep 2\nERROR judge request failed: 401 Unauthorized (key sk-judge-0123456789)\nstep 4\n"
+           "Sandbox execution timed out after 30s\n")
     task_dir = make_task(make_invocation(tmp_path), logs={"client-1001.log": log})
     report = validate(task_dir)
+    assert "sk-judge-0123456789" not in report.model_dump_json()  # the value never leaves; its name may
+    assert "(key <JUDGE_API_KEY>)" in report.model_dump_json()
     assert report.verdict == "fail"
     by_check = {f.check: f for f in report.tasks[0].findings}
     assert (by_check["judge_failure"].evidence[0].line, by_check["sandbox_failure"].evidence[0].line) == (3, 5)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import re
 import shlex
 import shutil
@@ -30,7 +31,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quanteval import ledger
-from quanteval.envvars import state_dir
+from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 log = logging.getLogger(__name__)
@@ -443,7 +444,12 @@ class ValidateRunOutput(BaseModel):
 
 
 def _clip(text: str) -> str:
+    """A log line fit to quote: secret values of known env vars replaced by their names, at most 300 characters."""
     text = text.strip()
+    for name in KNOWN_ENV_VARS:
+        value = os.environ.get(name, "")
+        if len(value) >= 8 and value in text:
+            text = text.replace(value, f"<{name}>")
     return text if len(text) <= 300 else text[:297] + "..."
 
 
