@@ -157,6 +157,27 @@ def test_quanteval_command_parses(source: str, command: str):
         registry.parse_arguments(spec, arguments)  # raises on a misspelled or missing field
 
 
+# Flags the pack names for other programs. vLLM cannot be installed here (CUDA wheels), so its flags
+# are listed from its documentation; Pyxis's is an srun option.
+VLLM_ONLY_FLAGS = {"--max-model-len", "--enable-auto-tool-choice", "--data-parallel-size", "--distributed-executor-backend"}
+OTHER_FLAGS = {"--container-image", "--cuda-graph-max-bs"}  # srun (Pyxis); the pre-0.5 SGLang name, named as such
+
+
+def test_every_server_flag_the_pack_names_exists_in_sglang():
+    """Server flags in the pack are checked against SGLang's own argument parser (CPU import)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    sglang = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(sglang)
+    # Flags of nel / quanteval commands are checked by the parse tests above.
+    cli_flags = {flag for _, command in NEL_COMMANDS + QUANTEVAL_COMMANDS for flag in re.findall(r"--[a-z][a-z0-9-]*", command)}
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", _pack_text()))
+    unknown = flags - set(sglang._option_string_actions) - cli_flags - VLLM_ONLY_FLAGS - OTHER_FLAGS
+    assert sorted(unknown) == []
+
+
 # ---------------------------------------------------------------- install
 
 
@@ -195,6 +216,16 @@ def test_install_never_overwrites_without_force(tmp_path: Path):
     forced = subprocess.run([*command, "--force"], capture_output=True, text=True, timeout=60)
     assert forced.returncode == 0, forced.stderr
     assert edited.read_text().startswith("---\nname: monitor\n")
+
+
+def test_install_into_a_file_is_refused_with_a_clear_error(tmp_path: Path):
+    target = tmp_path / "not-a-folder"
+    target.write_text("keep me")
+    done = subprocess.run([str(QUANTEVAL), "skills", "install", "--dest", str(target)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "not a directory" in done.stderr and "Traceback" not in done.stderr
+    assert target.read_text() == "keep me"
 
 
 def test_user_level_install_goes_where_each_assistant_looks(tmp_path: Path):

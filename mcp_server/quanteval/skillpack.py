@@ -154,6 +154,8 @@ def skills_root_for(agent: str, *, project: bool, project_root: Path | None = No
 def install_skills(destination_root: Path, *, force: bool = False) -> list[InstallOutcome]:
     """Copy every skill, self-contained, into `destination_root/<skill>/`. Existing skills are kept unless `force`."""
     root = pack_root()
+    if destination_root.exists() and not destination_root.is_dir():
+        raise ToolError(f"{destination_root}: not a directory. Give a skills folder to install into (it is created if missing).")
     outcomes = []
     for skill in skill_names(root):
         destination = destination_root / skill
