@@ -60,7 +60,9 @@ def launched():
     """Launch through the tool; every deployment is stopped afterwards even when a test fails."""
     ids: list[str] = []
 
-    def launch(**kwargs) -> object:
+    def launch(checkpoint: Path = LLAMA_BF16, **kwargs) -> object:
+        if "plan" not in kwargs:  # the parser check has its own tests; skipping it saves seconds per launch
+            kwargs["plan"] = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), check_args=False))
         result = launch_deployment(LaunchDeploymentInput(**kwargs))
         ids.append(result.deployment_id)
         return result
@@ -96,6 +98,7 @@ def test_qwen3_reasoning_checkpoint_gets_its_parsers_per_framework():
     assert not [w for w in sglang.warnings if w.level == "error"]
 
     vllm = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", gpus=2, port=8100, served_model_name="q"))
+    # vLLM is not installed here: the plan says its arguments went unchecked rather than pretending
     assert vllm.argv[:3] == ["vllm", "serve", checkpoint]
     assert ["--served-model-name", "q", "--tensor-parallel-size", "2", "--max-model-len", "40960"] == vllm.server_args[1:7]
     assert vllm.server_args[vllm.server_args.index("--reasoning-parser") + 1] == "qwen3"
@@ -104,7 +107,7 @@ def test_qwen3_reasoning_checkpoint_gets_its_parsers_per_framework():
 
 
 def test_plain_llama_gets_no_parsers_and_a_local_checkpoint_runs_offline():
-    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16)))
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), check_args=False))
     assert "--reasoning-parser" not in plan.server_args and "--tool-call-parser" not in plan.server_args
     assert plan.env == {"HF_HUB_OFFLINE": "1"}
     assert plan.command.startswith("python3 -m sglang.launch_server --model-path ")
@@ -123,16 +126,16 @@ def test_plain_llama_gets_no_parsers_and_a_local_checkpoint_runs_offline():
 )
 def test_hardware_and_format_mismatches_are_warned(tmp_path, quant, framework, gpu_type, level, words):
     checkpoint = make_checkpoint(tmp_path / "ckpt", quant=quant)
-    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework=framework, gpu_type=gpu_type))
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework=framework, gpu_type=gpu_type, check_args=False))
     assert any(w.level == level and words in w.message for w in plan.warnings), plan.warnings
 
 
 def test_formats_that_match_the_hardware_are_not_warned(tmp_path):
     fp8 = make_checkpoint(tmp_path / "fp8", quant="FP8")
-    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(fp8), gpu_type="H100"))
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(fp8), gpu_type="H100", check_args=False))
     assert plan.warnings == []
     nvfp4 = make_checkpoint(tmp_path / "nvfp4", quant="NVFP4", legacy_modelopt=False)
-    assert plan_deployment(PlanDeploymentInput(checkpoint=str(nvfp4), gpu_type="B200")).warnings == []
+    assert plan_deployment(PlanDeploymentInput(checkpoint=str(nvfp4), gpu_type="B200", check_args=False)).warnings == []
 
 
 def test_mixed_precision_gets_the_explicit_quantization_flag_and_sglang_accepts_it(tmp_path):
@@ -177,7 +180,7 @@ def test_plan_deployment_through_the_cli(cli_env):
 
 def test_healthy_start_serves_the_model_and_stop_leaves_no_process(standin, launched):
     standin("--fake-load-s", "1.5", "--fake-workers", "2")
-    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    result = launched(port=free_port())
     assert ledger.get(result.deployment_id).kind == "deployment"
     first = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
     assert first.state == "loading"
@@ -204,7 +207,7 @@ def test_healthy_start_serves_the_model_and_stop_leaves_no_process(standin, laun
 
 def test_slow_start_reports_loading_with_503_then_ready(standin, launched):
     standin("--fake-load-s", "4")
-    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    result = launched(port=free_port())
     deadline = time.monotonic() + 3
     status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
     while status.health_status != 503 and time.monotonic() < deadline:  # the port opens a moment after launch
@@ -222,7 +225,7 @@ def test_slow_start_reports_loading_with_503_then_ready(standin, launched):
 )
 def test_crash_with_a_known_error_gives_the_fix(standin, launched, mode, fix_words):
     standin("--fake-mode", mode, "--fake-load-s", "0.2")
-    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    result = launched(port=free_port())
     status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
     assert status.state == "failed"
     assert status.process == "exited with code 1"
@@ -233,7 +236,7 @@ def test_crash_with_a_known_error_gives_the_fix(standin, launched, mode, fix_wor
 
 def test_hang_while_loading_times_out_and_stop_escalates_to_sigkill(standin, launched):
     standin("--fake-mode", "hang", "--fake-ignore-sigterm", "--fake-workers", "1")
-    result = launched(checkpoint=str(LLAMA_BF16), port=free_port(), startup_timeout_s=1.5)
+    result = launched(port=free_port(), startup_timeout_s=1.5)
     status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
     assert status.state == "timed_out" and status.health_status == 503
     assert "startup_timeout_s" in status.message
@@ -249,8 +252,8 @@ def test_busy_port_explicit_is_an_error_default_is_replaced(standin, launched):
         taken.listen()
         busy = taken.getsockname()[1]
         with pytest.raises(ToolError, match=f"port: {busy} is already in use"):
-            launched(checkpoint=str(LLAMA_BF16), port=busy)
-        plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), port=busy))
+            launched(port=busy)
+        plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), port=busy, check_args=False))
         result = launched(plan=plan)
         assert result.port != busy and f"Port {busy} was busy; using free port {result.port}" in result.notes[0]
         assert f"--port {result.port}" in result.command
@@ -261,18 +264,18 @@ def test_busy_port_explicit_is_an_error_default_is_replaced(standin, launched):
 def test_a_plan_with_errors_is_not_launched_unless_forced(standin, launched, tmp_path):
     standin()
     checkpoint = make_checkpoint(tmp_path / "awq", quant="W4A16_AWQ")
-    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint)))
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), check_args=False))
     before = ledger.count(kind="deployment")
     with pytest.raises(ToolError, match="TensorRT-LLM.*force=true"):
         launched(plan=plan)
     assert ledger.count(kind="deployment") == before
     with pytest.raises(ToolError, match="exactly one of plan"):
-        launched()
+        launch_deployment(LaunchDeploymentInput())
 
 
 def test_a_missing_launcher_is_a_clear_error(monkeypatch, launched):
     monkeypatch.setenv("QUANTEVAL_SGLANG_LAUNCHER", "/nonexistent/python -m sglang.launch_server")
-    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    result = launched(port=free_port())
     status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=10))
     assert status.state == "failed" and status.process == "exited with code 127"
     assert any("/nonexistent/python" in line for line in status.log_tail)
@@ -289,7 +292,7 @@ def test_status_of_unknown_or_foreign_ids_is_a_clear_error():
 def test_status_survives_a_new_process(standin, launched, cli_env):
     """A CLI call in another process (not the launcher's parent) probes and stops the same server."""
     standin("--fake-load-s", "0.2")
-    result = launched(checkpoint=str(LLAMA_BF16), port=free_port())
+    result = launched(port=free_port())
     env = {**cli_env, **{k: os.environ[k] for k in ("QUANTEVAL_STATE_DIR", "QUANTEVAL_LEDGER")}}
     call = ["quanteval", "call", "deployment_status", "--json", json.dumps({"deployment_id": result.deployment_id, "wait_s": 15})]
     status = json.loads(subprocess.run(call, capture_output=True, text=True, env=env, check=True).stdout)
@@ -297,3 +300,12 @@ def test_status_survives_a_new_process(standin, launched, cli_env):
     call = ["quanteval", "call", "stop_deployment", "--json", json.dumps({"deployment_id": result.deployment_id})]
     stopped = json.loads(subprocess.run(call, capture_output=True, text=True, env=env, check=True).stdout)
     assert stopped["stopped"] and group_members(result.pid) == []
+
+
+def test_trtllm_plan_uses_trtllm_serve_flags_and_says_it_is_unchecked(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "awq", quant="W4A16_AWQ")
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="trtllm", gpus=4))
+    assert plan.argv[:2] == ["trtllm-serve", str(checkpoint)]
+    assert plan.server_args[plan.server_args.index("--tp_size") + 1] == "4"
+    assert plan.server_args[plan.server_args.index("--max_seq_len") + 1] == "4096"
+    assert plan.port == 8000 and plan.warnings == [] and plan.parser_check.checked is False

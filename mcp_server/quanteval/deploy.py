@@ -136,6 +136,9 @@ class PlanDeploymentInput(StrictModel):
         default_factory=list,
         description="More server arguments appended verbatim, e.g. ['--mem-fraction-static', '0.9'] after an out-of-memory failure.",
     )
+    check_args: bool = Field(
+        True, description="Run the framework's own argument parser on the result when it is installed (takes a few seconds)."
+    )
 
 
 class PlanWarning(BaseModel):
@@ -310,7 +313,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
         notes.append(f"Launcher replaced by {LAUNCHER_ENV_VARS[framework]}.")
     env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
     progress(1, 2, "checking the arguments with the framework's parser")
-    check = check_server_args(framework, server_args)
+    check = (check_server_args(framework, server_args) if request.check_args
+             else ParserCheck(checked=False, message="Not checked (check_args is false)."))
     argv = [*launcher, *server_args]
     return DeploymentPlan(
         framework=framework, checkpoint=report.path, served_model_name=name, host=host, port=port,
