@@ -161,6 +161,9 @@ def _facets(task_dir: Path, scores: TaskScores) -> dict[str, Any] | None:
     }
 
 
+SAME = "(same as baseline)"
+
+
 def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, Any] | None) -> list[ChecklistItem]:
     items = []
     for item in ("task", "container", "prompts", "generation", "reasoning", "repeats", "samples", "judge"):
@@ -171,7 +174,9 @@ def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, A
             continue
         b, c = baseline[item], candidate[item]
         status = "unknown" if item == "container" and b is None and c is None else "same" if b == c else "different"
-        items.append(ChecklistItem(task=task, item=item, status=status, baseline=_short(b), candidate=_short(c)))
+        # a matching value is shown once, to keep the result short
+        items.append(ChecklistItem(task=task, item=item, status=status, baseline=_short(b),
+                                   candidate=SAME if status == "same" else _short(c)))
     return items
 
 
