@@ -345,6 +345,9 @@ class LaunchDeploymentInput(StrictModel):
     partition: str | None = Field(None, description="SLURM partition (SLURM only).")
     account: str | None = Field(None, description="SLURM account (SLURM only).")
     time_limit: str = Field("04:00:00", description="SLURM time limit HH:MM:SS (SLURM only).")
+    remote_workdir: str = Field(
+        ".quanteval/deployments", description="Directory on the SLURM host (relative to the login home) for job scripts and logs."
+    )
     gpus_per_node: int | None = Field(
         None, ge=0, description="GPUs to request from SLURM; default the plan's tensor-parallel size, 0 requests none."
     )
@@ -480,7 +483,7 @@ def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
     port = request.port or plan.port
     record = ledger.add("deployment", status="submitting", executor="slurm", host=request.where, config_path=plan.checkpoint,
                         details={"framework": plan.framework, "served_model_name": plan.served_model_name})
-    remote_dir = f".quanteval/deployments/{record.id}"
+    remote_dir = shlex.quote(f"{request.remote_workdir.rstrip('/')}/{record.id}")
     script = _sbatch_script(plan, request, record.id, port)
     command = (
         f"mkdir -p {remote_dir} && cd {remote_dir} && cat > job.sbatch <<'QUANTEVAL_EOF'\n{script}QUANTEVAL_EOF\n"
