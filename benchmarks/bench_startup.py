@@ -78,6 +78,13 @@ def wall(argv: list[str]) -> float:
     return time.perf_counter() - started
 
 
+def import_cpu(module: str) -> float:
+    """CPU seconds a fresh interpreter spends to import `module` (and exit)."""
+    before = _children_cpu()
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True)
+    return _children_cpu() - before
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -86,6 +93,8 @@ def main() -> None:
     runs = [spawn_to_tools_list() for _ in range(args.repeats)]
     times = [seconds for seconds, _, _ in runs]
     cpu = [seconds for _, seconds, _ in runs]
+    sdk_cpu = statistics.median(import_cpu("mcp.server.mcpserver") for _ in range(args.repeats))
+    registry_cpu = statistics.median(import_cpu("quanteval.registry") for _ in range(args.repeats))
     python_pass = statistics.median(wall([sys.executable, "-c", "pass"]) for _ in range(args.repeats))
     nel_help = statistics.median(wall([str(BIN / "nel"), "--help"]) for _ in range(3))
     imported = subprocess.run(
@@ -96,6 +105,8 @@ def main() -> None:
     print(f"quanteval-mcp spawn -> tools/list ({runs[0][2]} tools): median {statistics.median(times) * 1000:.0f} ms, "
           f"min {min(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms over {args.repeats} runs (target < 1000 ms)")  # fmt: skip
     print(f"  CPU time of the server process (start, both requests, exit): median {statistics.median(cpu) * 1000:.0f} ms")
+    print(f"  of which importing the MCP SDK (mcp.server.mcpserver): {sdk_cpu * 1000:.0f} ms CPU; "
+          f"quanteval.registry (all tool modules and models): {registry_cpu * 1000:.0f} ms CPU")  # fmt: skip
     print(f"python -c pass:  {python_pass * 1000:.0f} ms")
     print(f"nel --help:      {nel_help * 1000:.0f} ms  (quanteval-mcp to tools/list is {nel_help / statistics.median(times):.1f}x faster)")
     print(f"heavy modules imported by quanteval.server: {imported or 'none'}")
