@@ -266,6 +266,8 @@ def test_extract_scores_uses_the_recipe(tmp_path: Path) -> None:
     assert (task.headline.scale, task.headline.scale_from) == ("fraction", "recipe")
     assert task.headline.path == "results.tasks.ns_gpqa.metrics.symbolic_correct.scores.accuracy"
     assert len(task.scores) == 2
+    tokens = next(score for score in task.scores if score.metric == "num_tokens")
+    assert (tokens.scale, tokens.scale_from) == ("unknown", "inferred")  # 812 is neither a fraction nor a percent
 
 
 def test_extract_scores_without_recipe_lists_every_metric_and_infers_scale(tmp_path: Path) -> None:
@@ -345,6 +347,7 @@ def test_a_recipe_naming_a_missing_score_warns_and_lists_what_is_there(tmp_path:
     assert "recipe gpqa names metric symbolic_correct, score accuracy" in warning.message
     [task] = extract_scores(ExtractScoresInput(run=str(task_dir))).tasks
     assert task.headline is None and [s.path for s in task.scores] == ["results.tasks.ns_gpqa.metrics.pass@1.scores.symbolic_correct"]
+    assert task.scores[0].scale_from == "inferred"  # the recipe vouches only for the score it names
 
 
 def test_an_output_dir_with_one_invocation_is_enough_and_with_several_asks_which(tmp_path: Path) -> None:

@@ -347,13 +347,15 @@ def task_scores(tree: RunTree, task_dir: Path) -> TaskScores:
         for name, entry in (data["results"].get(section) or {}).items():
             for task, metric, score, score_data, path in _walk_scores(name, entry or {}, f"results.{section}.{name}"):
                 value = float(score_data["value"])
+                # the recipe vouches for the scale of its own score only; every other score's scale is inferred
+                named_by_recipe = recipe is not None and (metric, score) == (recipe.metric, recipe.score)
                 found.append(
                     ScoreValue(
                         task=task, metric=metric, score=score, value=value,
                         stderr=_stderr(score_data.get("stats") or {}),
                         count=(score_data.get("stats") or {}).get("count"),
-                        scale=_recipe_scale(recipe) if recipe else _infer_scale(value),
-                        scale_from="recipe" if recipe else "inferred",
+                        scale=_recipe_scale(recipe) if named_by_recipe else _infer_scale(value),
+                        scale_from="recipe" if named_by_recipe else "inferred",
                         path=path,
                     )
                 )
