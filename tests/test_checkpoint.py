@@ -353,6 +353,22 @@ def test_json_that_is_not_an_object(tmp_path: Path):
     assert "expected a JSON object" in error_of(root)
 
 
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("hf_quant_config.json", lambda d: d["quantization"].update(group_size="big")),
+        ("config.json", lambda d: d.update(num_hidden_layers=2, torch_dtype={"not": "a dtype"})),
+    ],
+)
+def test_config_value_of_the_wrong_type_is_a_clear_error(tmp_path: Path, name: str, change):
+    root = make_checkpoint(tmp_path / "ckpt", quant="NVFP4")
+    data = json.loads((root / name).read_text())
+    change(data)
+    (root / name).write_text(json.dumps(data))
+    message = error_of(root)
+    assert name in message and "unusable value" in message
+
+
 def test_truncated_safetensors(tmp_path: Path):
     root = make_checkpoint(tmp_path / "ckpt")
     weights = root / "model.safetensors"

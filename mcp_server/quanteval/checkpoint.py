@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
@@ -637,6 +637,26 @@ def inspect_checkpoint(request: InspectCheckpointInput, progress: ProgressFn = n
     trust-remote-code, GPU memory fit and per-framework deployment flags, with warnings. Use it before
     building a config or planning a deployment for a local checkpoint or a cached HF handle."""
     root, hf_handle = _locate(request.path)
+    try:
+        return _inspect(root, hf_handle, progress)
+    except ValidationError as exc:  # a config value of the wrong type (e.g. "group_size": "big")
+        error = exc.errors()[0]
+        where = _MODEL_SOURCES.get(exc.title, "a config file")
+        raise ToolError(
+            f"{root}: {where} has an unusable value for {'.'.join(str(p) for p in error['loc'])} "
+            f"({error['input']!r}: {error['msg']}). Fix that value in the file."
+        ) from None
+
+
+# Which files feed each report model, to name them when a value has the wrong type.
+_MODEL_SOURCES = {
+    "QuantizationInfo": "the quantization config (config.json quantization_config, hf_quant_config.json or quantize_config.json)",
+    "ArchitectureInfo": "config.json",
+    "CheckpointReport": "config.json or generation_config.json",
+}
+
+
+def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> CheckpointReport:
     config_path = root / "config.json"
     if not config_path.is_file():
         raise ToolError(f"{root}: no config.json; point at the folder that holds the checkpoint's config.json")
