@@ -238,3 +238,12 @@ def test_scores_without_stderr_cannot_be_judged(tmp_path: Path) -> None:
     assert row.delta == 0.0 and row.delta_stderr is None and row.ci_low is None
     assert row.verdict == "inconclusive"
     assert math.isclose(row.baseline, 0.8)
+
+
+def test_the_same_task_twice_in_a_run_is_compared_twice_not_overwritten(tmp_path: Path) -> None:
+    base, cand = runs(tmp_path)
+    for index, (b, c) in enumerate([(0.80, 0.79), (0.60, 0.50)]):
+        make_task(base, "ns_gpqa", index, value=b, stderr=0.01)
+        make_task(cand, "ns_gpqa", index, value=c, stderr=0.01)
+    rows = compare(base, cand, tmp_path, threshold=0.02).comparisons
+    assert [(row.task, round(row.delta, 4)) for row in rows] == [("ns_gpqa", -0.01), ("ns_gpqa (ns_gpqa.1)", -0.1)]

@@ -374,10 +374,12 @@ tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</styl
 
 
 def _by_task(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
-    found = {}
+    found: dict[str, tuple[Path, TaskScores]] = {}
     for task_dir in tree.task_dirs:
         scores = task_scores(tree, task_dir)
-        found[scores.task or task_dir.name] = (task_dir, scores)
+        name = scores.task or task_dir.name
+        # the same task twice in one run (e.g. two prompt variants): tell them apart by directory
+        found[name if name not in found else f"{name} ({task_dir.name})"] = (task_dir, scores)
     return found
 
 
