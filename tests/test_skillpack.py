@@ -178,6 +178,18 @@ def test_every_server_flag_the_pack_names_exists_in_sglang():
     assert sorted(unknown) == []
 
 
+def test_interceptor_keys_the_pack_names_exist_in_nemo_evaluator():
+    """adapter_config keys in the pack are fields of nemo-evaluator's adapter config (the legacy flat form NEL templates use)."""
+    from nemo_evaluator.adapters.adapter_config import AdapterConfig, LegacyAdapterConfig
+
+    fields = set(LegacyAdapterConfig.model_fields) | set(AdapterConfig.model_fields)
+    text = _pack_text()
+    named = {"process_reasoning_traces", "params_to_add", "params_to_remove", "use_system_prompt", "custom_system_prompt",
+             "use_request_logging", "max_logged_requests", "use_response_logging", "max_logged_responses"}
+    assert all(f"`{key}`" in text for key in named)
+    assert sorted(named - fields) == []
+
+
 # ---------------------------------------------------------------- install
 
 
