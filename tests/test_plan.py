@@ -80,3 +80,21 @@ def test_plan_names_unset_env_vars_without_failing(repo: Path, cli_env: dict[str
     done = plan(repo, env | {"QUANTEVAL_RECIPES_DIR": str(tmp_path / "none")}, tmp_path, "--tasks", "ns_gpqa")
     assert done.returncode == 0, done.stderr
     assert "HF_TOKEN" in done.stdout and "not ready yet" in done.stdout
+
+
+def test_plan_with_bundled_recipes_keeps_their_repeats(repo: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """The demo's command: recipe names resolve to NeMo-Skills tasks with the recipe's repeat counts."""
+    env = cli_env | {"HF_TOKEN": "hf_dummy", "DUMMY_API_KEY": "dummy"}
+    env.pop("QUANTEVAL_RECIPES_DIR", None)
+    config = tmp_path / "demo.yaml"
+    done = plan(repo, env, tmp_path, "--tasks", "gpqa,aime2025", "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["tasks"] == ["ns_gpqa", "ns_aime2025"]
+    written = {task["name"]: task for task in yaml.safe_load(config.read_text())["evaluation"]["tasks"]}
+    for task, recipe in {"ns_gpqa": "gpqa", "ns_aime2025": "aime2025"}.items():
+        text = (repo / "recipes" / "tasks" / f"{recipe}.md").read_text(encoding="utf-8")
+        (fragment,) = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
+        repeats = fragment["nemo_evaluator_config"]["config"]["params"]["extra"]["num_repeats"]
+        assert written[task]["nemo_evaluator_config"]["config"]["params"]["extra"]["num_repeats"] == repeats
+    assert not any("DUMMY_API_KEY" in name or "HF_TOKEN" in name for name in report["missing_values"])
