@@ -149,6 +149,24 @@ def test_proxy_jump_goes_through_the_jump_host(slurm_cluster, tmp_path, monkeypa
     assert result.user == "root" and result.commands["sbatch"]
 
 
+def test_proxy_jump_chain_takes_every_hop(slurm_cluster, tmp_path, monkeypatch):
+    # Second hop in `user@host:port` form, as OpenSSH allows; every hop is this same sshd.
+    chain = f"{slurm_cluster.ssh_alias},root@{slurm_cluster.ssh_alias}:{slurm_cluster.port}"
+    write_config(slurm_cluster, tmp_path, monkeypatch, "two-hops", known_hosts=slurm_cluster.host_key_line(),
+                 extra=f"  ProxyJump {chain}\n")
+    conn = remote.open_connection("two-hops")
+    try:
+        hops = 0
+        hop = conn.jump
+        while hop is not None:
+            hops, hop = hops + 1, hop.jump
+        assert hops == 2
+        _, stdout, _ = conn.client.exec_command("whoami")
+        assert stdout.read().decode().strip() == "root"
+    finally:
+        conn.close()
+
+
 def test_bad_host_names_are_refused():
     for bad in ["-oProxyCommand=touch /tmp/x", "two words", ""]:
         with pytest.raises(ToolError, match="not a host name"):

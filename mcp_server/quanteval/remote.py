@@ -79,7 +79,7 @@ class HostSettings:
     identity_files: tuple[str, ...]
     identities_only: bool
     known_hosts_files: tuple[Path, ...]
-    proxy_jump: str | None
+    proxy_jump: str | None  # as in the config: one hop or a comma-separated chain
     connect_timeout: float
 
     @property
@@ -89,13 +89,16 @@ class HostSettings:
 
 
 def resolve_host(host: str) -> HostSettings:
-    """What ~/.ssh/config says about `host` (`alias` or `user@alias`)."""
+    """What ~/.ssh/config says about `host` (`alias`, `user@alias`, or `[user@]alias:port` as in ProxyJump)."""
     import paramiko
 
     host = host.strip()
     if not host or any(ch.isspace() for ch in host) or host.startswith("-"):
         raise ToolError(f"host '{host}': not a host name. Use an ssh config alias or user@hostname.")
     user_override, _, alias = host.rpartition("@")
+    port_override = None
+    if alias.count(":") == 1 and alias.split(":")[1].isdigit():
+        alias, port_override = alias.split(":")
     config_file = ssh_config_path()
     config = paramiko.SSHConfig()
     if config_file.is_file():
@@ -107,7 +110,7 @@ def resolve_host(host: str) -> HostSettings:
     known = entry.get("userknownhostsfile")
     known_files = tuple(Path(p).expanduser() for p in known.split()) if known else (Path.home() / ".ssh" / "known_hosts",)
     try:
-        port = int(entry.get("port", 22))
+        port = int(port_override or entry.get("port", 22))
         timeout = float(entry.get("connecttimeout", CONNECT_TIMEOUT))
     except ValueError as exc:
         raise ToolError(f"{config_file}: Host {alias}: {exc}. Fix Port/ConnectTimeout.") from None
@@ -119,7 +122,7 @@ def resolve_host(host: str) -> HostSettings:
         identity_files=tuple(str(Path(p).expanduser()) for p in entry.get("identityfile", [])),
         identities_only=entry.get("identitiesonly", "no").lower() == "yes",
         known_hosts_files=known_files,
-        proxy_jump=None if entry.get("proxyjump", "none").lower() == "none" else entry["proxyjump"].split(",")[0],
+        proxy_jump=None if entry.get("proxyjump", "none").lower() == "none" else entry["proxyjump"],
         connect_timeout=timeout,
     )
 
@@ -219,8 +222,12 @@ class Connection:
             self.jump.close()
 
 
-def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> Connection:
-    """A new, authenticated SSH connection to `host` with its key checked. The caller closes it."""
+def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] | None = None, _hops: int = 0) -> Connection:
+    """A new, authenticated SSH connection to `host` with its key checked. The caller closes it.
+
+    ProxyJump a,b works like OpenSSH: b is reached through a, the target through b; `_jumps` carries
+    the rest of such a chain (it overrides the hop's own ProxyJump).
+    """
     import paramiko
 
     settings = resolve_host(host)
@@ -228,8 +235,9 @@ def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> 
         raise ToolError(f"{host}: ProxyJump chain longer than {MAX_PROXY_HOPS} hops (a loop?). Fix ~/.ssh/config.")
     jump: Connection | None = None
     sock = None
-    if settings.proxy_jump:
-        jump = open_connection(settings.proxy_jump, trust_host_key, _hops + 1)
+    jumps = _jumps if _jumps is not None else (settings.proxy_jump.split(",") if settings.proxy_jump else [])
+    if jumps:
+        jump = open_connection(jumps[-1], trust_host_key, jumps[:-1] or None, _hops + 1)
         try:
             sock = jump.client.get_transport().open_channel(  # type: ignore[union-attr]
                 "direct-tcpip", (settings.hostname, settings.port), ("127.0.0.1", 0), timeout=settings.connect_timeout
@@ -237,7 +245,7 @@ def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> 
         except (paramiko.SSHException, OSError) as exc:
             jump.close()
             raise ToolError(
-                f"{host}: jump host {settings.proxy_jump} could not reach {settings.hostname}:{settings.port} ({exc}). "
+                f"{host}: jump host {jumps[-1]} could not reach {settings.hostname}:{settings.port} ({exc}). "
                 "Check HostName/Port and that the jump host allows TCP forwarding."
             ) from None
 
@@ -245,7 +253,7 @@ def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> 
     _load_known_hosts(client, settings)
     check = _HostKeyCheck(settings, trust_host_key)
     client.set_missing_host_key_policy(check.policy())
-    where = f"{settings.hostname}:{settings.port}" + (f" via {settings.proxy_jump}" if jump else "")
+    where = f"{settings.hostname}:{settings.port}" + (f" via {','.join(jumps)}" if jump else "")
     try:
         client.connect(
             settings.hostname,
@@ -275,7 +283,7 @@ def open_connection(host: str, trust_host_key: bool = False, _hops: int = 0) -> 
         _save_host_key(settings, settings.known_hosts_name, exc.key)
         if jump:
             jump.close()
-        replaced = open_connection(host, trust_host_key=False, _hops=_hops)
+        replaced = open_connection(host, False, _jumps, _hops)
         replaced.host_key_added = True
         return replaced
     except ToolError:
