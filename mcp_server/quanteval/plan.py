@@ -118,6 +118,12 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     )
     steps.append(PlanStep(tool="build_config", summary=f"wrote {built.path}"))
 
+    def call_on_config(name: str, arguments: dict[str, Any]) -> BaseModel:
+        try:
+            return _call(name, arguments)
+        except ToolError as exc:  # the file exists now: say where, so the person can finish it by hand
+            raise ToolError(f"{name}: {exc} The config written so far is {config_path}.") from None
+
     skipped: list[str] = []
     if request.tasks:
         progress(2, total, "adding tasks")
@@ -126,7 +132,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
             doc["evaluation"]["tasks"].clear()
 
         nelconfig.edit_config(config_path, drop_bundle_tasks)
-        added = _call("add_tasks", {"config_path": str(config_path), "tasks": request.tasks})
+        added = call_on_config("add_tasks", {"config_path": str(config_path), "tasks": request.tasks})
         skipped = [f"{item.requested} ({item.reason})" for item in added.skipped]
         steps.append(PlanStep(tool="add_tasks", summary=f"added {', '.join(a.task for a in added.added)}"))
     if request.output_dir:
@@ -143,24 +149,24 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     else:
         # apply_checkpoint after add_tasks: it also sets per-task keys (the NeMo-Skills api_key_name).
         progress(3, total, "applying the checkpoint")
-        applied = _call("apply_checkpoint", {"config": str(config_path), "checkpoint": request.model})
+        applied = call_on_config("apply_checkpoint", {"config": str(config_path), "checkpoint": request.model})
         notes += applied.notes
         steps.append(PlanStep(tool="apply_checkpoint", summary=f"{len(applied.changes)} change(s)"))
 
     progress(4, total, "listing missing values")
-    missing = _call("list_missing_values", {"config": str(config_path)})
+    missing = call_on_config("list_missing_values", {"config": str(config_path)})
     missing_values = list(missing.missing_values) + [f"env {item.name}" for item in missing.unset_env_vars]
     steps.append(PlanStep(tool="list_missing_values", summary=f"{len(missing_values)} missing"))
 
     progress(5, total, "validating")
-    validation = _call("validate_config", {"config": str(config_path)})
+    validation = call_on_config("validate_config", {"config": str(config_path)})
     problems = [
         f"{p.severity} {p.path}: {p.message} Fix: {p.fix}" for p in validation.problems if p.rule not in LISTED_AS_MISSING
     ]
     steps.append(PlanStep(tool="validate_config", summary=f"{len(problems)} problem(s)"))
 
     progress(6, total, "NEL dry-run")
-    dry = _call("dry_run", {"config_path": str(config_path)})
+    dry = call_on_config("dry_run", {"config_path": str(config_path)})
     dry_detail = (
         f"{len(dry.scripts)} script(s) rendered" + (f" in {dry.invocation_dir}" if dry.invocation_dir else "")
         if dry.ok
