@@ -1,0 +1,229 @@
+"""validate_config: the broken-config corpus, clean build_config combinations, and NEL's own dry-run agreeing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quanteval import nelconfig, validation
+from quanteval.nelconfig import ApplyCheckpointInput, BuildConfigInput, SetConfigValueInput
+from quanteval.validation import ValidateConfigInput
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "checkpoints"
+CORPUS = Path(__file__).resolve().parent / "data" / "broken_configs"
+BUNDLES = {"base": ["general_knowledge", "coding", "long_context", "multilingual"], "chat_reasoning": ["core_reasoning", "agentic", "long_context", "multilingual"]}
+# Small bundles for NEL's dry-run: NEL re-parses its 16k-line task list per run, so fewer tasks keep it in seconds.
+DRY_RUN_BUNDLES = {"base": ["coding"], "chat_reasoning": ["multilingual"]}
+CHECKPOINT_FOR = {"base": EXAMPLES / "llama-tiny-bf16", "chat_reasoning": EXAMPLES / "qwen3-tiny-nvfp4"}
+ENV = {
+    "HF_TOKEN": "hf_dummy",
+    "NVIDIA_API_KEY": "nvapi-dummy",
+    "NGC_API_KEY": "ngc-dummy",
+    "DUMMY_API_KEY": "dummy",
+    "JUDGE_API_KEY": "judge-dummy",
+    "WANDB_API_KEY": "wandb-dummy",
+    "USER": "tester",
+}
+FILLS = {
+    "execution.hostname": "login.cluster.example",
+    "execution.account": "llm_eval",
+    "execution.output_dir": "/lustre/fs1/tester/nel-results",
+    "deployment.image": "nvcr.io/nim/meta/llama-3.1-8b-instruct:1.8.6",
+    "deployment.served_model_name": "meta/llama-3.1-8b-instruct",
+    "target.api_endpoint.model_id": "meta/llama-3.1-8b-instruct",
+    "export.mlflow.tracking_uri": "http://127.0.0.1:5000",
+    "export.mlflow.experiment_name": "quant-eval",
+    "export.wandb.project": "quant-eval",
+    "export.wandb.entity": "team",
+}
+
+
+@pytest.fixture(autouse=True)
+def dummy_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("NEMO_EVALUATOR_TRUST_PRE_CMD", raising=False)
+    monkeypatch.delenv("QUANTEVAL_CORPUS_UNSET_VAR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # NEL writes its run configs and exec db under ~
+
+
+def filled_config(tmp_path: Path, execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str = "none") -> Path:
+    """A build_config result completed the way a user would: apply_checkpoint, then set_config_value for the rest."""
+    built = nelconfig.build_config(BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=benchmarks, export=export, output=str(tmp_path)))
+    if deployment in ("vllm", "sglang", "trtllm"):
+        nelconfig.apply_checkpoint(ApplyCheckpointInput(config=built.path, checkpoint=str(CHECKPOINT_FOR[model_type])))
+    for path in nelconfig.missing_value_paths(nelconfig.load_config(built.path)):
+        if path.endswith("params.extra.tokenizer"):
+            value: object = "meta-llama/Llama-3.1-8B-Instruct"
+        elif path.endswith("adapter_config.params_to_add"):
+            value = {"chat_template_kwargs": {"enable_thinking": True}}
+        else:
+            value = FILLS[path]
+        nelconfig.set_config_value(SetConfigValueInput(config=built.path, path=path, value=value))
+    return Path(built.path)
+
+
+def nel_dry_run(config: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """NEL's own dry-run, in process (the local executor needs no Docker for it, the SLURM one no ssh)."""
+    from nemo_evaluator_launcher.api.functional import run_eval
+    from nemo_evaluator_launcher.api.types import RunConfig
+
+    monkeypatch.chdir(workdir)
+    with contextlib.redirect_stdout(io.StringIO()):
+        invocation = run_eval(RunConfig.from_hydra(config=str(config)), dry_run=True)
+    assert invocation
+    return invocation
+
+
+# --- valid configs produce no errors --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "execution,deployment,model_type,export",
+    [(e, d, m, x) for e, d, m in itertools.product(["local", "slurm"], ["none", "vllm", "sglang", "nim", "trtllm"], ["base", "chat_reasoning"]) for x in ("none", "mlflow", "wandb")],
+)
+def test_every_filled_build_config_validates_clean(tmp_path: Path, execution: str, deployment: str, model_type: str, export: str) -> None:
+    config = filled_config(tmp_path, execution, deployment, model_type, BUNDLES[model_type], export)
+    result = validation.validate_config(ValidateConfigInput(config=str(config)))
+    assert result.problems == [], [problem.model_dump() for problem in result.problems]
+    assert result.valid
+
+
+@pytest.mark.parametrize("execution,deployment,model_type", list(itertools.product(["local", "slurm"], ["none", "vllm", "sglang", "nim", "trtllm"], ["base", "chat_reasoning"])))
+def test_clean_configs_pass_nels_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, execution: str, deployment: str, model_type: str) -> None:
+    config = filled_config(tmp_path, execution, deployment, model_type, DRY_RUN_BUNDLES[model_type])
+    assert validation.validate_config(ValidateConfigInput(config=str(config))).valid
+    nel_dry_run(config, tmp_path, monkeypatch)
+
+
+def test_nel_dry_run_agrees_on_what_validate_reports_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NEL stops at the first ??? where validate_config lists all of them."""
+    config = filled_config(tmp_path, "local", "vllm", "base", ["coding"])
+    nelconfig.set_config_value(SetConfigValueInput(config=str(config), path="deployment.served_model_name", value="???"))
+    nelconfig.set_config_value(SetConfigValueInput(config=str(config), path="evaluation.nemo_evaluator_config.config.params.extra.tokenizer", value="???"))
+    missing = [p.path for p in validation.validate_config(ValidateConfigInput(config=str(config))).problems if p.rule == "missing_value"]
+    assert missing == ["evaluation.nemo_evaluator_config.config.params.extra.tokenizer", "deployment.served_model_name"]
+    with pytest.raises(Exception, match="MISSING|missing|\\?\\?\\?"):
+        nel_dry_run(config, tmp_path, monkeypatch)
+
+
+# --- the broken-config corpus ---------------------------------------------------------------
+
+
+def corpus_expectations(path: Path) -> list[tuple[str, str, str, str]]:
+    """(severity, rule, path, fix substring) from the `# expect:` / `# fix:` header lines."""
+    expected: list[tuple[str, str, str, str]] = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if match := re.match(r"# expect: (error|warning) (\S+) (\S+)$", line):
+            expected.append((match[1], match[2], match[3], ""))
+        elif line.startswith("# fix: "):
+            severity, rule, where, _ = expected[-1]
+            expected[-1] = (severity, rule, where, line.removeprefix("# fix: "))
+    return expected
+
+
+CORPUS_FILES = sorted(CORPUS.glob("*.yaml"))
+
+
+def test_corpus_is_large_enough() -> None:
+    broken = [path for path in CORPUS_FILES if corpus_expectations(path)]
+    assert len(broken) >= 30
+    assert len({expectation[1] for path in broken for expectation in corpus_expectations(path)}) >= 25  # distinct rules
+
+
+@pytest.mark.parametrize("config", CORPUS_FILES, ids=[path.stem for path in CORPUS_FILES])
+def test_corpus_config_is_caught_with_path_and_fix(config: Path) -> None:
+    expected = corpus_expectations(config)
+    result = validation.validate_config(ValidateConfigInput(config=str(config)))
+    found = [(p.severity, p.rule, p.path) for p in result.problems]
+    for severity, rule, where, fix in expected:
+        matches = [p for p in result.problems if (p.severity, p.rule, p.path) == (severity, rule, where)]
+        assert matches, f"{config.name}: expected {severity} {rule} at {where}; found {found}"
+        assert any(fix in p.fix or fix in p.message for p in matches), f"{config.name}: fix should mention {fix!r}: {[p.fix for p in matches]}"
+    # nothing else: a false alarm is a bug too
+    assert sorted(found) == sorted((s, r, w) for s, r, w, _ in expected), f"{config.name}: unexpected problems {found}"
+    assert result.valid == (not any(severity == "error" for severity, *_ in expected))
+
+
+# --- overrides, env and behaviour details ---------------------------------------------------
+
+
+def test_overrides_are_checked(tmp_path: Path) -> None:
+    config = CORPUS / "valid_local_vllm.yaml"
+    overrides = [
+        "++evaluation.nemo_evaluator_config.config.params.limit_samples=10",  # adds: fine
+        "evaluation.nemo_evaluator_config.config.params.limit_samples=10",  # adds without ++
+        "deployment.tensor_parallel_size=2",  # replaces an existing key: fine
+        "+deployment.served_model_name=x",  # + on an existing key
+        "~deployment.nothing_here",  # deletes a missing key
+        "deployment.extra_args",  # no value
+    ]
+    result = validation.validate_config(ValidateConfigInput(config=str(config), overrides=overrides))
+    by_path = {p.path: p for p in result.problems}
+    assert by_path["override 'evaluation.nemo_evaluator_config.config.params.limit_samples=10'"].rule == "override_needs_plus"
+    assert "++evaluation" in by_path["override 'evaluation.nemo_evaluator_config.config.params.limit_samples=10'"].fix
+    assert by_path["override '+deployment.served_model_name=x'"].rule == "override_key_exists"
+    assert by_path["override '~deployment.nothing_here'"].rule == "override_key_missing"
+    assert by_path["override 'deployment.extra_args'"].rule == "malformed_override"
+    assert len(result.problems) == 4
+
+
+def test_unset_env_vars_are_names_only_and_can_be_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("DUMMY_API_KEY", "very-secret-value")
+    config = CORPUS / "valid_local_vllm.yaml"
+    result = validation.validate_config(ValidateConfigInput(config=str(config)))
+    assert [(p.rule, p.path) for p in result.problems if p.severity == "error"] == [("unset_env_var", "evaluation.env_vars.HF_TOKEN")]
+    assert "very-secret-value" not in result.model_dump_json()
+    assert validation.validate_config(ValidateConfigInput(config=str(config), check_env=False)).problems == []
+
+
+def test_trusting_pre_cmd_clears_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_EVALUATOR_TRUST_PRE_CMD", "1")
+    assert validation.validate_config(ValidateConfigInput(config=str(CORPUS / "pre_cmd_untrusted.yaml"))).problems == []
+
+
+def test_sglang_needs_trust_remote_code_for_custom_code(tmp_path: Path) -> None:
+    from factories import make_checkpoint
+
+    checkpoint = make_checkpoint(tmp_path / "ckpt", auto_map=True)
+    text = (CORPUS / "valid_local_sglang.yaml").read_text().replace("../../../examples/checkpoints/llama-tiny-bf16", str(checkpoint))
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    problems = validation.validate_config(ValidateConfigInput(config=str(config))).problems
+    assert [(p.rule, p.path) for p in problems] == [("trust_remote_code", "deployment.extra_args")]
+    config.write_text(text.replace('"--context-length 4096"', '"--context-length 4096 --trust-remote-code"'))
+    assert validation.validate_config(ValidateConfigInput(config=str(config))).problems == []
+
+
+def test_bad_yaml_is_a_tool_error_with_position(tmp_path: Path) -> None:
+    from quanteval.models import ToolError
+
+    config = tmp_path / "c.yaml"
+    config.write_text("deployment:\n  type: vllm\n extra: 1\n")
+    with pytest.raises(ToolError, match="line 3, column 2"):
+        validation.validate_config(ValidateConfigInput(config=str(config)))
+
+
+def test_warm_validation_is_fast() -> None:
+    config = CORPUS / "valid_slurm_vllm.yaml"
+    validation.validate_config(ValidateConfigInput(config=str(config)))  # warm: imports, task catalogue, checkpoint facts
+    started = time.perf_counter()
+    for _ in range(5):
+        validation.validate_config(ValidateConfigInput(config=str(config)))
+    assert (time.perf_counter() - started) / 5 < 0.25  # tens of ms on a quiet machine; generous for loaded CI
+
+
+def test_corpus_yaml_is_loadable_by_plain_yaml() -> None:
+    for path in CORPUS_FILES:
+        assert isinstance(yaml.safe_load(path.read_text()), dict), path.name
