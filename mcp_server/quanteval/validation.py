@@ -644,6 +644,25 @@ def _check_self_deployment_key(ctx: _Context) -> None:
         ctx.add("target.api_endpoint.api_key_name", "warning", "nemo_skills_api_key", "NeMo-Skills tasks send an API key even to a self-deployed server, and none is named.", "Set target.api_endpoint.api_key_name: DUMMY_API_KEY (apply_checkpoint does) and export DUMMY_API_KEY=dummy.")
 
 
+def load_plain(path: Path) -> dict:
+    """The config as plain data via libyaml: validation needs no comments, and this is ~10x faster than round-trip."""
+    import yaml
+
+    if not path.is_file():
+        raise ToolError(f"{path}: no such config file. Create one with build_config, or check the path.")
+    try:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise ToolError(f"{path}: invalid YAML at {where}: {exc.problem or exc.context or 'invalid YAML'}. Fix the YAML syntax there.") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ToolError(f"{path}: the top level must be a mapping (keys like `execution:`, `evaluation:`).")
+    return doc
+
+
 def validate_document(doc: Any, config_path: Path, overrides: list[str] | None = None, check_env: bool = True) -> list[Problem]:
     """Every problem in a parsed config (the rules behind validate_config)."""
     ctx = _Context(doc=doc, config_path=config_path, deployment=nelconfig.deployment_type(doc), execution=nelconfig.execution_type(doc), check_env=check_env)
@@ -671,7 +690,7 @@ def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
     """
     started = time.perf_counter()
     path = Path(request.config).expanduser()
-    problems = validate_document(nelconfig.load_config(path), path, request.overrides, request.check_env)
+    problems = validate_document(load_plain(path), path, request.overrides, request.check_env)
     errors = sum(problem.severity == "error" for problem in problems)
     return ValidateConfigOutput(
         config=request.config,
