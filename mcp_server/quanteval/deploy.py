@@ -14,7 +14,6 @@ servers are sbatch jobs submitted over SSH. Both are ledger records of kind "dep
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shlex
@@ -25,7 +24,7 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -36,15 +35,15 @@ from quanteval.checkpoint import (
     MODELOPT_QUANT_ALGOS,
     WEIGHT_MEMORY_FRACTION,
     CheckpointReport,
+    Framework,
     InspectCheckpointInput,
     inspect_checkpoint,
 )
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
-log = logging.getLogger(__name__)
-
-Framework = Literal["sglang", "vllm", "trtllm"]
+if TYPE_CHECKING:
+    from quanteval.remote import RemoteResult
 
 # --- Fact tables --------------------------------------------------------------------------------
 
@@ -473,8 +472,8 @@ def _sbatch_script(plan: DeploymentPlan, request: LaunchDeploymentInput, deploym
     return "\n".join(lines) + "\n"
 
 
-def _remote(host: str, command: str, timeout: float = 60) -> Any:
-    from quanteval.remote import run_remote
+def _remote(host: str, command: str, timeout: float = 60) -> RemoteResult:
+    from quanteval.remote import run_remote  # paramiko stays out of server start-up
 
     return run_remote(host, command, timeout=timeout)
 
@@ -495,7 +494,7 @@ def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
         raise ToolError(f"sbatch on {request.where} failed: {result.stderr.strip()[-500:]}. Check partition/account/gpus_per_node.")
     job_line, absolute_dir = (result.stdout.strip().splitlines() + ["", ""])[:2]
     job_id = job_line.split(";")[0].strip()
-    ledger.update(record.id, status="loading", invocation_id=None, details={
+    ledger.update(record.id, status="loading", details={
         "job_id": job_id, "remote_dir": absolute_dir, "port": port, "log_path": f"{absolute_dir}/server.log",
         "argv": [*plan.launcher, *plan.server_args], "started_at": time.time(), "startup_timeout_s": request.startup_timeout_s,
     })
