@@ -184,7 +184,7 @@ def _save_host_key(settings: HostSettings, hostname: str, key: paramiko.PKey) ->
     keys = paramiko.HostKeys()
     if path.is_file():
         keys.load(str(path))
-    keys[hostname] = {key.get_name(): key}  # drops the stale key of this host, keeps every other host
+    keys[hostname] = {key.get_name(): key}  # replaces this host's key of that type, keeps every other entry
     keys.save(str(path))
     log.info("added host key %s %s for %s to %s", key.get_name(), fingerprint(key), hostname, path)
 
