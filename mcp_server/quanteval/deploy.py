@@ -760,7 +760,7 @@ def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_
         if finished or time.monotonic() >= deadline:
             break
         progress(status.elapsed_s, None, status.message)
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     if record.status != status.state and record.status != "stopped":
         ledger.update(record.id, status=status.state, message=status.message[:300])
     return status

@@ -1,0 +1,102 @@
+"""What the deployment tools cost, against what a user would otherwise run.
+
+    .venv/bin/python benchmarks/bench_deploy.py
+
+Prints, with the stand-in server (tests/standins/fake_inference_server.py) as the launcher:
+  - plan_deployment with SGLang's own argument parser versus without it, and versus the floor a
+    user pays to run that parser at all (`python -c "import sglang.srt.server_args"`);
+  - launch -> ready as deployment_status(wait_s) sees it, versus the server's own load time;
+  - one deployment_status probe (process, /health, /v1/models, a chat completion, log scan) versus
+    the same three requests with curl, as a user would check by hand;
+  - stop_deployment on a server that exits on SIGTERM, and on one that ignores it (grace_s=1, SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
+CHECKPOINT = REPO / "examples" / "checkpoints" / "qwen3-tiny-nvfp4"
+LOAD_S = 2.0
+
+os.environ["QUANTEVAL_STATE_DIR"] = tempfile.mkdtemp(prefix="bench-deploy-")
+os.environ.pop("QUANTEVAL_LEDGER", None)
+
+from quanteval.deploy import (  # noqa: E402 - the state dir must be set first
+    DeploymentStatusInput,
+    LaunchDeploymentInput,
+    PlanDeploymentInput,
+    StopDeploymentInput,
+    deployment_status,
+    launch_deployment,
+    plan_deployment,
+    stop_deployment,
+)
+
+
+def timed(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(*fake: str) -> object:
+    os.environ["QUANTEVAL_SGLANG_LAUNCHER"] = shlex.join([sys.executable, str(STANDIN), *fake])
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), port=free_port(), check_args=False))
+    return launch_deployment(LaunchDeploymentInput(plan=plan))
+
+
+def main() -> None:
+    checked = timed(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT))))
+    unchecked = timed(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), check_args=False)))
+    floor = timed(lambda: subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"], check=True))
+    print(f"plan_deployment, SGLang parser check : {checked:7.3f} s")
+    print(f"plan_deployment, no parser check     : {unchecked:7.3f} s")
+    print(f"import sglang.srt.server_args alone  : {floor:7.3f} s   (check / bare import = {checked / floor:.2f}x)")
+
+    result = launch("--fake-load-s", str(LOAD_S))
+    started = time.perf_counter()
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=30))
+    assert status.state == "ready", status.message
+    print(f"launch -> ready seen by status       : {time.perf_counter() - started:7.3f} s   (server load time {LOAD_S} s)")
+
+    probe = timed(lambda: deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)), repeats=5)
+    base = f"http://127.0.0.1:{result.port}"
+    body = '{"model": "qwen3-tiny-nvfp4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}'
+    curl = timed(lambda: [subprocess.run(cmd, capture_output=True, check=True) for cmd in (
+        ["curl", "-s", f"{base}/health"], ["curl", "-s", f"{base}/v1/models"],
+        ["curl", "-s", "-H", "Content-Type: application/json", "-d", body, f"{base}/v1/chat/completions"],
+    )], repeats=5)
+    print(f"deployment_status, one probe         : {probe:7.3f} s   (3 curls by hand {curl:.3f} s, ratio {probe / curl:.2f}x)")
+
+    started = time.perf_counter()
+    stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id))
+    print(f"stop_deployment (SIGTERM)            : {time.perf_counter() - started:7.3f} s   ({stopped.how})")
+
+    stubborn = launch("--fake-load-s", "0.2", "--fake-ignore-sigterm", "--fake-workers", "2")
+    deployment_status(DeploymentStatusInput(deployment_id=stubborn.deployment_id, wait_s=30))
+    started = time.perf_counter()
+    stopped = stop_deployment(StopDeploymentInput(deployment_id=stubborn.deployment_id, grace_s=1))
+    print(f"stop_deployment (ignores SIGTERM)    : {time.perf_counter() - started:7.3f} s   ({stopped.how})")
+
+
+if __name__ == "__main__":
+    main()
