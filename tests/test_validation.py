@@ -179,6 +179,14 @@ def test_overrides_are_checked(tmp_path: Path) -> None:
     assert len(result.problems) == 4
 
 
+def test_overrides_know_nels_defaults() -> None:
+    """Keys NEL's packaged defaults supply (walltime on SLURM, port for vLLM) need no ++."""
+    overrides = ["execution.walltime=02:00:00", "deployment.port=9000", "deployment.gpu_memory_utilization=0.8", "execution.partitoin=batch"]
+    result = validation.validate_config(ValidateConfigInput(config=str(CORPUS / "valid_slurm_vllm.yaml"), overrides=overrides))
+    assert [(p.rule, p.path) for p in result.problems] == [("override_needs_plus", "override 'execution.partitoin=batch'")]
+    assert "execution.partition=" in result.problems[0].fix
+
+
 def test_unset_env_vars_are_names_only_and_can_be_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setenv("DUMMY_API_KEY", "very-secret-value")

@@ -347,8 +347,38 @@ def _check_extra_args(ctx: _Context, extra: Any, prefix: str) -> None:
             ctx.add(path, "warning", "override_needs_plus", f"'{token}' has no ++: NeMo-Skills rejects it if the key is not already in its config.", f"Write ++{token}.")
 
 
+@cache
+def _nel_default(relative: str) -> dict:
+    """One packaged NEL default (configs/<relative>.yaml) as plain data; {} when NEL has none by that name."""
+    import yaml
+
+    from nemo_evaluator_launcher import configs
+
+    file = Path(configs.__file__).parent / f"{relative}.yaml"
+    data = yaml.safe_load(file.read_text(encoding="utf-8")) if file.is_file() else None
+    return {key: value for key, value in (data or {}).items() if key != "defaults"}
+
+
+def _merged(base: dict, override: dict) -> dict:
+    result = dict(base)
+    for key, value in override.items():
+        result[key] = _merged(result[key], value) if isinstance(result.get(key), dict) and isinstance(value, dict) else value
+    return result
+
+
+def _composed(ctx: _Context) -> dict:
+    """The config as Hydra composes it: NEL's defaults for the chosen executor and deployment under the file's keys."""
+    execution_default = next(
+        (str(entry["execution"]) for entry in ctx.doc.get("defaults") or [] if isinstance(entry, dict) and "execution" in entry), ctx.execution
+    )
+    base = _merged(_nel_default("default"), {"execution": _nel_default(f"execution/{execution_default}"), "deployment": _nel_default(f"deployment/{ctx.deployment}")})
+    return _merged(base, nelconfig.to_plain(ctx.doc))
+
+
 def _check_overrides(ctx: _Context, overrides: list[str]) -> None:
-    plain = nelconfig.to_plain(ctx.doc)
+    if not overrides:
+        return
+    plain = _composed(ctx)
     for override in overrides:
         match = _OVERRIDE.match(override.strip())
         path = f"override '{override}'"
@@ -358,14 +388,21 @@ def _check_overrides(ctx: _Context, overrides: list[str]) -> None:
         exists = _hydra_key_exists(plain, match.group("key"))
         prefix = match.group("prefix")
         if not prefix and not exists:
-            ctx.add(path, "error", "override_needs_plus", f"'{match.group('key')}' is not in the config: Hydra fails to override a key that does not exist.", f"Use ++{override} (adds or replaces).")
+            parent_key, _, last = match.group("key").rpartition(".")
+            parent = _hydra_node(plain, parent_key) if parent_key else plain
+            near = _close(last, set(parent)) if isinstance(parent, dict) else None
+            hint = f"If you meant the existing key, write {parent_key + '.' if parent_key else ''}{near}=...; to add a new key use ++{override}." if near else f"Use ++{override} (adds or replaces)."
+            ctx.add(path, "error", "override_needs_plus", f"'{match.group('key')}' is neither in the config nor in NEL's defaults: Hydra fails to override a key that does not exist.", hint)
         elif prefix == "+" and exists:
             ctx.add(path, "error", "override_key_exists", f"'{match.group('key')}' already exists: `+` only adds new keys and Hydra fails.", f"Use {override[1:]} or +{override}.")
         elif prefix == "~" and not exists:
             ctx.add(path, "error", "override_key_missing", f"'{match.group('key')}' is not in the config, so it cannot be deleted.", "Drop this override or fix the key path.")
 
 
-def _hydra_key_exists(plain: Any, key: str) -> bool:
+_ABSENT = object()
+
+
+def _hydra_node(plain: Any, key: str) -> Any:
     node = plain
     for part in key.split("."):
         if isinstance(node, dict) and part in node:
@@ -373,8 +410,12 @@ def _hydra_key_exists(plain: Any, key: str) -> bool:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return False
-    return True
+            return _ABSENT
+    return node
+
+
+def _hydra_key_exists(plain: Any, key: str) -> bool:
+    return _hydra_node(plain, key) is not _ABSENT
 
 
 def _check_tasks(ctx: _Context, recipes: dict[str, tasks.Recipe]) -> None:
