@@ -141,6 +141,22 @@ def test_silent_server_times_out_instead_of_hanging(slurm_cluster, tmp_path, mon
     assert time.monotonic() - started < 10  # ConnectTimeout 3 governs the banner wait too
 
 
+def test_a_host_stuck_connecting_does_not_block_calls_to_another(slurm_cluster, tmp_path, monkeypatch):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    write_config(slurm_cluster, tmp_path, monkeypatch, "stuck", port=listener.getsockname()[1])
+    stuck = threading.Thread(target=lambda: pytest.raises(ToolError, run_remote, "stuck", "true"))
+    try:
+        stuck.start()
+        time.sleep(0.3)
+        assert run_remote(slurm_cluster.ssh_alias, "echo fine").stdout == "fine\n"
+        assert stuck.is_alive()  # answered while the stuck connect still waits out its 3 s ConnectTimeout
+    finally:
+        stuck.join(15)
+        listener.close()
+
+
 def test_proxy_jump_goes_through_the_jump_host(slurm_cluster, tmp_path, monkeypatch):
     write_config(slurm_cluster, tmp_path, monkeypatch, "behind-jump", known_hosts=slurm_cluster.host_key_line(),
                  extra=f"  ProxyJump {slurm_cluster.ssh_alias}\n")

@@ -335,18 +335,22 @@ def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] |
 
 _pool: dict[tuple[str, str], Connection] = {}
 _pool_lock = threading.Lock()
+_host_locks: dict[tuple[str, str], threading.Lock] = {}  # a slow connect to one host never blocks another
 
 
 def _pooled(host: str) -> Connection:
     key = (str(ssh_config_path()), host)
     with _pool_lock:
+        host_lock = _host_locks.setdefault(key, threading.Lock())
+    with host_lock:
         conn = _pool.get(key)
         if conn is not None and conn.alive():
             return conn
         if conn is not None:
             conn.close()
         conn = open_connection(host)
-        _pool[key] = conn
+        with _pool_lock:
+            _pool[key] = conn
         return conn
 
 
