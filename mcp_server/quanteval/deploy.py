@@ -719,6 +719,8 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
         state = "failed" if failures or (code not in (None, 0)) else "exited"
         message = (f"The server is not running ({process})."
                    + (f" {failures[0].meaning} Fix: {failures[0].fix}" if failures else " See log_tail."))
+    elif process.endswith("PENDING"):
+        state, message = "loading", f"{process}: queued; the server starts loading when the job runs."
     elif elapsed > details.get("startup_timeout_s", 1800):
         state = "timed_out"
         message = (f"Still not healthy after {elapsed:.0f} s (startup_timeout_s {details.get('startup_timeout_s')}). "
