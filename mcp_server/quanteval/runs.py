@@ -35,6 +35,7 @@ SSH_TIMEOUT_S = 60.0
 SCRIPT_HEAD_LINES = 40
 MAX_SCRIPTS = 20
 MAX_HITS = 100
+MAX_LINE_CHARS = 400  # NEL's scripts echo base64 configs thousands of characters long
 
 ACTIVE = ("submitted", "pending", "running", "resuming")
 FINISHED = ("succeeded", "failed", "killed")
@@ -423,7 +424,7 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
         chain_cmds = "; ".join(
             f"echo @@CHAIN {job['job_id']}; cat {shlex.quote(job['data']['remote_rundir_path'])}/.slurm_job_id.list "
             "2>/dev/null; echo" for job in host_jobs)
-        script = (f"{chain_cmds}; echo @@SQUEUE; squeue -h -t all -u {shlex.quote(user)} -o '%i|%T|%E'; "
+        script = (f"{chain_cmds}; echo @@SQUEUE; squeue -h -t all -u {shlex.quote(user)} -o '%i|%T|%E|%j'; "
                   "echo \"@@SQUEUE_RC $?\"")
         output = _ssh(user, host, script)
         chains: dict[str, list[str]] = {}
@@ -444,14 +445,13 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
                 chains[current].extend(line.split())
         if not squeue_ok:
             raise _Unreachable(f"squeue on {host} failed: the SLURM controller is not answering")
-        queue = {}
-        dependents: list[tuple[str, str, str]] = []
+        queue: dict[str, str] = {}
+        names: dict[str, str] = {}
+        dependencies: dict[str, str] = {}
         for line in squeue_lines:
-            parts = line.split("|")
-            if len(parts) >= 3:
-                queue[parts[0].strip()] = parts[1].strip()
-                if parts[2].strip() not in ("", "(null)"):
-                    dependents.append((parts[0].strip(), parts[1].strip(), parts[2].strip()))
+            parts = [part.strip() for part in line.split("|", 3)]
+            if len(parts) == 4:
+                queue[parts[0]], dependencies[parts[0]], names[parts[0]] = parts[1], parts[2], parts[3]
         latest_ids = {job["job_id"]: (chains.get(job["job_id"]) or [str(job["data"]["slurm_job_id"])])[-1]
                       for job in host_jobs}
         purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
@@ -467,13 +467,24 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
             original = str(job["data"]["slurm_job_id"])
             latest = latest_ids[job["job_id"]]
             state = _slurm_state(queue.get(latest, ""))
-            restart = next((dep_id for dep_id, dep_state, dependency in dependents
-                            if latest in dependency and dep_state == "PENDING"), None)
+            restart = _restart_job(latest, queue, names, dependencies)
             status, note = _map_slurm(state, restart, latest != original)
             statuses.append(JobStatus(job_id=job["job_id"], status=status, slurm_job_id=original,
                                       current_slurm_job_id=latest if latest != original else None,
                                       restart_job_id=restart, slurm_state=state, note=note))
     return statuses
+
+
+def _restart_job(latest: str, queue: dict[str, str], names: dict[str, str], dependencies: dict[str, str]) -> str | None:
+    """NEL's paired restart job behind `latest`: it depends on it (afternotok:<latest>) while `latest` runs, and keeps
+    the job name once SLURM has cleared the satisfied dependency and starts it."""
+    for job_id, state in queue.items():
+        if state not in ("PENDING", "CONFIGURING", "RUNNING") or not job_id.isdigit() or not latest.isdigit():
+            continue
+        if f":{latest}" in dependencies.get(job_id, "") or (
+                int(job_id) > int(latest) and names.get(job_id) == names.get(latest) and names.get(latest)):
+            return job_id
+    return None
 
 
 def _map_slurm(state: str, restart_job: str | None, resumed: bool) -> tuple[str, str | None]:
@@ -643,10 +654,11 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
             job_tails, job_hits = reader(job, request.lines)
         except _Unreachable as exc:
             raise ToolError(f"{record.host}: {exc}. Check the host with ssh_check and retry.") from None
-        tails.extend(LogTail(job_id=job["job_id"], file=file, lines=_scrub("\n".join(lines), secrets).splitlines())
+        tails.extend(LogTail(job_id=job["job_id"], file=file,
+                             lines=[line[:MAX_LINE_CHARS] for line in _scrub("\n".join(lines), secrets).splitlines()])
                      for file, lines in job_tails)
         hits.extend(FailureHit(failure_class=classify(text) or "exception", file=file, line=number,
-                               text=_scrub(text.strip(), secrets)[:300]) for file, number, text in job_hits)
+                               text=_scrub(text.strip(), secrets)[:MAX_LINE_CHARS]) for file, number, text in job_hits)
     classes = [name for name in FAILURE_PATTERNS if any(hit.failure_class == name for hit in hits)]
     return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id, tails=tails,
                          failures=hits[:MAX_HITS], failures_truncated=len(hits) > MAX_HITS, failure_classes=classes)
