@@ -309,3 +309,15 @@ def test_trtllm_plan_uses_trtllm_serve_flags_and_says_it_is_unchecked(tmp_path):
     assert plan.server_args[plan.server_args.index("--tp_size") + 1] == "4"
     assert plan.server_args[plan.server_args.index("--max_seq_len") + 1] == "4096"
     assert plan.port == 8000 and plan.warnings == [] and plan.parser_check.checked is False
+
+
+def test_vllm_plan_launches_through_the_same_path_with_its_own_launcher(monkeypatch, launched):
+    monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"]))
+    plan = plan_deployment(PlanDeploymentInput(
+        checkpoint=str(LLAMA_BF16), framework="vllm", served_model_name="llama-vllm", port=free_port(), check_args=False
+    ))
+    assert plan.server_args[0] == str(LLAMA_BF16)  # `vllm serve <model>`: the model is positional
+    assert "Launcher replaced by QUANTEVAL_VLLM_LAUNCHER." in plan.notes
+    result = launched(plan=plan)
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
+    assert status.state == "ready" and status.served_models == ["llama-vllm"] and status.chat_reply

@@ -401,7 +401,9 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     that SLURM cluster. Then poll deployment_status until it is ready, and stop it with stop_deployment."""
     if (request.plan is None) == (request.checkpoint is None):
         raise ToolError("launch_deployment: give exactly one of plan (from plan_deployment) or checkpoint.")
-    plan = request.plan or plan_deployment(PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework))
+    plan = request.plan or plan_deployment(
+        PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework), progress=progress
+    )
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
@@ -819,11 +821,12 @@ def _stop_slurm(record: ledger.Record, grace_s: float) -> tuple[bool, str]:
     return gone, f"scancel {job}" + ("" if gone else f" (job still {result.stdout.strip()[-40:]})")
 
 
-def stop_deployment(request: StopDeploymentInput) -> StopDeploymentResult:
+def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_progress) -> StopDeploymentResult:
     """Stop a deployment: SIGTERM to the server's whole process group, then SIGKILL after grace_s, so no
     worker is left holding GPUs; or scancel the SLURM job and wait for it to leave the queue. Safe to
     repeat. Use it when an evaluation is done or a deployment failed or hangs."""
     record = _deployment(request.deployment_id)
+    progress(0, 1, f"stopping {record.id} (up to {request.grace_s:.0f} s grace)")
     if record.executor == "slurm":
         stopped, how = _stop_slurm(record, request.grace_s)
         remaining: list[int] = []
