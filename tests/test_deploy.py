@@ -309,6 +309,9 @@ def test_trtllm_plan_uses_trtllm_serve_flags_and_says_it_is_unchecked(tmp_path):
     assert plan.server_args[plan.server_args.index("--tp_size") + 1] == "4"
     assert plan.server_args[plan.server_args.index("--max_seq_len") + 1] == "4096"
     assert plan.port == 8000 and plan.warnings == [] and plan.parser_check.checked is False
+    assert plan.served_model_name == str(checkpoint) and "--served_model_name" not in plan.server_args
+    named = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="trtllm", served_model_name="awq"))
+    assert named.server_args[named.server_args.index("--served_model_name") + 1] == "awq"
 
 
 def test_vllm_plan_launches_through_the_same_path_with_its_own_launcher(monkeypatch, launched):

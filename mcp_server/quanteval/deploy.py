@@ -236,6 +236,7 @@ def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, h
         args += ["--enable-auto-tool-choice", "--tool-call-parser", tools] if tools else []
     else:
         args = [report.path, "--backend", "pytorch", "--tp_size", str(tp), *flags]
+        args += ["--served_model_name", name] if name != report.path else []
     return [*args, "--host", host, "--port", str(port)]
 
 
@@ -293,7 +294,9 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
         raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(COMPUTE_CAPABILITY)}.")
     progress(0, 2, "inspecting the checkpoint")
     report = inspect_checkpoint(InspectCheckpointInput(path=request.checkpoint))
-    name = request.served_model_name or Path(report.path).name
+    # trtllm-serve serves under the model path unless told otherwise (--served_model_name: recent releases only).
+    default_name = report.path if framework == "trtllm" else Path(report.path).name
+    name = request.served_model_name or default_name
     tp = _tensor_parallel_size(report, request.gpu_type, request.gpus)
     port = request.port or DEFAULT_PORTS[framework]
     host = "127.0.0.1"
@@ -308,6 +311,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     if report.tool_calling and not tools and framework != "trtllm":
         notes.append(f"The chat template renders tools, but quanteval knows no {framework} tool-call parser for "
                      f"model_type '{report.architecture.model_type}'.")
+    if framework == "trtllm" and name != report.path:
+        notes.append("--served_model_name needs a recent trtllm-serve (1.x); older releases serve under the model path.")
     if launcher != DEFAULT_LAUNCHERS[framework]:
         notes.append(f"Launcher replaced by {LAUNCHER_ENV_VARS[framework]}.")
     env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
