@@ -133,6 +133,13 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     # The full run is refused: the only canary of this config failed.
     with pytest.raises(ToolError, match=f"{canary.record_id}: failed"):
         runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
+    # resume_run re-submits NEL's run.sub through NEL: a new SLURM job for the same invocation.
+    resumed = runs.resume_run(runs.RunRef(run=canary.record_id))
+    assert resumed.invocation_id == canary.invocation_id and resumed.status == "submitted"
+    (again,) = runs.run_status(runs.RunRef(run=canary.record_id)).jobs
+    assert again.slurm_job_id != job.slurm_job_id and again.slurm_job_id in squeue_states(slurm_cluster)
+    assert wait_for_status(canary.record_id, runs.FINISHED).status == "failed"
+
     forced = runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config), force=True,
                                                           reason="container registry down; canary cannot pull"))
     assert forced.config_hash == canary.config_hash
@@ -272,3 +279,23 @@ def test_walltime_timeout_with_nels_restart_job_is_a_resume(slurm_cluster, tmp_p
     chain_states = {job: state for job, state in states.items() if int(job) > int(first)}
     assert "CANCELLED" in chain_states.values()  # the chain's current job (or its queued restart) was cancelled
     assert not [job for job, state in chain_states.items() if state in ("PENDING", "RUNNING")]
+
+
+def test_changed_host_key_is_refused_and_status_left_alone(slurm_cluster, tmp_path: Path) -> None:
+    config = slurm_config(slurm_cluster, tmp_path, extra_flags="    begin: now+1hour\n")
+    canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=str(config)))
+    assert wait_for_status(canary.record_id, ("pending",)).status == "pending"
+
+    trusted = slurm_cluster.known_hosts.read_text()
+    slurm_cluster.rotate_host_key()
+    new_key = slurm_cluster.known_hosts.read_text()
+    slurm_cluster.known_hosts.write_text(trusted)  # the client still trusts the old key
+    try:
+        refused = runs.run_status(runs.RunRef(run=canary.record_id))
+        assert not refused.reachable and refused.status == "pending"
+        assert "host key" in refused.message.lower()
+        assert ledger.get(canary.record_id).status == "pending"
+    finally:
+        slurm_cluster.known_hosts.write_text(new_key)
+    assert runs.kill_run(runs.RunRef(run=canary.record_id)).status == "killed"
+    FAULT_SCENARIOS.append("changed host key")
