@@ -324,3 +324,25 @@ def test_vllm_plan_launches_through_the_same_path_with_its_own_launcher(monkeypa
     result = launched(plan=plan)
     status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
     assert status.state == "ready" and status.served_models == ["llama-vllm"] and status.chat_reply
+
+
+@pytest.mark.parametrize(
+    ("log_line", "fix_words"),
+    [  # the servers' own messages (SGLang 0.5.23 / vLLM source)
+        ("ValueError: ModelOpt NVFP4 native dense GEMM backends require SM100+. ", "B200"),
+        ("ValueError: Current platform does not support NVFP4 quantization with the selected MoE backend. "
+         "Please use Blackwell and above, or use moe_runner_backend=marlin on SM80+.", "B200"),
+        ("ValueError: Quantization method specified in the model config (modelopt_fp4) does not match the quantization "
+         "method specified in the `quantization` argument (modelopt).", "Drop --quantization"),
+        ("ValueError: ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, MIXED_PRECISION quantization", "trtllm"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "--gpu-memory-utilization"),
+        ("OSError: [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use",
+         "another port"),
+    ],
+)
+def test_known_server_failures_in_a_log_map_to_fixes(standin, launched, log_line, fix_words):
+    standin("--fake-load-s", "0.1", "--fake-mode", "fail", "--fake-fail-line", log_line)
+    result = launched(port=free_port())
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=10))
+    assert status.state == "failed" and len(status.failures) == 1
+    assert fix_words in status.failures[0].fix and fix_words in status.message

@@ -92,11 +92,14 @@ KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
      "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length, or use more GPUs (--tp-size)."),
     (re.compile(r"Capture cuda graph failed"),
      "SGLang ran out of memory or hit a kernel error while capturing CUDA graphs.",
-     "Add --disable-cuda-graph, or lower the CUDA-graph batch size (--cuda-graph-max-bs, "
-     "--cuda-graph-max-bs-decode in newer SGLang), or lower --mem-fraction-static."),
+     "Lower --mem-fraction-static (e.g. 0.8), or lower the CUDA-graph batch size (--cuda-graph-max-bs-decode; "
+     "--cuda-graph-max-bs in older SGLang), or add --disable-cuda-graph (slower)."),
     (re.compile(r"(?i)(nvfp4|fp4)[^\n]*(blackwell|sm_?100|sm ?10\d|not supported on|requires? .*capability)"),
      "NVFP4 kernels need a Blackwell GPU.",
      "Run on B200 (Blackwell), or serve with vLLM (Marlin W4A16 fallback on Hopper), or use an FP8 checkpoint."),
+    (re.compile(r"ModelOpt currently only supports"),
+     "The server's ModelOpt loader does not know this quant_algo (W4A16_AWQ, W4A8_AWQ, W8A8_SQ are TensorRT-LLM formats).",
+     "Deploy with TensorRT-LLM (framework 'trtllm'), or re-export the checkpoint as FP8 or NVFP4."),
     (re.compile(r"does not match the quantization method specified in the `?quantization`? argument"),
      "--quantization disagrees with the checkpoint's own quantization config.",
      "Drop --quantization (the server reads the checkpoint's config), or set the value the config names."),

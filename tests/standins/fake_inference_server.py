@@ -9,6 +9,7 @@ own `--fake-*` options, which go first in the launcher prefix
   oom         print SGLang's "Not enough memory" line and exit 1
   cuda-graph  print SGLang's "Capture cuda graph failed" error and exit 1
   hang        keep loading forever (/health stays 503)
+  fail        print --fake-fail-line (any server's error message) and exit 1
 
 --fake-workers N starts N child processes, as SGLang starts scheduler/detokenizer processes, and
 --fake-ignore-sigterm makes the server ignore SIGTERM, so stopping must escalate to SIGKILL.
@@ -30,9 +31,10 @@ READY_LINE = "The server is fired up and ready to roll!"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fake-mode", choices=["healthy", "oom", "cuda-graph", "hang"], default="healthy")
+    parser.add_argument("--fake-mode", choices=["healthy", "oom", "cuda-graph", "hang", "fail"], default="healthy")
     parser.add_argument("--fake-load-s", type=float, default=0.5)
     parser.add_argument("--fake-workers", type=int, default=0)
+    parser.add_argument("--fake-fail-line", default="RuntimeError: server failed")
     parser.add_argument("--fake-ignore-sigterm", action="store_true")
     parser.add_argument("model", nargs="?", help="vLLM style: `vllm serve <model>`")
     parser.add_argument("--model-path", "--model")
@@ -109,6 +111,9 @@ def main() -> None:
         sys.exit(1)
     if args.fake_mode == "cuda-graph":
         print("Exception: Capture cuda graph failed: CUDA error: out of memory", flush=True)
+        sys.exit(1)
+    if args.fake_mode == "fail":
+        print(args.fake_fail_line, flush=True)
         sys.exit(1)
     state["ready"] = True
     print(f"INFO: Uvicorn running on http://{args.host}:{args.port}", flush=True)
