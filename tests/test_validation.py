@@ -215,6 +215,22 @@ def test_sglang_needs_trust_remote_code_for_custom_code(tmp_path: Path) -> None:
     assert validation.validate_config(ValidateConfigInput(config=str(config))).problems == []
 
 
+def test_cached_hf_handle_is_checked_against_its_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from factories import make_checkpoint
+
+    cache = tmp_path / "hub"
+    make_checkpoint(cache / "models--acme--tiny" / "snapshots" / "rev1", max_position_embeddings=4096)
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("rev1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    text = (CORPUS / "valid_local_vllm.yaml").read_text()
+    text = text.replace("checkpoint_path: ../../../examples/checkpoints/llama-tiny-bf16", "checkpoint_path: null").replace("hf_model_handle: null", "hf_model_handle: acme/tiny")
+    config = tmp_path / "c.yaml"
+    config.write_text(text.replace('"--max-model-len 4096"', '"--max-model-len 32768"'))
+    problems = validation.validate_config(ValidateConfigInput(config=str(config))).problems
+    assert [(p.rule, p.path) for p in problems] == [("context_too_long", "deployment.extra_args")]
+
+
 def test_bad_yaml_is_a_tool_error_with_position(tmp_path: Path) -> None:
     from quanteval.models import ToolError
 

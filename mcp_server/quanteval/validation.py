@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -166,21 +165,28 @@ class _Context:
         return value if isinstance(value, dict) else {}
 
     def checkpoint_report(self) -> checkpoint.CheckpointReport | None:
-        """inspect_checkpoint's report when deployment.checkpoint_path is a readable local directory."""
+        """inspect_checkpoint's report when the checkpoint is readable here: a local checkpoint_path or a cached hf_model_handle."""
         if not self._report_read:
             self._report_read = True
-            local = self.section("deployment").get("checkpoint_path")
+            deployment = self.section("deployment")
+            local, handle = deployment.get("checkpoint_path"), deployment.get("hf_model_handle")
             if isinstance(local, str) and local != nelconfig.MISSING:
                 path = Path(local).expanduser()
                 if not path.is_absolute():
                     path = self.config_path.parent / path
                 if (path / "config.json").is_file():
                     self._report = _inspect_cached(str(path.resolve()), (path / "config.json").stat().st_mtime_ns)
+            elif isinstance(handle, str) and handle != nelconfig.MISSING:
+                # The HF cache layout (models--org--name/refs/main); refs/main changes when a new revision lands.
+                repo = checkpoint.hf_hub_cache() / ("models--" + handle.replace("/", "--"))
+                ref = repo / "refs" / "main"
+                if repo.is_dir():
+                    self._report = _inspect_cached(handle, (ref if ref.is_file() else repo).stat().st_mtime_ns)
         return self._report
 
 
 @cache
-def _inspect_cached(path: str, config_mtime_ns: int) -> checkpoint.CheckpointReport | None:
+def _inspect_cached(path: str, mtime_ns: int) -> checkpoint.CheckpointReport | None:
     try:
         return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(path=path))
     except ToolError:
