@@ -54,7 +54,8 @@ def launch(slurm_cluster, monkeypatch, *fake_options: str):
 
 
 def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatch):
-    result = launch(slurm_cluster, monkeypatch, "--fake-load-s", "1", "--fake-workers", "1")
+    # ~1.5 MB of log: the probe's sections must survive the SSH output cap
+    result = launch(slurm_cluster, monkeypatch, "--fake-load-s", "1", "--fake-workers", "1", "--fake-log-lines", "15000")
     assert result.job_id and result.job_id.isdigit()
     record = ledger.get(result.deployment_id)
     assert record.executor == "slurm" and record.host == slurm_cluster.ssh_alias
@@ -69,6 +70,7 @@ def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatc
         assert status.endpoint_url == f"http://localhost:{result.port}/v1/chat/completions"
         assert status.config_values["target.api_endpoint.model_id"] == "llama-tiny-fp8"
         assert port_open(result.port)
+        assert status.log_tail[-1].startswith("INFO:") or "ready to roll" in status.log_tail[-1]
     finally:
         stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id, grace_s=20))
     assert stopped.stopped and stopped.how == f"scancel {result.job_id}"

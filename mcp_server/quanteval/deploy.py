@@ -118,6 +118,9 @@ KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line
 LOG_TAIL_LINES = 30
 LOG_SCAN_BYTES = 512 * 1024
+# Over SSH the probe's output is capped (remote.OUTPUT_LIMIT keeps the tail): the log part stays well
+# below it so the probe sections before it are never cut off.
+REMOTE_LOG_SCAN_BYTES = 128 * 1024
 
 
 # --- plan_deployment ----------------------------------------------------------------------------
@@ -662,7 +665,7 @@ echo; echo @@chat
 if [ "$code" = 200 ] && [ {chat} = 1 ]; then
   curl -s -m 60 -w '\\n%{{http_code}} %{{time_total}}' -H 'Content-Type: application/json' -d {body} http://$h:{port}/v1/chat/completions
 fi
-echo; echo @@log; tail -n 2000 server.log 2>/dev/null | tail -c {scan}
+echo; echo @@log; tail -c {scan} server.log 2>/dev/null
 """
 
 
@@ -676,7 +679,7 @@ def _status_slurm(record: ledger.Record, chat: bool) -> tuple[str, bool, _Probe,
     details = record.details
     name = details["served_model_name"]
     script = _REMOTE_PROBE.format(dir=shlex.quote(details["remote_dir"]), job=details["job_id"], port=details["port"],
-                                  chat=int(chat), body=shlex.quote(json.dumps(_chat_body(name))), scan=LOG_SCAN_BYTES)
+                                  chat=int(chat), body=shlex.quote(json.dumps(_chat_body(name))), scan=REMOTE_LOG_SCAN_BYTES)
     result = _remote(record.host or "", script, timeout=120)
     if result.exit_code == 3:
         raise ToolError(f"{record.host}:{details['remote_dir']}: deployment directory is gone.")

@@ -35,6 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-load-s", type=float, default=0.5)
     parser.add_argument("--fake-workers", type=int, default=0)
     parser.add_argument("--fake-fail-line", default="RuntimeError: server failed")
+    parser.add_argument("--fake-log-lines", type=int, default=0, help="print this many filler lines while loading")
     parser.add_argument("--fake-ignore-sigterm", action="store_true")
     parser.add_argument("model", nargs="?", help="vLLM style: `vllm serve <model>`")
     parser.add_argument("--model-path", "--model")
@@ -102,6 +103,9 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"server_args: model_path={model_path} served_model_name={served_name} port={args.port}", flush=True)
     print("Load weight begin.", flush=True)
+    for i in range(args.fake_log_lines):
+        print(f"Loading safetensors checkpoint shard {i}: {'#' * 60}")
+    sys.stdout.flush()
     if args.fake_mode == "hang":
         while True:
             time.sleep(3600)
