@@ -346,3 +346,18 @@ def test_known_server_failures_in_a_log_map_to_fixes(standin, launched, log_line
     status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=10))
     assert status.state == "failed" and len(status.failures) == 1
     assert fix_words in status.failures[0].fix and fix_words in status.message
+
+
+def test_nothing_from_the_client_can_add_lines_to_a_slurm_job_script():
+    with pytest.raises(ValueError, match="partition"):
+        LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), where="cluster", partition="gpu\nrm -rf ~")
+    with pytest.raises(ValueError, match="time_limit"):
+        LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), where="cluster", time_limit="1:00\n#SBATCH --exclusive")
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), check_args=False))
+    for tampered in (
+        plan.model_copy(update={"server_args": [*plan.server_args, "x\nQUANTEVAL_EOF\ncurl evil"]}),
+        plan.model_copy(update={"env": {"A=1; rm -rf ~; B": "1"}}),
+    ):
+        with pytest.raises(ToolError, match="cannot go into a job script"):
+            launch_deployment(LaunchDeploymentInput(plan=tampered, where="cluster"))
+    assert ledger.count(kind="deployment") == 0  # refused before anything was recorded or sent

@@ -352,9 +352,10 @@ class LaunchDeploymentInput(StrictModel):
         1800, gt=0, description="How long loading may take before deployment_status reports 'timed_out'."
     )
     force: bool = Field(False, description="Launch even though the plan has error-level warnings.")
-    partition: str | None = Field(None, description="SLURM partition (SLURM only).")
-    account: str | None = Field(None, description="SLURM account (SLURM only).")
-    time_limit: str = Field("04:00:00", description="SLURM time limit HH:MM:SS (SLURM only).")
+    # Patterns keep these single #SBATCH words: a newline would add lines to the job script.
+    partition: str | None = Field(None, pattern=r"^[\w.,-]+$", description="SLURM partition (SLURM only).")
+    account: str | None = Field(None, pattern=r"^[\w.-]+$", description="SLURM account (SLURM only).")
+    time_limit: str = Field("04:00:00", pattern=r"^[\d:-]+$", description="SLURM time limit HH:MM:SS or D-HH:MM:SS (SLURM only).")
     remote_workdir: str = Field(
         ".quanteval/deployments", description="Directory on the SLURM host (relative to the login home) for job scripts and logs."
     )
@@ -462,6 +463,14 @@ def _launch_local(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
     )
 
 
+def _check_scriptable(plan: DeploymentPlan) -> None:
+    """A plan comes from the client: nothing in it may add lines to the job script."""
+    unsafe = [item for item in [*plan.launcher, *plan.server_args, *plan.env.values()] if "\n" in item or "\r" in item]
+    unsafe += [key for key in plan.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)]
+    if unsafe:
+        raise ToolError(f"plan: {unsafe[0]!r} cannot go into a job script (line break or bad variable name). Remove it from the plan.")
+
+
 def _sbatch_script(plan: DeploymentPlan, request: LaunchDeploymentInput, deployment_id: str, port: int) -> str:
     server_args = _with_option(_with_option(plan.server_args, "--host", "0.0.0.0"), "--port", str(port))
     gpus = plan.tensor_parallel_size if request.gpus_per_node is None else request.gpus_per_node
@@ -492,6 +501,7 @@ def _remote(host: str, command: str, timeout: float = 60) -> RemoteResult:
 
 
 def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
+    _check_scriptable(plan)
     port = request.port or plan.port
     record = ledger.add("deployment", status="submitting", executor="slurm", host=request.where, config_path=plan.checkpoint,
                         details={"framework": plan.framework, "served_model_name": plan.served_model_name})
