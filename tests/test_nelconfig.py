@@ -301,6 +301,16 @@ def test_apply_checkpoint_hf_handle_fills_tokenizer(tmp_path: Path, monkeypatch:
     assert "api_key_name" not in str(doc.get("target"))  # adlr_* tasks are not NeMo-Skills
 
 
+def test_apply_checkpoint_on_slurm_mounts_the_checkpoint_as_tokenizer(tmp_path: Path) -> None:
+    config = build(tmp_path, execution="slurm", deployment="vllm", model_type="base", benchmarks=["coding"])
+    result = nelconfig.apply_checkpoint(ApplyCheckpointInput(config=str(config), checkpoint=str(EXAMPLES / "llama-tiny-bf16"), cluster_checkpoint_path="/lustre/models/llama-tiny"))
+    doc = yaml.safe_load(config.read_text())
+    assert doc["deployment"]["checkpoint_path"] == "/lustre/models/llama-tiny"
+    assert doc["execution"]["mounts"] == {"mount_home": False, "evaluation": {"/lustre/models/llama-tiny": "/checkpoint"}}
+    assert doc["evaluation"]["nemo_evaluator_config"]["config"]["params"]["extra"]["tokenizer"] == "/checkpoint"
+    assert "evaluation.nemo_evaluator_config.config.params.extra.tokenizer" not in result.missing_values
+
+
 def test_apply_checkpoint_refuses_deployments_without_a_server(tmp_path: Path) -> None:
     for deployment in ("none", "nim"):
         config = build(tmp_path, deployment=deployment, model_type="base", benchmarks=["coding"])

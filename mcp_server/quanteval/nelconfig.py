@@ -773,6 +773,21 @@ class ApplyCheckpointOutput(BaseModel):
     notes: list[str] = Field(description="Checkpoint warnings and framework notes worth reading before a run.")
 
 
+EVALUATION_CHECKPOINT_MOUNT = "/checkpoint"
+
+
+def mount_checkpoint_for_evaluation(doc: CommentedMap, local_path: str) -> None:
+    """execution.mounts.evaluation[<checkpoint>] = /checkpoint (a mapping key, so not a dotted path: it holds dots and slashes)."""
+    execution = doc.setdefault("execution", CommentedMap())
+    mounts = execution.get("mounts")
+    if not isinstance(mounts, dict):
+        mounts = execution["mounts"] = CommentedMap()
+    evaluation = mounts.get("evaluation")
+    if not isinstance(evaluation, dict):
+        evaluation = mounts["evaluation"] = CommentedMap()
+    evaluation[local_path] = EVALUATION_CHECKPOINT_MOUNT
+
+
 def _is_nemo_skills(name: str) -> bool:
     return any(entry.harness == "nemo_skills" for entry in tasks.lookup(name))
 
@@ -826,11 +841,17 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
             write(doc, "deployment.tensor_parallel_size", tp)
         current_args = get_path(doc, "deployment.extra_args") if has_path(doc, "deployment.extra_args") else ""
         write(doc, "deployment.extra_args", merge_extra_args(str(current_args or ""), additions))
+        # The evaluation container needs the tokenizer too: the HF handle, or on SLURM (the executor that
+        # honours execution.mounts.evaluation) the checkpoint itself mounted where the server sees it.
+        tokenizer = handle or (EVALUATION_CHECKPOINT_MOUNT if local_path and execution_type(doc) == "slurm" else None)
         for path, value in list(walk(doc)):
             if value != MISSING:
                 continue
-            if path.endswith("params.extra.tokenizer") and handle:
-                write(doc, path, handle)
+            if path.endswith("params.extra.tokenizer") and tokenizer:
+                if tokenizer == EVALUATION_CHECKPOINT_MOUNT:
+                    mount_checkpoint_for_evaluation(doc, str(local_path))
+                    changes.append(f"execution.mounts.evaluation: {local_path} -> {EVALUATION_CHECKPOINT_MOUNT}")
+                write(doc, path, tokenizer)
             elif path.endswith("adapter_config.params_to_add"):
                 if report.reasoning:
                     write(doc, path, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)))
