@@ -17,6 +17,7 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "NGC_API_KEY": "NGC key for pulling NVIDIA containers (nvcr.io) and NIM deployments.",
     "NEMO_EVALUATOR_TELEMETRY_LEVEL": "NEL telemetry; 0 turns it off (the test suite sets 0).",
     "NEMO_EVALUATOR_TRUST_PRE_CMD": "Must be 1 for NEL to run a config's pre_cmd.",
+    "USER": "Default SLURM username in NEL's templates (execution.username: ${oc.env:USER}); NEL fails when it is unset (e.g. in containers).",
     "NEMO_EVALUATOR_EXEC_DB_FILE": "NEL's execution database (default ~/.nemo-evaluator/exec-db/exec.v1.jsonl); run_status/logs/kill/resume read it.",
     "MODELOPT_WORKSPACE_ROOT": "Root of ModelOpt quantization/deployment workspaces to reuse.",
     "QUANTEVAL_STATE_DIR": "Where quanteval keeps its state (ledger, caches). Default: $XDG_STATE_HOME/quanteval.",
