@@ -283,6 +283,15 @@ def test_apply_checkpoint_merges_extra_args_without_duplicates(tmp_path: Path) -
     assert yaml.safe_load(sglang.read_text())["deployment"]["extra_args"] == "--context-length 8192 --trust-remote-code"
 
 
+def test_apply_checkpoint_reports_unsplittable_extra_args(tmp_path: Path) -> None:
+    config = build(tmp_path, deployment="vllm", model_type="base", benchmarks=["coding"])
+    nelconfig.set_config_value(SetConfigValueInput(config=str(config), path="deployment.extra_args", value='--chat-template "unclosed'))
+    before = config.read_bytes()
+    with pytest.raises(ToolError, match="deployment.extra_args: cannot split"):
+        nelconfig.apply_checkpoint(ApplyCheckpointInput(config=str(config), checkpoint=str(EXAMPLES / "llama-tiny-bf16")))
+    assert config.read_bytes() == before
+
+
 def test_apply_checkpoint_hf_handle_fills_tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "hub"
     snapshot = cache / "models--acme--tiny-fp8" / "snapshots" / "abc123"

@@ -714,7 +714,10 @@ CONTEXT_LENGTH_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length",
 
 def parse_extra_args(text: str) -> list[tuple[str, str | None]]:
     """`--a 1 --b --c=x` -> [("--a","1"), ("--b",None), ("--c","x")]; stray words become (word, None)."""
-    tokens = shlex.split(text)
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:
+        raise ToolError(f"deployment.extra_args: cannot split '{text}' into flags ({exc}). Balance the quotes.") from None
     options: list[tuple[str, str | None]] = []
     index = 0
     while index < len(tokens):

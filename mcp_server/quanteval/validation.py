@@ -499,7 +499,7 @@ def _extra_args(ctx: _Context) -> list[tuple[str, str | None]]:
         return []
     try:
         return nelconfig.parse_extra_args(raw)
-    except ValueError:
+    except ToolError:  # reported by the malformed_extra_args rule
         return []
 
 
