@@ -355,9 +355,20 @@ def test_nothing_from_the_client_can_add_lines_to_a_slurm_job_script():
         LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), where="cluster", time_limit="1:00\n#SBATCH --exclusive")
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), check_args=False))
     for tampered in (
-        plan.model_copy(update={"server_args": [*plan.server_args, "x\nQUANTEVAL_EOF\ncurl evil"]}),
+        plan.model_copy(update={"server_args": [*plan.server_args, "x\nQUANTEVAL_EOF\ncurl evil"],
+                                "argv": [*plan.argv, "x\nQUANTEVAL_EOF\ncurl evil"]}),
         plan.model_copy(update={"env": {"A=1; rm -rf ~; B": "1"}}),
     ):
         with pytest.raises(ToolError, match="cannot go into a job script"):
             launch_deployment(LaunchDeploymentInput(plan=tampered, where="cluster"))
     assert ledger.count(kind="deployment") == 0  # refused before anything was recorded or sent
+
+
+def test_a_plan_cannot_swap_in_another_command(standin):
+    standin()
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), check_args=False))
+    tampered = plan.model_copy(update={"launcher": ["/bin/sh", "-c", "touch /tmp/pwned"],
+                                       "argv": ["/bin/sh", "-c", "touch /tmp/pwned", *plan.server_args]})
+    with pytest.raises(ToolError, match="not this machine's sglang launcher.*QUANTEVAL_SGLANG_LAUNCHER"):
+        launch_deployment(LaunchDeploymentInput(plan=tampered))
+    assert ledger.count(kind="deployment") == 0

@@ -416,6 +416,10 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     plan = request.plan or plan_deployment(
         PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework), progress=progress
     )
+    if plan.launcher != _launcher(plan.framework) or plan.argv != [*plan.launcher, *plan.server_args]:
+        # A plan arrives from the client; only the configured launcher may run, so a plan cannot run any command.
+        raise ToolError(f"plan: its launcher {shlex.join(plan.launcher)!r} is not this machine's {plan.framework} launcher "
+                        f"({shlex.join(_launcher(plan.framework))}; set by {LAUNCHER_ENV_VARS[plan.framework]}). Plan again.")
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
