@@ -140,6 +140,21 @@ def test_set_keeps_comments_and_order_and_returns_diff(tmp_path: Path) -> None:
     assert not again.changed and again.diff == ""
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "evaluation:\n  tasks:\n  - name: ns_gpqa  # first\n    env_vars: {}\n  - name: ns_aime2025\ndeployment:\n  type: vllm\n",
+        "evaluation:\n    tasks:\n        -   name: ns_gpqa  # first\n            env_vars: {}\n        -   name: ns_aime2025\ndeployment:\n    type: vllm\n",
+    ],
+)
+def test_edit_keeps_the_files_own_indentation(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    result = nelconfig.set_config_value(SetConfigValueInput(config=str(path), path="deployment.type", value="sglang"))
+    assert path.read_text() == text.replace("type: vllm", "type: sglang")
+    assert result.diff.count("\n-") == 1 and result.diff.count("\n+") == 2  # one line out; the +++ header and one line in
+
+
 def test_set_by_task_name_creates_keys_and_parses_yaml(tmp_path: Path) -> None:
     path = build(tmp_path)
     nelconfig.set_config_value(SetConfigValueInput(config=str(path), path="evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature", yaml_value="0.6"))

@@ -38,11 +38,31 @@ MISSING = "???"  # OmegaConf's marker for a value that must be filled in
 # Round-trip YAML
 
 
-def _yaml() -> YAML:
+Layout = tuple[int, int, int]  # ruamel's (mapping, sequence, offset) indentation
+NEL_LAYOUT: Layout = (2, 4, 2)  # NEL's templates: "  tasks:\n    - name: ..."
+
+
+def guess_layout(text: str) -> Layout:
+    """The file's own indentation, so an edit does not re-indent lines it did not touch."""
+    from ruamel.yaml.util import load_yaml_guess_indent
+
+    indented = (line for line in text.splitlines() if line.startswith(" ") and not line.lstrip().startswith(("#", "-")))
+    mapping = next((len(line) - len(line.lstrip(" ")) for line in indented), NEL_LAYOUT[0])
+    if not re.search(r"^\s*- ", text, re.M):  # no block sequence to learn from
+        return (mapping, NEL_LAYOUT[1], NEL_LAYOUT[2])
+    try:
+        _, sequence, offset = load_yaml_guess_indent(text)
+    except Exception:  # unparsable text: the real parse reports it with line and column
+        return NEL_LAYOUT
+    return (mapping, sequence, offset)
+
+
+def _yaml(layout: Layout = NEL_LAYOUT) -> YAML:
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-wrap long command lines or extra_args
-    yaml.indent(mapping=2, sequence=4, offset=2)  # the layout of NEL's own templates
+    mapping, sequence, offset = layout
+    yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
     # Write null as `null` (ruamel's default is an empty value, easy to misread as a forgotten value).
     yaml.representer.add_representer(type(None), lambda rep, _: rep.represent_scalar("tag:yaml.org,2002:null", "null"))
     return yaml
@@ -64,9 +84,9 @@ def parse_config_text(text: str, source: str) -> CommentedMap:
     return doc
 
 
-def dump_config(doc: CommentedMap) -> str:
+def dump_config(doc: CommentedMap, layout: Layout = NEL_LAYOUT) -> str:
     buffer = io.StringIO()
-    _yaml().dump(doc, buffer)
+    _yaml(layout).dump(doc, buffer)
     return buffer.getvalue()
 
 
@@ -126,7 +146,7 @@ def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None]) -> str
         before = _read_text(path)
         doc = parse_config_text(before, str(path))
         mutate(doc)
-        after = dump_config(doc)
+        after = dump_config(doc, guess_layout(before))
         if after == before:
             return ""
         _write_atomically(path, after)
