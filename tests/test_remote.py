@@ -259,6 +259,12 @@ def test_slurm_queue_refuses_injection_in_ids_and_user(slurm_cluster):
         slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias, user="root --me"))
 
 
+def test_slurm_queue_on_a_host_without_slurm_config_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))  # a host where SLURM is installed, not configured
+    with pytest.raises(ToolError, match="no SLURM configuration"):
+        slurm_queue(SlurmQueueInput(host="local"))
+
+
 def test_slurmctld_restart_during_polling_gives_clear_errors_then_answers(slurm_cluster):
     job = sbatch(slurm_cluster, "--hold --wrap 'true'")
     outcomes: list[str] = []

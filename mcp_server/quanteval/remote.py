@@ -630,6 +630,11 @@ def _slurm_unreachable(host: str, command: str, stderr: str) -> ToolError:
     text = stderr.strip()[-400:]
     if "command not found" in text:
         return ToolError(f"{host}: {command} not found. Use a SLURM login node (check with ssh_check).")
+    if "configuration source" in text or "slurm.conf" in text:
+        return ToolError(
+            f"{host}: {command} finds no SLURM configuration (no slurm.conf, SLURM_CONF unset). Use the cluster's "
+            "login node, or set SLURM_CONF there."
+        )
     if re.search(r"Unable to contact slurm controller|Socket timed out|Connection refused|Zero Bytes", text, re.I):
         return ToolError(
             f"{host}: SLURM controller not answering ({text}). Transient if slurmctld is restarting: call again in a minute."
