@@ -260,9 +260,15 @@ def test_slurm_queue_refuses_injection_in_ids_and_user(slurm_cluster):
 
 
 def test_slurm_queue_on_a_host_without_slurm_config_says_so(monkeypatch, tmp_path):
-    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))  # a host where SLURM is installed, not configured
-    with pytest.raises(ToolError, match="no SLURM configuration"):
+    broken = tmp_path / "slurm.conf"
+    broken.write_text("")  # installed, not configured (a missing file makes squeue retry for 60 s)
+    monkeypatch.setenv("SLURM_CONF", str(broken))
+    with pytest.raises(ToolError, match="no usable SLURM configuration"):
         slurm_queue(SlurmQueueInput(host="local"))
+    monkeypatch.delenv("SLURM_CONF")  # no slurm.conf anywhere: squeue falls back to DNS and fails
+    if not Path("/etc/slurm/slurm.conf").exists():
+        with pytest.raises(ToolError, match="no usable SLURM configuration"):
+            slurm_queue(SlurmQueueInput(host="local"))
 
 
 def test_slurmctld_restart_during_polling_gives_clear_errors_then_answers(slurm_cluster):

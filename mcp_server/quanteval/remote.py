@@ -630,10 +630,10 @@ def _slurm_unreachable(host: str, command: str, stderr: str) -> ToolError:
     text = stderr.strip()[-400:]
     if "command not found" in text:
         return ToolError(f"{host}: {command} not found. Use a SLURM login node (check with ssh_check).")
-    if "configuration source" in text or "slurm.conf" in text:
+    if "configuration source" in text or "Unable to process configuration file" in text:
         return ToolError(
-            f"{host}: {command} finds no SLURM configuration (no slurm.conf, SLURM_CONF unset). Use the cluster's "
-            "login node, or set SLURM_CONF there."
+            f"{host}: {command} finds no usable SLURM configuration (slurm.conf missing or broken). Use the "
+            f"cluster's login node, or point SLURM_CONF there at the cluster's slurm.conf. ({text[-200:]})"
         )
     if re.search(r"Unable to contact slurm controller|Socket timed out|Connection refused|Zero Bytes", text, re.I):
         return ToolError(
