@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -372,3 +373,22 @@ def test_a_plan_cannot_swap_in_another_command(standin):
     with pytest.raises(ToolError, match="not this machine's sglang launcher.*QUANTEVAL_SGLANG_LAUNCHER"):
         launch_deployment(LaunchDeploymentInput(plan=tampered))
     assert ledger.count(kind="deployment") == 0
+
+
+def test_weights_that_do_not_fit_the_gpus_are_an_error_and_the_default_tp_fits(tmp_path):
+    """A 200 GB checkpoint: a real safetensors header, the data a sparse hole (no disk used)."""
+    root = make_checkpoint(tmp_path / "big")
+    for shard in root.glob("*.safetensors"):
+        shard.unlink()
+    size = 200 * 10**9
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [size // 2 // 8192, 8192],
+                                                       "data_offsets": [0, size]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(root / "model.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(header)) + header)
+        handle.truncate(8 + len(header) + size)
+    one = plan_deployment(PlanDeploymentInput(checkpoint=str(root), gpu_type="H100", gpus=1, check_args=False))
+    assert [w.level for w in one.warnings] == ["error"]
+    assert "do not fit 1 x H100" in one.warnings[0].message and "at least 3 H100" in one.warnings[0].message
+    sized = plan_deployment(PlanDeploymentInput(checkpoint=str(root), gpu_type="H100", check_args=False))
+    assert sized.tensor_parallel_size == 4 and sized.warnings == []  # 3 GPUs needed; 4 divides the heads
