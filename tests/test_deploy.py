@@ -392,3 +392,23 @@ def test_weights_that_do_not_fit_the_gpus_are_an_error_and_the_default_tp_fits(t
     assert "do not fit 1 x H100" in one.warnings[0].message and "at least 3 H100" in one.warnings[0].message
     sized = plan_deployment(PlanDeploymentInput(checkpoint=str(root), gpu_type="H100", check_args=False))
     assert sized.tensor_parallel_size == 4 and sized.warnings == []  # 3 GPUs needed; 4 divides the heads
+
+
+def test_a_ready_deployment_fills_a_deployment_none_config(standin, launched, tmp_path):
+    from quanteval import nelconfig
+
+    config = tmp_path / "eval.yaml"
+    nelconfig.build_config(nelconfig.BuildConfigInput(
+        execution="local", deployment="none", model_type="chat_reasoning", benchmarks=["core_reasoning"], output=str(config)
+    ))
+    standin("--fake-load-s", "0.2")
+    result = launched(port=free_port())
+    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
+    assert status.state == "ready"
+    for path, value in status.config_values.items():
+        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config=str(config), path=path, value=value))
+    missing = nelconfig.list_missing_values(nelconfig.ListMissingValuesInput(config=str(config))).missing_values
+    assert "target.api_endpoint.model_id" not in missing
+    doc = nelconfig.load_config(config)
+    assert nelconfig.get_path(doc, "target.api_endpoint.url") == status.endpoint_url
+    assert nelconfig.get_path(doc, "target.api_endpoint.model_id") == "llama-tiny-bf16"
