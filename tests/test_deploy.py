@@ -412,3 +412,18 @@ def test_a_ready_deployment_fills_a_deployment_none_config(standin, launched, tm
     doc = nelconfig.load_config(config)
     assert nelconfig.get_path(doc, "target.api_endpoint.url") == status.endpoint_url
     assert nelconfig.get_path(doc, "target.api_endpoint.model_id") == "llama-tiny-bf16"
+
+
+def test_an_hf_handle_is_served_as_the_handle(tmp_path, monkeypatch):
+    """The server resolves the handle from its own HF cache, so the plan works on any machine."""
+    repo_dir = tmp_path / "hf" / "hub" / "models--nvidia--Tiny-FP8"
+    make_checkpoint(repo_dir / "snapshots" / "0123abcd", quant="FP8")
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text("0123abcd")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    plan = plan_deployment(PlanDeploymentInput(checkpoint="nvidia/Tiny-FP8"))
+    args = plan.server_args
+    assert args[args.index("--model-path") + 1] == "nvidia/Tiny-FP8" == plan.checkpoint
+    assert args[args.index("--served-model-name") + 1] == "nvidia/Tiny-FP8"
+    assert plan.env == {} and plan.parser_check.ok, plan.parser_check.message

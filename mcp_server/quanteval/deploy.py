@@ -159,7 +159,7 @@ class ParserCheck(BaseModel):
 
 class DeploymentPlan(BaseModel):
     framework: Framework
-    checkpoint: str = Field(description="Resolved checkpoint directory.")
+    checkpoint: str = Field(description="What the server loads: the resolved checkpoint directory, or the HF handle.")
     served_model_name: str
     host: str
     port: int
@@ -228,21 +228,27 @@ def _tensor_parallel_size(report: CheckpointReport, gpu_type: str | None, gpus: 
     return fit.tensor_parallel_size if fit else 1
 
 
+def _model_ref(report: CheckpointReport) -> str:
+    """An HF handle stays a handle (the server resolves it from its own HF cache, on any machine)."""
+    return report.hf_handle or report.path
+
+
 def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, host: str, port: int) -> list[str]:
+    model = _model_ref(report)
     checkpoint_flags = report.deployment_flags.get(framework)
     flags = list(checkpoint_flags.args) if checkpoint_flags else []
     reasoning, tools = _parsers(report, framework)
     if framework == "sglang":
-        args = ["--model-path", report.path, "--served-model-name", name, "--tp-size", str(tp), *flags]
+        args = ["--model-path", model, "--served-model-name", name, "--tp-size", str(tp), *flags]
         args += ["--reasoning-parser", reasoning] if reasoning else []
         args += ["--tool-call-parser", tools] if tools else []
     elif framework == "vllm":
-        args = [report.path, "--served-model-name", name, "--tensor-parallel-size", str(tp), *flags]
+        args = [model, "--served-model-name", name, "--tensor-parallel-size", str(tp), *flags]
         args += ["--reasoning-parser", reasoning] if reasoning else []
         args += ["--enable-auto-tool-choice", "--tool-call-parser", tools] if tools else []
     else:
-        args = [report.path, "--backend", "pytorch", "--tp_size", str(tp), *flags]
-        args += ["--served_model_name", name] if name != report.path else []
+        args = [model, "--backend", "pytorch", "--tp_size", str(tp), *flags]
+        args += ["--served_model_name", name] if name != model else []
     return [*args, "--host", host, "--port", str(port)]
 
 
@@ -301,7 +307,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     progress(0, 2, "inspecting the checkpoint")
     report = inspect_checkpoint(InspectCheckpointInput(path=request.checkpoint))
     # trtllm-serve serves under the model path unless told otherwise (--served_model_name: recent releases only).
-    default_name = report.path if framework == "trtllm" else Path(report.path).name
+    default_name = _model_ref(report) if framework == "trtllm" else report.hf_handle or Path(report.path).name
     name = request.served_model_name or default_name
     tp = _tensor_parallel_size(report, request.gpu_type, request.gpus)
     port = request.port or DEFAULT_PORTS[framework]
@@ -317,7 +323,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     if report.tool_calling and not tools and framework != "trtllm":
         notes.append(f"The chat template renders tools, but quanteval knows no {framework} tool-call parser for "
                      f"model_type '{report.architecture.model_type}'.")
-    if framework == "trtllm" and name != report.path:
+    if framework == "trtllm" and name != _model_ref(report):
         notes.append("--served_model_name needs a recent trtllm-serve (1.x); older releases serve under the model path.")
     if launcher != DEFAULT_LAUNCHERS[framework]:
         notes.append(f"Launcher replaced by {LAUNCHER_ENV_VARS[framework]}.")
@@ -327,7 +333,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
              else ParserCheck(checked=False, message="Not checked (check_args is false)."))
     argv = [*launcher, *server_args]
     return DeploymentPlan(
-        framework=framework, checkpoint=report.path, served_model_name=name, host=host, port=port,
+        framework=framework, checkpoint=_model_ref(report), served_model_name=name, host=host, port=port,
         tensor_parallel_size=tp, gpu_type=request.gpu_type, launcher=launcher, server_args=server_args,
         argv=argv, command=shlex.join(argv), env=env,
         warnings=_hardware_warnings(report, framework, request.gpu_type, tp), notes=notes, parser_check=check,
@@ -528,7 +534,8 @@ def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
     return LaunchDeploymentResult(
         deployment_id=record.id, where=request.where, status="loading", port=port, served_model_name=plan.served_model_name,
         command=f"sbatch {absolute_dir}/job.sbatch", log_path=f"{absolute_dir}/server.log", job_id=job_id,
-        notes=[f"SLURM job {job_id} on {request.where}; the endpoint is known once the job runs."],
+        notes=[f"SLURM job {job_id} on {request.where}; the endpoint is known once the job runs.",
+               f"The node loads {plan.checkpoint}: it must be at that path on the cluster (shared filesystem)."],
     )
 
 
