@@ -451,19 +451,16 @@ def _launch_local(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
     log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
     # A shell wrapper records the exit code, so any later process (CLI, restarted MCP server) can report it.
     wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-deploy", str(rc_path), *argv]
+    # A launcher that cannot start shows up as exit code 127 with the shell's message in the log.
     with open(log_path, "ab") as log_file:
-        try:
-            child = subprocess.Popen(
-                wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
-            )
-        except OSError as exc:
-            ledger.update(record.id, status="failed", message=str(exc))
-            raise ToolError(f"launcher: cannot start {argv[0]}: {exc.strerror}. Check the launcher or {LAUNCHER_ENV_VARS[plan.framework]}.") from None
+        child = subprocess.Popen(
+            wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
+        )
     _CHILDREN[child.pid] = child
     endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"
     ledger.update(record.id, status="loading", details={
-        "pid": child.pid, "pgid": child.pid, "port": port, "host_address": "127.0.0.1", "log_path": str(log_path),
+        "pid": child.pid, "pgid": child.pid, "port": port, "log_path": str(log_path),
         "exit_code_path": str(rc_path), "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
         "startup_timeout_s": request.startup_timeout_s,
     })
@@ -598,22 +595,23 @@ def _probe_local(base: str, name: str, chat: bool) -> _Probe:
     import httpx
 
     probe = _Probe()
-    try:
-        probe.health = httpx.get(f"{base}/health", timeout=3).status_code
-    except httpx.HTTPError:
-        return probe
-    if probe.health != 200:
-        return probe
-    try:
-        models = httpx.get(f"{base}/v1/models", timeout=5).json()
-        probe.models = [m.get("id") for m in models.get("data", [])]
-        if chat:
-            started = time.monotonic()
-            reply = httpx.post(f"{base}/v1/chat/completions", json=_chat_body(name), timeout=60)
-            probe.chat_latency_s = round(time.monotonic() - started, 3)
-            _read_chat(probe, reply.status_code, reply.text)
-    except (httpx.HTTPError, ValueError) as exc:
-        probe.chat_error = str(exc)[:300]
+    with httpx.Client(trust_env=False) as client:  # loopback: never through a proxy from the environment
+        try:
+            probe.health = client.get(f"{base}/health", timeout=3).status_code
+        except httpx.HTTPError:
+            return probe
+        if probe.health != 200:
+            return probe
+        try:
+            models = client.get(f"{base}/v1/models", timeout=5).json()
+            probe.models = [m.get("id") for m in models.get("data", [])]
+            if chat:
+                started = time.monotonic()
+                reply = client.post(f"{base}/v1/chat/completions", json=_chat_body(name), timeout=60)
+                probe.chat_latency_s = round(time.monotonic() - started, 3)
+                _read_chat(probe, reply.status_code, reply.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            probe.chat_error = str(exc)[:300]
     return probe
 
 
@@ -623,7 +621,9 @@ def _read_chat(probe: _Probe, status: int, text: str) -> None:
     except ValueError:
         body = {}
     if status == 200 and body.get("choices"):
-        probe.chat_reply = str(body["choices"][0].get("message", {}).get("content"))[:200]
+        message = body["choices"][0].get("message") or {}
+        # a reasoning model may spend 8 tokens thinking: its reply is then only reasoning_content
+        probe.chat_reply = str(message.get("content") or message.get("reasoning_content") or "")[:200]
     else:
         probe.chat_error = f"HTTP {status}: {text[:300]}"
 
@@ -679,12 +679,12 @@ echo @@job; squeue -h -j {job} -o %T 2>/dev/null
 echo @@host; cat endpoint_host 2>/dev/null
 h=$(cat endpoint_host 2>/dev/null)
 echo @@health
-if [ -n "$h" ]; then code=$(curl -s -o /dev/null -w '%{{http_code}}' -m 3 http://$h:{port}/health); echo "$code"; fi
+if [ -n "$h" ]; then code=$(curl -s --noproxy '*' -o /dev/null -w '%{{http_code}}' -m 3 http://$h:{port}/health); echo "$code"; fi
 echo @@models
-if [ "$code" = 200 ]; then curl -s -m 5 http://$h:{port}/v1/models; fi
+if [ "$code" = 200 ]; then curl -s --noproxy '*' -m 5 http://$h:{port}/v1/models; fi
 echo; echo @@chat
 if [ "$code" = 200 ] && [ {chat} = 1 ]; then
-  curl -s -m 60 -w '\\n%{{http_code}} %{{time_total}}' -H 'Content-Type: application/json' -d {body} http://$h:{port}/v1/chat/completions
+  curl -s --noproxy '*' -m 60 -w '\\n%{{http_code}} %{{time_total}}' -H 'Content-Type: application/json' -d {body} http://$h:{port}/v1/chat/completions
 fi
 echo; echo @@log; tail -c {scan} server.log 2>/dev/null
 """
