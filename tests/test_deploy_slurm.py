@@ -7,6 +7,8 @@ real cluster where the compute node is only reachable from the login node.
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import socket
 import sys
@@ -79,6 +81,9 @@ def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatc
     while port_open(result.port) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not port_open(result.port), "the server outlived scancel"
+    log = (slurm_cluster.workdir / "deployments" / result.deployment_id / "server.log").read_text()
+    workers = json.loads(re.search(r"worker pids: (\[.*\])", log).group(1))
+    assert workers and not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a server worker outlived scancel"
     assert deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)).state == "stopped"
 
 
