@@ -233,6 +233,14 @@ def _check_top_level(ctx: _Context) -> None:
     _check_keys(ctx, ctx.doc, "", TOP_LEVEL_KEYS, "top-level")
     _check_keys(ctx, ctx.section("execution"), "execution", known_execution_keys(), "execution")
     _check_keys(ctx, ctx.section("deployment"), "deployment", known_deployment_keys(), "deployment")
+    target = ctx.section("target")
+    _check_keys(ctx, target, "target", {"api_endpoint"}, "target")
+    endpoint = target.get("api_endpoint")
+    if isinstance(endpoint, dict):
+        from nemo_evaluator.api.api_dataclasses import ApiEndpoint
+
+        plain = {key: value for key, value in nelconfig.to_plain(endpoint).items() if key != "adapter_config"}
+        _pydantic_problems(ctx, ApiEndpoint, plain, "target.api_endpoint", {})
     mounts = ctx.section("execution").get("mounts")
     if isinstance(mounts, dict):
         from nemo_evaluator_launcher.common.config_models import MountsModel
