@@ -83,7 +83,16 @@ def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatc
     assert not port_open(result.port), "the server outlived scancel"
     log = (slurm_cluster.workdir / "deployments" / result.deployment_id / "server.log").read_text()
     workers = json.loads(re.search(r"worker pids: (\[.*\])", log).group(1))
-    assert workers and not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a server worker outlived scancel"
+    assert workers
+
+    def alive(pid: int) -> bool:
+        stat = Path(f"/proc/{pid}/stat")
+        return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 15  # slurmd kills the job's remaining processes right after the batch step ends
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in workers), "a server worker outlived scancel"
     assert deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)).state == "stopped"
 
 
