@@ -663,10 +663,9 @@ def group_members(pgid: int) -> list[int]:
 
 def _local_process(details: dict[str, Any]) -> tuple[bool, int | None]:
     """(running, exit code when known)."""
-    pid = details["pid"]
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        child.poll()
+    child = _CHILDREN.get(details["pid"])
+    if child is not None and child.poll() is not None:  # reaped: no zombie left behind
+        del _CHILDREN[details["pid"]]
     running = bool(group_members(details["pgid"]))
     rc_path = Path(details["exit_code_path"])
     code = int(rc_path.read_text().strip() or -1) if rc_path.is_file() else None
