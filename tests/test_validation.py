@@ -231,6 +231,26 @@ def test_cached_hf_handle_is_checked_against_its_config(tmp_path: Path, monkeypa
     assert [(p.rule, p.path) for p in problems] == [("context_too_long", "deployment.extra_args")]
 
 
+def test_framework_flag_tables_agree_with_sglangs_parser() -> None:
+    """What validate_config says about SGLang flags is checked against SGLang's own argument parser (CPU import)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    sglang = set(parser._option_string_actions)
+    tables = validation.FRAMEWORK_FLAGS
+    assert set(tables["sglang"]) <= sglang
+    assert {spelled["sglang"] for table in tables.values() for spelled in table.values() if "sglang" in spelled} <= sglang
+    assert set(nelconfig.NEL_COMMAND_FLAGS["sglang"]) <= sglang
+    # flags called "rejected by SGLang" really are unknown to it
+    others = {flag for name, table in tables.items() if name != "sglang" for flag in table}
+    assert others - validation.SHARED_FLAGS - set(nelconfig.NEL_COMMAND_FLAGS["sglang"]) - set(tables["sglang"]) <= others - sglang
+    assert nelconfig.CONTEXT_LENGTH_FLAGS["sglang"] in sglang
+    assert validation.SHARED_FLAGS <= sglang
+
+
 def test_bad_yaml_is_a_tool_error_with_position(tmp_path: Path) -> None:
     from quanteval.models import ToolError
 

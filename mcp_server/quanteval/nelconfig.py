@@ -716,8 +716,11 @@ NEL_COMMAND_FLAGS: dict[str, dict[str, str]] = {
         "--port": "deployment.port",
         "--served-model-name": "deployment.served_model_name",
         "--tp-size": "deployment.tensor_parallel_size",
+        "--tensor-parallel-size": "deployment.tensor_parallel_size",  # SGLang's long alias of --tp-size
         "--dp-size": "deployment.data_parallel_size",
+        "--data-parallel-size": "deployment.data_parallel_size",
         "--pp-size": "deployment.pipeline_parallel_size",
+        "--pipeline-parallel-size": "deployment.pipeline_parallel_size",
     },
     "trtllm": {
         "--tp_size": "deployment.tensor_parallel_size",

@@ -100,7 +100,6 @@ FRAMEWORK_FLAGS: dict[str, dict[str, dict[str, str]]] = {
         "--tensor-parallel-size": {"sglang": "--tp-size", "trtllm": "--tp_size"},
         "--data-parallel-size": {"sglang": "--dp-size"},
         "--enable-auto-tool-choice": {},
-        "--reasoning-parser": {"sglang": "--reasoning-parser"},
     },
     "sglang": {
         "--context-length": {"vllm": "--max-model-len", "trtllm": "--max_seq_len"},
@@ -109,10 +108,7 @@ FRAMEWORK_FLAGS: dict[str, dict[str, dict[str, str]]] = {
         "--disable-cuda-graph": {"vllm": "--enforce-eager"},
         "--chunked-prefill-size": {"vllm": "--max-num-batched-tokens", "trtllm": "--max_num_tokens"},
         "--tp-size": {"vllm": "--tensor-parallel-size", "trtllm": "--tp_size"},
-        "--tp": {"vllm": "--tensor-parallel-size", "trtllm": "--tp_size"},
         "--dp-size": {"vllm": "--data-parallel-size"},
-        "--dp": {"vllm": "--data-parallel-size"},
-        "--mem-fraction": {"vllm": "--gpu-memory-utilization"},
     },
     "trtllm": {
         "--max_seq_len": {"vllm": "--max-model-len", "sglang": "--context-length"},
@@ -123,7 +119,7 @@ FRAMEWORK_FLAGS: dict[str, dict[str, dict[str, str]]] = {
     },
 }
 # Flags both vLLM and SGLang accept with the same spelling (never "wrong framework" there).
-SHARED_FLAGS = {"--reasoning-parser", "--tool-call-parser", "--quantization", "--kv-cache-dtype", "--trust-remote-code", "--chat-template", "--dtype", "--seed"}
+SHARED_FLAGS = {"--reasoning-parser", "--tool-call-parser", "--quantization", "--kv-cache-dtype", "--trust-remote-code", "--chat-template", "--dtype"}
 
 # What a --quantization value claims about the checkpoint: the quant_algo family it needs.
 QUANTIZATION_FLAG_FAMILY = {
@@ -544,7 +540,7 @@ def _check_deployment(ctx: _Context) -> None:
             owner = nelconfig.NEL_COMMAND_FLAGS[framework].get(flag)
             if owner:
                 ctx.add("deployment.extra_args", "error", "flag_set_by_nel", f"{flag} is already in NEL's {framework} command; passing it again conflicts.", f"Remove {flag} from extra_args" + (f" and set {owner}." if owner.startswith("deployment.") else "."))
-        for flag in flags:
+                continue
             for other, spelled in FRAMEWORK_FLAGS.items():
                 if other == framework or flag not in spelled or flag in SHARED_FLAGS or flag in FRAMEWORK_FLAGS.get(framework, {}):
                     continue
