@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,10 @@ def nel_exec_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def report_fault_scenarios() -> None:
+def report_fault_scenarios(slurm_cluster) -> Iterator[None]:
     yield
-    sys.stderr.write(f"\nSLURM fault scenarios survived ({len(FAULT_SCENARIOS)}): {', '.join(FAULT_SCENARIOS)}\n")
+    sys.stderr.write(f"\nSLURM cluster setup {slurm_cluster.setup_seconds:.1f} s; fault scenarios survived "
+                     f"({len(FAULT_SCENARIOS)}): {', '.join(FAULT_SCENARIOS)}\n")
 
 
 def slurm_config(cluster, tmp_path: Path, *, extra_flags: str = "", name: str = "slurm-run.yaml") -> Path:
@@ -216,6 +218,15 @@ def test_job_cancelled_behind_our_back_is_reported_killed(slurm_cluster, tmp_pat
     FAULT_SCENARIOS.append("job scancel'ed behind our back")
 
 
+def nel_autoresume_handler(task_dir: Path) -> str:
+    """NEL's own auto-resume handler text (rendered in a child: importing NEL here would pin its exec-db path)."""
+    code = ("import sys; from pathlib import Path; "
+            "from nemo_evaluator_launcher.executors.slurm.executor import _generate_autoresume_handler; "
+            "print(_generate_autoresume_handler(Path(sys.argv[1]), None))")
+    return subprocess.run([sys.executable, "-c", code, str(task_dir)], capture_output=True, text=True,
+                          check=True).stdout
+
+
 def write_exec_db_job(exec_db: Path, invocation: str, data: dict) -> None:
     code = ("import json, sys, time; from nemo_evaluator_launcher.common.execdb import ExecutionDB, JobData; "
             "inv, data = json.loads(sys.argv[1]); "
@@ -231,8 +242,6 @@ def test_walltime_timeout_with_nels_restart_job_is_a_resume(slurm_cluster, tmp_p
     While it runs, NEL's paired restart job waits (afternotok) and must survive every poll; after the
     TIMEOUT the restart job carries the run on, and the status says so instead of failed.
     """
-    from nemo_evaluator_launcher.executors.slurm.executor import _generate_autoresume_handler
-
     task_dir = slurm_cluster.jobs_dir / tmp_path.name / "20261121_000000-ab12cd34ef56ab78" / "sleepy.0"
     (task_dir / "logs").mkdir(parents=True)
     script = task_dir / "run.sub"
@@ -241,7 +250,7 @@ def test_walltime_timeout_with_nels_restart_job_is_a_resume(slurm_cluster, tmp_p
     script.write_text("#!/bin/bash\n#SBATCH --time 1\n#SBATCH --no-requeue\n#SBATCH --job-name sleepy\n"
                       f"#SBATCH --output {task_dir}/logs/slurm-%A.log\n"
                       'sacct() { command sacct -c "$@"; }\n'
-                      f"{_generate_autoresume_handler(task_dir, None)}\n"
+                      f"{nel_autoresume_handler(task_dir)}\n"
                       f"echo $SLURM_JOB_ID >> {task_dir}/.slurm_job_id.list\nsleep 600\n")
     submitted = slurm_cluster.run(f"sbatch --parsable {script}")
     first = submitted.stdout.strip()

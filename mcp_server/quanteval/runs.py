@@ -300,10 +300,18 @@ class LaunchFullRunInput(StrictModel):
     reason: str | None = Field(None, description="Why the canary gate is skipped (required with force; recorded in the ledger).")
 
 
+def _results_location(record: ledger.Record) -> str:
+    """The invocation directory as validate_run takes it: a local path, or host:path for SLURM (from NEL's job records)."""
+    data = _jobs(record)[0]["data"]
+    if "remote_rundir_path" in data:
+        return f"{data['hostname']}:{Path(data['remote_rundir_path']).parent}"
+    return str(Path(data["output_dir"]).parent)
+
+
 def _canary_verdict(canary: ledger.Record) -> tuple[bool, str]:
     """Did this finished canary pass? results.validate_run decides (scores present, errors and truncation low)."""
     try:
-        report = results.validate_run(results.ValidateRunInput(run=canary.invocation_id or canary.id))
+        report = results.validate_run(results.ValidateRunInput(run=_results_location(canary)))
     except ToolError as exc:
         return False, f"validate_run could not read it: {exc}"
     reasons = f" ({'; '.join(report.reasons[:3])})" if report.reasons else ""
