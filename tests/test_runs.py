@@ -276,6 +276,13 @@ def test_gate_passes_a_validated_canary_and_refuses_a_failed_one(tmp_path: Path,
     assert ledger.get(passed.id).details["validation_passed"] is True
 
 
+def test_killing_a_finished_run_leaves_its_outcome(tmp_path: Path, nel_env: Path) -> None:
+    record = record_finished_local_run(tmp_path, nel_env, "ee11bb22cc33dd44", exit_code=0)
+    killed = runs.kill_run(runs.RunRef(run=record.id))
+    assert killed.status == "succeeded" and ledger.get(record.id).status == "succeeded"
+    assert killed.jobs[0].status == "unknown" and killed.jobs[0].note  # NEL said why it could not kill
+
+
 def test_status_of_unknown_run_is_a_clear_error() -> None:
     with pytest.raises(ToolError, match="list_runs"):
         runs.run_status(runs.RunRef(run="canary-doesnotexist"))

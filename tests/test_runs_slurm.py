@@ -162,6 +162,9 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
         assert not down.reachable and down.status == "pending" and "ssh" in down.message
         with pytest.raises(ToolError, match="ssh_check"):
             runs.run_logs(runs.RunLogsInput(run=canary.record_id))
+        with pytest.raises(ToolError, match="could not stop"):
+            runs.kill_run(runs.RunRef(run=canary.record_id))
+        assert ledger.get(canary.record_id).status == "pending"  # nothing was killed, nothing recorded as killed
     finally:
         slurm_cluster.up()
     assert runs.run_status(runs.RunRef(run=canary.record_id)).status == "pending"

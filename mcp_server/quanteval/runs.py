@@ -708,10 +708,13 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
             ledger.update(record.id, message=f"kill: could not check the restart chain: {exc}")
     refreshed = _refresh(ledger.get(record.id))
     status = refreshed.record.status
-    if refreshed.reachable and status in ACTIVE:
+    if any(job.status == "killed" for job in results) and (status in ACTIVE or not refreshed.reachable):
+        # scancel / docker stop was accepted; the executor may still be winding the job down.
         status = ledger.update(record.id, status="killed", message="kill_run").status
-    elif not refreshed.reachable:
-        status = ledger.update(record.id, status="killed", message="kill_run (cluster unreachable afterwards)").status
+    elif status in ACTIVE or not refreshed.reachable:
+        errors = "; ".join(f"{job.job_id}: {job.note}" for job in results if job.note) or "no job was killed"
+        raise ToolError(f"kill_run: NEL could not stop {record.invocation_id} ({errors}). It is still {status}; "
+                        "check the host with ssh_check and retry.")
     progress(2, 2, status)
     return KillRunOutput(record_id=record.id, status=status, jobs=results)
 
