@@ -283,6 +283,26 @@ def test_killing_a_finished_run_leaves_its_outcome(tmp_path: Path, nel_env: Path
     assert killed.jobs[0].status == "unknown" and killed.jobs[0].note  # NEL said why it could not kill
 
 
+def test_resume_returns_at_once_while_nels_background_script_runs(tmp_path: Path, nel_env: Path) -> None:
+    """NEL's local resume starts run.sh in the background; it inherits NEL's output and must not hold the call."""
+    record = record_finished_local_run(tmp_path, nel_env, "ab11bb22cc33dd44", exit_code=1)
+    task_dir = next((tmp_path / "out").glob("*-ab11bb22cc33dd44/*.0"))
+    # Stands in for the docker-running script NEL renders: same stage files, echoes to its inherited stdout.
+    (task_dir / "run.sh").write_text('echo $$ > script.pid; echo "$(date +%s)" > logs/stage.running; '
+                                     'echo "evaluating"; sleep 30; echo "$(date +%s) 0" > logs/stage.exit\n')
+    started = time.monotonic()
+    try:
+        resumed = runs.resume_run(runs.RunRef(run=record.id))
+        assert time.monotonic() - started < 20
+        assert resumed.invocation_id == "ab11bb22cc33dd44" and resumed.status == "submitted"
+        assert runs.run_status(runs.RunRef(run=record.id)).status == "running"
+    finally:
+        deadline = time.monotonic() + 10
+        while not (task_dir / "script.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(int((task_dir / "script.pid").read_text()), 9)
+
+
 def test_status_of_unknown_run_is_a_clear_error() -> None:
     with pytest.raises(ToolError, match="list_runs"):
         runs.run_status(runs.RunRef(run="canary-doesnotexist"))

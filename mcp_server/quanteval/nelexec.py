@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+import tempfile
 from typing import Any
 
 from quanteval.models import ToolError
@@ -35,26 +35,30 @@ MAX_ERROR_CHARS = 2000
 def call(op: str, timeout: float, **args: Any) -> dict[str, Any]:
     """Run `op` in a child process; return its JSON answer (ok or not). ToolError when the child dies or hangs."""
     request = json.dumps({"op": op, "args": args})
-    try:
-        completed = subprocess.run(
-            [sys.executable, "-m", "quanteval.nelexec"],
-            input=request,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    except subprocess.TimeoutExpired:
-        raise ToolError(
-            f"NEL did not answer within {timeout:.0f} s ({op}). A host may be unreachable; "
-            "check it with ssh_check and retry."
-        ) from None
-    try:
-        answer = json.loads(completed.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        last = [line for line in completed.stderr.strip().splitlines() if line.strip()][-3:]
-        raise ToolError(f"NEL's {op} ended without an answer (exit {completed.returncode}): {' | '.join(last)}") from None
-    return answer
+    # NEL's stderr goes to a file, not a pipe: the run scripts NEL starts in the background inherit it, and
+    # a pipe would keep this call waiting until the whole evaluation ends.
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-m", "quanteval.nelexec"],
+                input=request,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                timeout=timeout,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        except subprocess.TimeoutExpired:
+            raise ToolError(
+                f"NEL did not answer within {timeout:.0f} s ({op}). A host may be unreachable; "
+                "check it with ssh_check and retry."
+            ) from None
+        try:
+            return json.loads(completed.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            stderr.seek(0)
+            last = [line for line in stderr.read().strip().splitlines() if line.strip()][-3:]
+            raise ToolError(f"NEL's {op} ended without an answer (exit {completed.returncode}): {' | '.join(last)}") from None
 
 
 # ---------------------------------------------------------------- child side

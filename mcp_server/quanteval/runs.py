@@ -119,7 +119,8 @@ def _ssh(user: str, host: str, command: str, timeout: float = SSH_TIMEOUT_S) -> 
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
             f"{user}@{host}", command]
     try:
-        completed = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        # stdin from /dev/null: under the stdio MCP server, stdin carries the protocol and ssh would read it.
+        completed = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise _Unreachable(f"ssh {host} did not answer within {timeout:.0f} s") from None
     if completed.returncode == 255:
