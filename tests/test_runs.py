@@ -330,3 +330,38 @@ def test_tools_run_from_the_cli_with_nothing_but_json_on_stdout(tmp_path: Path, 
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)
     assert result["ok"] is True and PLANTED not in completed.stdout
+
+
+def test_dry_run_over_stdio_mcp_reports_progress_and_keeps_stdout_clean(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """NEL prints its scripts; over stdio only JSON-RPC may reach stdout, with progress while NEL works."""
+    config = write_config(tmp_path)
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "dry_run", "arguments": {"config_path": str(config)}, "_meta": {"progressToken": "p1"}}},
+    ]
+    env = {**cli_env, "NEMO_EVALUATOR_EXEC_DB_FILE": os.environ["NEMO_EVALUATOR_EXEC_DB_FILE"]}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "quanteval-mcp")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    lines: list[str] = []
+    try:
+        for request in requests:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            while "id" in request:
+                line = proc.stdout.readline()
+                assert line, "server closed stdout"
+                lines.append(line)
+                if json.loads(line).get("id") == request["id"]:
+                    break
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    messages = [json.loads(line) for line in lines]  # every stdout line is JSON-RPC
+    progress = [m for m in messages if m.get("method") == "notifications/progress"]
+    assert progress and progress[-1]["params"]["progress"] == 2
+    result = messages[-1]["result"]
+    assert not result.get("isError") and result["structuredContent"]["ok"] is True
+    assert PLANTED not in "".join(lines)
