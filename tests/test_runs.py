@@ -268,7 +268,13 @@ def test_gate_passes_a_validated_canary_and_refuses_a_failed_one(tmp_path: Path,
         runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
     assert ledger.get(failed.id).status == "failed"  # the gate refreshed it from NEL
 
+    partial = record_finished_local_run(tmp_path, nel_env, "cd11bb22cc33dd44", exit_code=0, config_hash=config_hash)
+    ledger.update(partial.id, details={"tasks": ["lm-evaluation-harness.ifeval"]})
+    with pytest.raises(ToolError, match=f"{partial.id}: did not run lm-evaluation-harness.gsm8k"):
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
+
     passed = record_finished_local_run(tmp_path, nel_env, "dd11bb22cc33dd44", exit_code=0, config_hash=config_hash)
+    ledger.update(passed.id, details={"tasks": ["lm-evaluation-harness.ifeval", "lm-evaluation-harness.gsm8k"]})
     with pytest.raises(ToolError, match="Docker"):  # the gate opened; only the local executor's Docker is missing
         runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
     (full,) = ledger.find(kind="full_run")

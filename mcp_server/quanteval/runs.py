@@ -319,7 +319,8 @@ def _canary_verdict(canary: ledger.Record) -> tuple[bool, str]:
     return report.verdict == "pass", f"validate_run verdict: {report.verdict}{reasons}"
 
 
-def _gate(config_hash_value: str, progress: ProgressFn) -> str:
+def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn) -> str:
+    """The passing canary that vouches for a full run of these tasks, or a ToolError saying why there is none."""
     canaries = ledger.find(kind="canary", config_hash=config_hash_value, limit=20)
     if not canaries:
         raise ToolError(
@@ -332,6 +333,10 @@ def _gate(config_hash_value: str, progress: ProgressFn) -> str:
             canary = _refresh(canary).record
         if canary.status != "succeeded":
             problems.append(f"{canary.id}: {canary.status}")
+            continue
+        untested = sorted(set(tasks) - set(canary.details.get("tasks", [])))
+        if untested:
+            problems.append(f"{canary.id}: did not run {', '.join(untested)}")
             continue
         passed, why = _canary_verdict(canary)
         ledger.update(canary.id, details={"validation": why, "validation_passed": passed}, message=f"gate check: {why}")
@@ -352,11 +357,11 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     if request.force and not (request.reason and request.reason.strip()):
         raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
     progress(0, 3, "checking the canary gate")
-    config_hash_value = config_hash(config_path, request.overrides)
+    composed = _nel("hash", QUERY_TIMEOUT_S, config_path=config_path, overrides=request.overrides)
     if request.force:
         gate = f"forced: {request.reason.strip()}"
     else:
-        gate = _gate(config_hash_value, progress)
+        gate = _gate(composed["config_hash"], request.tasks or composed["tasks"], progress)
     details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if request.force else None}
     record, answer = _launch("full_run", config_path, request.overrides, [], request.tasks, details, progress)
     return LaunchOutput(record_id=record.id, kind="full_run", invocation_id=record.invocation_id or "",
