@@ -66,10 +66,10 @@ def main() -> None:
         nelconfig.BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=BUNDLES[model_type], output=str(workdir))
     )
     if deployment in ("vllm", "sglang", "trtllm"):
-        nelconfig.apply_checkpoint(nelconfig.ApplyCheckpointInput(config=built.path, checkpoint=str(CHECKPOINT[model_type])))
+        nelconfig.apply_checkpoint(nelconfig.ApplyCheckpointInput(config_path=built.path, checkpoint=str(CHECKPOINT[model_type])))
     for path in nelconfig.missing_value_paths(nelconfig.load_config(built.path)):
         value = "meta-llama/Llama-3.1-8B-Instruct" if path.endswith("tokenizer") else FILLS.get(path, {"chat_template_kwargs": {"enable_thinking": True}})
-        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config=built.path, path=path, value=value))
+        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.path, path=path, value=value))
     config = built.path
     print(f"config: {config} ({len(built.tasks)} tasks: {execution}/{deployment}/{model_type})")
 
@@ -77,10 +77,10 @@ def main() -> None:
         subprocess.run([str(BIN / "nel"), "run", "--config", config, "--dry-run"], env=env, cwd=workdir, capture_output=True, check=True)
 
     def cold() -> None:
-        call = json.dumps({"config": config})
+        call = json.dumps({"config_path": config})
         subprocess.run([str(BIN / "quanteval"), "call", "validate_config", "--json", call], env=env, capture_output=True, check=True)
 
-    request = validation.ValidateConfigInput(config=config)
+    request = validation.ValidateConfigInput(config_path=config)
     first = validation.validate_config(request)
     assert first.valid, first.problems
 

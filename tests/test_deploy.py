@@ -406,8 +406,8 @@ def test_a_ready_deployment_fills_a_deployment_none_config(standin, launched, tm
     status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
     assert status.state == "ready"
     for path, value in status.config_values.items():
-        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config=str(config), path=path, value=value))
-    missing = nelconfig.list_missing_values(nelconfig.ListMissingValuesInput(config=str(config))).missing_values
+        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), path=path, value=value))
+    missing = nelconfig.list_missing_values(nelconfig.ListMissingValuesInput(config_path=str(config))).missing_values
     assert "target.api_endpoint.model_id" not in missing
     doc = nelconfig.load_config(config)
     assert nelconfig.get_path(doc, "target.api_endpoint.url") == status.endpoint_url

@@ -143,7 +143,7 @@ def test_recipe_in_base_config_passes_validate_config(path: Path, tmp_path: Path
     for name, value in _dummy_secrets([*recipe.env_vars, "HF_TOKEN", "DUMMY_API_KEY"]).items():
         monkeypatch.setenv(name, value)
     spec = registry.get_tool("validate_config")
-    result = registry.call_tool(spec, registry.parse_arguments(spec, {"config": str(config)}))
+    result = registry.call_tool(spec, registry.parse_arguments(spec, {"config_path": str(config)}))
     assert result.valid and result.warnings == 0, result.model_dump()["problems"]
 
 

@@ -59,7 +59,7 @@ def filled_config(tmp_path: Path, execution: str, deployment: str, model_type: s
     """A build_config result completed the way a user would: apply_checkpoint, then set_config_value for the rest."""
     built = nelconfig.build_config(BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=benchmarks, export=export, output=str(tmp_path)))
     if deployment in ("vllm", "sglang", "trtllm"):
-        nelconfig.apply_checkpoint(ApplyCheckpointInput(config=built.path, checkpoint=str(CHECKPOINT_FOR[model_type])))
+        nelconfig.apply_checkpoint(ApplyCheckpointInput(config_path=built.path, checkpoint=str(CHECKPOINT_FOR[model_type])))
     for path in nelconfig.missing_value_paths(nelconfig.load_config(built.path)):
         if path.endswith("params.extra.tokenizer"):
             value: object = "meta-llama/Llama-3.1-8B-Instruct"
@@ -67,7 +67,7 @@ def filled_config(tmp_path: Path, execution: str, deployment: str, model_type: s
             value = {"chat_template_kwargs": {"enable_thinking": True}}
         else:
             value = FILLS[path]
-        nelconfig.set_config_value(SetConfigValueInput(config=built.path, path=path, value=value))
+        nelconfig.set_config_value(SetConfigValueInput(config_path=built.path, path=path, value=value))
     return Path(built.path)
 
 
@@ -92,7 +92,7 @@ def nel_dry_run(config: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) ->
 )
 def test_every_filled_build_config_validates_clean(tmp_path: Path, execution: str, deployment: str, model_type: str, export: str) -> None:
     config = filled_config(tmp_path, execution, deployment, model_type, BUNDLES[model_type], export)
-    result = validation.validate_config(ValidateConfigInput(config=str(config)))
+    result = validation.validate_config(ValidateConfigInput(config_path=str(config)))
     assert result.problems == [], [problem.model_dump() for problem in result.problems]
     assert result.valid
 
@@ -100,16 +100,16 @@ def test_every_filled_build_config_validates_clean(tmp_path: Path, execution: st
 @pytest.mark.parametrize("execution,deployment,model_type", list(itertools.product(["local", "slurm"], ["none", "vllm", "sglang", "nim", "trtllm"], ["base", "chat_reasoning"])))
 def test_clean_configs_pass_nels_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, execution: str, deployment: str, model_type: str) -> None:
     config = filled_config(tmp_path, execution, deployment, model_type, DRY_RUN_BUNDLES[model_type])
-    assert validation.validate_config(ValidateConfigInput(config=str(config))).valid
+    assert validation.validate_config(ValidateConfigInput(config_path=str(config))).valid
     nel_dry_run(config, tmp_path, monkeypatch)
 
 
 def test_nel_dry_run_agrees_on_what_validate_reports_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NEL stops at the first ??? where validate_config lists all of them."""
     config = filled_config(tmp_path, "local", "vllm", "base", ["coding"])
-    nelconfig.set_config_value(SetConfigValueInput(config=str(config), path="deployment.served_model_name", value="???"))
-    nelconfig.set_config_value(SetConfigValueInput(config=str(config), path="evaluation.nemo_evaluator_config.config.params.extra.tokenizer", value="???"))
-    missing = [p.path for p in validation.validate_config(ValidateConfigInput(config=str(config))).problems if p.rule == "missing_value"]
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), path="deployment.served_model_name", value="???"))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), path="evaluation.nemo_evaluator_config.config.params.extra.tokenizer", value="???"))
+    missing = [p.path for p in validation.validate_config(ValidateConfigInput(config_path=str(config))).problems if p.rule == "missing_value"]
     assert missing == ["evaluation.nemo_evaluator_config.config.params.extra.tokenizer", "deployment.served_model_name"]
     with pytest.raises(Exception, match="Missing mandatory value") as failure:
         nel_dry_run(config, tmp_path, monkeypatch)
@@ -145,7 +145,7 @@ def test_corpus_is_large_enough() -> None:
 @pytest.mark.parametrize("config", CORPUS_FILES, ids=[path.stem for path in CORPUS_FILES])
 def test_corpus_config_is_caught_with_path_and_fix(config: Path) -> None:
     expected = corpus_expectations(config)
-    result = validation.validate_config(ValidateConfigInput(config=str(config)))
+    result = validation.validate_config(ValidateConfigInput(config_path=str(config)))
     found = [(p.severity, p.rule, p.path) for p in result.problems]
     for severity, rule, where, fix in expected:
         matches = [p for p in result.problems if (p.severity, p.rule, p.path) == (severity, rule, where)]
@@ -169,7 +169,7 @@ def test_overrides_are_checked(tmp_path: Path) -> None:
         "~deployment.nothing_here",  # deletes a missing key
         "deployment.extra_args",  # no value
     ]
-    result = validation.validate_config(ValidateConfigInput(config=str(config), overrides=overrides))
+    result = validation.validate_config(ValidateConfigInput(config_path=str(config), overrides=overrides))
     by_path = {p.path: p for p in result.problems}
     assert by_path["override 'evaluation.nemo_evaluator_config.config.params.limit_samples=10'"].rule == "override_needs_plus"
     assert "++evaluation" in by_path["override 'evaluation.nemo_evaluator_config.config.params.limit_samples=10'"].fix
@@ -182,7 +182,7 @@ def test_overrides_are_checked(tmp_path: Path) -> None:
 def test_overrides_know_nels_defaults() -> None:
     """Keys NEL's packaged defaults supply (walltime on SLURM, port for vLLM) need no ++."""
     overrides = ["execution.walltime=02:00:00", "deployment.port=9000", "deployment.gpu_memory_utilization=0.8", "execution.partitoin=batch"]
-    result = validation.validate_config(ValidateConfigInput(config=str(CORPUS / "valid_slurm_vllm.yaml"), overrides=overrides))
+    result = validation.validate_config(ValidateConfigInput(config_path=str(CORPUS / "valid_slurm_vllm.yaml"), overrides=overrides))
     assert [(p.rule, p.path) for p in result.problems] == [("override_needs_plus", "override 'execution.partitoin=batch'")]
     assert "execution.partition=" in result.problems[0].fix
 
@@ -191,15 +191,15 @@ def test_unset_env_vars_are_names_only_and_can_be_skipped(monkeypatch: pytest.Mo
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setenv("DUMMY_API_KEY", "very-secret-value")
     config = CORPUS / "valid_local_vllm.yaml"
-    result = validation.validate_config(ValidateConfigInput(config=str(config)))
+    result = validation.validate_config(ValidateConfigInput(config_path=str(config)))
     assert [(p.rule, p.path) for p in result.problems if p.severity == "error"] == [("unset_env_var", "evaluation.env_vars.HF_TOKEN")]
     assert "very-secret-value" not in result.model_dump_json()
-    assert validation.validate_config(ValidateConfigInput(config=str(config), check_env=False)).problems == []
+    assert validation.validate_config(ValidateConfigInput(config_path=str(config), check_env=False)).problems == []
 
 
 def test_trusting_pre_cmd_clears_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_EVALUATOR_TRUST_PRE_CMD", "1")
-    assert validation.validate_config(ValidateConfigInput(config=str(CORPUS / "pre_cmd_untrusted.yaml"))).problems == []
+    assert validation.validate_config(ValidateConfigInput(config_path=str(CORPUS / "pre_cmd_untrusted.yaml"))).problems == []
 
 
 def test_sglang_needs_trust_remote_code_for_custom_code(tmp_path: Path) -> None:
@@ -209,10 +209,10 @@ def test_sglang_needs_trust_remote_code_for_custom_code(tmp_path: Path) -> None:
     text = (CORPUS / "valid_local_sglang.yaml").read_text().replace("../../../examples/checkpoints/llama-tiny-bf16", str(checkpoint))
     config = tmp_path / "c.yaml"
     config.write_text(text)
-    problems = validation.validate_config(ValidateConfigInput(config=str(config))).problems
+    problems = validation.validate_config(ValidateConfigInput(config_path=str(config))).problems
     assert [(p.rule, p.path) for p in problems] == [("trust_remote_code", "deployment.extra_args")]
     config.write_text(text.replace('"--context-length 4096"', '"--context-length 4096 --trust-remote-code"'))
-    assert validation.validate_config(ValidateConfigInput(config=str(config))).problems == []
+    assert validation.validate_config(ValidateConfigInput(config_path=str(config))).problems == []
 
 
 def test_cached_hf_handle_is_checked_against_its_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,7 +227,7 @@ def test_cached_hf_handle_is_checked_against_its_config(tmp_path: Path, monkeypa
     text = text.replace("checkpoint_path: ../../../examples/checkpoints/llama-tiny-bf16", "checkpoint_path: null").replace("hf_model_handle: null", "hf_model_handle: acme/tiny")
     config = tmp_path / "c.yaml"
     config.write_text(text.replace('"--max-model-len 4096"', '"--max-model-len 32768"'))
-    problems = validation.validate_config(ValidateConfigInput(config=str(config))).problems
+    problems = validation.validate_config(ValidateConfigInput(config_path=str(config))).problems
     assert [(p.rule, p.path) for p in problems] == [("context_too_long", "deployment.extra_args")]
 
 
@@ -257,15 +257,15 @@ def test_bad_yaml_is_a_tool_error_with_position(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("deployment:\n  type: vllm\n extra: 1\n")
     with pytest.raises(ToolError, match="line 3, column 2"):
-        validation.validate_config(ValidateConfigInput(config=str(config)))
+        validation.validate_config(ValidateConfigInput(config_path=str(config)))
 
 
 def test_warm_validation_is_fast() -> None:
     config = CORPUS / "valid_slurm_vllm.yaml"
-    validation.validate_config(ValidateConfigInput(config=str(config)))  # warm: imports, task catalogue, checkpoint facts
+    validation.validate_config(ValidateConfigInput(config_path=str(config)))  # warm: imports, task catalogue, checkpoint facts
     started = time.perf_counter()
     for _ in range(5):
-        validation.validate_config(ValidateConfigInput(config=str(config)))
+        validation.validate_config(ValidateConfigInput(config_path=str(config)))
     assert (time.perf_counter() - started) / 5 < 0.25  # tens of ms on a quiet machine; generous for loaded CI
 
 

@@ -489,7 +489,7 @@ _PATH_FIELD = (
 
 
 class GetConfigValueInput(StrictModel):
-    config: str = Field(description=_CONFIG_FIELD)
+    config_path: str = Field(description=_CONFIG_FIELD)
     path: str = Field(description=_PATH_FIELD)
 
 
@@ -505,12 +505,12 @@ def get_config_value(request: GetConfigValueInput) -> GetConfigValueOutput:
     Use it to check what a config currently says before changing it, e.g. a task's params
     ('evaluation.tasks[ns_gpqa].nemo_evaluator_config') or 'deployment.extra_args'.
     """
-    value = get_path(load_config(request.config), request.path)
+    value = get_path(load_config(request.config_path), request.path)
     return GetConfigValueOutput(path=request.path, value=to_plain(value), missing=value == MISSING)
 
 
 class SetConfigValueInput(StrictModel):
-    config: str = Field(description=_CONFIG_FIELD)
+    config_path: str = Field(description=_CONFIG_FIELD)
     path: str = Field(description=_PATH_FIELD + " Missing intermediate keys are created.")
     value: Any = Field(
         None,
@@ -529,7 +529,7 @@ class SetConfigValueInput(StrictModel):
 
 
 class ConfigEditOutput(BaseModel):
-    config: str
+    config_path: str
     path: str
     changed: bool = Field(description="False when the file already held this value.")
     diff: str = Field(description="Unified diff of the file (empty when unchanged).")
@@ -556,12 +556,12 @@ def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
     write is atomic and locked (concurrent edits are never lost) and returns a unified diff.
     """
     value = _parse_yaml_value(request.yaml_value) if request.yaml_value is not None else _as_round_trip(request.value)
-    diff = edit_config(request.config, lambda doc: set_path(doc, request.path, value))
-    return ConfigEditOutput(config=request.config, path=request.path, changed=bool(diff), diff=diff)
+    diff = edit_config(request.config_path, lambda doc: set_path(doc, request.path, value))
+    return ConfigEditOutput(config_path=request.config_path, path=request.path, changed=bool(diff), diff=diff)
 
 
 class DeleteConfigValueInput(StrictModel):
-    config: str = Field(description=_CONFIG_FIELD)
+    config_path: str = Field(description=_CONFIG_FIELD)
     path: str = Field(description=_PATH_FIELD + " A task path like 'evaluation.tasks[ns_gpqa]' removes that task.")
 
 
@@ -571,8 +571,8 @@ def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
     Use it to drop a task, a stray or misspelled key, or one of checkpoint_path/hf_model_handle.
     Fails clearly when the path does not exist; returns a unified diff.
     """
-    diff = edit_config(request.config, lambda doc: delete_path(doc, request.path))
-    return ConfigEditOutput(config=request.config, path=request.path, changed=bool(diff), diff=diff)
+    diff = edit_config(request.config_path, lambda doc: delete_path(doc, request.path))
+    return ConfigEditOutput(config_path=request.config_path, path=request.path, changed=bool(diff), diff=diff)
 
 
 # ---------------------------------------------------------------------------
@@ -655,7 +655,7 @@ def env_var_references(doc: Any) -> list[tuple[str, str]]:
 
 
 class ListMissingValuesInput(StrictModel):
-    config: str = Field(description=_CONFIG_FIELD)
+    config_path: str = Field(description=_CONFIG_FIELD)
 
 
 class UnsetEnvVar(BaseModel):
@@ -665,7 +665,7 @@ class UnsetEnvVar(BaseModel):
 
 
 class ListMissingValuesOutput(BaseModel):
-    config: str
+    config_path: str
     missing_values: list[str] = Field(description="Every dotted path still set to ??? (NEL itself stops at the first).")
     unset_env_vars: list[UnsetEnvVar] = Field(description="Variables the config or its tasks' recipes need that are unset here.")
     complete: bool = Field(description="True when nothing above is left.")
@@ -677,7 +677,7 @@ def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOut
     (judge, user-simulator, dataset keys). Use it after build_config/apply_checkpoint to see what is
     left to fill; reports variable names only, never values.
     """
-    doc = load_config(request.config)
+    doc = load_config(request.config_path)
     needed: dict[str, list[str]] = {}
     for path, name in env_var_references(doc):
         needed.setdefault(name, []).append(path)
@@ -692,7 +692,7 @@ def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOut
         if not os.environ.get(name)
     ]
     missing = missing_value_paths(doc)
-    return ListMissingValuesOutput(config=request.config, missing_values=missing, unset_env_vars=unset, complete=not missing and not unset)
+    return ListMissingValuesOutput(config_path=request.config_path, missing_values=missing, unset_env_vars=unset, complete=not missing and not unset)
 
 
 # ---------------------------------------------------------------------------
@@ -779,7 +779,7 @@ def merge_extra_args(current: str, additions: list[tuple[str, str | None]]) -> s
 
 
 class ApplyCheckpointInput(StrictModel):
-    config: str = Field(description=_CONFIG_FIELD + " Its deployment must be vllm, sglang or trtllm (NEL starts the server).")
+    config_path: str = Field(description=_CONFIG_FIELD + " Its deployment must be vllm, sglang or trtllm (NEL starts the server).")
     checkpoint: str = Field(description="Local checkpoint directory, or a Hugging Face handle (org/name) present in the local HF cache.")
     served_model_name: str | None = Field(None, description="Name the server exposes the model under. Default: the HF handle, or the checkpoint folder name.")
     tensor_parallel_size: int | None = Field(
@@ -792,7 +792,7 @@ class ApplyCheckpointInput(StrictModel):
 
 
 class ApplyCheckpointOutput(BaseModel):
-    config: str
+    config_path: str
     changes: list[str] = Field(description="One line per key written.")
     diff: str = Field(description="Unified diff of the config file.")
     missing_values: list[str] = Field(description="Paths still set to ??? afterwards.")
@@ -826,11 +826,11 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
     tokenizer and reasoning params still set to ???, and the `api_key_name: DUMMY_API_KEY` that
     NeMo-Skills tasks need against a self-deployed endpoint. Use it right after build_config.
     """
-    doc = load_config(request.config)
+    doc = load_config(request.config_path)
     framework = deployment_type(doc)
     if framework not in CONTEXT_LENGTH_FLAGS:
         raise ToolError(
-            f"{request.config}: deployment is '{framework}'; apply_checkpoint configures a server NEL starts (vllm, sglang or trtllm). "
+            f"{request.config_path}: deployment is '{framework}'; apply_checkpoint configures a server NEL starts (vllm, sglang or trtllm). "
             "For an existing endpoint set target.api_endpoint.model_id/url with set_config_value; for NIM set deployment.image."
         )
     progress(0, 2, "inspecting checkpoint")
@@ -888,11 +888,11 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
         if not has_key and any(_is_nemo_skills(str(task.get("name"))) for _, task in config_tasks(doc) if isinstance(task, dict)):
             write(doc, "target.api_endpoint.api_key_name", "DUMMY_API_KEY")
 
-    diff = edit_config(request.config, mutate)
+    diff = edit_config(request.config_path, mutate)
     notes = list(report.warnings) + (list(flags.notes) if flags else [])
-    missing = missing_value_paths(load_config(request.config))
+    missing = missing_value_paths(load_config(request.config_path))
     if any(path.endswith("params.extra.tokenizer") for path in missing):
         notes.append("The evaluation tokenizer is still ???: set it to the model's HF handle (or a path visible inside the evaluation container) with set_config_value.")
     if any("DUMMY_API_KEY" in change for change in changes):
         notes.append("NeMo-Skills tasks send DUMMY_API_KEY to the self-deployed server: export DUMMY_API_KEY=dummy before running NEL.")
-    return ApplyCheckpointOutput(config=request.config, changes=changes, diff=diff, missing_values=missing, notes=notes)
+    return ApplyCheckpointOutput(config_path=request.config_path, changes=changes, diff=diff, missing_values=missing, notes=notes)

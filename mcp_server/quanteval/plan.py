@@ -149,17 +149,17 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     else:
         # apply_checkpoint after add_tasks: it also sets per-task keys (the NeMo-Skills api_key_name).
         progress(3, total, "applying the checkpoint")
-        applied = call_on_config("apply_checkpoint", {"config": str(config_path), "checkpoint": request.model})
+        applied = call_on_config("apply_checkpoint", {"config_path": str(config_path), "checkpoint": request.model})
         notes += applied.notes
         steps.append(PlanStep(tool="apply_checkpoint", summary=f"{len(applied.changes)} change(s)"))
 
     progress(4, total, "listing missing values")
-    missing = call_on_config("list_missing_values", {"config": str(config_path)})
+    missing = call_on_config("list_missing_values", {"config_path": str(config_path)})
     missing_values = list(missing.missing_values) + [f"env {item.name}" for item in missing.unset_env_vars]
     steps.append(PlanStep(tool="list_missing_values", summary=f"{len(missing_values)} missing"))
 
     progress(5, total, "validating")
-    validation = call_on_config("validate_config", {"config": str(config_path)})
+    validation = call_on_config("validate_config", {"config_path": str(config_path)})
     problems = [
         f"{p.severity} {p.path}: {p.message} Fix: {p.fix}" for p in validation.problems if p.rule not in LISTED_AS_MISSING
     ]

@@ -37,7 +37,7 @@ class Problem(BaseModel):
 
 
 class ValidateConfigInput(StrictModel):
-    config: str = Field(description="Path of the NEL config YAML file to check.")
+    config_path: str = Field(description="Path of the NEL config YAML file to check.")
     overrides: list[str] = Field(
         default_factory=list,
         description="Hydra overrides you intend to pass to `nel run -o ...` (e.g. '++evaluation.nemo_evaluator_config.config.params.limit_samples=10'); checked for syntax and for keys that need ++.",
@@ -48,7 +48,7 @@ class ValidateConfigInput(StrictModel):
 
 
 class ValidateConfigOutput(BaseModel):
-    config: str
+    config_path: str
     valid: bool = Field(description="True when there is no error (warnings allowed).")
     errors: int
     warnings: int
@@ -740,11 +740,11 @@ def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
     judge. Use it after every edit and before dry_run: it takes milliseconds, NEL's dry-run seconds.
     """
     started = time.perf_counter()
-    path = Path(request.config).expanduser()
+    path = Path(request.config_path).expanduser()
     problems = validate_document(load_plain(path), path, request.overrides, request.check_env)
     errors = sum(problem.severity == "error" for problem in problems)
     return ValidateConfigOutput(
-        config=request.config,
+        config_path=request.config_path,
         valid=errors == 0,
         errors=errors,
         warnings=len(problems) - errors,
