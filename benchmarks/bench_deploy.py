@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import shlex
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import median_seconds  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
@@ -43,14 +45,6 @@ from quanteval.deploy import (  # noqa: E402 - the state dir must be set first
 )
 
 
-def timed(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -65,9 +59,9 @@ def launch(*fake: str) -> object:
 
 
 def main() -> None:
-    checked = timed(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT))))
-    unchecked = timed(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), check_args=False)))
-    floor = timed(lambda: subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"], check=True))
+    checked = median_seconds(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT))))
+    unchecked = median_seconds(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), check_args=False)))
+    floor = median_seconds(lambda: subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"], check=True))
     print(f"plan_deployment, SGLang parser check : {checked:7.3f} s")
     print(f"plan_deployment, no parser check     : {unchecked:7.3f} s")
     print(f"import sglang.srt.server_args alone  : {floor:7.3f} s   (check / bare import = {checked / floor:.2f}x)")
@@ -78,10 +72,10 @@ def main() -> None:
     assert status.state == "ready", status.message
     print(f"launch -> ready seen by status       : {time.perf_counter() - started:7.3f} s   (server load time {LOAD_S} s)")
 
-    probe = timed(lambda: deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)), repeats=5)
+    probe = median_seconds(lambda: deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)), repeats=5)
     base = f"http://127.0.0.1:{result.port}"
     body = '{"model": "qwen3-tiny-nvfp4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}'
-    curl = timed(lambda: [subprocess.run(cmd, capture_output=True, check=True) for cmd in (
+    curl = median_seconds(lambda: [subprocess.run(cmd, capture_output=True, check=True) for cmd in (
         ["curl", "-s", f"{base}/health"], ["curl", "-s", f"{base}/v1/models"],
         ["curl", "-s", "-H", "Content-Type: application/json", "-d", body, f"{base}/v1/chat/completions"],
     )], repeats=5)
