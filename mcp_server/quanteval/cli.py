@@ -162,7 +162,6 @@ def cmd_skills_install(args: argparse.Namespace) -> int:
 
 def cmd_serve_eval(args: argparse.Namespace) -> int:
     import logging
-    from pathlib import Path
 
     from quanteval.evalserver import ServerSettings, serve
 
