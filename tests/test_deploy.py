@@ -27,11 +27,11 @@ from quanteval.deploy import (
     PlanDeploymentInput,
     StopDeploymentInput,
     deployment_status,
-    group_members,
     launch_deployment,
     plan_deployment,
     stop_deployment,
 )
+from quanteval.localproc import group_members
 from quanteval.models import ToolError
 
 REPO = Path(__file__).resolve().parent.parent

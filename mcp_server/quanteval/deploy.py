@@ -17,8 +17,6 @@ import json
 import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +38,7 @@ from quanteval.checkpoint import (
     inspect_checkpoint,
 )
 from quanteval.envvars import state_dir
+from quanteval.localproc import free_port, group_members, port_free, stop_group
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 if TYPE_CHECKING:
@@ -388,21 +387,6 @@ class LaunchDeploymentResult(BaseModel):
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def _port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _with_option(args: list[str], flag: str, value: str) -> list[str]:
     args = list(args)
     if flag in args:
@@ -437,10 +421,10 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
 def _launch_local(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
     notes: list[str] = []
     port = request.port or plan.port
-    if not _port_free(port):
+    if not port_free(port):
         if request.port:
             raise ToolError(f"port: {port} is already in use on 127.0.0.1. Stop what uses it, or leave port unset to get a free one.")
-        port = _free_port()
+        port = free_port()
         notes.append(f"Port {plan.port} was busy; using free port {port}.")
     server_args = _with_option(_with_option(plan.server_args, "--host", "127.0.0.1"), "--port", str(port))
     argv = [*plan.launcher, *server_args]
@@ -648,19 +632,6 @@ def _read_log_tail(path: Path) -> str:
         return ""
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in a process group."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(stat.parent.name))
-    return members
-
-
 def _local_process(details: dict[str, Any]) -> tuple[bool, int | None]:
     """(running, exit code when known)."""
     child = _CHILDREN.get(details["pid"])
@@ -817,30 +788,7 @@ class StopDeploymentResult(BaseModel):
 
 
 def _stop_local(details: dict[str, Any], grace_s: float) -> tuple[bool, str, list[int]]:
-    pgid = details["pgid"]
-    if not group_members(pgid):
-        return True, "already stopped", []
-    how = "SIGTERM"
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True, "already stopped", []
-    deadline = time.monotonic() + grace_s
-    while group_members(pgid) and time.monotonic() < deadline:
-        _local_process(details)  # reaps our own child
-        time.sleep(0.1)
-    if group_members(pgid):
-        how = "SIGTERM, then SIGKILL after the grace period"
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    _local_process(details)
-    remaining = group_members(pgid)
-    return not remaining, how, remaining
+    return stop_group(details["pgid"], grace_s, on_wait=lambda: _local_process(details))  # reaps our own child
 
 
 def _stop_slurm(record: ledger.Record, grace_s: float) -> tuple[bool, str]:

@@ -33,10 +33,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
@@ -46,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
+from quanteval.localproc import group_members, port_free, stop_group
 from quanteval.models import StrictModel, ToolError
 
 log = logging.getLogger("quanteval.evalserver")
@@ -688,19 +687,6 @@ class EvalServerIdInput(StrictModel):
     server_id: str = Field(description="The id start_eval_server returned (see also list_runs kind=eval_server).")
 
 
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        # as the server binds (SO_REUSEADDR), so a port left in TIME_WAIT by a stopped server counts as free
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
@@ -709,26 +695,20 @@ def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def _running(pid: int) -> bool:
+    """Whether the server's process group still has live members; reaps the leader if it was our child."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child still answers kill(0); reap it if it is ours
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
+        os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return True
+        pass  # not our child (started by another process): nothing to reap
+    return bool(group_members(pid))
 
 
 def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
     """Start the eval server for a training loop (slime's eval-delegate API: GET /health, POST /evaluate,
     POST /jobs, GET /jobs/<id>) on 127.0.0.1 as a background process and wait until it answers /health.
     Use it when an RL run should delegate periodic NeMo-Skills evaluations; stop it with stop_eval_server."""
-    if not _port_free(request.port):
+    if not port_free(request.port):
         raise ToolError(f"port {request.port} on 127.0.0.1 is in use; pick another port")
     output_root = Path(request.output_root or state_dir() / "eval-server" / str(request.port)).expanduser()
     output_root.mkdir(parents=True, exist_ok=True)
@@ -782,7 +762,7 @@ def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
     record = _server_record(request.server_id)
     if record.status == "stopped":
         return _info(record, "stopped", None)
-    alive = _alive(record.details["pid"])
+    alive = _running(record.details["pid"])
     health = _health(record.details["url"]) if alive else None
     state = "running" if alive else "exited"
     if state != record.status:
@@ -794,16 +774,6 @@ def stop_eval_server(request: EvalServerIdInput) -> EvalServerInfo:
     """Stop an eval server started by start_eval_server: SIGTERM to its process group (running evaluations
     are stopped too), SIGKILL after 10 s. Use it when the training run no longer needs evaluations."""
     record = _server_record(request.server_id)
-    pid = record.details["pid"]
-    if _alive(pid):
-        try:
-            os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    stop_group(record.details["pid"], grace_s=10, on_wait=lambda: _running(record.details["pid"]))
     record = ledger.update(record.id, status="stopped", message="stopped by stop_eval_server")
     return _info(record, "stopped", None)

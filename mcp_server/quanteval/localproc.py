@@ -1,0 +1,78 @@
+"""Local ports and process groups: the one place that decides whether a port is free and stops a server.
+
+Deployments and the eval server both start servers in their own session (process group) and
+must stop all of it, including workers the server forked, without leaving anything behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could bind host:port now.
+
+    Binds with SO_REUSEADDR, as servers do, so a port left in TIME_WAIT by a stopped server counts as free.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def stop_group(pgid: int, grace_s: float, on_wait: Callable[[], object] = lambda: None) -> tuple[bool, str, list[int]]:
+    """SIGTERM the whole group, SIGKILL what is left after grace_s; (stopped, what was done, pids still alive).
+
+    `on_wait` runs while waiting, e.g. to reap a child this process started so it does not linger as a zombie.
+    """
+    if not group_members(pgid):
+        return True, "already stopped", []
+    how = "SIGTERM"
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True, "already stopped", []
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        on_wait()
+        time.sleep(0.1)
+    if group_members(pgid):
+        how = "SIGTERM, then SIGKILL after the grace period"
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5
+        while group_members(pgid) and time.monotonic() < deadline:
+            on_wait()
+            time.sleep(0.05)
+    on_wait()
+    remaining = group_members(pgid)
+    return not remaining, how, remaining
