@@ -68,11 +68,11 @@ def main() -> None:
 
     result = launch("--fake-load-s", str(LOAD_S))
     started = time.perf_counter()
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=30))
-    assert status.state == "ready", status.message
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=30))
+    assert status.status == "ready", status.message
     print(f"launch -> ready seen by status       : {time.perf_counter() - started:7.3f} s   (server load time {LOAD_S} s)")
 
-    probe = median_seconds(lambda: deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)), repeats=5)
+    probe = median_seconds(lambda: deployment_status(DeploymentStatusInput(record_id=result.record_id)), repeats=5)
     base = f"http://127.0.0.1:{result.port}"
     body = '{"model": "qwen3-tiny-nvfp4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}'
     curl = median_seconds(lambda: [subprocess.run(cmd, capture_output=True, check=True) for cmd in (
@@ -82,13 +82,13 @@ def main() -> None:
     print(f"deployment_status, one probe         : {probe:7.3f} s   (3 curls by hand {curl:.3f} s, ratio {probe / curl:.2f}x)")
 
     started = time.perf_counter()
-    stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id))
+    stopped = stop_deployment(StopDeploymentInput(record_id=result.record_id))
     print(f"stop_deployment (SIGTERM)            : {time.perf_counter() - started:7.3f} s   ({stopped.how})")
 
     stubborn = launch("--fake-load-s", "0.2", "--fake-ignore-sigterm", "--fake-workers", "2")
-    deployment_status(DeploymentStatusInput(deployment_id=stubborn.deployment_id, wait_s=30))
+    deployment_status(DeploymentStatusInput(record_id=stubborn.record_id, wait_s=30))
     started = time.perf_counter()
-    stopped = stop_deployment(StopDeploymentInput(deployment_id=stubborn.deployment_id, grace_s=1))
+    stopped = stop_deployment(StopDeploymentInput(record_id=stubborn.record_id, grace_s=1))
     print(f"stop_deployment (ignores SIGTERM)    : {time.perf_counter() - started:7.3f} s   ({stopped.how})")
 
 

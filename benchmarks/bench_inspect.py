@@ -107,7 +107,7 @@ def in_process(path: Path, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        inspect_checkpoint(InspectCheckpointInput(path=str(path)))
+        inspect_checkpoint(InspectCheckpointInput(checkpoint=str(path)))
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -150,7 +150,7 @@ def main() -> None:
             print(f"built {big.name}: {SHARDS} shards, {tensor_count:,} tensors in {time.perf_counter() - started:.1f} s")
         if not small.exists():
             make_checkpoint(small, quant="FP8")
-        report = inspect_checkpoint(InspectCheckpointInput(path=str(big)))
+        report = inspect_checkpoint(InspectCheckpointInput(checkpoint=str(big)))
         print(
             f"big: {report.weights.tensor_count:,} tensors, {report.weights.parameter_count / 1e9:.1f} G parameters, "
             f"{report.weights.size_bytes / 1e9:.0f} GB declared on disk, min {report.gpu_fit[0].min_gpus} x H100"
@@ -158,7 +158,7 @@ def main() -> None:
 
         tracemalloc.start()
         baseline, _ = tracemalloc.get_traced_memory()
-        inspect_checkpoint(InspectCheckpointInput(path=str(big)))
+        inspect_checkpoint(InspectCheckpointInput(checkpoint=str(big)))
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
 

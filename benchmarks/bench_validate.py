@@ -56,14 +56,14 @@ def main() -> None:
     from quanteval import nelconfig, validation
 
     built = nelconfig.build_config(
-        nelconfig.BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=BUNDLES[model_type], output=str(workdir))
+        nelconfig.BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=BUNDLES[model_type], config_path=str(workdir))
     )
     if deployment in ("vllm", "sglang", "trtllm"):
-        nelconfig.apply_checkpoint(nelconfig.ApplyCheckpointInput(config_path=built.path, checkpoint=str(CHECKPOINT[model_type])))
-    for path in nelconfig.missing_value_paths(nelconfig.load_config(built.path)):
+        nelconfig.apply_checkpoint(nelconfig.ApplyCheckpointInput(config_path=built.config_path, checkpoint=str(CHECKPOINT[model_type])))
+    for path in nelconfig.missing_value_paths(nelconfig.load_config(built.config_path)):
         value = "meta-llama/Llama-3.1-8B-Instruct" if path.endswith("tokenizer") else FILLS.get(path, {"chat_template_kwargs": {"enable_thinking": True}})
-        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.path, path=path, value=value))
-    config = built.path
+        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.config_path, key=path, value=value))
+    config = built.config_path
     print(f"config: {config} ({len(built.tasks)} tasks: {execution}/{deployment}/{model_type})")
 
     def nel_dry_run() -> None:

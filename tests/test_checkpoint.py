@@ -32,7 +32,7 @@ BF16_PARAMS = 256 * 64 * 2 + 2 * (2 * 64 + 64 * 64 + 2 * (32 * 64) + 64 * 64 + 3
 
 
 def inspect(path: Path | str) -> CheckpointReport:
-    return inspect_checkpoint(InspectCheckpointInput(path=str(path)))
+    return inspect_checkpoint(InspectCheckpointInput(checkpoint=str(path)))
 
 
 def error_of(path: Path | str) -> str:
@@ -224,7 +224,7 @@ def test_sharded_checkpoint_matches_the_single_file_one(tmp_path: Path, quant: s
     single = inspect(make_checkpoint(tmp_path / "one", quant=quant))
     calls: list[tuple[float, float | None, str | None]] = []
     root = make_checkpoint(tmp_path / "sharded", quant=quant, shards=3)
-    sharded = inspect_checkpoint(InspectCheckpointInput(path=str(root)), progress=lambda p, t=None, m=None: calls.append((p, t, m)))
+    sharded = inspect_checkpoint(InspectCheckpointInput(checkpoint=str(root)), progress=lambda p, t=None, m=None: calls.append((p, t, m)))
     assert sharded.weights.shard_count == 3 and single.weights.shard_count == 1
     for field in ("parameter_count", "logical_parameter_count", "tensor_count", "dtype_parameters", "weight_bytes"):
         assert getattr(sharded.weights, field) == getattr(single.weights, field)
@@ -313,11 +313,11 @@ def test_hf_handle_resolves_through_the_local_cache(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     report = inspect("nvidia/Tiny-FP8")
     assert report.hf_handle == "nvidia/Tiny-FP8"
-    assert report.path == str(snapshot.resolve())
+    assert report.checkpoint == str(snapshot.resolve())
     assert report.quantization.quant_algo == "FP8"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.delenv("HF_HOME")
-    assert inspect("nvidia/Tiny-FP8").path == str(snapshot.resolve())
+    assert inspect("nvidia/Tiny-FP8").checkpoint == str(snapshot.resolve())
 
 
 # --- Bad input ---------------------------------------------------------------------------------
@@ -440,7 +440,7 @@ def test_hf_cache_ref_pointing_at_a_missing_snapshot(tmp_path: Path, monkeypatch
 
 def test_input_rejects_unknown_keys():
     with pytest.raises(ValueError):
-        InspectCheckpointInput.model_validate({"path": "x", "pth": "y"})
+        InspectCheckpointInput.model_validate({"checkpoint": "x", "chekpoint": "y"})
 
 
 # --- The human summary and the CLI -------------------------------------------------------------

@@ -65,12 +65,12 @@ def launched():
         if "plan" not in kwargs:  # the parser check has its own tests; skipping it saves seconds per launch
             kwargs["plan"] = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), check_args=False))
         result = launch_deployment(LaunchDeploymentInput(**kwargs))
-        ids.append(result.deployment_id)
+        ids.append(result.record_id)
         return result
 
     yield launch
     for deployment_id in ids:
-        stop_deployment(StopDeploymentInput(deployment_id=deployment_id, grace_s=2))
+        stop_deployment(StopDeploymentInput(record_id=deployment_id, grace_s=2))
 
 
 # --- plans ---------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def test_qwen3_reasoning_checkpoint_gets_its_parsers_per_framework():
     assert sglang.parser_check.ok, sglang.parser_check.message
     assert not [w for w in sglang.warnings if w.level == "error"]
 
-    vllm = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", gpus=2, port=8100, served_model_name="q"))
+    vllm = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", tensor_parallel_size=2, port=8100, served_model_name="q"))
     # vLLM is not installed here: the plan says its arguments went unchecked rather than pretending
     assert vllm.argv[:3] == ["vllm", "serve", checkpoint]
     assert ["--served-model-name", "q", "--tensor-parallel-size", "2", "--max-model-len", "40960"] == vllm.server_args[1:7]
@@ -182,42 +182,42 @@ def test_plan_deployment_through_the_cli(cli_env):
 def test_healthy_start_serves_the_model_and_stop_leaves_no_process(standin, launched):
     standin("--fake-load-s", "1.5", "--fake-workers", "2")
     result = launched(port=free_port())
-    assert ledger.get(result.deployment_id).kind == "deployment"
-    first = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
-    assert first.state == "loading"
+    assert ledger.get(result.record_id).kind == "deployment"
+    first = deployment_status(DeploymentStatusInput(record_id=result.record_id))
+    assert first.status == "loading"
 
-    ready = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=20))
-    assert ready.state == "ready", ready.message
+    ready = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=20))
+    assert ready.status == "ready", ready.message
     assert ready.health_status == 200 and ready.served_models == ["llama-tiny-bf16"] and ready.served_name_matches
     assert ready.chat_reply and ready.chat_latency_s is not None and ready.chat_latency_s < 5
     assert ready.endpoint_url == f"http://127.0.0.1:{result.port}/v1/chat/completions"
     assert ready.config_values == {"target.api_endpoint.url": ready.endpoint_url, "target.api_endpoint.model_id": "llama-tiny-bf16"}
     assert any("fired up and ready to roll" in line for line in ready.log_tail)
-    assert ledger.get(result.deployment_id).status == "ready"
+    assert ledger.get(result.record_id).status == "ready"
 
     members = group_members(result.pid)
     assert len(members) >= 4  # shell wrapper, server, two workers
-    stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id))
+    stopped = stop_deployment(StopDeploymentInput(record_id=result.record_id))
     assert stopped.stopped and stopped.how == "SIGTERM" and stopped.remaining_pids == []
     assert group_members(result.pid) == [] and not any(Path(f"/proc/{pid}").exists() and
                                                         "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
                                                         for pid in members)
-    assert deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)).state == "stopped"
-    assert stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id)).how == "already stopped"
+    assert deployment_status(DeploymentStatusInput(record_id=result.record_id)).status == "stopped"
+    assert stop_deployment(StopDeploymentInput(record_id=result.record_id)).how == "already stopped"
 
 
 def test_slow_start_reports_loading_with_503_then_ready(standin, launched):
     standin("--fake-load-s", "4")
     result = launched(port=free_port())
     deadline = time.monotonic() + 3
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id))
     while status.health_status != 503 and time.monotonic() < deadline:  # the port opens a moment after launch
         time.sleep(0.2)
-        status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id))
-    assert status.state == "loading" and status.health_status == 503
+        status = deployment_status(DeploymentStatusInput(record_id=result.record_id))
+    assert status.status == "loading" and status.health_status == 503
     assert "normal" in status.message and status.failures == []
-    ready = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=20))
-    assert ready.state == "ready" and ready.elapsed_s >= 4
+    ready = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=20))
+    assert ready.status == "ready" and ready.elapsed_s >= 4
 
 
 @pytest.mark.parametrize(
@@ -227,21 +227,21 @@ def test_slow_start_reports_loading_with_503_then_ready(standin, launched):
 def test_crash_with_a_known_error_gives_the_fix(standin, launched, mode, fix_words):
     standin("--fake-mode", mode, "--fake-load-s", "0.2")
     result = launched(port=free_port())
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
-    assert status.state == "failed"
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=15))
+    assert status.status == "failed"
     assert status.process == "exited with code 1"
     assert status.failures and fix_words in status.failures[0].fix
     assert fix_words in status.message
-    assert ledger.get(result.deployment_id).status == "failed"
+    assert ledger.get(result.record_id).status == "failed"
 
 
 def test_hang_while_loading_times_out_and_stop_escalates_to_sigkill(standin, launched):
     standin("--fake-mode", "hang", "--fake-ignore-sigterm", "--fake-workers", "1")
     result = launched(port=free_port(), startup_timeout_s=1.5)
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
-    assert status.state == "timed_out" and status.health_status == 503
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=15))
+    assert status.status == "timed_out" and status.health_status == 503
     assert "startup_timeout_s" in status.message
-    stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id, grace_s=1))
+    stopped = stop_deployment(StopDeploymentInput(record_id=result.record_id, grace_s=1))
     assert stopped.stopped and "SIGKILL" in stopped.how
     assert group_members(result.pid) == []
 
@@ -258,8 +258,8 @@ def test_busy_port_explicit_is_an_error_default_is_replaced(standin, launched):
         result = launched(plan=plan)
         assert result.port != busy and f"Port {busy} was busy; using free port {result.port}" in result.notes[0]
         assert f"--port {result.port}" in result.command
-        status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
-        assert status.state == "ready" and status.endpoint_url.endswith(f":{result.port}/v1/chat/completions")
+        status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=15))
+        assert status.status == "ready" and status.endpoint_url.endswith(f":{result.port}/v1/chat/completions")
 
 
 def test_a_plan_with_errors_is_not_launched_unless_forced(standin, launched, tmp_path):
@@ -277,17 +277,17 @@ def test_a_plan_with_errors_is_not_launched_unless_forced(standin, launched, tmp
 def test_a_missing_launcher_is_a_clear_error(monkeypatch, launched):
     monkeypatch.setenv("QUANTEVAL_SGLANG_LAUNCHER", "/nonexistent/python -m sglang.launch_server")
     result = launched(port=free_port())
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=10))
-    assert status.state == "failed" and status.process == "exited with code 127"
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=10))
+    assert status.status == "failed" and status.process == "exited with code 127"
     assert any("/nonexistent/python" in line for line in status.log_tail)
 
 
 def test_status_of_unknown_or_foreign_ids_is_a_clear_error():
     with pytest.raises(ToolError, match="No ledger record 'deployment-nope'"):
-        deployment_status(DeploymentStatusInput(deployment_id="deployment-nope"))
+        deployment_status(DeploymentStatusInput(record_id="deployment-nope"))
     other = ledger.add("canary", status="running")
     with pytest.raises(ToolError, match="is a canary record, not a deployment"):
-        stop_deployment(StopDeploymentInput(deployment_id=other.id))
+        stop_deployment(StopDeploymentInput(record_id=other.id))
 
 
 def test_status_survives_a_new_process(standin, launched, cli_env):
@@ -295,17 +295,17 @@ def test_status_survives_a_new_process(standin, launched, cli_env):
     standin("--fake-load-s", "0.2")
     result = launched(port=free_port())
     env = {**cli_env, **{k: os.environ[k] for k in ("QUANTEVAL_STATE_DIR", "QUANTEVAL_LEDGER")}}
-    call = ["quanteval", "call", "deployment_status", "--json", json.dumps({"deployment_id": result.deployment_id, "wait_s": 15})]
+    call = ["quanteval", "call", "deployment_status", "--json", json.dumps({"record_id": result.record_id, "wait_s": 15})]
     status = json.loads(subprocess.run(call, capture_output=True, text=True, env=env, check=True).stdout)
-    assert status["state"] == "ready" and status["chat_reply"]
-    call = ["quanteval", "call", "stop_deployment", "--json", json.dumps({"deployment_id": result.deployment_id})]
+    assert status["status"] == "ready" and status["chat_reply"]
+    call = ["quanteval", "call", "stop_deployment", "--json", json.dumps({"record_id": result.record_id})]
     stopped = json.loads(subprocess.run(call, capture_output=True, text=True, env=env, check=True).stdout)
     assert stopped["stopped"] and group_members(result.pid) == []
 
 
 def test_trtllm_plan_uses_trtllm_serve_flags_and_says_it_is_unchecked(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "awq", quant="W4A16_AWQ")
-    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="trtllm", gpus=4))
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="trtllm", tensor_parallel_size=4))
     assert plan.argv[:2] == ["trtllm-serve", str(checkpoint)]
     assert plan.server_args[plan.server_args.index("--tp_size") + 1] == "4"
     assert plan.server_args[plan.server_args.index("--max_seq_len") + 1] == "4096"
@@ -323,8 +323,8 @@ def test_vllm_plan_launches_through_the_same_path_with_its_own_launcher(monkeypa
     assert plan.server_args[0] == str(LLAMA_BF16)  # `vllm serve <model>`: the model is positional
     assert "Launcher replaced by QUANTEVAL_VLLM_LAUNCHER." in plan.notes
     result = launched(plan=plan)
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
-    assert status.state == "ready" and status.served_models == ["llama-vllm"] and status.chat_reply
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=15))
+    assert status.status == "ready" and status.served_models == ["llama-vllm"] and status.chat_reply
 
 
 @pytest.mark.parametrize(
@@ -344,16 +344,16 @@ def test_vllm_plan_launches_through_the_same_path_with_its_own_launcher(monkeypa
 def test_known_server_failures_in_a_log_map_to_fixes(standin, launched, log_line, fix_words):
     standin("--fake-load-s", "0.1", "--fake-mode", "fail", "--fake-fail-line", log_line)
     result = launched(port=free_port())
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=10))
-    assert status.state == "failed" and len(status.failures) == 1
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=10))
+    assert status.status == "failed" and len(status.failures) == 1
     assert fix_words in status.failures[0].fix and fix_words in status.message
 
 
 def test_nothing_from_the_client_can_add_lines_to_a_slurm_job_script():
     with pytest.raises(ValueError, match="partition"):
-        LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), where="cluster", partition="gpu\nrm -rf ~")
+        LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), host="cluster", partition="gpu\nrm -rf ~")
     with pytest.raises(ValueError, match="time_limit"):
-        LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), where="cluster", time_limit="1:00\n#SBATCH --exclusive")
+        LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), host="cluster", time_limit="1:00\n#SBATCH --exclusive")
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), check_args=False))
     for tampered in (
         plan.model_copy(update={"server_args": [*plan.server_args, "x\nQUANTEVAL_EOF\ncurl evil"],
@@ -361,7 +361,7 @@ def test_nothing_from_the_client_can_add_lines_to_a_slurm_job_script():
         plan.model_copy(update={"env": {"A=1; rm -rf ~; B": "1"}}),
     ):
         with pytest.raises(ToolError, match="cannot go into a job script"):
-            launch_deployment(LaunchDeploymentInput(plan=tampered, where="cluster"))
+            launch_deployment(LaunchDeploymentInput(plan=tampered, host="cluster"))
     assert ledger.count(kind="deployment") == 0  # refused before anything was recorded or sent
 
 
@@ -387,7 +387,7 @@ def test_weights_that_do_not_fit_the_gpus_are_an_error_and_the_default_tp_fits(t
     with open(root / "model.safetensors", "wb") as handle:
         handle.write(struct.pack("<Q", len(header)) + header)
         handle.truncate(8 + len(header) + size)
-    one = plan_deployment(PlanDeploymentInput(checkpoint=str(root), gpu_type="H100", gpus=1, check_args=False))
+    one = plan_deployment(PlanDeploymentInput(checkpoint=str(root), gpu_type="H100", tensor_parallel_size=1, check_args=False))
     assert [w.level for w in one.warnings] == ["error"]
     assert "do not fit 1 x H100" in one.warnings[0].message and "at least 3 H100" in one.warnings[0].message
     sized = plan_deployment(PlanDeploymentInput(checkpoint=str(root), gpu_type="H100", check_args=False))
@@ -399,14 +399,14 @@ def test_a_ready_deployment_fills_a_deployment_none_config(standin, launched, tm
 
     config = tmp_path / "eval.yaml"
     nelconfig.build_config(nelconfig.BuildConfigInput(
-        execution="local", deployment="none", model_type="chat_reasoning", benchmarks=["core_reasoning"], output=str(config)
+        execution="local", deployment="none", model_type="chat_reasoning", benchmarks=["core_reasoning"], config_path=str(config)
     ))
     standin("--fake-load-s", "0.2")
     result = launched(port=free_port())
-    status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=15))
-    assert status.state == "ready"
+    status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=15))
+    assert status.status == "ready"
     for path, value in status.config_values.items():
-        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), path=path, value=value))
+        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), key=path, value=value))
     missing = nelconfig.list_missing_values(nelconfig.ListMissingValuesInput(config_path=str(config))).missing_values
     assert "target.api_endpoint.model_id" not in missing
     doc = nelconfig.load_config(config)

@@ -50,7 +50,7 @@ def launch(slurm_cluster, monkeypatch, *fake_options: str):
     monkeypatch.setenv("QUANTEVAL_SGLANG_LAUNCHER", shlex.join([sys.executable, str(STANDIN), *fake_options]))
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), port=free_port(), check_args=False))
     return launch_deployment(LaunchDeploymentInput(
-        plan=plan, where=slurm_cluster.ssh_alias, gpus_per_node=0, time_limit="00:10:00",
+        plan=plan, host=slurm_cluster.ssh_alias, gpus_per_node=0, time_limit="00:10:00",
         remote_workdir=str(slurm_cluster.workdir / "deployments"),
     ))
 
@@ -59,14 +59,14 @@ def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatc
     # ~1.5 MB of log: the probe's sections must survive the SSH output cap
     result = launch(slurm_cluster, monkeypatch, "--fake-load-s", "1", "--fake-workers", "1", "--fake-log-lines", "15000")
     assert result.job_id and result.job_id.isdigit()
-    record = ledger.get(result.deployment_id)
+    record = ledger.get(result.record_id)
     assert record.executor == "slurm" and record.host == slurm_cluster.ssh_alias
-    script = (slurm_cluster.workdir / "deployments" / result.deployment_id / "job.sbatch").read_text()
+    script = (slurm_cluster.workdir / "deployments" / result.record_id / "job.sbatch").read_text()
     assert "--host 0.0.0.0" in script and f"--port {result.port}" in script and "--gpus-per-node" not in script
 
     try:
-        status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=60))
-        assert status.state == "ready", (status.message, status.process, status.log_tail)
+        status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=60))
+        assert status.status == "ready", (status.message, status.process, status.log_tail)
         assert status.process == f"SLURM job {result.job_id}: RUNNING"
         assert status.served_models == ["llama-tiny-fp8"] and status.chat_reply and status.chat_latency_s is not None
         assert status.endpoint_url == f"http://localhost:{result.port}/v1/chat/completions"
@@ -74,14 +74,14 @@ def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatc
         assert port_open(result.port)
         assert status.log_tail[-1].startswith("INFO:") or "ready to roll" in status.log_tail[-1]
     finally:
-        stopped = stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id, grace_s=20))
+        stopped = stop_deployment(StopDeploymentInput(record_id=result.record_id, grace_s=20))
     assert stopped.stopped and stopped.how == f"scancel {result.job_id}"
     assert slurm_cluster.run(f"squeue -h -j {result.job_id}").stdout.strip() == ""
     deadline = time.monotonic() + 10
     while port_open(result.port) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not port_open(result.port), "the server outlived scancel"
-    log = (slurm_cluster.workdir / "deployments" / result.deployment_id / "server.log").read_text()
+    log = (slurm_cluster.workdir / "deployments" / result.record_id / "server.log").read_text()
     workers = json.loads(re.search(r"worker pids: (\[.*\])", log).group(1))
     assert workers
 
@@ -93,16 +93,16 @@ def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatc
     while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in workers), "a server worker outlived scancel"
-    assert deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id)).state == "stopped"
+    assert deployment_status(DeploymentStatusInput(record_id=result.record_id)).status == "stopped"
 
 
 def test_slurm_deployment_crash_is_reported_with_the_fix(slurm_cluster, monkeypatch):
     result = launch(slurm_cluster, monkeypatch, "--fake-mode", "oom", "--fake-load-s", "0.2")
     try:
-        status = deployment_status(DeploymentStatusInput(deployment_id=result.deployment_id, wait_s=60))
+        status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=60))
     finally:
-        stop_deployment(StopDeploymentInput(deployment_id=result.deployment_id, grace_s=5))
-    assert status.state == "failed", (status.message, status.process, status.log_tail)
+        stop_deployment(StopDeploymentInput(record_id=result.record_id, grace_s=5))
+    assert status.status == "failed", (status.message, status.process, status.log_tail)
     assert "--mem-fraction-static" in status.failures[0].fix
 
 
@@ -111,7 +111,7 @@ def test_sbatch_rejection_is_a_clear_error(slurm_cluster, monkeypatch):
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), check_args=False))
     with pytest.raises(ToolError, match="sbatch on quanteval-test-cluster failed: .*partition"):
         launch_deployment(LaunchDeploymentInput(
-            plan=plan, where=slurm_cluster.ssh_alias, partition="no-such-partition", gpus_per_node=0,
+            plan=plan, host=slurm_cluster.ssh_alias, partition="no-such-partition", gpus_per_node=0,
             remote_workdir=str(slurm_cluster.workdir / "deployments"),
         ))
     assert ledger.find(kind="deployment")[0].status == "failed"

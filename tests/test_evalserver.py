@@ -341,29 +341,29 @@ def test_start_status_stop_eval_server_leave_nothing_behind(tmp_path, commands, 
     info = evalserver.start_eval_server(evalserver.StartEvalServerInput(
         port=port, output_root=str(tmp_path / "srv"), ns_command=commands["ns"]))
     try:
-        assert info.state == "running" and info.health["backend_ready"] is True
+        assert info.status == "running" and info.health["backend_ready"] is True
         req = urllib.request.Request(f"{info.url}/evaluate", method="POST",
                                      data=json.dumps(payload(router.url, {"name": "gsm8k"})).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as response:
             assert json.loads(response.read())["metrics"]["gsm8k/pass@1/symbolic_correct"] == pytest.approx(100 * 11 / 12)
-        status = evalserver.eval_server_status(evalserver.EvalServerIdInput(server_id=info.server_id))
-        assert status.state == "running" and status.health["jobs"]["succeeded"] == 1
+        status = evalserver.eval_server_status(evalserver.EvalServerIdInput(record_id=info.record_id))
+        assert status.status == "running" and status.health["jobs"]["succeeded"] == 1
         with pytest.raises(ToolError, match="in use"):
             evalserver.start_eval_server(evalserver.StartEvalServerInput(port=port, output_root=str(tmp_path / "x")))
     finally:
-        stopped = evalserver.stop_eval_server(evalserver.EvalServerIdInput(server_id=info.server_id))
-    assert stopped.state == "stopped"
+        stopped = evalserver.stop_eval_server(evalserver.EvalServerIdInput(record_id=info.record_id))
+    assert stopped.status == "stopped"
     with pytest.raises(ProcessLookupError):
         os.kill(info.pid, 0)
-    assert evalserver.eval_server_status(evalserver.EvalServerIdInput(server_id=info.server_id)).state == "stopped"
+    assert evalserver.eval_server_status(evalserver.EvalServerIdInput(record_id=info.record_id)).status == "stopped"
     # the port is free again: a new server can start on it
     again = evalserver.start_eval_server(evalserver.StartEvalServerInput(
         port=port, output_root=str(tmp_path / "srv2"), ns_command=commands["ns"]))
-    evalserver.stop_eval_server(evalserver.EvalServerIdInput(server_id=again.server_id))
+    evalserver.stop_eval_server(evalserver.EvalServerIdInput(record_id=again.record_id))
 
 
 def test_status_of_a_record_that_is_not_an_eval_server_is_refused():
     record = ledger.add("canary", status="running")
     with pytest.raises(ToolError, match="not an eval server"):
-        evalserver.eval_server_status(evalserver.EvalServerIdInput(server_id=record.id))
+        evalserver.eval_server_status(evalserver.EvalServerIdInput(record_id=record.id))

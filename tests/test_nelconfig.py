@@ -30,9 +30,9 @@ COMBINATIONS = list(itertools.product(["local", "slurm"], ["none", "vllm", "sgla
 
 def build(tmp_path: Path, execution: str = "local", deployment: str = "vllm", model_type: str = "chat_reasoning", benchmarks: list[str] | None = None, export: str = "none") -> Path:
     result = nelconfig.build_config(
-        BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=benchmarks or ["core_reasoning"], export=export, output=str(tmp_path))
+        BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=benchmarks or ["core_reasoning"], export=export, config_path=str(tmp_path))
     )
-    return Path(result.path)
+    return Path(result.config_path)
 
 
 def nel_reference(execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str) -> dict:
@@ -67,8 +67,8 @@ def test_build_config_matches_nel_for_every_combination(tmp_path: Path, executio
 
 
 def test_build_config_keeps_template_comments_and_reports_missing(tmp_path: Path) -> None:
-    result = nelconfig.build_config(BuildConfigInput(execution="slurm", deployment="sglang", model_type="chat_reasoning", benchmarks=["core_reasoning"], output=str(tmp_path / "c.yaml")))
-    text = Path(result.path).read_text()
+    result = nelconfig.build_config(BuildConfigInput(execution="slurm", deployment="sglang", model_type="chat_reasoning", benchmarks=["core_reasoning"], config_path=str(tmp_path / "c.yaml")))
+    text = Path(result.config_path).read_text()
     assert "# SLURM headnode (login) hostname (required)" in text
     assert "# Set to path if using local checkpoint" in text
     assert "checkpoint_path: null" in text
@@ -89,7 +89,7 @@ def test_build_config_never_overwrites(tmp_path: Path) -> None:
     target = tmp_path / "mine.yaml"
     target.write_text("# my precious config\n")
     with pytest.raises(ToolError, match="already exists"):
-        nelconfig.build_config(BuildConfigInput(execution="local", deployment="vllm", model_type="base", benchmarks=["coding"], output=str(target)))
+        nelconfig.build_config(BuildConfigInput(execution="local", deployment="vllm", model_type="base", benchmarks=["coding"], config_path=str(target)))
     assert target.read_text() == "# my precious config\n"
     first = build(tmp_path, model_type="base", benchmarks=["coding"])
     second = build(tmp_path, model_type="base", benchmarks=["coding"])
@@ -109,34 +109,34 @@ def test_build_config_rejects_bundle_of_other_model_type() -> None:
 
 def test_get_by_task_name_and_index(tmp_path: Path) -> None:
     config = str(build(tmp_path))
-    by_name = nelconfig.get_config_value(GetConfigValueInput(config_path=config, path="evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.extra.num_repeats"))
+    by_name = nelconfig.get_config_value(GetConfigValueInput(config_path=config, key="evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.extra.num_repeats"))
     assert by_name.value == 5 and not by_name.missing
-    assert nelconfig.get_config_value(GetConfigValueInput(config_path=config, path="evaluation.tasks[1].name")).value == "ns_gpqa"
-    assert nelconfig.get_config_value(GetConfigValueInput(config_path=config, path="deployment.hf_model_handle")).missing
+    assert nelconfig.get_config_value(GetConfigValueInput(config_path=config, key="evaluation.tasks[1].name")).value == "ns_gpqa"
+    assert nelconfig.get_config_value(GetConfigValueInput(config_path=config, key="deployment.hf_model_handle")).missing
     with pytest.raises(ToolError, match="no entry named 'ns_gpq'. Did you mean: ns_gpqa"):
-        nelconfig.get_config_value(GetConfigValueInput(config_path=config, path="evaluation.tasks[ns_gpq].name"))
+        nelconfig.get_config_value(GetConfigValueInput(config_path=config, key="evaluation.tasks[ns_gpq].name"))
     with pytest.raises(ToolError, match="Did you mean: extra_args"):
-        nelconfig.get_config_value(GetConfigValueInput(config_path=config, path="deployment.extra_arg"))
+        nelconfig.get_config_value(GetConfigValueInput(config_path=config, key="deployment.extra_arg"))
     with pytest.raises(ToolError, match="out of range"):
-        nelconfig.get_config_value(GetConfigValueInput(config_path=config, path="evaluation.tasks[9]"))
+        nelconfig.get_config_value(GetConfigValueInput(config_path=config, key="evaluation.tasks[9]"))
 
 
 @pytest.mark.parametrize("bad", ["", "a..b", "a.", "[0]", "a[]", "a[0]b"])
 def test_malformed_paths_are_clear_errors(tmp_path: Path, bad: str) -> None:
     with pytest.raises(ToolError, match="path"):
-        nelconfig.get_config_value(GetConfigValueInput(config_path=str(build(tmp_path)), path=bad))
+        nelconfig.get_config_value(GetConfigValueInput(config_path=str(build(tmp_path)), key=bad))
 
 
 def test_set_keeps_comments_and_order_and_returns_diff(tmp_path: Path) -> None:
     path = build(tmp_path)
     before = path.read_text()
-    result = nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="deployment.hf_model_handle", value="Qwen/Qwen3-8B"))
+    result = nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="deployment.hf_model_handle", value="Qwen/Qwen3-8B"))
     after = path.read_text()
     assert result.changed
     assert "-  hf_model_handle: ??? # HuggingFace model handle" in result.diff
     assert "+  hf_model_handle: Qwen/Qwen3-8B # HuggingFace model handle" in result.diff
     assert after == before.replace("hf_model_handle: ???", "hf_model_handle: Qwen/Qwen3-8B")
-    again = nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="deployment.hf_model_handle", value="Qwen/Qwen3-8B"))
+    again = nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="deployment.hf_model_handle", value="Qwen/Qwen3-8B"))
     assert not again.changed and again.diff == ""
 
 
@@ -150,16 +150,16 @@ def test_set_keeps_comments_and_order_and_returns_diff(tmp_path: Path) -> None:
 def test_edit_keeps_the_files_own_indentation(tmp_path: Path, text: str) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    result = nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="deployment.type", value="sglang"))
+    result = nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="deployment.type", value="sglang"))
     assert path.read_text() == text.replace("type: vllm", "type: sglang")
     assert result.diff.count("\n-") == 1 and result.diff.count("\n+") == 2  # one line out; the +++ header and one line in
 
 
 def test_set_by_task_name_creates_keys_and_parses_yaml(tmp_path: Path) -> None:
     path = build(tmp_path)
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature", yaml_value="0.6"))
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="evaluation.tasks[ns_ifbench].env_vars", value={"HF_TOKEN": "host:HF_TOKEN"}))
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="execution.mounts", yaml_value="{deployment: {/data: /data}}"))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature", yaml_value="0.6"))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="evaluation.tasks[ns_ifbench].env_vars", value={"HF_TOKEN": "host:HF_TOKEN"}))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="execution.mounts", yaml_value="{deployment: {/data: /data}}"))
     doc = yaml.safe_load(path.read_text())
     gpqa = next(task for task in doc["evaluation"]["tasks"] if task["name"] == "ns_gpqa")
     assert gpqa["nemo_evaluator_config"]["config"]["params"]["temperature"] == 0.6
@@ -172,17 +172,17 @@ def test_set_by_task_name_creates_keys_and_parses_yaml(tmp_path: Path) -> None:
 def test_value_and_yaml_value_are_exclusive() -> None:
     spec = registry.get_tool("set_config_value")
     with pytest.raises(registry.ArgumentsError, match="either value or yaml_value"):
-        registry.parse_arguments(spec, {"config_path": "c.yaml", "path": "a", "value": 1, "yaml_value": "1"})
+        registry.parse_arguments(spec, {"config_path": "c.yaml", "key": "a", "value": 1, "yaml_value": "1"})
 
 
 def test_delete_task_and_missing_key(tmp_path: Path) -> None:
     path = build(tmp_path)
-    result = nelconfig.delete_config_value(DeleteConfigValueInput(config_path=str(path), path="evaluation.tasks[ns_ifbench]"))
+    result = nelconfig.delete_config_value(DeleteConfigValueInput(config_path=str(path), key="evaluation.tasks[ns_ifbench]"))
     assert "-    - name: ns_ifbench" in result.diff
     assert [task["name"] for task in yaml.safe_load(path.read_text())["evaluation"]["tasks"]] == ["ns_mmlu_pro", "ns_gpqa", "ns_livecodebench"]
     before = path.read_bytes()
     with pytest.raises(ToolError, match="has no key 'checkpoint'.*Nothing was deleted"):
-        nelconfig.delete_config_value(DeleteConfigValueInput(config_path=str(path), path="deployment.checkpoint"))
+        nelconfig.delete_config_value(DeleteConfigValueInput(config_path=str(path), key="deployment.checkpoint"))
     assert path.read_bytes() == before
 
 
@@ -190,8 +190,8 @@ def test_duplicate_task_names_need_an_index(tmp_path: Path) -> None:
     path = tmp_path / "dup.yaml"
     path.write_text("evaluation:\n  tasks:\n    - name: ns_gpqa\n    - name: ns_gpqa\n")
     with pytest.raises(ToolError, match=r"2 entries are named 'ns_gpqa' \(indices \[0, 1\]\)"):
-        nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="evaluation.tasks[ns_gpqa].env_vars", value={}))
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="evaluation.tasks[1].container", value="img:1"))
+        nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="evaluation.tasks[ns_gpqa].env_vars", value={}))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="evaluation.tasks[1].container", value="img:1"))
     assert yaml.safe_load(path.read_text())["evaluation"]["tasks"][1] == {"name": "ns_gpqa", "container": "img:1"}
 
 
@@ -200,23 +200,23 @@ def test_bad_yaml_reports_line_and_column_and_leaves_file_alone(tmp_path: Path) 
     text = "deployment:\n  type: vllm\n  extra_args: [unclosed\nexecution:\n  output_dir: x\n"
     path.write_text(text)
     with pytest.raises(ToolError, match=r"broken.yaml: invalid YAML at line \d+, column \d+"):
-        nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), path="deployment.type", value="sglang"))
+        nelconfig.set_config_value(SetConfigValueInput(config_path=str(path), key="deployment.type", value="sglang"))
     assert path.read_text() == text
     assert not list(tmp_path.glob(".broken.yaml.*.tmp"))
 
 
 def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="no such config file"):
-        nelconfig.get_config_value(GetConfigValueInput(config_path=str(tmp_path / "nope.yaml"), path="a"))
+        nelconfig.get_config_value(GetConfigValueInput(config_path=str(tmp_path / "nope.yaml"), key="a"))
     listing = tmp_path / "list.yaml"
     listing.write_text("- a\n- b\n")
     with pytest.raises(ToolError, match="top level must be a mapping"):
-        nelconfig.get_config_value(GetConfigValueInput(config_path=str(listing), path="a"))
+        nelconfig.get_config_value(GetConfigValueInput(config_path=str(listing), key="a"))
 
 
 def _set_many(config: str, worker: int, count: int) -> None:
     for index in range(count):
-        nelconfig.set_config_value(SetConfigValueInput(config_path=config, path=f"evaluation.tasks[ns_gpqa].env_vars.W{worker}_{index}", value=f"lit:{index}"))
+        nelconfig.set_config_value(SetConfigValueInput(config_path=config, key=f"evaluation.tasks[ns_gpqa].env_vars.W{worker}_{index}", value=f"lit:{index}"))
 
 
 def test_parallel_threads_lose_no_update(tmp_path: Path) -> None:
@@ -287,7 +287,7 @@ def test_apply_checkpoint_sglang_local_dir(tmp_path: Path) -> None:
 def test_apply_checkpoint_merges_extra_args_without_duplicates(tmp_path: Path) -> None:
     checkpoint = make_checkpoint(tmp_path / "ckpt", auto_map=True, max_position_embeddings=8192)
     vllm = build(tmp_path, deployment="vllm", model_type="base", benchmarks=["coding"])
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(vllm), path="deployment.extra_args", value="--max-model-len=32768 --enforce-eager --max-model-len 16000"))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(vllm), key="deployment.extra_args", value="--max-model-len=32768 --enforce-eager --max-model-len 16000"))
     nelconfig.apply_checkpoint(ApplyCheckpointInput(config_path=str(vllm), checkpoint=str(checkpoint), tensor_parallel_size=2, served_model_name="tiny"))
     deployment = yaml.safe_load(vllm.read_text())["deployment"]
     # NEL's vLLM command already passes --trust-remote-code: adding it again would duplicate it
@@ -300,7 +300,7 @@ def test_apply_checkpoint_merges_extra_args_without_duplicates(tmp_path: Path) -
 
 def test_apply_checkpoint_reports_unsplittable_extra_args(tmp_path: Path) -> None:
     config = build(tmp_path, deployment="vllm", model_type="base", benchmarks=["coding"])
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), path="deployment.extra_args", value='--chat-template "unclosed'))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), key="deployment.extra_args", value='--chat-template "unclosed'))
     before = config.read_bytes()
     with pytest.raises(ToolError, match="deployment.extra_args: cannot split"):
         nelconfig.apply_checkpoint(ApplyCheckpointInput(config_path=str(config), checkpoint=str(EXAMPLES / "llama-tiny-bf16")))
@@ -350,7 +350,7 @@ def test_cli_round_trip(tmp_path: Path, cli_env: dict[str, str]) -> None:
 
     config = build(tmp_path)
     done = subprocess.run(
-        ["quanteval", "call", "set_config_value", "--json", json.dumps({"config_path": str(config), "path": "evaluation.tasks[ns_gpqa].name", "value": "nemo_skills.ns_gpqa"})],
+        ["quanteval", "call", "set_config_value", "--json", json.dumps({"config_path": str(config), "key": "evaluation.tasks[ns_gpqa].name", "value": "nemo_skills.ns_gpqa"})],
         capture_output=True,
         text=True,
         env=cli_env,
@@ -359,6 +359,6 @@ def test_cli_round_trip(tmp_path: Path, cli_env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["changed"] is True
     failed = subprocess.run(
-        ["quanteval", "call", "delete_config_value", "--json", json.dumps({"config_path": str(config), "path": "deployment.nothing"})], capture_output=True, text=True, env=cli_env, timeout=120
+        ["quanteval", "call", "delete_config_value", "--json", json.dumps({"config_path": str(config), "key": "deployment.nothing"})], capture_output=True, text=True, env=cli_env, timeout=120
     )
     assert failed.returncode == 1 and "has no key 'nothing'" in failed.stderr and "Traceback" not in failed.stderr

@@ -201,13 +201,13 @@ def record_finished_local_run(tmp_path: Path, exec_db: Path, invocation: str, *,
 
 def test_run_status_reads_nel_and_records_the_transition(tmp_path: Path, nel_env: Path) -> None:
     record = record_finished_local_run(tmp_path, nel_env, "aa11bb22cc33dd44", exit_code=0)
-    status = runs.run_status(runs.RunRef(run=record.invocation_id))
+    status = runs.run_status(runs.RunRef(record_id=record.invocation_id))
 
     assert status.record_id == record.id and status.reachable
     assert status.status == "succeeded" and [job.status for job in status.jobs] == ["succeeded"]
     assert [event.status for event in status.history] == ["submitted", "succeeded"]
     failed = record_finished_local_run(tmp_path, nel_env, "ff11bb22cc33dd44", exit_code=1)
-    assert runs.run_status(runs.RunRef(run=failed.id)).status == "failed"
+    assert runs.run_status(runs.RunRef(record_id=failed.id)).status == "failed"
 
 
 def test_run_logs_classifies_failures_with_file_and_line(tmp_path: Path, nel_env: Path) -> None:
@@ -222,7 +222,7 @@ def test_run_logs_classifies_failures_with_file_and_line(tmp_path: Path, nel_env
     ])
     record = record_finished_local_run(tmp_path, nel_env, "bb11bb22cc33dd44", exit_code=1,
                                        logs={"client-bb11bb22cc33dd44.0.log": log})
-    result = runs.run_logs(runs.RunLogsInput(run=record.id, lines=3))
+    result = runs.run_logs(runs.RunLogsInput(record_id=record.id, lines=3))
 
     by_class = {hit.failure_class: hit for hit in result.failures}
     assert by_class["oom"].line == 4 and by_class["oom"].file.endswith("client-bb11bb22cc33dd44.0.log")
@@ -284,7 +284,7 @@ def test_gate_passes_a_validated_canary_and_refuses_a_failed_one(tmp_path: Path,
 
 def test_killing_a_finished_run_leaves_its_outcome(tmp_path: Path, nel_env: Path) -> None:
     record = record_finished_local_run(tmp_path, nel_env, "ee11bb22cc33dd44", exit_code=0)
-    killed = runs.kill_run(runs.RunRef(run=record.id))
+    killed = runs.kill_run(runs.RunRef(record_id=record.id))
     assert killed.status == "succeeded" and ledger.get(record.id).status == "succeeded"
     assert killed.jobs[0].status == "unknown" and killed.jobs[0].note  # NEL said why it could not kill
 
@@ -298,10 +298,10 @@ def test_resume_returns_at_once_while_nels_background_script_runs(tmp_path: Path
                                      'echo "evaluating"; sleep 30; echo "$(date +%s) 0" > logs/stage.exit\n')
     started = time.monotonic()
     try:
-        resumed = runs.resume_run(runs.RunRef(run=record.id))
+        resumed = runs.resume_run(runs.RunRef(record_id=record.id))
         assert time.monotonic() - started < 20
         assert resumed.invocation_id == "ab11bb22cc33dd44" and resumed.status == "submitted"
-        assert runs.run_status(runs.RunRef(run=record.id)).status == "running"
+        assert runs.run_status(runs.RunRef(record_id=record.id)).status == "running"
     finally:
         deadline = time.monotonic() + 10
         while not (task_dir / "script.pid").exists() and time.monotonic() < deadline:
@@ -311,7 +311,7 @@ def test_resume_returns_at_once_while_nels_background_script_runs(tmp_path: Path
 
 def test_status_of_unknown_run_is_a_clear_error() -> None:
     with pytest.raises(ToolError, match="list_runs"):
-        runs.run_status(runs.RunRef(run="canary-doesnotexist"))
+        runs.run_status(runs.RunRef(record_id="canary-doesnotexist"))
 
 
 def test_list_runs_filters_and_paginates(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ evaluation:
 def wait_for_status(record_id: str, wanted: tuple[str, ...], timeout: float = 90) -> runs.RunStatusOutput:
     deadline = time.monotonic() + timeout
     while True:
-        status = runs.run_status(runs.RunRef(run=record_id))
+        status = runs.run_status(runs.RunRef(record_id=record_id))
         if status.status in wanted or time.monotonic() > deadline:
             return status
         time.sleep(1)
@@ -105,7 +105,7 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     config = slurm_config(slurm_cluster, tmp_path)
     canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=str(config), limit_samples=5))
     assert canary.executor == "slurm" and canary.host == slurm_cluster.ssh_alias
-    (job,) = runs.run_status(runs.RunRef(run=canary.record_id)).jobs
+    (job,) = runs.run_status(runs.RunRef(record_id=canary.record_id)).jobs
     assert job.slurm_job_id in squeue_states(slurm_cluster)  # NEL's sbatch reached the real queue
 
     finished = wait_for_status(canary.record_id, runs.FINISHED)
@@ -124,7 +124,7 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     # Logs come over ssh: the srun failure is classified with file:line; an OOM line is reported as oom.
     client_log = remote_dirs[0] / "logs" / "client-oom.log"
     client_log.write_text("loading model\nslurmstepd: error: Detected 1 oom_kill event in StepId=7.0\n")
-    logs = runs.run_logs(runs.RunLogsInput(run=canary.invocation_id, lines=10))
+    logs = runs.run_logs(runs.RunLogsInput(record_id=canary.invocation_id, lines=10))
     assert any(tail.file.endswith(f"slurm-{job.slurm_job_id}.log") for tail in logs.tails)
     oom = next(hit for hit in logs.failures if hit.failure_class == "oom")
     assert oom.file == str(client_log) and oom.line == 2
@@ -136,9 +136,9 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     with pytest.raises(ToolError, match=f"{canary.record_id}: failed"):
         runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
     # resume_run re-submits NEL's run.sub through NEL: a new SLURM job for the same invocation.
-    resumed = runs.resume_run(runs.RunRef(run=canary.record_id))
+    resumed = runs.resume_run(runs.RunRef(record_id=canary.record_id))
     assert resumed.invocation_id == canary.invocation_id and resumed.status == "submitted"
-    (again,) = runs.run_status(runs.RunRef(run=canary.record_id)).jobs
+    (again,) = runs.run_status(runs.RunRef(record_id=canary.record_id)).jobs
     assert again.slurm_job_id != job.slurm_job_id and again.slurm_job_id in squeue_states(slurm_cluster)
     assert wait_for_status(canary.record_id, runs.FINISHED).status == "failed"
 
@@ -147,7 +147,7 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     assert forced.config_hash == canary.config_hash
     record = ledger.get(forced.record_id)
     assert record.details["reason"] == "container registry down; canary cannot pull" and record.details["forced"]
-    assert runs.run_status(runs.RunRef(run=forced.record_id)).jobs[0].slurm_job_id in squeue_states(slurm_cluster)
+    assert runs.run_status(runs.RunRef(record_id=forced.record_id)).jobs[0].slurm_job_id in squeue_states(slurm_cluster)
 
 
 def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_cluster, tmp_path: Path) -> None:
@@ -158,16 +158,16 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
 
     slurm_cluster.stop("sshd")
     try:
-        down = runs.run_status(runs.RunRef(run=canary.record_id))
+        down = runs.run_status(runs.RunRef(record_id=canary.record_id))
         assert not down.reachable and down.status == "pending" and "ssh" in down.message
         with pytest.raises(ToolError, match="ssh_check"):
-            runs.run_logs(runs.RunLogsInput(run=canary.record_id))
+            runs.run_logs(runs.RunLogsInput(record_id=canary.record_id))
         with pytest.raises(ToolError, match="could not stop"):
-            runs.kill_run(runs.RunRef(run=canary.record_id))
+            runs.kill_run(runs.RunRef(record_id=canary.record_id))
         assert ledger.get(canary.record_id).status == "pending"  # nothing was killed, nothing recorded as killed
     finally:
         slurm_cluster.up()
-    assert runs.run_status(runs.RunRef(run=canary.record_id)).status == "pending"
+    assert runs.run_status(runs.RunRef(record_id=canary.record_id)).status == "pending"
     FAULT_SCENARIOS.append("sshd down during a poll")
 
     stop_killing = threading.Event()
@@ -184,7 +184,7 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
     killer = threading.Thread(target=kill_ssh_sessions)
     killer.start()
     try:
-        dropped = runs.run_status(runs.RunRef(run=canary.record_id))
+        dropped = runs.run_status(runs.RunRef(record_id=canary.record_id))
     finally:
         stop_killing.set()
         killer.join()
@@ -194,7 +194,7 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
 
     slurm_cluster.stop("slurmctld")
     try:
-        no_controller = runs.run_status(runs.RunRef(run=canary.record_id))
+        no_controller = runs.run_status(runs.RunRef(record_id=canary.record_id))
         assert not no_controller.reachable and no_controller.status == "pending"
         assert "controller" in no_controller.message
     finally:
@@ -202,9 +202,9 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
     assert wait_for_status(canary.record_id, ("pending",), timeout=30).status == "pending"
     FAULT_SCENARIOS.append("slurmctld restarted during polling")
 
-    killed = runs.kill_run(runs.RunRef(run=canary.record_id))
+    killed = runs.kill_run(runs.RunRef(record_id=canary.record_id))
     assert killed.status == "killed"
-    (job,) = runs.run_status(runs.RunRef(run=canary.record_id)).jobs
+    (job,) = runs.run_status(runs.RunRef(record_id=canary.record_id)).jobs
     assert job.status == "killed" and squeue_states(slurm_cluster)[job.slurm_job_id] == "CANCELLED"
     FAULT_SCENARIOS.append("kill of a pending run")
 
@@ -269,7 +269,7 @@ def test_walltime_timeout_with_nels_restart_job_is_a_resume(slurm_cluster, tmp_p
     deadline = time.monotonic() + 20
     while not running.jobs[0].restart_job_id and time.monotonic() < deadline:
         time.sleep(1)
-        running = runs.run_status(runs.RunRef(run=record.id))
+        running = runs.run_status(runs.RunRef(record_id=record.id))
     restart = running.jobs[0].restart_job_id
     assert restart and squeue_states(slurm_cluster)[restart] == "PENDING"
 
@@ -285,7 +285,7 @@ def test_walltime_timeout_with_nels_restart_job_is_a_resume(slurm_cluster, tmp_p
     assert chain[:2] == [first, restart]
     FAULT_SCENARIOS.append("walltime TIMEOUT followed by NEL's restart job")
 
-    killed = runs.kill_run(runs.RunRef(run=record.id))
+    killed = runs.kill_run(runs.RunRef(record_id=record.id))
     assert killed.status == "killed"
     states = squeue_states(slurm_cluster)
     chain_states = {job: state for job, state in states.items() if int(job) > int(first)}
@@ -303,11 +303,11 @@ def test_changed_host_key_is_refused_and_status_left_alone(slurm_cluster, tmp_pa
     new_key = slurm_cluster.known_hosts.read_text()
     slurm_cluster.known_hosts.write_text(trusted)  # the client still trusts the old key
     try:
-        refused = runs.run_status(runs.RunRef(run=canary.record_id))
+        refused = runs.run_status(runs.RunRef(record_id=canary.record_id))
         assert not refused.reachable and refused.status == "pending"
         assert "host key" in refused.message.lower()
         assert ledger.get(canary.record_id).status == "pending"
     finally:
         slurm_cluster.known_hosts.write_text(new_key)
-    assert runs.kill_run(runs.RunRef(run=canary.record_id)).status == "killed"
+    assert runs.kill_run(runs.RunRef(record_id=canary.record_id)).status == "killed"
     FAULT_SCENARIOS.append("changed host key")

@@ -22,14 +22,10 @@ import pytest
 from skills_ref.validator import validate
 
 from quanteval import registry, skillpack
+from test_surface import CONTRACT as CONTRACT_TOOLS
 
 REPO = Path(__file__).resolve().parents[1]
 SKILLS = ["evaluation", "deployment", "compare-results", "monitor"]
-CONTRACT_TOOLS = """check_environment inspect_checkpoint build_config get_config_value set_config_value
-delete_config_value list_missing_values list_tasks get_task_recipe add_tasks apply_checkpoint validate_config
-dry_run launch_canary launch_full_run run_status run_logs kill_run resume_run list_runs ssh_check slurm_queue
-remote_grep check_registry_credentials plan_deployment launch_deployment deployment_status stop_deployment
-validate_run extract_scores compare_results""".split()
 QUANTEVAL = Path(sys.executable).with_name("quanteval")
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import anyio
 import pytest
@@ -70,7 +72,7 @@ def test_structured_content_equals_json_text():
 def test_tool_error_reaches_the_client_as_an_error_result_without_traceback(tmp_path):
     async def go():
         async with Client(build_server()) as client:
-            return await client.call_tool("inspect_checkpoint", {"path": str(tmp_path / "absent")})
+            return await client.call_tool("inspect_checkpoint", {"checkpoint": str(tmp_path / "absent")})
 
     result = anyio.run(go)
     assert result.is_error
@@ -94,7 +96,7 @@ def test_cli_tools_json_lists_every_tool(cli_env):
         (["call", "check_environment", "--json", "{not json"], 2, "not valid JSON"),
         (["call", "check_environment", "--json", "[1]"], 2, "JSON object"),
         (["call", "check_environment", "--json", '{"probe_gpu": false}'], 2, "probe_gpu"),
-        (["call", "inspect_checkpoint", "--json", '{"path": "/definitely/not/here"}'], 1, "no such checkpoint"),
+        (["call", "inspect_checkpoint", "--json", '{"checkpoint": "/definitely/not/here"}'], 1, "no such checkpoint"),
     ],
 )
 def test_cli_exit_codes(cli_env, argv, code, stderr_part):
@@ -123,7 +125,7 @@ def test_stdio_server_speaks_only_protocol_on_stdout(cli_env, tmp_path):
         {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
          "params": {"name": "check_environment", "arguments": {"probe_gpus": False}}},
         {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
-         "params": {"name": "inspect_checkpoint", "arguments": {"path": str(tmp_path / "nope")}}},
+         "params": {"name": "inspect_checkpoint", "arguments": {"checkpoint": str(tmp_path / "nope")}}},
     ]
     proc = subprocess.Popen(
         ["quanteval-mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -187,7 +189,7 @@ def test_stdio_and_http_transports_give_identical_results(cli_env, repo):
         async def session(target):
             async with Client(target) as client:
                 tools = sorted(tool.name for tool in (await client.list_tools()).tools)
-                result = await client.call_tool("inspect_checkpoint", {"path": example})
+                result = await client.call_tool("inspect_checkpoint", {"checkpoint": example})
                 return tools, result.structured_content
 
         over_stdio = anyio.run(session, StdioServerParameters(command="quanteval-mcp", env=cli_env))
@@ -197,3 +199,84 @@ def test_stdio_and_http_transports_give_identical_results(cli_env, repo):
         http.wait(timeout=20)
     assert over_stdio == over_http
     assert over_stdio[1]["quantization"]["quant_algo"] == "FP8"
+
+
+# ---------------------------------------------------------------- the surface, snapshotted
+
+SURFACE_SNAPSHOT = Path(__file__).parent / "data" / "tool_surface.json"
+UPDATE_HINT = "QUANTEVAL_UPDATE_SURFACE=1 .venv/bin/python -m pytest tests/test_surface.py -k surface_snapshot"
+
+
+def _schema_type(schema: dict, defs: dict) -> str:
+    """A short, stable spelling of a JSON-schema type: what a client must send."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return _schema_type(defs[name], defs) if "enum" in defs.get(name, {}) else name
+    if "enum" in schema:
+        return "enum[" + ",".join(str(value) for value in schema["enum"]) + "]"
+    if "anyOf" in schema:
+        return "|".join(_schema_type(option, defs) for option in schema["anyOf"])
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return f"array[{_schema_type(schema.get('items', {}), defs)}]"
+    return kind
+
+
+def tool_surface() -> dict:
+    """Names, argument names/types/required, output fields and annotations, as an MCP client sees them."""
+    surface = {}
+    for tool in list_tools():
+        inputs, outputs = tool.input_schema, tool.output_schema or {}
+        required = set(inputs.get("required", []))
+        defs = {**inputs.get("$defs", {}), **outputs.get("$defs", {})}
+        annotations = tool.annotations
+        surface[tool.name] = {
+            "arguments": {name: ("" if name in required else "?") + _schema_type(schema, defs)
+                          for name, schema in inputs.get("properties", {}).items()},
+            "returns": sorted(outputs.get("properties", {})),
+            "annotations": [hint for hint, on in (("read_only", annotations.read_only_hint),
+                                                  ("destructive", annotations.destructive_hint),
+                                                  ("idempotent", annotations.idempotent_hint),
+                                                  ("open_world", annotations.open_world_hint)) if on],
+        }
+    return dict(sorted(surface.items()))
+
+
+def test_tool_surface_snapshot():
+    """A rename, a new argument or a changed annotation is a deliberate, reviewed diff of tool_surface.json."""
+    surface = tool_surface()
+    if os.environ.get("QUANTEVAL_UPDATE_SURFACE"):
+        SURFACE_SNAPSHOT.write_text(json.dumps(surface, indent=1) + "\n")
+    committed = json.loads(SURFACE_SNAPSHOT.read_text())
+    changed = sorted(name for name in surface.keys() | committed.keys() if surface.get(name) != committed.get(name))
+    assert not changed, f"the tool surface changed for {changed}; review the diff, then regenerate: {UPDATE_HINT}"
+
+
+VOCABULARY_RETIRED = {  # old names of one concept; the README's vocabulary table gives the one kept
+    "path": "checkpoint / config_path / key", "output": "config_path", "where": "host", "run_id": "record_id",
+    "deployment_id": "record_id", "server_id": "record_id", "state": "status", "gpus": "tensor_parallel_size",
+}
+
+
+def test_one_name_per_concept():
+    surface = tool_surface()
+    used = {(tool, name) for tool, entry in surface.items() for name in [*entry["arguments"], *entry["returns"]]}
+    # remote_grep's path is a file on the remote host; check_environment's gpus is the list of GPUs it found
+    exempt = {("remote_grep", "path"), ("check_environment", "gpus")}
+    offenders = sorted(f"{tool}.{name} (use {VOCABULARY_RETIRED[name]})" for tool, name in used - exempt
+                       if name in VOCABULARY_RETIRED)
+    assert not offenders, offenders
+
+
+def test_readme_and_server_instructions_name_only_registered_tools(repo):
+    import re
+
+    from quanteval import server
+
+    readme = (repo / "README.md").read_text()
+    table = readme[readme.index("| step | tools |"):]
+    table = table[:table.index("\n\n")]
+    listed = re.findall(r"`([a-z_]+)`", table)
+    assert sorted(listed) == sorted(registry.TOOLS), "README's tool table and the registry differ"
+    named = re.findall(r"[a-z]+_[a-z_]+", server.INSTRUCTIONS)
+    assert set(named) <= set(registry.TOOLS), set(named) - set(registry.TOOLS)

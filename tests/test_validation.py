@@ -57,18 +57,18 @@ def dummy_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def filled_config(tmp_path: Path, execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str = "none") -> Path:
     """A build_config result completed the way a user would: apply_checkpoint, then set_config_value for the rest."""
-    built = nelconfig.build_config(BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=benchmarks, export=export, output=str(tmp_path)))
+    built = nelconfig.build_config(BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=benchmarks, export=export, config_path=str(tmp_path)))
     if deployment in ("vllm", "sglang", "trtllm"):
-        nelconfig.apply_checkpoint(ApplyCheckpointInput(config_path=built.path, checkpoint=str(CHECKPOINT_FOR[model_type])))
-    for path in nelconfig.missing_value_paths(nelconfig.load_config(built.path)):
+        nelconfig.apply_checkpoint(ApplyCheckpointInput(config_path=built.config_path, checkpoint=str(CHECKPOINT_FOR[model_type])))
+    for path in nelconfig.missing_value_paths(nelconfig.load_config(built.config_path)):
         if path.endswith("params.extra.tokenizer"):
             value: object = "meta-llama/Llama-3.1-8B-Instruct"
         elif path.endswith("adapter_config.params_to_add"):
             value = {"chat_template_kwargs": {"enable_thinking": True}}
         else:
             value = FILLS[path]
-        nelconfig.set_config_value(SetConfigValueInput(config_path=built.path, path=path, value=value))
-    return Path(built.path)
+        nelconfig.set_config_value(SetConfigValueInput(config_path=built.config_path, key=path, value=value))
+    return Path(built.config_path)
 
 
 def nel_dry_run(config: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -107,9 +107,9 @@ def test_clean_configs_pass_nels_dry_run(tmp_path: Path, monkeypatch: pytest.Mon
 def test_nel_dry_run_agrees_on_what_validate_reports_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NEL stops at the first ??? where validate_config lists all of them."""
     config = filled_config(tmp_path, "local", "vllm", "base", ["coding"])
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), path="deployment.served_model_name", value="???"))
-    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), path="evaluation.nemo_evaluator_config.config.params.extra.tokenizer", value="???"))
-    missing = [p.path for p in validation.validate_config(ValidateConfigInput(config_path=str(config))).problems if p.rule == "missing_value"]
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), key="deployment.served_model_name", value="???"))
+    nelconfig.set_config_value(SetConfigValueInput(config_path=str(config), key="evaluation.nemo_evaluator_config.config.params.extra.tokenizer", value="???"))
+    missing = [p.key for p in validation.validate_config(ValidateConfigInput(config_path=str(config))).problems if p.rule == "missing_value"]
     assert missing == ["evaluation.nemo_evaluator_config.config.params.extra.tokenizer", "deployment.served_model_name"]
     with pytest.raises(Exception, match="Missing mandatory value") as failure:
         nel_dry_run(config, tmp_path, monkeypatch)
@@ -146,9 +146,9 @@ def test_corpus_is_large_enough() -> None:
 def test_corpus_config_is_caught_with_path_and_fix(config: Path) -> None:
     expected = corpus_expectations(config)
     result = validation.validate_config(ValidateConfigInput(config_path=str(config)))
-    found = [(p.severity, p.rule, p.path) for p in result.problems]
+    found = [(p.severity, p.rule, p.key) for p in result.problems]
     for severity, rule, where, fix in expected:
-        matches = [p for p in result.problems if (p.severity, p.rule, p.path) == (severity, rule, where)]
+        matches = [p for p in result.problems if (p.severity, p.rule, p.key) == (severity, rule, where)]
         assert matches, f"{config.name}: expected {severity} {rule} at {where}; found {found}"
         assert any(fix in p.fix or fix in p.message for p in matches), f"{config.name}: fix should mention {fix!r}: {[p.fix for p in matches]}"
     # nothing else: a false alarm is a bug too
@@ -170,7 +170,7 @@ def test_overrides_are_checked(tmp_path: Path) -> None:
         "deployment.extra_args",  # no value
     ]
     result = validation.validate_config(ValidateConfigInput(config_path=str(config), overrides=overrides))
-    by_path = {p.path: p for p in result.problems}
+    by_path = {p.key: p for p in result.problems}
     assert by_path["override 'evaluation.nemo_evaluator_config.config.params.limit_samples=10'"].rule == "override_needs_plus"
     assert "++evaluation" in by_path["override 'evaluation.nemo_evaluator_config.config.params.limit_samples=10'"].fix
     assert by_path["override '+deployment.served_model_name=x'"].rule == "override_key_exists"
@@ -183,7 +183,7 @@ def test_overrides_know_nels_defaults() -> None:
     """Keys NEL's packaged defaults supply (walltime on SLURM, port for vLLM) need no ++."""
     overrides = ["execution.walltime=02:00:00", "deployment.port=9000", "deployment.gpu_memory_utilization=0.8", "execution.partitoin=batch"]
     result = validation.validate_config(ValidateConfigInput(config_path=str(CORPUS / "valid_slurm_vllm.yaml"), overrides=overrides))
-    assert [(p.rule, p.path) for p in result.problems] == [("override_needs_plus", "override 'execution.partitoin=batch'")]
+    assert [(p.rule, p.key) for p in result.problems] == [("override_needs_plus", "override 'execution.partitoin=batch'")]
     assert "execution.partition=" in result.problems[0].fix
 
 
@@ -192,7 +192,7 @@ def test_unset_env_vars_are_names_only_and_can_be_skipped(monkeypatch: pytest.Mo
     monkeypatch.setenv("DUMMY_API_KEY", "very-secret-value")
     config = CORPUS / "valid_local_vllm.yaml"
     result = validation.validate_config(ValidateConfigInput(config_path=str(config)))
-    assert [(p.rule, p.path) for p in result.problems if p.severity == "error"] == [("unset_env_var", "evaluation.env_vars.HF_TOKEN")]
+    assert [(p.rule, p.key) for p in result.problems if p.severity == "error"] == [("unset_env_var", "evaluation.env_vars.HF_TOKEN")]
     assert "very-secret-value" not in result.model_dump_json()
     assert validation.validate_config(ValidateConfigInput(config_path=str(config), check_env=False)).problems == []
 
@@ -210,7 +210,7 @@ def test_sglang_needs_trust_remote_code_for_custom_code(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(text)
     problems = validation.validate_config(ValidateConfigInput(config_path=str(config))).problems
-    assert [(p.rule, p.path) for p in problems] == [("trust_remote_code", "deployment.extra_args")]
+    assert [(p.rule, p.key) for p in problems] == [("trust_remote_code", "deployment.extra_args")]
     config.write_text(text.replace('"--context-length 4096"', '"--context-length 4096 --trust-remote-code"'))
     assert validation.validate_config(ValidateConfigInput(config_path=str(config))).problems == []
 
@@ -228,7 +228,7 @@ def test_cached_hf_handle_is_checked_against_its_config(tmp_path: Path, monkeypa
     config = tmp_path / "c.yaml"
     config.write_text(text.replace('"--max-model-len 4096"', '"--max-model-len 32768"'))
     problems = validation.validate_config(ValidateConfigInput(config_path=str(config))).problems
-    assert [(p.rule, p.path) for p in problems] == [("context_too_long", "deployment.extra_args")]
+    assert [(p.rule, p.key) for p in problems] == [("context_too_long", "deployment.extra_args")]
 
 
 def test_framework_flag_tables_agree_with_sglangs_parser() -> None:

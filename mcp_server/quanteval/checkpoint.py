@@ -84,7 +84,7 @@ _DTYPE_BITS = {
 
 
 class InspectCheckpointInput(StrictModel):
-    path: str = Field(description="Checkpoint directory, or a Hugging Face handle (org/name) already in the local HF cache.")
+    checkpoint: str = Field(description="Checkpoint directory, or a Hugging Face handle (org/name) already in the local HF cache.")
 
 
 class ArchitectureInfo(BaseModel):
@@ -148,7 +148,7 @@ class FrameworkFlags(BaseModel):
 
 
 class CheckpointReport(BaseModel):
-    path: str = Field(description="Resolved local directory that was read.")
+    checkpoint: str = Field(description="Resolved local directory that was read.")
     hf_handle: str | None = Field(None, description="The HF handle, when the input was one.")
     architecture: ArchitectureInfo
     weights: WeightsInfo
@@ -636,7 +636,7 @@ def inspect_checkpoint(request: InspectCheckpointInput, progress: ProgressFn = n
     parameter count, quantization (ModelOpt quant_algo, KV-cache, excluded modules), context length,
     trust-remote-code, GPU memory fit and per-framework deployment flags, with warnings. Use it before
     building a config or planning a deployment for a local checkpoint or a cached HF handle."""
-    root, hf_handle = _locate(request.path)
+    root, hf_handle = _locate(request.checkpoint)
     try:
         return _inspect(root, hf_handle, progress)
     except ValidationError as exc:  # a config value of the wrong type (e.g. "group_size": "big")
@@ -699,7 +699,7 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
     weight_memory_gb = round(weights.weight_bytes / 1e9, 3)
     warnings += _quant_warnings(quant, weights)
     return CheckpointReport(
-        path=str(root.resolve()),
+        checkpoint=str(root.resolve()),
         hf_handle=hf_handle,
         architecture=architecture,
         weights=weights,
@@ -737,7 +737,7 @@ def format_report(report: CheckpointReport) -> str:
         params += f" ({weights.logical_parameter_count:,} logical, packed low-bit weights unpacked)"
     dtypes = ", ".join(f"{dtype} {count:,}" for dtype, count in sorted(weights.dtype_parameters.items(), key=lambda kv: -kv[1]))
     lines = [
-        f"checkpoint:    {report.path}" + (f"  (HF {report.hf_handle})" if report.hf_handle else ""),
+        f"checkpoint:    {report.checkpoint}" + (f"  (HF {report.hf_handle})" if report.hf_handle else ""),
         f"architecture:  {arch.architecture} ({arch.model_type}{', multimodal' if arch.multimodal else ''}): "
         f"{arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_attention_heads} heads / {arch.num_kv_heads} kv, vocab {arch.vocab_size}",
         f"parameters:    {params}",

@@ -105,7 +105,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     with stdout_to_stderr():
-        report = run_tool("inspect_checkpoint", {"path": args.path})
+        report = run_tool("inspect_checkpoint", {"checkpoint": args.path})
     if args.json:
         emit_json(report.model_dump(mode="json"))
     else:

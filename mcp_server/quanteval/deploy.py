@@ -131,7 +131,7 @@ class PlanDeploymentInput(StrictModel):
     gpu_type: str | None = Field(
         None, description="GPU the server will run on (A100, L40S, H100, H200, B200); enables hardware warnings and TP sizing."
     )
-    gpus: int | None = Field(None, ge=1, le=64, description="Tensor-parallel size; default: the fewest GPUs that hold the weights.")
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="GPUs to shard over; default: the fewest that hold the weights.")
     port: int | None = Field(None, ge=1, le=65535, description="Server port; default 30000 for SGLang, 8000 for vLLM/TRT-LLM.")
     served_model_name: str | None = Field(
         None, description="Model name clients send in requests; default: the checkpoint folder name."
@@ -160,7 +160,7 @@ class DeploymentPlan(BaseModel):
     framework: Framework
     checkpoint: str = Field(description="What the server loads: the resolved checkpoint directory, or the HF handle.")
     served_model_name: str
-    host: str
+    bind_address: str = Field(description="Address the server listens on.")
     port: int
     tensor_parallel_size: int
     gpu_type: str | None = None
@@ -229,7 +229,7 @@ def _tensor_parallel_size(report: CheckpointReport, gpu_type: str | None, gpus: 
 
 def _model_ref(report: CheckpointReport) -> str:
     """An HF handle stays a handle (the server resolves it from its own HF cache, on any machine)."""
-    return report.hf_handle or report.path
+    return report.hf_handle or report.checkpoint
 
 
 def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, host: str, port: int) -> list[str]:
@@ -304,11 +304,11 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     if request.gpu_type is not None and request.gpu_type not in COMPUTE_CAPABILITY:
         raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(COMPUTE_CAPABILITY)}.")
     progress(0, 2, "inspecting the checkpoint")
-    report = inspect_checkpoint(InspectCheckpointInput(path=request.checkpoint))
+    report = inspect_checkpoint(InspectCheckpointInput(checkpoint=request.checkpoint))
     # trtllm-serve serves under the model path unless told otherwise (--served_model_name: recent releases only).
-    default_name = _model_ref(report) if framework == "trtllm" else report.hf_handle or Path(report.path).name
+    default_name = _model_ref(report) if framework == "trtllm" else report.hf_handle or Path(report.checkpoint).name
     name = request.served_model_name or default_name
-    tp = _tensor_parallel_size(report, request.gpu_type, request.gpus)
+    tp = _tensor_parallel_size(report, request.gpu_type, request.tensor_parallel_size)
     port = request.port or DEFAULT_PORTS[framework]
     host = "127.0.0.1"
     server_args = [*_server_args(framework, report, name, tp, host, port), *request.extra_args]
@@ -332,7 +332,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
              else ParserCheck(checked=False, message="Not checked (check_args is false)."))
     argv = [*launcher, *server_args]
     return DeploymentPlan(
-        framework=framework, checkpoint=_model_ref(report), served_model_name=name, host=host, port=port,
+        framework=framework, checkpoint=_model_ref(report), served_model_name=name, bind_address=host, port=port,
         tensor_parallel_size=tp, gpu_type=request.gpu_type, launcher=launcher, server_args=server_args,
         argv=argv, command=shlex.join(argv), env=env,
         warnings=_hardware_warnings(report, framework, request.gpu_type, tp), notes=notes, parser_check=check,
@@ -346,8 +346,8 @@ class LaunchDeploymentInput(StrictModel):
     plan: DeploymentPlan | None = Field(None, description="A plan from plan_deployment (as returned). Give this or checkpoint.")
     checkpoint: str | None = Field(None, description="Checkpoint to plan and launch in one step (default plan for the framework).")
     framework: Framework = Field("sglang", description="Framework when launching from checkpoint.")
-    where: str = Field(
-        "local", description="'local' to run on this machine, or an SSH host alias of a SLURM login node to submit an sbatch job."
+    host: str | None = Field(
+        None, description="SSH host alias of a SLURM login node to submit an sbatch job on; omit to run on this machine."
     )
     port: int | None = Field(
         None, ge=1, le=65535,
@@ -370,8 +370,8 @@ class LaunchDeploymentInput(StrictModel):
 
 
 class LaunchDeploymentResult(BaseModel):
-    deployment_id: str = Field(description="Ledger id; pass it to deployment_status and stop_deployment.")
-    where: str
+    record_id: str = Field(description="Ledger id; pass it to deployment_status and stop_deployment.")
+    host: str | None = Field(None, description="The SLURM host alias; null for this machine.")
     status: str
     port: int
     endpoint_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (SLURM: known once the job runs).")
@@ -398,8 +398,8 @@ def _with_option(args: list[str], flag: str, value: str) -> list[str]:
 
 def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_progress) -> LaunchDeploymentResult:
     """Start an inference server from a plan (or a checkpoint + framework) and return a deployment id at
-    once, recorded in the ledger. where='local' runs it on this machine in its own process group on a
-    free port with its log under the state directory; where=<ssh host alias> submits an sbatch job on
+    once, recorded in the ledger. Without host it runs on this machine in its own process group on a
+    free port with its log under the state directory; host=<ssh host alias> submits an sbatch job on
     that SLURM cluster. Then poll deployment_status until it is ready, and stop it with stop_deployment."""
     if (request.plan is None) == (request.checkpoint is None):
         raise ToolError("launch_deployment: give exactly one of plan (from plan_deployment) or checkpoint.")
@@ -413,7 +413,7 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
-    if request.where == "local":
+    if request.host is None:
         return _launch_local(plan, request)
     return _launch_slurm(plan, request)
 
@@ -449,7 +449,7 @@ def _launch_local(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
         "startup_timeout_s": request.startup_timeout_s,
     })
     return LaunchDeploymentResult(
-        deployment_id=record.id, where="local", status="loading", port=port, endpoint_url=endpoint,
+        record_id=record.id, host=None, status="loading", port=port, endpoint_url=endpoint,
         served_model_name=plan.served_model_name, command=shlex.join(argv), log_path=str(log_path), pid=child.pid, notes=notes,
     )
 
@@ -494,7 +494,7 @@ def _remote(host: str, command: str, timeout: float = 60) -> RemoteResult:
 def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
     _check_scriptable(plan)
     port = request.port or plan.port
-    record = ledger.add("deployment", status="submitting", executor="slurm", host=request.where, config_path=plan.checkpoint,
+    record = ledger.add("deployment", status="submitting", executor="slurm", host=request.host, config_path=plan.checkpoint,
                         details={"framework": plan.framework, "served_model_name": plan.served_model_name})
     remote_dir = shlex.quote(f"{request.remote_workdir.rstrip('/')}/{record.id}")
     script = _sbatch_script(plan, request, record.id, port)
@@ -502,10 +502,10 @@ def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
         f"mkdir -p {remote_dir} && cd {remote_dir} && cat > job.sbatch <<'QUANTEVAL_EOF'\n{script}QUANTEVAL_EOF\n"
         "sbatch --parsable job.sbatch && pwd"
     )
-    result = _remote(request.where, command)
+    result = _remote(request.host, command)
     if result.exit_code != 0:
         ledger.update(record.id, status="failed", message=result.stderr[-500:])
-        raise ToolError(f"sbatch on {request.where} failed: {result.stderr.strip()[-500:]}. Check partition/account/gpus_per_node.")
+        raise ToolError(f"sbatch on {request.host} failed: {result.stderr.strip()[-500:]}. Check partition/account/gpus_per_node.")
     job_line, absolute_dir = (result.stdout.strip().splitlines() + ["", ""])[:2]
     job_id = job_line.split(";")[0].strip()
     ledger.update(record.id, status="loading", details={
@@ -513,9 +513,9 @@ def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
         "argv": [*plan.launcher, *plan.server_args], "started_at": time.time(), "startup_timeout_s": request.startup_timeout_s,
     })
     return LaunchDeploymentResult(
-        deployment_id=record.id, where=request.where, status="loading", port=port, served_model_name=plan.served_model_name,
+        record_id=record.id, host=request.host, status="loading", port=port, served_model_name=plan.served_model_name,
         command=f"sbatch {absolute_dir}/job.sbatch", log_path=f"{absolute_dir}/server.log", job_id=job_id,
-        notes=[f"SLURM job {job_id} on {request.where}; the endpoint is known once the job runs.",
+        notes=[f"SLURM job {job_id} on {request.host}; the endpoint is known once the job runs.",
                f"The node loads {plan.checkpoint}: it must be at that path on the cluster (shared filesystem)."],
     )
 
@@ -524,7 +524,7 @@ def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> Launc
 
 
 class DeploymentStatusInput(StrictModel):
-    deployment_id: str = Field(description="Id returned by launch_deployment.")
+    record_id: str = Field(description="Id returned by launch_deployment.")
     wait_s: float = Field(
         0, ge=0, le=3600,
         description="Poll until the server is ready, failed or timed out, for at most this many seconds (0: probe once).",
@@ -539,9 +539,9 @@ class KnownFailure(BaseModel):
 
 
 class DeploymentStatus(BaseModel):
-    deployment_id: str
-    where: str
-    state: Literal["loading", "ready", "failed", "timed_out", "stopped", "exited"] = Field(
+    record_id: str
+    host: str | None = Field(description="The SLURM host alias; null for this machine.")
+    status: Literal["loading", "ready", "failed", "timed_out", "stopped", "exited"] = Field(
         description="loading (health 503 while loading is normal), ready, failed, timed_out (still loading past startup_timeout_s), stopped, exited."
     )
     process: str = Field(description="Local: running / exited with code N. SLURM: the job state.")
@@ -735,7 +735,7 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     tail = [line[:500] for line in log_text.splitlines()[-LOG_TAIL_LINES:]]
     config_values = {"target.api_endpoint.url": endpoint, "target.api_endpoint.model_id": name} if endpoint and ready else {}
     return DeploymentStatus(
-        deployment_id=record.id, where=record.host or "local", state=state, process=process, elapsed_s=round(elapsed, 1),
+        record_id=record.id, host=record.host, status=state, process=process, elapsed_s=round(elapsed, 1),
         health_status=probe.health, served_models=probe.models[:20],
         served_name_matches=(name in probe.models) if probe.models else None,
         chat_latency_s=probe.chat_latency_s, chat_reply=probe.chat_reply, endpoint_url=endpoint, served_model_name=name,
@@ -743,12 +743,12 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     )
 
 
-def _deployment(deployment_id: str) -> ledger.Record:
-    record = ledger.get(deployment_id)
+def _deployment(record_id: str) -> ledger.Record:
+    record = ledger.get(record_id)
     if record.kind != "deployment":
-        raise ToolError(f"deployment_id: '{deployment_id}' is a {record.kind} record, not a deployment.")
+        raise ToolError(f"record_id: '{record_id}' is a {record.kind} record, not a deployment.")
     if "port" not in record.details:
-        raise ToolError(f"deployment_id: '{deployment_id}' never started (status {record.status}).")
+        raise ToolError(f"record_id: '{record_id}' never started (status {record.status}).")
     return record
 
 
@@ -760,15 +760,15 @@ def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_
     `deployment: none` evaluation once ready. Use wait_s to poll until ready, failed or timed out."""
     deadline = time.monotonic() + request.wait_s
     while True:
-        record = _deployment(request.deployment_id)
+        record = _deployment(request.record_id)
         status = _probe_once(record, request.chat_probe)
-        finished = status.state != "loading"
+        finished = status.status != "loading"
         if finished or time.monotonic() >= deadline:
             break
         progress(status.elapsed_s, None, status.message)
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-    if record.status != status.state and record.status != "stopped":
-        ledger.update(record.id, status=status.state, message=status.message[:300])
+    if record.status != status.status and record.status != "stopped":
+        ledger.update(record.id, status=status.status, message=status.message[:300])
     return status
 
 
@@ -776,12 +776,12 @@ def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_
 
 
 class StopDeploymentInput(StrictModel):
-    deployment_id: str = Field(description="Id returned by launch_deployment.")
+    record_id: str = Field(description="Id returned by launch_deployment.")
     grace_s: float = Field(20, ge=0, le=600, description="Seconds between SIGTERM (or scancel) and SIGKILL / giving up.")
 
 
 class StopDeploymentResult(BaseModel):
-    deployment_id: str
+    record_id: str
     stopped: bool = Field(description="Nothing of the server is left running.")
     how: str = Field(description="What was done: SIGTERM, SIGKILL, scancel, or already stopped.")
     remaining_pids: list[int] = Field(default_factory=list, description="Processes still alive (local), if any.")
@@ -804,7 +804,7 @@ def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_prog
     """Stop a deployment: SIGTERM to the server's whole process group, then SIGKILL after grace_s, so no
     worker is left holding GPUs; or scancel the SLURM job and wait for it to leave the queue. Safe to
     repeat. Use it when an evaluation is done or a deployment failed or hangs."""
-    record = _deployment(request.deployment_id)
+    record = _deployment(request.record_id)
     progress(0, 1, f"stopping {record.id} (up to {request.grace_s:.0f} s grace)")
     if record.executor == "slurm":
         stopped, how = _stop_slurm(record, request.grace_s)
@@ -813,4 +813,4 @@ def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_prog
         stopped, how, remaining = _stop_local(record.details, request.grace_s)
     if stopped:
         ledger.update(record.id, status="stopped", message=how)
-    return StopDeploymentResult(deployment_id=record.id, stopped=stopped, how=how, remaining_pids=remaining)
+    return StopDeploymentResult(record_id=record.id, stopped=stopped, how=how, remaining_pids=remaining)

@@ -673,18 +673,18 @@ class StartEvalServerInput(StrictModel):
 
 
 class EvalServerInfo(BaseModel):
-    server_id: str = Field(description="Ledger id; pass it to eval_server_status / stop_eval_server.")
+    record_id: str = Field(description="Ledger id; pass it to eval_server_status / stop_eval_server.")
     url: str
     pid: int
     log_path: str
     output_root: str
     backend: str
-    state: str = Field(description="running, stopped or exited")
+    status: str = Field(description="running, stopped or exited")
     health: dict[str, Any] | None = Field(None, description="The server's /health answer when it is up.")
 
 
 class EvalServerIdInput(StrictModel):
-    server_id: str = Field(description="The id start_eval_server returned (see also list_runs kind=eval_server).")
+    record_id: str = Field(description="The id start_eval_server returned (see also list_runs kind=eval_server).")
 
 
 def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -739,27 +739,27 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
         "eval_server", status="running", executor=request.backend, host="127.0.0.1",
         details={"pid": proc.pid, "url": url, "log_path": str(log_path), "output_root": str(output_root)},
     )
-    return EvalServerInfo(server_id=record.id, url=url, pid=proc.pid, log_path=str(log_path),
-                          output_root=str(output_root), backend=request.backend, state="running", health=health)
+    return EvalServerInfo(record_id=record.id, url=url, pid=proc.pid, log_path=str(log_path),
+                          output_root=str(output_root), backend=request.backend, status="running", health=health)
 
 
-def _server_record(server_id: str) -> ledger.Record:
-    record = ledger.get(server_id)
+def _server_record(record_id: str) -> ledger.Record:
+    record = ledger.get(record_id)
     if record.kind != "eval_server":
-        raise ToolError(f"'{server_id}' is a {record.kind} record, not an eval server")
+        raise ToolError(f"'{record_id}' is a {record.kind} record, not an eval server")
     return record
 
 
 def _info(record: ledger.Record, state: str, health: dict[str, Any] | None) -> EvalServerInfo:
     d = record.details
-    return EvalServerInfo(server_id=record.id, url=d["url"], pid=d["pid"], log_path=d["log_path"],
-                          output_root=d["output_root"], backend=record.executor or "", state=state, health=health)
+    return EvalServerInfo(record_id=record.id, url=d["url"], pid=d["pid"], log_path=d["log_path"],
+                          output_root=d["output_root"], backend=record.executor or "", status=state, health=health)
 
 
 def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
     """Report whether an eval server started by start_eval_server is still running, with its /health answer
     (backend readiness and counts of queued, running, succeeded and failed evaluations)."""
-    record = _server_record(request.server_id)
+    record = _server_record(request.record_id)
     if record.status == "stopped":
         return _info(record, "stopped", None)
     alive = _running(record.details["pid"])
@@ -773,7 +773,7 @@ def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
 def stop_eval_server(request: EvalServerIdInput) -> EvalServerInfo:
     """Stop an eval server started by start_eval_server: SIGTERM to its process group (running evaluations
     are stopped too), SIGKILL after 10 s. Use it when the training run no longer needs evaluations."""
-    record = _server_record(request.server_id)
+    record = _server_record(request.record_id)
     stop_group(record.details["pid"], grace_s=10, on_wait=lambda: _running(record.details["pid"]))
     record = ledger.update(record.id, status="stopped", message="stopped by stop_eval_server")
     return _info(record, "stopped", None)

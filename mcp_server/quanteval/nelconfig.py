@@ -394,7 +394,7 @@ class BuildConfigInput(StrictModel):
         description="Benchmark bundles to include. base: general_knowledge, coding, long_context, multilingual. chat_reasoning: core_reasoning, agentic, long_context, multilingual.",
     )
     export: Export = Field("none", description="Where results are exported automatically after the run: 'none', 'mlflow' or 'wandb'.")
-    output: str | None = Field(
+    config_path: str | None = Field(
         None,
         description="A *.yaml/*.yml file path (must not exist yet) or a directory (a name like local_vllm_chat_reasoning_core_reasoning.yaml is generated there). Default: the current directory.",
     )
@@ -409,20 +409,20 @@ class BuildConfigInput(StrictModel):
 
 
 class BuildConfigOutput(BaseModel):
-    path: str = Field(description="The config file that was written.")
+    config_path: str = Field(description="The config file that was written.")
     tasks: list[str] = Field(description="Task names in evaluation.tasks.")
     missing_values: list[str] = Field(description="Dotted paths still set to ??? — fill them with set_config_value or apply_checkpoint.")
 
 
 def _output_path(request: BuildConfigInput) -> Path:
-    if request.output and Path(request.output).suffix in (".yaml", ".yml"):
-        path = Path(request.output).expanduser()
+    if request.config_path and Path(request.config_path).suffix in (".yaml", ".yml"):
+        path = Path(request.config_path).expanduser()
         if path.exists():
             raise ToolError(f"{path}: already exists; build_config never overwrites a file. Choose another output path, or edit this one with set_config_value.")
         if not path.parent.is_dir():
             raise ToolError(f"{path.parent}: directory does not exist. Create it first or choose another output path.")
         return path
-    directory = Path(request.output).expanduser() if request.output else Path.cwd()
+    directory = Path(request.config_path).expanduser() if request.config_path else Path.cwd()
     if directory.exists() and not directory.is_dir():
         raise ToolError(f"{directory}: exists and is not a directory. Give a *.yaml path or a directory as output.")
     directory.mkdir(parents=True, exist_ok=True)
@@ -475,14 +475,14 @@ def build_config(request: BuildConfigInput) -> BuildConfigOutput:
     except FileExistsError:
         raise ToolError(f"{path}: already exists; build_config never overwrites a file. Choose another output path.") from None
     tasks = [str(task.get("name")) for task in doc.get("evaluation", {}).get("tasks", []) if isinstance(task, dict)]
-    return BuildConfigOutput(path=str(path.resolve()), tasks=tasks, missing_values=missing_value_paths(doc))
+    return BuildConfigOutput(config_path=str(path.resolve()), tasks=tasks, missing_values=missing_value_paths(doc))
 
 
 # ---------------------------------------------------------------------------
 # get / set / delete
 
 _CONFIG_FIELD = "Path of the NEL config YAML file."
-_PATH_FIELD = (
+_KEY_FIELD = (
     "Dotted key path. Tasks can be addressed by name or index: "
     "'evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature', 'evaluation.tasks[0].name', 'deployment.extra_args'."
 )
@@ -490,11 +490,11 @@ _PATH_FIELD = (
 
 class GetConfigValueInput(StrictModel):
     config_path: str = Field(description=_CONFIG_FIELD)
-    path: str = Field(description=_PATH_FIELD)
+    key: str = Field(description=_KEY_FIELD)
 
 
 class GetConfigValueOutput(BaseModel):
-    path: str
+    key: str
     value: Any = Field(description="The value as JSON (mappings and lists included).")
     missing: bool = Field(description="True when the value is ??? (must still be filled in).")
 
@@ -505,13 +505,13 @@ def get_config_value(request: GetConfigValueInput) -> GetConfigValueOutput:
     Use it to check what a config currently says before changing it, e.g. a task's params
     ('evaluation.tasks[ns_gpqa].nemo_evaluator_config') or 'deployment.extra_args'.
     """
-    value = get_path(load_config(request.config_path), request.path)
-    return GetConfigValueOutput(path=request.path, value=to_plain(value), missing=value == MISSING)
+    value = get_path(load_config(request.config_path), request.key)
+    return GetConfigValueOutput(key=request.key, value=to_plain(value), missing=value == MISSING)
 
 
 class SetConfigValueInput(StrictModel):
     config_path: str = Field(description=_CONFIG_FIELD)
-    path: str = Field(description=_PATH_FIELD + " Missing intermediate keys are created.")
+    key: str = Field(description=_KEY_FIELD + " Missing intermediate keys are created.")
     value: Any = Field(
         None,
         description="The new value as JSON: string, number, boolean, null, list or object (objects become YAML mappings). Use either value or yaml_value.",
@@ -530,7 +530,7 @@ class SetConfigValueInput(StrictModel):
 
 class ConfigEditOutput(BaseModel):
     config_path: str
-    path: str
+    key: str
     changed: bool = Field(description="False when the file already held this value.")
     diff: str = Field(description="Unified diff of the file (empty when unchanged).")
 
@@ -556,13 +556,13 @@ def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
     write is atomic and locked (concurrent edits are never lost) and returns a unified diff.
     """
     value = _parse_yaml_value(request.yaml_value) if request.yaml_value is not None else _as_round_trip(request.value)
-    diff = edit_config(request.config_path, lambda doc: set_path(doc, request.path, value))
-    return ConfigEditOutput(config_path=request.config_path, path=request.path, changed=bool(diff), diff=diff)
+    diff = edit_config(request.config_path, lambda doc: set_path(doc, request.key, value))
+    return ConfigEditOutput(config_path=request.config_path, key=request.key, changed=bool(diff), diff=diff)
 
 
 class DeleteConfigValueInput(StrictModel):
     config_path: str = Field(description=_CONFIG_FIELD)
-    path: str = Field(description=_PATH_FIELD + " A task path like 'evaluation.tasks[ns_gpqa]' removes that task.")
+    key: str = Field(description=_KEY_FIELD + " A task path like 'evaluation.tasks[ns_gpqa]' removes that task.")
 
 
 def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
@@ -571,8 +571,8 @@ def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
     Use it to drop a task, a stray or misspelled key, or one of checkpoint_path/hf_model_handle.
     Fails clearly when the path does not exist; returns a unified diff.
     """
-    diff = edit_config(request.config_path, lambda doc: delete_path(doc, request.path))
-    return ConfigEditOutput(config_path=request.config_path, path=request.path, changed=bool(diff), diff=diff)
+    diff = edit_config(request.config_path, lambda doc: delete_path(doc, request.key))
+    return ConfigEditOutput(config_path=request.config_path, key=request.key, changed=bool(diff), diff=diff)
 
 
 # ---------------------------------------------------------------------------
@@ -834,13 +834,13 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
             "For an existing endpoint set target.api_endpoint.model_id/url with set_config_value; for NIM set deployment.image."
         )
     progress(0, 2, "inspecting checkpoint")
-    report = checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(path=request.checkpoint))
+    report = checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=request.checkpoint))
     progress(1, 2, "writing config")
     handle = report.hf_handle
     if framework == "trtllm" and handle and not request.cluster_checkpoint_path:
         raise ToolError(f"{request.checkpoint}: NEL's TensorRT-LLM deployment reads a local checkpoint_path only. Give the checkpoint's directory (or cluster_checkpoint_path).")
-    local_path = request.cluster_checkpoint_path or (None if handle else report.path)
-    served_name = request.served_model_name or handle or Path(report.path).name
+    local_path = request.cluster_checkpoint_path or (None if handle else report.checkpoint)
+    served_name = request.served_model_name or handle or Path(report.checkpoint).name
     flags = report.deployment_flags.get(framework)
     skip = NEL_COMMAND_FLAGS[framework]
     additions = [option for option in parse_extra_args(" ".join(shlex.quote(arg) for arg in flags.args)) if option[0] not in skip] if flags else []

@@ -98,7 +98,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     total = 7
 
     progress(0, total, "inspecting the checkpoint")
-    report = _call("inspect_checkpoint", {"path": request.model})
+    report = _call("inspect_checkpoint", {"checkpoint": request.model})
     quant = report.quantization
     quant_text = f"{quant.method or '?'} {quant.quant_algo or ''}".strip() if quant.detected else "none (unquantized)"
     steps.append(PlanStep(tool="inspect_checkpoint", summary=f"{report.architecture.architecture}, quantization {quant_text}"))
@@ -113,10 +113,10 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
             "deployment": request.deployment,
             "model_type": request.model_type,
             "benchmarks": [DEFAULT_BUNDLE[request.model_type]],
-            "output": str(config_path),
+            "config_path": str(config_path),
         },
     )
-    steps.append(PlanStep(tool="build_config", summary=f"wrote {built.path}"))
+    steps.append(PlanStep(tool="build_config", summary=f"wrote {built.config_path}"))
 
     def call_on_config(name: str, arguments: dict[str, Any]) -> BaseModel:
         try:
@@ -161,7 +161,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     progress(5, total, "validating")
     validation = call_on_config("validate_config", {"config_path": str(config_path)})
     problems = [
-        f"{p.severity} {p.path}: {p.message} Fix: {p.fix}" for p in validation.problems if p.rule not in LISTED_AS_MISSING
+        f"{p.severity} {p.key}: {p.message} Fix: {p.fix}" for p in validation.problems if p.rule not in LISTED_AS_MISSING
     ]
     steps.append(PlanStep(tool="validate_config", summary=f"{len(problems)} problem(s)"))
 

@@ -621,6 +621,7 @@ class SlurmQueueResult(BaseModel):
     host: str
     jobs: list[SlurmJob]
     total: int = Field(description="Jobs matching the filters, over all pages.")
+    offset: int
     next_offset: int | None = Field(description="Offset of the next page; null when this is the last page.")
     finished_source: Literal["sacct", "sacct -c"] | None = Field(description="Where finished jobs came from, when asked for.")
     notes: list[str]
@@ -690,7 +691,7 @@ def slurm_queue(request: SlurmQueueInput, progress: ProgressFn = no_progress) ->
     end = request.offset + len(page)
     progress(2, 2, "done")
     return SlurmQueueResult(
-        host=request.host, jobs=page, total=len(ordered), next_offset=end if end < len(ordered) else None,
+        host=request.host, jobs=page, total=len(ordered), offset=request.offset, next_offset=end if end < len(ordered) else None,
         finished_source=finished_source, notes=notes,
     )
 

@@ -373,7 +373,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
 
 
 class RunRef(StrictModel):
-    run: str = Field(description="Ledger record id (from a launch or list_runs) or NEL invocation id.")
+    record_id: str = Field(description="Ledger record id (from a launch or list_runs) or NEL invocation id.")
 
 
 class JobStatus(BaseModel):
@@ -563,7 +563,7 @@ def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatus
     to poll a launch. A walltime TIMEOUT with NEL's restart job queued is `resuming`, not failed; an unreachable
     cluster gives reachable=false and leaves the recorded status alone."""
     progress(0, 1, "asking the executor")
-    refreshed = _refresh(_record(request.run))
+    refreshed = _refresh(_record(request.record_id))
     record = refreshed.record
     progress(1, 1, record.status)
     return RunStatusOutput(record_id=record.id, kind=record.kind, invocation_id=record.invocation_id,
@@ -576,7 +576,7 @@ def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatus
 
 
 class RunLogsInput(StrictModel):
-    run: str = Field(description="Ledger record id or NEL invocation id.")
+    record_id: str = Field(description="Ledger record id or NEL invocation id.")
     lines: int = Field(50, ge=1, le=500, description="How many last lines of each log file to return.")
     job: str | None = Field(None, description="Only this NEL job id (<invocation>.<index>); default: every job.")
 
@@ -654,7 +654,7 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
     failure class (traceback, oom, killed, timeout, unauthorized, rate_limit, sandbox, container, judge, parse,
     scoring, exception) with its file and line number. Use it when run_status says failed, or to watch a canary.
     Works for local runs (files on this machine) and SLURM runs (read over ssh). Secret values are masked."""
-    record = _record(request.run)
+    record = _record(request.record_id)
     jobs = [job for job in _jobs(record) if request.job in (None, job["job_id"])]
     if not jobs:
         raise ToolError(f"job: {request.job} is not part of {record.invocation_id}. run_status lists its jobs.")
@@ -691,7 +691,7 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
     """Stop a canary or full run through NEL (docker stop / scancel), including a job that NEL's auto-resume has
     already moved to a restart job, and record it as killed. Use it when a run is wrong or stuck; it cannot be
     undone (resume_run starts it again from its scripts)."""
-    record = _record(request.run)
+    record = _record(request.record_id)
     if record.kind == "dry_run":
         raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
     progress(0, 2, "killing through NEL")
@@ -735,7 +735,7 @@ def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRun
     """Resume a stopped or failed run through NEL (re-runs its rendered scripts: `bash run.sh` locally, `sbatch
     run.sub` on SLURM), keeping the same invocation id. Use it after a kill or a transient failure; it does not
     pick up config edits (launch a new canary for those)."""
-    record = _record(request.run)
+    record = _record(request.record_id)
     if record.kind == "dry_run" or not record.invocation_id:
         raise ToolError(f"{record.id} never ran (a dry-run or a failed launch); use launch_canary instead.")
     progress(0, 1, "resuming through NEL")
@@ -772,6 +772,7 @@ class RunSummary(BaseModel):
 class ListRunsOutput(BaseModel):
     total: int = Field(description="Records matching the filters.")
     offset: int
+    next_offset: int | None = Field(description="Offset of the next page; null at the end.")
     runs: list[RunSummary]
 
 
@@ -782,7 +783,8 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
     kinds: list[ledger.RecordKind] = [request.kind] if request.kind else ["dry_run", "canary", "full_run"]
     page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)
     total = ledger.count(kinds=kinds, status=request.status)
-    return ListRunsOutput(total=total, offset=request.offset, runs=[
+    next_offset = request.offset + len(page) if request.offset + len(page) < total else None
+    return ListRunsOutput(total=total, offset=request.offset, next_offset=next_offset, runs=[
         RunSummary(record_id=record.id, kind=record.kind, status=record.status, invocation_id=record.invocation_id,
                    config_path=record.config_path, config_hash=record.config_hash, executor=record.executor,
                    host=record.host, created_at=record.created_at, updated_at=record.updated_at,

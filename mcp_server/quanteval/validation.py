@@ -29,7 +29,7 @@ Severity = Literal["error", "warning"]
 
 
 class Problem(BaseModel):
-    path: str = Field(description="Dotted path of the offending key (tasks by name), or the override / flag concerned.")
+    key: str = Field(description="Dotted path of the offending key (tasks by name), or the override / flag concerned.")
     severity: Severity = Field(description="error: NEL or the server will fail or silently do the wrong thing; warning: worth a look.")
     rule: str = Field(description="Short rule id, e.g. missing_value, unknown_key, unknown_task, wrong_framework_flag.")
     message: str
@@ -154,7 +154,7 @@ class _Context:
     _report_read: bool = False
 
     def add(self, path: str, severity: Severity, rule: str, message: str, fix: str) -> None:
-        self.problems.append(Problem(path=path, severity=severity, rule=rule, message=message, fix=fix))
+        self.problems.append(Problem(key=path, severity=severity, rule=rule, message=message, fix=fix))
 
     def section(self, name: str) -> dict:
         value = self.doc.get(name)
@@ -184,7 +184,7 @@ class _Context:
 @cache
 def _inspect_cached(path: str, mtime_ns: int) -> checkpoint.CheckpointReport | None:
     try:
-        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(path=path))
+        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=path))
     except ToolError:
         return None  # a broken checkpoint is inspect_checkpoint's to report, not a config problem
 
