@@ -24,6 +24,7 @@ Naming some fixtures rewrites only those and keeps the other manifest entries.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import shutil
 import struct
@@ -574,6 +575,14 @@ def build(scheme: Scheme, tokenizer) -> dict:
     return record
 
 
+KINDS = ("llama", "llama-wide", "qwen3", "qwen3moe", "mixtral")
+
+
+@functools.cache
+def parameter_count(kind: str) -> int:
+    return sum(p.numel() for p in make_model(kind).parameters())
+
+
 def write_manifest(fixtures: dict[str, dict]) -> None:
     manifest = {
         "about": "Checkpoints written by real quantizers on tiny random models (CPU), tensor bytes zeroed. "
@@ -582,6 +591,8 @@ def write_manifest(fixtures: dict[str, dict]) -> None:
         "models": {"llama/qwen3/qwen3moe/mixtral": DIMS, "llama-wide": WIDE,
                    "qwen3moe": "num_experts 4, top-2, moe_intermediate_size 64",
                    "mixtral": "num_local_experts 4, top-2"},
+        # parameters of each unquantized model: what a logical (unpacked, scales left out) count should give
+        "parameter_count": {kind: parameter_count(kind) for kind in KINDS},
         "fixtures": {name: fixtures[name] for name in sorted(fixtures)},
     }
     MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")

@@ -25,18 +25,21 @@ METHOD = {"nvidia-modelopt": "modelopt", "llmcompressor": "compressed-tensors", 
 METHOD_OVERRIDE = {"autoround-w4a16-gptq": "gptq"}
 
 # (fixture, fact) -> what inspect_checkpoint reports wrongly today.
-_LLMC = [
-    "fp8-dynamic", "fp8-static", "fp8-block", "kv-fp8", "w4a16-gptq", "w4a16-rtn", "w4a16-awq", "w8a8-int8", "w8a16",
-    "nvfp4", "nvfp4a16", "mxfp4", "w4afp8", "mixed-w8a8-w4a16", "fp8-dynamic-moe", "nvfp4-moe",
-]
 KNOWN_WRONG: dict[tuple[str, str], str] = {
     **{
-        (f"llmcompressor-{scheme}", "producer"): "producer is None: quantization_config.version (the compressed-tensors "
-        "version that wrote the format) is not read"
-        for scheme in _LLMC
+        (name, "producer"): "producer is None: quantization_config.version (the compressed-tensors version that wrote "
+        "the format) is not read"
+        for name in WRITTEN
+        if FIXTURES[name]["producer"] == "llmcompressor"
     },
     ("autoround-w4a16", "producer"): "producer is None: quantization_config.autoround_version is not read",
     ("autoround-w4a16-gptq", "producer"): "producer is None: quantization_config.autoround_version is not read",
+    ("bnb-int8", "logical_parameter_count"): "logical_parameter_count 91470, not 90432: bitsandbytes' per-row "
+    "scales (.SCB) and .weight_format tensors are counted as parameters",
+    ("llmcompressor-w8a16", "logical_parameter_count"): "logical_parameter_count None: int8 packed four to an int32 "
+    "(pack-quantized, weight_packed) is not unpacked, 8-bit packing is not known",
+    ("llmcompressor-mixed-w8a8-w4a16", "logical_parameter_count"): "logical_parameter_count None: config groups with "
+    "different weight bits (int8 attention, int4 MLP) leave weight_bits unset, so the int32-packed MLP is not unpacked",
     ("modelopt-fp8-pb-wo", "weight_bits"): "weight_bits None: ModelOpt writes quant_algo 'fp8_pb_wo' in lower case "
     "and the upper-case fact table misses it (expected 8)",
     ("modelopt-mxfp4", "weight_bits"): "weight_bits None: ModelOpt writes quant_algo 'mxfp4' in lower case and the "
@@ -54,9 +57,8 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
 
 
 def inspect(name: str) -> checkpoint.CheckpointReport:
-    # inspect_checkpoint's input is `checkpoint` after the vocabulary rename, `path` before it
-    field = "checkpoint" if "checkpoint" in checkpoint.InspectCheckpointInput.model_fields else "path"
-    return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput.model_validate({field: str(PRODUCERS / name)}))
+    request = checkpoint.InspectCheckpointInput.model_validate({"checkpoint": str(PRODUCERS / name)})
+    return checkpoint.inspect_checkpoint(request)
 
 
 def test_manifest_matches_the_folders():
@@ -100,7 +102,7 @@ def test_fixture_is_well_formed(name):
 
 def _facts(name: str) -> list[str]:
     intent = FIXTURES[name]["intent"]
-    facts = ["detected", "method", "kv_cache"]
+    facts = ["detected", "method", "kv_cache", "logical_parameter_count"]
     weights = intent["weights"] or {}
     if weights.get("bits"):
         facts.append("weight_bits")
@@ -145,6 +147,8 @@ def test_inspect_reports_what_the_producer_wrote(name, fact, reports):
         assert quant.weight_bits == intent["weights"]["bits"]
     elif fact == "group_size":
         assert quant.group_size == intent["weights"]["group_size"]
+    elif fact == "logical_parameter_count":  # the unquantized model's parameters, whatever the packing
+        assert reports[name].weights.logical_parameter_count == MANIFEST["parameter_count"][entry["model"]]
     elif fact == "producer":
         # llm-compressor's config carries the compressed-tensors version that wrote the format
         version = MANIFEST["versions"]["compressed-tensors"] if entry["producer"] == "llmcompressor" else entry["producer_version"]
