@@ -1,21 +1,25 @@
 """Write tests/data/producers/: checkpoints made by the real quantizers, tensor bytes zeroed.
 
-Each fixture is a tiny random model (Llama, Qwen3, Qwen3-MoE; hidden 64, 2 layers, vocab 128) quantized on CPU
-by ModelOpt, llm-compressor, auto-round or bitsandbytes, then saved by that producer's own export code. Only the
-files a loader reads for its decisions are kept: config.json, hf_quant_config.json, generation_config.json,
+Each fixture is a tiny random model (Llama, Qwen3, Qwen3-MoE, Mixtral; hidden 64, 2 layers, vocab 128; hidden 128
+where a scheme packs 128-wide groups or blocks) quantized on CPU by ModelOpt, llm-compressor, auto-round or
+bitsandbytes, then saved by that producer's own export code. Only the files a loader reads for its decisions are kept: config.json, hf_quant_config.json, generation_config.json,
 tokenizer files, model.safetensors.index.json and the safetensors files with their headers kept byte for byte
 (names, dtypes, shapes, offsets) and the data section replaced by zeros of the same length, so they stay valid
 safetensors and compress to nothing in git. tests/data/producers/manifest.json records, per fixture, the producer
 and its version, the recipe, what the producer was asked to write (weights, activations, KV cache, group size,
-ignored layers, MoE) and, for a scheme that cannot be written on CPU, the producer's error.
+ignored layers, MoE), each unquantized model's parameter count, and, for a scheme that cannot be written on CPU,
+the producer's error (ModelOpt NVFP4_AWQ_LITE and auto_quantize with NVFP4: "amax must be a CUDA tensor for dynamic
+block quantization"). One workaround is applied and recorded: llm-compressor's AWQ pins memory, which needs an
+accelerator, so pinning is skipped (see no_pinned_memory).
 
 The producers need torch and must not enter the project's venv, so they live in a venv of their own:
 
     python3 -m venv /work/producers-venv
     /work/producers-venv/bin/pip install torch==2.13.0          # the local CPU wheel; other pins pull CUDA builds
     /work/producers-venv/bin/pip install -c <(echo torch==2.13.0) \
-        nvidia-modelopt==0.47.0 llmcompressor==0.14.0.1 auto-round==0.15.1 bitsandbytes==0.50.2 safetensors
-    /work/producers-venv/bin/python examples/make_producer_checkpoints.py            # every scheme (minutes)
+        nvidia-modelopt==0.47.0 llmcompressor==0.14.0.1 compressed-tensors==0.19.0 auto-round==0.15.1 \
+        bitsandbytes==0.50.2 transformers==5.17.0 safetensors==0.8.0
+    /work/producers-venv/bin/python examples/make_producer_checkpoints.py    # every scheme, ~25 min on 2 busy cores
     /work/producers-venv/bin/python examples/make_producer_checkpoints.py modelopt-fp8 llmcompressor-nvfp4
 
 Naming some fixtures rewrites only those and keeps the other manifest entries.
@@ -607,11 +611,10 @@ def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     old = json.loads(MANIFEST.read_text()) if MANIFEST.exists() and wanted else {}
     fixtures = dict(old.get("fixtures", {}))
-    tokenizer = make_tokenizer()
     for scheme in SCHEMES:
         if wanted and scheme.name not in wanted:
             continue
-        record = build(scheme, tokenizer)
+        record = build(scheme, make_tokenizer())  # a fresh one: producers set truncation on the one they get
         fixtures[scheme.name] = record
         write_manifest(fixtures)  # after every scheme, so an interrupted run keeps what it made
         print(f"{scheme.name}: {record['status']} {record.get('error', '')[:200]}", flush=True)
