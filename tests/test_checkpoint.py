@@ -473,7 +473,7 @@ def test_cli_inspect_prints_the_summary_and_json(cli_env: dict[str, str]):
 
 def test_cli_bad_input_is_a_one_line_error(tmp_path: Path, cli_env: dict[str, str]):
     result = subprocess.run(
-        ["quanteval", "call", "inspect_checkpoint", "--json", json.dumps({"path": str(tmp_path / "missing")})],
+        ["quanteval", "call", "inspect_checkpoint", "--json", json.dumps({"checkpoint": str(tmp_path / "missing")})],
         capture_output=True,
         text=True,
         env=cli_env,
