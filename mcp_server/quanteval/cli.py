@@ -31,7 +31,6 @@ def run_tool(name: str, arguments: dict[str, Any]) -> BaseModel:
 
     try:
         spec = registry.get_tool(name)
-        request = registry.parse_arguments(spec, arguments)
     except ToolError as exc:
         raise UsageError(str(exc)) from None
 
@@ -40,7 +39,10 @@ def run_tool(name: str, arguments: dict[str, Any]) -> BaseModel:
             of = f"/{total:g}" if total else ""
             print(f"[{name}] {done:g}{of} {message or ''}".rstrip(), file=sys.stderr)
 
-    return registry.call_tool(spec, request, progress)
+    try:
+        return registry.run(spec, arguments, progress)
+    except registry.ArgumentsError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def emit_json(data: Any) -> None:
@@ -97,9 +99,12 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     arguments = _load_json_arguments(args.json)
+    from quanteval import registry
+
     with stdout_to_stderr():
         result = run_tool(args.tool, arguments)
-    emit_json(result.model_dump(mode="json"))
+    data, _ = registry.result_json(registry.get_tool(args.tool), result)
+    emit_json(data)
     return EXIT_OK
 
 

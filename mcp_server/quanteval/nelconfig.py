@@ -1,7 +1,7 @@
 """NEL config files: build from NEL's templates, round-trip edits, missing values, checkpoint facts.
 
 Edits go through ruamel.yaml's round-trip mode so comments and key order survive, and
-through `edit_config`, which holds an exclusive lock on a sidecar file while it reads,
+through `edit_config`, which holds an exclusive lock on the config's directory while it reads,
 changes and atomically replaces the config — two writers never lose each other's update.
 
 Dotted paths address nested keys; a list element is addressed by index
@@ -81,7 +81,32 @@ def parse_config_text(text: str, source: str) -> CommentedMap:
         return CommentedMap()
     if not isinstance(doc, CommentedMap):
         raise ToolError(f"{source}: the top level must be a mapping (keys like `execution:`, `evaluation:`), not {_kind(doc)}.")
+    _check_expansion(doc, source)
     return doc
+
+
+MAX_EXPANDED_NODES = 50_000  # a NEL config has a few hundred; nested YAML aliases can expand to billions
+
+
+def _check_expansion(doc: Any, source: str) -> None:
+    """Refuse a document whose aliases expand past MAX_EXPANDED_NODES (a "billion laughs" file).
+
+    ruamel shares aliased nodes, so loading is cheap; reading them out (JSON, diffs) is not.
+    The walk stops at the bound, so it costs at most MAX_EXPANDED_NODES steps.
+    """
+    stack, seen = [doc], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_EXPANDED_NODES:
+            raise ToolError(
+                f"{source}: the YAML expands to more than {MAX_EXPANDED_NODES} values (nested aliases `*name`?). "
+                "Replace the aliases with the values they stand for."
+            )
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def dump_config(doc: CommentedMap, layout: Layout = NEL_LAYOUT) -> str:
@@ -90,28 +115,46 @@ def dump_config(doc: CommentedMap, layout: Layout = NEL_LAYOUT) -> str:
     return buffer.getvalue()
 
 
+MAX_CONFIG_BYTES = 1_000_000  # NEL configs are a few KB; anything this large is the wrong file
+
+
 def _read_text(path: Path) -> str:
     if not path.is_file():
         raise ToolError(f"{path}: no such config file. Create one with build_config, or check the path.")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ToolError(f"{path}: {path.stat().st_size} bytes, too large for a NEL config (limit {MAX_CONFIG_BYTES}). Check the path.")
     return path.read_text(encoding="utf-8")
+
+
+NEL_SECTIONS = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
+
+
+def _nel_config(doc: CommentedMap, path: Path) -> CommentedMap:
+    """Refuse YAML that is not a NEL run config, so config tools never read or rewrite other files."""
+    if path.suffix not in (".yaml", ".yml") or (doc and not NEL_SECTIONS & set(doc)):
+        raise ToolError(
+            f"{path}: not a NEL config (a .yaml/.yml file with sections such as execution:, deployment:, evaluation:). "
+            "Create one with build_config."
+        )
+    return doc
 
 
 def load_config(path: str | Path) -> CommentedMap:
     """Load a NEL config for reading or round-trip editing (comments and order kept)."""
     path = Path(path).expanduser()
-    return parse_config_text(_read_text(path), str(path))
+    return _nel_config(parse_config_text(_read_text(path), str(path)), path)
 
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    # A sidecar lock file: the config itself is replaced by rename, so a lock on its inode would not hold.
-    lock_path = path.with_name(f".{path.name}.lock")
-    with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
+    # Lock the directory, not the file: the config is replaced by rename, so a lock on its inode would
+    # not hold, and a sidecar lock file would be left behind beside the user's config.
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -144,7 +187,7 @@ def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None]) -> str
     path = Path(path).expanduser()
     with _locked(path):
         before = _read_text(path)
-        doc = parse_config_text(before, str(path))
+        doc = _nel_config(parse_config_text(before, str(path)), path)
         mutate(doc)
         after = dump_config(doc, guess_layout(before))
         if after == before:

@@ -13,6 +13,7 @@ Registering it here with truthful annotations is all it takes to appear everywhe
 from __future__ import annotations
 
 import inspect
+import json
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, remote, results, runs, tasks, validation
+from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, paths, remote, results, runs, tasks, validation
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
@@ -55,11 +56,32 @@ class ToolSpec:
         return inspect.getdoc(self.fn) or ""
 
     @property
+    def toolset(self) -> str:
+        module = self.fn.__module__.rsplit(".", 1)[-1]
+        return TOOLSET_OF_MODULE.get(module, module)
+
+    @property
     def wants_progress(self) -> bool:
         return "progress" in inspect.signature(self.fn).parameters
 
     def __hash__(self) -> int:
         return hash(self.name)
+
+
+# Toolsets a client can load alone (`quanteval-mcp --toolsets config,runs`), by the module a tool lives in.
+TOOLSET_OF_MODULE = {
+    "environment": "setup",
+    "checkpoint": "setup",
+    "nelconfig": "config",
+    "validation": "config",
+    "tasks": "config",
+    "runs": "runs",
+    "results": "results",
+    "compare": "results",
+    "deploy": "deploy",
+    "remote": "cluster",
+    "evalserver": "evalserver",
+}
 
 
 def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
@@ -90,7 +112,8 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(runs.dry_run, read_only=False),
     ToolSpec(runs.launch_canary, read_only=False, open_world=True),
     ToolSpec(runs.launch_full_run, read_only=False, open_world=True),
-    ToolSpec(runs.run_status, read_only=False, idempotent=True, open_world=True),
+    # Polling reads, as the user sees it (it may refresh the ledger's record of the run): read-only.
+    ToolSpec(runs.run_status, read_only=True, idempotent=True, open_world=True),
     ToolSpec(runs.run_logs, read_only=True, idempotent=True, open_world=True),
     ToolSpec(runs.kill_run, read_only=False, destructive=True, idempotent=True, open_world=True),
     ToolSpec(runs.resume_run, read_only=False, open_world=True),
@@ -104,18 +127,34 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec(compare.compare_results, read_only=False, open_world=True),
     ToolSpec(deploy.plan_deployment, read_only=True, idempotent=True),
     ToolSpec(deploy.launch_deployment, read_only=False, open_world=True),
-    ToolSpec(deploy.deployment_status, read_only=False, idempotent=True, open_world=True),
+    ToolSpec(deploy.deployment_status, read_only=True, idempotent=True, open_world=True),
     ToolSpec(deploy.stop_deployment, read_only=False, destructive=True, idempotent=True, open_world=True),
 )
 
 
-def get_tool(name: str) -> ToolSpec:
+TOOLSETS: tuple[str, ...] = tuple(dict.fromkeys(spec.toolset for spec in TOOLS.values()))
+MAX_RESULT_BYTES = 80_000  # ~20k tokens: the most one answer may put in a model's context
+
+
+def select(toolsets: list[str] | None = None, read_only: bool = False) -> dict[str, ToolSpec]:
+    """The tools a server offers: only these toolsets (None: all), only read-only tools if asked."""
+    unknown = sorted(set(toolsets or ()) - set(TOOLSETS))
+    if unknown:
+        raise ToolError(f"Unknown toolset(s) {', '.join(unknown)}; choose from {', '.join(TOOLSETS)}.")
+    return {
+        name: spec
+        for name, spec in TOOLS.items()
+        if (toolsets is None or spec.toolset in toolsets) and (spec.read_only or not read_only)
+    }
+
+
+def get_tool(name: str, tools: dict[str, ToolSpec] = TOOLS) -> ToolSpec:
     try:
-        return TOOLS[name]
+        return tools[name]
     except KeyError:
         import difflib
 
-        close = difflib.get_close_matches(name, TOOLS, n=3)
+        close = difflib.get_close_matches(name, tools, n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else " Run `quanteval tools` to list them."
         raise ToolError(f"Unknown tool '{name}'.{hint}") from None
 
@@ -124,7 +163,24 @@ class ArgumentsError(ToolError):
     """The arguments do not match the tool's input schema (a usage error)."""
 
 
+def _check_keys(spec: ToolSpec, arguments: dict[str, Any]) -> None:
+    """Name an unknown key and the closest valid one (MCP SDKs drop unknown keys silently otherwise)."""
+    import difflib
+
+    valid = list(spec.input_model.model_fields)
+    for key in arguments:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ArgumentsError(f"{spec.name}: unknown argument '{key}'.{hint} Valid arguments: {', '.join(valid) or 'none'}.")
+    for key, value in arguments.items():
+        if isinstance(value, str) and "\0" in value:
+            raise ArgumentsError(f"{spec.name}: argument '{key}' contains a NUL byte.")
+
+
 def parse_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
+    """Validate the arguments exactly as given (absent keys stay absent, so "was it given" checks work)."""
+    _check_keys(spec, arguments)
     try:
         return spec.input_model.model_validate(arguments)
     except ValidationError as exc:
@@ -139,3 +195,32 @@ def call_tool(spec: ToolSpec, request: BaseModel, progress: ProgressFn = no_prog
     if spec.wants_progress:
         return spec.fn(request, progress=progress)
     return spec.fn(request)
+
+
+def run(spec: ToolSpec, arguments: dict[str, Any], progress: ProgressFn = no_progress, policy: paths.Policy = paths.ANY_PATH) -> BaseModel:
+    """Validate the arguments, check their paths, run the tool.
+
+    The CLI and the MCP server both call this, so a failure reads the same on either face.
+    Raises ArgumentsError (bad usage) or ToolError (a failure the person can act on).
+    """
+    request = parse_arguments(spec, arguments)
+    paths.check_arguments(spec.name, arguments, policy)
+    return call_tool(spec, request, progress)
+
+
+def result_json(spec: ToolSpec, result: BaseModel) -> tuple[dict[str, Any], str]:
+    """The result as JSON data and as compact text, refused past MAX_RESULT_BYTES."""
+    data = result.model_dump(mode="json")
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode())
+    if size > MAX_RESULT_BYTES:
+        raise ToolError(
+            f"{spec.name}: answer truncated: it is {size} bytes, over the {MAX_RESULT_BYTES}-byte limit. "
+            "Narrow the request: a deeper key, fewer lines, a smaller limit or one task."
+        )
+    return data, text
+
+
+def internal_error(spec_name: str, exc: BaseException) -> str:
+    """What a client learns about a bug: its type, never its message or traceback (they may hold secrets)."""
+    return f"{spec_name}: internal error ({type(exc).__name__}); the server log has details (QUANTEVAL_DEBUG=1 on the CLI)."

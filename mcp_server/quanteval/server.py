@@ -1,84 +1,177 @@
-"""`quanteval-mcp`: the MCP server, generated from the tool registry. Wiring only."""
+"""`quanteval-mcp`: the MCP server, generated from the tool registry. Wiring only.
+
+Tools are served from the registry directly, not through the SDK's function-signature
+machinery: the SDK fills defaults and drops unknown keys before a function tool sees its
+arguments, and reports an exception raised while parsing them as a bare "Error executing
+tool X". Here the raw arguments reach `registry.run`, the same path the CLI takes, so a
+misspelled key, a "was this given" check and every error message behave as on the CLI.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import logging
+import os
 import sys
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError as McpToolError
-from mcp_types import ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, TextContent, ToolAnnotations
+from mcp_types import Tool as MCPTool
 
-from quanteval import __version__, registry
+from quanteval import __version__, paths, registry
 from quanteval.models import ToolError
 
 log = logging.getLogger("quanteval.server")
 
 INSTRUCTIONS = (
-    "quanteval evaluates the accuracy of (quantized) LLM checkpoints with NeMo Evaluator Launcher. "
-    "Typical order: check_environment, inspect_checkpoint, build_config, apply_checkpoint, add_tasks, "
-    "list_missing_values, validate_config, dry_run, launch_canary, validate_run, launch_full_run, "
-    "extract_scores, compare_results."
+    "Evaluate (quantized) LLM checkpoints with NeMo Evaluator Launcher. Usual order: check_environment, "
+    "inspect_checkpoint, build_config, apply_checkpoint, add_tasks, list_missing_values, validate_config, dry_run, "
+    "launch_canary, validate_run, launch_full_run, extract_scores, compare_results. Paths are absolute."
 )
 
 
-def _handler(spec: registry.ToolSpec):
-    """An async function whose signature is the input model's fields, so MCP clients see flat arguments."""
+def compact_schema(node: Any) -> Any:
+    """A pydantic JSON schema without what a model does not need: titles, null defaults, anyOf-with-null.
 
-    async def handler(ctx: Context, **arguments: Any) -> Any:
-        request = registry.parse_arguments(spec, arguments)
+    Same meaning, about half the bytes: `{"anyOf": [{"type": "string"}, {"type": "null"}]}` becomes
+    `{"type": ["string", "null"]}`; pydantic's generated "title" of every field repeats its name.
+    """
+    if isinstance(node, list):
+        return [compact_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key == "default" and value is None:
+            continue
+        if key in ("properties", "$defs"):  # keys here are names, not schema keywords
+            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = compact_schema(value)
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        other = next(option for option in options if option != {"type": "null"})
+        if isinstance(other.get("type"), str):
+            del out["anyOf"]
+            out = {**other, **out, "type": [other["type"], "null"]}
+    return out
 
-        def progress(done: float, total: float | None = None, message: str | None = None) -> None:
-            try:
-                anyio.from_thread.run(ctx.report_progress, done, total, message)
-            except Exception:  # progress is best effort; a client that left must not fail the tool
-                log.debug("progress report dropped", exc_info=True)
 
+def _flat_input_schema(model: type) -> dict[str, Any]:
+    """The input schema with nested models as plain objects (their fields are checked server-side).
+
+    A nested model is another tool's output passed back as is (launch_deployment's plan): spelling out its
+    whole schema in tools/list costs kilobytes and tells the model nothing it can act on. Enums stay inline.
+    """
+    schema = model.model_json_schema()  # type: ignore[attr-defined]
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            target = defs[node["$ref"].rsplit("/", 1)[-1]]
+            kept = {key: value for key, value in node.items() if key != "$ref"}
+            return {**({"enum": target["enum"]} if "enum" in target else {"type": "object"}), **kept}
+        return {key: inline(value) for key, value in node.items()}
+
+    return compact_schema(inline(schema))
+
+
+def _listing(spec: registry.ToolSpec, output_schemas: bool) -> MCPTool:
+    schema = _flat_input_schema(spec.input_model)
+    schema["additionalProperties"] = False  # unknown keys are errors (checked in registry.parse_arguments)
+    return MCPTool(
+        name=spec.name,
+        description=spec.description,
+        input_schema=schema,
+        output_schema=compact_schema(spec.output_model.model_json_schema()) if output_schemas else None,
+        annotations=ToolAnnotations(
+            read_only_hint=spec.read_only,
+            destructive_hint=spec.destructive,
+            idempotent_hint=spec.idempotent,
+            open_world_hint=spec.open_world,
+        ),
+    )
+
+
+def _error(message: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
+class QuantevalServer(MCPServer):
+    def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = False) -> None:
+        super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS)
+        self._specs = tools
+        self._policy = policy
+        self._output_schemas = output_schemas
+
+    @functools.cached_property
+    def _tool_listing(self) -> list[MCPTool]:
+        return [_listing(spec, self._output_schemas) for spec in self._specs.values()]
+
+    async def list_tools(self) -> list[MCPTool]:
+        return self._tool_listing
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
         try:
-            return await anyio.to_thread.run_sync(
-                functools.partial(registry.call_tool, spec, request, progress), abandon_on_cancel=True
+            spec = registry.get_tool(name, self._specs)
+            result = await anyio.to_thread.run_sync(
+                functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
+                abandon_on_cancel=True,
             )
+            data, text = registry.result_json(spec, result)
         except ToolError as exc:
-            raise McpToolError(str(exc)) from None
+            log.info("tool %s failed: %s", name, exc)
+            return _error(str(exc))
+        except Exception as exc:  # a bug: the client learns its type, the log gets the traceback
+            log.exception("tool %s raised", name)
+            return _error(registry.internal_error(name, exc))
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
 
-    params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
-    annotations: dict[str, Any] = {"ctx": Context, "return": spec.output_model}
-    for name, field in spec.input_model.model_fields.items():
-        annotation = Annotated[field.annotation, field]
-        # a default_factory stays inside the FieldInfo (pydantic refuses it next to a plain default)
-        plain_default = not field.is_required() and field.default_factory is None
-        default = field.default if plain_default else inspect.Parameter.empty
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
-        annotations[name] = annotation
-    handler.__signature__ = inspect.Signature(params, return_annotation=spec.output_model)  # type: ignore[attr-defined]
-    handler.__annotations__ = annotations
-    handler.__name__ = spec.name
-    return handler
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context | None = None
+    ) -> GetPromptResult:
+        # The SDK reports these as a JSON-RPC error with code 0; they are invalid params.
+        prompt = self._prompt_manager.get_prompt(name)
+        if prompt is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown prompt '{name}'. prompts/list names them.")
+        valid = [argument.name for argument in prompt.arguments or []]
+        unknown = sorted(set(arguments or {}) - set(valid))
+        if unknown:
+            raise MCPError(INVALID_PARAMS, f"Prompt {name}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(valid)}.")
+        return await super().get_prompt(name, arguments, context)  # type: ignore[return-value]
 
 
-def build_server() -> MCPServer:
-    server = MCPServer(name="quanteval", version=__version__, instructions=INSTRUCTIONS)
-    for spec in registry.TOOLS.values():
-        server.add_tool(
-            _handler(spec),
-            name=spec.name,
-            description=spec.description,
-            structured_output=True,
-            annotations=ToolAnnotations(
-                title=spec.name.replace("_", " "),
-                read_only_hint=spec.read_only,
-                destructive_hint=spec.destructive,
-                idempotent_hint=spec.idempotent,
-                open_world_hint=spec.open_world,
-            ),
-        )
+def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        if ctx is None:
+            return
+        try:
+            anyio.from_thread.run(ctx.report_progress, done, total, message)
+        except Exception:  # progress is best effort; a client that left must not fail the tool
+            log.debug("progress report dropped", exc_info=True)
+
+    return progress
+
+
+def build_server(
+    toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = False
+) -> MCPServer:
+    """The server: relative paths refused (a client's paths mean nothing in the server's working directory)."""
+    policy = paths.Policy(root=root, absolute_only=True)
+    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas)
     _add_extras(server)
     return server
 
@@ -92,15 +185,43 @@ def _add_extras(server: MCPServer) -> None:
     skillpack.register_mcp(server)
 
 
+def _root(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path | None:
+    """--root, checked; over HTTP (any local process may connect) the working directory when not given."""
+    root = Path(args.root).expanduser() if args.root else (Path.cwd() if args.http else None)
+    if root is not None and not root.is_dir():
+        parser.error(f"--root {root}: not a directory")
+    return root
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="quanteval-mcp", description="quanteval MCP server (stdio by default).")
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (with --http; default 8765)")
+    parser.add_argument(
+        "--root",
+        help="workspace root: every file the tools read or write must lie inside it "
+        "(default: no restriction over stdio, the working directory over --http)",
+    )
+    parser.add_argument(
+        "--toolsets",
+        help=f"comma-separated toolsets to serve (default all): {', '.join(registry.TOOLSETS)}",
+    )
+    parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
+    parser.add_argument(
+        "--output-schemas", action="store_true", help="list each tool's output schema too (larger tools/list)"
+    )
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("mcp").setLevel(args.log_level)  # the SDK logs every tool error at INFO otherwise
-    server = build_server()
+    root = _root(args, parser)
+    if root is not None:
+        os.chdir(root)  # anything a tool still resolves relative to the working directory lands inside the root
+    toolsets = [name.strip() for name in args.toolsets.split(",") if name.strip()] if args.toolsets else None
+    try:
+        server = build_server(toolsets, args.read_only, root, args.output_schemas)
+    except ToolError as exc:
+        parser.error(str(exc))
     if args.http:
         server.run("streamable-http", host="127.0.0.1", port=args.port)
     else:

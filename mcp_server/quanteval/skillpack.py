@@ -198,7 +198,7 @@ def _mime_type(pack_path: str) -> str:
     if pack_path.endswith(".md"):
         return "text/markdown"
     if pack_path.endswith((".yaml", ".yml")):
-        return "application/yaml"
+        return "text/yaml"  # a text type: MCP clients show it as text (application/yaml is served as a base64 blob)
     return "text/plain"
 
 
@@ -242,6 +242,7 @@ def register_mcp(server: MCPServer) -> None:
                 name=pack_path,
                 description=_description(root, pack_path),
                 mime_type=_mime_type(pack_path),
+                encoding="utf-8",  # every pack file is text
                 path=root / pack_path,
             )
         )

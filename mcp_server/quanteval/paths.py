@@ -1,0 +1,96 @@
+"""The one check every local path a tool is given passes before the tool runs.
+
+Tools name files by the vocabulary's field names (`config_path`, `checkpoint`, `run`, ...);
+`PATH_FIELDS` says which fields hold local paths and what they may be. The MCP server
+checks with its policy (relative paths refused; `quanteval-mcp --root DIR` confines every
+path to DIR), the CLI with ANY_PATH (relative to the shell's directory). Same messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from quanteval.models import ToolError
+
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+
+Kind = Literal["file", "dir", "checkpoint", "run", "new_yaml"]
+
+# Input fields that name local files or directories, and what each holds.
+PATH_FIELDS: dict[str, Kind] = {
+    "config_path": "file",  # an existing NEL config (build_config's is a new one: see NEW_YAML)
+    "checkpoint": "checkpoint",  # a directory, or a Hugging Face handle in the local cache
+    "output_dir": "dir",
+    "output_root": "dir",
+    "run": "run",  # a results directory, host:path, or a record/invocation id
+    "baseline": "run",
+    "candidate": "run",
+}
+# (tool, field) pairs naming a config file the tool creates.
+NEW_YAML = {("build_config", "config_path"), ("build_config", "output")}
+
+_HF_HANDLE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HOST_PATH = re.compile(r"^[\w.@-]+:")
+
+
+@dataclass(frozen=True)
+class Policy:
+    root: Path | None = None  # every local path must resolve inside it
+    absolute_only: bool = False  # refuse relative paths (a server's working directory means nothing to its client)
+
+    def __post_init__(self) -> None:
+        if self.root is not None:
+            object.__setattr__(self, "root", self.root.expanduser().resolve())
+
+
+ANY_PATH = Policy()  # the CLI's: paths relative to the shell's directory, anywhere
+
+
+def check_arguments(tool: str, arguments: dict[str, Any], policy: Policy = ANY_PATH) -> None:
+    """Raise ToolError if any path-like argument breaks the policy or cannot be a path at all."""
+    for field, value in arguments.items():
+        kind: Kind | None = "new_yaml" if (tool, field) in NEW_YAML else PATH_FIELDS.get(field)
+        if kind is None or not isinstance(value, str) or not _is_local(kind, value):
+            continue
+        path = local_path(value, field, policy)
+        if kind == "new_yaml":
+            _check_new_yaml(path, field)
+
+
+def _is_local(kind: Kind, value: str) -> bool:
+    if kind == "checkpoint" and _HF_HANDLE.match(value):
+        return False  # a handle, read from the Hugging Face cache
+    if kind == "run":
+        return "/" in value and not _HOST_PATH.match(value)  # otherwise host:path or a record/invocation id
+    return True
+
+
+def local_path(value: str, field: str, policy: Policy = ANY_PATH) -> Path:
+    """The path a tool will use for `value`, checked against the policy."""
+    if "\0" in value:
+        raise ToolError(f"{field}: contains a NUL byte; give a plain file path.")
+    if len(value) > MAX_PATH_CHARS:
+        raise ToolError(f"{field}: {len(value)} characters, longer than any path ({MAX_PATH_CHARS}).")
+    if not value.strip():
+        raise ToolError(f"{field}: empty; give a path.")
+    path = Path(value).expanduser()
+    if policy.absolute_only and not path.is_absolute():
+        where = f" (inside {policy.root})" if policy.root else ""
+        raise ToolError(f"{field}: '{value}' is relative; give an absolute path{where}. The server's working directory is not yours.")
+    if policy.root is not None:
+        resolved = path.resolve()
+        if not resolved.is_relative_to(policy.root):
+            raise ToolError(f"{field}: {resolved} is outside the workspace root {policy.root} this server was started with (--root).")
+    return path
+
+
+def _check_new_yaml(path: Path, field: str) -> None:
+    if path.suffix not in (".yaml", ".yml"):
+        raise ToolError(f"{field}: {path} must name a .yaml or .yml file, e.g. {path.with_suffix('.yaml')}.")
+    if path.is_dir():
+        raise ToolError(f"{field}: {path} is a directory; name a .yaml file inside it.")
+    if not path.parent.is_dir():
+        raise ToolError(f"{field}: directory {path.parent} does not exist. Create it first or choose another path.")

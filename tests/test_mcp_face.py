@@ -1,0 +1,285 @@
+"""The MCP face behaves like the CLI, is safe to leave running, and stays small.
+
+Every check runs through a real MCP client session: `mcp.Client(server)` in-process, or a
+`quanteval-mcp` subprocess over stdio as an IDE spawns it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+from quanteval import registry, skillpack
+from quanteval.server import build_server
+
+NEL_CONFIG = """\
+# a NEL run config
+execution:
+  output_dir: ???
+evaluation:
+  tasks:
+    - name: ns_gpqa
+"""
+
+
+def call(name: str, arguments: dict, server=None):
+    async def go():
+        async with Client(server or build_server()) as client:
+            return await client.call_tool(name, arguments)
+
+    return anyio.run(go)
+
+
+def cli(cli_env, name: str, arguments: dict, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["quanteval", "call", name, "--json", json.dumps(arguments)], capture_output=True, text=True,
+                          env=cli_env, cwd=cwd, timeout=120)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "eval.yaml"
+    path.write_text(NEL_CONFIG)
+    return path
+
+
+# ---------------------------------------------------------------- errors read the same as on the CLI
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        # a bundle that does not fit the model type (a model validator: it failed outside the SDK handler's try)
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["agentic"], "output": "/tmp/x.yaml"},
+        # not a YAML file name
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/tmp/qe-no-suffix"},
+        # a NUL byte and a 100k-character path
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/tmp/a\0b.yaml"},
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/" + "a" * 100_000 + ".yaml"},
+        # parent directory missing
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/nonexistent-dir/eval.yaml"},
+    ],
+)
+def test_argument_errors_carry_the_cli_message_over_mcp(cli_env, arguments):
+    result = call("build_config", arguments)
+    over_cli = cli(cli_env, "build_config", arguments)
+    assert result.is_error
+    text = result.content[0].text
+    assert "Error executing tool" not in text and "internal error" not in text
+    assert over_cli.returncode in (1, 2)
+    assert over_cli.stderr.strip() == f"quanteval: {text}"
+
+
+def test_unknown_argument_is_an_error_naming_the_closest_key_and_writes_nothing(cli_env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    arguments = {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"],
+                 "output_path": str(tmp_path / "c.yaml")}
+    result = call("build_config", arguments)
+    assert result.is_error
+    assert "unknown argument 'output_path'" in result.content[0].text
+    assert "Did you mean 'output'" in result.content[0].text
+    assert list(tmp_path.iterdir()) == []
+    assert cli(cli_env, "build_config", arguments, cwd=tmp_path).stderr.strip() == f"quanteval: {result.content[0].text}"
+
+
+def test_every_input_schema_forbids_unknown_keys():
+    async def go():
+        async with Client(build_server()) as client:
+            return (await client.list_tools()).tools
+
+    for tool in anyio.run(go):
+        assert tool.input_schema.get("additionalProperties") is False, tool.name
+
+
+def test_set_config_value_with_yaml_value_works_over_mcp(config):
+    result = call("set_config_value", {"config_path": str(config), "path": "execution.extra", "yaml_value": "[a, {b: 1}]"})
+    assert not result.is_error, result.content[0].text
+    read = call("get_config_value", {"config_path": str(config), "path": "execution.extra"})
+    assert read.structured_content["value"] == ["a", {"b": 1}]
+    # giving both is still refused, with the reason
+    both = call("set_config_value", {"config_path": str(config), "path": "execution.extra", "value": 1, "yaml_value": "2"})
+    assert both.is_error and "either value or yaml_value" in both.content[0].text
+
+
+def test_edits_leave_no_lock_files_beside_the_config(config):
+    call("set_config_value", {"config_path": str(config), "path": "execution.output_dir", "value": "/results"})
+    call("delete_config_value", {"config_path": str(config), "path": "execution.output_dir"})
+    assert sorted(p.name for p in config.parent.iterdir()) == ["eval.yaml"]
+
+
+def test_internal_errors_name_only_their_type(monkeypatch):
+    spec = registry.TOOLS["list_runs"]
+
+    def list_runs(request):
+        raise RuntimeError("secret-token-123")
+
+    list_runs.__annotations__ = {"request": spec.input_model, "return": spec.output_model}
+    monkeypatch.setitem(registry.TOOLS, "list_runs", registry.ToolSpec(list_runs, read_only=True))
+    result = call("list_runs", {})
+    assert result.is_error
+    assert "internal error (RuntimeError)" in result.content[0].text
+    assert "secret-token-123" not in result.content[0].text
+
+
+# ---------------------------------------------------------------- paths
+
+
+def test_relative_paths_are_refused_over_mcp(config, monkeypatch):
+    monkeypatch.chdir(config.parent)
+    result = call("get_config_value", {"config_path": "eval.yaml", "path": "execution"})
+    assert result.is_error and "relative; give an absolute path" in result.content[0].text
+
+
+@pytest.mark.parametrize("output", ["{tmp}/out", "{tmp}"])
+def test_build_config_output_must_be_a_yaml_file(tmp_path, output):
+    target = output.format(tmp=tmp_path)
+    result = call("build_config", {"execution": "local", "deployment": "vllm", "model_type": "base",
+                                   "benchmarks": ["coding"], "output": target})
+    assert result.is_error and ".yaml" in result.content[0].text
+    assert list(tmp_path.iterdir()) == []  # no directory made, no config written into one
+
+
+def test_config_tools_refuse_files_that_are_not_nel_configs(tmp_path):
+    other = tmp_path / "compose.yaml"
+    other.write_text("services:\n  web:\n    image: nginx\n")
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("execution:\n  output_dir: x\n")
+    for path in (other, text_file):
+        result = call("set_config_value", {"config_path": str(path), "path": "execution.x", "value": 1})
+        assert result.is_error and "not a NEL config" in result.content[0].text
+    assert other.read_text() == "services:\n  web:\n    image: nginx\n"
+
+
+def test_root_confines_every_path_over_stdio(cli_env, tmp_path, config):
+    inside = tmp_path / "workspace"
+    inside.mkdir()
+    (inside / "eval.yaml").write_text(NEL_CONFIG)
+
+    async def go():
+        params = StdioServerParameters(command="quanteval-mcp", args=["--root", str(inside)], env=cli_env)
+        async with Client(params) as client:
+            outside = await client.call_tool("get_config_value", {"config_path": str(config), "path": "execution"})
+            escape = await client.call_tool("get_config_value", {"config_path": f"{inside}/../eval.yaml", "path": "execution"})
+            allowed = await client.call_tool("get_config_value", {"config_path": str(inside / "eval.yaml"), "path": "execution"})
+            build = await client.call_tool("compare_results", {"baseline": "/etc/x/y", "candidate": str(inside / "c")})
+            return outside, escape, allowed, build
+
+    outside, escape, allowed, build = anyio.run(go)
+    for refused in (outside, escape, build):
+        assert refused.is_error and "outside the workspace root" in refused.content[0].text
+    assert not allowed.is_error
+    assert allowed.structured_content["value"] == {"output_dir": "???"}
+
+
+# ---------------------------------------------------------------- bounded answers
+
+
+def test_yaml_alias_bomb_is_refused(tmp_path):
+    lines = ["execution:", "  a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert bomb.stat().st_size < 1000
+    result = call("get_config_value", {"config_path": str(bomb), "path": "execution"})
+    assert result.is_error and "aliases" in result.content[0].text
+
+
+def test_an_oversized_answer_says_to_narrow_the_request(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("execution:\n  blob: " + "x" * 100_000 + "\n")
+    result = call("get_config_value", {"config_path": str(big), "path": "execution"})
+    assert result.is_error and "truncated" in result.content[0].text and "Narrow" in result.content[0].text
+    assert len(result.content[0].text) < 1000
+
+
+def test_tool_results_carry_compact_json_equal_to_structured_content():
+    result = call("check_environment", {"probe_gpus": False})
+    text = result.content[0].text
+    assert json.loads(text) == result.structured_content
+    assert text == json.dumps(result.structured_content, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_structured_content_matches_output_schemas_when_listed(repo):
+    """With --output-schemas the client validates structured content against each tool's schema."""
+    server = build_server(output_schemas=True)
+    checkpoint = str(repo / "examples" / "checkpoints" / "llama-tiny-fp8")
+
+    async def go():
+        async with Client(server) as client:
+            tools = (await client.list_tools()).tools
+            assert all(tool.output_schema for tool in tools)
+            return [await client.call_tool("check_environment", {"probe_gpus": False}),
+                    await client.call_tool("inspect_checkpoint", {"path": checkpoint})]
+
+    assert not any(result.is_error for result in anyio.run(go))
+
+
+# ---------------------------------------------------------------- resources, prompts, annotations
+
+
+def test_example_config_resource_is_served_as_text():
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.read_resource(skillpack.resource_uri("recipes/examples/example_eval.yaml"))
+
+    content = anyio.run(go).contents[0]
+    assert content.mime_type.startswith("text/")
+    assert "evaluation" in content.text
+
+
+def test_polling_tools_are_read_only():
+    async def go():
+        async with Client(build_server()) as client:
+            return {tool.name: tool for tool in (await client.list_tools()).tools}
+
+    tools = anyio.run(go)
+    for name in ("run_status", "deployment_status", "eval_server_status"):
+        assert tools[name].annotations.read_only_hint is True, name
+        assert tools[name].annotations.destructive_hint is False, name
+
+
+def test_prompt_with_an_unknown_argument_is_an_invalid_params_error():
+    async def go():
+        async with Client(build_server()) as client:
+            with pytest.raises(MCPError) as caught:
+                await client.get_prompt(skillpack.WORKFLOW_PROMPT, {"chekpoint": "/data/m"})
+            with pytest.raises(MCPError) as unknown:
+                await client.get_prompt("no_such_prompt", {})
+            return caught.value, unknown.value
+
+    bad_argument, bad_name = anyio.run(go)
+    assert bad_argument.code == -32602 and "chekpoint" in bad_argument.message and "checkpoint" in bad_argument.message
+    assert bad_name.code == -32602
+
+
+# ---------------------------------------------------------------- toolsets and read-only
+
+
+def test_toolsets_and_read_only_select_what_is_served():
+    async def names(server):
+        async with Client(server) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+
+    config_only = anyio.run(names, build_server(toolsets=["config"]))
+    assert config_only == {name for name, spec in registry.TOOLS.items() if spec.toolset == "config"}
+    assert "build_config" in config_only and "launch_canary" not in config_only
+    read_only = anyio.run(names, build_server(read_only=True))
+    assert read_only == {name for name, spec in registry.TOOLS.items() if spec.read_only}
+    # a tool that is not served cannot be called either
+    result = call("set_config_value", {"config_path": "/x.yaml", "path": "a", "value": 1}, build_server(read_only=True))
+    assert result.is_error and "Unknown tool 'set_config_value'" in result.content[0].text
+
+
+def test_every_tool_belongs_to_a_declared_toolset():
+    assert set(registry.TOOLSETS) == {"setup", "config", "runs", "results", "deploy", "cluster", "evalserver"}
+    assert {spec.toolset for spec in registry.TOOLS.values()} == set(registry.TOOLSETS)
+
+
+def test_unknown_toolset_is_a_usage_error(cli_env):
+    out = subprocess.run(["quanteval-mcp", "--toolsets", "config,nope"], capture_output=True, text=True, env=cli_env, timeout=60)
+    assert out.returncode == 2 and "nope" in out.stderr and "config" in out.stderr
