@@ -22,13 +22,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from quanteval import checkpoint, compare, deploy, environment, evalserver, nelconfig, paths, remote, results, runs, tasks, validation
+from quanteval import paths
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 
 @dataclass(frozen=True)
 class ToolSpec:
-    fn: Callable[..., BaseModel]
+    # "module.function" inside the quanteval package, imported on first use: the CLI running one tool
+    # and the MCP server answering tools/list from its cache import only what they need.
+    fn: Callable[..., BaseModel] | str
     read_only: bool
     destructive: bool = False
     idempotent: bool = False
@@ -36,15 +38,27 @@ class ToolSpec:
 
     @property
     def name(self) -> str:
-        return self.fn.__name__
+        return self.fn.rsplit(".", 1)[-1] if isinstance(self.fn, str) else self.fn.__name__
+
+    @property
+    def module(self) -> str:
+        return self.fn.rsplit(".", 1)[0] if isinstance(self.fn, str) else self.fn.__module__.rsplit(".", 1)[-1]
+
+    @cached_property
+    def function(self) -> Callable[..., BaseModel]:
+        if not isinstance(self.fn, str):
+            return self.fn
+        import importlib
+
+        return getattr(importlib.import_module(f"quanteval.{self.module}"), self.name)
 
     @cached_property
     def _hints(self) -> dict[str, Any]:
-        return typing.get_type_hints(self.fn)
+        return typing.get_type_hints(self.function)
 
     @property
     def input_model(self) -> type[BaseModel]:
-        first_param = next(iter(inspect.signature(self.fn).parameters))
+        first_param = next(iter(inspect.signature(self.function).parameters))
         return self._hints[first_param]
 
     @property
@@ -53,16 +67,15 @@ class ToolSpec:
 
     @property
     def description(self) -> str:
-        return inspect.getdoc(self.fn) or ""
+        return inspect.getdoc(self.function) or ""
 
     @property
     def toolset(self) -> str:
-        module = self.fn.__module__.rsplit(".", 1)[-1]
-        return TOOLSET_OF_MODULE.get(module, module)
+        return TOOLSET_OF_MODULE.get(self.module, self.module)
 
     @property
     def wants_progress(self) -> bool:
-        return "progress" in inspect.signature(self.fn).parameters
+        return "progress" in inspect.signature(self.function).parameters
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -94,41 +107,41 @@ def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
 
 
 TOOLS: dict[str, ToolSpec] = _tools(
-    ToolSpec(environment.check_environment, read_only=True, idempotent=True),
-    ToolSpec(checkpoint.inspect_checkpoint, read_only=True, idempotent=True),
-    ToolSpec(nelconfig.build_config, read_only=False),
-    ToolSpec(nelconfig.get_config_value, read_only=True, idempotent=True),
-    ToolSpec(nelconfig.set_config_value, read_only=False, destructive=True, idempotent=True),
-    ToolSpec(nelconfig.delete_config_value, read_only=False, destructive=True),
-    ToolSpec(nelconfig.list_missing_values, read_only=True, idempotent=True),
-    ToolSpec(nelconfig.apply_checkpoint, read_only=False, destructive=True, idempotent=True),
-    ToolSpec(validation.validate_config, read_only=True, idempotent=True),
-    ToolSpec(tasks.list_tasks, read_only=True, idempotent=True),
-    ToolSpec(tasks.get_task_recipe, read_only=True, idempotent=True),
-    ToolSpec(tasks.add_tasks, read_only=False, idempotent=True),
-    ToolSpec(evalserver.start_eval_server, read_only=False),
-    ToolSpec(evalserver.eval_server_status, read_only=True, idempotent=True),
-    ToolSpec(evalserver.stop_eval_server, read_only=False, destructive=True, idempotent=True),
-    ToolSpec(runs.dry_run, read_only=False),
-    ToolSpec(runs.launch_canary, read_only=False, open_world=True),
-    ToolSpec(runs.launch_full_run, read_only=False, open_world=True),
+    ToolSpec("environment.check_environment", read_only=True, idempotent=True),
+    ToolSpec("checkpoint.inspect_checkpoint", read_only=True, idempotent=True),
+    ToolSpec("nelconfig.build_config", read_only=False),
+    ToolSpec("nelconfig.get_config_value", read_only=True, idempotent=True),
+    ToolSpec("nelconfig.set_config_value", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("nelconfig.delete_config_value", read_only=False, destructive=True),
+    ToolSpec("nelconfig.list_missing_values", read_only=True, idempotent=True),
+    ToolSpec("nelconfig.apply_checkpoint", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("validation.validate_config", read_only=True, idempotent=True),
+    ToolSpec("tasks.list_tasks", read_only=True, idempotent=True),
+    ToolSpec("tasks.get_task_recipe", read_only=True, idempotent=True),
+    ToolSpec("tasks.add_tasks", read_only=False, idempotent=True),
+    ToolSpec("evalserver.start_eval_server", read_only=False),
+    ToolSpec("evalserver.eval_server_status", read_only=True, idempotent=True),
+    ToolSpec("evalserver.stop_eval_server", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("runs.dry_run", read_only=False),
+    ToolSpec("runs.launch_canary", read_only=False, open_world=True),
+    ToolSpec("runs.launch_full_run", read_only=False, open_world=True),
     # Polling reads, as the user sees it (it may refresh the ledger's record of the run): read-only.
-    ToolSpec(runs.run_status, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(runs.run_logs, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(runs.kill_run, read_only=False, destructive=True, idempotent=True, open_world=True),
-    ToolSpec(runs.resume_run, read_only=False, open_world=True),
-    ToolSpec(runs.list_runs, read_only=True, idempotent=True),
-    ToolSpec(remote.ssh_check, read_only=False, idempotent=True, open_world=True),  # writes known_hosts only when trusted
-    ToolSpec(remote.slurm_queue, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(remote.remote_grep, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(remote.check_registry_credentials, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(results.validate_run, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(results.extract_scores, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(compare.compare_results, read_only=False, open_world=True),
-    ToolSpec(deploy.plan_deployment, read_only=True, idempotent=True),
-    ToolSpec(deploy.launch_deployment, read_only=False, open_world=True),
-    ToolSpec(deploy.deployment_status, read_only=True, idempotent=True, open_world=True),
-    ToolSpec(deploy.stop_deployment, read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("runs.run_status", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("runs.run_logs", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("runs.kill_run", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("runs.resume_run", read_only=False, open_world=True),
+    ToolSpec("runs.list_runs", read_only=True, idempotent=True),
+    ToolSpec("remote.ssh_check", read_only=False, idempotent=True, open_world=True),  # writes known_hosts only when trusted
+    ToolSpec("remote.slurm_queue", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("remote.remote_grep", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("remote.check_registry_credentials", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("results.validate_run", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("results.extract_scores", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("compare.compare_results", read_only=False, open_world=True),
+    ToolSpec("deploy.plan_deployment", read_only=True, idempotent=True),
+    ToolSpec("deploy.launch_deployment", read_only=False, open_world=True),
+    ToolSpec("deploy.deployment_status", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("deploy.stop_deployment", read_only=False, destructive=True, idempotent=True, open_world=True),
 )
 
 
@@ -193,8 +206,8 @@ def parse_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
 def call_tool(spec: ToolSpec, request: BaseModel, progress: ProgressFn = no_progress) -> BaseModel:
     """Run one tool on already-validated input."""
     if spec.wants_progress:
-        return spec.fn(request, progress=progress)
-    return spec.fn(request)
+        return spec.function(request, progress=progress)
+    return spec.function(request)
 
 
 def run(spec: ToolSpec, arguments: dict[str, Any], progress: ProgressFn = no_progress, policy: paths.Policy = paths.ANY_PATH) -> BaseModel:

@@ -106,6 +106,44 @@ def _listing(spec: registry.ToolSpec, output_schemas: bool) -> MCPTool:
     )
 
 
+def _listing_key(output_schemas: bool) -> str:
+    """Changes whenever any quanteval module does (a new install, an edit in a checkout)."""
+    import hashlib
+
+    package = Path(__file__).parent
+    stats = sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in package.glob("*.py"))
+    return hashlib.sha256(repr((__version__, output_schemas, stats)).encode()).hexdigest()
+
+
+def _cached_listing(output_schemas: bool) -> dict[str, MCPTool]:
+    """Every registered tool's listing, from a file in the state dir while the code is unchanged.
+
+    Building the schemas imports every domain module (about a third of the start-up time); a client's
+    first tools/list should not wait for that when nothing changed since the last start.
+    """
+    import json
+
+    from quanteval import envvars
+
+    key = _listing_key(output_schemas)
+    cache_file = envvars.state_dir() / "mcp-tools-list.json"
+    try:
+        cached = json.loads(cache_file.read_text(encoding="utf-8"))
+        if cached.get("key") == key:
+            return {name: MCPTool.model_validate(tool) for name, tool in cached["tools"].items()}
+    except (OSError, ValueError):
+        pass
+    listing = {name: _listing(spec, output_schemas) for name, spec in registry.TOOLS.items()}
+    payload = {"key": key, "tools": {name: tool.model_dump(mode="json", by_alias=True, exclude_none=True) for name, tool in listing.items()}}
+    temporary = cache_file.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(payload), encoding="utf-8")
+        os.replace(temporary, cache_file)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+    return listing
+
+
 def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
@@ -119,7 +157,8 @@ class QuantevalServer(MCPServer):
 
     @functools.cached_property
     def _tool_listing(self) -> list[MCPTool]:
-        return [_listing(spec, self._output_schemas) for spec in self._specs.values()]
+        listing = _cached_listing(self._output_schemas)
+        return [listing[name] if name in listing else _listing(spec, self._output_schemas) for name, spec in self._specs.items()]
 
     async def list_tools(self) -> list[MCPTool]:
         return self._tool_listing

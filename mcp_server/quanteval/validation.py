@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from quanteval import checkpoint, nelconfig, tasks
+from quanteval import checkpoint, nelconfig, nelfacts, tasks
 from quanteval.models import StrictModel, ToolError
 
 Severity = Literal["error", "warning"]
@@ -72,10 +72,8 @@ def _nel_default_keys(section: str) -> frozenset[str]:
     """Keys of every packaged NEL default for `section` (execution or deployment)."""
     import yaml
 
-    from nemo_evaluator_launcher import configs
-
     keys: set[str] = set()
-    for file in (Path(configs.__file__).parent / section).rglob("*.yaml"):
+    for file in (nelfacts.configs_dir() / section).rglob("*.yaml"):
         data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
         keys |= {key for key in data if key != "defaults"}
     return frozenset(keys)
@@ -233,15 +231,11 @@ def _check_top_level(ctx: _Context) -> None:
     _check_keys(ctx, target, "target", {"api_endpoint"}, "target")
     endpoint = target.get("api_endpoint")
     if isinstance(endpoint, dict):
-        from nemo_evaluator.api.api_dataclasses import ApiEndpoint
-
         plain = {key: value for key, value in nelconfig.to_plain(endpoint).items() if key != "adapter_config"}
-        _pydantic_problems(ctx, ApiEndpoint, plain, "target.api_endpoint", {})
+        _pydantic_problems(ctx, nelfacts.model("ApiEndpoint"), plain, "target.api_endpoint", {})
     mounts = ctx.section("execution").get("mounts")
     if isinstance(mounts, dict):
-        from nemo_evaluator_launcher.common.config_models import MountsModel
-
-        _pydantic_problems(ctx, MountsModel, nelconfig.to_plain(mounts), "execution.mounts", {})
+        _pydantic_problems(ctx, nelfacts.model("MountsModel"), nelconfig.to_plain(mounts), "execution.mounts", {})
 
 
 def _loc_path(prefix: str, loc: tuple, task_paths: dict[int, str]) -> str:
@@ -271,9 +265,7 @@ def _pydantic_problems(ctx: _Context, model: type[BaseModel], data: Any, prefix:
                 for part in loc[:-1]:
                     parent = parent[part] if isinstance(parent, (dict, list)) else None
                 if len(loc) >= 2 and loc[0] == "tasks":
-                    from nemo_evaluator_launcher.common.config_models import TaskModel
-
-                    known = set(TaskModel.model_fields)
+                    known = set(nelfacts.model("TaskModel").model_fields)
                 near = _close(key, known)
                 fix = f"Rename '{key}' to '{near}'." if near else f"Remove it; allowed keys: {', '.join(sorted(known))}."
                 ctx.add(path, "error", "unknown_key", f"'{key}' is not allowed here" + (f"; did you mean '{near}'?" if near else "."), fix)
@@ -282,8 +274,6 @@ def _pydantic_problems(ctx: _Context, model: type[BaseModel], data: Any, prefix:
 
 
 def _check_evaluation(ctx: _Context) -> None:
-    from nemo_evaluator_launcher.common.config_models import EvaluationModel
-
     evaluation = ctx.doc.get("evaluation")
     if not isinstance(evaluation, dict):
         ctx.add("evaluation", "error", "wrong_type", "evaluation must be a mapping with a `tasks:` list.", "Start from build_config, or add `evaluation: {tasks: [{name: <task>}]}`.")
@@ -292,7 +282,7 @@ def _check_evaluation(ctx: _Context) -> None:
     if not isinstance(task_list, list) or not task_list:
         ctx.add("evaluation.tasks", "error", "no_tasks", "There are no tasks to run.", "Add tasks with add_tasks (recipes or NEL task names).")
     task_paths = {index: path for index, (path, _) in enumerate(nelconfig.config_tasks(ctx.doc))}
-    _pydantic_problems(ctx, EvaluationModel, nelconfig.to_plain(evaluation), "evaluation", task_paths)
+    _pydantic_problems(ctx, nelfacts.model("EvaluationModel"), nelconfig.to_plain(evaluation), "evaluation", task_paths)
     _check_nemo_evaluator_config(ctx, evaluation.get("nemo_evaluator_config"), "evaluation.nemo_evaluator_config")
     for path, task in nelconfig.config_tasks(ctx.doc):
         if isinstance(task, dict):
@@ -302,16 +292,14 @@ def _check_evaluation(ctx: _Context) -> None:
 def _check_nemo_evaluator_config(ctx: _Context, section: Any, prefix: str) -> None:
     if not isinstance(section, dict):
         return
-    from nemo_evaluator.api.api_dataclasses import ApiEndpoint, ConfigParams, EvaluationConfig
-
     _check_keys(ctx, section, prefix, NEMO_EVALUATOR_CONFIG_KEYS, "nemo_evaluator_config")
     config = section.get("config")
     if isinstance(config, dict):
         plain = nelconfig.to_plain(config)
         params = plain.pop("params", None)
-        _pydantic_problems(ctx, EvaluationConfig, plain, f"{prefix}.config", {})
+        _pydantic_problems(ctx, nelfacts.model("EvaluationConfig"), plain, f"{prefix}.config", {})
         if isinstance(params, dict):
-            _check_params(ctx, ConfigParams, params, f"{prefix}.config.params")
+            _check_params(ctx, nelfacts.model("ConfigParams"), params, f"{prefix}.config.params")
             _check_extra_args(ctx, params.get("extra"), f"{prefix}.config.params.extra")
     target = section.get("target")
     if isinstance(target, dict):
@@ -319,7 +307,7 @@ def _check_nemo_evaluator_config(ctx: _Context, section: Any, prefix: str) -> No
         endpoint = target.get("api_endpoint")
         if isinstance(endpoint, dict):
             plain = {key: value for key, value in nelconfig.to_plain(endpoint).items() if key != "adapter_config"}
-            _pydantic_problems(ctx, ApiEndpoint, plain, f"{prefix}.target.api_endpoint", {})
+            _pydantic_problems(ctx, nelfacts.model("ApiEndpoint"), plain, f"{prefix}.target.api_endpoint", {})
 
 
 def _check_params(ctx: _Context, model: type[BaseModel], params: dict, prefix: str) -> None:
@@ -362,9 +350,7 @@ def _nel_default(relative: str) -> dict:
     """One packaged NEL default (configs/<relative>.yaml) as plain data; {} when NEL has none by that name."""
     import yaml
 
-    from nemo_evaluator_launcher import configs
-
-    file = Path(configs.__file__).parent / f"{relative}.yaml"
+    file = nelfacts.configs_dir() / f"{relative}.yaml"
     data = yaml.safe_load(file.read_text(encoding="utf-8")) if file.is_file() else None
     return {key: value for key, value in (data or {}).items() if key != "defaults"}
 
@@ -474,8 +460,6 @@ def _params_at(section: Any) -> dict:
 
 
 def _check_env_vars(ctx: _Context) -> None:
-    from nemo_evaluator_launcher.common.env_vars import parse_env_var_value
-
     mappings: list[tuple[str, Any]] = [("env_vars", ctx.doc.get("env_vars")), ("evaluation.env_vars", ctx.section("evaluation").get("env_vars"))]
     mappings.append(("deployment.env_vars", ctx.section("deployment").get("env_vars")))
     mappings += [(f"{path}.env_vars", task.get("env_vars")) for path, task in nelconfig.config_tasks(ctx.doc) if isinstance(task, dict)]
@@ -484,7 +468,7 @@ def _check_env_vars(ctx: _Context) -> None:
             continue
         for name, raw in mapping.items():
             try:
-                parse_env_var_value(str(raw))
+                nelfacts.check_env_var_value(str(raw))
             except ValueError as exc:
                 ctx.add(f"{prefix}.{name}", "error", "env_var_prefix", str(exc).split(" Run the migration")[0], f"Write {name}: host:{name} (from this machine), lit:<value> or runtime:<VAR>.")
     if not ctx.check_env:

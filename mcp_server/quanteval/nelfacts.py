@@ -1,0 +1,147 @@
+"""The few NEL facts validate_config needs, cached per NEL version so validation does not import NEL.
+
+Importing NEL's config models costs about a second (nemo_evaluator pulls flask, structlog and
+its adapters); validation needs only their field names and types. The first use per NEL
+version imports NEL once, stores the models' JSON schemas in the state directory, and every
+later process rebuilds equivalent pydantic models from that file: same fields, types,
+defaults and extra="forbid", so the same pydantic error messages. (NEL's own model
+validators only rewrite deprecated values; they are not carried over.)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from quanteval import envvars
+from quanteval.models import ToolError
+
+CACHE_SCHEMA = 1
+# The NEL models validation checks a config against, by the module that defines them.
+MODELS = {
+    "ApiEndpoint": "nemo_evaluator.api.api_dataclasses",
+    "ConfigParams": "nemo_evaluator.api.api_dataclasses",
+    "EvaluationConfig": "nemo_evaluator.api.api_dataclasses",
+    "MountsModel": "nemo_evaluator_launcher.common.config_models",
+    "EvaluationModel": "nemo_evaluator_launcher.common.config_models",
+    "TaskModel": "nemo_evaluator_launcher.common.config_models",
+}
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolError(f"{package} is not installed in this Python. Install nemo-evaluator-launcher==0.2.6 (scripts/setup does).")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def configs_dir() -> Path:
+    """NEL's packaged Hydra defaults (configs/execution/*.yaml, configs/deployment/*.yaml)."""
+    return _package_dir("nemo_evaluator_launcher") / "configs"
+
+
+@functools.cache
+def _versions() -> str:
+    found = []
+    for distribution in ("nemo-evaluator-launcher", "nemo-evaluator"):
+        try:
+            found.append(f"{distribution}-{importlib.metadata.version(distribution)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{distribution}-none")
+    return "_".join(found)
+
+
+def _facts_from_nel() -> dict[str, Any]:
+    import importlib
+
+    from nemo_evaluator_launcher.common import env_vars
+
+    return {
+        "schema": CACHE_SCHEMA,
+        "models": {name: getattr(importlib.import_module(module), name).model_json_schema() for name, module in MODELS.items()},
+        "env_var_prefixes": [env_vars.EnvVarFromHost.PREFIX, env_vars.EnvVarLiteral.PREFIX, env_vars.EnvVarRuntime.PREFIX],
+    }
+
+
+@functools.cache
+def _facts() -> dict[str, Any]:
+    cache_file = envvars.state_dir() / f"nel-facts-{_versions()}.json"
+    try:
+        cached = json.loads(cache_file.read_text(encoding="utf-8"))
+        if cached.get("schema") == CACHE_SCHEMA:
+            return cached
+    except (OSError, ValueError):
+        pass
+    facts = _facts_from_nel()
+    temporary = cache_file.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(facts), encoding="utf-8")
+        os.replace(temporary, cache_file)
+    except OSError:  # a read-only state dir only costs the next process the import again
+        temporary.unlink(missing_ok=True)
+    return facts
+
+
+@functools.cache
+def model(name: str) -> type[BaseModel]:
+    """A pydantic model equivalent to NEL's `name` for validation (fields, types, defaults, extra)."""
+    schema = _facts()["models"][name]
+    return _build(name, schema, schema.get("$defs", {}))
+
+
+_SCALARS: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "null": type(None)}
+
+
+def _type(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        target = defs[name]
+        return Literal[tuple(target["enum"])] if "enum" in target else _build(name, target, defs)
+    if "enum" in schema:
+        return Literal[tuple(schema["enum"])]
+    if "const" in schema:
+        return Literal[schema["const"]]
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if options:
+        return Union[tuple(_type(option, defs) for option in options)]  # noqa: UP007 (built at run time)
+    kind = schema.get("type")
+    if kind in _SCALARS:
+        return _SCALARS[kind]
+    if kind == "array":
+        return list[_type(schema["items"], defs)] if "items" in schema else list[Any]
+    if kind == "object":
+        if "properties" in schema:
+            return _build("Object", schema, defs)
+        values = schema.get("additionalProperties")
+        return dict[str, _type(values, defs)] if isinstance(values, dict) else dict[str, Any]
+    return Any
+
+
+def _build(name: str, schema: dict[str, Any], defs: dict[str, Any]) -> type[BaseModel]:
+    required = set(schema.get("required", ()))
+    fields: dict[str, Any] = {
+        field: (_type(sub, defs), ... if field in required else sub.get("default"))
+        for field, sub in schema.get("properties", {}).items()
+    }
+    extra = "forbid" if schema.get("additionalProperties") is False else "allow"
+    return create_model(name, __config__=ConfigDict(extra=extra), **fields)
+
+
+def check_env_var_value(raw: str) -> None:
+    """NEL's rule for `env_vars` values (host:, lit: or runtime: prefix); ValueError with NEL's message if broken.
+
+    A value with one of NEL's prefixes and no `${` is valid without asking NEL; anything else goes
+    to NEL's own parser, so the message is NEL's (and the import is paid only for a broken config).
+    """
+    if raw.startswith(tuple(_facts()["env_var_prefixes"])) and "${" not in raw:
+        return
+    from nemo_evaluator_launcher.common.env_vars import parse_env_var_value
+
+    parse_env_var_value(raw)
