@@ -45,7 +45,6 @@ from quanteval.deploy import (  # noqa: E402 - the state dir must be set first
 )
 
 
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

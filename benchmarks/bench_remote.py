@@ -33,7 +33,6 @@ from infra.slurm_cluster import SlurmCluster, free_port  # noqa: E402
 from quanteval.remote import RemoteGrepInput, SlurmQueueInput, remote_grep, slurm_queue  # noqa: E402
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)

@@ -24,7 +24,10 @@ from timing import median_seconds  # noqa: E402
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
-BUNDLES = {"base": ["general_knowledge", "coding", "long_context", "multilingual"], "chat_reasoning": ["core_reasoning", "agentic", "long_context", "multilingual"]}
+BUNDLES = {
+    "base": ["general_knowledge", "coding", "long_context", "multilingual"],
+    "chat_reasoning": ["core_reasoning", "agentic", "long_context", "multilingual"],
+}
 CHECKPOINT = {"base": REPO / "examples/checkpoints/llama-tiny-bf16", "chat_reasoning": REPO / "examples/checkpoints/qwen3-tiny-nvfp4"}
 FILLS = {
     "execution.hostname": "login.cluster.example",

@@ -6,10 +6,10 @@ import math
 from pathlib import Path
 
 import pytest
+from results_factory import binary_samples, make_invocation, make_task
 
 from quanteval.compare import CompareResultsInput, compare_results
 from quanteval.models import ToolError
-from results_factory import binary_samples, make_invocation, make_task
 
 PERCENT_RECIPE = """---
 name: aime2025

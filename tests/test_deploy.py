@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from factories import make_checkpoint
+
 from quanteval import ledger
 from quanteval.deploy import (
     DeploymentStatusInput,
@@ -101,7 +101,7 @@ def test_qwen3_reasoning_checkpoint_gets_its_parsers_per_framework():
     vllm = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", tensor_parallel_size=2, port=8100, served_model_name="q"))
     # vLLM is not installed here: the plan says its arguments went unchecked rather than pretending
     assert vllm.argv[:3] == ["vllm", "serve", checkpoint]
-    assert ["--served-model-name", "q", "--tensor-parallel-size", "2", "--max-model-len", "40960"] == vllm.server_args[1:7]
+    assert vllm.server_args[1:7] == ["--served-model-name", "q", "--tensor-parallel-size", "2", "--max-model-len", "40960"]
     assert vllm.server_args[vllm.server_args.index("--reasoning-parser") + 1] == "qwen3"
     assert "--enable-auto-tool-choice" in vllm.server_args
     assert vllm.parser_check.checked is False and "vllm is not importable" in vllm.parser_check.message

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from factories import make_checkpoint
+
 from quanteval import nelconfig, registry
 from quanteval.models import ToolError
 from quanteval.nelconfig import (

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from results_factory import binary_samples, make_invocation, make_task
 
 from quanteval import ledger
 from quanteval.models import ToolError
 from quanteval.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
-from results_factory import binary_samples, make_invocation, make_task
 
 GPQA_RECIPE = """---
 name: gpqa

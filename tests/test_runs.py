@@ -19,9 +19,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from results_factory import make_invocation, make_task  # noqa: E402
+
 from quanteval import ledger, runs
 from quanteval.models import ToolError
-from results_factory import make_invocation, make_task  # noqa: E402
 
 PLANTED = "planted-judge-secret-9f8e7d"
 

@@ -11,6 +11,7 @@ restart job.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -175,10 +176,8 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
     def kill_ssh_sessions() -> None:
         while not stop_killing.is_set():
             for pid in sshd_session_pids(slurm_cluster.pid("sshd")):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.01)
 
     killer = threading.Thread(target=kill_ssh_sessions)

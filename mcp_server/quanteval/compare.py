@@ -30,10 +30,10 @@ from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.results import (
     RESULTS_FILE,
-    load_yaml,
     RunTree,
     ScoreValue,
     TaskScores,
+    load_yaml,
     locate_run,
     per_sample_scores,
     repeats,

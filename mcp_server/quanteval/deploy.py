@@ -13,6 +13,7 @@ servers are sbatch jobs submitted over SSH. Both are ledger records of kind "dep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -681,10 +682,8 @@ def _status_slurm(record: ledger.Record, chat: bool) -> tuple[str, bool, _Probe,
     if out.get("health", "").isdigit():
         probe.health = int(out["health"]) or None
     if out.get("models"):
-        try:
+        with contextlib.suppress(ValueError):
             probe.models = [m.get("id") for m in json.loads(out["models"]).get("data", [])]
-        except ValueError:
-            pass
     if out.get("chat"):
         body, _, tail = out["chat"].rpartition("\n")
         status_code, _, seconds = tail.partition(" ")

@@ -20,6 +20,7 @@ Two backends build the command for one benchmark:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -310,7 +311,7 @@ def merge_shard_metrics(shards: list[dict[str, Any]]) -> dict[str, Any]:
     def merge(parts: list[Any], weights: list[float]) -> Any:
         if all(isinstance(p, dict) for p in parts):
             local = [p.get("num_entries", w) if isinstance(p.get("num_entries"), (int, float)) else w
-                     for p, w in zip(parts, weights)]
+                     for p, w in zip(parts, weights, strict=True)]
             keys = [k for k in parts[0] if all(k in p for p in parts)]
             merged = {}
             for key in keys:
@@ -322,7 +323,7 @@ def merge_shard_metrics(shards: list[dict[str, Any]]) -> dict[str, Any]:
             return merged
         if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
             total = sum(weights)
-            return sum(p * w for p, w in zip(parts, weights)) / total if total else sum(parts) / len(parts)
+            return sum(p * w for p, w in zip(parts, weights, strict=True)) / total if total else sum(parts) / len(parts)
         return parts[0]
 
     return merge(shards, [1.0] * len(shards))
@@ -491,7 +492,7 @@ class EvalService:
             run["shards"] = len(commands)
         exit_codes = self._run_parallel(commands)
         run["duration_s"] = round(time.monotonic() - started, 3)
-        for command, code in zip(commands, exit_codes):
+        for command, code in zip(commands, exit_codes, strict=True):
             if code != 0:
                 reason = "timed out" if code is None else f"exited with code {code}"
                 return {**run, "status": "failed", "log_path": str(command.log_path),
@@ -566,7 +567,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 MAX_BODY_BYTES = 1_000_000
 
 
-def make_handler(service: EvalService) -> type[BaseHTTPRequestHandler]:
+def make_handler(service: EvalService) -> type[BaseHTTPRequestHandler]:  # noqa: C901
     class Handler(BaseHTTPRequestHandler):
         server_version = "quanteval-eval/1"
 
@@ -697,10 +698,8 @@ def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
 
 def _running(pid: int) -> bool:
     """Whether the server's process group still has live members; reaps the leader if it was our child."""
-    try:
+    with contextlib.suppress(ChildProcessError):  # not our child (started by another process): nothing to reap
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child (started by another process): nothing to reap
     return bool(group_members(pid))
 
 

@@ -6,6 +6,7 @@ must stop all of it, including workers the server forked, without leaving anythi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -65,10 +66,8 @@ def stop_group(pgid: int, grace_s: float, on_wait: Callable[[], object] = lambda
         time.sleep(0.1)
     if group_members(pgid):
         how = "SIGTERM, then SIGKILL after the grace period"
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + 5
         while group_members(pgid) and time.monotonic() < deadline:
             on_wait()

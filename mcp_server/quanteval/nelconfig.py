@@ -861,7 +861,7 @@ def _is_nemo_skills(name: str) -> bool:
     return any(entry.harness == "nemo_skills" for entry in tasks.lookup(name))
 
 
-def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:
+def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:  # noqa: C901
     """Write what inspect_checkpoint finds into a NEL config's deployment: checkpoint_path or
     hf_model_handle (never both), served_model_name, tensor_parallel_size, and extra_args merged
     without duplicates (the real context length instead of the 32768 fallback, spelled per

@@ -222,7 +222,7 @@ class Connection:
             self.jump.close()
 
 
-def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] | None = None, _hops: int = 0) -> Connection:
+def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] | None = None, _hops: int = 0) -> Connection:  # noqa: C901
     """A new, authenticated SSH connection to `host` with its key checked. The caller closes it.
 
     ProxyJump a,b works like OpenSSH: b is reached through a, the target through b; `_jumps` carries
@@ -314,7 +314,7 @@ def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] |
     except socket.gaierror:
         client.close()
         raise ToolError(f"{host}: unknown host name {settings.hostname}. Check the Host/HostName in ~/.ssh/config.") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         client.close()
         if jump:
             jump.close()
@@ -660,10 +660,9 @@ def slurm_queue(request: SlurmQueueInput, progress: ProgressFn = no_progress) ->
     progress(0, 2, f"squeue on {request.host}")
     states = " -t all" if request.include_finished else ""
     result = run_remote(request.host, f"squeue -h{states} -o '{_SQUEUE_FORMAT}'{filters}", timeout=90)
-    if result.exit_code != 0:
-        # squeue -j with only unknown (long finished) ids fails with "Invalid job id"; sacct may still know them.
-        if not (request.job_ids and "Invalid job id" in result.stderr):
-            raise _slurm_unreachable(request.host, "squeue", result.stderr)
+    # squeue -j with only unknown (long finished) ids fails with "Invalid job id"; sacct may still know them.
+    if result.exit_code != 0 and not (request.job_ids and "Invalid job id" in result.stderr):
+        raise _slurm_unreachable(request.host, "squeue", result.stderr)
     jobs: dict[str, SlurmJob] = {}
     for line in result.stdout.splitlines():
         parts = line.split("|")
@@ -780,9 +779,8 @@ def remote_grep(request: RemoteGrepInput, progress: ProgressFn = no_progress) ->
     stderr, _, status = result.stderr.rstrip().rpartition("::grep-exit:")
     stderr = stderr.strip()[-300:]
     # grep exits 1 for "no match" and 141 (SIGPIPE) when head stopped reading: more matches than asked for.
-    if not status.isdigit() or int(status) not in (0, 1, 141):
-        if not result.stdout:
-            raise ToolError(f"{request.host}:{request.path}: grep failed ({stderr or result.stderr.strip()[-300:]}). Check the path and patterns.")
+    if (not status.isdigit() or int(status) not in (0, 1, 141)) and not result.stdout:
+        raise ToolError(f"{request.host}:{request.path}: grep failed ({stderr or result.stderr.strip()[-300:]}). Check the path and patterns.")
     matches = []
     for raw in result.stdout.splitlines():
         file, sep, rest = raw.partition("\0")

@@ -527,7 +527,7 @@ def _expected_samples(config: dict[str, Any]) -> int | None:
     return None if size is None else size * repeats(config["config"].get("params") or {})
 
 
-def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> TaskValidation:
+def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> TaskValidation:  # noqa: C901
     shown = tree.display(task_dir)
     artifacts = task_dir / "artifacts"
     config = run_config(task_dir)

@@ -171,7 +171,7 @@ def _split_printed_scripts(printed: str) -> list[tuple[str, str]]:
     """SLURM dry-run scripts exist only in NEL's printout: sections headed '=== Task N ==='."""
     sections = re.split(r"=+ Task (\d+) =+\n", printed)
     scripts = []
-    for index, body in zip(sections[1::2], sections[2::2]):
+    for index, body in zip(sections[1::2], sections[2::2], strict=True):
         body = re.split(r"\n-+ Secrets \(redacted\)|\nTo submit jobs", body)[0].strip("\n")
         scripts.append((f"task{index}/run.sub", body + "\n"))
     return scripts
@@ -428,7 +428,7 @@ def _slurm_state(state_field: str) -> str:
     return state_field.split()[0].rstrip("+") if state_field.strip() else "UNKNOWN"
 
 
-def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
+def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:  # noqa: C901
     """One ssh call per host: chain files, `squeue -t all`, then sacct (or `sacct -c` without slurmdbd)."""
     by_host: dict[tuple[str, str], list[dict]] = {}
     for job in jobs:

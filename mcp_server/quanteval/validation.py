@@ -496,7 +496,7 @@ def _int_at(section: dict, key: str, default: int | None = None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _check_deployment(ctx: _Context) -> None:
+def _check_deployment(ctx: _Context) -> None:  # noqa: C901
     deployment = ctx.section("deployment")
     framework = ctx.deployment
     raw_args = deployment.get("extra_args")

@@ -47,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901
     args = parse_args(sys.argv[1:])
     model_path = args.model_path or args.model or "model"
     served_name = args.served_model_name or model_path
