@@ -632,10 +632,10 @@ def _int(value: Any) -> int | None:
 
 
 def inspect_checkpoint(request: InspectCheckpointInput, progress: ProgressFn = no_progress) -> CheckpointReport:
-    """Read a checkpoint's config files and safetensors headers (never tensor data) and report architecture,
-    parameter count, quantization (ModelOpt quant_algo, KV-cache, excluded modules), context length,
-    trust-remote-code, GPU memory fit and per-framework deployment flags, with warnings. Use it before
-    building a config or planning a deployment for a local checkpoint or a cached HF handle."""
+    """Use before build_config or plan_deployment: reads a checkpoint's configs and safetensors headers (no
+    tensor data) and reports architecture, size, quantization, context length, GPU fit and per-framework
+    flags, with warnings.
+    """
     root, hf_handle = _locate(request.checkpoint)
     try:
         return _inspect(root, hf_handle, progress)

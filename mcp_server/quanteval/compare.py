@@ -384,11 +384,10 @@ def _by_task(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
 
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Compare a candidate (quantized) run against a baseline run: first a comparability checklist from both
-    runs' saved configs (task and container versions, prompts, generation params, reasoning handling, repeats,
-    sample counts, judge), then per task the score delta with its standard error and 95% CI (paired bootstrap
-    when both runs kept per-sample outputs), verdicts against the acceptable-drop threshold, a markdown table,
-    a PNG chart and an HTML report. Use it once both runs passed validate_run."""
+    """Use once both runs passed validate_run: compares a candidate (quantized) run with a baseline:
+    comparability checklist, per-task delta with standard error and 95% CI, verdicts against a threshold, a
+    table, a PNG chart and an HTML report.
+    """
     progress(0, 3, "reading both runs")
     base_tree, cand_tree = locate_run(request.baseline), locate_run(request.candidate)
     base_tasks, cand_tasks = _by_task(base_tree), _by_task(cand_tree)

@@ -294,13 +294,9 @@ def check_server_args(framework: str, server_args: list[str]) -> ParserCheck:
 
 
 def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_progress) -> DeploymentPlan:
-    """Plan an inference server for a checkpoint: the exact argv and environment for SGLang
-    (`python3 -m sglang.launch_server`), vLLM (`vllm serve`) or TensorRT-LLM (`trtllm-serve`) with served
-    name, tensor-parallel size, context length, trust-remote-code, --quantization only where needed and
-    reasoning/tool-call parsers from the chat template, plus hardware/format warnings (NVFP4 needs
-    Blackwell, TensorRT-LLM-only formats, FP8 below compute capability 8.9, weights that do not fit).
-    The SGLang argv is checked by SGLang's own argument parser when installed. Use it before
-    launch_deployment, or to hand a user the command for their own cluster."""
+    """Use before launch_deployment, or to give a user the command: plans an SGLang, vLLM or TensorRT-LLM server
+    for a checkpoint (argv, env, parsers, --quantization only where needed) with hardware/format warnings.
+    """
     framework = request.framework
     if request.gpu_type is not None and request.gpu_type not in COMPUTE_CAPABILITY:
         raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(COMPUTE_CAPABILITY)}.")
@@ -398,10 +394,9 @@ def _with_option(args: list[str], flag: str, value: str) -> list[str]:
 
 
 def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_progress) -> LaunchDeploymentResult:
-    """Start an inference server from a plan (or a checkpoint + framework) and return a deployment id at
-    once, recorded in the ledger. Without host it runs on this machine in its own process group on a
-    free port with its log under the state directory; host=<ssh host alias> submits an sbatch job on
-    that SLURM cluster. Then poll deployment_status until it is ready, and stop it with stop_deployment."""
+    """Use to serve a checkpoint for evaluation: starts a server from a plan (or checkpoint + framework) on this
+    machine or as a SLURM job on host, and returns its record_id at once. Poll deployment_status.
+    """
     if (request.plan is None) == (request.checkpoint is None):
         raise ToolError("launch_deployment: give exactly one of plan (from plan_deployment) or checkpoint.")
     plan = request.plan or plan_deployment(
@@ -752,11 +747,9 @@ def _deployment(record_id: str) -> ledger.Record:
 
 
 def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_progress) -> DeploymentStatus:
-    """Probe a deployment started by launch_deployment: process or SLURM job state, /health (503 while
-    loading is normal), /v1/models (does the served name match), one tiny chat completion with its latency,
-    and the server log scanned for known failures (out of memory, CUDA graph capture, NVFP4 on Hopper,
-    quantization mismatch) with the fix for each. Returns endpoint_url and the NEL config values for a
-    `deployment: none` evaluation once ready. Use wait_s to poll until ready, failed or timed out."""
+    """Use to poll a deployment until ready: process or job state, /health, served name, one test completion and
+    known failures in its log with fixes; once ready, the endpoint and NEL config values.
+    """
     deadline = time.monotonic() + request.wait_s
     while True:
         record = _deployment(request.record_id)
@@ -800,9 +793,9 @@ def _stop_slurm(record: ledger.Record, grace_s: float) -> tuple[bool, str]:
 
 
 def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_progress) -> StopDeploymentResult:
-    """Stop a deployment: SIGTERM to the server's whole process group, then SIGKILL after grace_s, so no
-    worker is left holding GPUs; or scancel the SLURM job and wait for it to leave the queue. Safe to
-    repeat. Use it when an evaluation is done or a deployment failed or hangs."""
+    """Use when an evaluation is done or a deployment failed or hangs: stops the server's whole process group or
+    cancels its SLURM job. Safe to repeat.
+    """
     record = _deployment(request.record_id)
     progress(0, 1, f"stopping {record.id} (up to {request.grace_s:.0f} s grace)")
     if record.executor == "slurm":

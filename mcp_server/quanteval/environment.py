@@ -128,10 +128,9 @@ def _workspaces(root: str | None) -> list[Workspace]:
 
 
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
-    """Report the Python and package versions, whether `nel` is on PATH, whether a Docker daemon answers,
-    which GPUs are visible, ssh config hosts, which known env vars are set (names only) and ModelOpt
-    workspaces under MODELOPT_WORKSPACE_ROOT. Use it first, before building a config: it never fails
-    because something is missing, it says what is missing."""
+    """Use first: reports Python/NEL/package versions, nel on PATH, Docker, GPUs, ssh hosts, which known env vars
+    are set (names only) and ModelOpt workspaces. Never fails for something missing; says what is missing.
+    """
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)
     set_names = set_env_var_names()

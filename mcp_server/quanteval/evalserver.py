@@ -704,9 +704,9 @@ def _running(pid: int) -> bool:
 
 
 def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
-    """Start the eval server for a training loop (slime's eval-delegate API: GET /health, POST /evaluate,
-    POST /jobs, GET /jobs/<id>) on 127.0.0.1 as a background process and wait until it answers /health.
-    Use it when an RL run should delegate periodic NeMo-Skills evaluations; stop it with stop_eval_server."""
+    """Use when an RL training loop should delegate periodic evaluations: starts the eval server (slime's eval-
+    delegate API) on 127.0.0.1 in the background and waits for /health.
+    """
     if not port_free(request.port):
         raise ToolError(f"port {request.port} on 127.0.0.1 is in use; pick another port")
     output_root = Path(request.output_root or state_dir() / "eval-server" / str(request.port)).expanduser()
@@ -756,8 +756,9 @@ def _info(record: ledger.Record, state: str, health: dict[str, Any] | None) -> E
 
 
 def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
-    """Report whether an eval server started by start_eval_server is still running, with its /health answer
-    (backend readiness and counts of queued, running, succeeded and failed evaluations)."""
+    """Use to check an eval server from start_eval_server: running or not, and its /health answer (backend
+    readiness, queued/running/finished counts).
+    """
     record = _server_record(request.record_id)
     if record.status == "stopped":
         return _info(record, "stopped", None)
@@ -770,8 +771,9 @@ def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
 
 
 def stop_eval_server(request: EvalServerIdInput) -> EvalServerInfo:
-    """Stop an eval server started by start_eval_server: SIGTERM to its process group (running evaluations
-    are stopped too), SIGKILL after 10 s. Use it when the training run no longer needs evaluations."""
+    """Use when the training run no longer needs evaluations: stops an eval server and its running evaluations
+    (SIGTERM, then SIGKILL after 10 s).
+    """
     record = _server_record(request.record_id)
     stop_group(record.details["pid"], grace_s=10, on_wait=lambda: _running(record.details["pid"]))
     record = ledger.update(record.id, status="stopped", message="stopped by stop_eval_server")

@@ -503,12 +503,9 @@ def missing_value_paths(doc: Any) -> list[str]:
 
 
 def build_config(request: BuildConfigInput) -> BuildConfigOutput:
-    """Write a new NEL config from NEL's own templates (what `nel skills build-config` does, also on Python 3.11).
-
-    Use this first when there is no config yet: pick execution (local|slurm), deployment
-    (none|vllm|sglang|nim|trtllm), model type and benchmark bundles. The file keeps the
-    templates' comments; never overwrites an existing file. Fill the returned
-    missing_values next (apply_checkpoint, set_config_value), then validate_config.
+    """Use when there is no config yet: writes a new NEL config (.yaml) from NEL's templates for an execution,
+    deployment, model type and benchmark bundles. Never overwrites. Then fill missing_values
+    (apply_checkpoint, set_config_value) and validate_config.
     """
     path = _output_path(request)
     doc = build_config_document(request.execution, request.deployment, request.model_type, request.benchmarks, request.export)
@@ -543,10 +540,8 @@ class GetConfigValueOutput(BaseModel):
 
 
 def get_config_value(request: GetConfigValueInput) -> GetConfigValueOutput:
-    """Read one value (or a whole section) from a NEL config by dotted path, tasks addressable by name.
-
-    Use it to check what a config currently says before changing it, e.g. a task's params
-    ('evaluation.tasks[ns_gpqa].nemo_evaluator_config') or 'deployment.extra_args'.
+    """Use to read what a NEL config says before changing it: one value or section by dotted key; tasks
+    addressable by name, e.g. evaluation.tasks[ns_gpqa].nemo_evaluator_config.
     """
     value = get_path(load_config(request.config_path), request.key)
     return GetConfigValueOutput(key=request.key, value=to_plain(value), missing=value == MISSING)
@@ -593,10 +588,8 @@ def _as_round_trip(value: Any) -> Any:
 
 
 def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
-    """Set one value in a NEL config by dotted path (tasks addressable by name), keeping comments and key order.
-
-    Use it to fill a ??? value, change a param or deployment setting, or add a key. The
-    write is atomic and locked (concurrent edits are never lost) and returns a unified diff.
+    """Use to fill a ??? or change a setting: sets one dotted key in a NEL config, keeping comments and order;
+    atomic, returns a diff.
     """
     value = _parse_yaml_value(request.yaml_value) if request.yaml_value is not None else _as_round_trip(request.value)
     diff = edit_config(request.config_path, lambda doc: set_path(doc, request.key, value))
@@ -609,10 +602,8 @@ class DeleteConfigValueInput(StrictModel):
 
 
 def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
-    """Remove a key or a list entry (e.g. a whole task) from a NEL config, keeping everything else as it was.
-
-    Use it to drop a task, a stray or misspelled key, or one of checkpoint_path/hf_model_handle.
-    Fails clearly when the path does not exist; returns a unified diff.
+    """Use to drop a task, a stray or misspelled key: removes one dotted key or list entry from a NEL config;
+    returns a diff.
     """
     diff = edit_config(request.config_path, lambda doc: delete_path(doc, request.key))
     return ConfigEditOutput(config_path=request.config_path, key=request.key, changed=bool(diff), diff=diff)
@@ -715,10 +706,8 @@ class ListMissingValuesOutput(BaseModel):
 
 
 def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOutput:
-    """List everything a NEL config still needs before it can run, all at once: every ??? value, every
-    `host:VAR` / `${oc.env:VAR}` whose variable is unset, and the env vars each task's recipe needs
-    (judge, user-simulator, dataset keys). Use it after build_config/apply_checkpoint to see what is
-    left to fill; reports variable names only, never values.
+    """Use after build_config/apply_checkpoint: lists everything a NEL config still needs (??? values, unset env
+    vars it references, env vars its task recipes need), names only.
     """
     doc = load_config(request.config_path)
     needed: dict[str, list[str]] = {}
@@ -862,12 +851,9 @@ def _is_nemo_skills(name: str) -> bool:
 
 
 def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:  # noqa: C901
-    """Write what inspect_checkpoint finds into a NEL config's deployment: checkpoint_path or
-    hf_model_handle (never both), served_model_name, tensor_parallel_size, and extra_args merged
-    without duplicates (the real context length instead of the 32768 fallback, spelled per
-    framework; --trust-remote-code and a quantization flag only where needed). Also fills the
-    tokenizer and reasoning params still set to ???, and the `api_key_name: DUMMY_API_KEY` that
-    NeMo-Skills tasks need against a self-deployed endpoint. Use it right after build_config.
+    """Use right after build_config: writes what inspect_checkpoint finds into the config's deployment
+    (checkpoint path or HF handle, served name, tensor-parallel size, context length and only the flags
+    needed) and fills tokenizer/reasoning ??? values.
     """
     doc = load_config(request.config_path)
     framework = deployment_type(doc)

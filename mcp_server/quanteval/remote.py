@@ -528,9 +528,9 @@ class SshCheckResult(BaseModel):
 
 
 def ssh_check(request: SshCheckInput, progress: ProgressFn = no_progress) -> SshCheckResult:
-    """Connect to a host over SSH and report who/where you are, which SLURM/container commands exist and the latency.
-    Use it first for any cluster host (before launching runs or deployments there) and whenever a remote tool fails
-    to connect: it names the problem (unreachable, auth, host key) and, for a new host, the key fingerprint to confirm."""
+    """Use first for any cluster host, and when a remote tool cannot connect: connects over SSH and reports
+    identity, SLURM/container commands, latency, or what is wrong (unreachable, auth, host key).
+    """
     progress(0, 3, f"connecting to {request.host}")
     probe = "whoami; hostname; " + "".join(
         f"command -v {c} >/dev/null 2>&1 && echo have:{c}; " for c in PROBED_COMMANDS
@@ -644,9 +644,9 @@ def _slurm_unreachable(host: str, command: str, stderr: str) -> ToolError:
 
 
 def slurm_queue(request: SlurmQueueInput, progress: ProgressFn = no_progress) -> SlurmQueueResult:
-    """List SLURM jobs on a cluster (squeue; with include_finished also sacct, or `sacct -c` when accounting is off),
-    filtered by user and job ids, one page at a time. Use it to see whether NEL's jobs are pending, running or
-    finished and why (pending reason, exit code); run_status covers one run, this covers the whole queue."""
+    """Use to see the whole SLURM queue on a host: jobs filtered by user and ids, with state, pending reason and
+    exit code. Paginated.
+    """
     bad_ids = [j for j in request.job_ids if not _JOB_ID.match(j)]
     if bad_ids:
         raise ToolError(f"job_ids: {bad_ids} are not SLURM job ids. Use numbers like '1234' or array ids like '1234_5'.")
@@ -760,9 +760,9 @@ class RemoteGrepResult(BaseModel):
 
 
 def remote_grep(request: RemoteGrepInput, progress: ProgressFn = no_progress) -> RemoteGrepResult:
-    """Search files on a host (recursively under a directory) for regular expressions and return matching lines with
-    file and line number, capped at max_lines. Use it to find errors (Traceback, OOM, killed, unauthorized, ...) in a
-    remote run's logs without copying them; run_logs does this for one run, this works on any path."""
+    """Use to find errors in files on a host without copying them: grep -E over a file or directory, matching
+    lines with file and line number.
+    """
     if any("\n" in p or "\0" in p for p in request.patterns):
         raise ToolError("patterns: a pattern contains a newline or NUL. Pass one line per pattern.")
     if "\0" in request.path:
@@ -840,9 +840,9 @@ class RegistryCredentialsResult(BaseModel):
 
 
 def check_registry_credentials(request: CheckRegistryCredentialsInput) -> RegistryCredentialsResult:
-    """Report which container registries have entries in a host's enroot credentials file
-    (~/.config/enroot/.credentials, netrc style) — names only, never a login, password or token. Use it before a SLURM
-    run whose containers come from nvcr.io or another private registry: a missing entry makes every job fail on pull."""
+    """Use before a SLURM run pulling from nvcr.io or another private registry: lists the registries in the
+    host's enroot credentials (names only).
+    """
     if request.registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?", request.registry):
         raise ToolError(f"registry: '{request.registry}' is not a registry host name. Use e.g. 'nvcr.io'.")
     result = run_remote(request.host, f"bash -c {shlex.quote(_CREDENTIALS_SCRIPT)}", timeout=30)

@@ -379,9 +379,9 @@ def task_scores(tree: RunTree, task_dir: Path) -> TaskScores:
 
 
 def extract_scores(request: ExtractScoresInput) -> ExtractScoresOutput:
-    """Read the headline score and its standard error for every task of a finished NEL run, using the task
-    recipe's metric/score when the task has a recipe, else every metric under results.tasks and results.groups.
-    Values keep their stored scale (fraction 0-1 or percent) and say which. Use it after validate_run passes."""
+    """Use after validate_run passes: every task's headline score and standard error from a finished run, with
+    its scale.
+    """
     tree = locate_run(request.run)
     return ExtractScoresOutput(run=tree.label, tasks=[task_scores(tree, task_dir) for task_dir in tree.task_dirs])
 
@@ -635,10 +635,10 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
 
 
 def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) -> ValidateRunOutput:
-    """Check that a finished NEL run can be trusted, task by task: finished (a SLURM timeout then resume is fine),
-    samples scored vs expected, HTTP error share, responses cut by the token limit, leaked <think> reasoning,
-    judge/sandbox failures in the logs and the checkpoint the server loaded. Returns pass/fail/inconclusive with
-    reasons and evidence (file, line). Use it before extract_scores or compare_results, and before a full run's results are reported."""
+    """Use before extract_scores or compare_results: checks a finished run task by task (finished, samples
+    scored, HTTP errors, truncation, leaked reasoning, judge failures, loaded checkpoint);
+    pass/fail/inconclusive with evidence.
+    """
     tree = locate_run(request.run)
     tasks = []
     for index, task_dir in enumerate(tree.task_dirs):

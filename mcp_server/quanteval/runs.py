@@ -178,10 +178,9 @@ def _split_printed_scripts(printed: str) -> list[tuple[str, str]]:
 
 
 def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunOutput:
-    """Run NEL's own dry-run on a config and return the result as structure: ok or not, the rendered scripts
-    (names, sizes, first lines), the invocation directory, and NEL's error reduced to its message. Use it after
-    validate_config and before launch_canary: it is the last check before spending GPU time. NEL's .secrets.env
-    files are made private (mode 600) and their values never appear in the result. Recorded in the ledger."""
+    """Use after validate_config, before launch_canary: runs NEL's own dry-run and returns ok, the rendered
+    scripts and NEL's error message. Recorded in the ledger; secrets never appear.
+    """
     config_path = _config_file(request.config_path)
     progress(0, 2, "NEL dry-run (composes the config and renders the scripts, ~5 s)")
     answer = nelexec.call("run", DRY_RUN_TIMEOUT_S, config_path=config_path, overrides=request.overrides,
@@ -278,10 +277,9 @@ class LaunchCanaryInput(StrictModel):
 
 
 def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Launch a small canary run of a config (NEL run with limit_samples=N, default 10) and return its ids at once.
-    Use it after a passing dry_run and before launch_full_run: the full run is refused until a canary of the same
-    config finished and passed validation. Poll it with run_status; read failures with run_logs. The local
-    executor needs a Docker daemon; without one this fails at once and says so."""
+    """Use after a passing dry_run: launches a small canary (limit_samples per task, default 10) and returns its
+    record_id at once; a full run needs a passing canary of the same config. Poll with run_status.
+    """
     config_path = _config_file(request.config_path)
     progress(0, 3, "composing the config")
     record, answer = _launch("canary", config_path, request.overrides,
@@ -350,9 +348,9 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn) -> str
 
 
 def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Launch the full evaluation of a config — refused unless a canary of the same config (same hash of the
-    composed config, ignoring the canary's own limit) finished and passed validation. Use it as the last step,
-    after launch_canary succeeded. `force` with a written `reason` overrides the gate; the reason is recorded."""
+    """Use last, after the canary passed: launches the full evaluation of the same config; refused without a
+    passing canary unless force with a written reason. Returns record_id at once.
+    """
     config_path = _config_file(request.config_path)
     if request.force and not (request.reason and request.reason.strip()):
         raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
@@ -558,10 +556,9 @@ def _record(run: str) -> ledger.Record:
 
 
 def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatusOutput:
-    """Current status of a canary or full run (per job: pending, running, resuming, succeeded, failed, killed),
-    read through NEL (local) or straight from SLURM (squeue/sacct over ssh), with the ledger's history. Use it
-    to poll a launch. A walltime TIMEOUT with NEL's restart job queued is `resuming`, not failed; an unreachable
-    cluster gives reachable=false and leaves the recorded status alone."""
+    """Use to poll a canary or full run: per-job status (pending, running, resuming, succeeded, failed, killed)
+    from NEL or SLURM, with the ledger's history.
+    """
     progress(0, 1, "asking the executor")
     refreshed = _refresh(_record(request.record_id))
     record = refreshed.record
@@ -650,10 +647,9 @@ def _read_remote_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]
 
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
-    """The last N lines of every log file of a run, plus every line anywhere in those logs that matches a known
-    failure class (traceback, oom, killed, timeout, unauthorized, rate_limit, sandbox, container, judge, parse,
-    scoring, exception) with its file and line number. Use it when run_status says failed, or to watch a canary.
-    Works for local runs (files on this machine) and SLURM runs (read over ssh). Secret values are masked."""
+    """Use when run_status says failed, or to watch a canary: last lines of each log of a run plus every line
+    matching a known failure class, with file and line. Secrets masked.
+    """
     record = _record(request.record_id)
     jobs = [job for job in _jobs(record) if request.job in (None, job["job_id"])]
     if not jobs:
@@ -688,9 +684,9 @@ class KillRunOutput(BaseModel):
 
 
 def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutput:
-    """Stop a canary or full run through NEL (docker stop / scancel), including a job that NEL's auto-resume has
-    already moved to a restart job, and record it as killed. Use it when a run is wrong or stuck; it cannot be
-    undone (resume_run starts it again from its scripts)."""
+    """Use when a run is wrong or stuck: stops a canary or full run through NEL (including its restart job) and
+    records it as killed.
+    """
     record = _record(request.record_id)
     if record.kind == "dry_run":
         raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
@@ -732,9 +728,9 @@ class ResumeRunOutput(BaseModel):
 
 
 def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRunOutput:
-    """Resume a stopped or failed run through NEL (re-runs its rendered scripts: `bash run.sh` locally, `sbatch
-    run.sub` on SLURM), keeping the same invocation id. Use it after a kill or a transient failure; it does not
-    pick up config edits (launch a new canary for those)."""
+    """Use after a kill or a transient failure: re-runs a run's rendered scripts under the same invocation id
+    (config edits need a new canary).
+    """
     record = _record(request.record_id)
     if record.kind == "dry_run" or not record.invocation_id:
         raise ToolError(f"{record.id} never ran (a dry-run or a failed launch); use launch_canary instead.")
@@ -777,9 +773,9 @@ class ListRunsOutput(BaseModel):
 
 
 def list_runs(request: ListRunsInput) -> ListRunsOutput:
-    """Dry-runs, canaries and full runs recorded in the ledger, newest first, with status as last recorded, config
-    hash and invocation id; filter by kind and status, paginate with offset/limit. Use it to find a run's id for
-    run_status or run_logs, or to see which canary passed. It reads the ledger only (call run_status to refresh)."""
+    """Use to find a record_id: dry-runs, canaries, full runs and eval servers in the ledger, newest first,
+    filtered by kind and status. Paginated.
+    """
     kinds: list[ledger.RecordKind] = [request.kind] if request.kind else ["dry_run", "canary", "full_run"]
     page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)
     total = ledger.count(kinds=kinds, status=request.status)

@@ -94,7 +94,7 @@ def _listing(spec: registry.ToolSpec, output_schemas: bool) -> MCPTool:
     schema["additionalProperties"] = False  # unknown keys are errors (checked in registry.parse_arguments)
     return MCPTool(
         name=spec.name,
-        description=spec.description,
+        description=" ".join(spec.description.split()),  # one line: a model needs no line breaks
         input_schema=schema,
         output_schema=compact_schema(spec.output_model.model_json_schema()) if output_schemas else None,
         annotations=ToolAnnotations(

@@ -404,12 +404,8 @@ def _shorten(text: str, width: int = 200) -> str:
 
 
 def list_tasks(request: ListTasksInput) -> ListTasksOutput:
-    """Search NEL's task catalogue (the same list as `nel ls tasks`, cached, answers in milliseconds).
-
-    Use it to find the exact task name for a benchmark before add_tasks, to see which
-    harness runs it, and whether a name is ambiguous across harnesses (then the
-    qualified `harness.task` name must be used). Tasks with a reviewed recipe are marked.
-    Results are paginated; `total` counts every match.
+    """Use to find the exact NEL task name for a benchmark before add_tasks: searches NEL's task catalogue; shows
+    harness, ambiguity and whether a reviewed recipe exists. Paginated.
     """
     entries = catalogue()
     if request.harness is not None:
@@ -478,12 +474,8 @@ class GetTaskRecipeOutput(BaseModel):
 
 
 def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
-    """The reviewed recipe for one benchmark: how to run it, its params, its YAML fragment and where its score is.
-
-    Use it before adding a task to see what the recipe sets (repeats, judge, env vars,
-    score path). When no recipe exists, returns the NEL catalogue entry and a generic
-    fragment that relies on NEL's defaults, and says so. Unknown names get a did-you-mean;
-    ambiguous names list the qualified `harness.task` names to use.
+    """Use before adding a task: the reviewed recipe for one benchmark (params, repeats, judge, env vars, YAML
+    fragment, score path), or NEL's catalogue entry with defaults when none exists.
     """
     resolved = resolve(request.name)
     if resolved.recipe is not None:
@@ -552,13 +544,8 @@ def _task_key(config_name: str) -> str:
 
 
 def add_tasks(request: AddTasksInput) -> AddTasksOutput:
-    """Add benchmarks to a NEL config's evaluation.tasks, from reviewed recipes or bare NEL task names.
-
-    Use it after build_config (or on any NEL config) to put the tasks you want to run
-    into the file. A recipe's YAML fragment goes in as reviewed (repeats, params, judge);
-    a bare task name gets NEL's defaults. Tasks already present are skipped and reported.
-    Every name is checked first: an unknown name fails with a did-you-mean, an ambiguous
-    one lists the qualified names, and then nothing is written. Returns the diff.
+    """Use after build_config to put benchmarks into evaluation.tasks, from reviewed recipes or NEL task names.
+    Checks every name first (did-you-mean); skips tasks already present; returns a diff.
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap, CommentedSeq

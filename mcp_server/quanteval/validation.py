@@ -716,12 +716,9 @@ def validate_document(doc: Any, config_path: Path, overrides: list[str] | None =
 
 
 def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
-    """Check a NEL config offline in one pass and report every problem with its path, severity and a
-    concrete fix: unresolved ???, unknown or ambiguous task names (did-you-mean), misspelled keys and
-    params (temprature), wrong value types, overrides that need ++, server flags for the wrong
-    framework, quantization flags or context lengths that contradict the checkpoint, tensor
-    parallelism vs heads and GPUs per node, unset env vars, SLURM specifics, judge tasks without a
-    judge. Use it after every edit and before dry_run: it takes milliseconds, NEL's dry-run seconds.
+    """Use after every edit and before dry_run: checks a NEL config offline in milliseconds and lists every
+    problem (unfilled ???, unknown tasks, misspelled keys/params, wrong types, framework/quantization
+    mismatches, unset env vars) with its key and a fix.
     """
     started = time.perf_counter()
     path = Path(request.config_path).expanduser()
