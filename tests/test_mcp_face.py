@@ -283,3 +283,45 @@ def test_every_tool_belongs_to_a_declared_toolset():
 def test_unknown_toolset_is_a_usage_error(cli_env):
     out = subprocess.run(["quanteval-mcp", "--toolsets", "config,nope"], capture_output=True, text=True, env=cli_env, timeout=60)
     assert out.returncode == 2 and "nope" in out.stderr and "config" in out.stderr
+
+
+# ---------------------------------------------------------------- fast start over stdio
+
+
+def _stdio_session(cli_env, calls_before_list: bool = False) -> list[dict]:
+    """initialize, initialized, tools/list, a tool call, tools/list again: the raw answers, in order."""
+    proc = subprocess.Popen(["quanteval-mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=cli_env, text=True)
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "check_environment", "arguments": {"probe_gpus": False}}},
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/list"},
+    ]
+    if calls_before_list:
+        requests[2], requests[3] = requests[3], requests[2]
+    for request in requests:  # all at once, as a client that does not wait would
+        proc.stdin.write(json.dumps(request) + "\n")
+    proc.stdin.flush()
+    answers = {}
+    while len(answers) < 4:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()[-2000:]
+        message = json.loads(line)
+        answers[message["id"]] = message
+    proc.stdin.close()
+    assert proc.stdout.read() == ""  # nothing more: the replayed initialize's answer never reaches the client
+    proc.wait(timeout=30)
+    return [answers[i] for i in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("calls_before_list", [False, True])
+def test_second_start_answers_initialize_and_tools_list_as_the_sdk_did(cli_env, calls_before_list):
+    first = _stdio_session(cli_env)  # the SDK answers everything and its answers are recorded
+    second = _stdio_session(cli_env, calls_before_list)  # initialize and tools/list come from the recording
+    assert second[0] == first[0]
+    assert second[1]["result"] == first[1]["result"] == second[3]["result"]  # the SDK's own later answer agrees
+    assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.TOOLS)
+    assert second[2]["result"]["structuredContent"]["quanteval"]  # the SDK took over the session

@@ -1,227 +1,254 @@
-"""`quanteval-mcp`: the MCP server, generated from the tool registry. Wiring only.
+"""`quanteval-mcp`: start the MCP server (stdio by default, `--http` for streamable HTTP on 127.0.0.1).
 
-Tools are served from the registry directly, not through the SDK's function-signature
-machinery: the SDK fills defaults and drops unknown keys before a function tool sees its
-arguments, and reports an exception raised while parsing them as a bare "Error executing
-tool X". Here the raw arguments reach `registry.run`, the same path the CLI takes, so a
-misspelled key, a "was this given" check and every error message behave as on the CLI.
+Importing the MCP SDK takes longer than all of `nel --help` (its protocol types are built at
+import). An IDE spawns the server and at once sends `initialize` and `tools/list`, whose answers
+depend only on this code and the options. So over stdio those two are answered from the SDK's
+own answers recorded by an earlier start (same code, same SDK, same options) while the SDK loads
+in a background thread; then the SDK takes over the stream. It is first shown the client's
+`initialize` again, under an id of its own whose answer is dropped, so its session state is
+exactly as if it had answered itself. With no recording yet, the SDK answers everything.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import logging
+import hashlib
+import json
 import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-import anyio
-import anyio.from_thread
-import anyio.to_thread
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, TextContent, ToolAnnotations
-from mcp_types import Tool as MCPTool
-
-from quanteval import __version__, paths, registry
-from quanteval.models import ToolError
-
-log = logging.getLogger("quanteval.server")
-
-INSTRUCTIONS = (
-    "Evaluate (quantized) LLM checkpoints with NeMo Evaluator Launcher. Usual order: check_environment, "
-    "inspect_checkpoint, build_config, apply_checkpoint, add_tasks, list_missing_values, validate_config, dry_run, "
-    "launch_canary, validate_run, launch_full_run, extract_scores, compare_results. Paths are absolute."
-)
+REPLAY_ID = "quanteval-replayed-initialize"
+_SDK_NAMES = {"build_server", "QuantevalServer", "compact_schema", "INSTRUCTIONS"}
 
 
-def compact_schema(node: Any) -> Any:
-    """A pydantic JSON schema without what a model does not need: titles, null defaults, anyOf-with-null.
+def __getattr__(name: str) -> Any:
+    """`from quanteval.server import build_server` keeps working; the SDK loads only when it is used."""
+    if name in _SDK_NAMES:
+        from quanteval import mcpapp
 
-    Same meaning, about half the bytes: `{"anyOf": [{"type": "string"}, {"type": "null"}]}` becomes
-    `{"type": ["string", "null"]}`; pydantic's generated "title" of every field repeats its name.
-    """
-    if isinstance(node, list):
-        return [compact_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title" and isinstance(value, str):
-            continue
-        if key == "default" and value is None:
-            continue
-        if key in ("properties", "$defs"):  # keys here are names, not schema keywords
-            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
-        else:
-            out[key] = compact_schema(value)
-    options = out.get("anyOf")
-    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
-        other = next(option for option in options if option != {"type": "null"})
-        if isinstance(other.get("type"), str):
-            del out["anyOf"]
-            out = {**other, **out, "type": [other["type"], "null"]}
-    return out
+        return getattr(mcpapp, name)
+    raise AttributeError(name)
 
 
-def _flat_input_schema(model: type) -> dict[str, Any]:
-    """The input schema with nested models as plain objects (their fields are checked server-side).
-
-    A nested model is another tool's output passed back as is (launch_deployment's plan): spelling out its
-    whole schema in tools/list costs kilobytes and tells the model nothing it can act on. Enums stay inline.
-    """
-    schema = model.model_json_schema()  # type: ignore[attr-defined]
-    defs = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        if "$ref" in node:
-            target = defs[node["$ref"].rsplit("/", 1)[-1]]
-            kept = {key: value for key, value in node.items() if key != "$ref"}
-            return {**({"enum": target["enum"]} if "enum" in target else {"type": "object"}), **kept}
-        return {key: inline(value) for key, value in node.items()}
-
-    return compact_schema(inline(schema))
+# ---------------------------------------------------------------------------------------------
+# Recorded answers
 
 
-def _listing(spec: registry.ToolSpec, output_schemas: bool) -> MCPTool:
-    schema = _flat_input_schema(spec.input_model)
-    schema["additionalProperties"] = False  # unknown keys are errors (checked in registry.parse_arguments)
-    return MCPTool(
-        name=spec.name,
-        description=" ".join(spec.description.split()),  # one line: a model needs no line breaks
-        input_schema=schema,
-        output_schema=compact_schema(spec.output_model.model_json_schema()) if output_schemas else None,
-        annotations=ToolAnnotations(
-            read_only_hint=spec.read_only,
-            destructive_hint=spec.destructive,
-            idempotent_hint=spec.idempotent,
-            open_world_hint=spec.open_world,
-        ),
-    )
+def _recording_key(options: list[str]) -> str:
+    """Changes with any quanteval module, the installed SDK, or the options that shape the answers."""
+    import importlib.util
+
+    from quanteval import __version__
+
+    files = list(Path(__file__).parent.glob("*.py"))
+    for package in ("mcp", "mcp_types"):
+        spec = importlib.util.find_spec(package)
+        if spec and spec.origin:
+            files.append(Path(spec.origin))
+    stats = sorted((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files)
+    return hashlib.sha256(repr((__version__, sys.version, options, stats)).encode()).hexdigest()
 
 
-def _listing_key(output_schemas: bool) -> str:
-    """Changes whenever any quanteval module does (a new install, an edit in a checkout)."""
-    import hashlib
+class _Recording:
+    """The SDK's answers to initialize and tools/list, per protocol version the client asked for."""
 
-    package = Path(__file__).parent
-    stats = sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in package.glob("*.py"))
-    return hashlib.sha256(repr((__version__, output_schemas, stats)).encode()).hexdigest()
+    def __init__(self, key: str) -> None:
+        from quanteval import envvars
 
-
-def _cached_listing(output_schemas: bool) -> dict[str, MCPTool]:
-    """Every registered tool's listing, from a file in the state dir while the code is unchanged.
-
-    Building the schemas imports every domain module (about a third of the start-up time); a client's
-    first tools/list should not wait for that when nothing changed since the last start.
-    """
-    import json
-
-    from quanteval import envvars
-
-    key = _listing_key(output_schemas)
-    cache_file = envvars.state_dir() / "mcp-tools-list.json"
-    try:
-        cached = json.loads(cache_file.read_text(encoding="utf-8"))
-        if cached.get("key") == key:
-            return {name: MCPTool.model_validate(tool) for name, tool in cached["tools"].items()}
-    except (OSError, ValueError):
-        pass
-    listing = {name: _listing(spec, output_schemas) for name, spec in registry.TOOLS.items()}
-    payload = {"key": key, "tools": {name: tool.model_dump(mode="json", by_alias=True, exclude_none=True) for name, tool in listing.items()}}
-    temporary = cache_file.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(payload), encoding="utf-8")
-        os.replace(temporary, cache_file)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-    return listing
-
-
-def _error(message: str) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
-
-
-class QuantevalServer(MCPServer):
-    def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = False) -> None:
-        super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS)
-        self._specs = tools
-        self._policy = policy
-        self._output_schemas = output_schemas
-
-    @functools.cached_property
-    def _tool_listing(self) -> list[MCPTool]:
-        listing = _cached_listing(self._output_schemas)
-        return [listing[name] if name in listing else _listing(spec, self._output_schemas) for name, spec in self._specs.items()]
-
-    async def list_tools(self) -> list[MCPTool]:
-        return self._tool_listing
-
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
+        self.path = envvars.state_dir() / "mcp-stdio-answers.json"
+        self.key = key
         try:
-            spec = registry.get_tool(name, self._specs)
-            result = await anyio.to_thread.run_sync(
-                functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
-                abandon_on_cancel=True,
-            )
-            data, text = registry.result_json(spec, result)
-        except ToolError as exc:
-            log.info("tool %s failed: %s", name, exc)
-            return _error(str(exc))
-        except Exception as exc:  # a bug: the client learns its type, the log gets the traceback
-            log.exception("tool %s raised", name)
-            return _error(registry.internal_error(name, exc))
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            self.answers: dict[str, dict[str, Any]] = data["answers"] if data.get("key") == key else {}
+        except (OSError, ValueError, KeyError):
+            self.answers = {}
+        self._lock = threading.Lock()
 
-    async def get_prompt(
-        self, name: str, arguments: dict[str, Any] | None = None, context: Context | None = None
-    ) -> GetPromptResult:
-        # The SDK reports these as a JSON-RPC error with code 0; they are invalid params.
-        prompt = self._prompt_manager.get_prompt(name)
-        if prompt is None:
-            raise MCPError(INVALID_PARAMS, f"Unknown prompt '{name}'. prompts/list names them.")
-        valid = [argument.name for argument in prompt.arguments or []]
-        unknown = sorted(set(arguments or {}) - set(valid))
-        if unknown:
-            raise MCPError(INVALID_PARAMS, f"Prompt {name}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(valid)}.")
-        return await super().get_prompt(name, arguments, context)  # type: ignore[return-value]
+    def get(self, method: str, version: str) -> Any:
+        return self.answers.get(version, {}).get(method)
+
+    def learn(self, method: str, version: str, result: Any) -> None:
+        with self._lock:
+            if self.answers.get(version, {}).get(method) == result:
+                return
+            self.answers.setdefault(version, {})[method] = result
+            temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
+            try:
+                temporary.write_text(json.dumps({"key": self.key, "answers": self.answers}), encoding="utf-8")
+                os.replace(temporary, self.path)
+            except OSError:  # a read-only state dir: the next start simply waits for the SDK
+                temporary.unlink(missing_ok=True)
 
 
-def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
-    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
-        if ctx is None:
-            return
-        try:
-            anyio.from_thread.run(ctx.report_progress, done, total, message)
-        except Exception:  # progress is best effort; a client that left must not fail the tool
-            log.debug("progress report dropped", exc_info=True)
-
-    return progress
+# ---------------------------------------------------------------------------------------------
+# The stdio stream, shared by the early answers and the SDK
 
 
-def build_server(
-    toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = False
-) -> MCPServer:
-    """The server: relative paths refused (a client's paths mean nothing in the server's working directory)."""
-    policy = paths.Policy(root=root, absolute_only=True)
-    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas)
-    _add_extras(server)
-    return server
+class _Input:
+    """Lines for the SDK: those held back while it loaded, then the rest of stdin. Notes what each request asks."""
+
+    def __init__(self, stream: BinaryIO, held: list[bytes], requests: dict[Any, tuple[str, str]], version: list[str]) -> None:
+        self._stream, self._held, self._requests, self._version = stream, held, requests, version
+
+    def readline(self) -> str:
+        line = self._held.pop(0) if self._held else self._stream.readline()
+        _note_request(line, self._requests, self._version)
+        return line.decode("utf-8", errors="replace")
+
+    def __iter__(self):  # anyio's AsyncFile iterates by readline
+        return iter(self.readline, "")
 
 
-def _add_extras(server: MCPServer) -> None:
-    """Resources and prompts (the skill pack) are registered by the skills module when present."""
+def _note_request(line: bytes, requests: dict[Any, tuple[str, str]], version: list[str]) -> None:
+    """Remember which ids are initialize / tools/list requests, to record the SDK's answers to them."""
     try:
-        from quanteval import skillpack
-    except ImportError:
+        message = json.loads(line)
+    except ValueError:
         return
-    skillpack.register_mcp(server)
+    if not isinstance(message, dict) or "id" not in message:
+        return
+    if message.get("method") == "initialize":
+        version[0] = str((message.get("params") or {}).get("protocolVersion", ""))
+        requests[message["id"]] = ("initialize", version[0])
+    elif message.get("method") == "tools/list" and not (message.get("params") or {}).get("cursor"):
+        requests[message["id"]] = ("tools/list", version[0])
+
+
+class _Output:
+    """stdout for the SDK: records its answers to initialize and tools/list, drops the replayed one's answer."""
+
+    def __init__(self, fd: int, recording: _Recording, requests: dict[Any, tuple[str, str]]) -> None:
+        self._fd, self._recording, self._requests = fd, recording, requests
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        while "\n" in self._pending:
+            line, self._pending = self._pending.split("\n", 1)
+            if self._keep(line):
+                _write_line(self._fd, line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # every line is written whole, at once
+
+    def _keep(self, line: str) -> bool:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return True
+        asked = self._requests.pop(message.get("id"), None) if isinstance(message, dict) else None
+        if asked and "result" in message:
+            self._recording.learn(asked[0], asked[1], message["result"])
+        return not (isinstance(message, dict) and message.get("id") == REPLAY_ID)
+
+
+def _write_line(fd: int, line: str) -> None:
+    data = (line + "\n").encode("utf-8")
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _answer(fd: int, request_id: Any, result: Any) -> None:
+    _write_line(fd, json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}, separators=(",", ":")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving
+
+
+class _Loader(threading.Thread):
+    """Imports the SDK and builds the server while the main thread answers what it can."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        super().__init__(daemon=True, name="quanteval-sdk-loader")
+        self._build = build
+        self.server: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.server = self._build()
+        except BaseException as exc:  # re-raised in the main thread
+            self.error = exc
+
+
+def _early_answers(stream: BinaryIO, out_fd: int, recording: _Recording, loader: _Loader) -> list[bytes] | None:
+    """Answer initialize, tools/list and ping from the recording until a request needs the SDK.
+
+    Returns the lines the SDK must see (the replayed initialize first), or None at end of input.
+    """
+    held: list[bytes] = []
+    version: str | None = None
+    while not loader.server:
+        line = stream.readline()
+        if not line:
+            return None
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            return [*held, line]
+        method, params = message.get("method"), message.get("params") or {}
+        if method == "initialize" and version is None and recording.get("initialize", str(params.get("protocolVersion"))):
+            version = str(params.get("protocolVersion"))
+            _answer(out_fd, message.get("id"), recording.get("initialize", version))
+            held.insert(0, json.dumps({**message, "id": REPLAY_ID}).encode() + b"\n")
+            continue
+        if method == "tools/list" and version is not None and not params.get("cursor") and recording.get("tools/list", version):
+            _answer(out_fd, message.get("id"), recording.get("tools/list", version))
+            continue
+        if method == "ping" and "id" in message:
+            _answer(out_fd, message["id"], {})
+            continue
+        held.append(line)
+        if "id" in message:
+            return held  # a request only the SDK can answer
+    return held
+
+
+def serve_stdio(build: Callable[[], Any], options: list[str]) -> None:
+    """Serve MCP on stdin/stdout; fd 0 and 1 point elsewhere meanwhile, so nothing else reaches the wire."""
+    in_fd, out_fd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # children and libraries read EOF, never the protocol stream
+    os.close(devnull)
+    os.dup2(2, 1)  # stray prints from libraries land on stderr
+    sys.stdout = sys.stderr
+    stream = os.fdopen(in_fd, "rb")
+    recording = _Recording(_recording_key(options))
+    loader = _Loader(build)
+    loader.start()
+    held = _early_answers(stream, out_fd, recording, loader)
+    if held is None:
+        return
+    loader.join()
+    if loader.error is not None:
+        raise loader.error
+    requests: dict[Any, tuple[str, str]] = {}
+    _run_sdk(loader.server, _Input(stream, held, requests, [""]), _Output(out_fd, recording, requests))
+
+
+def _run_sdk(server: Any, stdin: _Input, stdout: _Output) -> None:
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async runs, with our streams
+
+    async def run() -> None:
+        async with stdio_server(anyio.wrap_file(stdin), anyio.wrap_file(stdout)) as (read_stream, write_stream):  # type: ignore[arg-type]
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+    anyio.run(run)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
 
 
 def _root(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path | None:
@@ -241,30 +268,36 @@ def main(argv: list[str] | None = None) -> int:
         help="workspace root: every file the tools read or write must lie inside it "
         "(default: no restriction over stdio, the working directory over --http)",
     )
-    parser.add_argument(
-        "--toolsets",
-        help=f"comma-separated toolsets to serve (default all): {', '.join(registry.TOOLSETS)}",
-    )
+    parser.add_argument("--toolsets", help="comma-separated toolsets to serve (default all): "
+                        "setup, config, runs, results, deploy, cluster, evalserver")  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
-    parser.add_argument(
-        "--output-schemas", action="store_true", help="list each tool's output schema too (larger tools/list)"
-    )
+    parser.add_argument("--output-schemas", action="store_true", help="list each tool's output schema too (larger tools/list)")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
+    import logging
+
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("mcp").setLevel(args.log_level)  # the SDK logs every tool error at INFO otherwise
     root = _root(args, parser)
     if root is not None:
         os.chdir(root)  # anything a tool still resolves relative to the working directory lands inside the root
     toolsets = [name.strip() for name in args.toolsets.split(",") if name.strip()] if args.toolsets else None
-    try:
-        server = build_server(toolsets, args.read_only, root, args.output_schemas)
-    except ToolError as exc:
-        parser.error(str(exc))
+    if toolsets:
+        from quanteval import registry
+
+        unknown = sorted(set(toolsets) - set(registry.TOOLSETS))
+        if unknown:
+            parser.error(f"unknown toolset(s) {', '.join(unknown)}; choose from {', '.join(registry.TOOLSETS)}")
+
+    def build() -> Any:
+        from quanteval import mcpapp
+
+        return mcpapp.build_server(toolsets, args.read_only, root, args.output_schemas)
+
     if args.http:
-        server.run("streamable-http", host="127.0.0.1", port=args.port)
+        build().run("streamable-http", host="127.0.0.1", port=args.port)
     else:
-        server.run("stdio")
+        serve_stdio(build, [*sorted(toolsets or []), str(args.read_only), str(args.output_schemas)])
     return 0
 
 

@@ -1,0 +1,222 @@
+"""The MCP server built on the SDK, generated from the tool registry. Wiring only (`quanteval-mcp` starts it).
+
+Tools are served from the registry directly, not through the SDK's function-signature
+machinery: the SDK fills defaults and drops unknown keys before a function tool sees its
+arguments, and reports an exception raised while parsing them as a bare "Error executing
+tool X". Here the raw arguments reach `registry.run`, the same path the CLI takes, so a
+misspelled key, a "was this given" check and every error message behave as on the CLI.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, TextContent, ToolAnnotations
+from mcp_types import Tool as MCPTool
+
+from quanteval import __version__, paths, registry
+from quanteval.models import ToolError
+
+log = logging.getLogger("quanteval.server")
+
+INSTRUCTIONS = (
+    "Evaluate (quantized) LLM checkpoints with NeMo Evaluator Launcher. Usual order: check_environment, "
+    "inspect_checkpoint, build_config, apply_checkpoint, add_tasks, list_missing_values, validate_config, dry_run, "
+    "launch_canary, validate_run, launch_full_run, extract_scores, compare_results. Paths are absolute."
+)
+
+
+def compact_schema(node: Any) -> Any:
+    """A pydantic JSON schema without what a model does not need: titles, null defaults, anyOf-with-null.
+
+    Same meaning, about half the bytes: `{"anyOf": [{"type": "string"}, {"type": "null"}]}` becomes
+    `{"type": ["string", "null"]}`; pydantic's generated "title" of every field repeats its name.
+    """
+    if isinstance(node, list):
+        return [compact_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key == "default" and value is None:
+            continue
+        if key in ("properties", "$defs"):  # keys here are names, not schema keywords
+            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = compact_schema(value)
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        other = next(option for option in options if option != {"type": "null"})
+        if isinstance(other.get("type"), str):
+            del out["anyOf"]
+            out = {**other, **out, "type": [other["type"], "null"]}
+    return out
+
+
+def _flat_input_schema(model: type) -> dict[str, Any]:
+    """The input schema with nested models as plain objects (their fields are checked server-side).
+
+    A nested model is another tool's output passed back as is (launch_deployment's plan): spelling out its
+    whole schema in tools/list costs kilobytes and tells the model nothing it can act on. Enums stay inline.
+    """
+    schema = model.model_json_schema()  # type: ignore[attr-defined]
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            target = defs[node["$ref"].rsplit("/", 1)[-1]]
+            kept = {key: value for key, value in node.items() if key != "$ref"}
+            return {**({"enum": target["enum"]} if "enum" in target else {"type": "object"}), **kept}
+        return {key: inline(value) for key, value in node.items()}
+
+    return compact_schema(inline(schema))
+
+
+def _listing(spec: registry.ToolSpec, output_schemas: bool) -> MCPTool:
+    schema = _flat_input_schema(spec.input_model)
+    schema["additionalProperties"] = False  # unknown keys are errors (checked in registry.parse_arguments)
+    return MCPTool(
+        name=spec.name,
+        description=" ".join(spec.description.split()),  # one line: a model needs no line breaks
+        input_schema=schema,
+        output_schema=compact_schema(spec.output_model.model_json_schema()) if output_schemas else None,
+        annotations=ToolAnnotations(
+            read_only_hint=spec.read_only,
+            destructive_hint=spec.destructive,
+            idempotent_hint=spec.idempotent,
+            open_world_hint=spec.open_world,
+        ),
+    )
+
+
+def _listing_key(output_schemas: bool) -> str:
+    """Changes whenever any quanteval module does (a new install, an edit in a checkout)."""
+    import hashlib
+
+    package = Path(__file__).parent
+    stats = sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in package.glob("*.py"))
+    return hashlib.sha256(repr((__version__, output_schemas, stats)).encode()).hexdigest()
+
+
+def _cached_listing(output_schemas: bool) -> dict[str, MCPTool]:
+    """Every registered tool's listing, from a file in the state dir while the code is unchanged.
+
+    Building the schemas imports every domain module (about a third of the start-up time); a client's
+    first tools/list should not wait for that when nothing changed since the last start.
+    """
+    import json
+
+    from quanteval import envvars
+
+    key = _listing_key(output_schemas)
+    cache_file = envvars.state_dir() / "mcp-tools-list.json"
+    try:
+        cached = json.loads(cache_file.read_text(encoding="utf-8"))
+        if cached.get("key") == key:
+            return {name: MCPTool.model_validate(tool) for name, tool in cached["tools"].items()}
+    except (OSError, ValueError):
+        pass
+    listing = {name: _listing(spec, output_schemas) for name, spec in registry.TOOLS.items()}
+    payload = {"key": key, "tools": {name: tool.model_dump(mode="json", by_alias=True, exclude_none=True) for name, tool in listing.items()}}
+    temporary = cache_file.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(payload), encoding="utf-8")
+        os.replace(temporary, cache_file)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+    return listing
+
+
+def _error(message: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
+class QuantevalServer(MCPServer):
+    def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = False) -> None:
+        super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS)
+        self._specs = tools
+        self._policy = policy
+        self._output_schemas = output_schemas
+
+    @functools.cached_property
+    def _tool_listing(self) -> list[MCPTool]:
+        listing = _cached_listing(self._output_schemas)
+        return [listing[name] if name in listing else _listing(spec, self._output_schemas) for name, spec in self._specs.items()]
+
+    async def list_tools(self) -> list[MCPTool]:
+        return self._tool_listing
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
+        try:
+            spec = registry.get_tool(name, self._specs)
+            result = await anyio.to_thread.run_sync(
+                functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
+                abandon_on_cancel=True,
+            )
+            data, text = registry.result_json(spec, result)
+        except ToolError as exc:
+            log.info("tool %s failed: %s", name, exc)
+            return _error(str(exc))
+        except Exception as exc:  # a bug: the client learns its type, the log gets the traceback
+            log.exception("tool %s raised", name)
+            return _error(registry.internal_error(name, exc))
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context | None = None
+    ) -> GetPromptResult:
+        # The SDK reports these as a JSON-RPC error with code 0; they are invalid params.
+        prompt = self._prompt_manager.get_prompt(name)
+        if prompt is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown prompt '{name}'. prompts/list names them.")
+        valid = [argument.name for argument in prompt.arguments or []]
+        unknown = sorted(set(arguments or {}) - set(valid))
+        if unknown:
+            raise MCPError(INVALID_PARAMS, f"Prompt {name}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(valid)}.")
+        return await super().get_prompt(name, arguments, context)  # type: ignore[return-value]
+
+
+def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        if ctx is None:
+            return
+        try:
+            anyio.from_thread.run(ctx.report_progress, done, total, message)
+        except Exception:  # progress is best effort; a client that left must not fail the tool
+            log.debug("progress report dropped", exc_info=True)
+
+    return progress
+
+
+def build_server(
+    toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = False
+) -> MCPServer:
+    """The server: relative paths refused (a client's paths mean nothing in the server's working directory)."""
+    policy = paths.Policy(root=root, absolute_only=True)
+    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas)
+    _add_extras(server)
+    return server
+
+
+def _add_extras(server: MCPServer) -> None:
+    """Resources and prompts (the skill pack) are registered by the skills module when present."""
+    try:
+        from quanteval import skillpack
+    except ImportError:
+        return
+    skillpack.register_mcp(server)
