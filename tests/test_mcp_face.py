@@ -176,6 +176,21 @@ def test_root_confines_every_path_over_stdio(cli_env, tmp_path, config):
     assert allowed.structured_content["value"] == {"output_dir": "???"}
 
 
+def test_root_confines_local_reads_of_remote_tools(tmp_path):
+    inside = tmp_path / "workspace"
+    inside.mkdir()
+    server = build_server(root=inside)
+    result = call("remote_grep", {"host": "local", "path": "/etc", "patterns": ["root"]}, server)
+    assert result.is_error and "outside the workspace root" in result.content[0].text
+
+
+def test_instructions_name_only_registered_tools():
+    from quanteval.mcpapp import INSTRUCTIONS
+
+    named = {word.strip(".,") for word in INSTRUCTIONS.split() if "_" in word}
+    assert named and named <= set(registry.TOOLS)
+
+
 # ---------------------------------------------------------------- bounded answers
 
 

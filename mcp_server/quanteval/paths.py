@@ -31,6 +31,8 @@ PATH_FIELDS: dict[str, Kind] = {
 }
 # (tool, field) pairs naming a config file the tool creates.
 NEW_YAML = {("build_config", "config_path"), ("build_config", "output")}
+# (tool, field) pairs naming a path on `host`: a local one when host is omitted or 'local'.
+ON_HOST = {("remote_grep", "path")}
 
 _HF_HANDLE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HOST_PATH = re.compile(r"^[\w.@-]+:")
@@ -51,8 +53,11 @@ ANY_PATH = Policy()  # the CLI's: paths relative to the shell's directory, anywh
 
 def check_arguments(tool: str, arguments: dict[str, Any], policy: Policy = ANY_PATH) -> None:
     """Raise ToolError if any path-like argument breaks the policy or cannot be a path at all."""
+    local_host = arguments.get("host") in (None, "local")
     for field, value in arguments.items():
         kind: Kind | None = "new_yaml" if (tool, field) in NEW_YAML else PATH_FIELDS.get(field)
+        if (tool, field) in ON_HOST and local_host:
+            kind = "file"
         if kind is None or not isinstance(value, str) or not _is_local(kind, value):
             continue
         path = local_path(value, field, policy)
