@@ -77,26 +77,14 @@ def operations(workdir: Path) -> list[dict[str, Any]]:
         {"op": "call", "name": "set_config_value", "arguments": _config_args(config, "execution.extra", yaml_value="[a, {b: 1}]")},
         {"op": "call", "name": "get_config_value", "arguments": _config_args(Path("eval.yaml"), "execution")},
         {"op": "call", "name": "build_config", "arguments": {"execution": "local", "deployment": "vllm", "model_type": "base",
-                                                            "benchmarks": ["agentic"], _output_field(): str(workdir / "y.yaml")}},
+                                                            "benchmarks": ["agentic"], "config_path": str(workdir / "y.yaml")}},
         {"op": "prompt", "name": "evaluate_quantized_model", "arguments": {"chekpoint": "/m"}},
         {"op": "read", "uri": EXAMPLE_URI},
     ]
 
 
-def _fields(tool: str) -> list[str]:
-    from quanteval import registry
-
-    return list(registry.TOOLS[tool].input_model.model_fields)
-
-
 def _config_args(config: Path, key: str, **more: Any) -> dict[str, Any]:
-    """Arguments of a config tool, whatever the key field is called (`key`, formerly `path`)."""
-    key_field = "key" if "key" in _fields("get_config_value") else "path"
-    return {"config_path": str(config), key_field: key, **more}
-
-
-def _output_field() -> str:
-    return "config_path" if "config_path" in _fields("build_config") else "output"
+    return {"config_path": str(config), "key": key, **more}
 
 
 CHECKS = [

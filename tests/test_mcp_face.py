@@ -55,14 +55,14 @@ def config(tmp_path: Path) -> Path:
     "arguments",
     [
         # a bundle that does not fit the model type (a model validator: it failed outside the SDK handler's try)
-        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["agentic"], "output": "/tmp/x.yaml"},
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["agentic"], "config_path": "/tmp/x.yaml"},
         # not a YAML file name
-        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/tmp/qe-no-suffix"},
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/tmp/qe-no-suffix"},
         # a NUL byte and a 100k-character path
-        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/tmp/a\0b.yaml"},
-        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/" + "a" * 100_000 + ".yaml"},
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/tmp/a\0b.yaml"},
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/" + "a" * 100_000 + ".yaml"},
         # parent directory missing
-        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "output": "/nonexistent-dir/eval.yaml"},
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/nonexistent-dir/eval.yaml"},
     ],
 )
 def test_argument_errors_carry_the_cli_message_over_mcp(cli_env, arguments):
@@ -82,7 +82,7 @@ def test_unknown_argument_is_an_error_naming_the_closest_key_and_writes_nothing(
     result = call("build_config", arguments)
     assert result.is_error
     assert "unknown argument 'output_path'" in result.content[0].text
-    assert "Did you mean 'output'" in result.content[0].text
+    assert "Did you mean 'config_path'" in result.content[0].text
     assert list(tmp_path.iterdir()) == []
     assert cli(cli_env, "build_config", arguments, cwd=tmp_path).stderr.strip() == f"quanteval: {result.content[0].text}"
 
@@ -97,18 +97,18 @@ def test_every_input_schema_forbids_unknown_keys():
 
 
 def test_set_config_value_with_yaml_value_works_over_mcp(config):
-    result = call("set_config_value", {"config_path": str(config), "path": "execution.extra", "yaml_value": "[a, {b: 1}]"})
+    result = call("set_config_value", {"config_path": str(config), "key": "execution.extra", "yaml_value": "[a, {b: 1}]"})
     assert not result.is_error, result.content[0].text
-    read = call("get_config_value", {"config_path": str(config), "path": "execution.extra"})
+    read = call("get_config_value", {"config_path": str(config), "key": "execution.extra"})
     assert read.structured_content["value"] == ["a", {"b": 1}]
     # giving both is still refused, with the reason
-    both = call("set_config_value", {"config_path": str(config), "path": "execution.extra", "value": 1, "yaml_value": "2"})
+    both = call("set_config_value", {"config_path": str(config), "key": "execution.extra", "value": 1, "yaml_value": "2"})
     assert both.is_error and "either value or yaml_value" in both.content[0].text
 
 
 def test_edits_leave_no_lock_files_beside_the_config(config):
-    call("set_config_value", {"config_path": str(config), "path": "execution.output_dir", "value": "/results"})
-    call("delete_config_value", {"config_path": str(config), "path": "execution.output_dir"})
+    call("set_config_value", {"config_path": str(config), "key": "execution.output_dir", "value": "/results"})
+    call("delete_config_value", {"config_path": str(config), "key": "execution.output_dir"})
     assert sorted(p.name for p in config.parent.iterdir()) == ["eval.yaml"]
 
 
@@ -131,7 +131,7 @@ def test_internal_errors_name_only_their_type(monkeypatch):
 
 def test_relative_paths_are_refused_over_mcp(config, monkeypatch):
     monkeypatch.chdir(config.parent)
-    result = call("get_config_value", {"config_path": "eval.yaml", "path": "execution"})
+    result = call("get_config_value", {"config_path": "eval.yaml", "key": "execution"})
     assert result.is_error and "relative; give an absolute path" in result.content[0].text
 
 
@@ -139,7 +139,7 @@ def test_relative_paths_are_refused_over_mcp(config, monkeypatch):
 def test_build_config_output_must_be_a_yaml_file(tmp_path, output):
     target = output.format(tmp=tmp_path)
     result = call("build_config", {"execution": "local", "deployment": "vllm", "model_type": "base",
-                                   "benchmarks": ["coding"], "output": target})
+                                   "benchmarks": ["coding"], "config_path": target})
     assert result.is_error and ".yaml" in result.content[0].text
     assert list(tmp_path.iterdir()) == []  # no directory made, no config written into one
 
@@ -150,7 +150,7 @@ def test_config_tools_refuse_files_that_are_not_nel_configs(tmp_path):
     text_file = tmp_path / "notes.txt"
     text_file.write_text("execution:\n  output_dir: x\n")
     for path in (other, text_file):
-        result = call("set_config_value", {"config_path": str(path), "path": "execution.x", "value": 1})
+        result = call("set_config_value", {"config_path": str(path), "key": "execution.x", "value": 1})
         assert result.is_error and "not a NEL config" in result.content[0].text
     assert other.read_text() == "services:\n  web:\n    image: nginx\n"
 
@@ -163,9 +163,9 @@ def test_root_confines_every_path_over_stdio(cli_env, tmp_path, config):
     async def go():
         params = StdioServerParameters(command="quanteval-mcp", args=["--root", str(inside)], env=cli_env)
         async with Client(params) as client:
-            outside = await client.call_tool("get_config_value", {"config_path": str(config), "path": "execution"})
-            escape = await client.call_tool("get_config_value", {"config_path": f"{inside}/../eval.yaml", "path": "execution"})
-            allowed = await client.call_tool("get_config_value", {"config_path": str(inside / "eval.yaml"), "path": "execution"})
+            outside = await client.call_tool("get_config_value", {"config_path": str(config), "key": "execution"})
+            escape = await client.call_tool("get_config_value", {"config_path": f"{inside}/../eval.yaml", "key": "execution"})
+            allowed = await client.call_tool("get_config_value", {"config_path": str(inside / "eval.yaml"), "key": "execution"})
             build = await client.call_tool("compare_results", {"baseline": "/etc/x/y", "candidate": str(inside / "c")})
             return outside, escape, allowed, build
 
@@ -200,14 +200,14 @@ def test_yaml_alias_bomb_is_refused(tmp_path):
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text("\n".join(lines) + "\n")
     assert bomb.stat().st_size < 1000
-    result = call("get_config_value", {"config_path": str(bomb), "path": "execution"})
+    result = call("get_config_value", {"config_path": str(bomb), "key": "execution"})
     assert result.is_error and "aliases" in result.content[0].text
 
 
 def test_an_oversized_answer_says_to_narrow_the_request(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("execution:\n  blob: " + "x" * 100_000 + "\n")
-    result = call("get_config_value", {"config_path": str(big), "path": "execution"})
+    result = call("get_config_value", {"config_path": str(big), "key": "execution"})
     assert result.is_error and "truncated" in result.content[0].text and "Narrow" in result.content[0].text
     assert len(result.content[0].text) < 1000
 
@@ -229,7 +229,7 @@ def test_structured_content_matches_output_schemas_when_listed(repo):
             tools = (await client.list_tools()).tools
             assert all(tool.output_schema for tool in tools)
             return [await client.call_tool("check_environment", {"probe_gpus": False}),
-                    await client.call_tool("inspect_checkpoint", {"path": checkpoint})]
+                    await client.call_tool("inspect_checkpoint", {"checkpoint": checkpoint})]
 
     assert not any(result.is_error for result in anyio.run(go))
 
@@ -286,7 +286,7 @@ def test_toolsets_and_read_only_select_what_is_served():
     read_only = anyio.run(names, build_server(read_only=True))
     assert read_only == {name for name, spec in registry.TOOLS.items() if spec.read_only}
     # a tool that is not served cannot be called either
-    result = call("set_config_value", {"config_path": "/x.yaml", "path": "a", "value": 1}, build_server(read_only=True))
+    result = call("set_config_value", {"config_path": "/x.yaml", "key": "a", "value": 1}, build_server(read_only=True))
     assert result.is_error and "Unknown tool 'set_config_value'" in result.content[0].text
 
 
@@ -340,3 +340,20 @@ def test_second_start_answers_initialize_and_tools_list_as_the_sdk_did(cli_env, 
     assert second[1]["result"] == first[1]["result"] == second[3]["result"]  # the SDK's own later answer agrees
     assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.TOOLS)
     assert second[2]["result"]["structuredContent"]["quanteval"]  # the SDK took over the session
+
+
+def test_compact_input_schemas_accept_what_the_models_accept():
+    """Every optional field whose default is null takes null in the listed schema too (clients validate against it)."""
+    from jsonschema import Draft202012Validator
+
+    async def go():
+        async with Client(build_server()) as client:
+            return {tool.name: tool.input_schema for tool in (await client.list_tools()).tools}
+
+    schemas = anyio.run(go)
+    for name, spec in registry.TOOLS.items():
+        validator = Draft202012Validator(schemas[name])
+        for field, info in spec.input_model.model_fields.items():
+            if not info.is_required() and info.default is None:
+                refused = [error for error in validator.iter_errors({field: None}) if list(error.path) == [field]]
+                assert not refused, f"{name}.{field}: null refused by the listed schema"

@@ -20,9 +20,9 @@ from pathlib import Path
 import anyio
 import pytest
 from skills_ref.validator import validate
+from test_surface import CONTRACT as CONTRACT_TOOLS
 
 from quanteval import registry, skillpack
-from test_surface import CONTRACT as CONTRACT_TOOLS
 
 REPO = Path(__file__).resolve().parents[1]
 SKILLS = ["evaluation", "deployment", "compare-results", "monitor"]

@@ -217,6 +217,8 @@ def _schema_type(schema: dict, defs: dict) -> str:
     if "anyOf" in schema:
         return "|".join(_schema_type(option, defs) for option in schema["anyOf"])
     kind = schema.get("type", "any")
+    if isinstance(kind, list):  # the server's compact form of anyOf [X, null]
+        return "|".join(_schema_type({**schema, "type": one}, defs) for one in kind)
     if kind == "array":
         return f"array[{_schema_type(schema.get('items', {}), defs)}]"
     return kind
@@ -225,7 +227,7 @@ def _schema_type(schema: dict, defs: dict) -> str:
 def tool_surface() -> dict:
     """Names, argument names/types/required, output fields and annotations, as an MCP client sees them."""
     surface = {}
-    for tool in list_tools():
+    for tool in list_tools(output_schemas=True):
         inputs, outputs = tool.input_schema, tool.output_schema or {}
         required = set(inputs.get("required", []))
         defs = {**inputs.get("$defs", {}), **outputs.get("$defs", {})}

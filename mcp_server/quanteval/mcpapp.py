@@ -58,7 +58,7 @@ def compact_schema(node: Any) -> Any:
     options = out.get("anyOf")
     if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
         other = next(option for option in options if option != {"type": "null"})
-        if isinstance(other.get("type"), str):
+        if isinstance(other.get("type"), str) and "enum" not in other and "const" not in other:  # an enum would refuse null
             del out["anyOf"]
             out = {**other, **out, "type": [other["type"], "null"]}
     return out

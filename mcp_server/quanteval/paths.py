@@ -30,7 +30,7 @@ PATH_FIELDS: dict[str, Kind] = {
     "candidate": "run",
 }
 # (tool, field) pairs naming a config file the tool creates.
-NEW_YAML = {("build_config", "config_path"), ("build_config", "output")}
+NEW_YAML = {("build_config", "config_path")}
 # (tool, field) pairs naming a path on `host`: a local one when host is omitted or 'local'.
 ON_HOST = {("remote_grep", "path")}
 
