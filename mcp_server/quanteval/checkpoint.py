@@ -84,7 +84,7 @@ _DTYPE_BITS = {
 
 
 class InspectCheckpointInput(StrictModel):
-    checkpoint: str = Field(description="Checkpoint directory, or a Hugging Face handle (org/name) already in the local HF cache.")
+    checkpoint: str = Field(description="Checkpoint directory, or HF handle (org/name) in the local cache.")
 
 
 class ArchitectureInfo(BaseModel):
@@ -632,9 +632,8 @@ def _int(value: Any) -> int | None:
 
 
 def inspect_checkpoint(request: InspectCheckpointInput, progress: ProgressFn = no_progress) -> CheckpointReport:
-    """Use before build_config or plan_deployment: reads a checkpoint's configs and safetensors headers (no
-    tensor data) and reports architecture, size, quantization, context length, GPU fit and per-framework
-    flags, with warnings.
+    """Use before build_config or plan_deployment: reads a checkpoint's configs and safetensors headers and
+    reports architecture, size, quantization, context length, GPU fit and framework flags.
     """
     root, hf_handle = _locate(request.checkpoint)
     try:

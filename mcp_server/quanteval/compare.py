@@ -54,18 +54,17 @@ ENV_VAR_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 class CompareResultsInput(StrictModel):
     baseline: str = Field(
-        description="The reference run (usually the unquantized model): results directory, host:path, ledger id or NEL invocation id."
+        description="Reference run (e.g. unquantized): results dir, host:path or record_id."
     )
     candidate: str = Field(
-        description="The run to judge (usually the quantized model), named the same ways as baseline."
+        description="Run to judge (e.g. quantized), named like baseline."
     )
     threshold: float | None = Field(
         None, ge=0,
-        description="Largest acceptable drop as an absolute fraction (0.01 = one point, on 0-1 or 0-100 scores alike). "
-        "Without it the acceptability verdict is inconclusive.",
+        description="Largest acceptable drop, absolute fraction (0.01 = one point).",
     )
     output_dir: str | None = Field(
-        None, description="Directory for the PNG chart and HTML report. Default: a new folder under quanteval's state dir."
+        None, description="Directory for the chart and report. Default: under the state dir."
     )
 
 
@@ -385,8 +384,8 @@ def _by_task(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
     """Use once both runs passed validate_run: compares a candidate (quantized) run with a baseline:
-    comparability checklist, per-task delta with standard error and 95% CI, verdicts against a threshold, a
-    table, a PNG chart and an HTML report.
+    comparability checklist, per-task delta with standard error and 95% CI, verdicts, table, chart and HTML
+    report.
     """
     progress(0, 3, "reading both runs")
     base_tree, cand_tree = locate_run(request.baseline), locate_run(request.candidate)

@@ -127,22 +127,22 @@ REMOTE_LOG_SCAN_BYTES = 128 * 1024
 
 
 class PlanDeploymentInput(StrictModel):
-    checkpoint: str = Field(description="Checkpoint directory (or a Hugging Face handle already in the local HF cache) to serve.")
+    checkpoint: str = Field(description="Checkpoint directory, or HF handle in the local cache.")
     framework: Framework = Field("sglang", description="Serving framework: 'sglang', 'vllm' or 'trtllm'.")
     gpu_type: str | None = Field(
-        None, description="GPU the server will run on (A100, L40S, H100, H200, B200); enables hardware warnings and TP sizing."
+        None, description="Target GPU (A100, L40S, H100, H200, B200): hardware warnings, TP sizing."
     )
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="GPUs to shard over; default: the fewest that hold the weights.")
     port: int | None = Field(None, ge=1, le=65535, description="Server port; default 30000 for SGLang, 8000 for vLLM/TRT-LLM.")
     served_model_name: str | None = Field(
-        None, description="Model name clients send in requests; default: the checkpoint folder name."
+        None, description="Model name in requests; default: checkpoint folder name."
     )
     extra_args: list[str] = Field(
         default_factory=list,
-        description="More server arguments appended verbatim, e.g. ['--mem-fraction-static', '0.9'] after an out-of-memory failure.",
+        description="More server arguments, appended verbatim.",
     )
     check_args: bool = Field(
-        True, description="Run the framework's own argument parser on the result when it is installed (takes a few seconds)."
+        True, description="Check with the framework's own argument parser if installed (seconds)."
     )
 
 
@@ -295,7 +295,7 @@ def check_server_args(framework: str, server_args: list[str]) -> ParserCheck:
 
 def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_progress) -> DeploymentPlan:
     """Use before launch_deployment, or to give a user the command: plans an SGLang, vLLM or TensorRT-LLM server
-    for a checkpoint (argv, env, parsers, --quantization only where needed) with hardware/format warnings.
+    for a checkpoint (argv, env, parsers, flags only where needed) with hardware warnings.
     """
     framework = request.framework
     if request.gpu_type is not None and request.gpu_type not in COMPUTE_CAPABILITY:
@@ -340,18 +340,18 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
 
 
 class LaunchDeploymentInput(StrictModel):
-    plan: DeploymentPlan | None = Field(None, description="A plan from plan_deployment (as returned). Give this or checkpoint.")
-    checkpoint: str | None = Field(None, description="Checkpoint to plan and launch in one step (default plan for the framework).")
+    plan: DeploymentPlan | None = Field(None, description="A plan from plan_deployment, as returned; or give checkpoint.")
+    checkpoint: str | None = Field(None, description="Checkpoint to plan and launch in one step.")
     framework: Framework = Field("sglang", description="Framework when launching from checkpoint.")
     host: str | None = Field(
-        None, description="SSH host alias of a SLURM login node to submit an sbatch job on; omit to run on this machine."
+        None, description="SLURM login host alias for an sbatch job; omit: this machine."
     )
     port: int | None = Field(
         None, ge=1, le=65535,
-        description="Port to use instead of the plan's; an explicit port that is busy is an error, a busy default is replaced by a free one.",
+        description="Port instead of the plan's; a busy explicit port is an error.",
     )
     startup_timeout_s: float = Field(
-        1800, gt=0, description="How long loading may take before deployment_status reports 'timed_out'."
+        1800, gt=0, description="Loading time before status 'timed_out'."
     )
     force: bool = Field(False, description="Launch even though the plan has error-level warnings.")
     # Patterns keep these single #SBATCH words: a newline would add lines to the job script.
@@ -359,10 +359,10 @@ class LaunchDeploymentInput(StrictModel):
     account: str | None = Field(None, pattern=r"^[\w.-]+$", description="SLURM account (SLURM only).")
     time_limit: str = Field("04:00:00", pattern=r"^[\d:-]+$", description="SLURM time limit HH:MM:SS or D-HH:MM:SS (SLURM only).")
     remote_workdir: str = Field(
-        ".quanteval/deployments", description="Directory on the SLURM host (relative to the login home) for job scripts and logs."
+        ".quanteval/deployments", description="Directory on the host (relative to home) for job scripts and logs."
     )
     gpus_per_node: int | None = Field(
-        None, ge=0, description="GPUs to request from SLURM; default the plan's tensor-parallel size, 0 requests none."
+        None, ge=0, description="GPUs to request; default the plan's tensor_parallel_size."
     )
 
 
@@ -394,8 +394,8 @@ def _with_option(args: list[str], flag: str, value: str) -> list[str]:
 
 
 def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_progress) -> LaunchDeploymentResult:
-    """Use to serve a checkpoint for evaluation: starts a server from a plan (or checkpoint + framework) on this
-    machine or as a SLURM job on host, and returns its record_id at once. Poll deployment_status.
+    """Use to serve a checkpoint for evaluation: starts a server from a plan (or checkpoint) here or as a SLURM
+    job on host; returns its record_id at once. Poll deployment_status.
     """
     if (request.plan is None) == (request.checkpoint is None):
         raise ToolError("launch_deployment: give exactly one of plan (from plan_deployment) or checkpoint.")
@@ -523,7 +523,7 @@ class DeploymentStatusInput(StrictModel):
     record_id: str = Field(description="Id returned by launch_deployment.")
     wait_s: float = Field(
         0, ge=0, le=3600,
-        description="Poll until the server is ready, failed or timed out, for at most this many seconds (0: probe once).",
+        description="Poll up to this long for ready/failed (0: probe once).",
     )
     chat_probe: bool = Field(True, description="Send one tiny chat completion when the server is up, and time it.")
 
@@ -747,8 +747,8 @@ def _deployment(record_id: str) -> ledger.Record:
 
 
 def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_progress) -> DeploymentStatus:
-    """Use to poll a deployment until ready: process or job state, /health, served name, one test completion and
-    known failures in its log with fixes; once ready, the endpoint and NEL config values.
+    """Use to poll a deployment until ready: job state, /health, served name, a test completion, known log
+    failures with fixes; once ready, the endpoint and NEL config values.
     """
     deadline = time.monotonic() + request.wait_s
     while True:

@@ -128,8 +128,8 @@ def _workspaces(root: str | None) -> list[Workspace]:
 
 
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
-    """Use first: reports Python/NEL/package versions, nel on PATH, Docker, GPUs, ssh hosts, which known env vars
-    are set (names only) and ModelOpt workspaces. Never fails for something missing; says what is missing.
+    """Use first: reports package versions, nel on PATH, Docker, GPUs, ssh hosts, which known env vars are set
+    (names only). Never fails for something missing; says what is.
     """
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)

@@ -685,7 +685,7 @@ class EvalServerInfo(BaseModel):
 
 
 class EvalServerIdInput(StrictModel):
-    record_id: str = Field(description="The id start_eval_server returned (see also list_runs kind=eval_server).")
+    record_id: str = Field(description="The record_id start_eval_server returned.")
 
 
 def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:

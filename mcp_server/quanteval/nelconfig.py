@@ -427,19 +427,19 @@ def _merge(base: CommentedMap, override: CommentedMap) -> None:
 
 
 class BuildConfigInput(StrictModel):
-    execution: Execution = Field(description="Where the evaluation runs: 'local' (Docker on this machine) or 'slurm' (a cluster reached over SSH).")
+    execution: Execution = Field(description="'local' (Docker here) or 'slurm' (a cluster over SSH).")
     deployment: Deployment = Field(
-        description="Who serves the model: 'vllm', 'sglang', 'trtllm' or 'nim' (NEL starts the server), or 'none' (an existing endpoint you give in target.api_endpoint)."
+        description="Server NEL starts, or 'none' for an existing endpoint (target.api_endpoint)."
     )
-    model_type: ModelType = Field(description="'chat_reasoning' for instruct/reasoning models (chat endpoint), 'base' for pretrained models (completions endpoint, log-probabilities).")
+    model_type: ModelType = Field(description="'chat_reasoning' (instruct/reasoning, chat endpoint) or 'base' (pretrained, completions).")
     benchmarks: list[str] = Field(
         min_length=1,
-        description="Benchmark bundles to include. base: general_knowledge, coding, long_context, multilingual. chat_reasoning: core_reasoning, agentic, long_context, multilingual.",
+        description="base: general_knowledge, coding, long_context, multilingual; chat_reasoning: core_reasoning, agentic, long_context, multilingual.",
     )
-    export: Export = Field("none", description="Where results are exported automatically after the run: 'none', 'mlflow' or 'wandb'.")
+    export: Export = Field("none", description="Automatic export after the run.")
     config_path: str | None = Field(
         None,
-        description="A *.yaml/*.yml file path (must not exist yet) or a directory (a name like local_vllm_chat_reasoning_core_reasoning.yaml is generated there). Default: the current directory.",
+        description="New .yaml file to write (absolute over MCP; must not exist).",
     )
 
     @model_validator(mode="after")
@@ -503,9 +503,8 @@ def missing_value_paths(doc: Any) -> list[str]:
 
 
 def build_config(request: BuildConfigInput) -> BuildConfigOutput:
-    """Use when there is no config yet: writes a new NEL config (.yaml) from NEL's templates for an execution,
-    deployment, model type and benchmark bundles. Never overwrites. Then fill missing_values
-    (apply_checkpoint, set_config_value) and validate_config.
+    """Use when there is no config yet: writes a new NEL config from NEL's templates (never overwrites). Then
+    fill missing_values (apply_checkpoint, set_config_value) and validate_config.
     """
     path = _output_path(request)
     doc = build_config_document(request.execution, request.deployment, request.model_type, request.benchmarks, request.export)
@@ -521,11 +520,8 @@ def build_config(request: BuildConfigInput) -> BuildConfigOutput:
 # ---------------------------------------------------------------------------
 # get / set / delete
 
-_CONFIG_FIELD = "Path of the NEL config YAML file."
-_KEY_FIELD = (
-    "Dotted key path. Tasks can be addressed by name or index: "
-    "'evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature', 'evaluation.tasks[0].name', 'deployment.extra_args'."
-)
+_CONFIG_FIELD = "The NEL config file (.yaml)."
+_KEY_FIELD = "Dotted key; tasks by name or index, e.g. evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature."
 
 
 class GetConfigValueInput(StrictModel):
@@ -549,14 +545,14 @@ def get_config_value(request: GetConfigValueInput) -> GetConfigValueOutput:
 
 class SetConfigValueInput(StrictModel):
     config_path: str = Field(description=_CONFIG_FIELD)
-    key: str = Field(description=_KEY_FIELD + " Missing intermediate keys are created.")
+    key: str = Field(description=_KEY_FIELD + " Missing parents are created.")
     value: Any = Field(
         None,
-        description="The new value as JSON: string, number, boolean, null, list or object (objects become YAML mappings). Use either value or yaml_value.",
+        description="New value as JSON (objects become mappings). Give value or yaml_value.",
     )
     yaml_value: str | None = Field(
         None,
-        description="The new value written as YAML text instead, e.g. '0.6', '[a, b]' or '{limit_samples: 10}'; parsed before it is stored.",
+        description="New value as YAML text instead, e.g. '[a, b]' or '{limit_samples: 10}'.",
     )
 
     @model_validator(mode="after")
@@ -598,7 +594,7 @@ def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
 
 class DeleteConfigValueInput(StrictModel):
     config_path: str = Field(description=_CONFIG_FIELD)
-    key: str = Field(description=_KEY_FIELD + " A task path like 'evaluation.tasks[ns_gpqa]' removes that task.")
+    key: str = Field(description=_KEY_FIELD + " evaluation.tasks[ns_gpqa] removes that task.")
 
 
 def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
@@ -706,8 +702,8 @@ class ListMissingValuesOutput(BaseModel):
 
 
 def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOutput:
-    """Use after build_config/apply_checkpoint: lists everything a NEL config still needs (??? values, unset env
-    vars it references, env vars its task recipes need), names only.
+    """Use after build_config/apply_checkpoint: everything a NEL config still needs (??? values, unset env vars
+    it or its recipes need), names only.
     """
     doc = load_config(request.config_path)
     needed: dict[str, list[str]] = {}
@@ -811,15 +807,15 @@ def merge_extra_args(current: str, additions: list[tuple[str, str | None]]) -> s
 
 
 class ApplyCheckpointInput(StrictModel):
-    config_path: str = Field(description=_CONFIG_FIELD + " Its deployment must be vllm, sglang or trtllm (NEL starts the server).")
-    checkpoint: str = Field(description="Local checkpoint directory, or a Hugging Face handle (org/name) present in the local HF cache.")
-    served_model_name: str | None = Field(None, description="Name the server exposes the model under. Default: the HF handle, or the checkpoint folder name.")
+    config_path: str = Field(description="NEL config whose deployment is vllm, sglang or trtllm.")
+    checkpoint: str = Field(description="Checkpoint directory, or HF handle (org/name) in the local cache.")
+    served_model_name: str | None = Field(None, description="Default: the HF handle or checkpoint folder name.")
     tensor_parallel_size: int | None = Field(
-        None, ge=1, description="GPUs per model replica. Default: the smallest fit inspect_checkpoint computed for the first GPU type (H100)."
+        None, ge=1, description="GPUs per replica. Default: smallest fit on H100."
     )
     cluster_checkpoint_path: str | None = Field(
         None,
-        description="Where the checkpoint lives on the machine that runs the job (e.g. a SLURM cluster's shared filesystem), when that differs from the local copy inspected here.",
+        description="Checkpoint path on the machine running the job, if not the local copy.",
     )
 
 
@@ -852,8 +848,8 @@ def _is_nemo_skills(name: str) -> bool:
 
 def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:  # noqa: C901
     """Use right after build_config: writes what inspect_checkpoint finds into the config's deployment
-    (checkpoint path or HF handle, served name, tensor-parallel size, context length and only the flags
-    needed) and fills tokenizer/reasoning ??? values.
+    (checkpoint, served name, tensor_parallel_size, context length, needed flags) and fills
+    tokenizer/reasoning ???.
     """
     doc = load_config(request.config_path)
     framework = deployment_type(doc)

@@ -504,11 +504,10 @@ PROBED_COMMANDS = ["sbatch", "squeue", "sacct", "srun", "enroot", "docker", "rsy
 
 
 class SshCheckInput(StrictModel):
-    host: str = Field(description="Host alias from ~/.ssh/config (or user@alias). 'local' checks this machine without SSH.")
+    host: str = Field(description="Alias from ~/.ssh/config (or user@alias); 'local': this machine.")
     trust_host_key: bool = Field(
         False,
-        description="Add the server's host key to known_hosts if it is unknown or changed. Only set this after the "
-        "person confirmed the fingerprint shown in the refusal.",
+        description="Trust an unknown or changed host key; only after the person confirmed its fingerprint.",
     )
 
 
@@ -593,11 +592,11 @@ _SACCT_FIELDS = "JobID,JobName,User,State,Partition,Elapsed,Timelimit,NNodes,Exi
 
 
 class SlurmQueueInput(StrictModel):
-    host: str = Field(description="SLURM login host: alias from ~/.ssh/config, or 'local' for this machine.")
+    host: str = Field(description="SLURM login host alias, or 'local'.")
     user: str | None = Field(None, description="Only jobs of this user (default: every user's jobs).")
     job_ids: list[str] = Field(default_factory=list, description="Only these job ids (e.g. ['1234', '1235_7']); empty = all.")
     include_finished: bool = Field(
-        False, description="Also list finished jobs (from squeue's recent memory, then sacct, or `sacct -c` when accounting is off)."
+        False, description="Also list finished jobs (squeue, sacct)."
     )
     limit: int = Field(50, ge=1, le=500, description="Jobs per page.")
     offset: int = Field(0, ge=0, description="Jobs to skip (use next_offset from the previous page).")
@@ -735,11 +734,10 @@ LINE_CHARS = 400
 
 class RemoteGrepInput(StrictModel):
     host: str = Field(description="Host alias from ~/.ssh/config, or 'local' for this machine.")
-    path: str = Field(description="File or directory (searched recursively) on that host, e.g. a NEL run's logs directory.")
+    path: str = Field(description="File or directory (recursive) on that host.")
     patterns: list[str] = Field(
         min_length=1,
-        description="Extended regular expressions (grep -E); a line matching any of them is reported. "
-        "E.g. ['Traceback', 'OutOfMemory|OOM', 'CUDA out of memory'].",
+        description="grep -E patterns; a line matching any is reported.",
     )
     ignore_case: bool = Field(True, description="Match regardless of case.")
     max_lines: int = Field(50, ge=1, le=1000, description="Most matching lines to return; the rest are counted as truncated.")
@@ -817,9 +815,9 @@ awk '
 
 
 class CheckRegistryCredentialsInput(StrictModel):
-    host: str = Field(description="Host whose enroot credentials to check (alias from ~/.ssh/config, or 'local').")
+    host: str = Field(description="Host alias from ~/.ssh/config, or 'local'.")
     registry: str | None = Field(
-        None, description="Registry host that must have an entry, e.g. 'nvcr.io' for NGC containers. Default: just list them."
+        None, description="Registry that must have an entry, e.g. 'nvcr.io'."
     )
 
 

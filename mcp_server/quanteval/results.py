@@ -258,8 +258,7 @@ Scale = Literal["fraction", "percent", "unknown"]
 
 class ExtractScoresInput(StrictModel):
     run: str = Field(
-        description="The run: its results directory (<output_dir>/<ts>-<invocation> or one <task>.<i> inside), "
-        "host:path on a cluster, a quanteval ledger id, or a NEL invocation id."
+        description="Results directory, host:path, record_id or NEL invocation id."
     )
 
 
@@ -396,17 +395,16 @@ Severity = Literal["fail", "unknown", "warning", "info"]
 
 class ValidateRunInput(StrictModel):
     run: str = Field(
-        description="The run: its results directory (<output_dir>/<ts>-<invocation> or one <task>.<i> inside), "
-        "host:path on a cluster, a quanteval ledger id, or a NEL invocation id."
+        description="Results directory, host:path, record_id or NEL invocation id."
     )
     expected_checkpoint: str | None = Field(
-        None, description="Checkpoint path the server should have loaded; a different one in the deployment logs fails the run."
+        None, description="Checkpoint the server must have loaded."
     )
     max_error_share: float = Field(
         0.01, ge=0, le=1, description="Largest acceptable share of non-2xx HTTP responses (0.01 = 1%)."
     )
     max_truncated_share: float = Field(
-        0.02, ge=0, le=1, description="Largest acceptable share of responses cut by finish_reason=length (0.02 = 2%)."
+        0.02, ge=0, le=1, description="Largest acceptable share of length-truncated responses."
     )
 
 
@@ -635,9 +633,9 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
 
 
 def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) -> ValidateRunOutput:
-    """Use before extract_scores or compare_results: checks a finished run task by task (finished, samples
-    scored, HTTP errors, truncation, leaked reasoning, judge failures, loaded checkpoint);
-    pass/fail/inconclusive with evidence.
+    """Use before extract_scores or compare_results: checks a finished run per task (finished, samples scored,
+    HTTP errors, truncation, leaked reasoning, judge failures, loaded checkpoint): pass/fail/inconclusive with
+    evidence.
     """
     tree = locate_run(request.run)
     tasks = []

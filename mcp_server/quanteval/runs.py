@@ -143,8 +143,7 @@ def config_hash(path: str, overrides: list[str] | None = None) -> str:
 class DryRunInput(StrictModel):
     config_path: str = Field(description="Path of the NEL run config YAML to dry-run.")
     overrides: list[str] = Field(default_factory=list, description=(
-        "Hydra overrides as for `nel run -o`, e.g. 'execution.output_dir=/abs/out'. A key the config does not "
-        "have yet needs '++' in front."))
+        "Overrides as for `nel run -o`; a new key needs '++'."))
 
 
 class RenderedScript(BaseModel):
@@ -267,13 +266,12 @@ def _protect_remote_secrets(record: ledger.Record) -> None:
 
 
 class LaunchCanaryInput(StrictModel):
-    config_path: str = Field(description="Path of the NEL run config YAML (the same file the full run will use).")
+    config_path: str = Field(description="The NEL config (the full run uses the same).")
     limit_samples: int = Field(10, ge=1, le=100000, description="Samples per task for the canary (default 10).")
     tasks: list[str] = Field(default_factory=list, description=(
-        "Only these tasks of the config (names as in evaluation.tasks, or 'name.index'); empty = all tasks."))
+        "Only these tasks of the config; empty = all."))
     overrides: list[str] = Field(default_factory=list, description=(
-        "Hydra overrides as for `nel run -o`; a key the config does not have yet needs '++'. Pass the same "
-        "overrides to launch_full_run, or the config hashes differ and the gate refuses."))
+        "Overrides as for `nel run -o` (new key: '++'); give launch_full_run the same ones."))
 
 
 def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress) -> LaunchOutput:
@@ -295,8 +293,8 @@ class LaunchFullRunInput(StrictModel):
     overrides: list[str] = Field(default_factory=list, description="The same Hydra overrides the canary was launched with.")
     tasks: list[str] = Field(default_factory=list, description="Only these tasks of the config; empty = all tasks.")
     force: bool = Field(False, description=(
-        "Launch without a passing canary. Only when the person explicitly asks; requires `reason`."))
-    reason: str | None = Field(None, description="Why the canary gate is skipped (required with force; recorded in the ledger).")
+        "Skip the canary gate; only if the person asks. Needs reason."))
+    reason: str | None = Field(None, description="Why the gate is skipped (with force; recorded).")
 
 
 def _results_location(record: ledger.Record) -> str:
@@ -371,7 +369,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
 
 
 class RunRef(StrictModel):
-    record_id: str = Field(description="Ledger record id (from a launch or list_runs) or NEL invocation id.")
+    record_id: str = Field(description="record_id (from a launch or list_runs) or NEL invocation id.")
 
 
 class JobStatus(BaseModel):

@@ -372,12 +372,12 @@ def generic_fragment(config_name: str) -> str:
 class ListTasksInput(StrictModel):
     query: str = Field(
         default="",
-        description="Case-insensitive text to find in task names (ranked first) or descriptions, e.g. 'gpqa', 'aime', 'code'. Empty lists everything.",
+        description="Text in task names or descriptions, e.g. 'gpqa'. Empty: all.",
     )
     harness: str | None = Field(
-        default=None, description="Only tasks of this harness, e.g. 'nemo_skills', 'simple_evals', 'lm-evaluation-harness'."
+        default=None, description="Only this harness, e.g. 'nemo_skills'."
     )
-    offset: int = Field(default=0, ge=0, description="How many matches to skip (pagination; use next_offset from the last page).")
+    offset: int = Field(default=0, ge=0, description="Matches to skip (next_offset of the last page).")
     limit: int = Field(default=30, ge=1, le=200, description="Page size, 1-200.")
 
 
@@ -460,7 +460,7 @@ def list_tasks(request: ListTasksInput) -> ListTasksOutput:
 
 class GetTaskRecipeInput(StrictModel):
     name: str = Field(
-        description="A recipe name (e.g. 'gpqa'), or a NEL task name, bare ('ns_gpqa') or qualified ('nemo_skills.ns_gpqa')."
+        description="Recipe name ('gpqa') or NEL task name, bare or 'harness.task'."
     )
 
 
@@ -510,7 +510,7 @@ class AddTasksInput(StrictModel):
     config_path: str = Field(description="Path of the NEL config YAML to edit (from build_config).")
     tasks: list[str] = Field(
         min_length=1,
-        description="Recipe names (e.g. 'gpqa', 'aime2025') or NEL task names, bare or 'harness.task'. Recipes keep their repeat counts and params.",
+        description="Recipe names ('gpqa', 'aime2025') or NEL task names, bare or 'harness.task'.",
     )
 
 

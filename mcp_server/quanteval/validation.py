@@ -40,10 +40,10 @@ class ValidateConfigInput(StrictModel):
     config_path: str = Field(description="Path of the NEL config YAML file to check.")
     overrides: list[str] = Field(
         default_factory=list,
-        description="Hydra overrides you intend to pass to `nel run -o ...` (e.g. '++evaluation.nemo_evaluator_config.config.params.limit_samples=10'); checked for syntax and for keys that need ++.",
+        description="Overrides you will pass to `nel run -o`; checked for syntax and missing ++.",
     )
     check_env: bool = Field(
-        True, description="Report env vars the config needs that are unset here. Set false when the run will start from another machine's environment."
+        True, description="Report needed env vars unset here (false if the run starts elsewhere)."
     )
 
 
@@ -716,9 +716,8 @@ def validate_document(doc: Any, config_path: Path, overrides: list[str] | None =
 
 
 def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
-    """Use after every edit and before dry_run: checks a NEL config offline in milliseconds and lists every
-    problem (unfilled ???, unknown tasks, misspelled keys/params, wrong types, framework/quantization
-    mismatches, unset env vars) with its key and a fix.
+    """Use after every edit and before dry_run: checks a NEL config offline in milliseconds; every problem (???,
+    unknown tasks, misspelled keys, wrong types, framework mismatches, unset env vars) with its key and a fix.
     """
     started = time.perf_counter()
     path = Path(request.config_path).expanduser()
