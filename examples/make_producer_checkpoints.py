@@ -2,7 +2,8 @@
 
 Each fixture is a tiny random model (Llama, Qwen3, Qwen3-MoE, Mixtral; hidden 64, 2 layers, vocab 128; hidden 128
 where a scheme packs 128-wide groups or blocks) quantized on CPU by ModelOpt, llm-compressor, auto-round or
-bitsandbytes, then saved by that producer's own export code. Only the files a loader reads for its decisions are kept: config.json, hf_quant_config.json, generation_config.json,
+bitsandbytes, then saved by that producer's own export code. Only the files a loader reads for its decisions are
+kept: config.json, hf_quant_config.json, generation_config.json,
 tokenizer files, model.safetensors.index.json and the safetensors files with their headers kept byte for byte
 (names, dtypes, shapes, offsets) and the data section replaced by zeros of the same length, so they stay valid
 safetensors and compress to nothing in git. tests/data/producers/manifest.json records, per fixture, the producer

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from quanteval import checkpoint
 from safetensors import safe_open
+
+from quanteval import checkpoint
 
 PRODUCERS = Path(__file__).parent / "data" / "producers"
 MANIFEST = json.loads((PRODUCERS / "manifest.json").read_text(encoding="utf-8"))
