@@ -168,27 +168,49 @@ def cmd_skills_install(args: argparse.Namespace) -> int:
 def cmd_serve_eval(args: argparse.Namespace) -> int:
     import logging
 
+    from pydantic import ValidationError
+
     from quanteval.evalserver import ServerSettings, serve
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    settings = ServerSettings(
-        output_root=Path(args.output_root).expanduser().resolve(),
-        backend=args.backend,
-        max_concurrent_requests=args.max_concurrent_requests,
-        max_concurrent_jobs=args.max_concurrent_jobs,
-        model_name=args.model_name,
-        ns_command=args.ns_command,
-        nel_command=args.nel_command,
-        cluster=args.cluster,
-        config_dir=args.config_dir,
-        nel_execution=args.nel_execution,
-        job_timeout_s=args.job_timeout,
-    )
+    given = {name: getattr(args, name) for name in ServerSettings.model_fields}
     try:
-        serve(settings, host=args.host, port=args.port)
+        settings = ServerSettings.model_validate(given)
+    except ValidationError as exc:
+        print(f"quanteval serve-eval: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}", file=sys.stderr)
+        return EXIT_USAGE
+    settings.output_root = Path(settings.output_root).expanduser().resolve()  # type: ignore[arg-type]
+    try:
+        serve(settings)
     except OSError as exc:
-        raise ToolError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
+        raise ToolError(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror}") from None
     return EXIT_OK
+
+
+def add_serve_eval_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per ServerSettings field (the same list start_eval_server takes), so the two cannot drift."""
+    import typing
+
+    from quanteval.evaljobs import ServerSettings
+
+    for name, field in ServerSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = (field.description or "").replace("%", "%%")
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, action="store_true", help=help_text)
+            continue
+        choices = None
+        kind: typing.Any = str
+        if typing.get_origin(field.annotation) is typing.Literal:
+            choices = list(typing.get_args(field.annotation))
+        elif field.annotation is int:
+            kind = int
+        elif field.annotation is float:
+            kind = float
+        required = name == "output_root"
+        default = None if required else field.default
+        parser.add_argument(flag, dest=name, type=kind, choices=choices, default=default, required=required,
+                            help=f"{help_text} (default {default})" if not required else help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,24 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve NeMo-Skills evaluations to a training loop (slime's eval-delegate API)",
         description="GET /health, POST /evaluate (blocking), POST /jobs + GET /jobs/<id> (async).",
     )
-    serve_eval.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve_eval.add_argument("--port", type=int, default=9050, help="port (default 9050)")
-    serve_eval.add_argument("--output-root", required=True, help="directory for evaluation outputs and logs")
-    serve_eval.add_argument("--backend", choices=["nemo-skills", "nel"], default="nemo-skills",
-                            help="nemo-skills runs `ns eval`; nel runs NEL's nemo_skills tasks (default nemo-skills)")
-    serve_eval.add_argument("--max-concurrent-requests", type=int, default=512,
-                            help="concurrent requests each benchmark sends to the router (default 512)")
-    serve_eval.add_argument("--max-concurrent-jobs", type=int, default=2,
-                            help="evaluations that run at once; more wait in a queue (default 2)")
-    serve_eval.add_argument("--model-name", default="slime-openai-model", help="model name sent to the router")
-    serve_eval.add_argument("--ns-command", default="ns", help="NeMo-Skills `ns` executable (default: ns on PATH)")
-    serve_eval.add_argument("--nel-command", default="nel", help="`nel` executable for --backend nel")
-    serve_eval.add_argument("--cluster", help="NeMo-Skills cluster config name passed to `ns eval --cluster`")
-    serve_eval.add_argument("--config-dir", help="NeMo-Skills cluster config directory (`ns eval --config_dir`)")
-    serve_eval.add_argument("--nel-execution", choices=["local", "slurm"], default="local",
-                            help="NEL executor for --backend nel (default local)")
-    serve_eval.add_argument("--job-timeout", type=float, default=6 * 3600,
-                            help="seconds before a benchmark's process group is killed (default 6 h)")
+    add_serve_eval_options(serve_eval)
     serve_eval.set_defaults(func=cmd_serve_eval)
 
     skills = sub.add_parser("skills", help="the skill pack for AI assistants")

@@ -26,7 +26,7 @@ from quanteval.models import StrictModel, ToolError
 log = logging.getLogger(__name__)
 
 NEL_DISTRIBUTION = "nemo-evaluator-launcher"
-CATALOGUE_CACHE_SCHEMA = 1
+CATALOGUE_CACHE_SCHEMA = 2
 
 
 class TaskEntry(BaseModel):
@@ -36,6 +36,7 @@ class TaskEntry(BaseModel):
     container: str = Field(description="Container image NEL runs the task in.")
     description: str = Field(description="NEL's description of the task.")
     endpoint_types: list[str] = Field(description="Endpoint types the task supports (chat, completions, ...).")
+    harness_task: str | None = Field(None, description="The harness's own name for the task (config.params.task), e.g. gpqa for ns_gpqa.")
 
 
 def nel_tasks_file() -> Path:
@@ -83,6 +84,7 @@ def _parse_tasks_file(source: Path) -> list[TaskEntry]:
                 container=containers.get(task["harness"], ""),
                 description=" ".join(str(task.get("description") or "").split()),
                 endpoint_types=list(config.get("supported_endpoint_types") or ["chat"]),
+                harness_task=(config.get("params") or {}).get("task"),
             )
         )
     return entries

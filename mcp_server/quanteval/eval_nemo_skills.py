@@ -1,0 +1,211 @@
+"""The eval server's `nemo-skills` backend: one `ns eval` per benchmark (per shard) against the trainer's router.
+
+What the real NeMo-Skills (8b18f39, run with `executor: none`) needs and does, learned by running it:
+- `ns` starts `python -m nemo_skills...` children by name: its venv's bin goes first on PATH;
+- it needs a cluster config; without one given, the server writes an `executor: none` one;
+- it exits 0 even when its generation or summarize step failed: metrics.json is the only proof of success;
+- `name` means greedy decoding, `name:N` N seeded samples (NeMo-Skills then defaults T=0.7, top_p=0.95;
+  the request's own values, passed after, win).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from quanteval.evaljobs import (
+    BenchmarkSpec,
+    EvalRequest,
+    ServerSettings,
+    ShardCommand,
+    generation_value,
+    tail_lines,
+)
+from quanteval.models import ToolError
+
+INSTALL_HINT = (
+    "NeMo-Skills (`ns`) is not installed here; it is not on PyPI. Build its venv with `scripts/setup --dev` "
+    "(from ../shared/vendor/ or QUANTEVAL_NEMO_SKILLS_SRC), install it from source "
+    "(pip install git+https://github.com/NVIDIA-NeMo/Skills) or run the server inside a NeMo-Skills "
+    "container, and pass --ns-command with the path of its `ns` executable."
+)
+LOCAL_CLUSTER = "quanteval-local"
+# NeMo-Skills server types whose client sends top_k (in the request's extra body, as SGLang and vLLM take it);
+# its `openai` type refuses any top_k other than -1 deep inside generation.
+TOP_K_SERVER_TYPES = ("sglang", "vllm")
+
+
+def ns_path(settings: ServerSettings) -> str | None:
+    return shutil.which(settings.ns_command)
+
+
+@functools.lru_cache(maxsize=8)
+def _ns_version(path: str, mtime_ns: int) -> str | None:
+    """NeMo-Skills' version as the Python behind this `ns` sees it (ns has no --version)."""
+    try:
+        first = Path(path).read_bytes()[:256].split(b"\n", 1)[0].decode()
+    except OSError:
+        return None
+    python = first[2:].strip().split()[0] if first.startswith("#!") else None
+    if not python or not Path(python).name.startswith("python") or not os.access(python, os.X_OK):
+        return None
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('nemo_skills'))"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def readiness(settings: ServerSettings) -> dict[str, Any]:
+    path = ns_path(settings)
+    status: dict[str, Any] = {"command": settings.ns_command, "backend_ready": bool(path), "server_type": settings.server_type}
+    if not path:
+        status["hint"] = INSTALL_HINT
+        return status
+    status["ns_path"] = path
+    status["ns_version"] = _ns_version(path, Path(path).stat().st_mtime_ns)
+    if status["ns_version"] is None:
+        status["backend_ready"] = False
+        status["hint"] = f"{path} is not a NeMo-Skills `ns` whose Python can report nemo_skills' version. {INSTALL_HINT}"
+    return status
+
+
+def refuse(settings: ServerSettings, request: EvalRequest) -> str | None:
+    """top_k cannot reach an `openai` server type: say so now (400), not after minutes of generation (502)."""
+    if settings.server_type in TOP_K_SERVER_TYPES:
+        return None
+    for bench in request.benchmarks:
+        top_k = generation_value(bench, request.defaults, "top_k")
+        if top_k is not None and top_k not in (-1, 0):
+            return (f"{bench.name}: top_k={top_k} cannot be sent with NeMo-Skills server type "
+                    f"'{settings.server_type}' (its OpenAI client refuses top_k); start the server with "
+                    f"--server-type sglang (slime's router) or vllm, or send top_k -1")
+    return None
+
+
+def cluster_args(settings: ServerSettings) -> list[str]:
+    """`--cluster/--config_dir` as given, else an `executor: none` config the server writes for itself."""
+    if settings.cluster:
+        return ["--cluster", settings.cluster] + (["--config_dir", settings.config_dir] if settings.config_dir else [])
+    config_dir = settings.root / "ns-cluster"
+    config = config_dir / f"{LOCAL_CLUSTER}.yaml"
+    if not config.exists():
+        config_dir.mkdir(parents=True, exist_ok=True)
+        # `containers` is required by NeMo-Skills even with executor none (values unused)
+        config.write_text("executor: none\ncontainers:\n  nemo-skills: none\n  sandbox: none\n", encoding="utf-8")
+    return ["--cluster", LOCAL_CLUSTER, "--config_dir", str(config_dir)]
+
+
+def ns_env(settings: ServerSettings) -> dict[str, str]:
+    path = ns_path(settings)
+    env = {"NEMO_SKILLS_DISABLE_UNCOMMITTED_CHANGES_CHECK": "1", "DUMMY_API_KEY": "EMPTY"}
+    if path:  # ns runs `python -m nemo_skills...` by name: its own Python must come first
+        env["PATH"] = f"{Path(path).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return env
+
+
+def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpec, bench_dir: Path,
+             expname: str) -> list[ShardCommand]:
+    """`ns eval` for one benchmark; with shards > 1 one process per chunk (NeMo-Skills' --num_chunks/--chunk_ids).
+
+    The command line is the one NeMo-Skills documents for a model served elsewhere
+    (`--server_type T --server_address URL/v1 --model NAME`); its pipeline turns these into
+    `++server.server_type/base_url/model`, which slime's reference skills_server.py also passes by hand
+    (with `++server.server_type=openai` after `--server_type`, so the last one wins): passing both is
+    redundant and, with the override, silently drops top_k support.
+    """
+    repeats = generation_value(bench, request.defaults, "n_samples_per_eval_prompt")
+    overrides = {
+        "inference.temperature": generation_value(bench, request.defaults, "temperature"),
+        "inference.top_p": generation_value(bench, request.defaults, "top_p"),
+        "inference.top_k": generation_value(bench, request.defaults, "top_k"),
+        "inference.tokens_to_generate": generation_value(bench, request.defaults, "max_response_len"),
+        "max_samples": bench.max_problems,
+    }
+    shards = bench.shards or 1
+    result = []
+    for index in range(shards):
+        out = bench_dir if shards == 1 else bench_dir / f"shard-{index}"
+        argv = [
+            settings.ns_command, "eval",
+            "--output_dir", str(out),
+            # like slime's reference: `name:N` whenever N is given (`name:1` is one seeded sample, `name` is greedy)
+            "--benchmarks", bench.name if repeats is None else f"{bench.name}:{repeats}",
+            "--server_type", settings.server_type,
+            "--server_address", f"{request.router_url}/v1",
+            "--model", settings.model_name,
+            "--expname", expname if shards == 1 else f"{expname}-shard{index}",
+            *cluster_args(settings),
+        ]
+        if settings.data_dir:
+            argv += ["--data_dir", settings.data_dir]
+        if shards > 1:
+            argv += ["--num_chunks", str(shards), "--chunk_ids", str(index)]
+        argv += [f"++{key}={value}" for key, value in overrides.items() if value is not None]
+        argv += ["++server.api_key_env_var=DUMMY_API_KEY", f"++max_concurrent_requests={settings.max_concurrent_requests}"]
+        # with executor none a --data_dir is read relative to the working directory (./<basename>/...):
+        # run from its parent so that lands on the data dir itself
+        cwd = Path(settings.data_dir).parent if settings.data_dir else out
+        result.append(ShardCommand(argv, ns_env(settings), out, out / "eval.log", cwd=cwd))
+    return result
+
+
+def _metrics_file(bench: BenchmarkSpec, output_dir: Path) -> dict[str, Any]:
+    path = output_dir / "eval-results" / bench.name / "metrics.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ToolError(f"`ns eval` exited 0 but wrote no {path}: its generation or summarize step failed "
+                        "(NeMo-Skills does not fail the command for that); see the log") from None
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"{path}: malformed JSON ({exc.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get(bench.name, data), dict):
+        raise ToolError(f"{path}: expected an object keyed by benchmark")
+    return data.get(bench.name, data)
+
+
+def merge_chunks(bench: BenchmarkSpec, bench_dir: Path, shard_dirs: list[Path]) -> Path:
+    """Concatenate the shards' evaluated chunk files in chunk order, as NeMo-Skills' merge_chunks does."""
+    first = shard_dirs[0] / "eval-results" / bench.name
+    merged_dir = bench_dir / "eval-results" / bench.name
+    merged_dir.mkdir(parents=True, exist_ok=True)
+    chunk_files = sorted(first.glob("output*_chunk_0.jsonl"))
+    if not chunk_files:
+        raise ToolError(f"no output*_chunk_0.jsonl under {first}: shard 0 generated nothing; see its log")
+    for chunk0 in chunk_files:
+        base = chunk0.name.removesuffix("_chunk_0.jsonl")
+        with (merged_dir / f"{base}.jsonl").open("wb") as merged:
+            for index, shard in enumerate(shard_dirs):
+                part = shard / "eval-results" / bench.name / f"{base}_chunk_{index}.jsonl"
+                if not part.exists():
+                    raise ToolError(f"{part} is missing: shard {index} did not finish; see {shard / 'eval.log'}")
+                merged.write(part.read_bytes())
+    return merged_dir
+
+
+def metrics(settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
+            commands: list[ShardCommand]) -> dict[str, Any]:
+    if len(commands) == 1:
+        return _metrics_file(bench, commands[0].output_dir)
+    # Shards: merge the evaluated chunks and let NeMo-Skills' own summarize compute the metrics of the
+    # whole benchmark (a weighted mean of shard metrics would be wrong for e.g. majority@k or std-devs).
+    merge_chunks(bench, bench_dir, [c.output_dir for c in commands])
+    log_path = bench_dir / "summarize.log"
+    argv = [settings.ns_command, "summarize_results", str(bench_dir / "eval-results"), "--benchmarks", bench.name,
+            "--save_metrics_path", str(bench_dir / "eval-results" / bench.name / "metrics.json"),
+            *cluster_args(settings)]
+    if settings.data_dir:
+        argv += ["--data_dir", settings.data_dir]
+    with log_path.open("wb") as log_file:
+        done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **ns_env(settings)}, cwd=commands[0].cwd, timeout=600)
+    if done.returncode != 0:
+        tail = "\n".join(tail_lines(log_path, 5))
+        raise ToolError(f"`ns summarize_results` of the merged shards exited with {done.returncode}: {tail}")
+    return _metrics_file(bench, bench_dir)

@@ -1,0 +1,261 @@
+"""The eval server's HTTP layer: slime's eval-delegate API over the job queue (quanteval.evaljobs).
+
+    GET  /health        200 {"status": "ok", ...} when the backend can run; 503 "not_ready" (with a hint) or "stopping"
+    POST /evaluate      slime's payload; blocks; slime's response shape plus `metrics` (flat) and `errors`
+    POST /jobs          same payload; 202 {"job_id", "status", "attached"} at once; the job runs to the end
+    GET  /jobs/<id>     status, runs and metrics of one job
+
+Status codes: 400 for a payload that can never succeed (slime's client retries these too, pointlessly);
+401 without the bearer token when one is required; 502 when a benchmark failed (the good benchmarks'
+metrics are still in the body; `allow_partial` answers 200 when at least one succeeded); 503 while
+shutting down (in-flight requests get it with the reason).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from pydantic import ValidationError
+
+from quanteval.evaljobs import EvalRequest, EvalService, Job, ServerSettings, ShuttingDown, payload_errors
+from quanteval.models import ToolError
+
+log = logging.getLogger("quanteval.evalserver")
+
+MAX_BODY_BYTES = 1_000_000
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def required_token(settings: ServerSettings) -> str | None:
+    """The bearer token clients must send; refuses to serve beyond loopback without one (it runs commands)."""
+    token = os.environ.get(settings.token_env, "").strip()
+    if not token and not is_loopback(settings.host):
+        raise ToolError(
+            f"refusing to bind {settings.host}: beyond loopback the eval server (which runs commands on this machine) "
+            f"requires a shared token. Set {settings.token_env} to a secret and send it as `Authorization: Bearer ...` "
+            "(slime: the eval config's `headers`), or bind 127.0.0.1.")
+    return token or None
+
+
+def job_http_status(job: Job, settings: ServerSettings) -> int:
+    if job.status == "cancelled":
+        return 503
+    if job.status == "succeeded":
+        return 200
+    succeeded = any(run["status"] == "succeeded" for run in job.runs)
+    return 200 if settings.allow_partial and succeeded else 502
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up is one log line, not a BrokenPipe traceback."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, CLIENT_GONE):
+            log.info("client %s went away: %s", client_address[0], type(exc).__name__)
+            return
+        log.exception("error while handling a request from %s", client_address[0])
+
+
+def make_handler(service: EvalService, token: str | None, inflight: "Inflight") -> type[BaseHTTPRequestHandler]:
+    settings = service.settings
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "quanteval-eval/2"
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # to logging (stderr), not stdout
+            log.info("%s %s", self.address_string(), fmt % args)
+
+        def _send(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except CLIENT_GONE as exc:
+                log.info("client %s went away before the %d answer to %s: %s", self.address_string(), status,
+                         self.path, type(exc).__name__)
+                self.close_connection = True
+
+        def _client_gone(self) -> bool:
+            """Whether the client closed its connection while we were working (a retry may attach again)."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
+        def _authorized(self) -> bool:
+            if token is None:
+                return True
+            sent = self.headers.get("Authorization", "")
+            if sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].strip().encode(), token.encode()):
+                return True
+            self._send(401, {"error": f"missing or wrong bearer token (Authorization: Bearer <${settings.token_env}>)"})
+            return False
+
+        def _payload(self) -> EvalRequest | None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length <= 0 or length > MAX_BODY_BYTES:
+                self._send(400, {"error": f"a JSON body of 1..{MAX_BODY_BYTES} bytes is required"})
+                return None
+            try:
+                raw = json.loads(self.rfile.read(length))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                self._send(400, {"error": f"body is not valid JSON: {exc}"})
+                return None
+            if not isinstance(raw, dict):
+                self._send(400, {"error": "body must be a JSON object"})
+                return None
+            try:
+                request = EvalRequest.model_validate(raw)
+            except ValidationError as exc:
+                self._send(400, {"error": payload_errors(exc)})
+                return None
+            reason = service.refuse(request)
+            if reason:
+                self._send(400, {"error": reason})
+                return None
+            return request
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                backend = service.backend_status()
+                if service.stopping:
+                    status, code = "stopping", 503
+                else:
+                    status, code = ("ok", 200) if backend["backend_ready"] else ("not_ready", 503)
+                self._send(code, {"status": status, **backend, "jobs": service.counts()})
+            elif not self._authorized():
+                return
+            elif self.path.startswith("/jobs/"):
+                job = service.get(self.path.removeprefix("/jobs/"))
+                if job is None:
+                    self._send(404, {"error": "no such job"})
+                else:
+                    self._send(200, job.response())
+            else:
+                self._send(404, {"error": f"no route GET {self.path}"})
+
+        def do_POST(self) -> None:
+            if self.path not in ("/evaluate", "/jobs"):
+                self._send(404, {"error": f"no route POST {self.path}"})
+                return
+            if not self._authorized():
+                return
+            request = self._payload()
+            if request is None:
+                return
+            key = self.headers.get("Idempotency-Key")
+            with inflight:
+                try:
+                    job, attached = service.submit(request, key=f"key-{key}" if key else None,
+                                                   detached=self.path == "/jobs")
+                except ShuttingDown as exc:
+                    self._send(503, {"error": f"the eval server is shutting down ({exc}); retry against its successor"})
+                    return
+                if attached:
+                    log.info("rollout %s: request attached to job %s (%s)", request.rollout_id, job.id, job.status)
+                if self.path == "/jobs":
+                    self._send(202, {"job_id": job.id, "status": job.status, "attached": attached})
+                    return
+                if not service.wait(job, self._client_gone):
+                    log.info("rollout %s: client went away while job %s ran; it is cancelled unless a retry attaches "
+                             "within %.0f s", request.rollout_id, job.id, settings.orphan_grace_s)
+                    self.close_connection = True
+                    return
+                body = job.response()
+                code = job_http_status(job, settings)
+                if code != 200:
+                    body["error"] = "; ".join(body["errors"]) or job.status
+                self._send(code, body)
+
+    return Handler
+
+
+class Inflight:
+    """Counts requests that hold a job, so shutdown can let them answer before the process exits."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._count += 1
+
+    def __exit__(self, *_: Any) -> None:
+        with self._cond:
+            self._count -= 1
+            self._cond.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count == 0, timeout=timeout_s)
+
+
+def serve(settings: ServerSettings, ready: threading.Event | None = None,
+          stop: threading.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop` is set). Shutdown cancels every job and its process groups,
+    answers in-flight requests with 503 and the reason, and marks the jobs cancelled in the ledger."""
+    token = required_token(settings)
+    service = EvalService(settings)
+    inflight = Inflight()
+    httpd = _Server((settings.host, settings.port), make_handler(service, token, inflight))
+    stopping = threading.Event()
+
+    def shut(reason: str) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        log.warning("eval server stopping: %s", reason)
+        service.shutdown(reason)
+        if not inflight.drain(10):
+            log.warning("some requests did not get their answer within 10 s of shutdown")
+        httpd.shutdown()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        threading.Thread(target=shut, args=(f"server received {name}",), daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    if stop is not None:
+        threading.Thread(target=lambda: (stop.wait(), shut("stopped by its owner")), daemon=True).start()
+    log.warning("eval server on http://%s:%d (backend %s, output %s, auth %s)", settings.host, httpd.server_port,
+                settings.backend, settings.root, "bearer token" if token else "none (loopback)")
+    if ready:
+        ready.set()
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    finally:
+        if not stopping.is_set():
+            service.shutdown("server stopped")
+        httpd.server_close()
+        time.sleep(0)  # let handler threads that just answered flush

@@ -1,0 +1,492 @@
+"""The eval server's core: slime's payload, the job queue, idempotency, cancellation and shutdown.
+
+No HTTP here (evalhttp) and no benchmark commands (eval_nemo_skills, eval_nel): a job runs its
+benchmarks one after another through a backend; jobs of different rollouts run concurrently up to
+`max_concurrent_jobs` and queue beyond it.
+
+Idempotency: slime's client retries a request on any error or read timeout with the same payload.
+A request whose key (the `Idempotency-Key` header, else rollout_id + a hash of the payload) matches
+a queued, running or succeeded job attaches to that job instead of starting the evaluation again;
+a failed or cancelled job is not reused, so a retry gets a fresh attempt. A job started by
+`POST /evaluate` that no client waits for any more is cancelled after `orphan_grace_s`
+(`POST /jobs` jobs are detached: they run to the end).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from quanteval import ledger
+from quanteval.localproc import stop_group
+from quanteval.models import StrictModel, ToolError
+
+log = logging.getLogger("quanteval.evalserver")
+
+BackendName = Literal["nemo-skills", "nel"]
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINISHED: tuple[JobStatus, ...] = ("succeeded", "failed", "cancelled")
+LOG_TAIL_LINES = 40
+FINISHED_JOBS_KEPT = 1000  # finished jobs kept in memory for GET /jobs/<id> and idempotent retries
+
+
+# --------------------------------------------------------------------------------------------
+# The payload (slime's eval-delegate API)
+# --------------------------------------------------------------------------------------------
+
+
+class BenchmarkSpec(BaseModel):
+    """One benchmark of a delegate request; unset generation params fall back to `defaults`."""
+
+    model_config = ConfigDict(extra="ignore")  # slime may send dataset fields this server does not use
+
+    name: str
+    n_samples_per_eval_prompt: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
+    max_response_len: int | None = Field(None, ge=1)
+    max_problems: int | None = Field(None, ge=1, description="Evaluate only the first N problems (quick checks).")
+    shards: int | None = Field(None, ge=1, le=64, description="Split this benchmark across N workers.")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        name = name.strip()
+        if not name:
+            raise ValueError("benchmark name must not be empty")
+        if ":" in name:
+            raise ValueError(f"benchmark name '{name}' must not contain ':' (repeats go in n_samples_per_eval_prompt)")
+        if "/" in name or any(c.isspace() for c in name) or name.startswith((".", "-")):
+            raise ValueError(f"benchmark name '{name}' must be a plain name (no '/', spaces or leading '.'/'-')")
+        return name
+
+
+class EvalRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rollout_id: int
+    router_url: str
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    benchmarks: list[BenchmarkSpec] = Field(min_length=1)
+
+    @field_validator("router_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"router_url '{url}' must be an http(s) URL such as http://127.0.0.1:30000")
+        return url.rstrip("/")
+
+    def idempotency_key(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return f"rollout-{self.rollout_id}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+
+
+def generation_value(bench: BenchmarkSpec, defaults: dict[str, Any], key: str) -> Any:
+    value = getattr(bench, key)
+    return defaults.get(key) if value is None else value
+
+
+def payload_errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors())
+
+
+# --------------------------------------------------------------------------------------------
+# Settings and the backend interface
+# --------------------------------------------------------------------------------------------
+
+
+DEFAULT_PORT = 9050
+TOKEN_ENV_DEFAULT = "QUANTEVAL_EVAL_TOKEN"
+
+
+class ServerSettings(StrictModel):
+    """Every serve-eval option, in one place: the CLI's flags and start_eval_server's arguments are made from it."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    host: str = Field("127.0.0.1", description="Address to bind. Beyond loopback (0.0.0.0, a container's address) "
+                      "the server requires a bearer token from the env var named by token_env.")
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="TCP port.")
+    output_root: Path | None = Field(None, description="Where evaluations write; start_eval_server defaults it to "
+                                     "<state dir>/eval-server/<port>.")
+    backend: BackendName = Field("nemo-skills", description="nemo-skills runs `ns eval`; nel runs NEL nemo_skills tasks.")
+    max_concurrent_requests: int = Field(512, ge=1, description="Concurrent requests each benchmark sends to the router.")
+    max_concurrent_jobs: int = Field(2, ge=1, le=32, description="Evaluations (rollouts) that run at once; more queue.")
+    model_name: str = Field("slime-openai-model", description="Model name sent to the router's OpenAI API.")
+    ns_command: str = Field("ns", description="The NeMo-Skills `ns` executable (name on PATH or path).")
+    cluster: str | None = Field(None, description="NeMo-Skills cluster config name (`ns eval --cluster`); default: an "
+                                "`executor: none` config the server writes under output_root.")
+    config_dir: str | None = Field(None, description="Directory of NeMo-Skills cluster configs (`--config_dir`).")
+    data_dir: str | None = Field(None, description="NeMo-Skills data dir (`--data_dir`); default: the installed "
+                                 "package's nemo_skills/dataset, where `ns prepare_data` writes.")
+    server_type: Literal["sglang", "vllm", "openai"] = Field(
+        "sglang", description="NeMo-Skills server type for the router: sglang/vllm send top_k, openai cannot "
+        "(a top_k then gets a 400).")
+    nel_command: str = Field("nel", description="The `nel` executable for the nel backend.")
+    nel_execution: Literal["local", "slurm"] = Field("local", description="NEL executor for the nel backend.")
+    job_timeout_s: float = Field(6 * 3600, gt=0, description="Seconds before a benchmark's processes are killed.")
+    results_wait_s: float = Field(600, ge=0, description="nel backend: seconds to wait for results.yml after NEL returns.")
+    orphan_grace_s: float = Field(600, ge=0, description="A POST /evaluate job that no client waits for any more is "
+                                  "cancelled after this many seconds (POST /jobs jobs never are).")
+    allow_partial: bool = Field(False, description="Answer 200 when some benchmarks failed and others succeeded "
+                                "(default: 502, with the good benchmarks' metrics still in the body).")
+    token_env: str = Field(TOKEN_ENV_DEFAULT, description="Env var holding the bearer token clients must send "
+                           "(Authorization: Bearer ...); required when host is not loopback.")
+
+    @property
+    def root(self) -> Path:
+        assert self.output_root is not None, "output_root is set before the service starts"
+        return self.output_root
+
+
+@dataclass
+class ShardCommand:
+    argv: list[str]
+    env: dict[str, str]
+    output_dir: Path
+    log_path: Path
+    cwd: Path | None = None
+
+
+class Backend(Protocol):
+    def readiness(self, settings: ServerSettings) -> dict[str, Any]: ...
+
+    def refuse(self, settings: ServerSettings, request: EvalRequest) -> str | None: ...
+
+    def commands(self, settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpec, bench_dir: Path,
+                 expname: str) -> list[ShardCommand]: ...
+
+    def metrics(self, settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
+                commands: list[ShardCommand]) -> dict[str, Any]: ...
+
+
+def backend_for(name: BackendName) -> Backend:
+    if name == "nemo-skills":
+        from quanteval import eval_nemo_skills
+
+        return eval_nemo_skills  # type: ignore[return-value]
+    from quanteval import eval_nel
+
+    return eval_nel  # type: ignore[return-value]
+
+
+def flatten_metrics(raw: dict[str, Any]) -> dict[str, float]:
+    """`{bench: {"pass@1": {"accuracy": 70}}}` -> `{"bench/pass@1/accuracy": 70.0}`: numbers only."""
+    flat: dict[str, float] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}/{key}" if prefix else str(key), inner)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[prefix] = float(value)
+
+    walk("", raw)
+    return flat
+
+
+def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000) -> list[str]:
+    """The last lines of a log, reading at most max_bytes from its end."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
+
+
+# --------------------------------------------------------------------------------------------
+# Jobs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    id: str
+    key: str
+    request: EvalRequest
+    output_dir: Path
+    detached: bool  # POST /jobs: runs to the end whether or not anyone waits
+    status: JobStatus = "queued"
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    raw_metrics: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    ledger_id: str | None = None
+    waiters: int = 0
+    orphaned_at: float | None = None
+    cancel_reason: str | None = None
+    processes: set[subprocess.Popen] = field(default_factory=set)
+
+    def response(self) -> dict[str, Any]:
+        commands = [run["command"] for run in self.runs]
+        logs = [run["log_path"] for run in self.runs]
+        errors = [f"{run['benchmark']}: {run['error']}" for run in self.runs if run.get("error")]
+        if self.cancel_reason:
+            errors.append(f"cancelled: {self.cancel_reason}")
+        return {
+            "job_id": self.id,
+            "status": self.status,
+            "rollout_id": self.request.rollout_id,
+            "command": "\n".join(commands) if commands else None,
+            "output_dir": str(self.output_dir),
+            "log_path": logs[-1] if logs else None,
+            "raw_metrics": self.raw_metrics,
+            "metrics": flatten_metrics(self.raw_metrics),
+            "runs": self.runs,
+            "errors": errors,
+        }
+
+
+class ShuttingDown(Exception):
+    """The server is stopping: no new jobs."""
+
+
+class EvalService:
+    """Runs jobs: at most max_concurrent_jobs at once, the rest wait in order."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.backend = backend_for(settings.backend)
+        settings.root.mkdir(parents=True, exist_ok=True)
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._by_key: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(settings.max_concurrent_jobs)
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="eval-job")
+        self.stopping: str | None = None  # the shutdown reason once shutdown began
+        self._reaper = threading.Thread(target=self._reap_orphans, name="eval-orphans", daemon=True)
+        self._reaper.start()
+
+    # -- readiness ------------------------------------------------------------------------
+    def backend_status(self) -> dict[str, Any]:
+        return {"backend": self.settings.backend, **self.backend.readiness(self.settings)}
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            states = [job.status for job in self._jobs.values()]
+        return {status: states.count(status) for status in ("queued", "running", "succeeded", "failed", "cancelled")}
+
+    def refuse(self, request: EvalRequest) -> str | None:
+        """Why this request cannot succeed, said before any work starts (a 400), or None."""
+        return self.backend.refuse(self.settings, request)
+
+    # -- jobs -----------------------------------------------------------------------------
+    def submit(self, request: EvalRequest, key: str | None = None, detached: bool = False) -> tuple[Job, bool]:
+        """The job for this request: an existing one with the same key, or a new one; (job, attached)."""
+        key = key or request.idempotency_key()
+        with self._lock:
+            if self.stopping:
+                raise ShuttingDown(self.stopping)
+            existing = self._by_key.get(key)
+            if existing is not None and existing.status not in ("failed", "cancelled"):
+                existing.detached = existing.detached or detached
+                return existing, True
+            job_id = uuid.uuid4().hex[:16]
+            out = self.settings.root / f"{int(time.time())}-rollout-{request.rollout_id}-{job_id[:6]}"
+            job = Job(id=job_id, key=key, request=request, output_dir=out, detached=detached)
+            self._jobs[job_id] = job
+            self._by_key[key] = job
+            self._forget_old_jobs()
+        try:
+            job.ledger_id = ledger.add(
+                "eval_job", status="queued", invocation_id=job_id, executor=self.settings.backend,
+                details={"rollout_id": request.rollout_id, "benchmarks": [b.name for b in request.benchmarks],
+                         "output_dir": str(out), "idempotency_key": key},
+            ).id
+        except ToolError as exc:  # the ledger is a record, not a precondition for evaluating
+            log.warning("ledger unavailable: %s", exc)
+        self._pool.submit(self._run_job, job)
+        return job, False
+
+    def _forget_old_jobs(self) -> None:
+        """Keep memory flat over days of evaluations: drop the oldest finished jobs beyond the limit."""
+        finished = [job for job in self._jobs.values() if job.status in FINISHED]
+        for job in finished[: max(0, len(finished) - FINISHED_JOBS_KEPT)]:
+            del self._jobs[job.id]
+            if self._by_key.get(job.key) is job:
+                del self._by_key[job.key]
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def wait(self, job: Job, client_gone: Callable[[], bool], poll_s: float = 0.5) -> bool:
+        """Block until the job finishes; False when the client went away first (the job may be orphaned)."""
+        with self._lock:
+            job.waiters += 1
+            job.orphaned_at = None
+        try:
+            while not job.done.wait(poll_s):
+                if client_gone():
+                    return False
+            return True
+        finally:
+            with self._lock:
+                job.waiters -= 1
+                if job.waiters == 0 and not job.detached and job.status not in FINISHED:
+                    job.orphaned_at = time.monotonic()
+
+    def _reap_orphans(self) -> None:
+        while True:
+            time.sleep(min(5.0, max(0.05, self.settings.orphan_grace_s / 4)))
+            now = time.monotonic()
+            with self._lock:
+                orphans = [job for job in self._jobs.values()
+                           if job.orphaned_at is not None and job.waiters == 0 and not job.detached
+                           and job.status not in FINISHED and now - job.orphaned_at >= self.settings.orphan_grace_s]
+            for job in orphans:
+                log.warning("job %s (rollout %s): no client waited for %.0f s; cancelling it", job.id,
+                            job.request.rollout_id, self.settings.orphan_grace_s)
+                self.cancel(job, f"no client waited for its result for {self.settings.orphan_grace_s:.0f} s")
+
+    def cancel(self, job: Job, reason: str) -> None:
+        """Stop a job: no further benchmark starts, running process groups get SIGTERM then SIGKILL."""
+        with self._lock:
+            if job.status in FINISHED or job.cancel_reason:
+                return
+            job.cancel_reason = reason
+            procs = list(job.processes)
+        for proc in procs:
+            kill_group(proc)
+
+    def _set_status(self, job: Job, status: JobStatus) -> None:
+        job.status = status
+        if job.ledger_id:
+            details = None if status == "running" else {"metrics": flatten_metrics(job.raw_metrics)}
+            try:
+                ledger.update(job.ledger_id, status=status, details=details,
+                              message=f"cancelled: {job.cancel_reason}" if status == "cancelled" else None)
+            except ToolError as exc:
+                log.warning("ledger update failed: %s", exc)
+
+    def _run_job(self, job: Job) -> None:
+        with self._slots:
+            try:
+                if job.cancel_reason is None:
+                    self._set_status(job, "running")
+                    job.output_dir.mkdir(parents=True, exist_ok=True)
+                    for bench in job.request.benchmarks:
+                        if job.cancel_reason:  # shutdown or orphaned: start nothing more
+                            break
+                        job.runs.append(self._run_benchmark(job, bench))
+                failed = any(run["status"] == "failed" for run in job.runs)
+            except Exception as exc:  # a bug in this server must not leave a job hanging forever
+                log.exception("job %s crashed", job.id)
+                job.runs.append({"benchmark": "*", "status": "failed", "error": f"internal error: {type(exc).__name__}",
+                                 "command": "", "log_path": None, "output_dir": str(job.output_dir)})
+                failed = True
+            job.finished_at = time.time()
+            with self._lock:
+                job.orphaned_at = None
+            self._set_status(job, "cancelled" if job.cancel_reason else "failed" if failed else "succeeded")
+            job.done.set()
+
+    def _run_benchmark(self, job: Job, bench: BenchmarkSpec) -> dict[str, Any]:
+        bench_dir = job.output_dir / bench.name
+        bench_dir.mkdir(parents=True, exist_ok=True)
+        run: dict[str, Any] = {"benchmark": bench.name, "output_dir": str(bench_dir), "status": "running"}
+        started = time.monotonic()
+        try:
+            commands = self.backend.commands(self.settings, job.request, bench, bench_dir,
+                                             f"rollout-{job.request.rollout_id}-{bench.name}")
+        except ToolError as exc:
+            return {**run, "status": "failed", "error": str(exc), "command": "", "log_path": None}
+        run["command"] = "\n".join(" ".join(_quote(a) for a in c.argv) for c in commands)
+        run["log_path"] = str(commands[0].log_path)
+        if len(commands) > 1:
+            run["shards"] = len(commands)
+        exit_codes = self._run_parallel(job, commands)
+        run["duration_s"] = round(time.monotonic() - started, 3)
+        if job.cancel_reason:
+            return {**run, "status": "cancelled", "error": f"cancelled: {job.cancel_reason}"}
+        for command, code in zip(commands, exit_codes):
+            if code != 0:
+                reason = "timed out" if code is None else f"exited with code {code}"
+                return {**run, "status": "failed", "log_path": str(command.log_path),
+                        "error": f"`{Path(command.argv[0]).name} {command.argv[1]}` {reason}; see {command.log_path}",
+                        "log_tail": tail_lines(command.log_path)}
+        try:
+            metrics = self.backend.metrics(self.settings, bench, bench_dir, commands)
+        except ToolError as exc:
+            return {**run, "status": "failed", "error": str(exc), "log_tail": tail_lines(commands[0].log_path)}
+        job.raw_metrics[bench.name] = metrics
+        return {**run, "status": "succeeded"}
+
+    def _run_parallel(self, job: Job, commands: list[ShardCommand]) -> list[int | None]:
+        """Start every shard, wait for all; None marks one killed at the job timeout."""
+        procs: list[subprocess.Popen | None] = []
+        for command in commands:
+            command.output_dir.mkdir(parents=True, exist_ok=True)
+            with command.log_path.open("ab") as log_file:
+                try:
+                    proc = subprocess.Popen(
+                        command.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env={**os.environ, **command.env}, cwd=command.cwd, start_new_session=True,
+                    )
+                except OSError as exc:
+                    log_file.write(f"cannot start {command.argv[0]}: {exc.strerror}\n".encode())
+                    procs.append(None)
+                    continue
+            with self._lock:
+                job.processes.add(proc)
+                cancelled = job.cancel_reason is not None
+            if cancelled:  # cancelled between the check and the start: stop it at once
+                kill_group(proc)
+            procs.append(proc)
+        deadline = time.monotonic() + self.settings.job_timeout_s
+        codes: list[int | None] = []
+        for proc in procs:
+            if proc is None:
+                codes.append(127)
+                continue
+            try:
+                codes.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                codes.append(None)
+            with self._lock:
+                job.processes.discard(proc)
+        return codes
+
+    def shutdown(self, reason: str, wait_s: float = 30) -> None:
+        """Refuse new jobs, cancel every queued and running one (their process groups too), wait for them."""
+        with self._lock:
+            self.stopping = reason
+            jobs = [job for job in self._jobs.values() if job.status not in FINISHED]
+        for job in jobs:
+            self.cancel(job, reason)
+        deadline = time.monotonic() + wait_s
+        for job in jobs:
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """Stop the process group a command runs in (ns starts children of its own): SIGTERM, SIGKILL after grace_s."""
+    stop_group(proc.pid, grace_s=grace_s, on_wait=proc.poll)
