@@ -98,7 +98,7 @@ def make_handler(service: EvalService, token: str | None, inflight: "Inflight") 
                 self.end_headers()
                 self.wfile.write(data)
             except CLIENT_GONE as exc:
-                log.info("client %s went away before the %d answer to %s: %s", self.address_string(), status,
+                log.warning("client %s went away before the %d answer to %s: %s", self.address_string(), status,
                          self.path, type(exc).__name__)
                 self.close_connection = True
 
@@ -185,7 +185,7 @@ def make_handler(service: EvalService, token: str | None, inflight: "Inflight") 
                     self._send(202, {"job_id": job.id, "status": job.status, "attached": attached})
                     return
                 if not service.wait(job, self._client_gone):
-                    log.info("rollout %s: client went away while job %s ran; it is cancelled unless a retry attaches "
+                    log.warning("rollout %s: client went away while job %s ran; it is cancelled unless a retry attaches "
                              "within %.0f s", request.rollout_id, job.id, settings.orphan_grace_s)
                     self.close_connection = True
                     return

@@ -6,6 +6,7 @@ wrote, queries the endpoint it names, and writes NEL's results layout
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import urllib.request
@@ -33,7 +34,9 @@ def main(argv: list[str]) -> int:
             request = urllib.request.Request(endpoint["url"], data=json.dumps(body).encode(),
                                              headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=10) as response:
-                correct += json.loads(response.read())["choices"][0]["message"]["content"].strip() == str(a + b)
+                text = json.loads(response.read())["choices"][0]["message"]["content"]
+            boxed = re.findall(r"\\boxed\{(\d+)\}", text)
+            correct += bool(boxed) and boxed[-1] == str(a + b)
     total = len(QUESTIONS) * repeats
     invocation = uuid.uuid4().hex[:16]
     artifacts = Path(config["execution"]["output_dir"]) / f"{time.strftime('%Y%m%d_%H%M%S')}-{invocation}" / f"{task['name']}.0" / "artifacts"
