@@ -197,11 +197,10 @@ def metrics(settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
     # whole benchmark (a weighted mean of shard metrics would be wrong for e.g. majority@k or std-devs).
     merge_chunks(bench, bench_dir, [c.output_dir for c in commands])
     log_path = bench_dir / "summarize.log"
+    # the same command line `ns eval`'s own summarize step runs (no --cluster: with one of executor none,
+    # summarize_results tries to download the results from that "cluster" and fails)
     argv = [settings.ns_command, "summarize_results", str(bench_dir / "eval-results"), "--benchmarks", bench.name,
-            "--save_metrics_path", str(bench_dir / "eval-results" / bench.name / "metrics.json"),
-            *cluster_args(settings)]
-    if settings.data_dir:
-        argv += ["--data_dir", settings.data_dir]
+            "--save_metrics_path", str(bench_dir / "eval-results" / bench.name / "metrics.json")]
     with log_path.open("wb") as log_file:
         done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               env={**os.environ, **ns_env(settings)}, cwd=commands[0].cwd, timeout=600)

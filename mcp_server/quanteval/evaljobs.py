@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import subprocess
 import threading
 import time
@@ -276,6 +277,9 @@ class EvalService:
         self.stopping: str | None = None  # the shutdown reason once shutdown began
         self._reaper = threading.Thread(target=self._reap_orphans, name="eval-orphans", daemon=True)
         self._reaper.start()
+        self._ledger_queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._ledger_writer = threading.Thread(target=self._write_ledger, name="eval-ledger", daemon=True)
+        self._ledger_writer.start()
 
     # -- readiness ------------------------------------------------------------------------
     def backend_status(self) -> dict[str, Any]:
@@ -307,14 +311,14 @@ class EvalService:
             self._jobs[job_id] = job
             self._by_key[key] = job
             self._forget_old_jobs()
-        try:
+        def record() -> None:
             job.ledger_id = ledger.add(
                 "eval_job", status="queued", invocation_id=job_id, executor=self.settings.backend,
                 details={"rollout_id": request.rollout_id, "benchmarks": [b.name for b in request.benchmarks],
                          "output_dir": str(out), "idempotency_key": key},
             ).id
-        except ToolError as exc:  # the ledger is a record, not a precondition for evaluating
-            log.warning("ledger unavailable: %s", exc)
+
+        self._ledger_queue.put(record)
         self._pool.submit(self._run_job, job)
         return job, False
 
@@ -371,13 +375,28 @@ class EvalService:
 
     def _set_status(self, job: Job, status: JobStatus) -> None:
         job.status = status
-        if job.ledger_id:
-            details = None if status == "running" else {"metrics": flatten_metrics(job.raw_metrics)}
+        details = None if status == "running" else {"metrics": flatten_metrics(job.raw_metrics)}
+        message = f"cancelled: {job.cancel_reason}" if status == "cancelled" else None
+
+        def record() -> None:
+            if job.ledger_id:
+                ledger.update(job.ledger_id, status=status, details=details, message=message)
+
+        self._ledger_queue.put(record)
+
+    def _write_ledger(self) -> None:
+        """The ledger is a record, not a precondition for evaluating: one writer thread, in order, off the
+        request's path (each SQLite write costs tens of ms on a busy disk); shutdown drains it."""
+        while True:
+            write = self._ledger_queue.get()
+            if write is None:
+                return
             try:
-                ledger.update(job.ledger_id, status=status, details=details,
-                              message=f"cancelled: {job.cancel_reason}" if status == "cancelled" else None)
+                write()
             except ToolError as exc:
-                log.warning("ledger update failed: %s", exc)
+                log.warning("ledger unavailable: %s", exc)
+            except Exception:  # a ledger bug must not stop the writer for the days a training run lasts
+                log.exception("ledger write failed")
 
     def _run_job(self, job: Job) -> None:
         with self._slots:
@@ -479,6 +498,8 @@ class EvalService:
         for job in jobs:
             job.done.wait(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ledger_queue.put(None)  # every status written before this one goes in first
+        self._ledger_writer.join(max(1.0, deadline - time.monotonic()))
 
 
 def _quote(arg: str) -> str:

@@ -4,7 +4,7 @@ Answers chat completions the way a model would, so real graders see real text:
 - "What is A+B?"            -> "... \\boxed{A+B}", except 1+1 -> \\boxed{3} (one wrong answer per 12)
 - "... equal to N ... A) .." -> "Answer: \\boxed{<letter of N>}", except N == 1 -> the next letter (wrong)
 It records every request body (the tests check which sampling parameters arrived), can delay answers
-(--delay-s / `delay_s`) and answer 500s (`fail`). Run in-process (Router()) or as a process:
+(--delay-s / `delay_s`) and answers 500 to every prompt containing "FAIL" (or to all, with `fail`). Run in-process (Router()) or as a process:
 
     python openai_router.py --port 0     # prints "listening on http://127.0.0.1:PORT"
 """
@@ -66,7 +66,8 @@ class Router:
                     router.requests.append({"path": self.path, **body})
                 if router.delay_s:
                     time.sleep(router.delay_s)
-                if router.fail:
+                prompt = (body.get("messages") or [{}])[-1].get("content", "")
+                if router.fail or "FAIL" in prompt:
                     self._send(500, {"error": {"message": "router failure", "type": "server_error"}})
                     return
                 if self.path != "/v1/chat/completions":
