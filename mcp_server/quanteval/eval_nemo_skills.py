@@ -106,7 +106,7 @@ def ns_env(settings: ServerSettings) -> dict[str, str]:
     path = ns_path(settings)
     env = {"NEMO_SKILLS_DISABLE_UNCOMMITTED_CHANGES_CHECK": "1", "DUMMY_API_KEY": "EMPTY"}
     if path:  # ns runs `python -m nemo_skills...` by name: its own Python must come first
-        env["PATH"] = f"{Path(path).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env["PATH"] = f"{Path(path).resolve().parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return env
 
 
