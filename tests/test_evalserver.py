@@ -21,7 +21,6 @@ import anyio
 import pytest
 import yaml
 from mcp import Client
-
 from quanteval import eval_nel, evalhttp, evaljobs, evalserver, ledger
 from quanteval.evalserver import ServerSettings
 from quanteval.localproc import free_port, group_members

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from quanteval import evalhttp, tasks
 from quanteval.evaljobs import ServerSettings
 from quanteval.localproc import free_port
@@ -206,7 +205,7 @@ def test_shards_merge_exactly_as_the_unsharded_run(real):
 
 def _metrics_type(benchmark: str) -> str | None:
     init = dataset_dir() / benchmark / "__init__.py"
-    match = re.search(r'^METRICS_TYPE\s*=\s*"(\w+)"', init.read_text(), re.M) if init.exists() else None
+    match = re.search(r'^METRICS_TYPE\s*=\s*"(\w+)"', init.read_text(), re.MULTILINE) if init.exists() else None
     return match[1] if match else None
 
 

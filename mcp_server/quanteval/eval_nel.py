@@ -14,7 +14,13 @@ from typing import Any
 
 import yaml
 
-from quanteval.evaljobs import BenchmarkSpec, EvalRequest, ServerSettings, ShardCommand, generation_value
+from quanteval.evaljobs import (
+    BenchmarkSpec,
+    EvalRequest,
+    ServerSettings,
+    ShardCommand,
+    generation_value,
+)
 from quanteval.models import ToolError
 
 SHARD_ENV = ("NEL_SHARD_IDX", "NEL_TOTAL_SHARDS")

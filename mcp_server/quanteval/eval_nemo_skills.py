@@ -56,7 +56,7 @@ def _ns_version(path: str, mtime_ns: int) -> str | None:
         return None
     try:
         out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('nemo_skills'))"],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -203,7 +203,7 @@ def metrics(settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
             "--save_metrics_path", str(bench_dir / "eval-results" / bench.name / "metrics.json")]
     with log_path.open("wb") as log_file:
         done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env={**os.environ, **ns_env(settings)}, cwd=commands[0].cwd, timeout=600)
+                              env={**os.environ, **ns_env(settings)}, cwd=commands[0].cwd, timeout=600, check=False)
     if done.returncode != 0:
         tail = "\n".join(tail_lines(log_path, 5))
         raise ToolError(f"`ns summarize_results` of the merged shards exited with {done.returncode}: {tail}")

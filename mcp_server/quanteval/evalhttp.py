@@ -22,13 +22,19 @@ import select
 import signal
 import socket
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from pydantic import ValidationError
 
-from quanteval.evaljobs import EvalRequest, EvalService, Job, ServerSettings, ShuttingDown, payload_errors
+from quanteval.evaljobs import (
+    EvalRequest,
+    EvalService,
+    Job,
+    ServerSettings,
+    ShuttingDown,
+    payload_errors,
+)
 from quanteval.models import ToolError
 
 log = logging.getLogger("quanteval.evalserver")
@@ -80,7 +86,7 @@ class _Server(ThreadingHTTPServer):
         log.exception("error while handling a request from %s", client_address[0])
 
 
-def make_handler(service: EvalService, token: str | None, inflight: "Inflight") -> type[BaseHTTPRequestHandler]:
+def make_handler(service: EvalService, token: str | None, inflight: Inflight) -> type[BaseHTTPRequestHandler]:
     settings = service.settings
 
     class Handler(BaseHTTPRequestHandler):
@@ -209,7 +215,7 @@ class Inflight:
         with self._cond:
             self._count += 1
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         with self._cond:
             self._count -= 1
             self._cond.notify_all()
@@ -258,4 +264,3 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None,
         if not stopping.is_set():
             service.shutdown("server stopped")
         httpd.server_close()
-        time.sleep(0)  # let handler threads that just answered flush

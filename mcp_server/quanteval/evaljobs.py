@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import queue
+import shlex
 import subprocess
 import threading
 import time
@@ -430,7 +431,7 @@ class EvalService:
                                              f"rollout-{job.request.rollout_id}-{bench.name}")
         except ToolError as exc:
             return {**run, "status": "failed", "error": str(exc), "command": "", "log_path": None}
-        run["command"] = "\n".join(" ".join(_quote(a) for a in c.argv) for c in commands)
+        run["command"] = "\n".join(shlex.join(c.argv) for c in commands)
         run["log_path"] = str(commands[0].log_path)
         if len(commands) > 1:
             run["shards"] = len(commands)
@@ -500,12 +501,6 @@ class EvalService:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._ledger_queue.put(None)  # every status written before this one goes in first
         self._ledger_writer.join(max(1.0, deadline - time.monotonic()))
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 10) -> None:

@@ -23,12 +23,12 @@ from pydantic import BaseModel, Field
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
-from quanteval.evaljobs import ServerSettings, tail_lines
 from quanteval.evalhttp import is_loopback, required_token, serve
+from quanteval.evaljobs import ServerSettings, tail_lines
 from quanteval.localproc import group_members, port_free, stop_group
 from quanteval.models import StrictModel, ToolError
 
-__all__ = ["ServerSettings", "serve", "option_argv", "start_eval_server", "eval_server_status", "stop_eval_server"]
+__all__ = ["ServerSettings", "eval_server_status", "option_argv", "serve", "start_eval_server", "stop_eval_server"]
 
 
 def option_argv(settings: ServerSettings) -> list[str]:

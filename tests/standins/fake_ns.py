@@ -113,9 +113,9 @@ def evaluate(argv: list[str]) -> int:
     seeds = list(range(int(repeats_text))) if repeats_text else [None]
     print(f"ns eval {options['benchmarks']} against {options['server_address']}", flush=True)
     children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-                for _ in range(int(os.environ.get("FAKE_NS_CHILDREN", 0)))]
+                for _ in range(int(os.environ.get("FAKE_NS_CHILDREN", "0")))]
     if bench.startswith("slow"):
-        time.sleep(float(os.environ.get("FAKE_NS_SLEEP_S", 3)))
+        time.sleep(float(os.environ.get("FAKE_NS_SLEEP_S", "3")))
     if bench.startswith("fail"):
         print("Traceback (most recent call last):\n  File generate.py\nRuntimeError: judge server unreachable", flush=True)
         return 0  # as the real `ns eval`: the failed job does not fail the command

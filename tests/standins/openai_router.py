@@ -38,6 +38,7 @@ class Router:
         self.requests: list[dict] = []
         self.delay_s = delay_s
         self.fail = False
+        self.lock = threading.Lock()
         router = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -62,7 +63,7 @@ class Router:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                with threading.Lock():
+                with router.lock:
                     router.requests.append({"path": self.path, **body})
                 if router.delay_s:
                     time.sleep(router.delay_s)
