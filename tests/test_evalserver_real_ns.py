@@ -67,14 +67,18 @@ def write_data(root: Path) -> None:
         (root / bench / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-SLIME = {  # slime's payload: a math benchmark with samples and every sampling parameter, and one that fails
+DEFAULTS = {"temperature": 0.6, "top_p": 0.9, "max_response_len": 64}
+SLIME = {  # slime's payload: a math benchmark (samples, every sampling parameter) and a multiple-choice one
     "rollout_id": 100,
-    "defaults": {"temperature": 0.6, "top_p": 0.9, "max_response_len": 64},
+    "defaults": DEFAULTS,
     "benchmarks": [{"name": "gsm8k", "n_samples_per_eval_prompt": 2, "top_k": 20, "max_problems": 6},
-                   {"name": "svamp"}],
+                   {"name": "mmlu", "n_samples_per_eval_prompt": 2}],
 }
-MCQ = {"rollout_id": 101, "benchmarks": [{"name": "mmlu", "n_samples_per_eval_prompt": 2}]}
-MCQ_SHARDED = {"rollout_id": 102, "benchmarks": [{"name": "mmlu", "n_samples_per_eval_prompt": 2, "shards": 2}]}
+PARTIAL = {"rollout_id": 101, "benchmarks": [{"name": "svamp"}, {"name": "gsm8k", "max_problems": 3}]}
+OWN_DATA = [{"problem": f"What is {a}+{a}?", "expected_answer": str(2 * a)} for a in (5, 6)]
+OWN = {"rollout_id": 103, "benchmarks": [{"name": "gsm8k"}]}
+MCQ_SHARDED = {"rollout_id": 102, "defaults": DEFAULTS,
+               "benchmarks": [{"name": "mmlu", "n_samples_per_eval_prompt": 2, "shards": 2}]}
 
 
 def _request(url: str, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -97,39 +101,55 @@ def real(tmp_path_factory: pytest.TempPathFactory):
         mp.setenv("QUANTEVAL_STATE_DIR", str(state))
         mp.setenv("QUANTEVAL_LEDGER", str(state / "ledger.sqlite3"))
         write_data(dataset_dir())
+        # a data dir of our own (`--data-dir`): the benchmark's module and its data, as prepare_data lays them out
+        own_data = tmp_path_factory.mktemp("real-ns-data") / "data"
+        (own_data / "gsm8k").mkdir(parents=True)
+        (own_data / "gsm8k" / "__init__.py").write_bytes((dataset_dir() / "gsm8k" / "__init__.py").read_bytes())
+        (own_data / "gsm8k" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in OWN_DATA))
         router = Router()
-        settings = ServerSettings(output_root=tmp_path_factory.mktemp("real-ns-out"), ns_command=str(NS),
-                                  port=free_port(), max_concurrent_jobs=3, max_concurrent_requests=8)
-        ready, stop = threading.Event(), threading.Event()
-        thread = threading.Thread(target=evalhttp.serve, args=(settings, ready, stop), daemon=True)
-        thread.start()
-        assert ready.wait(10)
-        url = f"http://127.0.0.1:{settings.port}"
+        servers = []
+        for data_dir in (None, str(own_data)):
+            settings = ServerSettings(output_root=tmp_path_factory.mktemp("real-ns-out"), ns_command=str(NS),
+                                      port=free_port(), max_concurrent_jobs=3, max_concurrent_requests=8,
+                                      data_dir=data_dir)
+            ready, stop = threading.Event(), threading.Event()
+            thread = threading.Thread(target=evalhttp.serve, args=(settings, ready, stop), daemon=True)
+            thread.start()
+            assert ready.wait(10)
+            servers.append((f"http://127.0.0.1:{settings.port}", stop, thread))
+        url, own_url = servers[0][0], servers[1][0]
         try:
             health = _request(url, "GET", "/health")
             ids = {}
-            for name, body in (("slime", SLIME), ("mcq", MCQ), ("sharded", MCQ_SHARDED)):
-                status, answer = _request(url, "POST", "/jobs", {**body, "router_url": router.url})
+            for name, body, where in (("slime", SLIME, url), ("partial", PARTIAL, url),
+                                      ("sharded", MCQ_SHARDED, url), ("own_data", OWN, own_url)):
+                status, answer = _request(where, "POST", "/jobs", {**body, "router_url": router.url})
                 assert status == 202, answer
-                ids[name] = answer["job_id"]
+                ids[name] = (where, answer["job_id"])
             deadline = time.monotonic() + 1500
             jobs: dict[str, dict] = {}
             while len(jobs) < len(ids):
                 assert time.monotonic() < deadline, "the real ns eval runs did not finish in 25 minutes"
                 time.sleep(3)
-                for name, job_id in ids.items():
-                    answer = _request(url, "GET", f"/jobs/{job_id}")[1]
+                for name, (where, job_id) in ids.items():
+                    answer = _request(where, "GET", f"/jobs/{job_id}")[1]
                     if answer["status"] in ("succeeded", "failed", "cancelled"):
                         jobs[name] = answer
-            yield {"health": health, "jobs": jobs, "router": router, "settings": settings}
+            yield {"health": health, "jobs": jobs, "router": router}
         finally:
-            stop.set()
-            thread.join(60)
+            for _, stop, thread in servers:
+                stop.set()
+                thread.join(60)
             router.close()
 
 
 def _gsm8k_requests(router: Router) -> list[dict]:
     return [r for r in router.requests if "What is" in r["messages"][-1]["content"] and "FAIL" not in r["messages"][-1]["content"]]
+
+
+def _sampled(requests: list[dict]) -> list[dict]:
+    """Requests of the jobs that sent the payload's temperature (the greedy gsm8k of PARTIAL sends 0)."""
+    return [r for r in requests if r["temperature"] == 0.6]
 
 
 def _mmlu_requests(router: Router) -> list[dict]:
@@ -147,6 +167,8 @@ def test_health_reports_the_real_ns_version(real):
 
 def test_slime_payload_math_with_samples_gets_real_metrics(real):
     job = real["jobs"]["slime"]
+    assert job["status"] == "succeeded", job["errors"]
+    assert set(job["raw_metrics"]) == {"gsm8k", "mmlu"}
     gsm8k = job["raw_metrics"]["gsm8k"]
     # NeMo-Skills' own keys for `gsm8k:2`; 6 problems (max_problems), 1+1 answered wrong in both samples
     assert {"pass@1", "pass@2", "pass@1[avg-of-2]", "majority@2"} <= set(gsm8k)
@@ -157,19 +179,29 @@ def test_slime_payload_math_with_samples_gets_real_metrics(real):
 
 
 def test_sampling_parameters_reach_the_router(real):
-    requests = _gsm8k_requests(real["router"])
+    requests = _sampled(_gsm8k_requests(real["router"]))
     assert len(requests) == 6 * 2  # max_problems x n_samples_per_eval_prompt
     for request in requests:
         assert request["temperature"] == 0.6 and request["top_p"] == 0.9  # the payload's, not NeMo-Skills' 0.7/0.95
         assert request["max_tokens"] == 64
         assert request["top_k"] == 20  # the sglang server type sends it; the openai one would refuse it
     assert {r["seed"] for r in requests} == {0, 1}  # two seeded samples per problem
+    # defaults reach the multiple-choice benchmark too; it set no top_k, so none is sent
+    mmlu = _mmlu_requests(real["router"])
+    assert mmlu and all(r["temperature"] == 0.6 and r["max_tokens"] == 64 and "top_k" not in r for r in mmlu)
+
+
+def test_a_plain_name_is_greedy_and_max_problems_limits_it(real):
+    greedy = [r for r in _gsm8k_requests(real["router"]) if r["temperature"] != 0.6]
+    assert len(greedy) == 3 and all(r["temperature"] == 0.0 for r in greedy)
+    assert "--benchmarks gsm8k " in real["jobs"]["partial"]["runs"][1]["command"] + " "
+    assert real["jobs"]["partial"]["raw_metrics"]["gsm8k"]["pass@1"]["num_entries"] == 3
 
 
 def test_a_failed_benchmark_is_detected_although_ns_exits_0(real):
-    job = real["jobs"]["slime"]
+    job = real["jobs"]["partial"]
     assert job["status"] == "failed"
-    svamp = job["runs"][1]
+    svamp = job["runs"][0]
     assert svamp["status"] == "failed" and "exited 0 but wrote no" in svamp["error"]
     assert "svamp" not in job["raw_metrics"] and "gsm8k" in job["raw_metrics"]  # the good one is still there
     # the real cause is in the log tail the answer carries: the router's 500, then summarize finding nothing
@@ -185,13 +217,13 @@ def test_the_flat_metrics_map_holds_every_number_of_the_real_metrics(real):
 
 
 def test_multiple_choice_benchmark_gets_real_metrics(real):
-    mmlu = real["jobs"]["mcq"]["raw_metrics"]["mmlu"]
+    mmlu = real["jobs"]["slime"]["raw_metrics"]["mmlu"]
     assert mmlu["pass@1[avg-of-2]"]["num_entries"] == 8
     assert mmlu["pass@1[avg-of-2]"]["symbolic_correct"] == pytest.approx(100 * 7 / 8)
 
 
 def test_shards_merge_exactly_as_the_unsharded_run(real):
-    sharded, whole = real["jobs"]["sharded"], real["jobs"]["mcq"]
+    sharded, whole = real["jobs"]["sharded"], real["jobs"]["slime"]
     assert sharded["status"] == "succeeded", sharded["errors"]
     assert sharded["runs"][0]["shards"] == 2
     assert sharded["runs"][0]["command"].count("--num_chunks 2") == 2
@@ -213,7 +245,7 @@ def test_recipe_score_keys_match_real_nemo_skills_metrics(real):
     """Recipes of NeMo-Skills tasks name metric/score keys; check them against real metrics.json of the same
     metric type (math: gsm8k:2, multichoice: mmlu:2), with the recipe's repeat count in place of ours."""
     real_keys = {"math": real["jobs"]["slime"]["raw_metrics"]["gsm8k"],
-                 "multichoice": real["jobs"]["mcq"]["raw_metrics"]["mmlu"]}
+                 "multichoice": real["jobs"]["slime"]["raw_metrics"]["mmlu"]}
     by_task = {entry.name: entry for entry in tasks.catalogue()}
     checked = []
     for recipe in tasks.list_recipes():
@@ -228,3 +260,13 @@ def test_recipe_score_keys_match_real_nemo_skills_metrics(real):
         assert recipe.score in real_keys[kind][metric], f"{recipe.name}: score {recipe.score} not in {metric}"
         checked.append(recipe.name)
     assert len(checked) >= 3, checked  # gpqa, mmlu_pro, aime2025 at least
+
+
+def test_a_data_dir_of_its_own_is_read_by_the_real_ns(real):
+    """With executor none NeMo-Skills reads --data_dir relative to the working directory: the server runs ns
+    from the data dir's parent, so the problems come from that dir, not from the installed package."""
+    job = real["jobs"]["own_data"]
+    assert job["status"] == "succeeded", job["errors"]
+    assert job["raw_metrics"]["gsm8k"]["pass@1"]["num_entries"] == 2
+    prompts = [r["messages"][-1]["content"] for r in real["router"].requests]
+    assert sum("What is 5+5?" in p or "What is 6+6?" in p for p in prompts) == 2

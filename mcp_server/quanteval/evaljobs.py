@@ -43,7 +43,7 @@ BackendName = Literal["nemo-skills", "nel"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "failed", "cancelled")
 LOG_TAIL_LINES = 40
-FINISHED_JOBS_KEPT = 1000  # finished jobs kept in memory for GET /jobs/<id> and idempotent retries
+FINISHED_JOBS_KEPT = 100  # finished jobs kept in memory for GET /jobs/<id> and idempotent retries (the ledger keeps all)
 
 
 # --------------------------------------------------------------------------------------------
