@@ -320,6 +320,16 @@ def test_a_retry_within_the_grace_period_rescues_the_orphan(make_server, router)
                                                            "cancelled": 0}
 
 
+def test_finished_jobs_beyond_the_limit_leave_memory_but_stay_in_the_ledger(make_server, router, monkeypatch):
+    monkeypatch.setattr(evaljobs, "FINISHED_JOBS_KEPT", 2)  # 100 in the server: memory stays flat for days
+    server = make_server()
+    ids = [server.request("POST", "/evaluate", payload(router.url, {"name": "gsm8k"}, rollout_id=i))[1]["job_id"]
+           for i in range(4)]
+    assert server.request("GET", f"/jobs/{ids[0]}")[0] == 404
+    assert server.request("GET", f"/jobs/{ids[-1]}")[0] == 200
+    wait_for(lambda: ledger.get(ids[0]).status == "succeeded", 10, "the ledger")
+
+
 # ---------------------------------------------------------------------------------------------
 # Reachability and auth (item 1)
 # ---------------------------------------------------------------------------------------------
