@@ -1,6 +1,7 @@
 """What the eval server adds to each evaluation, and whether its memory stays flat over many of them.
 
     .venv/bin/python benchmarks/bench_evalserver.py [--sequential 200] [--concurrent 20]
+    .venv/bin/python benchmarks/bench_evalserver.py --sequential 0 --real-ns .venv-nemo-skills/bin/ns --real-runs 3
 
 A training run evaluates every N steps for days. This measures the server, not the model: a real
 `quanteval serve-eval` process, the `ns` stand-in (tests/standins/fake_ns.py, a real process that
@@ -162,7 +163,8 @@ def main() -> None:
     parser.add_argument("--real-ns", help="path of a real NeMo-Skills `ns` (e.g. .venv-nemo-skills/bin/ns)")
     parser.add_argument("--real-runs", type=int, default=3)
     args = parser.parse_args()
-    stand_in(args.sequential, args.concurrent)
+    if args.sequential > 0:
+        stand_in(args.sequential, args.concurrent)
     if args.real_ns:
         real_ns(args.real_ns, args.real_runs)
 
