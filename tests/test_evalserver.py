@@ -231,7 +231,7 @@ def test_missing_ns_makes_health_not_ready_with_how_to_install(make_server, rout
     assert "cannot start" in answer["runs"][0]["log_tail"][0]
 
 
-def test_health_reports_the_ns_version_from_its_own_python(make_server, tmp_path):
+def test_an_ns_without_nemo_skills_behind_it_is_not_ready(make_server):
     # an `ns` whose interpreter has no nemo_skills is not a NeMo-Skills `ns`: not ready, and says why
     server = make_server()
     status, health = server.request("GET", "/health")

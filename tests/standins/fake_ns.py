@@ -10,8 +10,7 @@ this file was corrected to match what the real `ns eval` (NeMo-Skills 8b18f39, e
   "majority@N": ...}}` with num_entries, avg_tokens, gen_seconds, symbolic_correct, no_answer (it used to
   write only one of those keys);
 - sharding is `--num_chunks N --chunk_ids i` (pipeline options; `++num_chunks` alone breaks the real
-  evaluation step), writing `output[-rsK]_chunk_<i>.jsonl` and no metrics.json;
-- `ns summarize_results DIR --benchmarks B --save_metrics_path P` computes metrics of merged outputs;
+  evaluation step) and merging needs `ns summarize_results`: both only ever run with the real `ns`;
 - requests carry temperature, top_p, max_tokens and, for server types sglang/vllm, top_k (when > 0).
 
 Its dataset is arithmetic ("What is A+B?"), so the metrics depend on what the server really answered.
@@ -34,10 +33,9 @@ from pathlib import Path
 QUESTIONS = [(a, b) for a in range(1, 5) for b in range(1, 4)]  # 12 prompts
 
 
-def parse(argv: list[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
+def parse(argv: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     options: dict[str, str] = {}
     overrides: dict[str, str] = {}
-    positional: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -49,9 +47,8 @@ def parse(argv: list[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
             options[arg[2:]] = argv[i + 1]
             i += 2
         else:
-            positional.append(arg)
-            i += 1
-    return options, overrides, positional
+            raise SystemExit(f"unexpected argument {arg!r}")
+    return options, overrides
 
 
 def ask(options: dict[str, str], overrides: dict[str, str], a: int, b: int) -> bool:
@@ -95,17 +92,8 @@ def metrics_of(files: list[Path]) -> dict[str, dict[str, float]]:
     }
 
 
-def summarize(argv: list[str]) -> int:
-    options, _, positional = parse(argv)
-    bench = options["benchmarks"]
-    folder = Path(positional[0]) / bench
-    files = sorted(folder.glob("output-rs*.jsonl")) or [folder / "output.jsonl"]
-    Path(options["save_metrics_path"]).write_text(json.dumps({bench: metrics_of(files)}, indent=2))
-    return 0
-
-
 def evaluate(argv: list[str]) -> int:
-    options, overrides, _ = parse(argv)
+    options, overrides = parse(argv)
     out = Path(options["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "argv.json").write_text(json.dumps({"argv": argv}))
@@ -120,17 +108,11 @@ def evaluate(argv: list[str]) -> int:
         print("Traceback (most recent call last):\n  File generate.py\nRuntimeError: judge server unreachable", flush=True)
         return 0  # as the real `ns eval`: the failed job does not fail the command
     questions = QUESTIONS[: int(overrides["max_samples"])] if int(overrides.get("max_samples", -1)) > 0 else QUESTIONS
-    chunk = None
-    if "num_chunks" in options:
-        chunks, chunk = int(options["num_chunks"]), int(options["chunk_ids"])
-        questions = _chunk(questions, chunks, chunk)
     results = out / "eval-results" / bench
     results.mkdir(parents=True, exist_ok=True)
     files = []
     for seed in seeds:
         name = "output.jsonl" if seed is None else f"output-rs{seed}.jsonl"
-        if chunk is not None:
-            name = name.replace(".jsonl", f"_chunk_{chunk}.jsonl")
         path = results / name
         path.write_text("".join(json.dumps({"problem": f"What is {a}+{b}?", "expected_answer": str(a + b),
                                             "symbolic_correct": ask(options, overrides, a, b)}) + "\n"
@@ -139,17 +121,10 @@ def evaluate(argv: list[str]) -> int:
         files.append(path)
     for child in children:
         child.kill()
-    if chunk is None:
-        (results / "metrics.json").write_text(json.dumps({bench: metrics_of(files)}, indent=2))
+    (results / "metrics.json").write_text(json.dumps({bench: metrics_of(files)}, indent=2))
     return 0
-
-
-def _chunk(data: list, chunks: int, chunk: int) -> list:
-    """NeMo-Skills' chunk_data: contiguous chunks of ceil(len/chunks)."""
-    size = -(-len(data) // chunks)
-    return data[chunk * size:(chunk + 1) * size]
 
 
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
-    sys.exit(evaluate(rest) if command == "eval" else summarize(rest) if command == "summarize_results" else 2)
+    sys.exit(evaluate(rest) if command == "eval" else 2)
