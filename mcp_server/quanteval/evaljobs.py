@@ -493,12 +493,20 @@ class EvalService:
         with self._lock:
             self.stopping = reason
             jobs = [job for job in self._jobs.values() if job.status not in FINISHED]
-        for job in jobs:
-            self.cancel(job, reason)
+        # in parallel: each cancel may wait out a grace period for a process group that ignores SIGTERM
+        cancels = [threading.Thread(target=self.cancel, args=(job, reason), daemon=True) for job in jobs]
+        for thread in cancels:
+            thread.start()
         deadline = time.monotonic() + wait_s
+        for thread in cancels:
+            thread.join(max(0.0, deadline - time.monotonic()))
         for job in jobs:
             job.done.wait(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for job in jobs:  # queued beyond the pool's threads: never started, so finish them here
+            if not job.done.is_set() and job.status == "queued":
+                self._set_status(job, "cancelled")
+                job.done.set()
         self._ledger_queue.put(None)  # every status written before this one goes in first
         self._ledger_writer.join(max(1.0, deadline - time.monotonic()))
 
