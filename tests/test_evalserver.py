@@ -342,13 +342,13 @@ def test_binding_beyond_loopback_without_a_token_is_refused(tmp_path, commands, 
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "QUANTEVAL_EVAL_TOKEN" in done.stderr and "refusing to bind 0.0.0.0" in done.stderr
     with pytest.raises(ToolError, match="requires a shared token"):
-        evalserver.start_eval_server(evalserver.StartEvalServerInput(host="0.0.0.0", port=free_port(),
+        evalserver.start_eval_server(evalserver.StartEvalServerInput(bind_host="0.0.0.0", port=free_port(),
                                                                      output_root=tmp_path / "x"))
 
 
 def test_with_a_token_every_route_but_health_needs_it(make_server, router, monkeypatch):
     monkeypatch.setenv("EVAL_TOKEN_FOR_TEST", "s3cret")
-    server = make_server(host="0.0.0.0", token_env="EVAL_TOKEN_FOR_TEST")
+    server = make_server(bind_host="0.0.0.0", token_env="EVAL_TOKEN_FOR_TEST")
     body = payload(router.url, {"name": "gsm8k"})
     status, answer = server.request("POST", "/evaluate", body)
     assert status == 401 and "EVAL_TOKEN_FOR_TEST" in answer["error"] and "s3cret" not in answer["error"]
@@ -513,7 +513,7 @@ def test_every_serve_eval_option_is_reachable_from_start_eval_server():
     flags = {a.dest for a in serve_eval._actions if a.dest != "help"}
     assert flags == set(evalserver.StartEvalServerInput.model_fields)
     # and what start_eval_server is given survives the trip through the command line
-    settings = ServerSettings(output_root=Path("/x"), host="0.0.0.0", allow_partial=True, server_type="vllm",
+    settings = ServerSettings(output_root=Path("/x"), bind_host="0.0.0.0", allow_partial=True, server_type="vllm",
                               orphan_grace_s=5, data_dir="/d", cluster="c", config_dir="/c", token_env="T")
     args = serve_eval.parse_args(evalserver.option_argv(settings))
     assert ServerSettings.model_validate({k: getattr(args, k) for k in ServerSettings.model_fields}) == settings

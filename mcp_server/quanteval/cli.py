@@ -183,7 +183,7 @@ def cmd_serve_eval(args: argparse.Namespace) -> int:
     try:
         serve(settings)
     except OSError as exc:
-        raise ToolError(f"cannot serve on {settings.host}:{settings.port}: {exc.strerror}") from None
+        raise ToolError(f"cannot serve on {settings.bind_host}:{settings.port}: {exc.strerror}") from None
     return EXIT_OK
 
 
@@ -194,7 +194,7 @@ def add_serve_eval_options(parser: argparse.ArgumentParser) -> None:
     from quanteval.evaljobs import ServerSettings
 
     for name, field in ServerSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
+        flag = ServerSettings.cli_flag(name)
         help_text = (field.description or "").replace("%", "%%")
         if field.annotation is bool:
             parser.add_argument(flag, dest=name, action="store_true", help=help_text)

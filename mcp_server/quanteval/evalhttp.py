@@ -55,9 +55,9 @@ def is_loopback(host: str) -> bool:
 def required_token(settings: ServerSettings) -> str | None:
     """The bearer token clients must send; refuses to serve beyond loopback without one (it runs commands)."""
     token = os.environ.get(settings.token_env, "").strip()
-    if not token and not is_loopback(settings.host):
+    if not token and not is_loopback(settings.bind_host):
         raise ToolError(
-            f"refusing to bind {settings.host}: beyond loopback the eval server (which runs commands on this machine) "
+            f"refusing to bind {settings.bind_host}: beyond loopback the eval server (which runs commands on this machine) "
             f"requires a shared token. Set {settings.token_env} to a secret and send it as `Authorization: Bearer ...` "
             "(slime: the eval config's `headers`), or bind 127.0.0.1.")
     return token or None
@@ -232,7 +232,7 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None,
     token = required_token(settings)
     service = EvalService(settings)
     inflight = Inflight()
-    httpd = _Server((settings.host, settings.port), make_handler(service, token, inflight))
+    httpd = _Server((settings.bind_host, settings.port), make_handler(service, token, inflight))
     stopping = threading.Event()
 
     def shut(reason: str) -> None:
@@ -254,7 +254,7 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None,
         signal.signal(signal.SIGINT, on_signal)
     if stop is not None:
         threading.Thread(target=lambda: (stop.wait(), shut("stopped by its owner")), daemon=True).start()
-    log.warning("eval server on http://%s:%d (backend %s, output %s, auth %s)", settings.host, httpd.server_port,
+    log.warning("eval server on http://%s:%d (backend %s, output %s, auth %s)", settings.bind_host, httpd.server_port,
                 settings.backend, settings.root, "bearer token" if token else "none (loopback)")
     if ready:
         ready.set()

@@ -121,8 +121,8 @@ class ServerSettings(StrictModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    host: str = Field("127.0.0.1", description="Address to bind. Beyond loopback (0.0.0.0, a container's address) "
-                      "the server requires a bearer token from the env var named by token_env.")
+    bind_host: str = Field("127.0.0.1", description="Address to bind (CLI: --host). Beyond loopback (0.0.0.0, a "
+                           "container's address) the server requires a bearer token from the env var token_env names.")
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="TCP port.")
     output_root: Path | None = Field(None, description="Where evaluations write; start_eval_server defaults it to "
                                      "<state dir>/eval-server/<port>.")
@@ -148,7 +148,12 @@ class ServerSettings(StrictModel):
     allow_partial: bool = Field(False, description="Answer 200 when some benchmarks failed and others succeeded "
                                 "(default: 502, with the good benchmarks' metrics still in the body).")
     token_env: str = Field(TOKEN_ENV_DEFAULT, description="Env var holding the bearer token clients must send "
-                           "(Authorization: Bearer ...); required when host is not loopback.")
+                           "(Authorization: Bearer ...); required when bind_host is not loopback.")
+
+    @staticmethod
+    def cli_flag(field: str) -> str:
+        """The serve-eval flag of a field: `--host` for bind_host (as slime's reference server spells it)."""
+        return "--host" if field == "bind_host" else "--" + field.replace("_", "-")
 
     @property
     def root(self) -> Path:

@@ -36,7 +36,7 @@ def option_argv(settings: ServerSettings) -> list[str]:
     argv: list[str] = []
     for name, field in ServerSettings.model_fields.items():
         value = getattr(settings, name)
-        flag = "--" + name.replace("_", "-")
+        flag = ServerSettings.cli_flag(name)
         if field.annotation is bool:
             if value:
                 argv.append(flag)
@@ -93,12 +93,12 @@ def _client_host(host: str) -> str:
 def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
     """Start the eval server for a training loop (slime's eval-delegate API: GET /health, POST /evaluate,
     POST /jobs, GET /jobs/<id>) as a background process and wait until it answers /health. Takes every
-    `quanteval serve-eval` option; binding beyond loopback (host 0.0.0.0, for a trainer in another container)
+    `quanteval serve-eval` option; binding beyond loopback (bind_host 0.0.0.0, for a trainer in another container)
     requires the bearer token in the env var `token_env`. Stop it with stop_eval_server."""
     settings = ServerSettings.model_validate(request.model_dump())
     token = required_token(settings)  # refuse early, with the fix, rather than let the child die
-    if not port_free(settings.port, settings.host if is_loopback(settings.host) else "0.0.0.0"):
-        raise ToolError(f"port {settings.port} on {settings.host} is in use; pick another port")
+    if not port_free(settings.port, settings.bind_host if is_loopback(settings.bind_host) else "0.0.0.0"):
+        raise ToolError(f"port {settings.port} on {settings.bind_host} is in use; pick another port")
     output_root = Path(settings.output_root or state_dir() / "eval-server" / str(settings.port)).expanduser().resolve()
     output_root.mkdir(parents=True, exist_ok=True)
     settings.output_root = output_root
@@ -107,7 +107,7 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    url = f"http://{_client_host(settings.host)}:{settings.port}"
+    url = f"http://{_client_host(settings.bind_host)}:{settings.port}"
     deadline = time.monotonic() + 30
     health = None
     while time.monotonic() < deadline and health is None:
@@ -121,8 +121,9 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
         raise ToolError(f"the eval server did not answer {url}/health within 30 s; see {log_path}")
     auth = f"bearer token from ${settings.token_env}" if token else "none (loopback)"
     record = ledger.add(
-        "eval_server", status="running", executor=settings.backend, host=settings.host,
-        details={"pid": proc.pid, "url": url, "log_path": str(log_path), "output_root": str(output_root), "auth": auth},
+        "eval_server", status="running", executor=settings.backend,  # host: None, it runs on this machine
+        details={"pid": proc.pid, "url": url, "log_path": str(log_path), "output_root": str(output_root), "auth": auth,
+                 "bind_host": settings.bind_host},
     )
     return EvalServerInfo(record_id=record.id, url=url, pid=proc.pid, log_path=str(log_path), output_root=str(output_root),
                           backend=settings.backend, auth=auth, status="running", health=health)
