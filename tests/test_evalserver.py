@@ -327,6 +327,7 @@ def test_finished_jobs_beyond_the_limit_leave_memory_but_stay_in_the_ledger(make
            for i in range(4)]
     assert server.request("GET", f"/jobs/{ids[0]}")[0] == 404
     assert server.request("GET", f"/jobs/{ids[-1]}")[0] == 200
+    assert server.request("GET", "/health")[1]["jobs"]["succeeded"] == 4  # counted since start, not in memory
     wait_for(lambda: ledger.get(ids[0]).status == "succeeded", 10, "the ledger")
 
 

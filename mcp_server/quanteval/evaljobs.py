@@ -281,6 +281,7 @@ class EvalService:
         self._slots = threading.BoundedSemaphore(settings.max_concurrent_jobs)
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="eval-job")
         self.stopping: str | None = None  # the shutdown reason once shutdown began
+        self._finished = {"succeeded": 0, "failed": 0, "cancelled": 0}
         self._reaper = threading.Thread(target=self._reap_orphans, name="eval-orphans", daemon=True)
         self._reaper.start()
         self._ledger_queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -292,9 +293,10 @@ class EvalService:
         return {"backend": self.settings.backend, **self.backend.readiness(self.settings)}
 
     def counts(self) -> dict[str, int]:
+        """Jobs queued and running now, and finished since the server started (also those no longer in memory)."""
         with self._lock:
             states = [job.status for job in self._jobs.values()]
-        return {status: states.count(status) for status in ("queued", "running", "succeeded", "failed", "cancelled")}
+            return {"queued": states.count("queued"), "running": states.count("running"), **self._finished}
 
     def refuse(self, request: EvalRequest) -> str | None:
         """Why this request cannot succeed, said before any work starts (a 400), or None."""
@@ -380,7 +382,10 @@ class EvalService:
             kill_group(proc)
 
     def _set_status(self, job: Job, status: JobStatus) -> None:
-        job.status = status
+        with self._lock:
+            if status in FINISHED and job.status not in FINISHED:
+                self._finished[status] += 1
+            job.status = status
         details = None if status == "running" else {"metrics": flatten_metrics(job.raw_metrics)}
         message = f"cancelled: {job.cancel_reason}" if status == "cancelled" else None
 
