@@ -74,6 +74,7 @@ def job_http_status(job: Job, settings: ServerSettings) -> int:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # the default listen backlog of 5 resets clients when many connect at once
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up is one log line, not a BrokenPipe traceback."""

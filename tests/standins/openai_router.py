@@ -33,6 +33,11 @@ def answer(prompt: str) -> str:
     return "I do not know."
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # many evaluations connect at once in the benchmarks
+
+
 class Router:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, delay_s: float = 0.0) -> None:
         self.requests: list[dict] = []
@@ -82,8 +87,7 @@ class Router:
                     "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
                 })
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), Handler)
         self.url = f"http://{host}:{self.httpd.server_port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()
