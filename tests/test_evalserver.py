@@ -21,6 +21,7 @@ import anyio
 import pytest
 import yaml
 from mcp import Client
+
 from quanteval import eval_nel, evalhttp, evaljobs, evalserver, ledger
 from quanteval.evalserver import ServerSettings
 from quanteval.localproc import free_port, group_members
@@ -369,10 +370,10 @@ def test_sigterm_stops_every_job_and_child_and_answers_in_flight_with_503(tmp_pa
     port = free_port()
     out = tmp_path / "srv"
     env = {**os.environ, "FAKE_NS_SLEEP_S": "60", "FAKE_NS_CHILDREN": "2"}
-    proc = subprocess.Popen([sys.executable, "-m", "quanteval.cli", "serve-eval", "--port", str(port),
-                             "--output-root", str(out), "--ns-command", commands["ns"], "--max-concurrent-jobs", "1"],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"), env=env,
-                            start_new_session=True)
+    with (tmp_path / "server.log").open("wb") as server_log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "quanteval.cli", "serve-eval", "--port", str(port),
+                                 "--output-root", str(out), "--ns-command", commands["ns"], "--max-concurrent-jobs", "1"],
+                                stdout=subprocess.DEVNULL, stderr=server_log, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: _up(url), 30, "the server")

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from quanteval import evalhttp, tasks
 from quanteval.evaljobs import ServerSettings
 from quanteval.localproc import free_port

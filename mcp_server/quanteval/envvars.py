@@ -38,7 +38,7 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "DUMMY_API_KEY": "Placeholder key NeMo-Skills tasks send to a self-deployed endpoint (api_key_name: DUMMY_API_KEY).",
     "WANDB_API_KEY": "Weights & Biases key, for export: wandb.",
     "MLFLOW_TRACKING_URI": "MLflow server, for export: mlflow.",
-    "QUANTEVAL_EVAL_TOKEN": "Bearer token the eval server requires (Authorization: Bearer ...) when bound beyond loopback; serve-eval --token-env names another variable.",
+    "QUANTEVAL_EVAL_TOKEN": "Bearer token the eval server requires when bound beyond loopback (serve-eval --token-env names another).",
     "QUANTEVAL_NEMO_SKILLS_SRC": "NeMo-Skills source (tree or .tar.gz) scripts/setup --dev builds .venv-nemo-skills from, instead of ../shared/vendor/.",
     "QUANTEVAL_NS_VENV": "The NeMo-Skills venv scripts/setup-nemo-skills builds and the real-ns tests use (default .venv-nemo-skills).",
 }

@@ -62,7 +62,7 @@ def nel_task_for(benchmark: str) -> str:
 
 
 def shard_env(index: int, total: int) -> dict[str, str]:
-    return dict(zip(SHARD_ENV, (str(index), str(total)))) if total > 1 else {}
+    return dict(zip(SHARD_ENV, (str(index), str(total)), strict=True)) if total > 1 else {}
 
 
 def nel_config(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpec, out: Path) -> dict[str, Any]:
@@ -156,7 +156,7 @@ def merge_shard_metrics(shards: list[dict[str, Any]]) -> dict[str, Any]:
     def merge(parts: list[Any], weights: list[float]) -> Any:
         if all(isinstance(p, dict) for p in parts):
             local = [p["num_entries"] if isinstance(p.get("num_entries"), (int, float)) else w
-                     for p, w in zip(parts, weights)]
+                     for p, w in zip(parts, weights, strict=True)]
             merged = {}
             for key in [k for k in parts[0] if all(k in p for p in parts)]:
                 values = [p[key] for p in parts]
@@ -167,7 +167,7 @@ def merge_shard_metrics(shards: list[dict[str, Any]]) -> dict[str, Any]:
             return merged
         if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
             total = sum(weights)
-            return sum(p * w for p, w in zip(parts, weights)) / total if total else sum(parts) / len(parts)
+            return sum(p * w for p, w in zip(parts, weights, strict=True)) / total if total else sum(parts) / len(parts)
         return parts[0]
 
     return merge(shards, [1.0] * len(shards))

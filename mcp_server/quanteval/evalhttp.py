@@ -87,7 +87,7 @@ class _Server(ThreadingHTTPServer):
         log.exception("error while handling a request from %s", client_address[0])
 
 
-def make_handler(service: EvalService, token: str | None, inflight: Inflight) -> type[BaseHTTPRequestHandler]:
+def make_handler(service: EvalService, token: str | None, inflight: Inflight) -> type[BaseHTTPRequestHandler]:  # noqa: C901
     settings = service.settings
 
     class Handler(BaseHTTPRequestHandler):

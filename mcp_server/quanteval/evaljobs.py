@@ -449,7 +449,7 @@ class EvalService:
         run["duration_s"] = round(time.monotonic() - started, 3)
         if job.cancel_reason:
             return {**run, "status": "cancelled", "error": f"cancelled: {job.cancel_reason}"}
-        for command, code in zip(commands, exit_codes):
+        for command, code in zip(commands, exit_codes, strict=True):
             if code != 0:
                 reason = "timed out" if code is None else f"exited with code {code}"
                 return {**run, "status": "failed", "log_path": str(command.log_path),

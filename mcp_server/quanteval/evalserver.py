@@ -91,10 +91,10 @@ def _client_host(host: str) -> str:
 
 
 def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
-    """Start the eval server for a training loop (slime's eval-delegate API: GET /health, POST /evaluate,
-    POST /jobs, GET /jobs/<id>) as a background process and wait until it answers /health. Takes every
-    `quanteval serve-eval` option; binding beyond loopback (bind_host 0.0.0.0, for a trainer in another container)
-    requires the bearer token in the env var `token_env`. Stop it with stop_eval_server."""
+    """Use when an RL training loop should delegate periodic evaluations: starts the eval server (slime's eval-
+    delegate API) in the background with any serve-eval option and waits for /health. Beyond loopback
+    (bind_host 0.0.0.0) it needs a bearer token in the env var token_env.
+    """
     settings = ServerSettings.model_validate(request.model_dump())
     token = required_token(settings)  # refuse early, with the fix, rather than let the child die
     if not port_free(settings.port, settings.bind_host if is_loopback(settings.bind_host) else "0.0.0.0"):
@@ -144,9 +144,9 @@ def _info(record: ledger.Record, status: str, health: dict[str, Any] | None) -> 
 
 
 def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
-    """Report whether an eval server started by start_eval_server is still running, with its /health answer
-    (backend readiness, the `ns` version, and counts of queued, running, succeeded, failed and cancelled
-    evaluations)."""
+    """Use to check an eval server from start_eval_server: running or not, and its /health answer (backend
+    readiness, ns version, queued/running/finished counts).
+    """
     record = _server_record(request.record_id)
     if record.status == "stopped":
         return _info(record, "stopped", None)
@@ -159,9 +159,9 @@ def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
 
 
 def stop_eval_server(request: EvalServerIdInput) -> EvalServerInfo:
-    """Stop an eval server started by start_eval_server: SIGTERM (running evaluations are cancelled, their
-    process groups stopped, waiting clients answered 503), SIGKILL to what is left after 40 s. Use it when the
-    training run no longer needs evaluations."""
+    """Use when the training run no longer needs evaluations: stops an eval server, cancelling its evaluations
+    (waiting clients get 503; SIGTERM, then SIGKILL after 40 s).
+    """
     record = _server_record(request.record_id)
     stop_group(record.details["pid"], grace_s=40, on_wait=lambda: _running(record.details["pid"]))
     record = ledger.update(record.id, status="stopped", message="stopped by stop_eval_server")
