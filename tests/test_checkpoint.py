@@ -18,12 +18,12 @@ from factories import MODELOPT_ALGOS, OTHER_METHODS, make_checkpoint, write_safe
 
 from quanteval.checkpoint import (  # noqa: E402
     GPU_TYPES,
-    MODELOPT_QUANT_ALGOS,
     CheckpointReport,
     InspectCheckpointInput,
     format_report,
     inspect_checkpoint,
 )
+from quanteval.frameworks import MODELOPT_ALGOS as MODELOPT_FACTS  # noqa: E402
 from quanteval.models import ToolError  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "checkpoints"
@@ -67,17 +67,23 @@ def test_bundled_bf16_example_reports_an_unquantized_llama():
 
 def test_bundled_fp8_example_reads_the_legacy_modelopt_file():
     quant = inspect(EXAMPLES / "llama-tiny-fp8").quantization
+    source = "hf_quant_config.json"
     assert quant.model_dump() == {
         "detected": True,
         "method": "modelopt",
         "quant_algo": "FP8",
+        "format": "FP8",
         "kv_cache_quant_algo": "FP8",
         "group_size": None,
         "weight_bits": 8,
+        "weights": {"bits": 8, "kind": "float", "group_size": None, "dynamic": None, "source": source},
+        "activations": {"bits": 8, "kind": "float", "group_size": None, "dynamic": False, "source": source},
+        "kv_cache": {"bits": 8, "kind": "float", "group_size": None, "dynamic": None, "source": source},
         "exclude_modules": ["lm_head"],
         "layer_algos": {},
         "producer": "modelopt 0.33.0",
-        "source_file": "hf_quant_config.json",
+        "source_file": source,
+        "sources": {"quant_algo": source, "producer": source, "kv_cache_quant_algo": source, "exclude_modules": source},
     }
 
 
@@ -92,9 +98,13 @@ def test_bundled_nvfp4_example_reads_config_json_and_flags_blackwell():
     # NVFP4 packs two values per uint8: the logical count is the BF16 model's (plus Qwen3's q/k norms).
     assert report.weights.logical_parameter_count == BF16_PARAMS + 2 * 2 * 16
     assert report.weights.parameter_count < report.weights.logical_parameter_count
-    assert any("Blackwell" in w for w in report.warnings)
+    # Hopper serves NVFP4 through Marlin, weight-only: a warning about what the accuracy measures, not an error.
+    assert any("Blackwell" in w and "accuracy" in w for w in report.warnings)
+    assert not any("cannot load" in w or "needs compute capability" in w for w in report.warnings)
     assert [fit.note is not None for fit in report.gpu_fit] == [True, True, False]  # H100, H200 yes; B200 no
+    assert "Marlin" in report.gpu_fit[0].note
     assert report.deployment_flags["sglang"].quantization is None  # SGLang infers modelopt_fp4 itself
+    assert quant.activations is not None and quant.activations.bits == 4
 
 
 # --- Every quantization layout ----------------------------------------------------------------
@@ -116,24 +126,39 @@ def test_modelopt_formats_are_detected_in_both_file_layouts(tmp_path: Path, algo
 
 
 @pytest.mark.parametrize("algo", ["W4A16_AWQ", "W4A8_AWQ", "W8A8_SQ_PER_CHANNEL"])
-def test_tensorrt_llm_formats_are_flagged_for_vllm_and_sglang(tmp_path: Path, algo: str):
+def test_tensorrt_llm_formats_are_errors_for_vllm_and_sglang(tmp_path: Path, algo: str):
     report = inspect(make_checkpoint(tmp_path / "ckpt", quant=algo))
-    assert any(algo in w and "TensorRT-LLM format" in w for w in report.warnings)
-    assert any("TensorRT-LLM format" in n for n in report.deployment_flags["vllm"].notes)
-    assert any("TensorRT-LLM format" in n for n in report.deployment_flags["sglang"].notes)
-    assert not any("TensorRT-LLM format" in n for n in report.deployment_flags["trtllm"].notes)
+    assert any(algo in w and "SGLang cannot load" in w and "trtllm" in w for w in report.warnings)
+    assert any(algo in w and "vLLM cannot load" in w for w in report.warnings)
+    for framework in ("vllm", "sglang"):
+        assert any(n.startswith("error:") and "cannot load" in n for n in report.deployment_flags[framework].notes)
+    assert not any("cannot load" in n for n in report.deployment_flags["trtllm"].notes)
 
 
 @pytest.mark.parametrize("legacy", [True, False], ids=["hf_quant_config", "config_json"])
-def test_mixed_precision_counts_layers_and_asks_for_modelopt_mixed(tmp_path: Path, legacy: bool):
+def test_mixed_precision_with_nvfp4_layers_is_read_by_the_servers_themselves(tmp_path: Path, legacy: bool):
     report = inspect(make_checkpoint(tmp_path / "ckpt", quant="MIXED_PRECISION", legacy_modelopt=legacy))
-    assert report.quantization.layer_algos == {"FP8": 7, "NVFP4": 7}
-    for framework in ("vllm", "sglang"):
-        flags = report.deployment_flags[framework]
-        assert flags.quantization == "modelopt_mixed"
-        assert flags.args[-2:] == ["--quantization", "modelopt_mixed"]
-    assert report.deployment_flags["trtllm"].quantization is None
-    assert any("Blackwell" in w for w in report.warnings)  # the NVFP4 layers need it
+    quant = report.quantization
+    assert quant.layer_algos == {"FP8": 7, "NVFP4": 7} and quant.format == "MIXED_PRECISION:nvfp4"
+    for flags in report.deployment_flags.values():  # SGLang resolves modelopt_mixed from the config itself
+        assert flags.quantization is None and "--quantization" not in flags.args
+    assert any("modelopt_mixed" in n for n in report.deployment_flags["sglang"].notes)
+
+
+def test_mixed_fp8_and_w4a8_awq_resolves_as_w4afp8_without_a_flag(tmp_path: Path):
+    root = make_checkpoint(tmp_path / "ckpt", quant="FP8")
+    (root / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.47.0"}, "quantization": {
+        "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
+        "quantized_layers": {"model.layers.0.mlp.gate_proj": {"quant_algo": "W4A8_AWQ", "group_size": 128},
+                             "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"}}}}))
+    config = json.loads((root / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (root / "config.json").write_text(json.dumps(config))
+    report = inspect(root)
+    assert report.quantization.format == "MIXED_PRECISION:w4afp8"
+    assert "--quantization" not in report.deployment_flags["sglang"].args
+    assert any("w4afp8" in n for n in report.deployment_flags["sglang"].notes)
+    assert not any("cannot load" in w for w in report.warnings)  # vLLM reads it as modelopt_mixed
 
 
 def test_fp8_and_nvfp4_need_no_quantization_flag(tmp_path: Path):
@@ -484,5 +509,5 @@ def test_cli_bad_input_is_a_one_line_error(tmp_path: Path, cli_env: dict[str, st
 
 
 def test_every_modelopt_algo_in_the_factory_is_in_the_fact_table():
-    assert set(MODELOPT_ALGOS) <= set(MODELOPT_QUANT_ALGOS)
+    assert set(MODELOPT_ALGOS) <= set(MODELOPT_FACTS)
     assert set(OTHER_METHODS) == {"gptq", "awq", "compressed-tensors", "fp8", "bitsandbytes"}

@@ -117,11 +117,12 @@ def test_plain_llama_gets_no_parsers_and_a_local_checkpoint_runs_offline():
 @pytest.mark.parametrize(
     ("quant", "framework", "gpu_type", "level", "words"),
     [
-        ("NVFP4", "sglang", "H100", "error", "Blackwell"),
-        ("NVFP4", "sglang", "H200", "error", "Blackwell"),
+        # Hopper serves NVFP4 through Marlin weight-only kernels: a warning about what the accuracy measures.
+        ("NVFP4", "sglang", "H100", "warning", "accuracy"),
+        ("NVFP4", "sglang", "H200", "warning", "Marlin"),
         ("NVFP4", "vllm", "H100", "warning", "Marlin"),
         ("FP8", "sglang", "A100", "error", "compute capability"),
-        ("W4A16_AWQ", "sglang", None, "error", "TensorRT-LLM"),
+        ("W4A16_AWQ", "sglang", None, "error", "trtllm"),
         ("W4A8_AWQ", "vllm", None, "error", "TensorRT-LLM"),
     ],
 )
@@ -139,11 +140,20 @@ def test_formats_that_match_the_hardware_are_not_warned(tmp_path):
     assert plan_deployment(PlanDeploymentInput(checkpoint=str(nvfp4), gpu_type="B200", check_args=False)).warnings == []
 
 
-def test_mixed_precision_gets_the_explicit_quantization_flag_and_sglang_accepts_it(tmp_path):
+def test_mixed_precision_needs_no_quantization_flag_and_sglang_accepts_the_args(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "mixed", quant="MIXED_PRECISION")
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint)))
-    assert plan.server_args[plan.server_args.index("--quantization") + 1] == "modelopt_mixed"
+    assert "--quantization" not in plan.server_args  # SGLang resolves modelopt_mixed from the config (tests/test_frameworks.py)
     assert plan.parser_check.ok, plan.parser_check.message
+
+
+def test_bitsandbytes_gets_its_load_format_on_sglang(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "bnb", quant="bitsandbytes")
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint)))
+    assert plan.server_args[plan.server_args.index("--load-format") + 1] == "bitsandbytes"
+    assert plan.parser_check.ok, plan.parser_check.message
+    vllm = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="vllm", check_args=False))
+    assert "--load-format" not in vllm.server_args
 
 
 def test_trust_remote_code_checkpoint_gets_the_flag(tmp_path):

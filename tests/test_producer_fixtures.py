@@ -26,35 +26,10 @@ METHOD = {"nvidia-modelopt": "modelopt", "llmcompressor": "compressed-tensors", 
 METHOD_OVERRIDE = {"autoround-w4a16-gptq": "gptq"}
 
 # (fixture, fact) -> what inspect_checkpoint reports wrongly today.
-KNOWN_WRONG: dict[tuple[str, str], str] = {
-    **{
-        (name, "producer"): "producer is None: quantization_config.version (the compressed-tensors version that wrote "
-        "the format) is not read"
-        for name in WRITTEN
-        if FIXTURES[name]["producer"] == "llmcompressor"
-    },
-    ("autoround-w4a16", "producer"): "producer is None: quantization_config.autoround_version is not read",
-    ("autoround-w4a16-gptq", "producer"): "producer is None: quantization_config.autoround_version is not read",
-    ("bnb-int8", "logical_parameter_count"): "logical_parameter_count 91470, not 90432: bitsandbytes' per-row "
-    "scales (.SCB) and .weight_format tensors are counted as parameters",
-    ("llmcompressor-w8a16", "logical_parameter_count"): "logical_parameter_count None: int8 packed four to an int32 "
-    "(pack-quantized, weight_packed) is not unpacked, 8-bit packing is not known",
-    ("llmcompressor-mixed-w8a8-w4a16", "logical_parameter_count"): "logical_parameter_count None: config groups with "
-    "different weight bits (int8 attention, int4 MLP) leave weight_bits unset, so the int32-packed MLP is not unpacked",
-    ("modelopt-fp8-pb-wo", "weight_bits"): "weight_bits None: ModelOpt writes quant_algo 'fp8_pb_wo' in lower case "
-    "and the upper-case fact table misses it (expected 8)",
-    ("modelopt-mxfp4", "weight_bits"): "weight_bits None: ModelOpt writes quant_algo 'mxfp4' in lower case and the "
-    "upper-case fact table misses it (expected 4)",
-    ("modelopt-mxfp4", "group_size"): "group_size None: MXFP4's block of 32 is fixed by the format (ModelOpt writes no "
-    "group_size for it) and is not derived",
-    ("modelopt-int4-awq", "group_size"): "group_size None: 128 is only in hf_quant_config.json, config.json is read alone",
-    ("modelopt-w4a8-awq", "group_size"): "group_size None: 128 is only in hf_quant_config.json, config.json is read alone",
-    ("modelopt-mxfp8", "group_size"): "group_size None: 32 is only in hf_quant_config.json, config.json is read alone",
-    ("modelopt-w4a8-nvfp4-fp8", "group_size"): "group_size None: 32 is only in hf_quant_config.json, config.json is "
-    "read alone",
-    ("modelopt-w4a8-nvfp4-fp8", "weight_bits"): "weight_bits None: W4A8_NVFP4_FP8 is not in the ModelOpt fact table "
-    "(expected 4)",
-}
+KNOWN_WRONG: dict[tuple[str, str], str] = {}
+# Activation precision a format implies though the producer was not asked for it: LLM.int8() multiplies in int8,
+# quantizing each activation row at run time (outlier columns stay 16-bit).
+RUN_TIME_ACTIVATIONS = {"bnb-int8": {"bits": 8, "dynamic": True}}
 
 
 def inspect(name: str) -> checkpoint.CheckpointReport:
@@ -103,7 +78,7 @@ def test_fixture_is_well_formed(name):
 
 def _facts(name: str) -> list[str]:
     intent = FIXTURES[name]["intent"]
-    facts = ["detected", "method", "kv_cache", "logical_parameter_count"]
+    facts = ["detected", "method", "kv_cache", "activations", "logical_parameter_count"]
     weights = intent["weights"] or {}
     if weights.get("bits"):
         facts.append("weight_bits")
@@ -144,6 +119,16 @@ def test_inspect_reports_what_the_producer_wrote(name, fact, reports):
         assert quant.method == METHOD_OVERRIDE.get(name, METHOD[entry["producer"]])
     elif fact == "kv_cache":
         assert (quant.kv_cache_quant_algo is not None) == bool(intent["kv_cache"]), quant.kv_cache_quant_algo
+    elif fact == "activations":  # weight-only (None) vs quantized activations, their bits and dynamic/static scales
+        wanted = intent["activations"] or RUN_TIME_ACTIVATIONS.get(name)
+        got = quant.activations
+        if "mixed" in name:  # groups disagree (W8A8 attention, W4A16 MLP): no single precision to report
+            assert got is None or got.bits is None, got
+        elif wanted is None:
+            assert got is None, got
+        else:
+            assert got is not None and got.bits == wanted["bits"], got
+            assert got.dynamic == (wanted["dynamic"] in (True, "local")), got
     elif fact == "weight_bits":
         assert quant.weight_bits == intent["weights"]["bits"]
     elif fact == "group_size":

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quanteval import nelconfig, validation
+from quanteval import frameworks, nelconfig, validation
 from quanteval.nelconfig import ApplyCheckpointInput, BuildConfigInput, SetConfigValueInput
 from quanteval.validation import ValidateConfigInput
 
@@ -240,15 +240,15 @@ def test_framework_flag_tables_agree_with_sglangs_parser() -> None:
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     sglang = set(parser._option_string_actions)
-    tables = validation.FRAMEWORK_FLAGS
+    tables = frameworks.FRAMEWORK_FLAGS
     assert set(tables["sglang"]) <= sglang
     assert {spelled["sglang"] for table in tables.values() for spelled in table.values() if "sglang" in spelled} <= sglang
     assert set(nelconfig.NEL_COMMAND_FLAGS["sglang"]) <= sglang
     # flags called "rejected by SGLang" really are unknown to it
     others = {flag for name, table in tables.items() if name != "sglang" for flag in table}
-    assert others - validation.SHARED_FLAGS - set(nelconfig.NEL_COMMAND_FLAGS["sglang"]) - set(tables["sglang"]) <= others - sglang
+    assert others - frameworks.SHARED_FLAGS - set(nelconfig.NEL_COMMAND_FLAGS["sglang"]) - set(tables["sglang"]) <= others - sglang
     assert nelconfig.CONTEXT_LENGTH_FLAGS["sglang"] in sglang
-    assert sglang >= validation.SHARED_FLAGS
+    assert sglang >= frameworks.SHARED_FLAGS
 
 
 def test_bad_yaml_is_a_tool_error_with_position(tmp_path: Path) -> None:

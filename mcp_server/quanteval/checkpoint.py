@@ -1,8 +1,8 @@
 """inspect_checkpoint: facts about a checkpoint from its config files and safetensors headers (never tensor data).
 
 The report models below are the contract other domains build on (nelconfig.apply_checkpoint,
-deploy.plan_deployment): fields may be added, not renamed. The fact tables (GPU_TYPES,
-MODELOPT_QUANT_ALGOS, the memory rule) live here once; import them rather than restating them.
+deploy.plan_deployment): fields may be added, not renamed. The sizing facts (GPU_TYPES, the memory
+rule) live here once; what the serving frameworks do with a format lives in quanteval.frameworks.
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, Field, ValidationError
 
+from quanteval import frameworks
+from quanteval.frameworks import Framework
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-
-Framework = Literal["vllm", "sglang", "trtllm"]
 
 # --- Fact tables --------------------------------------------------------------------------------
 
-# Nominal memory per GPU, in GB (10^9 bytes), as sold.
-GPU_TYPES: dict[str, float] = {"H100": 80.0, "H200": 141.0, "B200": 180.0}
-BLACKWELL_GPUS = frozenset({"B200"})
+# Nominal memory per GPU type inspect_checkpoint sizes for, in GB (10^9 bytes), as sold.
+GPU_TYPES: dict[str, float] = {name: frameworks.GPUS[name].memory_gb for name in frameworks.SIZED_GPUS}
 
 # Memory rule: the weights may fill at most this fraction of the GPUs' total memory; the rest is
 # KV cache, activations and CUDA graphs (SGLang's --mem-fraction-static defaults sit near 0.85-0.9).
@@ -35,44 +34,13 @@ WEIGHT_MEMORY_FRACTION = 0.85
 # Tensor parallelism stays inside one node; beyond that, nodes are added (pipeline parallel).
 MAX_GPUS_PER_NODE = 8
 
-
-@dataclass(frozen=True)
-class QuantAlgoFacts:
-    """What serving frameworks need to know about one ModelOpt quant_algo."""
-
-    weight_bits: int | None
-    needs_blackwell: bool = False  # NVFP4 kernels: SGLang errors on Hopper, vLLM falls back to Marlin W4A16
-    trtllm_only: bool = False  # not in vLLM's or SGLang's ModelOpt algorithm lists
-    fp8_compute: bool = False  # FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper, Blackwell)
-    # --quantization values, only where the framework cannot infer them from the checkpoint's config.
-    # vLLM and SGLang map FP8* to modelopt/modelopt_fp8 and *FP4* to modelopt_fp4 themselves; for
-    # MIXED_PRECISION older SGLang releases inferred `w4afp8` from hf_quant_config.json (wrong for
-    # FP8/NVFP4 mixes), so both get the explicit modelopt_mixed, which matches the config and is safe.
-    vllm_quantization: str | None = None
-    sglang_quantization: str | None = None
-
-
-MODELOPT_QUANT_ALGOS: dict[str, QuantAlgoFacts] = {
-    "FP8": QuantAlgoFacts(8, fp8_compute=True),
-    "FP8_PER_CHANNEL_PER_TOKEN": QuantAlgoFacts(8, fp8_compute=True),
-    "FP8_PB_WO": QuantAlgoFacts(8, fp8_compute=True),
-    "MXFP8": QuantAlgoFacts(8, needs_blackwell=True),
-    "NVFP4": QuantAlgoFacts(4, needs_blackwell=True),
-    "W4A16_NVFP4": QuantAlgoFacts(4, needs_blackwell=True),
-    "NVFP4_AWQ": QuantAlgoFacts(4, needs_blackwell=True),
-    "W4A16_AWQ": QuantAlgoFacts(4, trtllm_only=True),
-    "W4A8_AWQ": QuantAlgoFacts(4, trtllm_only=True),
-    "W8A16": QuantAlgoFacts(8, trtllm_only=True),
-    "W8A8_SQ_PER_CHANNEL": QuantAlgoFacts(8, trtllm_only=True),
-    "MIXED_PRECISION": QuantAlgoFacts(None, vllm_quantization="modelopt_mixed", sglang_quantization="modelopt_mixed"),
-}
-
 # Tensors that hold quantization metadata (scales, zero points, permutations), not model parameters.
 _AUX_TENSOR_SUFFIXES = (
     "weight_scale", "weight_scale_2", "weight_scale_inv", "input_scale", "pre_quant_scale", "k_scale",
     "v_scale", "qzeros", "scales", "g_idx", "absmax", "quant_map", "nested_absmax", "nested_quant_map",
     "weight_zero_point", "weight_shape", "weight_global_scale", "input_global_scale", "quant_state.bitsandbytes__nf4",
-    "quant_state.bitsandbytes__fp4",
+    "quant_state.bitsandbytes__fp4", "SCB", "weight_format", "input_zero_point", "k_zero_point", "v_zero_point",
+    "weight_g_idx", "input_quant_scale", "weight_quant_scale", "k_proj.k_scale", "v_proj.v_scale",
 )  # fmt: skip
 _DTYPE_BITS = {
     "F64": 64, "I64": 64, "U64": 64, "F32": 32, "I32": 32, "U32": 32, "F16": 16, "BF16": 16, "I16": 16,
@@ -114,19 +82,42 @@ class WeightsInfo(BaseModel):
     missing_shards: list[str] = Field(default_factory=list, description="Shards named in the index but absent.")
 
 
+class TensorPrecision(BaseModel):
+    """How one kind of tensor is stored or computed: weights, activations (inputs to the GEMMs) or KV cache."""
+
+    bits: int | None = Field(None, description="Bits per value; None when the config does not say.")
+    kind: str | None = Field(None, description="int, float (FP8/FP4), nvfp4, mxfp4, mxfp8, nf4 ...")
+    group_size: int | None = Field(None, description="Values sharing one scale; None for per-channel/per-tensor scales.")
+    dynamic: bool | None = Field(
+        None, description="Activations: scales computed per batch at run time (true) or stored in the checkpoint (false)."
+    )
+    source: str | None = Field(None, description="The file this fact came from.")
+
+
 class QuantizationInfo(BaseModel):
     detected: bool = False
     method: str | None = Field(None, description="modelopt, compressed-tensors, awq, gptq, fp8, bitsandbytes, ...")
-    quant_algo: str | None = Field(None, description="ModelOpt quant_algo: FP8, NVFP4, W4A16_AWQ, MIXED_PRECISION, ...")
+    quant_algo: str | None = Field(
+        None, description="ModelOpt quant_algo as the producer spelled it: FP8, NVFP4, W4A16_AWQ, fp8_pb_wo, MIXED_PRECISION, ..."
+    )
+    format: str = Field("none", description="The format key serving facts are kept under (frameworks.format_key).")
     kv_cache_quant_algo: str | None = None
     group_size: int | None = None
     weight_bits: int | None = None
+    weights: TensorPrecision | None = Field(None, description="Weight precision; None when not quantized.")
+    activations: TensorPrecision | None = Field(
+        None, description="Activation precision; None when activations stay 16-bit (weight-only quantization)."
+    )
+    kv_cache: TensorPrecision | None = Field(None, description="KV-cache precision; None when the KV cache stays 16-bit.")
     exclude_modules: list[str] = Field(default_factory=list)
     layer_algos: dict[str, int] = Field(
         default_factory=dict, description="MIXED_PRECISION: number of quantized layers per quant_algo."
     )
     producer: str | None = Field(None, description="Tool and version that wrote the checkpoint, e.g. 'modelopt 0.29.0'.")
-    source_file: str | None = Field(None, description="The file that said so (hf_quant_config.json, config.json, ...).")
+    source_file: str | None = Field(None, description="The file that named the method (hf_quant_config.json, config.json, ...).")
+    sources: dict[str, str] = Field(
+        default_factory=dict, description="Where each fact came from: fact name -> file (config.json, hf_quant_config.json)."
+    )
 
 
 class GpuFit(BaseModel):
@@ -275,14 +266,32 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
 # --- Weights ------------------------------------------------------------------------------------
 
 
-def _packing_factor(name: str, dtype: str, quant: QuantizationInfo) -> int | None:
+def _module_bits(config: dict) -> list[tuple[re.Pattern[str], int]]:
+    """compressed-tensors config groups that target modules by regex ("re:.*mlp.*proj$"), with their weight bits:
+    a mixed checkpoint (int8 attention, int4 MLP) packs each module at its own width."""
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    found = []
+    for group in (qc.get("config_groups") or {}).values() if isinstance(qc, dict) else []:
+        bits = (group.get("weights") or {}).get("num_bits") if isinstance(group, dict) else None
+        for target in group.get("targets") or [] if isinstance(bits, int) else []:
+            if isinstance(target, str) and target.startswith("re:"):
+                try:
+                    found.append((re.compile(target[3:]), bits))
+                except re.error:
+                    continue
+    return found
+
+
+def _packing_factor(name: str, dtype: str, quant: QuantizationInfo, module_bits: list[tuple[re.Pattern[str], int]]) -> int | None:
     """How many logical weights one stored element holds; None for a packed tensor of unknown layout."""
     if dtype not in ("U8", "I32", "U32") or not name.endswith((".weight", ".qweight", ".weight_packed")):
         return 1
     if quant.method == "modelopt" and dtype == "U8":
         return 2  # ModelOpt stores every 4-bit format (NVFP4, INT4 AWQ) two values per uint8
-    if quant.weight_bits and quant.weight_bits < 8:
-        return _DTYPE_BITS[dtype] // quant.weight_bits  # GPTQ/AWQ/compressed-tensors: 8 int4 per int32
+    module = name.rsplit(".", 1)[0]
+    bits = next((b for pattern, b in module_bits if pattern.match(module)), quant.weight_bits)
+    if bits and bits < _DTYPE_BITS[dtype]:
+        return _DTYPE_BITS[dtype] // bits  # GPTQ/AWQ/compressed-tensors: 8 int4 (or 4 int8) per int32
     return None if quant.detected else 1
 
 
@@ -309,7 +318,8 @@ def _weight_files(root: Path, files_read: list[str], warnings: list[str]) -> tup
 
 
 def _read_weights(
-    files: list[Path], missing: list[str], quant: QuantizationInfo, progress: ProgressFn
+    files: list[Path], missing: list[str], quant: QuantizationInfo, progress: ProgressFn,
+    module_bits: list[tuple[re.Pattern[str], int]] | None = None,
 ) -> WeightsInfo:
     # Plain locals in the loop: a DeepSeek-R1-sized checkpoint has ~92k tensors.
     tensor_count = parameter_count = weight_bytes = size_bytes = 0
@@ -334,7 +344,7 @@ def _read_weights(
             if end > data_end:
                 data_end = end
             if logical is not None and not name.endswith(_AUX_TENSOR_SUFFIXES):
-                factor = _packing_factor(name, dtype, quant)
+                factor = _packing_factor(name, dtype, quant, module_bits or [])
                 logical = None if factor is None else logical + count * factor
         if data_end > data_bytes:
             raise ToolError(
@@ -368,9 +378,40 @@ def _kv_algo(scheme: Any) -> str | None:
         return scheme
     if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
         return "FP8"
+    if isinstance(scheme, dict) and scheme.get("num_bits") == 4 and scheme.get("type") == "float":
+        return "NVFP4"
     if isinstance(scheme, dict) and scheme.get("num_bits"):
         return f"{scheme.get('type', 'int').upper()}{scheme['num_bits']}"
     return None
+
+
+def _kv_precision(algo: str | None, source: str | None) -> TensorPrecision | None:
+    upper = (algo or "").upper()
+    if not upper or upper == "NONE":
+        return None
+    if "FP4" in upper:
+        return TensorPrecision(bits=4, kind="nvfp4" if "NV" in upper else "float", source=source)
+    bits = next((int(b) for b in re.findall(r"\d+", upper)), None)
+    return TensorPrecision(bits=bits, kind="float" if upper.startswith("FP") or upper.startswith("FLOAT") else "int", source=source)
+
+
+def _scheme_precision(scheme: Any, source: str, activation: bool = False) -> TensorPrecision | None:
+    """A compressed-tensors style scheme ({num_bits, type, group_size, dynamic, strategy}) as a TensorPrecision."""
+    if not isinstance(scheme, dict) or not isinstance(scheme.get("num_bits"), int):
+        return None
+    bits, kind, group = scheme["num_bits"], str(scheme.get("type") or "int"), scheme.get("group_size")
+    if kind == "float" and bits == 4:
+        kind = {16: "nvfp4", 32: "mxfp4"}.get(group, "float")
+    elif kind == "float" and bits == 8 and group == 32:
+        kind = "mxfp8"
+    dynamic = scheme.get("dynamic")
+    return TensorPrecision(
+        bits=bits,
+        kind=kind,
+        group_size=_int(group),
+        dynamic=(dynamic in (True, "local")) if activation and dynamic is not None else None,
+        source=source,
+    )
 
 
 def _algo_from_group(group: dict) -> str | None:
@@ -395,34 +436,6 @@ def _algo_from_group(group: dict) -> str | None:
     return None
 
 
-def _from_modelopt_config_json(qc: dict) -> QuantizationInfo:
-    groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
-    quant_algo = qc.get("quant_algo")
-    if not quant_algo:
-        group_algos = {_algo_from_group(g) for g in groups}
-        quant_algo = group_algos.pop() if len(group_algos) == 1 else ("MIXED_PRECISION" if group_algos else None)
-    # MIXED_PRECISION group sizes are per layer (as in hf_quant_config.json), not one for the model.
-    group_sizes = set() if quant_algo == "MIXED_PRECISION" else {g.get("weights", {}).get("group_size") for g in groups} - {None}
-    info = QuantizationInfo(
-        detected=True,
-        method="modelopt",
-        quant_algo=quant_algo,
-        kv_cache_quant_algo=_kv_algo(qc.get("kv_cache_scheme")),
-        group_size=qc.get("group_size") or (group_sizes.pop() if len(group_sizes) == 1 else None),
-        exclude_modules=list(qc.get("ignore") or qc.get("exclude_modules") or []),
-        producer=_producer(qc.get("producer")),
-        source_file="config.json",
-    )
-    layers = qc.get("quantized_layers")
-    if isinstance(layers, dict):
-        info.layer_algos = _count_layer_algos(layers)
-    elif quant_algo == "MIXED_PRECISION":
-        info.layer_algos = {
-            algo: len(g.get("targets") or []) for g in groups if (algo := _algo_from_group(g))
-        }
-    return info
-
-
 def _count_layer_algos(layers: dict) -> dict[str, int]:
     counts: dict[str, int] = {}
     for layer_cfg in layers.values():
@@ -431,42 +444,150 @@ def _count_layer_algos(layers: dict) -> dict[str, int]:
     return counts
 
 
+class _Facts:
+    """Facts gathered from several files: the first file that has a value gives it, and is recorded as its source."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.sources: dict[str, str] = {}
+
+    def offer(self, fact: str, value: Any, source: str) -> None:
+        if fact not in self.values and value not in (None, [], {}, ""):
+            self.values[fact] = value
+            self.sources[fact] = source
+
+    def get(self, fact: str) -> Any:
+        return self.values.get(fact)
+
+
+def _from_modelopt(qc: dict | None, hf_quant: dict | None) -> QuantizationInfo:
+    """ModelOpt writes config.json quantization_config (newer releases) and hf_quant_config.json; several facts
+    (group size for W4A16_AWQ, W4A8_AWQ, MXFP8, W4A8_NVFP4_FP8) are only in the latter. Each fact comes from
+    the first file that has it, config.json first (what servers read first)."""
+    facts = _Facts()
+    groups: list[dict] = []
+    if qc is not None:
+        groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+        algo = qc.get("quant_algo")
+        if not algo and groups:
+            group_algos = {_algo_from_group(g) for g in groups}
+            algo = group_algos.pop() if len(group_algos) == 1 else ("MIXED_PRECISION" if group_algos else None)
+        facts.offer("quant_algo", algo, "config.json")
+        facts.offer("producer", _producer(qc.get("producer")), "config.json")
+        facts.offer("kv_cache_quant_algo", qc.get("kv_cache_quant_algo") or _kv_algo(qc.get("kv_cache_scheme")), "config.json")
+        facts.offer("exclude_modules", qc.get("ignore") or qc.get("exclude_modules"), "config.json")
+        facts.offer("quantized_layers", qc.get("quantized_layers"), "config.json")
+    if hf_quant is not None:
+        section = hf_quant.get("quantization") if isinstance(hf_quant.get("quantization"), dict) else hf_quant
+        facts.offer("quant_algo", section.get("quant_algo"), "hf_quant_config.json")
+        facts.offer("producer", _producer(hf_quant.get("producer")), "hf_quant_config.json")
+        facts.offer("kv_cache_quant_algo", section.get("kv_cache_quant_algo"), "hf_quant_config.json")
+        facts.offer("exclude_modules", section.get("exclude_modules"), "hf_quant_config.json")
+        facts.offer("quantized_layers", section.get("quantized_layers"), "hf_quant_config.json")
+    algo = facts.get("quant_algo")
+    canonical = frameworks.modelopt_algo(algo)
+    mixed = canonical == "MIXED_PRECISION"
+    # Group size: per layer for MIXED_PRECISION (as in hf_quant_config.json), not one for the model.
+    if not mixed:
+        if qc is not None:
+            facts.offer("group_size", _int(qc.get("group_size")), "config.json")
+            sizes = {(g.get("weights") or {}).get("group_size") for g in groups} - {None}
+            facts.offer("group_size", sizes.pop() if len(sizes) == 1 else None, "config.json")
+        if hf_quant is not None:
+            section = hf_quant.get("quantization") if isinstance(hf_quant.get("quantization"), dict) else hf_quant
+            facts.offer("group_size", section.get("group_size"), "hf_quant_config.json")
+    if canonical in ("MXFP4", "MXFP8") and facts.get("group_size") is None:
+        facts.offer("group_size", 32, "format")  # the MX block size is fixed by the format; ModelOpt writes none for MXFP4
+    source_file = "config.json" if qc is not None else "hf_quant_config.json"
+    info = QuantizationInfo(
+        detected=bool(algo),
+        method="modelopt",
+        quant_algo=algo,
+        kv_cache_quant_algo=facts.get("kv_cache_quant_algo"),
+        group_size=facts.get("group_size"),
+        exclude_modules=list(facts.get("exclude_modules") or []),
+        producer=facts.get("producer"),
+        source_file=source_file,
+    )
+    layers = facts.get("quantized_layers")
+    if isinstance(layers, dict):
+        info.layer_algos = _count_layer_algos(layers)
+    elif mixed:
+        info.layer_algos = {algo_: len(g.get("targets") or []) for g in groups if (algo_ := _algo_from_group(g))}
+    precision = frameworks.MODELOPT_ALGOS.get(canonical or "")
+    algo_source = facts.sources.get("quant_algo")
+    if precision and precision.weights:
+        w = precision.weights
+        info.weights = TensorPrecision(bits=w.bits, kind=w.kind, group_size=info.group_size, source=algo_source)
+        info.weight_bits = w.bits
+    if precision and precision.activations:
+        a = precision.activations
+        info.activations = TensorPrecision(bits=a.bits, kind=a.kind, dynamic=a.dynamic, source=algo_source)
+    if mixed and isinstance(layers, dict):
+        bits = {frameworks.MODELOPT_ALGOS[c].weights.bits for a in info.layer_algos  # type: ignore[union-attr]
+                if (c := frameworks.modelopt_algo(a)) and frameworks.MODELOPT_ALGOS[c].weights}
+        info.weight_bits = bits.pop() if len(bits) == 1 else None
+    info.kv_cache = _kv_precision(info.kv_cache_quant_algo, facts.sources.get("kv_cache_quant_algo"))
+    info.sources = dict(facts.sources)
+    return info
+
+
+def _from_compressed_tensors(qc: dict, info: QuantizationInfo) -> None:
+    groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+    weights = [p for g in groups if (p := _scheme_precision(g.get("weights"), "config.json"))]
+    acts = [_scheme_precision(g.get("input_activations"), "config.json", activation=True) for g in groups]
+    if weights:
+        # Several groups (mixed schemes): report what they share, None where they differ.
+        first = weights[0]
+        same = all(w == first for w in weights)
+        info.weights = first if same else TensorPrecision(
+            bits=first.bits if all(w.bits == first.bits for w in weights) else None, source="config.json")
+        info.weight_bits = info.weights.bits
+        info.group_size = info.weights.group_size
+    if acts and all(a is not None for a in acts):
+        first_act = acts[0]
+        info.activations = first_act if all(a == first_act for a in acts) else TensorPrecision(source="config.json")
+    elif any(a is not None for a in acts):
+        info.activations = TensorPrecision(source="config.json")  # some groups quantize activations, some do not
+    info.kv_cache_quant_algo = _kv_algo(qc.get("kv_cache_scheme"))
+    info.kv_cache = _scheme_precision(qc.get("kv_cache_scheme"), "config.json") if isinstance(qc.get("kv_cache_scheme"), dict) \
+        else _kv_precision(info.kv_cache_quant_algo, "config.json")
+    if qc.get("version"):  # llm-compressor writes the compressed-tensors release that packed the weights
+        info.producer = f"compressed-tensors {qc['version']}"
+
+
 def _from_other_config_json(qc: dict, method: str) -> QuantizationInfo:
     info = QuantizationInfo(detected=True, method=method, source_file="config.json")
     info.exclude_modules = list(qc.get("modules_to_not_convert") or qc.get("ignore") or qc.get("ignored_layers") or [])
     if method in ("gptq", "awq", "auto-round", "gptq_marlin", "awq_marlin"):
         info.weight_bits = qc.get("bits") or qc.get("w_bit")
         info.group_size = qc.get("group_size") or qc.get("q_group_size")
+        info.weights = TensorPrecision(bits=info.weight_bits, kind="int", group_size=info.group_size, source="config.json")
+        act_bits = qc.get("act_bits")
+        if isinstance(act_bits, int) and act_bits < 16:
+            info.activations = TensorPrecision(bits=act_bits, kind=str(qc.get("act_data_type") or "int"),
+                                               dynamic=qc.get("act_dynamic"), source="config.json")
+        version = qc.get("autoround_version") or (method == "auto-round" and qc.get("version"))
+        if version:
+            info.producer = f"auto-round {version}"
     elif method == "fp8":
         info.weight_bits = 8
         block = qc.get("weight_block_size")
         info.group_size = block[-1] if isinstance(block, list) and block else None
+        info.weights = TensorPrecision(bits=8, kind="float", group_size=info.group_size, source="config.json")
+        scheme = qc.get("activation_scheme")
+        info.activations = TensorPrecision(bits=8, kind="float", dynamic=scheme != "static", source="config.json")
     elif method == "bitsandbytes":
-        info.weight_bits = 4 if qc.get("load_in_4bit") or qc.get("_load_in_4bit") else 8
+        four_bit = bool(qc.get("load_in_4bit") or qc.get("_load_in_4bit"))
+        info.weight_bits = 4 if four_bit else 8
+        info.weights = TensorPrecision(
+            bits=info.weight_bits, kind=str(qc.get("bnb_4bit_quant_type") or "nf4") if four_bit else "int", source="config.json"
+        )
+        if not four_bit:  # LLM.int8(): int8 GEMMs on activations quantized per row at run time (outliers in 16-bit)
+            info.activations = TensorPrecision(bits=8, kind="int", dynamic=True, source="config.json")
     elif method == "compressed-tensors":
-        groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
-        bits = {(g.get("weights") or {}).get("num_bits") for g in groups} - {None}
-        sizes = {(g.get("weights") or {}).get("group_size") for g in groups} - {None}
-        info.weight_bits = bits.pop() if len(bits) == 1 else None
-        info.group_size = sizes.pop() if len(sizes) == 1 else None
-        info.kv_cache_quant_algo = _kv_algo(qc.get("kv_cache_scheme"))
-    return info
-
-
-def _from_hf_quant_config(data: dict) -> QuantizationInfo:
-    section = data.get("quantization") if isinstance(data.get("quantization"), dict) else data
-    info = QuantizationInfo(
-        detected=bool(section.get("quant_algo")),
-        method="modelopt",
-        quant_algo=section.get("quant_algo"),
-        kv_cache_quant_algo=section.get("kv_cache_quant_algo"),
-        group_size=section.get("group_size"),
-        exclude_modules=list(section.get("exclude_modules") or []),
-        producer=_producer(data.get("producer")),
-        source_file="hf_quant_config.json",
-    )
-    if isinstance(section.get("quantized_layers"), dict):
-        info.layer_algos = _count_layer_algos(section["quantized_layers"])
+        _from_compressed_tensors(qc, info)
+    info.sources = {"method": "config.json"} | ({"producer": "config.json"} if info.producer else {})
     return info
 
 
@@ -476,47 +597,55 @@ def _from_quantize_config(data: dict) -> QuantizationInfo:
         method=str(data.get("quant_method") or "gptq"),  # AutoGPTQ wrote this file without naming itself
         weight_bits=data.get("bits"),
         group_size=data.get("group_size"),
+        weights=TensorPrecision(bits=data.get("bits"), kind="int", group_size=data.get("group_size"), source="quantize_config.json"),
         source_file="quantize_config.json",
+        sources={"method": "quantize_config.json"},
     )
 
 
 def _detect_quantization(
     config: dict, text_config: dict, hf_quant: dict | None, quantize_cfg: dict | None, warnings: list[str]
 ) -> QuantizationInfo:
-    """config.json quantization_config first (branching on quant_method), then the side files; disagreement is a warning."""
-    found: list[QuantizationInfo] = []
+    """config.json quantization_config first (branching on quant_method), merged with hf_quant_config.json for
+    ModelOpt; the side files otherwise; disagreement is a warning."""
     qc = config.get("quantization_config") or text_config.get("quantization_config")
-    if isinstance(qc, dict):
-        method = str(qc.get("quant_method") or "").lower()
-        if method == "modelopt":
-            found.append(_from_modelopt_config_json(qc))
-        elif method:
-            found.append(_from_other_config_json(qc, method))
-        else:
-            warnings.append("config.json: quantization_config has no quant_method; servers may not recognise it.")
-    if hf_quant is not None:
-        legacy = _from_hf_quant_config(hf_quant)
-        if legacy.detected:
-            found.append(legacy)
+    qc = qc if isinstance(qc, dict) else None
+    method = str((qc or {}).get("quant_method") or "").lower()
+    if qc is not None and not method:
+        warnings.append("config.json: quantization_config has no quant_method; servers may not recognise it.")
+    hf_section = (hf_quant.get("quantization") if isinstance((hf_quant or {}).get("quantization"), dict) else hf_quant) or {}
+    found: list[QuantizationInfo] = []
+    if method == "modelopt" or (not method and hf_section.get("quant_algo")):
+        found.append(_from_modelopt(qc if method == "modelopt" else None, hf_quant if hf_section.get("quant_algo") else None))
+    elif method:
+        found.append(_from_other_config_json(qc or {}, method))
+        if hf_section.get("quant_algo"):
+            found.append(_from_modelopt(None, hf_quant))
     if quantize_cfg is not None:
         found.append(_from_quantize_config(quantize_cfg))
     if not found:
         return QuantizationInfo()
     chosen = found[0]
-    for other in found[1:]:
-        same_method = other.method == chosen.method
-        same_algo = other.quant_algo is None or chosen.quant_algo is None or other.quant_algo == chosen.quant_algo
-        if not (same_method and same_algo):
+    if chosen.method == "modelopt" and qc is not None and hf_section.get("quant_algo"):
+        in_config, in_side = str(qc.get("quant_algo") or ""), str(hf_section.get("quant_algo") or "")
+        if in_config and in_side and in_config.upper() != in_side.upper():
             warnings.append(
-                f"Quantization config files disagree: {chosen.source_file} says {chosen.method} {chosen.quant_algo or ''}".rstrip()
-                + f", {other.source_file} says {other.method} {other.quant_algo or ''}".rstrip()
-                + f". Servers read {chosen.source_file} first; remove or fix the stale file."
+                f"Quantization config files disagree: config.json says modelopt {in_config}, hf_quant_config.json says "
+                f"modelopt {in_side}. Servers read config.json first; remove or fix the stale file."
             )
-    if chosen.method == "modelopt":
-        facts = MODELOPT_QUANT_ALGOS.get(chosen.quant_algo or "")
-        chosen.weight_bits = chosen.weight_bits or (facts.weight_bits if facts else None)
-        if chosen.kv_cache_quant_algo is None and hf_quant is not None and chosen.source_file == "config.json":
-            chosen.kv_cache_quant_algo = _from_hf_quant_config(hf_quant).kv_cache_quant_algo
+    for other in found[1:]:
+        same_algo = not (other.quant_algo and chosen.quant_algo) or other.quant_algo.upper() == chosen.quant_algo.upper()
+        if other.method == chosen.method and same_algo:
+            continue
+        warnings.append(
+            f"Quantization config files disagree: {chosen.source_file} says {chosen.method} {chosen.quant_algo or ''}".rstrip()
+            + f", {other.source_file} says {other.method} {other.quant_algo or ''}".rstrip()
+            + f". Servers read {chosen.source_file} first; remove or fix the stale file."
+        )
+    weights = chosen.weights
+    chosen.format = frameworks.format_key(
+        chosen.method, chosen.quant_algo, chosen.layer_algos, weights.kind if weights else None, weights.bits if weights else None
+    )
     return chosen
 
 
@@ -538,12 +667,18 @@ _REASONING_MARKERS = ("enable_thinking", "<think>", "reasoning_content", "thinki
 _TOOL_MARKERS = re.compile(r"\btools\b|tool_calls|\btool_call\b")
 
 
+def algo_label(quant: QuantizationInfo) -> str:
+    if quant.quant_algo:
+        return quant.quant_algo
+    weights, acts = quant.weights, quant.activations
+    if weights and weights.bits:
+        scheme = f"W{weights.bits}A{acts.bits if acts and acts.bits else 16}"
+        return f"{quant.method} {scheme}" + (f" ({weights.kind})" if weights.kind and weights.kind != "int" else "")
+    return str(quant.method)
+
+
 def _gpu_fit(weight_bytes: int, num_heads: int | None, quant: QuantizationInfo) -> list[GpuFit]:
     fits = []
-    facts = MODELOPT_QUANT_ALGOS.get(quant.quant_algo or "") if quant.method == "modelopt" else None
-    needs_blackwell = bool(facts and facts.needs_blackwell) or any(
-        MODELOPT_QUANT_ALGOS.get(a, QuantAlgoFacts(None)).needs_blackwell for a in quant.layer_algos
-    )
     for gpu, memory_gb in GPU_TYPES.items():
         usable = memory_gb * 1e9 * WEIGHT_MEMORY_FRACTION
         min_gpus = max(1, math.ceil(weight_bytes / usable))
@@ -554,12 +689,19 @@ def _gpu_fit(weight_bytes: int, num_heads: int | None, quant: QuantizationInfo) 
         tp = next((t for t in (1, 2, 4, 8) if t >= per_node and heads % t == 0), None) or next(
             (t for t in range(per_node, MAX_GPUS_PER_NODE + 1) if heads % t == 0), None
         )
+        # What the format means on this GPU, framework by framework (errors first).
+        hardware = [
+            message
+            for f in frameworks.FRAMEWORKS
+            for level, message in sorted(frameworks.verdict(f, quant.format, algo_label(quant), gpu).findings)
+            if gpu in message
+        ] if quant.detected else []
         note = None
         if tp is None:
             tp = MAX_GPUS_PER_NODE
             note = f"No tensor-parallel size from {per_node} to {MAX_GPUS_PER_NODE} divides the {heads} attention heads; plan the split by hand."
-        elif needs_blackwell and gpu not in BLACKWELL_GPUS:
-            note = "NVFP4 kernels need Blackwell: SGLang fails on this GPU, vLLM falls back to slower Marlin W4A16."
+        elif hardware:
+            note = " ".join(hardware)
         elif nodes > 1:
             note = f"{nodes} nodes: tensor parallel {tp} within a node, pipeline parallel {nodes} across nodes."
         fits.append(GpuFit(gpu_type=gpu, memory_gb=memory_gb, min_gpus=min_gpus, tensor_parallel_size=tp, nodes=nodes, note=note))
@@ -567,53 +709,41 @@ def _gpu_fit(weight_bytes: int, num_heads: int | None, quant: QuantizationInfo) 
 
 
 def _deployment_flags(context_length: int | None, trust_remote_code: bool, quant: QuantizationInfo) -> dict[str, FrameworkFlags]:
-    facts = MODELOPT_QUANT_ALGOS.get(quant.quant_algo or "") if quant.method == "modelopt" else None
     flags: dict[str, FrameworkFlags] = {}
-    for framework, length_flag, remote_flag in (
-        ("vllm", "--max-model-len", "--trust-remote-code"),
-        ("sglang", "--context-length", "--trust-remote-code"),
-        ("trtllm", "--max_seq_len", "--trust_remote_code"),
-    ):
-        args: list[str] = [length_flag, str(context_length)] if context_length else []
+    for framework in frameworks.FRAMEWORKS:
+        info = frameworks.FRAMEWORK_INFO[framework]
+        args: list[str] = [info.context_flag, str(context_length)] if context_length else []
         if trust_remote_code:
-            args.append(remote_flag)
-        quantization = None
-        notes: list[str] = []
-        if framework == "vllm" and facts:
-            quantization = facts.vllm_quantization
-        if framework == "sglang" and facts:
-            quantization = facts.sglang_quantization
-        if quantization:
-            args += ["--quantization", quantization]
-        if facts and facts.trtllm_only and framework != "trtllm":
-            notes.append(f"{quant.quant_algo} is a TensorRT-LLM format: {framework}'s ModelOpt loader does not serve it.")
-        if facts and facts.needs_blackwell and framework == "sglang":
-            notes.append("NVFP4 needs Blackwell (B200); SGLang errors on Hopper.")
-        if facts and facts.needs_blackwell and framework == "vllm":
-            notes.append("NVFP4 needs Blackwell (B200) for native kernels; on Hopper vLLM falls back to Marlin W4A16.")
-        if quant.method == "modelopt" and quantization is None and framework != "trtllm" and facts and not facts.trtllm_only:
-            notes.append("Reads the ModelOpt config itself; no --quantization needed.")
-        if quant.kv_cache_quant_algo == "FP8" and framework in ("vllm", "sglang"):
-            notes.append("Checkpoint has FP8 KV-cache scales; `--kv-cache-dtype fp8_e4m3` uses them (optional).")
-        flags[framework] = FrameworkFlags(framework=framework, args=args, quantization=quantization, notes=notes)
+            args.append(info.trust_remote_code_flag)
+        verdict = frameworks.verdict(framework, quant.format, algo_label(quant), kv_cache=quant.kv_cache_quant_algo)
+        notes = [f"{level}: {message}" for level, message in verdict.findings] + verdict.notes
+        support = frameworks.support(framework, quant.format)
+        if quant.detected and not support.rejected and not support.unverified and support.resolves_as and not verdict.quantization:
+            notes.append(f"Reads the checkpoint's quantization config itself (resolves it as {support.resolves_as}); no --quantization needed.")
+        flags[framework] = FrameworkFlags(framework=framework, args=args + verdict.args, quantization=verdict.quantization, notes=notes)  # type: ignore[arg-type]
     return flags
 
 
 def _quant_warnings(quant: QuantizationInfo, weights: WeightsInfo) -> list[str]:
+    """Hardware needs derived from the format (not from who produced it), across the frameworks."""
     warnings = []
-    algos = {quant.quant_algo} | set(quant.layer_algos) if quant.method == "modelopt" else set()
-    if any(MODELOPT_QUANT_ALGOS.get(a or "", QuantAlgoFacts(None)).needs_blackwell for a in algos):
-        warnings.append(
-            "NVFP4 kernels need Blackwell GPUs (B200): SGLang fails on Hopper (H100/H200), vLLM falls back to Marlin W4A16 (slower)."
-        )
-    trtllm_only = sorted(a for a in algos if a and MODELOPT_QUANT_ALGOS.get(a, QuantAlgoFacts(None)).trtllm_only)
-    if trtllm_only:
-        warnings.append(
-            f"{', '.join(trtllm_only)} is a TensorRT-LLM format: vLLM and SGLang ModelOpt loaders do not serve it; deploy with TensorRT-LLM."
-        )
-    if any(MODELOPT_QUANT_ALGOS.get(a or "", QuantAlgoFacts(None)).fp8_compute for a in algos):
-        warnings.append("FP8 needs compute capability >= 8.9 (Ada, Hopper, Blackwell).")
-    if quant.method == "modelopt" and quant.quant_algo and quant.quant_algo not in MODELOPT_QUANT_ALGOS:
+    if quant.detected:
+        label = algo_label(quant)
+        for framework in frameworks.FRAMEWORKS:
+            for level, message in frameworks.verdict(framework, quant.format, label).findings:
+                if level == "error":
+                    warnings.append(message)
+        natives = {s.native_capability for f in frameworks.FRAMEWORKS if (s := frameworks.support(f, quant.format)).fallback and s.native_capability}
+        if frameworks.BLACKWELL in natives:
+            warnings.append(
+                f"{label} runs natively on Blackwell (B200). On Hopper (H100/H200) SGLang and vLLM serve it through Marlin "
+                "weight-only kernels: activations stay 16-bit, so accuracy measured there is not the accuracy that ships on Blackwell."
+            )
+        weights_kind = quant.weights.kind if quant.weights else None
+        acts = quant.activations
+        if (weights_kind == "float" and quant.weight_bits == 8) or (acts and acts.kind == "float" and acts.bits == 8):
+            warnings.append("FP8 needs compute capability >= 8.9 (Ada, Hopper, Blackwell) for FP8 tensor cores.")
+    if quant.method == "modelopt" and quant.quant_algo and frameworks.modelopt_algo(quant.quant_algo) is None:
         warnings.append(f"quant_algo {quant.quant_algo} is not one quanteval knows; check that your server supports it.")
     low_bit = {"F8_E4M3", "F8_E5M2", "I8"}
     if not quant.detected and low_bit & set(weights.dtype_parameters):
@@ -679,7 +809,7 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
     files, missing = _weight_files(root, files_read, warnings)
     if not files and not missing:
         warnings.append(f"{root}: no *.safetensors files; parameter count and memory estimate are unavailable.")
-    weights = _read_weights(files, missing, quant, progress)
+    weights = _read_weights(files, missing, quant, progress, _module_bits(config) if quant.method == "compressed-tensors" else None)
 
     architecture = ArchitectureInfo(
         architecture=(config.get("architectures") or [None])[0],
@@ -726,6 +856,13 @@ def _human_bytes(count: int) -> str:
     return f"{count} B"
 
 
+def _precision_text(p: TensorPrecision) -> str:
+    text = f"{p.bits or '?'}-bit {p.kind or ''}".strip()
+    if p.dynamic is not None:
+        text += " dynamic" if p.dynamic else " static"
+    return text
+
+
 def format_report(report: CheckpointReport) -> str:
     """A short human-readable summary for `quanteval inspect`."""
     arch = report.architecture
@@ -753,6 +890,7 @@ def format_report(report: CheckpointReport) -> str:
             details.append(f"group size {quant.group_size}")
         if quant.kv_cache_quant_algo:
             details.append(f"KV cache {quant.kv_cache_quant_algo}")
+        details.append("activations " + (_precision_text(quant.activations) if quant.activations else "16-bit (weight-only)"))
         if quant.layer_algos:
             details.append("layers " + ", ".join(f"{a}: {n}" for a, n in quant.layer_algos.items()))
         if quant.exclude_modules:

@@ -27,17 +27,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import ledger
+from quanteval import frameworks, ledger
 from quanteval.checkpoint import (
-    BLACKWELL_GPUS,
-    GPU_TYPES,
-    MODELOPT_QUANT_ALGOS,
     WEIGHT_MEMORY_FRACTION,
     CheckpointReport,
-    Framework,
+    algo_label,
     InspectCheckpointInput,
     inspect_checkpoint,
 )
+from quanteval.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, READY_LINE, Framework
 from quanteval.envvars import state_dir
 from quanteval.localproc import free_port, group_members, port_free, stop_group
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -45,77 +43,8 @@ from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 if TYPE_CHECKING:
     from quanteval.remote import RemoteResult
 
-# --- Fact tables --------------------------------------------------------------------------------
+# Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.frameworks.
 
-LAUNCHER_ENV_VARS: dict[str, str] = {
-    "sglang": "QUANTEVAL_SGLANG_LAUNCHER",
-    "vllm": "QUANTEVAL_VLLM_LAUNCHER",
-    "trtllm": "QUANTEVAL_TRTLLM_LAUNCHER",
-}
-DEFAULT_LAUNCHERS: dict[str, list[str]] = {
-    "sglang": ["python3", "-m", "sglang.launch_server"],
-    "vllm": ["vllm", "serve"],
-    "trtllm": ["trtllm-serve"],
-}
-DEFAULT_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000, "trtllm": 8000}
-
-# Compute capability per GPU type (FP8 tensor cores need >= 8.9). Memory comes from
-# checkpoint.GPU_TYPES; the two older types quanteval does not size there are added here.
-COMPUTE_CAPABILITY: dict[str, float] = {"A100": 8.0, "L40S": 8.9, "H100": 9.0, "H200": 9.0, "B200": 10.0}
-GPU_MEMORY_GB: dict[str, float] = {"A100": 80.0, "L40S": 48.0, **GPU_TYPES}
-
-# model_type -> parser name, per framework. Only used when the chat template shows reasoning /
-# tool calls. Names checked against SGLang's --reasoning-parser/--tool-call-parser choices and
-# vLLM's documented parser names.
-REASONING_PARSERS: dict[str, dict[str, str]] = {
-    "qwen3": {"sglang": "qwen3", "vllm": "qwen3"},
-    "qwen3_moe": {"sglang": "qwen3", "vllm": "qwen3"},
-    "deepseek_v3": {"sglang": "deepseek-r1", "vllm": "deepseek_r1"},
-    "gpt_oss": {"sglang": "gpt-oss", "vllm": "openai_gptoss"},
-    "glm4_moe": {"sglang": "glm45", "vllm": "glm45"},
-}
-TOOL_CALL_PARSERS: dict[str, dict[str, str]] = {
-    "qwen3": {"sglang": "qwen25", "vllm": "hermes"},
-    "qwen3_moe": {"sglang": "qwen25", "vllm": "hermes"},
-    "qwen2": {"sglang": "qwen25", "vllm": "hermes"},
-    "llama": {"sglang": "llama3", "vllm": "llama3_json"},
-    "mistral": {"sglang": "mistral", "vllm": "mistral"},
-    "deepseek_v3": {"sglang": "deepseekv3", "vllm": "deepseek_v3"},
-    "gpt_oss": {"sglang": "gpt-oss", "vllm": "openai"},
-    "glm4_moe": {"sglang": "glm45", "vllm": "glm45"},
-}
-
-# Known server failures, matched against the log: (regex, what it means, the fix).
-KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
-    (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
-     "SGLang left no room for the KV cache after loading the weights.",
-     "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length, or use more GPUs (--tp-size)."),
-    (re.compile(r"Capture cuda graph failed"),
-     "SGLang ran out of memory or hit a kernel error while capturing CUDA graphs.",
-     "Lower --mem-fraction-static (e.g. 0.8), or lower the CUDA-graph batch size (--cuda-graph-max-bs-decode; "
-     "--cuda-graph-max-bs in older SGLang), or add --disable-cuda-graph (slower)."),
-    (re.compile(r"(?i)(nvfp4|fp4)[^\n]*(blackwell|sm_?100|sm ?10\d|not supported on|requires? .*capability)"),
-     "NVFP4 kernels need a Blackwell GPU.",
-     "Run on B200 (Blackwell), or serve with vLLM (Marlin W4A16 fallback on Hopper), or use an FP8 checkpoint."),
-    (re.compile(r"ModelOpt currently only supports"),
-     "The server's ModelOpt loader does not know this quant_algo (W4A16_AWQ, W4A8_AWQ, W8A8_SQ are TensorRT-LLM formats).",
-     "Deploy with TensorRT-LLM (framework 'trtllm'), or re-export the checkpoint as FP8 or NVFP4."),
-    (re.compile(r"does not match the quantization method specified in the `?quantization`? argument"),
-     "--quantization disagrees with the checkpoint's own quantization config.",
-     "Drop --quantization (the server reads the checkpoint's config), or set the value the config names."),
-    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA"),
-     "The GPU ran out of memory.",
-     "Use more GPUs (tensor parallel), lower --context-length/--max-model-len, or lower "
-     "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)."),
-    (re.compile(r"requires you to execute the configuration file|trust_remote_code=True"),
-     "The model needs its own code from the checkpoint.",
-     "Add --trust-remote-code (only for checkpoints you trust)."),
-    (re.compile(r"Address already in use|error while attempting to bind on address"),
-     "The port is taken by another process.",
-     "Stop the other server or launch with another port."),
-]
-
-READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line
 LOG_TAIL_LINES = 30
 LOG_SCAN_BYTES = 512 * 1024
 # Over SSH the probe's output is capped (remote.OUTPUT_LIMIT keeps the tail): the log part stays well
@@ -176,40 +105,25 @@ class DeploymentPlan(BaseModel):
 
 
 def _launcher(framework: str) -> list[str]:
-    override = os.environ.get(LAUNCHER_ENV_VARS[framework], "").strip()
-    return shlex.split(override) if override else list(DEFAULT_LAUNCHERS[framework])
+    override = os.environ.get(FRAMEWORK_INFO[framework].launcher_env, "").strip()
+    return shlex.split(override) if override else list(FRAMEWORK_INFO[framework].launcher)
 
 
 def _parsers(report: CheckpointReport, framework: str) -> tuple[str | None, str | None]:
     model_type = report.architecture.model_type or ""
-    reasoning = REASONING_PARSERS.get(model_type, {}).get(framework) if report.reasoning else None
-    tools = TOOL_CALL_PARSERS.get(model_type, {}).get(framework) if report.tool_calling else None
+    reasoning = frameworks.REASONING_PARSERS.get(model_type, {}).get(framework) if report.reasoning else None
+    tools = frameworks.TOOL_CALL_PARSERS.get(model_type, {}).get(framework) if report.tool_calling else None
     return reasoning, tools
 
 
 def _hardware_warnings(report: CheckpointReport, framework: str, gpu_type: str | None, tp: int) -> list[PlanWarning]:
     quant = report.quantization
-    algos = ({quant.quant_algo} | set(quant.layer_algos)) if quant.method == "modelopt" else set()
-    facts = [MODELOPT_QUANT_ALGOS[a] for a in algos if a in MODELOPT_QUANT_ALGOS]
     warnings: list[PlanWarning] = []
-    if any(f.trtllm_only for f in facts) and framework != "trtllm":
-        warnings.append(PlanWarning(level="error", message=(
-            f"{quant.quant_algo} is a TensorRT-LLM ModelOpt format: {framework} does not load it. Use framework 'trtllm'.")))
-    needs_blackwell = any(f.needs_blackwell for f in facts)
-    if needs_blackwell and gpu_type is None and framework == "sglang":
-        warnings.append(PlanWarning(level="warning", message="NVFP4 needs Blackwell (B200) for SGLang; give gpu_type to check."))
-    if needs_blackwell and gpu_type and gpu_type not in BLACKWELL_GPUS:
-        if framework == "sglang":
-            warnings.append(PlanWarning(level="error", message=(
-                f"NVFP4 kernels need Blackwell: SGLang fails on {gpu_type}. Use B200, or vLLM (slower Marlin W4A16 fallback).")))
-        elif framework == "vllm":
-            warnings.append(PlanWarning(level="warning", message=(
-                f"NVFP4 on {gpu_type}: vLLM falls back to Marlin W4A16 kernels (correct but slower than on Blackwell).")))
-    if gpu_type and any(f.fp8_compute for f in facts) and COMPUTE_CAPABILITY.get(gpu_type, 99) < 8.9:
-        warnings.append(PlanWarning(level="error", message=(
-            f"FP8 needs compute capability >= 8.9; {gpu_type} has {COMPUTE_CAPABILITY[gpu_type]}. Use L40S, H100, H200 or B200.")))
+    if quant.detected:
+        found = frameworks.verdict(framework, quant.format, algo_label(quant), gpu_type, quant.kv_cache_quant_algo)
+        warnings += [PlanWarning(level=level, message=message) for level, message in found.findings]
     if gpu_type:
-        usable = GPU_MEMORY_GB[gpu_type] * 1e9 * WEIGHT_MEMORY_FRACTION * tp
+        usable = GPUS[gpu_type].memory_gb * 1e9 * WEIGHT_MEMORY_FRACTION * tp
         weight_bytes = report.weight_memory_gb * 1e9 or report.weights.size_bytes
         if weight_bytes > usable:
             needed = next((fit.min_gpus for fit in report.gpu_fit if fit.gpu_type == gpu_type), None)
@@ -239,15 +153,15 @@ def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, h
     flags = list(checkpoint_flags.args) if checkpoint_flags else []
     reasoning, tools = _parsers(report, framework)
     if framework == "sglang":
-        args = ["--model-path", model, "--served-model-name", name, "--tp-size", str(tp), *flags]
+        args = ["--model-path", model, "--served-model-name", name, FRAMEWORK_INFO[framework].tp_flag, str(tp), *flags]
         args += ["--reasoning-parser", reasoning] if reasoning else []
         args += ["--tool-call-parser", tools] if tools else []
     elif framework == "vllm":
-        args = [model, "--served-model-name", name, "--tensor-parallel-size", str(tp), *flags]
+        args = [model, "--served-model-name", name, FRAMEWORK_INFO[framework].tp_flag, str(tp), *flags]
         args += ["--reasoning-parser", reasoning] if reasoning else []
         args += ["--enable-auto-tool-choice", "--tool-call-parser", tools] if tools else []
     else:
-        args = [model, "--backend", "pytorch", "--tp_size", str(tp), *flags]
+        args = [model, "--backend", "pytorch", FRAMEWORK_INFO[framework].tp_flag, str(tp), *flags]
         args += ["--served_model_name", name] if name != model else []
     return [*args, "--host", host, "--port", str(port)]
 
@@ -298,20 +212,21 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     for a checkpoint (argv, env, parsers, flags only where needed) with hardware warnings.
     """
     framework = request.framework
-    if request.gpu_type is not None and request.gpu_type not in COMPUTE_CAPABILITY:
-        raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(COMPUTE_CAPABILITY)}.")
+    if request.gpu_type is not None and request.gpu_type not in GPUS:
+        raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(GPUS)}.")
     progress(0, 2, "inspecting the checkpoint")
     report = inspect_checkpoint(InspectCheckpointInput(checkpoint=request.checkpoint))
     # trtllm-serve serves under the model path unless told otherwise (--served_model_name: recent releases only).
     default_name = _model_ref(report) if framework == "trtllm" else report.hf_handle or Path(report.checkpoint).name
     name = request.served_model_name or default_name
     tp = _tensor_parallel_size(report, request.gpu_type, request.tensor_parallel_size)
-    port = request.port or DEFAULT_PORTS[framework]
+    port = request.port or FRAMEWORK_INFO[framework].default_port
     host = "127.0.0.1"
     server_args = [*_server_args(framework, report, name, tp, host, port), *request.extra_args]
     launcher = _launcher(framework)
 
-    notes = list(report.deployment_flags[framework].notes) if framework in report.deployment_flags else []
+    # Error and warning findings come back as plan warnings (for this GPU); the rest are notes.
+    notes = [n for n in report.deployment_flags[framework].notes if not n.startswith(("error:", "warning:"))]
     reasoning, tools = _parsers(report, framework)
     if report.reasoning and not reasoning and framework != "trtllm":
         notes.append(f"The chat template has reasoning, but quanteval knows no {framework} reasoning parser for "
@@ -321,8 +236,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
                      f"model_type '{report.architecture.model_type}'.")
     if framework == "trtllm" and name != _model_ref(report):
         notes.append("--served_model_name needs a recent trtllm-serve (1.x); older releases serve under the model path.")
-    if launcher != DEFAULT_LAUNCHERS[framework]:
-        notes.append(f"Launcher replaced by {LAUNCHER_ENV_VARS[framework]}.")
+    if launcher != list(FRAMEWORK_INFO[framework].launcher):
+        notes.append(f"Launcher replaced by {FRAMEWORK_INFO[framework].launcher_env}.")
     env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
     progress(1, 2, "checking the arguments with the framework's parser")
     check = (check_server_args(framework, server_args) if request.check_args
@@ -405,7 +320,7 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     if plan.launcher != _launcher(plan.framework) or plan.argv != [*plan.launcher, *plan.server_args]:
         # A plan arrives from the client; only the configured launcher may run, so a plan cannot run any command.
         raise ToolError(f"plan: its launcher {shlex.join(plan.launcher)!r} is not this machine's {plan.framework} launcher "
-                        f"({shlex.join(_launcher(plan.framework))}; set by {LAUNCHER_ENV_VARS[plan.framework]}). Plan again.")
+                        f"({shlex.join(_launcher(plan.framework))}; set by {FRAMEWORK_INFO[plan.framework].launcher_env}). Plan again.")
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")

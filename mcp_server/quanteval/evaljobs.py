@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quanteval import ledger
+from quanteval.frameworks import Execution
 from quanteval.localproc import stop_group
 from quanteval.models import StrictModel, ToolError
 
@@ -140,7 +141,7 @@ class ServerSettings(StrictModel):
         "sglang", description="NeMo-Skills server type for the router: sglang/vllm send top_k, openai cannot "
         "(a top_k then gets a 400).")
     nel_command: str = Field("nel", description="The `nel` executable for the nel backend.")
-    nel_execution: Literal["local", "slurm"] = Field("local", description="NEL executor for the nel backend.")
+    nel_execution: Execution = Field("local", description="NEL executor for the nel backend.")
     job_timeout_s: float = Field(6 * 3600, gt=0, description="Seconds before a benchmark's processes are killed.")
     results_wait_s: float = Field(600, ge=0, description="nel backend: seconds to wait for results.yml after NEL returns.")
     orphan_grace_s: float = Field(600, ge=0, description="A POST /evaluate job that no client waits for any more is "

@@ -28,7 +28,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from quanteval import checkpoint, envvars, tasks
+from quanteval import checkpoint, envvars, frameworks, tasks
+from quanteval.frameworks import Execution
+from quanteval.frameworks import NelDeployment as Deployment
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 MISSING = "???"  # OmegaConf's marker for a value that must be filled in
@@ -391,8 +393,6 @@ def walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 # ---------------------------------------------------------------------------
 # build_config
 
-Execution = Literal["local", "slurm"]
-Deployment = Literal["none", "vllm", "sglang", "nim", "trtllm"]
 ModelType = Literal["base", "chat_reasoning"]
 Export = Literal["none", "mlflow", "wandb"]
 
@@ -760,7 +760,7 @@ NEL_COMMAND_FLAGS: dict[str, dict[str, str]] = {
     },
 }
 
-CONTEXT_LENGTH_FLAGS = {"vllm": "--max-model-len", "sglang": "--context-length", "trtllm": "--max_seq_len"}
+CONTEXT_LENGTH_FLAGS = {name: info.context_flag for name, info in frameworks.FRAMEWORK_INFO.items()}
 
 
 def parse_extra_args(text: str) -> list[tuple[str, str | None]]:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import registry, tasks
+from quanteval.frameworks import Execution
 from quanteval.models import ProgressFn, ToolError, no_progress
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples=10"
@@ -31,8 +32,8 @@ DEFAULT_BUNDLE = {"chat_reasoning": "core_reasoning", "base": "general_knowledge
 class PlanRequest(BaseModel):
     model: str = Field(description="Checkpoint directory or Hugging Face handle already in the local HF cache.")
     tasks: list[str] = Field(default_factory=list, description="Recipe or NEL task names; empty keeps the bundle's tasks.")
-    execution: Literal["local", "slurm"] = "local"
-    deployment: Literal["vllm", "sglang", "none"] = "vllm"
+    execution: Execution = "local"
+    deployment: Literal["vllm", "sglang", "none"] = "vllm"  # the deployments `quanteval plan` offers
     model_type: Literal["chat_reasoning", "base"] = "chat_reasoning"
     output_dir: str | None = Field(None, description="execution.output_dir for the results.")
     config: str | None = Field(None, description="Config file to write; default <model>-<execution>-<deployment>.yaml here.")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from quanteval import checkpoint, nelconfig, nelfacts, tasks
+from quanteval import checkpoint, frameworks, nelconfig, nelfacts, tasks
 from quanteval.models import StrictModel, ToolError
 
 Severity = Literal["error", "warning"]
@@ -86,51 +86,6 @@ def known_execution_keys() -> frozenset[str]:
 def known_deployment_keys() -> frozenset[str]:
     return _nel_default_keys("deployment") | EXTRA_DEPLOYMENT_KEYS
 
-
-# Flags that exist in one serving framework only: flag -> {framework: its spelling there}.
-FRAMEWORK_FLAGS: dict[str, dict[str, dict[str, str]]] = {
-    "vllm": {
-        "--max-model-len": {"sglang": "--context-length", "trtllm": "--max_seq_len"},
-        "--gpu-memory-utilization": {"sglang": "--mem-fraction-static", "trtllm": "--kv_cache_free_gpu_memory_fraction"},
-        "--max-num-seqs": {"sglang": "--max-running-requests", "trtllm": "--max_batch_size"},
-        "--enforce-eager": {"sglang": "--disable-cuda-graph"},
-        "--max-num-batched-tokens": {"sglang": "--chunked-prefill-size", "trtllm": "--max_num_tokens"},
-        "--tensor-parallel-size": {"sglang": "--tp-size", "trtllm": "--tp_size"},
-        "--data-parallel-size": {"sglang": "--dp-size"},
-        "--enable-auto-tool-choice": {},
-    },
-    "sglang": {
-        "--context-length": {"vllm": "--max-model-len", "trtllm": "--max_seq_len"},
-        "--mem-fraction-static": {"vllm": "--gpu-memory-utilization", "trtllm": "--kv_cache_free_gpu_memory_fraction"},
-        "--max-running-requests": {"vllm": "--max-num-seqs", "trtllm": "--max_batch_size"},
-        "--disable-cuda-graph": {"vllm": "--enforce-eager"},
-        "--chunked-prefill-size": {"vllm": "--max-num-batched-tokens", "trtllm": "--max_num_tokens"},
-        "--tp-size": {"vllm": "--tensor-parallel-size", "trtllm": "--tp_size"},
-        "--dp-size": {"vllm": "--data-parallel-size"},
-    },
-    "trtllm": {
-        "--max_seq_len": {"vllm": "--max-model-len", "sglang": "--context-length"},
-        "--max_batch_size": {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"},
-        "--max_num_tokens": {"vllm": "--max-num-batched-tokens", "sglang": "--chunked-prefill-size"},
-        "--kv_cache_free_gpu_memory_fraction": {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"},
-        "--tp_size": {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"},
-    },
-}
-# Flags both vLLM and SGLang accept with the same spelling (never "wrong framework" there).
-SHARED_FLAGS = {"--reasoning-parser", "--tool-call-parser", "--quantization", "--kv-cache-dtype", "--trust-remote-code", "--chat-template", "--dtype"}
-
-# What a --quantization value claims about the checkpoint: the quant_algo family it needs.
-QUANTIZATION_FLAG_FAMILY = {
-    "modelopt_fp4": "NVFP4",
-    "modelopt_fp8": "FP8",
-    "modelopt_mixed": "MIXED_PRECISION",
-    "awq": "AWQ",
-    "awq_marlin": "AWQ",
-    "gptq": "GPTQ",
-    "gptq_marlin": "GPTQ",
-    "compressed-tensors": "COMPRESSED_TENSORS",
-    "bitsandbytes": "BITSANDBYTES",
-}
 
 # A Hydra override: optional +, ++ or ~ prefix, a key path, "=", a value (~key may stand alone).
 _OVERRIDE = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][\w\-]*(?:\.[\w\-]+)*)(?P<eq>=(?P<value>.*))?$", re.S)
@@ -525,8 +480,8 @@ def _check_deployment(ctx: _Context) -> None:  # noqa: C901
             if owner:
                 ctx.add("deployment.extra_args", "error", "flag_set_by_nel", f"{flag} is already in NEL's {framework} command; passing it again conflicts.", f"Remove {flag} from extra_args" + (f" and set {owner}." if owner.startswith("deployment.") else "."))
                 continue
-            for other, spelled in FRAMEWORK_FLAGS.items():
-                if other == framework or flag not in spelled or flag in SHARED_FLAGS or flag in FRAMEWORK_FLAGS.get(framework, {}):
+            for other, spelled in frameworks.FRAMEWORK_FLAGS.items():
+                if other == framework or flag not in spelled or flag in frameworks.SHARED_FLAGS or flag in frameworks.FRAMEWORK_FLAGS.get(framework, {}):
                     continue
                 equivalent = spelled[flag].get(framework)
                 fix = f"Replace {flag} with {equivalent}." if equivalent else f"Remove {flag}; {framework} has no such flag."
@@ -571,32 +526,16 @@ def _check_against_checkpoint(ctx: _Context, options: list[tuple[str, str | None
         ctx.add("deployment.tensor_parallel_size", "error", "tp_heads", f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads.", f"Use a divisor of {heads}, e.g. {max(d for d in (1, 2, 4, 8) if heads % d == 0)}.")
 
 
-def _flag_fits_checkpoint(value: str, quant: checkpoint.QuantizationInfo) -> bool:
-    algo, method = (quant.quant_algo or "").upper(), (quant.method or "").lower()
-    if value == "modelopt":
-        return method == "modelopt"
-    family = QUANTIZATION_FLAG_FAMILY.get(value)
-    checks = {
-        "NVFP4": "NVFP4" in algo,
-        "FP8": algo.startswith("FP8") or method == "fp8",
-        "MIXED_PRECISION": algo == "MIXED_PRECISION",
-        "AWQ": "AWQ" in algo or method == "awq",
-        "GPTQ": method == "gptq",
-        "COMPRESSED_TENSORS": method == "compressed-tensors",
-        "BITSANDBYTES": method == "bitsandbytes",
-    }
-    return checks.get(family or "", True)  # a value we know nothing about is not called a contradiction
-
-
 def _check_quantization_flag(ctx: _Context, report: checkpoint.CheckpointReport, value: str) -> None:
     quant = report.quantization
-    expected = report.deployment_flags[ctx.deployment].quantization if ctx.deployment in report.deployment_flags else None
+    expected = frameworks.support(ctx.deployment, quant.format).resolves_as if quant.detected else None
     if not quant.detected:
         if value != "fp8":  # --quantization fp8 quantizes a BF16 model on the fly; every other value needs a quantized checkpoint
             ctx.add("deployment.extra_args", "error", "quantization_mismatch", f"--quantization {value}, but the checkpoint is not quantized.", "Remove --quantization (or point checkpoint_path at the quantized checkpoint).")
         return
-    if not _flag_fits_checkpoint(value, quant):
-        fix = f"Use --quantization {expected}." if expected else "Remove --quantization: the server reads the checkpoint's quantization config itself."
+    if not frameworks.quantization_flag_fits(value, quant.method, quant.quant_algo, quant.format):
+        fix = "Remove --quantization: the server reads the checkpoint's quantization config itself" + (
+            f" (it resolves it as {expected})." if expected else ".")
         found = " ".join(part for part in (quant.method, quant.quant_algo) if part)
         ctx.add("deployment.extra_args", "error", "quantization_mismatch", f"--quantization {value} contradicts the checkpoint ({found}); the server fails to load it.", fix)
 

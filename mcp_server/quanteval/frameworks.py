@@ -1,0 +1,447 @@
+"""Serving-framework facts: what SGLang, vLLM and TensorRT-LLM need, accept and reject, per quantization format.
+
+Adding a framework or a quantization format is one place — this module — plus tests
+(tests/test_frameworks.py; for SGLang also the loader oracle in tests/framework_oracle.py, which
+checks every SUPPORT row against SGLang's own ModelConfig and quantization-config code).
+checkpoint, deploy, validation, nelconfig and plan import from here; none of them keeps a copy.
+
+Versions the facts were taken from: SGLang 0.5.23 and vLLM 0.33 (checked by running their own
+quantization-resolution code on CPU: tests/oracles/), TensorRT-LLM 1.x (from its docs; not run here).
+Only SGLang is in the test venv: vLLM's config code imports on CPU with vllm --no-deps plus ~15 small
+pure-Python packages, but its 336 MB wheel is not installed by scripts/setup; its test skips without it.
+
+A format is named by `format_key()`: the ModelOpt quant_algo in upper case (`FP8`, `NVFP4`,
+`MIXED_PRECISION:w4afp8` …) for ModelOpt checkpoints, else the config's quant_method
+(`compressed-tensors`, `gptq`, `bitsandbytes` …), with `:nvfp4`/`:fp8`/`:mxfp4`/`:int` for
+compressed-tensors schemes whose kernels differ.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Framework = Literal["sglang", "vllm", "trtllm"]
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
+DISPLAY_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
+Execution = Literal["local", "slurm"]
+# What NEL's build-config calls a deployment: a framework NEL starts, NIM, or none (an existing endpoint).
+NelDeployment = Literal["none", "vllm", "sglang", "nim", "trtllm"]
+
+# --- Hardware -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gpu:
+    memory_gb: float  # nominal, as sold (10^9 bytes)
+    capability: int  # CUDA compute capability x10 (9.0 -> 90), as the frameworks compare it
+
+
+GPUS: dict[str, Gpu] = {
+    "A100": Gpu(80.0, 80),
+    "L40S": Gpu(48.0, 89),
+    "H100": Gpu(80.0, 90),
+    "H200": Gpu(141.0, 90),
+    "B200": Gpu(180.0, 100),
+}
+# The GPU types inspect_checkpoint sizes a checkpoint for.
+SIZED_GPUS = ("H100", "H200", "B200")
+BLACKWELL = 100
+FP8_TENSOR_CORES = 89  # Ada, Hopper, Blackwell
+
+
+# --- What a ModelOpt quant_algo stores ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Precision:
+    bits: int
+    kind: str  # "int", "float" (FP8/FP4 with per-block or per-tensor scales), "nvfp4", "mxfp4", "mxfp8"
+    dynamic: bool | None = None  # activations: scales computed per batch (True) or stored in the checkpoint (False)
+
+
+@dataclass(frozen=True)
+class AlgoPrecision:
+    weights: Precision | None  # None: depends on the layer (MIXED_PRECISION)
+    activations: Precision | None  # None: not quantized (16-bit)
+
+
+NVFP4 = Precision(4, "nvfp4", dynamic=True)  # FP4 E2M1, FP8 scale per 16 values (computed per batch for activations)
+MODELOPT_ALGOS: dict[str, AlgoPrecision] = {
+    "FP8": AlgoPrecision(Precision(8, "float"), Precision(8, "float", dynamic=False)),
+    "FP8_PER_CHANNEL_PER_TOKEN": AlgoPrecision(Precision(8, "float"), Precision(8, "float", dynamic=True)),
+    "FP8_PB_WO": AlgoPrecision(Precision(8, "float"), None),  # 2D block weights, weight-only
+    "MXFP8": AlgoPrecision(Precision(8, "mxfp8"), Precision(8, "mxfp8", dynamic=True)),
+    "NVFP4": AlgoPrecision(Precision(4, "nvfp4"), NVFP4),
+    "NVFP4_AWQ": AlgoPrecision(Precision(4, "nvfp4"), NVFP4),
+    "W4A16_NVFP4": AlgoPrecision(Precision(4, "nvfp4"), None),
+    "W4A8_NVFP4_FP8": AlgoPrecision(Precision(4, "nvfp4"), Precision(8, "float", dynamic=False)),
+    "MXFP4": AlgoPrecision(Precision(4, "mxfp4"), Precision(4, "mxfp4", dynamic=True)),
+    "W4A16_AWQ": AlgoPrecision(Precision(4, "int"), None),
+    "W4A8_AWQ": AlgoPrecision(Precision(4, "int"), Precision(8, "float", dynamic=False)),
+    "W8A16": AlgoPrecision(Precision(8, "int"), None),
+    "W8A8_SQ_PER_CHANNEL": AlgoPrecision(Precision(8, "int"), Precision(8, "int", dynamic=False)),
+    "MIXED_PRECISION": AlgoPrecision(None, None),
+}
+
+
+def modelopt_algo(name: str | None) -> str | None:
+    """The canonical (upper-case) quant_algo for a spelling a producer wrote (`fp8_pb_wo` -> FP8_PB_WO); None if unknown."""
+    upper = (name or "").upper()
+    return upper if upper in MODELOPT_ALGOS else None
+
+
+# --- Per-framework facts ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrameworkInfo:
+    launcher: tuple[str, ...]
+    launcher_env: str  # replaces the launcher (a specific Python, a container wrapper, the tests' stand-in)
+    default_port: int
+    context_flag: str
+    trust_remote_code_flag: str
+    tp_flag: str
+    kv_cache_flag: str | None
+
+
+FRAMEWORK_INFO: dict[str, FrameworkInfo] = {
+    "sglang": FrameworkInfo(("python3", "-m", "sglang.launch_server"), "QUANTEVAL_SGLANG_LAUNCHER", 30000,
+                            "--context-length", "--trust-remote-code", "--tp-size", "--kv-cache-dtype"),
+    "vllm": FrameworkInfo(("vllm", "serve"), "QUANTEVAL_VLLM_LAUNCHER", 8000,
+                          "--max-model-len", "--trust-remote-code", "--tensor-parallel-size", "--kv-cache-dtype"),
+    "trtllm": FrameworkInfo(("trtllm-serve",), "QUANTEVAL_TRTLLM_LAUNCHER", 8000,
+                            "--max_seq_len", "--trust_remote_code", "--tp_size", None),
+}  # fmt: skip
+
+# model_type -> parser name, per framework. Only used when the chat template shows reasoning /
+# tool calls. Names checked against SGLang's --reasoning-parser/--tool-call-parser choices and
+# vLLM's documented parser names.
+REASONING_PARSERS: dict[str, dict[str, str]] = {
+    "qwen3": {"sglang": "qwen3", "vllm": "qwen3"},
+    "qwen3_moe": {"sglang": "qwen3", "vllm": "qwen3"},
+    "deepseek_v3": {"sglang": "deepseek-r1", "vllm": "deepseek_r1"},
+    "gpt_oss": {"sglang": "gpt-oss", "vllm": "openai_gptoss"},
+    "glm4_moe": {"sglang": "glm45", "vllm": "glm45"},
+}
+TOOL_CALL_PARSERS: dict[str, dict[str, str]] = {
+    "qwen3": {"sglang": "qwen25", "vllm": "hermes"},
+    "qwen3_moe": {"sglang": "qwen25", "vllm": "hermes"},
+    "qwen2": {"sglang": "qwen25", "vllm": "hermes"},
+    "llama": {"sglang": "llama3", "vllm": "llama3_json"},
+    "mistral": {"sglang": "mistral", "vllm": "mistral"},
+    "deepseek_v3": {"sglang": "deepseekv3", "vllm": "deepseek_v3"},
+    "gpt_oss": {"sglang": "gpt-oss", "vllm": "openai"},
+    "glm4_moe": {"sglang": "glm45", "vllm": "glm45"},
+}
+
+READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line
+
+# Known server failures, matched against the log: (regex, what it means, the fix).
+KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
+     "SGLang left no room for the KV cache after loading the weights.",
+     "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length, or use more GPUs (--tp-size)."),
+    (re.compile(r"Capture cuda graph failed"),
+     "SGLang ran out of memory or hit a kernel error while capturing CUDA graphs.",
+     "Lower --mem-fraction-static (e.g. 0.8), or lower the CUDA-graph batch size (--cuda-graph-max-bs-decode; "
+     "--cuda-graph-max-bs in older SGLang), or add --disable-cuda-graph (slower)."),
+    (re.compile(r"(?i)(nvfp4|fp4)[^\n]*(blackwell|sm_?100|sm ?10\d|not supported on|requires? .*capability)"),
+     "A native NVFP4 kernel was selected on a GPU older than Blackwell.",
+     "Run on B200 (Blackwell), or let SGLang pick Marlin on SM80-SM90 (--fp4-gemm-backend auto, --moe-runner-backend "
+     "marlin): it serves weight-only, so the accuracy measured is not the Blackwell accuracy."),
+    (re.compile(r"quantization method \S+ is not supported for the current GPU"),
+     "The GPU's compute capability is below what this quantization format's kernels need (SGLang's get_min_capability).",
+     "Run on a newer GPU (MXFP8 needs Blackwell in SGLang), or use vLLM, or a format this GPU serves (FP8 on Hopper)."),
+    (re.compile(r"ModelOpt(Fp8Config)? (currently )?only supports"),
+     "The server's ModelOpt loader does not know this quant_algo (W4A16_AWQ, W4A8_AWQ, W8A8_SQ, FP8_PB_WO, "
+     "FP8_PER_CHANNEL_PER_TOKEN, MXFP4, W4A8_NVFP4_FP8 in SGLang 0.5.23).",
+     "Deploy with TensorRT-LLM (framework 'trtllm'), or re-export the checkpoint as FP8 or NVFP4."),
+    (re.compile(r"does not match the quantization method specified in the `?quantization`? argument"),
+     "--quantization disagrees with the checkpoint's own quantization config.",
+     "Drop --quantization (the server reads the checkpoint's config), or set the value the config names."),
+    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA"),
+     "The GPU ran out of memory.",
+     "Use more GPUs (tensor parallel), lower --context-length/--max-model-len, or lower "
+     "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)."),
+    (re.compile(r"requires you to execute the configuration file|trust_remote_code=True"),
+     "The model needs its own code from the checkpoint.",
+     "Add --trust-remote-code (only for checkpoints you trust)."),
+    (re.compile(r"Address already in use|error while attempting to bind on address"),
+     "The port is taken by another process.",
+     "Stop the other server or launch with another port."),
+]  # fmt: skip
+
+
+# --- Per framework and format -------------------------------------------------------------------
+
+_ACCURACY_NOTE = (
+    "activations stay 16-bit, so accuracy measured there is weight-only accuracy, not what ships on "
+    "Blackwell with {what} activations"
+)
+
+
+@dataclass(frozen=True)
+class Support:
+    """How one framework serves one format. `resolves_as` is what the framework itself resolves the
+    checkpoint's quantization to (SGLang: ModelConfig.quantization); `quantization` is the flag we pass."""
+
+    resolves_as: str | None = None
+    quantization: str | None = None  # --quantization value to pass; None: the framework reads the config
+    load_format: str | None = None  # --load-format value the format needs
+    min_capability: int | None = None  # lowest compute capability the framework accepts (its own check)
+    native_capability: int | None = None  # where its native kernels run; between the two: `fallback`
+    fallback: str | None = None  # the fallback kernel and what it changes
+    rejected: str | None = None  # the framework refuses this format: its reason
+    unverified: bool = False  # no fact known: serving it is untested
+
+
+_SG_IGNORED = ("; with only hf_quant_config.json, SGLang does not recognise the quant_algo at all and loads the packed "
+               "weights as if the model were unquantized")
+_SG_FP8_ONLY = ("SGLang 0.5.23's ModelOptFp8Config only supports regular FP8 (\"ModelOptFp8Config only supports regular FP8 "
+                "quantization, but found '{algo}'\")" + _SG_IGNORED)
+_SG_FP4_ONLY = ("SGLang 0.5.23's ModelOpt loader supports FP8, NVFP4, NVFP4_AWQ, W4A16_NVFP4 only (\"ModelOpt currently only "
+                "supports ...\")" + _SG_IGNORED)
+_VLLM_MODELOPT = ("vLLM 0.33's ModelOpt loader supports FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, W4A16_NVFP4, MXFP8, "
+                  "MIXED_PRECISION only (\"ModelOpt currently only supports ...\"); W4A16_AWQ, W4A8_AWQ, W8A16 and "
+                  "W8A8_SQ are TensorRT-LLM formats")
+_NVFP4_MARLIN = "Marlin FP4 weight-only kernels (SGLang's --fp4-gemm-backend auto picks them below SM100): " + _ACCURACY_NOTE.format(what="FP4")
+_VLLM_NVFP4_MARLIN = "Marlin FP4 weight-only kernels: " + _ACCURACY_NOTE.format(what="FP4")
+_VLLM_MXFP8_MARLIN = "Marlin MXFP8 weight-only kernels: " + _ACCURACY_NOTE.format(what="MXFP8")
+_FP8_MARLIN = "Marlin FP8 weight-only kernels: " + _ACCURACY_NOTE.format(what="FP8")
+
+SUPPORT: dict[tuple[str, str], Support] = {
+    # SGLang 0.5.23: every row checked by tests/framework_oracle.py against ModelConfig + get_quant_config.
+    ("sglang", "none"): Support(),
+    ("sglang", "FP8"): Support("modelopt_fp8", min_capability=89),
+    ("sglang", "NVFP4"): Support("modelopt_fp4", min_capability=80, native_capability=BLACKWELL, fallback=_NVFP4_MARLIN),
+    ("sglang", "NVFP4_AWQ"): Support("modelopt_fp4", min_capability=80, native_capability=BLACKWELL, fallback=_NVFP4_MARLIN),
+    ("sglang", "W4A16_NVFP4"): Support("modelopt_fp4", min_capability=80, native_capability=BLACKWELL,
+                                       fallback="Marlin FP4 weight-only kernels (the format is weight-only anyway; slower than SM100)"),
+    ("sglang", "MXFP8"): Support("mxfp8", min_capability=BLACKWELL),
+    ("sglang", "FP8_PER_CHANNEL_PER_TOKEN"): Support("modelopt", rejected=_SG_FP8_ONLY.format(algo="FP8_PER_CHANNEL_PER_TOKEN")),
+    ("sglang", "FP8_PB_WO"): Support("modelopt", rejected=_SG_FP8_ONLY.format(algo="FP8_PB_WO")),
+    ("sglang", "W4A16_AWQ"): Support("modelopt", rejected=_SG_FP8_ONLY.format(algo="W4A16_AWQ")),
+    ("sglang", "W4A8_AWQ"): Support("modelopt", rejected=_SG_FP8_ONLY.format(algo="W4A8_AWQ")),
+    ("sglang", "W8A16"): Support("modelopt", rejected=_SG_FP8_ONLY.format(algo="W8A16")),
+    ("sglang", "W8A8_SQ_PER_CHANNEL"): Support("modelopt", rejected=_SG_FP8_ONLY.format(algo="W8A8_SQ_PER_CHANNEL")),
+    # ModelOpt 0.47 writes "mxfp4": SGLang's case-sensitive "FP4" test misses it, so it goes to ModelOptFp8Config
+    # (upper-case MXFP4 goes to ModelOptFp4Config); both refuse it.
+    ("sglang", "MXFP4"): Support("modelopt", rejected=_SG_FP8_ONLY.format(algo="mxfp4")),
+    ("sglang", "W4A8_NVFP4_FP8"): Support("modelopt_fp4", rejected=_SG_FP4_ONLY),
+    # FP8 + W4A8_AWQ layers: SGLang resolves hf_quant_config.json as w4afp8 itself; --quantization modelopt_mixed
+    # is for mixes with NVFP4 layers only and makes this one fail.
+    ("sglang", "MIXED_PRECISION:w4afp8"): Support("w4afp8", min_capability=90),
+    ("sglang", "MIXED_PRECISION:nvfp4"): Support("modelopt_mixed", min_capability=80, native_capability=BLACKWELL,
+                                                 fallback=_NVFP4_MARLIN),
+    ("sglang", "compressed-tensors"): Support("compressed-tensors", min_capability=70),
+    ("sglang", "compressed-tensors:fp8"): Support("compressed-tensors", min_capability=70),
+    ("sglang", "compressed-tensors:nvfp4"): Support("compressed-tensors", min_capability=70, native_capability=BLACKWELL,
+                                                    fallback=_NVFP4_MARLIN),
+    # On CUDA SGLang 0.5.23 registers no plain "gptq": GPTQ checkpoints resolve as gptq_marlin (Marlin needs SM80) or fail.
+    ("sglang", "gptq"): Support("gptq_marlin", min_capability=80),
+    ("sglang", "awq"): Support("awq", min_capability=75),
+    ("sglang", "auto-round"): Support("auto-round", min_capability=60),
+    ("sglang", "fp8"): Support("fp8", min_capability=80, native_capability=FP8_TENSOR_CORES, fallback=_FP8_MARLIN),
+    ("sglang", "bitsandbytes"): Support("bitsandbytes", load_format="bitsandbytes", min_capability=70),
+    # vLLM 0.33: checked by running its own config reading, override and from_config code on CPU
+    # (tests/oracles/vllm_resolve.py; vllm is not in the test venv, see the module comment).
+    ("vllm", "none"): Support(),
+    ("vllm", "FP8"): Support("modelopt", min_capability=80, native_capability=FP8_TENSOR_CORES, fallback=_FP8_MARLIN),
+    ("vllm", "FP8_PER_CHANNEL_PER_TOKEN"): Support("modelopt", min_capability=80, native_capability=FP8_TENSOR_CORES, fallback=_FP8_MARLIN),
+    ("vllm", "FP8_PB_WO"): Support("modelopt", min_capability=80, native_capability=FP8_TENSOR_CORES, fallback=_FP8_MARLIN),
+    ("vllm", "NVFP4"): Support("modelopt_fp4", min_capability=75, native_capability=BLACKWELL, fallback=_VLLM_NVFP4_MARLIN),
+    ("vllm", "NVFP4_AWQ"): Support("modelopt_fp4", min_capability=75, native_capability=BLACKWELL, fallback=_VLLM_NVFP4_MARLIN),
+    ("vllm", "W4A16_NVFP4"): Support("modelopt_fp4", min_capability=75, native_capability=BLACKWELL,
+                                     fallback="Marlin FP4 weight-only kernels (the format is weight-only anyway; slower than SM100)"),
+    ("vllm", "MXFP8"): Support("modelopt_mxfp8", min_capability=80, native_capability=BLACKWELL, fallback=_VLLM_MXFP8_MARLIN),
+    ("vllm", "MIXED_PRECISION:nvfp4"): Support("modelopt_mixed", min_capability=75, native_capability=BLACKWELL,
+                                               fallback=_VLLM_NVFP4_MARLIN),
+    # vLLM's ModelOptMixedPrecisionConfig accepts the config; its W4A8_AWQ layer kernels are chosen at load (not run here).
+    ("vllm", "MIXED_PRECISION:w4afp8"): Support("modelopt_mixed", min_capability=75),
+    ("vllm", "W4A16_AWQ"): Support("modelopt", rejected=_VLLM_MODELOPT),
+    ("vllm", "W4A8_AWQ"): Support("modelopt", rejected=_VLLM_MODELOPT),
+    ("vllm", "W8A16"): Support("modelopt", rejected=_VLLM_MODELOPT),
+    ("vllm", "W8A8_SQ_PER_CHANNEL"): Support("modelopt", rejected=_VLLM_MODELOPT),
+    ("vllm", "MXFP4"): Support("modelopt_fp4", rejected=_VLLM_MODELOPT),
+    ("vllm", "W4A8_NVFP4_FP8"): Support("modelopt_fp4", rejected=_VLLM_MODELOPT),
+    ("vllm", "compressed-tensors"): Support("compressed-tensors", min_capability=70),
+    ("vllm", "compressed-tensors:fp8"): Support("compressed-tensors", min_capability=70, native_capability=FP8_TENSOR_CORES,
+                                                fallback=_FP8_MARLIN),
+    ("vllm", "compressed-tensors:nvfp4"): Support("compressed-tensors", min_capability=70, native_capability=BLACKWELL,
+                                                  fallback=_VLLM_NVFP4_MARLIN),
+    ("vllm", "gptq"): Support("auto_gptq", min_capability=60),  # gptq_marlin on CUDA when Marlin-compatible
+    ("vllm", "awq"): Support("awq", min_capability=75),  # awq_marlin on CUDA when Marlin-compatible
+    ("vllm", "auto-round"): Support("inc", min_capability=60),
+    ("vllm", "fp8"): Support("fp8", min_capability=75, native_capability=FP8_TENSOR_CORES, fallback=_FP8_MARLIN),
+    ("vllm", "bitsandbytes"): Support("bitsandbytes", rejected="vLLM 0.33 registers no bitsandbytes quantization method "
+                                      "(\"Invalid quantization method: bitsandbytes\"); use an older vLLM or SGLang"),
+    # TensorRT-LLM 1.x (PyTorch backend): reads hf_quant_config.json; from its docs, not run here.
+    ("trtllm", "none"): Support(),
+    ("trtllm", "FP8"): Support(min_capability=89),
+    ("trtllm", "FP8_PER_CHANNEL_PER_TOKEN"): Support(min_capability=89),
+    ("trtllm", "FP8_PB_WO"): Support(min_capability=89),
+    ("trtllm", "NVFP4"): Support(min_capability=BLACKWELL),
+    ("trtllm", "NVFP4_AWQ"): Support(min_capability=BLACKWELL),
+    ("trtllm", "W4A16_NVFP4"): Support(min_capability=BLACKWELL),
+    ("trtllm", "W4A8_NVFP4_FP8"): Support(min_capability=BLACKWELL),
+    ("trtllm", "MXFP8"): Support(min_capability=BLACKWELL),
+    ("trtllm", "MXFP4"): Support(min_capability=BLACKWELL),
+    ("trtllm", "W4A16_AWQ"): Support(min_capability=80),
+    ("trtllm", "W4A8_AWQ"): Support(min_capability=89),
+    ("trtllm", "W8A16"): Support(min_capability=80),
+    ("trtllm", "W8A8_SQ_PER_CHANNEL"): Support(min_capability=80),
+    ("trtllm", "MIXED_PRECISION:w4afp8"): Support(min_capability=89),
+    ("trtllm", "MIXED_PRECISION:nvfp4"): Support(min_capability=BLACKWELL),
+}  # fmt: skip
+
+
+def format_key(method: str | None, quant_algo: str | None, layer_algos: dict[str, int] | None = None,
+               weight_kind: str | None = None, weight_bits: int | None = None) -> str:
+    """The SUPPORT key of a checkpoint's quantization (see the module comment)."""
+    if not method:
+        return "none"
+    if method == "modelopt":
+        algo = modelopt_algo(quant_algo) or (quant_algo or "").upper()
+        if algo == "MIXED_PRECISION":
+            # SGLang's own rule (_parse_modelopt_quant_config): any NVFP4 layer makes it modelopt_mixed, else w4afp8.
+            has_fp4 = any(str(a).upper() in ("NVFP4", "W4A16_NVFP4") for a in (layer_algos or {}))
+            return f"MIXED_PRECISION:{'nvfp4' if has_fp4 else 'w4afp8'}"
+        return algo
+    if method == "compressed-tensors":
+        if weight_kind in ("nvfp4", "mxfp4") or (weight_kind == "float" and weight_bits == 4):
+            return "compressed-tensors:nvfp4"
+        if weight_kind == "float" and weight_bits == 8:
+            return "compressed-tensors:fp8"
+    if method in ("gptq_marlin", "awq_marlin"):
+        return method.removesuffix("_marlin")
+    if method in ("auto_round", "intel/auto-round"):
+        return "auto-round"
+    return method
+
+
+def support(framework: str, key: str) -> Support:
+    """The known facts, or an `unverified` row for a format this module does not know for this framework."""
+    found = SUPPORT.get((framework, key)) or SUPPORT.get((framework, key.split(":")[0]))
+    return found or Support(unverified=True)
+
+
+Level = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a framework does with a format on a GPU (or on no GPU in particular): the flags to pass and the findings."""
+
+    args: list[str]
+    quantization: str | None
+    findings: list[tuple[Level, str]]
+    notes: list[str]  # hints that change nothing unless acted on (KV-cache dtype)
+
+
+def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, kv_cache: str | None = None) -> Verdict:
+    """Flags and findings for serving format `key` (shown to people as `algo_label`) with `framework` on `gpu`."""
+    facts = support(framework, key)
+    name = DISPLAY_NAMES[framework]
+    args: list[str] = []
+    if facts.quantization:
+        args += ["--quantization", facts.quantization]
+    if facts.load_format:
+        args += ["--load-format", facts.load_format]
+    findings: list[tuple[Level, str]] = []
+    if facts.rejected:
+        alternatives = [f for f in FRAMEWORKS if f != framework and not support(f, key).rejected and not support(f, key).unverified]
+        hint = f" Serve it with {' or '.join(f'{DISPLAY_NAMES[a]} (framework {a!r})' for a in alternatives)}." if alternatives else " Re-export it in a format the server supports (FP8, NVFP4)."
+        findings.append(("error", f"{name} cannot load {algo_label}: {facts.rejected}.{hint}"))
+    elif facts.unverified and key != "none":
+        findings.append(("warning", f"quanteval has no facts on {algo_label} with {name}; check that your {name} release serves it."))
+    capability = GPUS[gpu].capability if gpu in GPUS else None
+    if not facts.rejected and capability is not None and facts.min_capability and capability < facts.min_capability:
+        findings.append(("error", f"{name} needs compute capability >= {facts.min_capability / 10:.1f} for {algo_label}; "
+                                  f"{gpu} has {capability / 10:.1f}."))
+    elif not facts.rejected and facts.fallback and facts.native_capability:
+        if capability is not None and capability < facts.native_capability:
+            findings.append(("warning", f"{algo_label} on {gpu} with {name}: serves through {facts.fallback}."))
+        elif capability is None:
+            findings.append(("warning", f"{algo_label} runs natively with {name} on compute capability >= "
+                                        f"{facts.native_capability / 10:.1f} (Blackwell); below it {name} serves it through {facts.fallback}."))
+    notes: list[str] = []
+    if kv_cache and framework != "trtllm" and not facts.rejected:
+        kv = kv_cache.upper()
+        if kv == "FP8":
+            notes.append(("The checkpoint has FP8 KV-cache scales: `--kv-cache-dtype fp8_e4m3` uses them "
+                                        "(otherwise the KV cache stays 16-bit and accuracy measured is not the FP8-KV accuracy)."))
+        elif "FP4" in kv:
+            notes.append((f"The checkpoint has an {kv} KV cache: pass the {name} --kv-cache-dtype value your release "
+                                        "names for FP4 KV (fp4_e2m1 in recent SGLang/vLLM, Blackwell only); without it the "
+                                        "KV cache stays 16-bit and accuracy measured is not the NVFP4-KV accuracy."))
+    return Verdict(args=args, quantization=facts.quantization, findings=findings, notes=notes)
+
+
+# --- Flags across frameworks (validate_config) ---------------------------------------------------
+
+# Flags that exist in one serving framework only: flag -> {framework: its spelling there}.
+FRAMEWORK_FLAGS: dict[str, dict[str, dict[str, str]]] = {
+    "vllm": {
+        "--max-model-len": {"sglang": "--context-length", "trtllm": "--max_seq_len"},
+        "--gpu-memory-utilization": {"sglang": "--mem-fraction-static", "trtllm": "--kv_cache_free_gpu_memory_fraction"},
+        "--max-num-seqs": {"sglang": "--max-running-requests", "trtllm": "--max_batch_size"},
+        "--enforce-eager": {"sglang": "--disable-cuda-graph"},
+        "--max-num-batched-tokens": {"sglang": "--chunked-prefill-size", "trtllm": "--max_num_tokens"},
+        "--tensor-parallel-size": {"sglang": "--tp-size", "trtllm": "--tp_size"},
+        "--data-parallel-size": {"sglang": "--dp-size"},
+        "--enable-auto-tool-choice": {},
+    },
+    "sglang": {
+        "--context-length": {"vllm": "--max-model-len", "trtllm": "--max_seq_len"},
+        "--mem-fraction-static": {"vllm": "--gpu-memory-utilization", "trtllm": "--kv_cache_free_gpu_memory_fraction"},
+        "--max-running-requests": {"vllm": "--max-num-seqs", "trtllm": "--max_batch_size"},
+        "--disable-cuda-graph": {"vllm": "--enforce-eager"},
+        "--chunked-prefill-size": {"vllm": "--max-num-batched-tokens", "trtllm": "--max_num_tokens"},
+        "--tp-size": {"vllm": "--tensor-parallel-size", "trtllm": "--tp_size"},
+        "--dp-size": {"vllm": "--data-parallel-size"},
+    },
+    "trtllm": {
+        "--max_seq_len": {"vllm": "--max-model-len", "sglang": "--context-length"},
+        "--max_batch_size": {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"},
+        "--max_num_tokens": {"vllm": "--max-num-batched-tokens", "sglang": "--chunked-prefill-size"},
+        "--kv_cache_free_gpu_memory_fraction": {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"},
+        "--tp_size": {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"},
+    },
+}
+# Flags both vLLM and SGLang accept with the same spelling (never "wrong framework" there).
+SHARED_FLAGS = {"--reasoning-parser", "--tool-call-parser", "--quantization", "--kv-cache-dtype", "--trust-remote-code", "--chat-template", "--dtype"}
+
+# What a --quantization value claims about the checkpoint: the quant_algo family it needs.
+QUANTIZATION_FLAG_FAMILY: dict[str, str] = {
+    "modelopt_fp4": "NVFP4",
+    "modelopt_fp8": "FP8",
+    "modelopt_mixed": "MIXED_PRECISION",
+    "awq": "AWQ",
+    "awq_marlin": "AWQ",
+    "gptq": "GPTQ",
+    "gptq_marlin": "GPTQ",
+    "compressed-tensors": "COMPRESSED_TENSORS",
+    "bitsandbytes": "BITSANDBYTES",
+}
+
+
+def quantization_flag_fits(value: str, method: str | None, quant_algo: str | None, key: str) -> bool:
+    """Whether `--quantization value` agrees with a checkpoint's own config (a mismatch is a hard error in vLLM and SGLang)."""
+    algo, method = (quant_algo or "").upper(), (method or "").lower()
+    if value == "modelopt_mixed":
+        return key == "MIXED_PRECISION:nvfp4"  # SGLang resolves FP8 + W4A8_AWQ mixes as w4afp8, and modelopt_mixed fails there
+    if value == "modelopt":
+        return method == "modelopt"
+    family = QUANTIZATION_FLAG_FAMILY.get(value)
+    checks = {
+        "NVFP4": "NVFP4" in algo,
+        "FP8": algo.startswith("FP8") or method == "fp8",
+        "MIXED_PRECISION": algo == "MIXED_PRECISION",
+        "AWQ": "AWQ" in algo or method == "awq",
+        "GPTQ": method == "gptq",
+        "COMPRESSED_TENSORS": method == "compressed-tensors",
+        "BITSANDBYTES": method == "bitsandbytes",
+    }
+    return checks.get(family or "", True)  # a value we know nothing about is not called a contradiction

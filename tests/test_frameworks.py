@@ -1,0 +1,201 @@
+"""Serving-framework facts, checked against SGLang's own loader code on every bundled, fixture and factory checkpoint.
+
+For each checkpoint: inspect_checkpoint's SGLang flags go to SGLang 0.5.23's ModelConfig and
+get_quant_config (tests/oracles/sglang_resolve.py, a subprocess). What SGLang resolves must be what
+frameworks.SUPPORT says it resolves, a checkpoint SGLang rejects must get an error from us, one it
+serves none, and the minimum compute capability must be SGLang's own get_min_capability().
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from factories import MODELOPT_ALGOS, OTHER_METHODS, make_checkpoint  # noqa: E402
+from framework_oracle import sglang_available, sglang_resolve, vllm_resolve  # noqa: E402
+
+from quanteval import frameworks  # noqa: E402
+from quanteval.checkpoint import CheckpointReport, InspectCheckpointInput, inspect_checkpoint  # noqa: E402
+from quanteval.deploy import PlanDeploymentInput, plan_deployment  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED = sorted(p for p in (ROOT / "examples" / "checkpoints").iterdir() if (p / "config.json").is_file())
+FIXTURES = sorted(p for p in (ROOT / "tests" / "data" / "producers").glob("*") if (p / "config.json").is_file())
+
+# Formats ModelOpt writes that the factory does not: the same tiny model with only the algo changed,
+# in the spellings ModelOpt 0.47 really uses (lower case for some), plus the two MIXED_PRECISION kinds.
+EXTRA_MODELOPT = ("FP8_PER_CHANNEL_PER_TOKEN", "fp8_pb_wo", "mxfp4", "MXFP8", "W4A16_NVFP4", "NVFP4_AWQ", "W4A8_NVFP4_FP8", "W8A16")
+
+
+def _modelopt_variant(root: Path, algo: str) -> Path:
+    make_checkpoint(root, quant="FP8")
+    config = json.loads((root / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (root / "config.json").write_text(json.dumps(config))
+    quantization: dict = {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}
+    if algo == "MIXED_W4AFP8":
+        quantization |= {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+            "model.layers.0.mlp.gate_proj": {"quant_algo": "W4A8_AWQ", "group_size": 128},
+            "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"}}}
+    elif algo.upper() in ("MXFP8", "W4A16_NVFP4", "NVFP4_AWQ", "W4A8_NVFP4_FP8", "MXFP4"):
+        quantization["group_size"] = 32 if algo.upper().startswith("MX") else 16
+    (root / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.47.0"}, "quantization": quantization}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    made = tmp_path_factory.mktemp("formats")
+    found = {f"bundled/{p.name}": p for p in BUNDLED} | {f"fixture/{p.name}": p for p in FIXTURES}
+    for algo in MODELOPT_ALGOS:
+        found[f"factory/{algo}"] = make_checkpoint(made / algo, quant=algo, legacy_modelopt=False)
+        found[f"factory/{algo}-legacy"] = make_checkpoint(made / f"{algo}-legacy", quant=algo, legacy_modelopt=True)
+    for method in OTHER_METHODS:
+        found[f"factory/{method}"] = make_checkpoint(made / method, quant=method)
+    for algo in (*EXTRA_MODELOPT, "MIXED_W4AFP8"):
+        found[f"modelopt/{algo}"] = _modelopt_variant(made / f"x-{algo}", algo)
+    return found
+
+
+@pytest.fixture(scope="module")
+def resolved(checkpoints: dict[str, Path]) -> dict[str, tuple[CheckpointReport, dict]]:
+    why = sglang_available()
+    if why:
+        pytest.skip(f"SGLang's ModelConfig does not import here ({why}); bash scripts/install-sglang-parser installs it")
+    reports = {name: inspect_checkpoint(InspectCheckpointInput(checkpoint=str(path))) for name, path in checkpoints.items()}
+    answers = sglang_resolve([(str(path), reports[name].deployment_flags["sglang"].args) for name, path in checkpoints.items()])
+    return {name: (reports[name], answer) for name, answer in zip(checkpoints, answers, strict=True)}
+
+
+# Resolved differently on a CUDA machine than on this CPU one: SGLang's Marlin override asks the device
+# for its compute capability (none here), and on CUDA no plain "gptq" method is registered.
+DEVICE_DEPENDENT = {"gptq": "gptq_marlin on CUDA (override needs the device's capability)",
+                    "awq": "awq_marlin on CUDA when Marlin-compatible (override needs the device's capability)"}
+
+
+def _errors(report: CheckpointReport, framework: str) -> list[str]:
+    return [n for n in report.deployment_flags[framework].notes if n.startswith("error:")]
+
+
+def _sglang_refuses(report: CheckpointReport, sglang: dict) -> bool:
+    """SGLang raised, or it ignored the quantization config of a quantized checkpoint (it would load packed weights as BF16)."""
+    return bool(sglang["error"]) or (report.quantization.detected and sglang["quantization"] is None)
+
+
+def test_sglang_serves_what_we_say_it_serves_and_rejects_what_we_call_an_error(resolved):
+    disagreements = []
+    for name, (report, sglang) in resolved.items():
+        if report.quantization.format in DEVICE_DEPENDENT:
+            continue
+        ours = _errors(report, "sglang")
+        if _sglang_refuses(report, sglang) != bool(ours):
+            disagreements.append(f"{name} ({report.quantization.format}): SGLang says {sglang['error'] or 'ok'}, we say {ours or 'ok'}")
+    assert disagreements == []
+
+
+def test_sglang_resolves_each_checkpoint_as_the_fact_table_says(resolved):
+    disagreements = []
+    for name, (report, sglang) in resolved.items():
+        facts = frameworks.support("sglang", report.quantization.format)
+        assert not facts.unverified, f"{name}: no SGLang facts for format {report.quantization.format}"
+        if report.quantization.format in DEVICE_DEPENDENT or facts.rejected:
+            continue  # a rejected format: where SGLang refuses it depends on the file layout and spelling; the error is the fact
+        if sglang["quantization"] != facts.resolves_as:
+            disagreements.append(f"{name}: SGLang resolves {sglang['quantization']}, SUPPORT says {facts.resolves_as}")
+        if not sglang["error"] and sglang["min_capability"] != facts.min_capability:
+            disagreements.append(f"{name}: SGLang needs capability {sglang['min_capability']}, SUPPORT says {facts.min_capability}")
+    assert disagreements == []
+
+
+def test_planned_sglang_flags_are_ones_sglang_accepts(resolved):
+    """No --quantization that SGLang would refuse, and bitsandbytes gets its own loader."""
+    for name, (report, sglang) in resolved.items():
+        args = report.deployment_flags["sglang"].args
+        if "--quantization" in args:
+            assert sglang["quantization"] == args[args.index("--quantization") + 1], name
+        if report.quantization.method == "bitsandbytes":
+            assert args[-2:] == ["--load-format", "bitsandbytes"] and sglang["loader"] == "BitsAndBytesModelLoader", name
+
+
+def test_the_oracle_sees_the_formats_the_issue_names(resolved):
+    """The facts the table rests on, as SGLang 0.5.23 itself reports them."""
+    by_format = {report.quantization.format: sglang for report, sglang in resolved.values()}
+    for rejected in ("FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "MXFP4", "W4A8_NVFP4_FP8", "W4A16_AWQ", "W4A8_AWQ", "W8A8_SQ_PER_CHANNEL"):
+        assert by_format[rejected]["error"] or by_format[rejected]["quantization"] is None, rejected
+    assert by_format["MIXED_PRECISION:w4afp8"]["quantization"] == "w4afp8" and not by_format["MIXED_PRECISION:w4afp8"]["error"]
+    assert by_format["NVFP4"]["min_capability"] == 80  # Marlin below SM100: serves on Hopper
+    assert by_format["MXFP8"]["min_capability"] == 100  # no Hopper fallback in SGLang 0.5.23
+    assert by_format["bitsandbytes"]["loader"] == "BitsAndBytesModelLoader"
+
+
+def test_vllm_resolves_each_checkpoint_as_the_fact_table_says(checkpoints):
+    """vLLM 0.33's own config code, where vllm is installed (QUANTEVAL_VLLM_PYTHON may name a Python that has it)."""
+    python = os.environ.get("QUANTEVAL_VLLM_PYTHON", sys.executable)
+    probe = subprocess.run([python, "-c", "import vllm.model_executor.layers.quantization"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip("vllm is not importable (pip install --no-deps vllm==0.33.0 plus its import-time needs; see tests/oracles/vllm_resolve.py)")
+    reports = {name: inspect_checkpoint(InspectCheckpointInput(checkpoint=str(path))) for name, path in checkpoints.items()}
+    # Only real-producer and factory layouts with config.json quantization_config: vLLM reads hf_quant_config.json
+    # alone only through a code path this CPU run does not reach.
+    names = [n for n in checkpoints if "quantization_config" in json.loads((checkpoints[n] / "config.json").read_text())]
+    answers = vllm_resolve([(str(checkpoints[n]), reports[n].deployment_flags["vllm"].args) for n in names], python)
+    disagreements = []
+    for name, vllm in zip(names, answers, strict=True):
+        report = reports[name]
+        facts = frameworks.support("vllm", report.quantization.format)
+        if bool(vllm["error"]) != bool(_errors(report, "vllm")):
+            disagreements.append(f"{name}: vLLM says {vllm['error'] or 'ok'}, we say {_errors(report, 'vllm') or 'ok'}")
+        elif not vllm["error"] and report.quantization.format not in DEVICE_DEPENDENT and (
+            (vllm["quantization"], vllm["min_capability"]) != (facts.resolves_as, facts.min_capability)
+        ):
+            disagreements.append(f"{name}: vLLM {vllm['quantization']}/{vllm['min_capability']}, SUPPORT {facts.resolves_as}/{facts.min_capability}")
+    assert disagreements == []
+
+
+# --- Plans on a GPU: the verdict the table gives -------------------------------------------------
+
+
+def _plan(path: Path, framework: str, gpu: str):
+    return plan_deployment(PlanDeploymentInput(checkpoint=str(path), framework=framework, gpu_type=gpu, check_args=False))
+
+
+@pytest.mark.parametrize("framework", ["sglang", "vllm"])
+def test_nvfp4_on_hopper_is_an_accuracy_warning_not_an_error(checkpoints, framework):
+    plan = _plan(checkpoints["bundled/qwen3-tiny-nvfp4"], framework, "H100")
+    assert not [w for w in plan.warnings if w.level == "error"]
+    assert any(w.level == "warning" and "Marlin" in w.message and "accuracy" in w.message for w in plan.warnings)
+    assert not [w for w in _plan(checkpoints["bundled/qwen3-tiny-nvfp4"], framework, "B200").warnings if "Marlin" in w.message]
+
+
+def test_mxfp8_on_hopper_errors_for_sglang_and_warns_for_vllm(checkpoints):
+    sglang = _plan(checkpoints["modelopt/MXFP8"], "sglang", "H100")
+    assert any(w.level == "error" and "compute capability >= 10.0" in w.message for w in sglang.warnings)
+    vllm = _plan(checkpoints["modelopt/MXFP8"], "vllm", "H100")
+    assert not [w for w in vllm.warnings if w.level == "error"] and any("Marlin" in w.message for w in vllm.warnings)
+
+
+def test_fp8_below_ada_is_an_error(checkpoints):
+    plan = _plan(checkpoints["bundled/llama-tiny-fp8"], "sglang", "A100")
+    assert any(w.level == "error" and "8.9" in w.message for w in plan.warnings)
+
+
+def test_rejected_formats_point_at_a_framework_that_serves_them(checkpoints):
+    plan = _plan(checkpoints["factory/W4A16_AWQ"], "sglang", "H100")
+    assert any(w.level == "error" and "trtllm" in w.message for w in plan.warnings)
+    assert not [w for w in _plan(checkpoints["factory/W4A16_AWQ"], "trtllm", "H100").warnings if w.level == "error"]
+
+
+def test_every_format_inspect_can_name_has_facts_for_every_framework():
+    keys = {key for _, key in frameworks.SUPPORT}
+    for framework in frameworks.FRAMEWORKS:
+        missing = sorted(k for k in keys if (framework, k) not in frameworks.SUPPORT and frameworks.support(framework, k).unverified)
+        if framework == "trtllm":  # TensorRT-LLM reads ModelOpt exports only
+            missing = [k for k in missing if k.split(":")[0].upper() == k.split(":")[0]]
+        assert missing == [], f"{framework}: {missing}"
