@@ -13,7 +13,7 @@ from pathlib import Path
 
 ORACLES = Path(__file__).parent / "oracles"
 _PROBE = (
-    "import sys; sys.argv = ['x', '[]']; sys.path.insert(0, %r); import sglang_resolve; sglang_resolve.main()" % str(ORACLES)
+    f"import sys; sys.argv = ['x', '[]']; sys.path.insert(0, {str(ORACLES)!r}); import sglang_resolve; sglang_resolve.main()"
 )
 
 

@@ -12,9 +12,8 @@ import math
 import os
 import re
 import struct
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, Field, ValidationError

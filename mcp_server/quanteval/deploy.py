@@ -31,12 +31,12 @@ from quanteval import frameworks, ledger
 from quanteval.checkpoint import (
     WEIGHT_MEMORY_FRACTION,
     CheckpointReport,
-    algo_label,
     InspectCheckpointInput,
+    algo_label,
     inspect_checkpoint,
 )
-from quanteval.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, READY_LINE, Framework
 from quanteval.envvars import state_dir
+from quanteval.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
 from quanteval.localproc import free_port, group_members, port_free, stop_group
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 

@@ -352,7 +352,8 @@ def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, k
     findings: list[tuple[Level, str]] = []
     if facts.rejected:
         alternatives = [f for f in FRAMEWORKS if f != framework and not support(f, key).rejected and not support(f, key).unverified]
-        hint = f" Serve it with {' or '.join(f'{DISPLAY_NAMES[a]} (framework {a!r})' for a in alternatives)}." if alternatives else " Re-export it in a format the server supports (FP8, NVFP4)."
+        named = " or ".join(f"{DISPLAY_NAMES[a]} (framework {a!r})" for a in alternatives)
+        hint = f" Serve it with {named}." if alternatives else " Re-export it in a format the server supports (FP8, NVFP4)."
         findings.append(("error", f"{name} cannot load {algo_label}: {facts.rejected}.{hint}"))
     elif facts.unverified and key != "none":
         findings.append(("warning", f"quanteval has no facts on {algo_label} with {name}; check that your {name} release serves it."))
@@ -370,12 +371,12 @@ def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, k
     if kv_cache and framework != "trtllm" and not facts.rejected:
         kv = kv_cache.upper()
         if kv == "FP8":
-            notes.append(("The checkpoint has FP8 KV-cache scales: `--kv-cache-dtype fp8_e4m3` uses them "
-                                        "(otherwise the KV cache stays 16-bit and accuracy measured is not the FP8-KV accuracy)."))
+            notes.append("The checkpoint has FP8 KV-cache scales: `--kv-cache-dtype fp8_e4m3` uses them "
+                                        "(otherwise the KV cache stays 16-bit and accuracy measured is not the FP8-KV accuracy).")
         elif "FP4" in kv:
-            notes.append((f"The checkpoint has an {kv} KV cache: pass the {name} --kv-cache-dtype value your release "
+            notes.append(f"The checkpoint has an {kv} KV cache: pass the {name} --kv-cache-dtype value your release "
                                         "names for FP4 KV (fp4_e2m1 in recent SGLang/vLLM, Blackwell only); without it the "
-                                        "KV cache stays 16-bit and accuracy measured is not the NVFP4-KV accuracy."))
+                                        "KV cache stays 16-bit and accuracy measured is not the NVFP4-KV accuracy.")
     return Verdict(args=args, quantization=facts.quantization, findings=findings, notes=notes)
 
 
