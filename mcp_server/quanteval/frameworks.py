@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Framework = Literal["sglang", "vllm", "trtllm"]
+Framework = Literal["vllm", "sglang", "trtllm"]  # the order tool schemas list them in
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 DISPLAY_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
 Execution = Literal["local", "slurm"]
