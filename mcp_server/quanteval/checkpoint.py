@@ -587,10 +587,7 @@ def _deployment_flags(context_length: int | None, trust_remote_code: bool, quant
             args += ["--quantization", quantization]
         if facts and facts.trtllm_only and framework != "trtllm":
             notes.append(f"{quant.quant_algo} is a TensorRT-LLM format: {framework}'s ModelOpt loader does not serve it.")
-        if facts and facts.needs_blackwell and framework == "sglang":
-            notes.append("NVFP4 needs Blackwell (B200); SGLang errors on Hopper.")
-        if facts and facts.needs_blackwell and framework == "vllm":
-            notes.append("NVFP4 needs Blackwell (B200) for native kernels; on Hopper vLLM falls back to Marlin W4A16.")
+        # NVFP4 on Hopper is said once, in the report's warnings (not again per framework).
         if quant.method == "modelopt" and quantization is None and framework != "trtllm" and facts and not facts.trtllm_only:
             notes.append("Reads the ModelOpt config itself; no --quantization needed.")
         if quant.kv_cache_quant_algo == "FP8" and framework in ("vllm", "sglang"):
@@ -604,7 +601,8 @@ def _quant_warnings(quant: QuantizationInfo, weights: WeightsInfo) -> list[str]:
     algos = {quant.quant_algo} | set(quant.layer_algos) if quant.method == "modelopt" else set()
     if any(MODELOPT_QUANT_ALGOS.get(a or "", QuantAlgoFacts(None)).needs_blackwell for a in algos):
         warnings.append(
-            "NVFP4 kernels need Blackwell GPUs (B200): SGLang fails on Hopper (H100/H200), vLLM falls back to Marlin W4A16 (slower)."
+            "NVFP4 kernels need Blackwell GPUs (B200): on Hopper (H100/H200) SGLang and vLLM fall back to Marlin weight-only "
+            "kernels, so the model serves, slower, and the accuracy measured there is not the accuracy that ships on Blackwell."
         )
     trtllm_only = sorted(a for a in algos if a and MODELOPT_QUANT_ALGOS.get(a, QuantAlgoFacts(None)).trtllm_only)
     if trtllm_only:

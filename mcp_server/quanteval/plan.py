@@ -37,6 +37,9 @@ class PlanRequest(BaseModel):
     output_dir: str | None = Field(None, description="execution.output_dir for the results.")
     config: str | None = Field(None, description="Config file to write; default <model>-<execution>-<deployment>.yaml here.")
     force: bool = Field(False, description="Replace an existing config file.")
+    set_values: dict[str, str] = Field(
+        default_factory=dict, description="Config keys to set after the checkpoint is applied: {key: YAML text}, e.g. SLURM account or tokenizer."
+    )
 
 
 class PlanStep(BaseModel):
@@ -153,6 +156,10 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         notes += applied.notes
         steps.append(PlanStep(tool="apply_checkpoint", summary=f"{len(applied.changes)} change(s)"))
 
+    for key, value in request.set_values.items():  # the user's own values win over every default above
+        call_on_config("set_config_value", {"config_path": str(config_path), "key": key, "yaml_value": value})
+        steps.append(PlanStep(tool="set_config_value", summary=f"{key} = {value}"))
+
     progress(4, total, "listing missing values")
     missing = call_on_config("list_missing_values", {"config_path": str(config_path)})
     missing_values = list(missing.missing_values) + [f"env {item.name}" for item in missing.unset_env_vars]
@@ -167,10 +174,15 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
 
     progress(6, total, "NEL dry-run")
     dry = call_on_config("dry_run", {"config_path": str(config_path)})
+    first_error = (dry.error or "failed").strip().splitlines()[0] if not dry.ok else ""
+    # NEL stops on the first missing value, which the list above already names: say so once, not twice.
+    names = [item.removeprefix("env ") for item in missing_values]
+    if first_error and any(name in first_error for name in names):
+        first_error = "stopped on a value listed under 'still needs a value'"
     dry_detail = (
         f"{len(dry.scripts)} script(s) rendered" + (f" in {dry.invocation_dir}" if dry.invocation_dir else "")
         if dry.ok
-        else (dry.error or "failed").strip().splitlines()[0]
+        else first_error
     )
     steps.append(PlanStep(tool="dry_run", summary="ok" if dry.ok else "failed"))
     progress(total, total, "done")
@@ -201,6 +213,17 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     )
 
 
+def _how_to_fill(item: str) -> str:
+    """One missing item with the way to give it: `export` for an env var, `--set` for a config key."""
+    from quanteval.envvars import KNOWN_ENV_VARS
+
+    if item.startswith("env "):
+        name = item.removeprefix("env ")
+        note = KNOWN_ENV_VARS.get(name)
+        return f"{name}: export {name}=...  (then re-run)" + (f" — {note}" if note else "")
+    return f"{item}: re-run with --set {item}=VALUE (or quanteval call set_config_value)"
+
+
 def format_plan(plan: PlanReport) -> str:
     """The readable summary `quanteval plan` prints."""
     lines = [
@@ -218,8 +241,8 @@ def format_plan(plan: PlanReport) -> str:
     ]
     lines += [f"skipped:       {item}" for item in plan.skipped_tasks]
     if plan.missing_values:
-        lines.append("still needs a value (fill with `quanteval call set_config_value` or export the env vars):")
-        lines += [f"  - {name}" for name in plan.missing_values]
+        lines.append("still needs a value (only you can give these):")
+        lines += [f"  - {_how_to_fill(name)}" for name in plan.missing_values]
     else:
         lines.append("missing values: none")
     if plan.validation_problems:
@@ -232,7 +255,7 @@ def format_plan(plan: PlanReport) -> str:
         "",
         "ready for a canary"
         if plan.ready
-        else "not ready yet: fill what is listed above (set_config_value, export), then re-check with:\n"
+        else "not ready yet: give what is listed under 'still needs a value', then re-check with:\n"
         f"  quanteval call dry_run --json {shlex.quote(json.dumps({'config_path': plan.config_path}))}",
         "canary (10 samples per task):",
         f"  {plan.canary_command}",

@@ -26,7 +26,7 @@ from quanteval.models import StrictModel, ToolError
 log = logging.getLogger(__name__)
 
 NEL_DISTRIBUTION = "nemo-evaluator-launcher"
-CATALOGUE_CACHE_SCHEMA = 2
+CATALOGUE_CACHE_SCHEMA = 3
 
 
 class TaskEntry(BaseModel):
@@ -37,6 +37,7 @@ class TaskEntry(BaseModel):
     description: str = Field(description="NEL's description of the task.")
     endpoint_types: list[str] = Field(description="Endpoint types the task supports (chat, completions, ...).")
     harness_task: str | None = Field(None, description="The harness's own name for the task (config.params.task), e.g. gpqa for ns_gpqa.")
+    reads_tokenizer: bool = Field(False, description="The task's command reads config.params.extra.tokenizer (lm-evaluation-harness, ruler, ...).")
 
 
 def nel_tasks_file() -> Path:
@@ -85,6 +86,7 @@ def _parse_tasks_file(source: Path) -> list[TaskEntry]:
                 description=" ".join(str(task.get("description") or "").split()),
                 endpoint_types=list(config.get("supported_endpoint_types") or ["chat"]),
                 harness_task=(config.get("params") or {}).get("task"),
+                reads_tokenizer="config.params.extra.tokenizer" in str((task.get("defaults") or {}).get("command") or ""),
             )
         )
     return entries

@@ -162,29 +162,8 @@ class _Context:
         """inspect_checkpoint's report when the checkpoint is readable here: a local checkpoint_path or a cached hf_model_handle."""
         if not self._report_read:
             self._report_read = True
-            deployment = self.section("deployment")
-            local, handle = deployment.get("checkpoint_path"), deployment.get("hf_model_handle")
-            if isinstance(local, str) and local != nelconfig.MISSING:
-                path = Path(local).expanduser()
-                if not path.is_absolute():
-                    path = self.config_path.parent / path
-                if (path / "config.json").is_file():
-                    self._report = _inspect_cached(str(path.resolve()), (path / "config.json").stat().st_mtime_ns)
-            elif isinstance(handle, str) and handle != nelconfig.MISSING:
-                # The HF cache layout (models--org--name/refs/main); refs/main changes when a new revision lands.
-                repo = checkpoint.hf_hub_cache() / ("models--" + handle.replace("/", "--"))
-                ref = repo / "refs" / "main"
-                if repo.is_dir():
-                    self._report = _inspect_cached(handle, (ref if ref.is_file() else repo).stat().st_mtime_ns)
+            self._report = nelconfig.model_source_report(self.doc, self.config_path)
         return self._report
-
-
-@cache
-def _inspect_cached(path: str, mtime_ns: int) -> checkpoint.CheckpointReport | None:
-    try:
-        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=path))
-    except ToolError:
-        return None  # a broken checkpoint is inspect_checkpoint's to report, not a config problem
 
 
 def _close(word: str, known: set[str] | frozenset[str]) -> str | None:
@@ -447,7 +426,7 @@ def _check_tasks(ctx: _Context, recipes: dict[str, tasks.Recipe]) -> None:
                 )
         if ctx.check_env and recipe:
             for variable in recipe.env_vars:
-                if not os.environ.get(variable):
+                if not os.environ.get(variable) and not nelconfig.env_var_defined(ctx.doc, variable):
                     ctx.add(f"{path}", "warning", "unset_env_var", f"The '{recipe.name}' recipe needs {variable}, which is unset here.", f"export {variable}=... before the run (see env.example).")
 
 
