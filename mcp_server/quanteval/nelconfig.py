@@ -1090,9 +1090,10 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
         write(doc, "deployment.served_model_name", served_name)
         if tp:
             write(doc, "deployment.tensor_parallel_size", tp)
-        current = parse_extra_args(str(_node(doc, "deployment.extra_args") or ""))
-        kept = [option for option in current if option[0] not in owned_flags(framework)]
-        write(doc, "deployment.extra_args", merge_extra_args(render_extra_args(kept), additions))
+        # The checkpoint's flags replace ours in place; an owned flag this checkpoint does not need goes.
+        merged = parse_extra_args(merge_extra_args(str(_node(doc, "deployment.extra_args") or ""), additions))
+        needed = {flag for flag, _ in additions}
+        write(doc, "deployment.extra_args", render_extra_args([o for o in merged if o[0] in needed or o[0] not in owned_flags(framework)]))
         _apply_thinking(doc, report, write, remove)
         _apply_generation(doc, report, old, budget, context, write, notes)
         _apply_tokenizer(doc, report, old, old_sources, local_path, write, remove, notes, changes)
