@@ -882,7 +882,7 @@ def ns_generation_overrides(args: Any) -> dict[str, Any]:
     return found
 
 
-def _node(doc: Any, dotted: str) -> Any:
+def value_at(doc: Any, dotted: str) -> Any:
     return get_path(doc, dotted) if has_path(doc, dotted) else None
 
 
@@ -894,18 +894,18 @@ def task_generation(doc: Any, task_path: str) -> dict[str, tuple[Any, str]]:
     """
     found: dict[str, tuple[Any, str]] = {}
     for prefix in ("evaluation.nemo_evaluator_config", f"{task_path}.nemo_evaluator_config"):
-        params = _node(doc, f"{prefix}.config.params")
+        params = value_at(doc, f"{prefix}.config.params")
         if isinstance(params, dict):
             for key in ("max_new_tokens", *SAMPLING_PARAMS):
                 if params.get(key) is not None and params.get(key) != MISSING:
                     found[key] = (params[key], f"{prefix}.config.params.{key}")
-        added = _node(doc, f"{prefix}.target.api_endpoint.adapter_config.params_to_add")
+        added = value_at(doc, f"{prefix}.target.api_endpoint.adapter_config.params_to_add")
         if isinstance(added, dict):
             for key in ("top_k", "max_tokens", *SAMPLING_PARAMS):
                 if added.get(key) is not None:
                     found["max_new_tokens" if key == "max_tokens" else key] = (added[key], f"{prefix}.target.api_endpoint.adapter_config.params_to_add.{key}")
-    task_params = _node(doc, f"{task_path}.nemo_evaluator_config.config.params.extra.args")
-    global_args = _node(doc, f"{GLOBAL_PARAMS}.extra.args")
+    task_params = value_at(doc, f"{task_path}.nemo_evaluator_config.config.params.extra.args")
+    global_args = value_at(doc, f"{GLOBAL_PARAMS}.extra.args")
     for where, args in ((f"{GLOBAL_PARAMS}.extra.args", global_args), (f"{task_path}.nemo_evaluator_config.config.params.extra.args", task_params)):
         for key, value in ns_generation_overrides(args).items():
             found[key] = (value, where)
@@ -918,7 +918,7 @@ def thinking_setting(doc: Any, task_path: str | None = None) -> tuple[Any, str] 
     found = None
     for prefix in prefixes:
         key = f"{prefix}.target.api_endpoint.adapter_config.params_to_add.chat_template_kwargs"
-        kwargs = _node(doc, key)
+        kwargs = value_at(doc, key)
         if isinstance(kwargs, dict):
             for name in ("enable_thinking", "thinking"):
                 if name in kwargs:
@@ -930,7 +930,7 @@ def serving_context(doc: Any, report: checkpoint.CheckpointReport | None) -> tup
     """The context the server will run with: its context-length flag, else the checkpoint's own limit."""
     framework = deployment_type(doc)
     flag = CONTEXT_LENGTH_FLAGS.get(framework)
-    raw = _node(doc, "deployment.extra_args")
+    raw = value_at(doc, "deployment.extra_args")
     if flag and isinstance(raw, str):
         try:
             values = dict(parse_extra_args(raw))
@@ -949,7 +949,7 @@ def template_params() -> dict[str, set[Any]]:
     values: dict[str, Any] = {}
     for model_type in ("base", "chat_reasoning"):
         file = _templates_dir() / "evaluation" / model_type / "default.yaml"
-        params = _node(parse_config_text(file.read_text(encoding="utf-8"), str(file)), GLOBAL_PARAMS)
+        params = value_at(parse_config_text(file.read_text(encoding="utf-8"), str(file)), GLOBAL_PARAMS)
         for key, value in to_plain(params or {}).items():
             if not isinstance(value, (dict, list)):
                 values.setdefault(key, set()).add(value)
@@ -1065,7 +1065,7 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
     notes: list[str] = []
 
     def write(doc: CommentedMap, path: str, value: Any) -> None:
-        old = _node(doc, path)
+        old = value_at(doc, path)
         if old != value or not has_path(doc, path):
             set_path(doc, path, value)
             changes.append(f"{path}: {to_plain(old)!r} -> {to_plain(value)!r}")
@@ -1079,7 +1079,7 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
         changes.clear()
         notes.clear()
         old = model_source_report(doc, config_path)  # what the config pointed at before: its values are ours to replace
-        old_sources = {str(v) for v in (_node(doc, "deployment.checkpoint_path"), _node(doc, "deployment.hf_model_handle")) if v}
+        old_sources = {str(v) for v in (value_at(doc, "deployment.checkpoint_path"), value_at(doc, "deployment.hf_model_handle")) if v}
         if local_path:
             write(doc, "deployment.checkpoint_path", local_path)
             if framework != "trtllm":
@@ -1091,7 +1091,7 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
         if tp:
             write(doc, "deployment.tensor_parallel_size", tp)
         # The checkpoint's flags replace ours in place; an owned flag this checkpoint does not need goes.
-        merged = parse_extra_args(merge_extra_args(str(_node(doc, "deployment.extra_args") or ""), additions))
+        merged = parse_extra_args(merge_extra_args(str(value_at(doc, "deployment.extra_args") or ""), additions))
         needed = {flag for flag, _ in additions}
         write(doc, "deployment.extra_args", render_extra_args([o for o in merged if o[0] in needed or o[0] not in owned_flags(framework)]))
         _apply_thinking(doc, report, write, remove)
@@ -1099,9 +1099,9 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
         _apply_tokenizer(doc, report, old, old_sources, local_path, write, remove, notes, changes)
         task_names = [str(task.get("name")) for _, task in config_tasks(doc) if isinstance(task, dict)]
         if any(_is_nemo_skills(name) for name in task_names):
-            if not _node(doc, "target.api_endpoint.api_key_name"):
+            if not value_at(doc, "target.api_endpoint.api_key_name"):
                 write(doc, "target.api_endpoint.api_key_name", "DUMMY_API_KEY")
-            key_name = str(_node(doc, "target.api_endpoint.api_key_name"))
+            key_name = str(value_at(doc, "target.api_endpoint.api_key_name"))
             if key_name == "DUMMY_API_KEY" and not env_var_defined(doc, key_name):
                 write(doc, f"evaluation.env_vars.{key_name}", DUMMY_KEY_VALUE)
                 notes.append("NeMo-Skills tasks send an API key even to a self-deployed server: the config now gives DUMMY_API_KEY a dummy value (evaluation.env_vars), nothing to export.")
@@ -1118,7 +1118,7 @@ WriteFn = Callable[[CommentedMap, str, Any], None]
 def _apply_thinking(doc: CommentedMap, report: checkpoint.CheckpointReport, write: WriteFn, remove: Callable[[CommentedMap, str, str], None]) -> None:
     """Thinking on for a chat template with a reasoning toggle (unless the config already chose); gone for one without."""
     key = f"{GLOBAL_ADAPTER}.params_to_add"
-    added = _node(doc, key)
+    added = value_at(doc, key)
     if report.reasoning:
         if added == MISSING or added is None and has_path(doc, key):
             write(doc, key, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)))
@@ -1165,7 +1165,7 @@ def _apply_generation(
         path = f"{GLOBAL_PARAMS}.{key}"
         if want is None:
             continue
-        current = _node(doc, path)
+        current = value_at(doc, path)
         if current is None or current in template.get(key, ()) or (old is not None and current == old.generation_defaults.get(key)):
             if current != want:
                 write(doc, path, want)
@@ -1174,10 +1174,10 @@ def _apply_generation(
             notes.append(f"Kept {path} = {current}; the checkpoint's generation_config.json recommends {want}.")
     top_k = defaults.get("top_k")
     top_k_path = f"{GLOBAL_ADAPTER}.params_to_add.top_k"
-    current_top_k = _node(doc, top_k_path)
+    current_top_k = value_at(doc, top_k_path)
     old_top_k = old.generation_defaults.get("top_k") if old else None
     if top_k is not None and (current_top_k is None or current_top_k == old_top_k):
-        if current_top_k != top_k and isinstance(_node(doc, f"{GLOBAL_ADAPTER}.params_to_add") or {}, dict):
+        if current_top_k != top_k and isinstance(value_at(doc, f"{GLOBAL_ADAPTER}.params_to_add") or {}, dict):
             write(doc, top_k_path, top_k)
             taken.append(f"top_k {top_k} (sent by the payload modifier: NEL has no top_k param)")
     elif top_k is None and current_top_k is not None and current_top_k == old_top_k:
@@ -1207,7 +1207,7 @@ def _apply_tokenizer(
         paths = [GLOBAL_TOKENIZER]
     mounted = False
     for path in paths:
-        current = _node(doc, path)
+        current = value_at(doc, path)
         if current is not None and current not in ours:
             notes.append(f"Kept {path} = {current} (set by hand); check it is {report.hf_handle or 'the tokenizer of ' + Path(report.path).name}.")
             continue
@@ -1219,7 +1219,7 @@ def _apply_tokenizer(
             backend = path.rsplit(".", 1)[0] + ".tokenizer_backend"
             remove(doc, backend, "goes with the tokenizer")
             extra = path.rsplit(".", 1)[0]
-            if _node(doc, extra) == {}:
+            if value_at(doc, extra) == {}:
                 remove(doc, extra, "empty")
         else:
             notes.append(
