@@ -175,9 +175,8 @@ def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
         flags = dict(nelconfig.parse_extra_args(str(deployment.get("extra_args") or "")))
     except ToolError:
         flags = {}
-    context_flag = nelconfig.CONTEXT_LENGTH_FLAGS.get(str(deployment["type"]))
-    return {"framework": deployment.get("type"), "image": deployment.get("image"),
-            "context": flags.get(context_flag) if context_flag else None} | {flag: flags[flag] for flag in SCORE_FLAGS if flag in flags}
+    # the served context is compared with the model family (model.served_context)
+    return {"framework": deployment.get("type"), "image": deployment.get("image")} | {flag: flags[flag] for flag in SCORE_FLAGS if flag in flags}
 
 
 def model_family(resolved: dict[str, Any] | None, checkpoint: str | None) -> dict[str, Any] | None:
