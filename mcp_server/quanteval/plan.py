@@ -131,11 +131,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     if request.tasks:
         progress(2, total, "adding tasks")
 
-        def drop_bundle_tasks(doc: Any) -> None:
-            doc["evaluation"]["tasks"].clear()
-
-        nelconfig.edit_config(config_path, drop_bundle_tasks)
-        added = call_on_config("add_tasks", {"config_path": str(config_path), "tasks": request.tasks})
+        added = call_on_config("add_tasks", {"config_path": str(config_path), "tasks": request.tasks, "replace": True})
         skipped = [f"{item.requested} ({item.reason})" for item in added.skipped]
         steps.append(PlanStep(tool="add_tasks", summary=f"added {', '.join(a.task for a in added.added)}"))
     if request.output_dir:

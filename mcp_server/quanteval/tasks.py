@@ -516,6 +516,9 @@ class AddTasksInput(StrictModel):
         min_length=1,
         description="Recipe names ('gpqa', 'aime2025') or NEL task names, bare or 'harness.task'.",
     )
+    replace: bool = Field(
+        False, description="Replace the config's tasks (the bundle build_config wrote) instead of adding to them.",
+    )
 
 
 class AddedTask(BaseModel):
@@ -549,7 +552,8 @@ def _task_key(config_name: str) -> str:
 
 def add_tasks(request: AddTasksInput) -> AddTasksOutput:
     """Use after build_config to put benchmarks into evaluation.tasks, from reviewed recipes or NEL task names.
-    Checks every name first (did-you-mean); skips tasks already present; returns a diff.
+    Checks every name first (did-you-mean); skips tasks already present, or with replace drops the bundle's
+    tasks first; returns a diff.
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -573,6 +577,8 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
             tasks = evaluation["tasks"] = CommentedSeq()
         if not isinstance(tasks, list):
             raise ToolError(f"{request.config_path}: evaluation.tasks must be a list. Fix the config or rebuild it with build_config.")
+        if request.replace:
+            tasks.clear()
         present = {_task_key(str(item.get("name"))) for item in tasks if isinstance(item, dict) and item.get("name")}
         for task in resolved:
             key = task.entry.qualified_name
