@@ -184,7 +184,7 @@ def model_family(resolved: dict[str, Any] | None, checkpoint: str | None) -> dic
     from quanteval import checkpoint as checkpoints, nelconfig
 
     if checkpoint:
-        report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(path=checkpoint))
+        report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
     else:
         report = nelconfig.model_source_report(resolved, Path.cwd()) if resolved else None
     if report is None:
