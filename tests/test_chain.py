@@ -42,8 +42,8 @@ def qwen3_bf16(root: Path, **generation: object) -> Path:
 
 def built(tmp_path: Path, name: str, execution: str = "local", deployment: str = "sglang") -> Path:
     result = nelconfig.build_config(BuildConfigInput(execution=execution, deployment=deployment, model_type="chat_reasoning",
-                                                     benchmarks=["core_reasoning"], output=str(tmp_path / name)))
-    return Path(result.path)
+                                                     benchmarks=["core_reasoning"], config_path=str(tmp_path / name)))
+    return Path(result.config_path)
 
 
 def apply(config: Path, checkpoint: Path | str, **extra: object) -> nelconfig.ApplyCheckpointOutput:
@@ -59,7 +59,7 @@ def at(config: Path, *keys: str) -> object:
 
 def problems(config: Path) -> list[tuple[str, str, str]]:
     result = validation.validate_config(ValidateConfigInput(config_path=str(config)))
-    return [(p.severity, p.rule, p.path) for p in result.problems]
+    return [(p.severity, p.rule, p.key) for p in result.problems]
 
 
 # --- item 1: token budget vs context -----------------------------------------------------------
@@ -91,7 +91,7 @@ def test_a_smaller_context_flag_is_what_the_budget_must_fit(tmp_path: Path) -> N
     apply(config, NVFP4)
     nelconfig.edit_config(config, lambda doc: nelconfig.set_path(doc, "deployment.extra_args", "--context-length 16384 --reasoning-parser qwen3"))
     found = [p for p in validation.validate_config(ValidateConfigInput(config_path=str(config))).problems if p.rule == "budget_exceeds_context"]
-    assert [p.path for p in found] == ["evaluation.nemo_evaluator_config.config.params.max_new_tokens"]
+    assert [p.key for p in found] == ["evaluation.nemo_evaluator_config.config.params.max_new_tokens"]
     assert "--context-length" in found[0].message and "12288" in found[0].fix
 
 
