@@ -1120,7 +1120,7 @@ def _apply_thinking(doc: CommentedMap, report: checkpoint.CheckpointReport, writ
     key = f"{GLOBAL_ADAPTER}.params_to_add"
     added = value_at(doc, key)
     if report.reasoning:
-        if added == MISSING or added is None and has_path(doc, key):
+        if added == MISSING or (added is None and has_path(doc, key)):
             write(doc, key, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)))
         elif isinstance(added, dict) and thinking_setting(doc) is None:
             write(doc, f"{key}.chat_template_kwargs.enable_thinking", True)
