@@ -11,15 +11,15 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-from mcp import Client
-
 from factories import make_checkpoint
+from mcp import Client
+from results_factory import DEPLOYMENT, EXAMPLES, make_invocation, make_task
+
 from quanteval import compare, nelconfig, validation
 from quanteval.compare import CompareResultsInput
 from quanteval.nelconfig import ApplyCheckpointInput, BuildConfigInput
 from quanteval.server import build_server
 from quanteval.validation import ValidateConfigInput
-from results_factory import DEPLOYMENT, EXAMPLES, make_invocation, make_task
 
 NVFP4 = EXAMPLES / "qwen3-tiny-nvfp4"
 PARAMS = ("evaluation", "nemo_evaluator_config", "config", "params")
@@ -160,7 +160,8 @@ def test_a_stale_thinking_toggle_is_flagged(tmp_path: Path) -> None:
     apply(config, NVFP4)
     nelconfig.edit_config(config, lambda doc: nelconfig.set_path(doc, "deployment.checkpoint_path", str(EXAMPLES / "llama-tiny-bf16")))
     found = problems(config)
-    assert ("warning", "thinking_without_toggle", "evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config.params_to_add.chat_template_kwargs.enable_thinking") in found
+    toggle = "evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config.params_to_add.chat_template_kwargs.enable_thinking"
+    assert ("warning", "thinking_without_toggle", toggle) in found
     assert ("error", "context_too_long", "deployment.extra_args") in found  # the Qwen3 context is left too
 
 
@@ -191,7 +192,9 @@ def test_identical_settings_are_comparable_with_the_right_delta(tmp_path: Path) 
 
 PS = "ns_gpqa"
 ONE_DIFFERENCE = {
-    "prompt config": ({"extra": {"args": "++prompt_config=eval/aai/mcq-4choices"}}, {"extra": {"args": "++prompt_config=eval/aai/mcq-4choices-boxed"}}, "extra_args"),
+    "prompt config": (
+        {"extra": {"args": "++prompt_config=eval/aai/mcq-4choices"}}, {"extra": {"args": "++prompt_config=eval/aai/mcq-4choices-boxed"}}, "extra_args",
+    ),
     "other extra.args": ({"extra": {"args": "++prompt_config=x"}}, {"extra": {"args": "++prompt_config=x ++inference.random_seed=2"}}, "extra_args"),
     "system prompt": ({"extra": {"system_message": "Be brief."}}, {}, "prompts"),
     "system prompt interceptor": ({"interceptors": [{"name": "system_message", "config": {"system_message": "/think"}}]}, {}, "prompts"),

@@ -126,7 +126,7 @@ def _key_values(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SystemExit(f"quanteval plan: --set takes KEY=VALUE, e.g. --set evaluation.nemo_evaluator_config.config.params.extra.tokenizer=Qwen/Qwen3-8B (got {item!r})")
+            raise SystemExit(f"quanteval plan: --set takes KEY=VALUE, e.g. --set execution.account=llm_eval (got {item!r})")
         pairs[key.strip()] = value
     return pairs
 

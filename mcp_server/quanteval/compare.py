@@ -70,7 +70,8 @@ class CompareResultsInput(StrictModel):
         None, description="Directory for the chart and report. Default: under the state dir."
     )
     baseline_checkpoint: str | None = Field(
-        None, description="Local copy or cached HF handle of the baseline's checkpoint when its run's is not readable here. Default: from the run's NEL config.",
+        None, description="Local copy or cached HF handle of the baseline's checkpoint when its run's is not readable here. "
+        "Default: from the run's NEL config.",
     )
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
 
@@ -181,7 +182,8 @@ def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def model_family(resolved: dict[str, Any] | None, checkpoint: str | None) -> dict[str, Any] | None:
     """Architecture, shapes, vocabulary and served context of the run's checkpoint, or None when it is not readable here."""
-    from quanteval import checkpoint as checkpoints, nelconfig
+    from quanteval import checkpoint as checkpoints
+    from quanteval import nelconfig
 
     if checkpoint:
         report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
@@ -476,6 +478,26 @@ def _by_task(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
     return found
 
 
+def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
+    """not comparable on any difference (naming the keys), inconclusive on anything unknown, else comparable."""
+    different = [i for i in items if i.status == "different"]
+    unknown = [i for i in items if i.status == "unknown"]
+    if different:
+        return "not comparable", [
+            f"{i.task}: {i.item} differs{_what_differs(i.baseline, i.candidate)} (baseline {i.baseline}, candidate {i.candidate})."
+            for i in different[:20]
+        ]
+    if not unknown and items:
+        return "comparable", []
+    reasons = [f"{i.task}: {i.item} could not be checked ({i.baseline} / {i.candidate})." for i in unknown[:20]]
+    if any(i.item == "model" for i in unknown):
+        reasons.append("The model family needs both checkpoints readable here: pass baseline_checkpoint / candidate_checkpoint "
+                       "(local copies or cached HF handles).")
+    if not items:
+        reasons.append("No task is present in both runs.")
+    return "inconclusive", reasons
+
+
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
     """Use once both runs passed validate_run: compares a candidate (quantized) run with a baseline. First
     comparability — same model family (architecture, shapes, vocabulary, served context; checkpoints from the
@@ -508,20 +530,8 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
             rows.append(compare_task(task, base, cand, base_dir, cand_dir, request.threshold))
     progress(1, 3, "statistics done")
 
-    different = [i for i in items if i.status == "different"]
-    unknown = [i for i in items if i.status == "unknown"]
-    if different:
-        comparability = "not comparable"
-        reasons += [f"{i.task}: {i.item} differs{_what_differs(i.baseline, i.candidate)} (baseline {i.baseline}, candidate {i.candidate})." for i in different[:20]]
-    elif unknown or not items:
-        comparability = "inconclusive"
-        reasons += [f"{i.task}: {i.item} could not be checked ({i.baseline} / {i.candidate})." for i in unknown[:20]]
-        if any(i.item == "model" for i in unknown):
-            reasons.append("The model family needs both checkpoints readable here: pass baseline_checkpoint / candidate_checkpoint (local copies or cached HF handles).")
-        if not items:
-            reasons.append("No task is present in both runs.")
-    else:
-        comparability = "comparable"
+    comparability, why = comparability_verdict(items)
+    reasons += why
     verdicts = {row.verdict for row in rows}
     if comparability != "comparable":
         acceptability = "inconclusive"
