@@ -18,6 +18,10 @@ from typing import Any
 
 import yaml
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "checkpoints"
+# NEL's resolved deployment section (metadata.yaml launcher_resolved_config) of a run served from a bundled checkpoint.
+DEPLOYMENT = {"type": "vllm", "image": "vllm/vllm-openai:v0.11.0", "checkpoint_path": str(EXAMPLES / "llama-tiny-bf16"),
+              "hf_model_handle": None, "served_model_name": "llama-tiny", "tensor_parallel_size": 1, "extra_args": "--max-model-len 4096"}
 VERSIONING = {"nemo_evaluator": "0.2.8", "git-hash": "abc1234", "container": "nvcr.io/nvidia/eval-factory/nemo_skills:26.01"}
 
 
@@ -50,6 +54,7 @@ def make_task(
     finish_reason: dict[str, int] | None = None,
     reasoning: dict[str, Any] | None = None,
     versioning: dict[str, Any] | None = None,
+    deployment: dict[str, Any] | None = DEPLOYMENT,
     exit_code: int | None = 0,
     write_results: bool = True,
     write_metrics: bool = True,
@@ -57,7 +62,8 @@ def make_task(
     samples: list[dict[str, Any]] | None = None,
     logs: dict[str, str] | None = None,
 ) -> Path:
-    """One task directory. Defaults: a clean finished run of 100 samples, all HTTP 200, all finish_reason stop."""
+    """One task directory. Defaults: a clean finished run of 100 samples, all HTTP 200, all finish_reason stop,
+    served by vLLM from the bundled llama-tiny-bf16 checkpoint (deployment=None: no resolved launcher config)."""
     task_dir = invocation_dir / f"{task}.{index}"
     artifacts, log_dir = task_dir / "artifacts", task_dir / "logs"
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -71,7 +77,8 @@ def make_task(
                                "adapter_config": {"interceptors": interceptors or [{"name": "response_stats"}]}}}
     if write_run_config:
         (artifacts / "run_config.yml").write_text(yaml.safe_dump({"framework_name": harness, "config": config, "target": target}))
-        (artifacts / "metadata.yaml").write_text(yaml.safe_dump({"versioning": versioning or VERSIONING, "launcher_resolved_config": {}}))
+        resolved = {"deployment": deployment, "execution": {"type": "local", "output_dir": str(invocation_dir.parent)}} if deployment else {}
+        (artifacts / "metadata.yaml").write_text(yaml.safe_dump({"versioning": versioning or VERSIONING, "launcher_resolved_config": resolved}))
     if write_results:
         scores = {}
         if value is not None:

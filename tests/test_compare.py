@@ -169,7 +169,8 @@ def test_checklist_catches_repeats_samples_judge_reasoning_and_container(tmp_pat
               versioning={"nemo_evaluator": "0.2.8", "container": "nvcr.io/nvidia/eval-factory/nemo_skills:25.11"})
     result = compare(base, cand, tmp_path, threshold=0.02)
     statuses = {item.item: item.status for item in result.checklist}
-    assert statuses == {"task": "same", "container": "different", "prompts": "same", "generation": "same",
+    assert statuses == {"model": "same", "serving": "same", "task": "same", "container": "different", "prompts": "same",
+                        "extra_args": "same", "generation": "same",
                         "reasoning": "different", "repeats": "different", "samples": "different", "judge": "different"}
     judge = next(item for item in result.checklist if item.item == "judge")
     assert "sk-live-1234" not in judge.baseline and '"api_key": "<redacted>"' in judge.baseline

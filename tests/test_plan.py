@@ -98,3 +98,35 @@ def test_plan_with_bundled_recipes_keeps_their_repeats(repo: Path, cli_env: dict
         repeats = fragment["nemo_evaluator_config"]["config"]["params"]["extra"]["num_repeats"]
         assert written[task]["nemo_evaluator_config"]["config"]["params"]["extra"]["num_repeats"] == repeats
     assert not any("DUMMY_API_KEY" in name or "HF_TOKEN" in name for name in report["missing_values"])
+
+
+def test_the_demo_ends_naming_the_one_value_only_the_user_has(repo: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """scripts/demo's command without HF_TOKEN: everything else is derived; the token is named once, with how to give it."""
+    env = {key: value for key, value in cli_env.items() if key not in ("HF_TOKEN", "DUMMY_API_KEY", "QUANTEVAL_RECIPES_DIR")}
+    done = plan(repo, env, tmp_path, "--tasks", "gpqa,aime2025", "--config", str(tmp_path / "demo.yaml"), "--output-dir", str(tmp_path / "results"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    still = out.split("still needs a value (only you can give these):\n")[1].split("validation:")[0]
+    assert still.strip().splitlines() == [still.strip().splitlines()[0]] and still.strip().startswith("- HF_TOKEN: export HF_TOKEN=")
+    assert "tokenizer" not in out  # derived or not needed: never asked of the user
+    assert len([line for line in out.splitlines() if "Blackwell" in line]) == 1  # the NVFP4 note, once
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert len(notes) == len(set(notes))
+    ready = plan(repo, env | {"HF_TOKEN": "hf_dummy"}, tmp_path, "--tasks", "gpqa,aime2025", "--config", str(tmp_path / "demo.yaml"),
+                 "--output-dir", str(tmp_path / "results"), "--force")
+    assert ready.returncode == 0, ready.stderr
+    assert "missing values: none" in ready.stdout and "ready for a canary" in ready.stdout and "FAILED" not in ready.stdout
+
+
+def test_plan_set_writes_the_users_values_after_the_checkpoint(repo: Path, env_with_token: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "slurm.yaml"
+    done = plan(repo, env_with_token | {"USER": "tester"}, tmp_path, "--tasks", "gpqa", "--execution", "slurm", "--deployment", "sglang",
+                "--config", str(config), "--set", "execution.hostname=login.example", "--set", "execution.account=llm_eval",
+                "--set", "execution.output_dir=/lustre/evals", "--set", "evaluation.nemo_evaluator_config.config.params.temperature=0.7")
+    assert done.returncode == 0, done.stderr
+    written = yaml.safe_load(config.read_text())
+    assert written["execution"]["account"] == "llm_eval" and written["execution"]["output_dir"] == "/lustre/evals"
+    assert written["evaluation"]["nemo_evaluator_config"]["config"]["params"]["temperature"] == 0.7  # the user's value wins
+    assert "ready for a canary" in done.stdout
+    bad = plan(repo, env_with_token, tmp_path, "--tasks", "gpqa", "--set", "no-equals-sign")
+    assert bad.returncode != 0 and "KEY=VALUE" in bad.stderr

@@ -723,9 +723,13 @@ def _deployment_flags(context_length: int | None, trust_remote_code: bool, quant
     return flags
 
 
-def _quant_warnings(quant: QuantizationInfo, weights: WeightsInfo) -> list[str]:
-    """Hardware needs derived from the format (not from who produced it), across the frameworks."""
-    warnings = []
+def format_warnings(quant: QuantizationInfo) -> list[str]:
+    """Hardware needs derived from the format (not from who produced it), summed up across the frameworks.
+
+    Each framework's own verdict says the same for that framework (deployment_flags notes), so a caller
+    that has settled on one framework shows that verdict instead of these.
+    """
+    warnings: list[str] = []
     if quant.detected:
         label = algo_label(quant)
         for framework in frameworks.FRAMEWORKS:
@@ -742,6 +746,11 @@ def _quant_warnings(quant: QuantizationInfo, weights: WeightsInfo) -> list[str]:
         acts = quant.activations
         if (weights_kind == "float" and quant.weight_bits == 8) or (acts and acts.kind == "float" and acts.bits == 8):
             warnings.append("FP8 needs compute capability >= 8.9 (Ada, Hopper, Blackwell) for FP8 tensor cores.")
+    return warnings
+
+
+def _quant_warnings(quant: QuantizationInfo, weights: WeightsInfo) -> list[str]:
+    warnings = format_warnings(quant)
     if quant.method == "modelopt" and quant.quant_algo and frameworks.modelopt_algo(quant.quant_algo) is None:
         warnings.append(f"quant_algo {quant.quant_algo} is not one quanteval knows; check that your server supports it.")
     low_bit = {"F8_E4M3", "F8_E5M2", "I8"}

@@ -120,6 +120,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _key_values(items: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` pairs (the value is YAML text: `0.6`, `null`, `Qwen/Qwen3-8B`)."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"quanteval plan: --set takes KEY=VALUE, e.g. --set execution.account=llm_eval (got {item!r})")
+        pairs[key.strip()] = value
+    return pairs
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from quanteval.plan import PlanRequest, format_plan, make_plan
 
@@ -132,6 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         output_dir=args.output_dir,
         config=args.config,
         force=args.force,
+        set_values=_key_values(args.set or []),
     )
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
@@ -249,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--output-dir", help="execution.output_dir for results (absolute on SLURM)")
     plan.add_argument("--config", help="config file to write (default <model>-<execution>-<deployment>.yaml here)")
     plan.add_argument("--force", action="store_true", help="replace an existing config file")
+    plan.add_argument(
+        "--set", action="append", metavar="KEY=VALUE",
+        help="set a config key after the checkpoint is applied (repeatable; VALUE is YAML), e.g. --set execution.account=llm_eval",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=cmd_plan)
 

@@ -20,6 +20,7 @@ import html
 import json
 import math
 import re
+import shlex
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,8 @@ from pydantic import BaseModel, Field
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.results import (
+    METADATA_FILE,
+    REPEAT_KEYS,
     RESULTS_FILE,
     RunTree,
     ScoreValue,
@@ -66,12 +69,17 @@ class CompareResultsInput(StrictModel):
     output_dir: str | None = Field(
         None, description="Directory for the chart and report. Default: under the state dir."
     )
+    baseline_checkpoint: str | None = Field(
+        None, description="Local copy or cached HF handle of the baseline's checkpoint when its run's is not readable here. "
+        "Default: from the run's NEL config.",
+    )
+    candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
 
 
 class ChecklistItem(BaseModel):
     task: str
-    item: str = Field(description="task, container, prompts, generation, reasoning, repeats, samples or judge.")
-    status: Literal["same", "different", "unknown"]
+    item: str = Field(description="One of CHECK_ITEMS: model, serving, task, container, prompts, extra_args, generation, reasoning, repeats, samples, judge.")
+    status: Literal["same", "different", "unknown"] = Field(description="unknown: could not be read for one run, so the runs are not known to match.")
     baseline: str = Field(description="The baseline's value (JSON, at most 300 characters).")
     candidate: str
 
@@ -128,31 +136,106 @@ def _short(value: Any) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _interceptors(config: dict[str, Any], pattern: re.Pattern[str]) -> list[Any]:
+CHECK_ITEMS = ("model", "serving", "task", "container", "prompts", "extra_args", "generation", "reasoning", "repeats", "samples", "judge")
+# What a model family is made of: two checkpoints that differ here are different models, not two precisions of one.
+MODEL_FACTS = ("architecture", "model_type", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+# Server flags that move scores (the rest tune speed and memory); --quantization legitimately differs.
+SCORE_FLAGS = ("--kv-cache-dtype", "--reasoning-parser", "--chat-template", "--dtype")
+# extra keys that are not the run's settings: the tokenizer follows the checkpoint (compared under model).
+NOT_SETTINGS = re.compile(r"^(tokenizer|tokenizer_backend|args|top_k)$")
+
+
+def _adapter_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The adapter's settings in one shape, whether NEL wrote the flat form (params_to_add, process_reasoning_traces,
+    custom_system_prompt, ...) or the interceptor list (payload_modifier, reasoning, system_message, ...)."""
     adapter = ((config.get("target") or {}).get("api_endpoint") or {}).get("adapter_config") or {}
-    return [item for item in adapter.get("interceptors") or [] if isinstance(item, dict) and pattern.search(str(item.get("name", "")))]
+    settings = {key: value for key, value in adapter.items() if key != "interceptors"}
+    for item in adapter.get("interceptors") or []:
+        if isinstance(item, dict) and item.get("enabled", True) is not False:
+            settings[f"interceptor:{item.get('name')}"] = item.get("config") or {}
+    payload = settings.get("interceptor:payload_modifier") or {}
+    added = dict(settings.get("params_to_add") or {}) | dict(payload.get("params_to_add") or {})
+    settings["params_to_add"] = added
+    return settings
 
 
-def _facets(task_dir: Path, scores: TaskScores) -> dict[str, Any] | None:
-    """What must match between two runs of one task, read from the saved run config and results."""
+def resolved_config(task_dir: Path) -> dict[str, Any] | None:
+    """NEL's fully resolved launcher config for this task (artifacts/metadata.yaml), or None."""
+    metadata = load_yaml(task_dir / "artifacts" / METADATA_FILE) or {}
+    resolved = metadata.get("launcher_resolved_config") or (metadata.get("metadata") or {}).get("launcher_resolved_config")
+    return resolved if isinstance(resolved, dict) and resolved else None
+
+
+def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
+    from quanteval import nelconfig
+
+    deployment = (resolved or {}).get("deployment")
+    if not isinstance(deployment, dict) or not deployment.get("type"):
+        return None
+    try:
+        flags = dict(nelconfig.parse_extra_args(str(deployment.get("extra_args") or "")))
+    except ToolError:
+        flags = {}
+    # the served context is compared with the model family (model.served_context)
+    return {"framework": deployment.get("type"), "image": deployment.get("image")} | {flag: flags[flag] for flag in SCORE_FLAGS if flag in flags}
+
+
+def model_family(resolved: dict[str, Any] | None, checkpoint: str | None) -> dict[str, Any] | None:
+    """Architecture, shapes, vocabulary and served context of the run's checkpoint, or None when it is not readable here."""
+    from quanteval import checkpoint as checkpoints
+    from quanteval import nelconfig
+
+    if checkpoint:
+        report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
+    else:
+        report = nelconfig.model_source_report(resolved, Path.cwd()) if resolved else None
+    if report is None:
+        return None
+    context, _ = nelconfig.serving_context(resolved or {}, report)
+    facts = report.architecture.model_dump()
+    return {key: facts[key] for key in MODEL_FACTS} | {"reasoning_template": report.reasoning, "served_context": context}
+
+
+def _facets(task_dir: Path, scores: TaskScores, checkpoint: str | None = None) -> dict[str, Any] | None:
+    """What must match between two runs of one task, read from the saved run configs and results. None: unknown."""
+    from quanteval import nelconfig
+
     config = run_config(task_dir)
     if not config:
         return None
     params = (config.get("config") or {}).get("params") or {}
     extra = params.get("extra") or {}
+    adapter = _adapter_settings(config)
+    added = adapter["params_to_add"]
+    overrides = nelconfig.ns_generation_overrides(extra.get("args"))
     versioning = ((load_yaml(task_dir / "artifacts" / RESULTS_FILE) or {}).get("metadata") or {}).get("versioning")
     counts = sorted({s.count for s in scores.scores if s.count is not None})
+    resolved = resolved_config(task_dir)
+    args = extra.get("args")
+    generation = {k: params.get(k) for k in ("temperature", "top_p", "max_new_tokens")} | {"top_k": extra.get("top_k", added.get("top_k"))}
+    generation |= {k: v for k, v in added.items() if k not in ("chat_template_kwargs", "top_k")}
+    generation |= overrides  # NeMo-Skills ++inference.* wins over NEL's params
+    classified = [PROMPT_KEYS, REASONING_KEYS, JUDGE_KEYS]
     return {
+        "model": model_family(resolved, checkpoint),
+        "serving": _serving(resolved),
         "task": {"harness": config.get("framework_name"), "task": (config.get("config") or {}).get("type")},
         "container": versioning,
         "prompts": {
             "params": {k: v for k, v in extra.items() if PROMPT_KEYS.search(k)},
-            "interceptors": _interceptors(config, re.compile(r"system_message|prompt", re.IGNORECASE)),
+            "system_prompt": {k: adapter.get(k) for k in ("use_system_prompt", "custom_system_prompt") if adapter.get(k) is not None}
+            | ({"interceptor": adapter["interceptor:system_message"]} if "interceptor:system_message" in adapter else {}),
         },
-        "generation": {k: params.get(k) for k in ("temperature", "top_p", "max_new_tokens")} | {"top_k": extra.get("top_k")},
+        "extra_args": {
+            "args": shlex.split(args) if isinstance(args, str) else args,
+            "other": {k: v for k, v in extra.items() if not NOT_SETTINGS.match(k) and not any(p.search(k) for p in classified)
+                      and k not in REPEAT_KEYS},
+        },
+        "generation": generation,
         "reasoning": {
             "params": {k: v for k, v in extra.items() if REASONING_KEYS.search(k)},
-            "interceptors": _interceptors(config, REASONING_KEYS),
+            "chat_template_kwargs": added.get("chat_template_kwargs"),
+            "adapter": {k: v for k, v in adapter.items() if REASONING_KEYS.search(k) and k != "params_to_add"},
         },
         "repeats": repeats(params),
         "samples": {"limit_samples": params.get("limit_samples"), "scored": counts},
@@ -164,19 +247,32 @@ SAME = "(same as baseline)"
 
 
 def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, Any] | None) -> list[ChecklistItem]:
+    """One item per CHECK_ITEMS entry: same, different, or unknown (not readable for one of the runs — never 'same')."""
     items = []
-    for item in ("task", "container", "prompts", "generation", "reasoning", "repeats", "samples", "judge"):
+    for item in CHECK_ITEMS:
         if baseline is None or candidate is None:
             items.append(ChecklistItem(task=task, item=item, status="unknown",
                                        baseline="no run_config.yml" if baseline is None else _short(baseline[item]),
                                        candidate="no run_config.yml" if candidate is None else _short(candidate[item])))
             continue
         b, c = baseline[item], candidate[item]
-        status = "unknown" if item == "container" and b is None and c is None else "same" if b == c else "different"
+        status = "unknown" if b is None or c is None else "same" if b == c else "different"
         # a matching value is shown once, to keep the result short
-        items.append(ChecklistItem(task=task, item=item, status=status, baseline=_short(b),
-                                   candidate=SAME if status == "same" else _short(c)))
+        items.append(ChecklistItem(task=task, item=item, status=status, baseline="not readable here" if b is None else _short(b),
+                                   candidate=SAME if status == "same" else "not readable here" if c is None else _short(c)))
     return items
+
+
+def _what_differs(b: str, c: str) -> str:
+    """The keys whose values differ, when both sides are JSON objects: names the difference instead of dumping both."""
+    try:
+        left, right = json.loads(b), json.loads(c)
+    except ValueError:
+        return ""
+    if not isinstance(left, dict) or not isinstance(right, dict):
+        return ""
+    keys = sorted(k for k in set(left) | set(right) if left.get(k) != right.get(k))
+    return f" [{', '.join(keys)}]" if keys else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,10 +478,33 @@ def _by_task(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
     return found
 
 
+def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
+    """not comparable on any difference (naming the keys), inconclusive on anything unknown, else comparable."""
+    different = [i for i in items if i.status == "different"]
+    unknown = [i for i in items if i.status == "unknown"]
+    if different:
+        return "not comparable", [
+            f"{i.task}: {i.item} differs{_what_differs(i.baseline, i.candidate)} (baseline {i.baseline}, candidate {i.candidate})."
+            for i in different[:20]
+        ]
+    if not unknown and items:
+        return "comparable", []
+    reasons = [f"{i.task}: {i.item} could not be checked ({i.baseline} / {i.candidate})." for i in unknown[:20]]
+    if any(i.item == "model" for i in unknown):
+        reasons.append("The model family needs both checkpoints readable here: pass baseline_checkpoint / candidate_checkpoint "
+                       "(local copies or cached HF handles).")
+    if not items:
+        reasons.append("No task is present in both runs.")
+    return "inconclusive", reasons
+
+
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Use once both runs passed validate_run: compares a candidate (quantized) run with a baseline:
-    comparability checklist, per-task delta with standard error and 95% CI, verdicts, table, chart and HTML
-    report.
+    """Use once both runs passed validate_run: compares a candidate (quantized) run with a baseline. First
+    comparability — same model family (architecture, shapes, vocabulary, served context; checkpoints from the
+    runs' NEL config or baseline_checkpoint/candidate_checkpoint), serving image and flags, prompts, every
+    extra.args override, sampling and max tokens, thinking wherever NEL puts it, repeats, samples, judge; a
+    difference is not comparable, anything unreadable inconclusive. Then per-task delta with standard error
+    and 95% CI, verdicts, table, chart and HTML report.
     """
     progress(0, 3, "reading both runs")
     base_tree, cand_tree = locate_run(request.baseline), locate_run(request.candidate)
@@ -399,7 +518,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
             reasons.append(f"{task}: only one run has it (missing in the {missing}); it is not compared.")
             continue
         (base_dir, base_scores), (cand_dir, cand_scores) = base_tasks[task], cand_tasks[task]
-        items += checklist(task, _facets(base_dir, base_scores), _facets(cand_dir, cand_scores))
+        items += checklist(task, _facets(base_dir, base_scores, request.baseline_checkpoint), _facets(cand_dir, cand_scores, request.candidate_checkpoint))
         pairs = _pairs(base_scores, cand_scores)
         if not pairs:
             problem = base_scores.problem or cand_scores.problem or "the runs share no score"
@@ -411,18 +530,8 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
             rows.append(compare_task(task, base, cand, base_dir, cand_dir, request.threshold))
     progress(1, 3, "statistics done")
 
-    different = [i for i in items if i.status == "different"]
-    unknown = [i for i in items if i.status == "unknown"]
-    if different:
-        comparability = "not comparable"
-        reasons += [f"{i.task}: {i.item} differs (baseline {i.baseline}, candidate {i.candidate})." for i in different[:20]]
-    elif unknown or not items:
-        comparability = "inconclusive"
-        reasons += [f"{i.task}: {i.item} could not be checked ({i.baseline} / {i.candidate})." for i in unknown[:20]]
-        if not items:
-            reasons.append("No task is present in both runs.")
-    else:
-        comparability = "comparable"
+    comparability, why = comparability_verdict(items)
+    reasons += why
     verdicts = {row.verdict for row in rows}
     if comparability != "comparable":
         acceptability = "inconclusive"

@@ -20,6 +20,7 @@ import shlex
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -675,7 +676,7 @@ def env_var_references(doc: Any) -> list[tuple[str, str]]:
     target = doc.get("target")
     endpoint = target.get("api_endpoint") if isinstance(target, dict) else None
     key_name = endpoint.get("api_key_name") if isinstance(endpoint, dict) else None
-    if isinstance(key_name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_name):
+    if isinstance(key_name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_name) and not env_var_defined(doc, key_name):
         references.append(("target.api_endpoint.api_key_name", key_name))
     return references
 
@@ -713,7 +714,8 @@ def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOut
     for _, task in config_tasks(doc):
         recipe = recipes.get(str(task.get("name"))) if isinstance(task, dict) else None
         for name in recipe.env_vars if recipe else []:
-            needed.setdefault(name, []).append(f"recipe:{recipe.name}")
+            if not env_var_defined(doc, name):  # e.g. DUMMY_API_KEY: lit:dummy, written by apply_checkpoint
+                needed.setdefault(name, []).append(f"recipe:{recipe.name}")
     unset = [
         UnsetEnvVar(name=name, paths=list(dict.fromkeys(paths)), note=envvars.KNOWN_ENV_VARS.get(name))
         for name, paths in needed.items()
@@ -821,37 +823,221 @@ class ApplyCheckpointInput(StrictModel):
 
 class ApplyCheckpointOutput(BaseModel):
     config_path: str
-    changes: list[str] = Field(description="One line per key written.")
+    changes: list[str] = Field(description="One line per key written or removed: `key: old -> new`.")
     diff: str = Field(description="Unified diff of the config file.")
     missing_values: list[str] = Field(description="Paths still set to ??? afterwards.")
-    notes: list[str] = Field(description="Checkpoint warnings and framework notes worth reading before a run.")
+    notes: list[str] = Field(description="Checkpoint warnings, framework notes and the defaults taken from the checkpoint, each once.")
 
 
 EVALUATION_CHECKPOINT_MOUNT = "/checkpoint"
+GLOBAL_PARAMS = "evaluation.nemo_evaluator_config.config.params"
+GLOBAL_ADAPTER = "evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config"
+GLOBAL_TOKENIZER = f"{GLOBAL_PARAMS}.extra.tokenizer"
+SAMPLING_PARAMS = ("temperature", "top_p")  # NEL params; top_k has none, so it reaches the server through params_to_add
+DUMMY_KEY_VALUE = "lit:dummy"  # NeMo-Skills sends some key; a self-deployed server ignores it
+
+# Room left for the prompt when the generation budget comes from the serving context: a quarter of the
+# context, at most 8192 tokens (Qwen3's card: 32768 generated tokens in its 40960 context).
+PROMPT_RESERVE_TOKENS = 8192
+
+# NeMo-Skills overrides in a task's extra.args that set generation: they come after NEL's own flags, so they win.
+_NS_INFERENCE = re.compile(r"^\+{0,2}inference\.(tokens_to_generate|temperature|top_p|top_k)=(.*)$")
+_NS_TO_PARAM = {"tokens_to_generate": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 
 
-def mount_checkpoint_for_evaluation(doc: CommentedMap, local_path: str) -> None:
-    """execution.mounts.evaluation[<checkpoint>] = /checkpoint (a mapping key, so not a dotted path: it holds dots and slashes)."""
+def generation_budget(context: int) -> int:
+    """max_new_tokens that fits a serving context with room left for the prompt."""
+    return context - min(PROMPT_RESERVE_TOKENS, context // 4)
+
+
+def owned_flags(framework: str) -> set[str]:
+    """Server flags apply_checkpoint computes from the checkpoint (and so replaces on every call)."""
+    info = frameworks.FRAMEWORK_INFO[framework]
+    return {info.context_flag, info.trust_remote_code_flag, "--quantization", "--reasoning-parser"}
+
+
+def _scalar(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None if text in ("null", "None") else text
+
+
+def ns_generation_overrides(args: Any) -> dict[str, Any]:
+    """{param: value} for the generation settings a NeMo-Skills extra.args string overrides (last one wins)."""
+    if not isinstance(args, str):
+        return {}
+    try:
+        tokens = shlex.split(args)
+    except ValueError:
+        return {}
+    found: dict[str, Any] = {}
+    for token in tokens:
+        match = _NS_INFERENCE.match(token)
+        if match:
+            found[_NS_TO_PARAM[match.group(1)]] = _scalar(match.group(2).strip("'\""))
+    return found
+
+
+def value_at(doc: Any, dotted: str) -> Any:
+    return get_path(doc, dotted) if has_path(doc, dotted) else None
+
+
+def task_generation(doc: Any, task_path: str) -> dict[str, tuple[Any, str]]:
+    """Effective max_new_tokens / temperature / top_p / top_k of one task: {param: (value, key that set it)}.
+
+    NEL merges evaluation.nemo_evaluator_config under the task's own; NeMo-Skills `++inference.*` in
+    extra.args overrides both; top_k reaches the server only through the payload modifier (params_to_add).
+    """
+    found: dict[str, tuple[Any, str]] = {}
+    for prefix in ("evaluation.nemo_evaluator_config", f"{task_path}.nemo_evaluator_config"):
+        params = value_at(doc, f"{prefix}.config.params")
+        if isinstance(params, dict):
+            for key in ("max_new_tokens", *SAMPLING_PARAMS):
+                if params.get(key) is not None and params.get(key) != MISSING:
+                    found[key] = (params[key], f"{prefix}.config.params.{key}")
+        added = value_at(doc, f"{prefix}.target.api_endpoint.adapter_config.params_to_add")
+        if isinstance(added, dict):
+            for key in ("top_k", "max_tokens", *SAMPLING_PARAMS):
+                if added.get(key) is not None:
+                    found["max_new_tokens" if key == "max_tokens" else key] = (added[key], f"{prefix}.target.api_endpoint.adapter_config.params_to_add.{key}")
+    task_params = value_at(doc, f"{task_path}.nemo_evaluator_config.config.params.extra.args")
+    global_args = value_at(doc, f"{GLOBAL_PARAMS}.extra.args")
+    for where, args in ((f"{GLOBAL_PARAMS}.extra.args", global_args), (f"{task_path}.nemo_evaluator_config.config.params.extra.args", task_params)):
+        for key, value in ns_generation_overrides(args).items():
+            found[key] = (value, where)
+    return found
+
+
+def thinking_setting(doc: Any, task_path: str | None = None) -> tuple[Any, str] | None:
+    """(enable_thinking value, key) as the payload modifier sends it for a task (task level wins), or None."""
+    prefixes = ["evaluation.nemo_evaluator_config"] + ([f"{task_path}.nemo_evaluator_config"] if task_path else [])
+    found = None
+    for prefix in prefixes:
+        key = f"{prefix}.target.api_endpoint.adapter_config.params_to_add.chat_template_kwargs"
+        kwargs = value_at(doc, key)
+        if isinstance(kwargs, dict):
+            for name in ("enable_thinking", "thinking"):
+                if name in kwargs:
+                    found = (kwargs[name], f"{key}.{name}")
+    return found
+
+
+def serving_context(doc: Any, report: checkpoint.CheckpointReport | None) -> tuple[int | None, str]:
+    """The context the server will run with: its context-length flag, else the checkpoint's own limit."""
+    framework = deployment_type(doc)
+    flag = CONTEXT_LENGTH_FLAGS.get(framework)
+    raw = value_at(doc, "deployment.extra_args")
+    if flag and isinstance(raw, str):
+        try:
+            values = dict(parse_extra_args(raw))
+        except ToolError:
+            values = {}
+        if str(values.get(flag) or "").isdigit():
+            return int(str(values[flag])), f"deployment.extra_args {flag}"
+    if report and report.context_length:
+        return report.context_length, "the checkpoint's max_position_embeddings"
+    return None, ""
+
+
+@cache
+def template_params() -> dict[str, set[Any]]:
+    """NEL's template params (temperature 1.0, max_new_tokens 131072, ...): values nobody chose for this model."""
+    values: dict[str, Any] = {}
+    for model_type in ("base", "chat_reasoning"):
+        file = _templates_dir() / "evaluation" / model_type / "default.yaml"
+        params = value_at(parse_config_text(file.read_text(encoding="utf-8"), str(file)), GLOBAL_PARAMS)
+        for key, value in to_plain(params or {}).items():
+            if not isinstance(value, (dict, list)):
+                values.setdefault(key, set()).add(value)
+    return values
+
+
+def model_source_report(doc: Any, config_path: Path) -> checkpoint.CheckpointReport | None:
+    """inspect_checkpoint's report for the config's model when it is readable here (local path or cached HF handle)."""
+    deployment = doc.get("deployment")
+    if not isinstance(deployment, dict):
+        return None
+    local, handle = deployment.get("checkpoint_path"), deployment.get("hf_model_handle")
+    if isinstance(local, str) and local not in ("", MISSING):
+        path = Path(local).expanduser()
+        if not path.is_absolute():
+            path = config_path.parent / path
+        if (path / "config.json").is_file():
+            return inspect_cached(str(path.resolve()), (path / "config.json").stat().st_mtime_ns)
+    elif isinstance(handle, str) and handle not in ("", MISSING):
+        # The HF cache layout (models--org--name/refs/main); refs/main changes when a new revision lands.
+        repo = checkpoint.hf_hub_cache() / ("models--" + handle.replace("/", "--"))
+        ref = repo / "refs" / "main"
+        if repo.is_dir():
+            return inspect_cached(handle, (ref if ref.is_file() else repo).stat().st_mtime_ns)
+    return None
+
+
+@cache
+def inspect_cached(path: str, mtime_ns: int) -> checkpoint.CheckpointReport | None:
+    try:
+        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=path))
+    except ToolError:
+        return None  # a broken checkpoint is inspect_checkpoint's to report, not a config problem
+
+
+def mount_checkpoint_for_evaluation(doc: CommentedMap, local_path: str | None) -> list[str]:
+    """execution.mounts.evaluation[<checkpoint>] = /checkpoint, replacing any other checkpoint mounted there.
+
+    A mapping key, not a dotted path: it holds dots and slashes. Returns one change line per edit.
+    """
+    changes = []
+    execution = doc.get("execution")
+    mounts = execution.get("mounts") if isinstance(execution, dict) else None
+    evaluation = mounts.get("evaluation") if isinstance(mounts, dict) else None
+    if isinstance(evaluation, dict):
+        for source in [key for key, target in evaluation.items() if target == EVALUATION_CHECKPOINT_MOUNT and key != local_path]:
+            del evaluation[source]
+            changes.append(f"execution.mounts.evaluation: removed {source} -> {EVALUATION_CHECKPOINT_MOUNT}")
+    if local_path is None:
+        return changes
     execution = doc.setdefault("execution", CommentedMap())
-    mounts = execution.get("mounts")
-    if not isinstance(mounts, dict):
-        mounts = execution["mounts"] = CommentedMap()
-    evaluation = mounts.get("evaluation")
-    if not isinstance(evaluation, dict):
-        evaluation = mounts["evaluation"] = CommentedMap()
-    evaluation[local_path] = EVALUATION_CHECKPOINT_MOUNT
+    if not isinstance(execution.get("mounts"), dict):
+        execution["mounts"] = CommentedMap()
+    if not isinstance(execution["mounts"].get("evaluation"), dict):
+        execution["mounts"]["evaluation"] = CommentedMap()
+    if execution["mounts"]["evaluation"].get(local_path) != EVALUATION_CHECKPOINT_MOUNT:
+        execution["mounts"]["evaluation"][local_path] = EVALUATION_CHECKPOINT_MOUNT
+        changes.append(f"execution.mounts.evaluation: {local_path} -> {EVALUATION_CHECKPOINT_MOUNT}")
+    return changes
 
 
 def _is_nemo_skills(name: str) -> bool:
     return any(entry.harness == "nemo_skills" for entry in tasks.lookup(name))
 
 
+def _reads_tokenizer(name: str) -> bool:
+    return any(entry.reads_tokenizer for entry in tasks.lookup(name))
+
+
+def env_var_defined(doc: Any, name: str) -> bool:
+    """The config itself gives `name` a value (env_vars or evaluation.env_vars), so the host need not."""
+    for mapping in (doc.get("env_vars"), (doc.get("evaluation") or {}).get("env_vars") if isinstance(doc.get("evaluation"), dict) else None):
+        if isinstance(mapping, dict) and isinstance(mapping.get(name), str) and not str(mapping[name]).startswith("host:"):
+            return True
+    return False
+
+
 def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:  # noqa: C901
-    """Use right after build_config: writes what inspect_checkpoint finds into the config's deployment
-    (checkpoint, served name, tensor_parallel_size, context length, needed flags) and fills
-    tokenizer/reasoning ???.
+    """Use after build_config/add_tasks, and again whenever the checkpoint changes (the baseline into a copy
+    of the quantized config): recomputes all the config takes from the checkpoint — model path or handle,
+    served name, tensor parallelism, its server flags (context, trust-remote-code, --quantization,
+    --reasoning-parser), a max_new_tokens that fits the context, generation_config.json sampling over NEL's
+    template values, the thinking toggle, the evaluation tokenizer and mount, DUMMY_API_KEY for NeMo-Skills
+    tasks — and returns each change and note.
     """
-    doc = load_config(request.config_path)
+    config_path = Path(request.config_path).expanduser()
+    doc = load_config(config_path)
     framework = deployment_type(doc)
     if framework not in CONTEXT_LENGTH_FLAGS:
         raise ToolError(
@@ -867,19 +1053,32 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
     local_path = request.cluster_checkpoint_path or (None if handle else report.checkpoint)
     served_name = request.served_model_name or handle or Path(report.checkpoint).name
     flags = report.deployment_flags.get(framework)
-    skip = NEL_COMMAND_FLAGS[framework]
-    additions = [option for option in parse_extra_args(" ".join(shlex.quote(arg) for arg in flags.args)) if option[0] not in skip] if flags else []
+    additions = [option for option in parse_extra_args(" ".join(shlex.quote(arg) for arg in flags.args)) if option[0] not in NEL_COMMAND_FLAGS[framework]] if flags else []
+    parser = frameworks.REASONING_PARSERS.get(report.architecture.model_type or "", {}).get(framework) if report.reasoning else None
+    if parser:
+        additions.append(("--reasoning-parser", parser))
     tp = request.tensor_parallel_size or (report.gpu_fit[0].tensor_parallel_size if report.gpu_fit else None)
+    context = report.context_length
+    budget = generation_budget(context) if context else None
     changes: list[str] = []
+    notes: list[str] = []
 
     def write(doc: CommentedMap, path: str, value: Any) -> None:
-        old = get_path(doc, path) if has_path(doc, path) else None
+        old = value_at(doc, path)
         if old != value or not has_path(doc, path):
             set_path(doc, path, value)
             changes.append(f"{path}: {to_plain(old)!r} -> {to_plain(value)!r}")
 
+    def remove(doc: CommentedMap, path: str, why: str) -> None:
+        if has_path(doc, path):
+            delete_path(doc, path)
+            changes.append(f"{path}: removed ({why})")
+
     def mutate(doc: CommentedMap) -> None:
         changes.clear()
+        notes.clear()
+        old = model_source_report(doc, config_path)  # what the config pointed at before: its values are ours to replace
+        old_sources = {str(v) for v in (value_at(doc, "deployment.checkpoint_path"), value_at(doc, "deployment.hf_model_handle")) if v}
         if local_path:
             write(doc, "deployment.checkpoint_path", local_path)
             if framework != "trtllm":
@@ -890,34 +1089,143 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
         write(doc, "deployment.served_model_name", served_name)
         if tp:
             write(doc, "deployment.tensor_parallel_size", tp)
-        current_args = get_path(doc, "deployment.extra_args") if has_path(doc, "deployment.extra_args") else ""
-        write(doc, "deployment.extra_args", merge_extra_args(str(current_args or ""), additions))
-        # The evaluation container needs the tokenizer too: the HF handle, or on SLURM (the executor that
-        # honours execution.mounts.evaluation) the checkpoint itself mounted where the server sees it.
-        tokenizer = handle or (EVALUATION_CHECKPOINT_MOUNT if local_path and execution_type(doc) == "slurm" else None)
-        for path, value in list(walk(doc)):
-            if value != MISSING:
-                continue
-            if path.endswith("params.extra.tokenizer") and tokenizer:
-                if tokenizer == EVALUATION_CHECKPOINT_MOUNT:
-                    mount_checkpoint_for_evaluation(doc, str(local_path))
-                    changes.append(f"execution.mounts.evaluation: {local_path} -> {EVALUATION_CHECKPOINT_MOUNT}")
-                write(doc, path, tokenizer)
-            elif path.endswith("adapter_config.params_to_add"):
-                if report.reasoning:
-                    write(doc, path, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)))
-                else:  # NEL's template: remove the field for models without a reasoning toggle
-                    delete_path(doc, path)
-                    changes.append(f"{path}: removed (the chat template has no reasoning toggle)")
-        has_key = has_path(doc, "target.api_endpoint.api_key_name") and get_path(doc, "target.api_endpoint.api_key_name")
-        if not has_key and any(_is_nemo_skills(str(task.get("name"))) for _, task in config_tasks(doc) if isinstance(task, dict)):
-            write(doc, "target.api_endpoint.api_key_name", "DUMMY_API_KEY")
+        # The checkpoint's flags replace ours in place; an owned flag this checkpoint does not need goes.
+        merged = parse_extra_args(merge_extra_args(str(value_at(doc, "deployment.extra_args") or ""), additions))
+        needed = {flag for flag, _ in additions}
+        write(doc, "deployment.extra_args", render_extra_args([o for o in merged if o[0] in needed or o[0] not in owned_flags(framework)]))
+        _apply_thinking(doc, report, write, remove)
+        _apply_generation(doc, report, old, budget, context, write, notes)
+        _apply_tokenizer(doc, report, old, old_sources, local_path, write, remove, notes, changes)
+        task_names = [str(task.get("name")) for _, task in config_tasks(doc) if isinstance(task, dict)]
+        if any(_is_nemo_skills(name) for name in task_names):
+            if not value_at(doc, "target.api_endpoint.api_key_name"):
+                write(doc, "target.api_endpoint.api_key_name", "DUMMY_API_KEY")
+            key_name = str(value_at(doc, "target.api_endpoint.api_key_name"))
+            if key_name == "DUMMY_API_KEY" and not env_var_defined(doc, key_name):
+                write(doc, f"evaluation.env_vars.{key_name}", DUMMY_KEY_VALUE)
+                notes.append("NeMo-Skills tasks send an API key even to a self-deployed server: the config now gives DUMMY_API_KEY a dummy value (evaluation.env_vars), nothing to export.")
 
-    diff = edit_config(request.config_path, mutate)
-    notes = list(report.warnings) + (list(flags.notes) if flags else [])
-    missing = missing_value_paths(load_config(request.config_path))
-    if any(path.endswith("params.extra.tokenizer") for path in missing):
-        notes.append("The evaluation tokenizer is still ???: set it to the model's HF handle (or a path visible inside the evaluation container) with set_config_value.")
-    if any("DUMMY_API_KEY" in change for change in changes):
-        notes.append("NeMo-Skills tasks send DUMMY_API_KEY to the self-deployed server: export DUMMY_API_KEY=dummy before running NEL.")
+    diff = edit_config(config_path, mutate)
+    # this framework's own verdict on the format (flags.notes) replaces the checkpoint's summary across frameworks
+    summary = set(checkpoint.format_warnings(report.quantization)) if flags else set()
+    warnings = [warning for warning in report.warnings if warning not in summary]
+    notes = list(dict.fromkeys(warnings + (list(flags.notes) if flags else []) + notes))
+    missing = missing_value_paths(load_config(config_path))
     return ApplyCheckpointOutput(config_path=request.config_path, changes=changes, diff=diff, missing_values=missing, notes=notes)
+
+
+WriteFn = Callable[[CommentedMap, str, Any], None]
+
+
+def _apply_thinking(doc: CommentedMap, report: checkpoint.CheckpointReport, write: WriteFn, remove: Callable[[CommentedMap, str, str], None]) -> None:
+    """Thinking on for a chat template with a reasoning toggle (unless the config already chose); gone for one without."""
+    key = f"{GLOBAL_ADAPTER}.params_to_add"
+    added = value_at(doc, key)
+    if report.reasoning:
+        if added == MISSING or (added is None and has_path(doc, key)):
+            write(doc, key, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)))
+        elif isinstance(added, dict) and thinking_setting(doc) is None:
+            write(doc, f"{key}.chat_template_kwargs.enable_thinking", True)
+        return
+    why = "the chat template has no reasoning toggle"
+    if added == MISSING:  # NEL's template says: remove the field for models without a reasoning toggle
+        remove(doc, key, why)
+        return
+    for path, _ in list(walk(doc)):
+        if path.endswith("params_to_add.chat_template_kwargs") and has_path(doc, path):
+            kwargs = get_path(doc, path)
+            for name in ("enable_thinking", "thinking"):
+                if isinstance(kwargs, dict) and name in kwargs:
+                    remove(doc, f"{path}.{name}", why)
+            if isinstance(kwargs, dict) and not kwargs:
+                remove(doc, path, "empty")
+            parent = path.rsplit(".", 1)[0]
+            if has_path(doc, parent) and get_path(doc, parent) in ({}, None):
+                remove(doc, parent, "empty")
+
+
+def _apply_generation(
+    doc: CommentedMap, report: checkpoint.CheckpointReport, old: checkpoint.CheckpointReport | None,
+    budget: int | None, context: int | None, write: WriteFn, notes: list[str],
+) -> None:
+    """max_new_tokens within the serving context, and the checkpoint's sampling where nobody chose other values."""
+    template = template_params()
+    old_budget = generation_budget(old.context_length) if old and old.context_length else None
+    if budget and context:
+        for path, value in list(walk(doc)):
+            if not path.endswith("config.params.max_new_tokens") or not isinstance(value, int) or isinstance(value, bool):
+                continue
+            is_global = path == f"{GLOBAL_PARAMS}.max_new_tokens"
+            if value >= context or (is_global and (value in template.get("max_new_tokens", ()) or value == old_budget)):
+                write(doc, path, budget)
+                if value >= context:
+                    notes.append(f"{path} was {value}, not below the serving context {context}: every request would be refused. Now {budget}, leaving {context - budget} tokens for the prompt.")
+    defaults = report.generation_defaults
+    taken = []
+    for key in SAMPLING_PARAMS:
+        want = defaults.get(key)
+        path = f"{GLOBAL_PARAMS}.{key}"
+        if want is None:
+            continue
+        current = value_at(doc, path)
+        if current is None or current in template.get(key, ()) or (old is not None and current == old.generation_defaults.get(key)):
+            if current != want:
+                write(doc, path, want)
+                taken.append(f"{key} {want}")
+        elif current != want:
+            notes.append(f"Kept {path} = {current}; the checkpoint's generation_config.json recommends {want}.")
+    top_k = defaults.get("top_k")
+    top_k_path = f"{GLOBAL_ADAPTER}.params_to_add.top_k"
+    current_top_k = value_at(doc, top_k_path)
+    old_top_k = old.generation_defaults.get("top_k") if old else None
+    if top_k is not None and (current_top_k is None or current_top_k == old_top_k):
+        if current_top_k != top_k and isinstance(value_at(doc, f"{GLOBAL_ADAPTER}.params_to_add") or {}, dict):
+            write(doc, top_k_path, top_k)
+            taken.append(f"top_k {top_k} (sent by the payload modifier: NEL has no top_k param)")
+    elif top_k is None and current_top_k is not None and current_top_k == old_top_k:
+        delete_path(doc, top_k_path)
+        notes.append(f"{top_k_path}: removed (it came from the previous checkpoint's generation_config.json).")
+    if taken:
+        notes.append(f"Sampling from the checkpoint's generation_config.json (NEL's template values replaced): {', '.join(taken)}.")
+
+
+def _apply_tokenizer(
+    doc: CommentedMap, report: checkpoint.CheckpointReport, old: checkpoint.CheckpointReport | None, old_sources: set[str],
+    local_path: str | None, write: WriteFn, remove: Callable[[CommentedMap, str, str], None], notes: list[str], changes: list[str],
+) -> None:
+    """The evaluation container's tokenizer: the HF handle, or on SLURM the checkpoint mounted at /checkpoint.
+
+    Only lm-evaluation-harness, ruler and genai-perf tasks read it; with none of those and no way to
+    reach a local checkpoint from the evaluation container (NEL's local executor mounts nothing there),
+    the key is removed rather than left ??? for NEL to stop on.
+    """
+    handle = report.hf_handle
+    on_slurm = execution_type(doc) == "slurm"
+    tokenizer = handle or (EVALUATION_CHECKPOINT_MOUNT if local_path and on_slurm else None)
+    readers = [str(task.get("name")) for _, task in config_tasks(doc) if isinstance(task, dict) and _reads_tokenizer(str(task.get("name")))]
+    ours = {MISSING, EVALUATION_CHECKPOINT_MOUNT, *old_sources} | ({old.hf_handle} if old and old.hf_handle else set())
+    paths = [path for path, _ in walk(doc) if path.endswith("params.extra.tokenizer")]
+    if not paths and readers and tokenizer:
+        paths = [GLOBAL_TOKENIZER]
+    mounted = False
+    for path in paths:
+        current = value_at(doc, path)
+        if current is not None and current not in ours:
+            notes.append(f"Kept {path} = {current} (set by hand); check it is {report.hf_handle or 'the tokenizer of ' + Path(report.path).name}.")
+            continue
+        if tokenizer:
+            write(doc, path, tokenizer)
+            mounted = mounted or tokenizer == EVALUATION_CHECKPOINT_MOUNT
+        elif not readers:
+            remove(doc, path, "no task in this config reads the evaluation tokenizer")
+            backend = path.rsplit(".", 1)[0] + ".tokenizer_backend"
+            remove(doc, backend, "goes with the tokenizer")
+            extra = path.rsplit(".", 1)[0]
+            if value_at(doc, extra) == {}:
+                remove(doc, extra, "empty")
+        else:
+            notes.append(
+                f"{path} is still ???: {', '.join(readers)} read it, and NEL's local executor cannot show a local checkpoint to the "
+                "evaluation container. Set it to the model's Hugging Face handle (quanteval plan --set KEY=VALUE, or set_config_value)."
+            )
+    changes += mount_checkpoint_for_evaluation(doc, str(local_path) if mounted else None)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 from quanteval import envvars
 from quanteval.models import ToolError
 
-CACHE_SCHEMA = 1
+CACHE_SCHEMA = 2
 # The NEL models validation checks a config against, by the module that defines them.
 MODELS = {
     "ApiEndpoint": "nemo_evaluator.api.api_dataclasses",
@@ -61,12 +61,14 @@ def _versions() -> str:
 def _facts_from_nel() -> dict[str, Any]:
     import importlib
 
+    from nemo_evaluator.adapters import adapter_config
     from nemo_evaluator_launcher.common import env_vars
 
     return {
         "schema": CACHE_SCHEMA,
         "models": {name: getattr(importlib.import_module(module), name).model_json_schema() for name, module in MODELS.items()},
         "env_var_prefixes": [env_vars.EnvVarFromHost.PREFIX, env_vars.EnvVarLiteral.PREFIX, env_vars.EnvVarRuntime.PREFIX],
+        "adapter_keys": sorted(set(adapter_config.LegacyAdapterConfig.model_fields) | set(adapter_config.AdapterConfig.model_fields)),
     }
 
 
@@ -94,6 +96,11 @@ def model(name: str) -> type[BaseModel]:
     """A pydantic model equivalent to NEL's `name` for validation (fields, types, defaults, extra)."""
     schema = _facts()["models"][name]
     return _build(name, schema, schema.get("$defs", {}))
+
+
+def adapter_keys() -> frozenset[str]:
+    """adapter_config fields nemo-evaluator knows: the flat (legacy) form NEL's templates use and the interceptor form."""
+    return frozenset(_facts()["adapter_keys"])
 
 
 _SCALARS: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "null": type(None)}

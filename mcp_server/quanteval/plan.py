@@ -38,6 +38,9 @@ class PlanRequest(BaseModel):
     output_dir: str | None = Field(None, description="execution.output_dir for the results.")
     config: str | None = Field(None, description="Config file to write; default <model>-<execution>-<deployment>.yaml here.")
     force: bool = Field(False, description="Replace an existing config file.")
+    set_values: dict[str, str] = Field(
+        default_factory=dict, description="Config keys to set after the checkpoint is applied: {key: YAML text}, e.g. SLURM account or tokenizer."
+    )
 
 
 class PlanStep(BaseModel):
@@ -129,11 +132,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     if request.tasks:
         progress(2, total, "adding tasks")
 
-        def drop_bundle_tasks(doc: Any) -> None:
-            doc["evaluation"]["tasks"].clear()
-
-        nelconfig.edit_config(config_path, drop_bundle_tasks)
-        added = call_on_config("add_tasks", {"config_path": str(config_path), "tasks": request.tasks})
+        added = call_on_config("add_tasks", {"config_path": str(config_path), "tasks": request.tasks, "replace": True})
         skipped = [f"{item.requested} ({item.reason})" for item in added.skipped]
         steps.append(PlanStep(tool="add_tasks", summary=f"added {', '.join(a.task for a in added.added)}"))
     if request.output_dir:
@@ -145,6 +144,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         nelconfig.edit_config(config_path, set_output_dir)
 
     notes: list[str] = []
+    warnings = report.warnings
     if request.deployment == "none":
         notes.append("deployment none: point target.api_endpoint.url and model_id at your running server (set_config_value).")
     else:
@@ -152,7 +152,12 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         progress(3, total, "applying the checkpoint")
         applied = call_on_config("apply_checkpoint", {"config_path": str(config_path), "checkpoint": request.model})
         notes += applied.notes
+        warnings = []  # apply_checkpoint's notes hold the checkpoint's warnings, with this framework's own verdict
         steps.append(PlanStep(tool="apply_checkpoint", summary=f"{len(applied.changes)} change(s)"))
+
+    for key, value in request.set_values.items():  # the user's own values win over every default above
+        call_on_config("set_config_value", {"config_path": str(config_path), "key": key, "yaml_value": value})
+        steps.append(PlanStep(tool="set_config_value", summary=f"{key} = {value}"))
 
     progress(4, total, "listing missing values")
     missing = call_on_config("list_missing_values", {"config_path": str(config_path)})
@@ -168,10 +173,15 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
 
     progress(6, total, "NEL dry-run")
     dry = call_on_config("dry_run", {"config_path": str(config_path)})
+    first_error = (dry.error or "failed").strip().splitlines()[0] if not dry.ok else ""
+    # NEL stops on the first missing value, which the list above already names: say so once, not twice.
+    names = [item.removeprefix("env ") for item in missing_values]
+    if first_error and any(name in first_error for name in names):
+        first_error = "stopped on a value listed under 'still needs a value'"
     dry_detail = (
         f"{len(dry.scripts)} script(s) rendered" + (f" in {dry.invocation_dir}" if dry.invocation_dir else "")
         if dry.ok
-        else (dry.error or "failed").strip().splitlines()[0]
+        else first_error
     )
     steps.append(PlanStep(tool="dry_run", summary="ok" if dry.ok else "failed"))
     progress(total, total, "done")
@@ -187,7 +197,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         quantization=quant_text,
         context_length=report.context_length,
         tensor_parallel_size=int(tensor_parallel) if isinstance(tensor_parallel, int) else None,
-        notes=list(dict.fromkeys([*report.warnings, *notes])),
+        notes=list(dict.fromkeys([*warnings, *notes])),
         tasks=task_names,
         skipped_tasks=skipped,
         missing_values=missing_values,
@@ -200,6 +210,17 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         full_run_nel_command=f"nel run --config {quoted}",
         steps=steps,
     )
+
+
+def _how_to_fill(item: str) -> str:
+    """One missing item with the way to give it: `export` for an env var, `--set` for a config key."""
+    from quanteval.envvars import KNOWN_ENV_VARS
+
+    if item.startswith("env "):
+        name = item.removeprefix("env ")
+        note = KNOWN_ENV_VARS.get(name)
+        return f"{name}: export {name}=...  (then re-run)" + (f" — {note}" if note else "")
+    return f"{item}: re-run with --set {item}=VALUE (or quanteval call set_config_value)"
 
 
 def format_plan(plan: PlanReport) -> str:
@@ -219,8 +240,8 @@ def format_plan(plan: PlanReport) -> str:
     ]
     lines += [f"skipped:       {item}" for item in plan.skipped_tasks]
     if plan.missing_values:
-        lines.append("still needs a value (fill with `quanteval call set_config_value` or export the env vars):")
-        lines += [f"  - {name}" for name in plan.missing_values]
+        lines.append("still needs a value (only you can give these):")
+        lines += [f"  - {_how_to_fill(name)}" for name in plan.missing_values]
     else:
         lines.append("missing values: none")
     if plan.validation_problems:
@@ -233,7 +254,7 @@ def format_plan(plan: PlanReport) -> str:
         "",
         "ready for a canary"
         if plan.ready
-        else "not ready yet: fill what is listed above (set_config_value, export), then re-check with:\n"
+        else "not ready yet: give what is listed under 'still needs a value', then re-check with:\n"
         f"  quanteval call dry_run --json {shlex.quote(json.dumps({'config_path': plan.config_path}))}",
         "canary (10 samples per task):",
         f"  {plan.canary_command}",

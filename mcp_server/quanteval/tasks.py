@@ -26,7 +26,7 @@ from quanteval.models import StrictModel, ToolError
 log = logging.getLogger(__name__)
 
 NEL_DISTRIBUTION = "nemo-evaluator-launcher"
-CATALOGUE_CACHE_SCHEMA = 2
+CATALOGUE_CACHE_SCHEMA = 3
 
 
 class TaskEntry(BaseModel):
@@ -37,6 +37,7 @@ class TaskEntry(BaseModel):
     description: str = Field(description="NEL's description of the task.")
     endpoint_types: list[str] = Field(description="Endpoint types the task supports (chat, completions, ...).")
     harness_task: str | None = Field(None, description="The harness's own name for the task (config.params.task), e.g. gpqa for ns_gpqa.")
+    reads_tokenizer: bool = Field(False, description="The task's command reads config.params.extra.tokenizer (lm-evaluation-harness, ruler, ...).")
 
 
 def nel_tasks_file() -> Path:
@@ -85,6 +86,7 @@ def _parse_tasks_file(source: Path) -> list[TaskEntry]:
                 description=" ".join(str(task.get("description") or "").split()),
                 endpoint_types=list(config.get("supported_endpoint_types") or ["chat"]),
                 harness_task=(config.get("params") or {}).get("task"),
+                reads_tokenizer="config.params.extra.tokenizer" in str((task.get("defaults") or {}).get("command") or ""),
             )
         )
     return entries
@@ -514,6 +516,9 @@ class AddTasksInput(StrictModel):
         min_length=1,
         description="Recipe names ('gpqa', 'aime2025') or NEL task names, bare or 'harness.task'.",
     )
+    replace: bool = Field(
+        False, description="Replace the config's tasks (the bundle build_config wrote) instead of adding to them.",
+    )
 
 
 class AddedTask(BaseModel):
@@ -547,7 +552,8 @@ def _task_key(config_name: str) -> str:
 
 def add_tasks(request: AddTasksInput) -> AddTasksOutput:
     """Use after build_config to put benchmarks into evaluation.tasks, from reviewed recipes or NEL task names.
-    Checks every name first (did-you-mean); skips tasks already present; returns a diff.
+    Checks every name first (did-you-mean); skips tasks already present, or with replace drops the bundle's
+    tasks first; returns a diff.
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -571,6 +577,8 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
             tasks = evaluation["tasks"] = CommentedSeq()
         if not isinstance(tasks, list):
             raise ToolError(f"{request.config_path}: evaluation.tasks must be a list. Fix the config or rebuild it with build_config.")
+        if request.replace:
+            tasks.clear()
         present = {_task_key(str(item.get("name"))) for item in tasks if isinstance(item, dict) and item.get("name")}
         for task in resolved:
             key = task.entry.qualified_name

@@ -117,29 +117,8 @@ class _Context:
         """inspect_checkpoint's report when the checkpoint is readable here: a local checkpoint_path or a cached hf_model_handle."""
         if not self._report_read:
             self._report_read = True
-            deployment = self.section("deployment")
-            local, handle = deployment.get("checkpoint_path"), deployment.get("hf_model_handle")
-            if isinstance(local, str) and local != nelconfig.MISSING:
-                path = Path(local).expanduser()
-                if not path.is_absolute():
-                    path = self.config_path.parent / path
-                if (path / "config.json").is_file():
-                    self._report = _inspect_cached(str(path.resolve()), (path / "config.json").stat().st_mtime_ns)
-            elif isinstance(handle, str) and handle != nelconfig.MISSING:
-                # The HF cache layout (models--org--name/refs/main); refs/main changes when a new revision lands.
-                repo = checkpoint.hf_hub_cache() / ("models--" + handle.replace("/", "--"))
-                ref = repo / "refs" / "main"
-                if repo.is_dir():
-                    self._report = _inspect_cached(handle, (ref if ref.is_file() else repo).stat().st_mtime_ns)
+            self._report = nelconfig.model_source_report(self.doc, self.config_path)
         return self._report
-
-
-@cache
-def _inspect_cached(path: str, mtime_ns: int) -> checkpoint.CheckpointReport | None:
-    try:
-        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=path))
-    except ToolError:
-        return None  # a broken checkpoint is inspect_checkpoint's to report, not a config problem
 
 
 def _close(word: str, known: set[str] | frozenset[str]) -> str | None:
@@ -186,7 +165,8 @@ def _check_top_level(ctx: _Context) -> None:
     _check_keys(ctx, target, "target", {"api_endpoint"}, "target")
     endpoint = target.get("api_endpoint")
     if isinstance(endpoint, dict):
-        plain = {key: value for key, value in nelconfig.to_plain(endpoint).items() if key != "adapter_config"}
+        # adapter_config and api_key: known issues with their own rules (_check_known_issues)
+        plain = {key: value for key, value in nelconfig.to_plain(endpoint).items() if key not in ("adapter_config", "api_key")}
         _pydantic_problems(ctx, nelfacts.model("ApiEndpoint"), plain, "target.api_endpoint", {})
     mounts = ctx.section("execution").get("mounts")
     if isinstance(mounts, dict):
@@ -402,7 +382,7 @@ def _check_tasks(ctx: _Context, recipes: dict[str, tasks.Recipe]) -> None:
                 )
         if ctx.check_env and recipe:
             for variable in recipe.env_vars:
-                if not os.environ.get(variable):
+                if not os.environ.get(variable) and not nelconfig.env_var_defined(ctx.doc, variable):
                     ctx.add(f"{path}", "warning", "unset_env_var", f"The '{recipe.name}' recipe needs {variable}, which is unset here.", f"export {variable}=... before the run (see env.example).")
 
 
@@ -618,6 +598,105 @@ def _check_self_deployment_key(ctx: _Context) -> None:
         ctx.add("target.api_endpoint.api_key_name", "warning", "nemo_skills_api_key", "NeMo-Skills tasks send an API key even to a self-deployed server, and none is named.", "Set target.api_endpoint.api_key_name: DUMMY_API_KEY (apply_checkpoint does) and export DUMMY_API_KEY=dummy.")
 
 
+# Names the interceptor docs print for the request/response logging limits; nemo-evaluator reads max_logged_*.
+MISNAMED_LOGGING_KEYS = {"max_requests": "max_logged_requests", "max_responses": "max_logged_responses"}
+MIN_PROMPT_TOKENS = 1024  # below this, a long prompt (GPQA, few-shot) plus the budget overflows the context
+
+
+def _check_known_issues(ctx: _Context) -> None:
+    """The pitfalls ModelOpt's evaluation skill and NEL's docs list as known issues, as rules with a fix."""
+    target = ctx.section("target").get("api_endpoint")
+    if isinstance(target, dict) and "adapter_config" in target:
+        ctx.add(
+            "target.api_endpoint.adapter_config", "error", "adapter_config_ignored",
+            "NEL builds each task's adapter from evaluation.nemo_evaluator_config (and the task's own); the top-level target.api_endpoint.adapter_config is never read.",
+            "Move it to evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config.",
+        )
+    if isinstance(target, dict) and "api_key" in target:
+        ctx.add(
+            "target.api_endpoint.api_key", "error", "api_key_removed",
+            "NEL removed target.api_endpoint.api_key (a key in the config would be a secret on disk); it fails with 'Extra inputs are not permitted'.",
+            "Delete api_key; export the key in an env var and set target.api_endpoint.api_key_name to that variable's NAME.",
+        )
+    adapters = [(path, value) for path, value in nelconfig.walk(ctx.doc) if path.endswith("api_endpoint.adapter_config") and isinstance(value, dict)]
+    for path, adapter in adapters:
+        if isinstance(adapter.get("interceptors"), list):
+            ctx.add(
+                f"{path}.interceptors", "warning", "interceptors_replace_defaults",
+                "An explicit interceptors list replaces nemo-evaluator's whole default chain (caching, reasoning stripping, response stats...).",
+                "Use the flat adapter_config fields instead (process_reasoning_traces, params_to_add, max_logged_requests, ...), or list every interceptor you need.",
+            )
+        for key in adapter:
+            if key in MISNAMED_LOGGING_KEYS:
+                ctx.add(f"{path}.{key}", "error", "logging_key_name", f"'{key}' is the docs' name; nemo-evaluator reads {MISNAMED_LOGGING_KEYS[key]} and ignores this.", f"Rename '{key}' to '{MISNAMED_LOGGING_KEYS[key]}'.")
+            elif key not in nelfacts.adapter_keys():
+                near = _close(str(key), nelfacts.adapter_keys())
+                ctx.add(f"{path}.{key}", "error" if near else "warning", "unknown_adapter_key", f"'{key}' is not an adapter_config field nemo-evaluator knows.", f"Rename it to '{near}'." if near else "Remove it.")
+    for path, task in nelconfig.config_tasks(ctx.doc):
+        name = str(task.get("name")) if isinstance(task, dict) else ""
+        if any(entry.reads_tokenizer for entry in tasks.lookup(name)) if name else False:
+            params = [nelconfig.value_at(ctx.doc, f"{prefix}.config.params.extra.tokenizer") for prefix in ("evaluation.nemo_evaluator_config", f"{path}.nemo_evaluator_config")]
+            if not any(value is not None for value in params):
+                ctx.add(f"{path}", "error", "tokenizer_missing", f"'{name}' reads params.extra.tokenizer (its harness counts tokens or builds prompts with it), and none is set.", "Set evaluation.nemo_evaluator_config.config.params.extra.tokenizer to the model's HF handle (apply_checkpoint does when it can).")
+
+
+def _check_generation(ctx: _Context) -> None:
+    """Budget vs serving context, sampling vs the checkpoint's generation_config.json, thinking vs the chat template."""
+    if ctx.deployment not in ("vllm", "sglang", "trtllm"):
+        return
+    report = ctx.checkpoint_report()
+    context, where = nelconfig.serving_context(ctx.doc, report)
+    seen: set[tuple[str, str]] = set()
+    for task_path, task in nelconfig.config_tasks(ctx.doc):
+        if not isinstance(task, dict):
+            continue
+        generation = nelconfig.task_generation(ctx.doc, task_path)
+        budget = generation.get("max_new_tokens")
+        if context and budget and isinstance(budget[0], int) and not isinstance(budget[0], bool) and (budget[1], "budget") not in seen:
+            seen.add((budget[1], "budget"))
+            fit = nelconfig.generation_budget(context)
+            if budget[0] >= context:
+                ctx.add(budget[1], "error", "budget_exceeds_context",
+                        f"max tokens {budget[0]} >= the serving context {context} ({where}): the server refuses every request (prompt + max tokens must fit).",
+                        f"Set it to {fit} (apply_checkpoint does), or raise the context if the model allows it.")
+            elif context - budget[0] < MIN_PROMPT_TOKENS:
+                ctx.add(budget[1], "warning", "budget_leaves_no_prompt_room",
+                        f"max tokens {budget[0]} leaves {context - budget[0]} tokens of the {context}-token context ({where}) for the prompt; longer prompts are refused.",
+                        f"Use {fit}.")
+        if report is None:
+            continue
+        for key in ("temperature", "top_p", "top_k"):
+            want = report.generation_defaults.get(key)
+            have = generation.get(key)
+            if want is None or have is None or not isinstance(have[0], (int, float)) or have[0] == want or (have[1], key) in seen:
+                continue
+            if have[1].startswith("evaluation.tasks["):  # a task's own sampling is the benchmark's choice (greedy RULER, ...)
+                continue
+            seen.add((have[1], key))
+            ctx.add(have[1], "warning", "sampling_differs_from_checkpoint",
+                    f"{key} {have[0]} differs from the checkpoint's generation_config.json ({want}); scores measured off the model's recommended sampling can be lower.",
+                    f"Set {key} to {want} (apply_checkpoint does when the config still has NEL's template value), or keep it on purpose for both baseline and candidate.")
+    if report is None:
+        return
+    thinking = nelconfig.thinking_setting(ctx.doc)
+    if thinking is not None and not report.reasoning:
+        ctx.add(thinking[1], "warning", "thinking_without_toggle",
+                "The checkpoint's chat template has no thinking/reasoning toggle: this kwarg does nothing (or the template rejects it), and it differs from a run of a reasoning model.",
+                "Remove it (apply_checkpoint does when it switches to this checkpoint).")
+    options = dict(_extra_args(ctx))
+    stripped = any(value is True for path, value in nelconfig.walk(ctx.doc) if path.endswith("adapter_config.process_reasoning_traces"))
+    if report.reasoning and (thinking is None or thinking[0] is not False) and "--reasoning-parser" not in options and not stripped:
+        ctx.add("deployment.extra_args", "error", "reasoning_text_scored",
+                "The model thinks (reasoning chat template) but nothing separates the reasoning from the answer: no --reasoning-parser and process_reasoning_traces is off, so the thinking text is scored.",
+                "Add --reasoning-parser to extra_args (apply_checkpoint picks it), or set adapter_config.process_reasoning_traces: true.")
+    quantization = options.get("--quantization")
+    flags = report.deployment_flags.get(ctx.deployment)
+    if quantization and flags and flags.quantization is None and report.quantization.method == "modelopt" and frameworks.quantization_flag_fits(quantization, report.quantization.method, report.quantization.quant_algo, report.quantization.format):
+        ctx.add("deployment.extra_args", "warning", "quantization_flag_unneeded",
+                f"--quantization {quantization} is not needed: {ctx.deployment} reads the checkpoint's ModelOpt config itself, and a stale flag breaks the next checkpoint.",
+                "Remove --quantization (apply_checkpoint does).")
+
+
 def load_plain(path: Path) -> dict:
     """The config as plain data via libyaml: validation needs no comments, and this is ~10x faster than round-trip."""
     import yaml
@@ -650,13 +729,17 @@ def validate_document(doc: Any, config_path: Path, overrides: list[str] | None =
     _check_execution(ctx)
     _check_pre_cmd(ctx)
     _check_self_deployment_key(ctx)
+    _check_known_issues(ctx)
+    _check_generation(ctx)
     _check_overrides(ctx, overrides or [])
     return ctx.problems
 
 
 def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
     """Use after every edit and before dry_run: checks a NEL config offline in milliseconds; every problem (???,
-    unknown tasks, misspelled keys, wrong types, framework mismatches, unset env vars) with its key and a fix.
+    unknown tasks, misspelled keys, wrong types, framework mismatches, unset env vars, max tokens vs the serving
+    context, sampling vs generation_config.json, thinking vs the chat template, NEL's known issues) with its key
+    and a fix.
     """
     started = time.perf_counter()
     path = Path(request.config_path).expanduser()
