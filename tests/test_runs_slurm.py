@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from quanteval import ledger, runs
+from quanteval import ledger, remote, runs
 from quanteval.models import ToolError
 
 PLANTED = "planted-slurm-secret-4c3b2a"
@@ -97,6 +97,15 @@ def sshd_session_pids(listener: int) -> list[int]:
     return children
 
 
+def cut_pooled_connections(cluster) -> None:
+    """Kill the sshd sessions behind quanteval's pooled SSH connections (sessions outlive a stopped sshd listener)."""
+    for conn in list(remote._pool.values()):
+        transport = conn.client.get_transport()
+        if transport is not None and transport.is_active():
+            for pid in cluster.ssh_session_pids(transport.sock.getsockname()[1]):
+                os.kill(pid, 9)
+
+
 def squeue_states(cluster) -> dict[str, str]:
     lines = cluster.run("squeue -h -t all -o '%i|%T'").stdout.split()
     return dict(line.split("|") for line in lines)
@@ -158,6 +167,7 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
     assert wait_for_status(canary.record_id, ("pending",)).status == "pending"
 
     slurm_cluster.stop("sshd")
+    cut_pooled_connections(slurm_cluster)
     try:
         down = runs.run_status(runs.RunRef(record_id=canary.record_id))
         assert not down.reachable and down.status == "pending" and "ssh" in down.message
@@ -299,6 +309,7 @@ def test_changed_host_key_is_refused_and_status_left_alone(slurm_cluster, tmp_pa
 
     trusted = slurm_cluster.known_hosts.read_text()
     slurm_cluster.rotate_host_key()
+    cut_pooled_connections(slurm_cluster)
     new_key = slurm_cluster.known_hosts.read_text()
     slurm_cluster.known_hosts.write_text(trusted)  # the client still trusts the old key
     try:
