@@ -509,6 +509,10 @@ def test_cluster_info_reads_partitions_gpus_limits_and_node_states(slurm_cluster
     # No slurmdbd on this cluster: accounts are not visible, and the result says so instead of failing.
     assert info["accounts"] is None and any("sacctmgr" in note for note in info["notes"])
     assert info["user"] == "root" and info["query_s"] > 0
+    # check_environment lists the hosts of the same ssh config the remote tools read (QUANTEVAL_SSH_CONFIG here).
+    from quanteval.environment import ssh_config_hosts
+
+    assert slurm_cluster.ssh_alias in ssh_config_hosts()
 
     one = remote.cluster_info(remote.ClusterInfoInput(host=slurm_cluster.ssh_alias, partition="blackwell"))
     assert [p.name for p in one.partitions] == ["blackwell"]
@@ -568,7 +572,7 @@ def test_apply_cluster_fills_partition_gpus_and_walltime_and_sbatch_takes_them(s
     assert again.changes == [] and again.diff == ""  # idempotent
 
     # More GPUs than a node has: said plainly, not left for sbatch to refuse.
-    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), path="deployment.tensor_parallel_size", value="16"))
+    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), path="deployment.tensor_parallel_size", value=16))
     too_big = placement.apply_cluster(placement.ApplyClusterInput(config_path=str(config)))
     assert any("needs 16 GPUs per node" in w and "has 8" in w for w in too_big.placement.warnings)
 

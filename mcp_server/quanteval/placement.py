@@ -67,10 +67,14 @@ def gpus_needed(doc: Any) -> tuple[int, list[str]]:
             if key == "tensor_parallel_size":
                 notes.append(f"deployment.tensor_parallel_size is not set: NEL's {framework} default is {value} "
                              "(apply_checkpoint sets the smallest fit for the checkpoint).")
-        sizes.append(int(value) if isinstance(value, int) and value > 0 else 1)
-    nodes = _value(doc, "execution.num_nodes", 1)
-    nodes = int(nodes) if isinstance(nodes, int) and nodes > 0 else 1
-    return math.ceil(math.prod(sizes) / nodes), notes
+        sizes.append(_positive(value))
+    return math.ceil(math.prod(sizes) / _positive(_value(doc, "execution.num_nodes", 1))), notes
+
+
+def _positive(value: Any) -> int:
+    """A size as the config holds it (16 or '16'); 1 when unset or not a positive whole number (an interpolation)."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() and int(text) > 0 else 1
 
 
 def _format_warnings(report: Any, framework: str, gpu: str | None, partition: str,

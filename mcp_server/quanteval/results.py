@@ -131,18 +131,15 @@ def _remote_spec(run: str) -> tuple[str, str] | None:
 
 
 def _nel_output_dir(invocation_id: str) -> str | None:
-    """Where NEL's own execution records say the invocation wrote its results (local dir or host:path)."""
-    from nemo_evaluator_launcher.common.execdb import ExecutionDB
-    from nemo_evaluator_launcher.exporters.utils import get_results_dir_from_job_data
+    """Where NEL's own execution records say the invocation wrote its results (local dir or host:path). Asked in a
+    child process (quanteval.nelexec): NEL pins its execution database path when it is imported."""
+    from quanteval import nelexec
 
-    try:
-        jobs = ExecutionDB().get_jobs(invocation_id)
-    except ValueError as exc:  # a partial id that matches several invocations
-        raise ToolError(f"run '{invocation_id}': {exc}. Give the full invocation id.") from None
-    for job in jobs.values():
-        # a task directory, local or host:path; the invocation directory is its parent
-        task_dir = get_results_dir_from_job_data(job.data)
-        if task_dir:
+    answer = nelexec.call("results_dirs", 120, invocation_id=invocation_id)
+    if not answer.get("ok"):  # e.g. a partial id that matches several invocations
+        raise ToolError(f"run '{invocation_id}': {answer.get('error')}. Give the full invocation id.")
+    for task_dir in answer["dirs"]:
+        if task_dir:  # a task directory, local or host:path; the invocation directory is its parent
             host, path = _remote_spec(task_dir) or ("", task_dir)
             parent = str(Path(path).parent)
             return f"{host}:{parent}" if host else parent
