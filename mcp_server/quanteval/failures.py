@@ -38,7 +38,7 @@ FAILURE_CLASSES: list[tuple[str, str, str]] = [
      "The benchmark's data is not there: NeMo-Skills tasks need `ns prepare_data` (or network access to download)."),
     ("sandbox", r"sandbox.{0,80}(error|fail|exception|refused)", "The code-execution sandbox failed."),
     ("judge", r"judge.{0,80}(error|fail|exception)", "The LLM judge failed: check its endpoint and API key."),
-    ("timeout", r"DUE TO TIME LIMIT|timed out|TimeoutError|ReadTimeout|deadline exceeded|Timeout waiting",
+    ("timeout", r"DUE TO TIME LIMIT|timed out|TimeoutError|ReadTimeout|deadline exceeded|Timeout waiting|timeout after [0-9]",
      "Something took too long: the SLURM walltime (execution.walltime), the server's start-up "
      "(endpoint_readiness_timeout) or requests (request_timeout)."),
     ("rate_limit", r"rate.?limit|too many requests|\b429\b", "Slow down: lower parallelism, or wait."),
