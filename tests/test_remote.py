@@ -540,10 +540,10 @@ def test_apply_cluster_fills_partition_gpus_and_walltime_and_sbatch_takes_them(s
 
     config = tmp_path / "run.yaml"
     nelconfig.build_config(nelconfig.BuildConfigInput(execution="slurm", deployment="sglang", model_type="chat_reasoning",
-                                                      benchmarks=["core_reasoning"], output=str(config)))
-    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), path="execution.hostname",
+                                                      benchmarks=["core_reasoning"], config_path=str(config)))
+    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), key="execution.hostname",
                                                              value=slurm_cluster.ssh_alias))
-    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), path="execution.partition", value="batch"))
+    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), key="execution.partition", value="batch"))
     checkpoint = make_checkpoint(tmp_path / "qwen3-nvfp4", quant="NVFP4", model_type="qwen3")
     nelconfig.apply_checkpoint(nelconfig.ApplyCheckpointInput(config_path=str(config), checkpoint=str(checkpoint),
                                                               tensor_parallel_size=2))
@@ -572,7 +572,7 @@ def test_apply_cluster_fills_partition_gpus_and_walltime_and_sbatch_takes_them(s
     assert again.changes == [] and again.diff == ""  # idempotent
 
     # More GPUs than a node has: said plainly, not left for sbatch to refuse.
-    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), path="deployment.tensor_parallel_size", value=16))
+    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), key="deployment.tensor_parallel_size", value=16))
     too_big = placement.apply_cluster(placement.ApplyClusterInput(config_path=str(config)))
     assert any("needs 16 GPUs per node" in w and "has 8" in w for w in too_big.placement.warnings)
 
@@ -582,12 +582,12 @@ def test_apply_cluster_needs_a_slurm_config_and_a_host(tmp_path: Path):
 
     local = tmp_path / "local.yaml"
     nelconfig.build_config(nelconfig.BuildConfigInput(execution="local", deployment="vllm", model_type="base",
-                                                      benchmarks=["coding"], output=str(local)))
+                                                      benchmarks=["coding"], config_path=str(local)))
     with pytest.raises(ToolError, match="execution is 'local', not slurm"):
         placement.apply_cluster(placement.ApplyClusterInput(config_path=str(local)))
     slurm = tmp_path / "slurm.yaml"
     nelconfig.build_config(nelconfig.BuildConfigInput(execution="slurm", deployment="vllm", model_type="base",
-                                                      benchmarks=["coding"], output=str(slurm)))
+                                                      benchmarks=["coding"], config_path=str(slurm)))
     with pytest.raises(ToolError, match="execution.hostname is not set"):
         placement.apply_cluster(placement.ApplyClusterInput(config_path=str(slurm)))
 

@@ -213,7 +213,7 @@ class ApplyClusterOutput(BaseModel):
     placement: Placement
     changes: list[str] = Field(description="One line per key written: key: old -> new.")
     diff: str = Field(description="Unified diff of the config file (empty when nothing changed).")
-    partition: remote.PartitionInfo | None = Field(description="What the cluster says about the chosen partition.")
+    partition_info: remote.PartitionInfo | None = Field(description="What the cluster says about the chosen partition.")
     query_s: float = Field(description="Seconds the cluster took to answer.")
 
 
@@ -224,7 +224,7 @@ def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | Non
     if not isinstance(candidate, str) or candidate == nelconfig.MISSING:
         return None, None
     try:
-        return inspect_checkpoint(InspectCheckpointInput(path=candidate)), None
+        return inspect_checkpoint(InspectCheckpointInput(checkpoint=candidate)), None
     except ToolError as exc:
         if checkpoint:
             raise
@@ -267,4 +267,4 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     progress(3, 3, "done")
     chosen = next((p for p in info.partitions if p.name == placement.partition), None)
     return ApplyClusterOutput(config_path=request.config_path, host=host, placement=placement, changes=changes,
-                              diff=diff, partition=chosen, query_s=info.query_s)
+                              diff=diff, partition_info=chosen, query_s=info.query_s)
