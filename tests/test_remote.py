@@ -598,3 +598,26 @@ def test_slurm_time_formats(text: str, seconds: int | None):
     assert remote.slurm_seconds(text) == seconds
     if seconds:
         assert remote.slurm_seconds(remote.slurm_time(seconds)) == seconds
+
+
+def test_gres_as_big_clusters_print_it_is_read():
+    """GRES spellings this test cluster cannot produce: long type names with socket bindings, untyped GPUs named
+    by a node feature, mixed GPU kinds in one partition, drained and powered-off nodes."""
+    lines = ["gpu|120|mix|gpu:nvidia_h100_80gb_hbm3:8(S:0-1)|hopper,ib", "gpu|4|drain|gpu:nvidia_h100_80gb_hbm3:8(S:0-1)|hopper,ib",
+             "gpu|16|idle~|gpu:nvidia_h100_80gb_hbm3:8(S:0-1)|hopper,ib",
+             "old|10|idle|gpu:4|a100", "mixed|2|idle|gpu:a100:4|(null)", "mixed|2|alloc|gpu:b200:8|(null)",
+             "cpu|50|idle|(null)|(null)"]
+    groups = [remote._NodeGroup.parse(line) for line in lines]
+
+    def partition(name: str) -> remote.PartitionInfo:
+        fields = {"PartitionName": name, "MaxTime": "1-00:00:00", "State": "UP"}
+        return remote._partition(fields, [g for g in groups if g.partition == name])
+
+    gpu = partition("gpu")
+    assert (gpu.gpu_model, gpu.gpus_per_node, gpu.nodes, gpu.usable_nodes) == ("H100", 8, 140, 120)
+    old = partition("old")
+    assert (old.gpu_model, old.gpus[0].gres_type, old.gpus_per_node) == ("A100", None, 4)  # from Feature=a100
+    mixed = partition("mixed")
+    assert mixed.gpu_model is None and {g.gpu_model for g in mixed.gpus} == {"A100", "B200"} and mixed.gpus_per_node == 8
+    cpu = partition("cpu")
+    assert (cpu.gpus_per_node, cpu.gpu_model, cpu.usable_nodes) == (0, None, 50)

@@ -812,10 +812,13 @@ GPU_NAME_PATTERNS: list[tuple[re.Pattern[str], str]] = [
 ]
 _GRES_GPU = re.compile(r"(?:^|,)gpu:(?:([^:,()]+):)?(\d+)")
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z_:]*)=")
-_USABLE_NODE_STATES = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
+# sinfo's compact node states a job can start on now; a suffix (* not responding, ~ powered off, ...) says otherwise.
+_USABLE_NODE_STATES = {"idle", "mix", "alloc", "comp"}
+# Nodes come from sinfo, grouped (partition, node count, state, GRES, features): one line per kind of node, so a
+# cluster of thousands of nodes answers in a few lines (scontrol show node would be megabytes).
 _CLUSTER_SCRIPT = (
     "echo @@user; whoami; echo @@partitions; scontrol -o show partition 2>&1; echo \"@@rc $?\"; "
-    "echo @@nodes; scontrol -o show node 2>&1; echo \"@@rc $?\"; "
+    "echo @@nodes; sinfo -h -o '%R|%D|%t|%G|%f' 2>&1; echo \"@@rc $?\"; "
     # sacctmgr needs slurmdbd; without it the answer is an error, which is fine: accounts stay unknown.
     "echo @@accounts; timeout 15 sacctmgr -n -P show assoc where user=\"$(whoami)\" format=Account,Partition 2>&1; "
     "echo \"@@rc $?\""
@@ -906,15 +909,13 @@ def describe_cluster(host: str) -> ClusterInfo:
     for lines, code in ((partition_lines, partition_rc), (node_lines, node_rc)):
         if code != 0:
             raise slurm_error(host, "scontrol", "\n".join(lines) or result.stderr)
-    nodes = [_fields(line) for line in node_lines if line.startswith("NodeName=")]
+    groups = [_NodeGroup.parse(line) for line in node_lines if line.count("|") == 4]
     partitions = []
     for line in partition_lines:
         if not line.startswith("PartitionName="):
             continue
         fields = _fields(line)
-        name = fields["PartitionName"]
-        members = [node for node in nodes if name in node.get("Partitions", "").split(",")]
-        partitions.append(_partition(fields, members))
+        partitions.append(_partition(fields, [g for g in groups if g and g.partition == fields["PartitionName"]]))
     user_lines, _ = _section_lines(result.stdout, "user")
     account_lines, account_rc = _section_lines(result.stdout, "accounts")
     notes: list[str] = []
@@ -946,41 +947,54 @@ def _section_lines(stdout: str, name: str) -> tuple[list[str], int | None]:
     return lines, None
 
 
-def _partition(fields: dict[str, str], members: list[dict[str, str]]) -> PartitionInfo:
-    groups: dict[str | None, dict[int, int]] = {}
-    features: set[str] = set()
-    usable = 0
-    for node in members:
-        for gres_type, count in _GRES_GPU.findall(node.get("Gres", "")):
-            per_type = groups.setdefault(gres_type or None, {})
-            per_type[int(count)] = per_type.get(int(count), 0) + 1
-        features.update(f for f in node.get("AvailableFeatures", "").split(",") if f and f != "(null)")
-        base, *flags = node.get("State", "").split("+")
-        if base in _USABLE_NODE_STATES and not {"DRAIN", "NOT_RESPONDING", "FAIL", "MAINTENANCE"} & set(flags):
-            usable += 1
-    gpus = [GpuGroup(gres_type=gres_type, gpu_model=gpu_model(gres_type) or _feature_model(members, gres_type),
-                     gpus_per_node=count, nodes=n)
-            for gres_type, counts in groups.items() for count, n in counts.items()]
-    gpus.sort(key=lambda g: -g.nodes)
-    models = {g.gpu_model for g in gpus}
-    gpu_nodes = sum(g.nodes for g in gpus)
+@dataclass(frozen=True)
+class _NodeGroup:
+    """One sinfo line: `count` nodes of a partition with the same state, GRES and features."""
+
+    partition: str
+    count: int
+    state: str
+    gres: str
+    features: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, line: str) -> _NodeGroup | None:
+        partition, count, state, gres, features = line.split("|")
+        if not count.isdigit():
+            return None
+        return cls(partition, int(count), state, gres,
+                   tuple(f for f in features.split(",") if f and f != "(null)"))
+
+    @property
+    def usable(self) -> bool:
+        return self.state in _USABLE_NODE_STATES  # a suffixed state (down*, idle~, drain) is not in the set
+
+
+def _partition(fields: dict[str, str], members: list[_NodeGroup]) -> PartitionInfo:
+    counts: dict[tuple[str | None, int], int] = {}
+    models: dict[str | None, str | None] = {}
+    for group in members:
+        for gres_type, count in _GRES_GPU.findall(group.gres):
+            key = (gres_type or None, int(count))
+            counts[key] = counts.get(key, 0) + group.count
+            # Untyped GRES (gpu:8): the model may be named by a node feature instead (Feature=h100).
+            feature_models = {gpu_model(f) for f in group.features} - {None}
+            models[gres_type or None] = gpu_model(gres_type) or (feature_models.pop() if len(feature_models) == 1 else None)
+    gpus = sorted((GpuGroup(gres_type=gres_type, gpu_model=models.get(gres_type), gpus_per_node=per_node, nodes=n)
+                   for (gres_type, per_node), n in counts.items()), key=lambda g: -g.nodes)
+    total = sum(group.count for group in members)
+    distinct_models = {g.gpu_model for g in gpus}
     allowed = fields.get("AllowAccounts", "ALL")
     max_time = fields.get("MaxTime", "UNLIMITED")
     return PartitionInfo(
         name=fields["PartitionName"], default=fields.get("Default") == "YES", state=fields.get("State", "UNKNOWN"),
         max_time=max_time, max_time_s=_seconds_or_none(max_time), default_time_s=_seconds_or_none(fields.get("DefaultTime")),
-        nodes=len(members), usable_nodes=usable, gpus_per_node=max((g.gpus_per_node for g in gpus), default=0), gpus=gpus,
-        gpu_model=next(iter(models)) if len(models) == 1 and gpu_nodes == len(members) else None,
-        features=sorted(features), allowed_accounts=None if allowed == "ALL" else allowed.split(","),
+        nodes=total, usable_nodes=sum(group.count for group in members if group.usable),
+        gpus_per_node=max((g.gpus_per_node for g in gpus), default=0), gpus=gpus,
+        gpu_model=next(iter(distinct_models)) if len(distinct_models) == 1 and sum(g.nodes for g in gpus) == total else None,
+        features=sorted({f for group in members for f in group.features}),
+        allowed_accounts=None if allowed == "ALL" else allowed.split(","),
     )
-
-
-def _feature_model(members: list[dict[str, str]], gres_type: str | None) -> str | None:
-    """Untyped GRES (gpu:8): the GPU model from node features (e.g. Feature=h100), when they name one."""
-    if gres_type:
-        return None
-    models = {gpu_model(f) for node in members for f in node.get("AvailableFeatures", "").split(",")} - {None}
-    return models.pop() if len(models) == 1 else None
 
 
 def _seconds_or_none(text: str | None) -> int | None:
