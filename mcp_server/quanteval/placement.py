@@ -119,33 +119,72 @@ def _native(report: Any, gpu: str | None) -> bool:
     return not needs_blackwell or gpu in BLACKWELL_GPUS
 
 
+def _choose_partition(doc: Any, info: remote.ClusterInfo, partition: str | None, needed: int, report: Any,
+                      warnings: list[str]) -> str | None:
+    """The asked partition, else the config's when it exists, else the first that is up with enough GPUs per node,
+    preferring GPUs that run the format as it ships, then the cluster's default partition."""
+    by_name = {p.name: p for p in info.partitions}
+    current = _value(doc, "execution.partition")
+    if partition is not None and partition not in by_name:
+        raise ToolError(f"partition: '{partition}' does not exist on {info.host}. Partitions: {', '.join(by_name) or 'none'}.")
+    if partition is not None:
+        return partition
+    if isinstance(current, str) and current in by_name:
+        return current
+    fits = [p for p in info.partitions if p.state == "UP" and p.usable_nodes and p.gpus_per_node >= needed]
+    fits.sort(key=lambda p: (not _native(report, p.gpu_model), not p.default, p.name))
+    chosen = fits[0].name if fits else None
+    if isinstance(current, str) and current != nelconfig.MISSING:
+        warnings.append(f"execution.partition '{current}' does not exist on {info.host} (sbatch would refuse the job)"
+                        + (f"; using {chosen}." if chosen else "."))
+    return chosen
+
+
+def _walltime(doc: Any, chosen: remote.PartitionInfo, walltime: str | None, values: dict[str, Any],
+              notes: list[str]) -> None:
+    """The asked walltime (or the config's, or NEL's default), capped at the partition's limit."""
+    wanted = walltime or _value(doc, "execution.walltime") or _nel_defaults("execution/slurm/default").get("walltime")
+    try:
+        wanted_s = remote.slurm_seconds(str(wanted)) if wanted is not None else None
+    except ValueError:
+        raise ToolError(f"walltime: '{wanted}' is not a SLURM time. Use HH:MM:SS or D-HH:MM:SS.") from None
+    if chosen.max_time_s is not None and (wanted_s is None or wanted_s > chosen.max_time_s):
+        values["execution.walltime"] = remote.slurm_time(chosen.max_time_s)
+        notes.append(f"execution.walltime capped at partition {chosen.name}'s limit {chosen.max_time}; NEL's "
+                     "auto-resume continues a run past it (up to execution.max_walltime).")
+    elif walltime is not None:
+        values["execution.walltime"] = remote.slurm_time(wanted_s or 0)
+
+
+def _account(doc: Any, info: remote.ClusterInfo, chosen: remote.PartitionInfo, values: dict[str, Any],
+             warnings: list[str]) -> None:
+    """Fill the account when exactly one is visible; warn when the config's is not the user's or not allowed here."""
+    account = _value(doc, "execution.account")
+    if info.accounts is not None:
+        if account in (None, nelconfig.MISSING) and len(info.accounts) == 1:
+            values["execution.account"] = info.accounts[0]
+        elif isinstance(account, str) and account != nelconfig.MISSING and account not in info.accounts:
+            warnings.append(f"execution.account '{account}' is not one of your accounts on {info.host}: "
+                            f"{', '.join(info.accounts) or 'none'}.")
+    if chosen.allowed_accounts and isinstance(account, str) and account not in chosen.allowed_accounts:
+        warnings.append(f"Partition {chosen.name} only accepts accounts {', '.join(chosen.allowed_accounts)}, "
+                        f"not '{account}'.")
+
+
 def plan_placement(doc: Any, info: remote.ClusterInfo, partition: str | None = None, report: Any = None,
                    walltime: str | None = None) -> Placement:
     """What a SLURM config should say for this cluster: partition, GPUs per node, walltime (and account when only
     one is visible), with warnings. `report` is the checkpoint's inspect_checkpoint report, for the format check."""
     needed, notes = gpus_needed(doc)
     warnings: list[str] = []
-    by_name = {p.name: p for p in info.partitions}
-    current = _value(doc, "execution.partition")
-    if partition is not None and partition not in by_name:
-        raise ToolError(f"partition: '{partition}' does not exist on {info.host}. Partitions: {', '.join(by_name) or 'none'}.")
-    if partition is None and isinstance(current, str) and current in by_name:
-        partition = current
-    if partition is None:
-        fits = [p for p in info.partitions if p.state == "UP" and p.usable_nodes and p.gpus_per_node >= needed]
-        # Prefer GPUs that run the format as it ships, then the cluster's default partition.
-        fits.sort(key=lambda p: (not _native(report, p.gpu_model), not p.default, p.name))
-        partition = fits[0].name if fits else None
-        if isinstance(current, str) and current != nelconfig.MISSING and current not in by_name:
-            warnings.append(f"execution.partition '{current}' does not exist on {info.host} (sbatch would refuse the job)"
-                            + (f"; using {partition}." if partition else "."))
+    partition = _choose_partition(doc, info, partition, needed, report, warnings)
     if partition is None:
         warnings.append(f"No partition on {info.host} is up with a usable node of {needed} GPUs: lower "
                         "deployment.tensor_parallel_size, or ask the admins. Partitions: "
                         + ", ".join(f"{p.name} ({p.gpus_per_node} x {p.gpu_model or 'GPU'})" for p in info.partitions))
         return Placement(partition=None, gpu_model=None, gpus_per_node=needed, values={}, warnings=warnings, notes=notes)
 
-    chosen = by_name[partition]
+    chosen = next(p for p in info.partitions if p.name == partition)
     values: dict[str, Any] = {"execution.partition": partition}
     if chosen.state != "UP":
         warnings.append(f"Partition {partition} is {chosen.state}: jobs wait until the admins bring it up.")
@@ -162,27 +201,8 @@ def plan_placement(doc: Any, info: remote.ClusterInfo, partition: str | None = N
         values["execution.gres"] = f"gpu:{needed}" if needed else None
     if not needed:
         notes.append("No deployment in this config (deployment: none): the evaluation job asks for no GPUs.")
-    wanted = walltime or _value(doc, "execution.walltime") or _nel_defaults("execution/slurm/default").get("walltime")
-    try:
-        wanted_s = remote.slurm_seconds(str(wanted)) if wanted is not None else None
-    except ValueError:
-        raise ToolError(f"walltime: '{wanted}' is not a SLURM time. Use HH:MM:SS or D-HH:MM:SS.") from None
-    if chosen.max_time_s is not None and (wanted_s is None or wanted_s > chosen.max_time_s):
-        values["execution.walltime"] = remote.slurm_time(chosen.max_time_s)
-        notes.append(f"execution.walltime capped at partition {partition}'s limit {chosen.max_time}; NEL's auto-resume "
-                     "continues a run past it (up to execution.max_walltime).")
-    elif walltime is not None:
-        values["execution.walltime"] = remote.slurm_time(wanted_s or 0)
-    account = _value(doc, "execution.account")
-    if info.accounts is not None:
-        if account in (None, nelconfig.MISSING) and len(info.accounts) == 1:
-            values["execution.account"] = info.accounts[0]
-        elif isinstance(account, str) and account != nelconfig.MISSING and account not in info.accounts:
-            warnings.append(f"execution.account '{account}' is not one of your accounts on {info.host}: "
-                            f"{', '.join(info.accounts) or 'none'}.")
-    if chosen.allowed_accounts and isinstance(account, str) and account not in chosen.allowed_accounts:
-        warnings.append(f"Partition {partition} only accepts accounts {', '.join(chosen.allowed_accounts)}, "
-                        f"not '{account}'.")
+    _walltime(doc, chosen, walltime, values, notes)
+    _account(doc, info, chosen, values, warnings)
     if report is not None:
         better = next((p for p in info.partitions if p.state == "UP" and p.gpus_per_node >= needed
                        and p.gpu_model and _native(report, p.gpu_model) and p.name != partition), None)
@@ -232,11 +252,10 @@ def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | Non
 
 
 def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress) -> ApplyClusterOutput:
-    """Fit a NEL SLURM config to the cluster it will run on: asks the cluster over SSH (cluster_info) and writes
-    execution.partition (one that exists, is up and has enough GPUs), GPUs per node (execution.gres gpu:N, N = this
-    model's TP x DP x PP per node, not NEL's blanket gpu:8), execution.walltime (capped at the partition's limit) and
-    execution.account when exactly one is visible. Warns when the partition's GPUs cannot run the checkpoint's format
-    as it will ship (NVFP4 on Hopper: Marlin weight-only fallback). Use it after apply_checkpoint, before dry_run."""
+    """Use after apply_checkpoint for a SLURM config: asks the cluster and writes execution.partition, gres
+    (gpu:<TP x DP x PP> of this model, not gpu:8), walltime (within the partition's limit) and the account when only
+    one is visible; warns when the partition's GPUs cannot run the checkpoint's format as it ships (NVFP4 on Hopper).
+    """
     doc = nelconfig.load_config(request.config_path)
     if nelconfig.execution_type(doc) != "slurm":
         raise ToolError(f"{request.config_path}: execution is '{nelconfig.execution_type(doc)}', not slurm; apply_cluster "

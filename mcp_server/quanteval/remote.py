@@ -1005,11 +1005,9 @@ def _seconds_or_none(text: str | None) -> int | None:
 
 
 def cluster_info(request: ClusterInfoInput, progress: ProgressFn = no_progress) -> ClusterInfo:
-    """Ask a SLURM cluster what it offers, over the SSH connection the other tools use: every partition with its
-    state, walltime limit, nodes (and how many are usable), GPUs per node and GPU type (from GRES, e.g. gpu:h100:8,
-    or node features), and the accounts you may charge (sacctmgr, when accounting is visible). Use it before
-    filling execution.partition / gres / walltime / account in a NEL SLURM config (apply_cluster does that), and
-    when sbatch rejects a job for its partition, GPUs or time."""
+    """Use before filling a SLURM config, or when sbatch refuses a job: the cluster's partitions with state, walltime
+    limit, usable nodes, GPUs per node and GPU type (GRES), and your accounts when sacctmgr shows them.
+    """
     progress(0, 1, f"scontrol on {request.host}")
     info = describe_cluster(request.host)
     if request.partition:
