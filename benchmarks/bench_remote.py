@@ -7,7 +7,9 @@ Starts the test suite's real cluster (sshd + munge + slurmctld + slurmd on 127.0
   - slurm_queue (parsed, pooled connection) vs `ssh <alias> squeue ...` (OpenSSH, one connection per poll,
     what an agent with a shell would run), median per call,
   - remote_grep (bounded, file:line) vs `ssh <alias> grep -rn ...`,
-  - the first slurm_queue call (connection set-up included).
+  - the first slurm_queue call (connection set-up included),
+  - cluster_info (partitions, GRES GPUs, limits, accounts: one round trip, parsed) vs
+    `ssh <alias> scontrol show partition; scontrol show node` (raw text).
 Target: a poll through the pooled connection at least 2x faster than a fresh `ssh` per poll.
 """
 
@@ -30,7 +32,14 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from infra.slurm_cluster import SlurmCluster, free_port  # noqa: E402
 
-from quanteval.remote import RemoteGrepInput, SlurmQueueInput, remote_grep, slurm_queue  # noqa: E402
+from quanteval.remote import (  # noqa: E402
+    ClusterInfoInput,
+    RemoteGrepInput,
+    SlurmQueueInput,
+    cluster_info,
+    remote_grep,
+    slurm_queue,
+)
 
 
 def main() -> None:
@@ -76,6 +85,15 @@ def main() -> None:
         )
         print(f"log grep (20 files x 5k lines): remote_grep {grep_tool * 1000:.1f} ms vs `ssh grep` "
               f"{grep_ssh * 1000:.1f} ms -> {grep_ssh / grep_tool:.1f}x faster")
+
+        info = median_seconds(lambda: cluster_info(ClusterInfoInput(host=alias)), args.repeats)
+        raw = median_seconds(
+            lambda: subprocess.run(ssh + ["scontrol -o show partition; scontrol -o show node"], capture_output=True,
+                                   check=True),
+            args.repeats,
+        )
+        print(f"cluster read (partitions, GPUs, limits): cluster_info {info * 1000:.1f} ms vs `ssh scontrol show ...` "
+              f"{raw * 1000:.1f} ms -> {raw / info:.1f}x faster")
     finally:
         started = time.perf_counter()
         cluster.stop()

@@ -475,3 +475,149 @@ def test_keys_from_a_running_ssh_agent_are_used(slurm_cluster, tmp_path, monkeyp
     finally:
         agent.terminate()
         agent.wait(10)
+
+
+# --- cluster_info and apply_cluster: the cluster is asked (issue 13, item 9) ------------------------
+
+
+def call_over_mcp(tool: str, arguments: dict) -> dict:
+    import anyio
+    from mcp import Client
+
+    from quanteval.server import build_server
+
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool(tool, arguments)
+
+    result = anyio.run(go)
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
+
+
+def test_cluster_info_reads_partitions_gpus_limits_and_node_states(slurm_cluster):
+    info = call_over_mcp("cluster_info", {"host": slurm_cluster.ssh_alias})
+    partitions = {p["name"]: p for p in info["partitions"]}
+    assert set(partitions) == {"debug", "hopper", "blackwell"} and info["default_partition"] == "debug"
+    hopper, blackwell = partitions["hopper"], partitions["blackwell"]
+    assert (hopper["gpus_per_node"], hopper["gpu_model"], hopper["gpus"][0]["gres_type"]) == (8, "H100", "h100")
+    assert (hopper["max_time"], hopper["max_time_s"], hopper["default_time_s"]) == ("04:00:00", 14400, 3600)
+    assert hopper["usable_nodes"] == 1 and hopper["features"] == ["hopper"]
+    # gpub1 is configured but runs no slurmd: readable, not usable.
+    assert (blackwell["gpu_model"], blackwell["max_time_s"], blackwell["usable_nodes"]) == ("B200", 2 * 86400, 0)
+    assert partitions["debug"]["max_time_s"] is None  # UNLIMITED
+    # No slurmdbd on this cluster: accounts are not visible, and the result says so instead of failing.
+    assert info["accounts"] is None and any("sacctmgr" in note for note in info["notes"])
+    assert info["user"] == "root" and info["query_s"] > 0
+    # check_environment lists the hosts of the same ssh config the remote tools read (QUANTEVAL_SSH_CONFIG here).
+    from quanteval.environment import ssh_config_hosts
+
+    assert slurm_cluster.ssh_alias in ssh_config_hosts()
+
+    one = remote.cluster_info(remote.ClusterInfoInput(host=slurm_cluster.ssh_alias, partition="blackwell"))
+    assert [p.name for p in one.partitions] == ["blackwell"]
+    with pytest.raises(ToolError, match="'batch' does not exist.*debug, hopper, blackwell"):
+        remote.cluster_info(remote.ClusterInfoInput(host=slurm_cluster.ssh_alias, partition="batch"))
+
+
+def sbatch_accepts(cluster: SlurmCluster, config: Path) -> subprocess.CompletedProcess[str]:
+    """Ask the real slurmctld whether it would take a job with the config's partition / gres / walltime."""
+    from quanteval import nelconfig
+
+    doc = nelconfig.to_plain(nelconfig.load_config(config))["execution"]
+    gres = f"--gres={doc['gres']}" if doc.get("gres") else ""
+    return cluster.run(f"sbatch --test-only -p {doc.get('partition', 'batch')} {gres} "
+                       f"--time={doc.get('walltime') or '01:00:00'} --wrap true")
+
+
+def test_apply_cluster_fills_partition_gpus_and_walltime_and_sbatch_takes_them(slurm_cluster, tmp_path: Path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from factories import make_checkpoint
+
+    from quanteval import nelconfig, placement
+
+    config = tmp_path / "run.yaml"
+    nelconfig.build_config(nelconfig.BuildConfigInput(execution="slurm", deployment="sglang", model_type="chat_reasoning",
+                                                      benchmarks=["core_reasoning"], config_path=str(config)))
+    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), key="execution.hostname",
+                                                             value=slurm_cluster.ssh_alias))
+    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), key="execution.partition", value="batch"))
+    checkpoint = make_checkpoint(tmp_path / "qwen3-nvfp4", quant="NVFP4", model_type="qwen3")
+    nelconfig.apply_checkpoint(nelconfig.ApplyCheckpointInput(config_path=str(config), checkpoint=str(checkpoint),
+                                                              tensor_parallel_size=2))
+    # NEL's own defaults (partition batch, gres gpu:8 is what it would send) are refused by this cluster.
+    refused = sbatch_accepts(slurm_cluster, config)
+    assert refused.returncode != 0 and "invalid partition" in refused.stderr.lower()
+
+    result = call_over_mcp("apply_cluster", {"config_path": str(config), "walltime": "10:00:00"})
+    placed = result["placement"]
+    assert (placed["partition"], placed["gpu_model"], placed["gpus_per_node"]) == ("debug", "H100", 2)
+    assert placed["values"]["execution.gres"] == "gpu:2"  # TP 2 x DP 1 x PP 1, not gpu:8
+    assert any("'batch' does not exist" in w for w in placed["warnings"])
+    nvfp4 = next(w for w in placed["warnings"] if "NVFP4 on H100" in w)
+    assert "Marlin" in nvfp4 and "not what ships on Blackwell" in nvfp4 and "Partition blackwell" in nvfp4
+    doc = nelconfig.to_plain(nelconfig.load_config(config))["execution"]
+    assert (doc["partition"], doc["gres"], doc["walltime"]) == ("debug", "gpu:2", "10:00:00")
+    accepted = sbatch_accepts(slurm_cluster, config)
+    assert accepted.returncode == 0, accepted.stderr
+
+    # The hopper partition's 4-hour limit caps the walltime; NEL's auto-resume carries a longer run on.
+    capped = placement.apply_cluster(placement.ApplyClusterInput(config_path=str(config), partition="hopper",
+                                                                 walltime="1-00:00:00"))
+    assert capped.placement.values["execution.walltime"] == "04:00:00" and sbatch_accepts(slurm_cluster, config).returncode == 0
+    again = placement.apply_cluster(placement.ApplyClusterInput(config_path=str(config), partition="hopper",
+                                                                walltime="1-00:00:00"))
+    assert again.changes == [] and again.diff == ""  # idempotent
+
+    # More GPUs than a node has: said plainly, not left for sbatch to refuse.
+    nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=str(config), key="deployment.tensor_parallel_size", value=16))
+    too_big = placement.apply_cluster(placement.ApplyClusterInput(config_path=str(config)))
+    assert any("needs 16 GPUs per node" in w and "has 8" in w for w in too_big.placement.warnings)
+
+
+def test_apply_cluster_needs_a_slurm_config_and_a_host(tmp_path: Path):
+    from quanteval import nelconfig, placement
+
+    local = tmp_path / "local.yaml"
+    nelconfig.build_config(nelconfig.BuildConfigInput(execution="local", deployment="vllm", model_type="base",
+                                                      benchmarks=["coding"], config_path=str(local)))
+    with pytest.raises(ToolError, match="execution is 'local', not slurm"):
+        placement.apply_cluster(placement.ApplyClusterInput(config_path=str(local)))
+    slurm = tmp_path / "slurm.yaml"
+    nelconfig.build_config(nelconfig.BuildConfigInput(execution="slurm", deployment="vllm", model_type="base",
+                                                      benchmarks=["coding"], config_path=str(slurm)))
+    with pytest.raises(ToolError, match="execution.hostname is not set"):
+        placement.apply_cluster(placement.ApplyClusterInput(config_path=str(slurm)))
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30", 1800), ("5:30", 330), ("04:00:00", 14400), ("2-00:00:00", 172800),
+                                               ("1-02", 93600), ("UNLIMITED", None), ("INFINITE", None)])
+def test_slurm_time_formats(text: str, seconds: int | None):
+    assert remote.slurm_seconds(text) == seconds
+    if seconds:
+        assert remote.slurm_seconds(remote.slurm_time(seconds)) == seconds
+
+
+def test_gres_as_big_clusters_print_it_is_read():
+    """GRES spellings this test cluster cannot produce: long type names with socket bindings, untyped GPUs named
+    by a node feature, mixed GPU kinds in one partition, drained and powered-off nodes."""
+    lines = ["gpu|120|mix|gpu:nvidia_h100_80gb_hbm3:8(S:0-1)|hopper,ib", "gpu|4|drain|gpu:nvidia_h100_80gb_hbm3:8(S:0-1)|hopper,ib",
+             "gpu|16|idle~|gpu:nvidia_h100_80gb_hbm3:8(S:0-1)|hopper,ib",
+             "old|10|idle|gpu:4|a100", "mixed|2|idle|gpu:a100:4|(null)", "mixed|2|alloc|gpu:b200:8|(null)",
+             "cpu|50|idle|(null)|(null)"]
+    groups = [remote._NodeGroup.parse(line) for line in lines]
+
+    def partition(name: str) -> remote.PartitionInfo:
+        fields = {"PartitionName": name, "MaxTime": "1-00:00:00", "State": "UP"}
+        return remote._partition(fields, [g for g in groups if g.partition == name])
+
+    gpu = partition("gpu")
+    assert (gpu.gpu_model, gpu.gpus_per_node, gpu.nodes, gpu.usable_nodes) == ("H100", 8, 140, 120)
+    old = partition("old")
+    assert (old.gpu_model, old.gpus[0].gres_type, old.gpus_per_node) == ("A100", None, 4)  # from Feature=a100
+    mixed = partition("mixed")
+    assert mixed.gpu_model is None and {g.gpu_model for g in mixed.gpus} == {"A100", "B200"} and mixed.gpus_per_node == 8
+    cpu = partition("cpu")
+    assert (cpu.gpus_per_node, cpu.gpu_model, cpu.usable_nodes) == (0, None, 50)

@@ -356,3 +356,114 @@ def test_an_output_dir_with_one_invocation_is_enough_and_with_several_asks_which
     make_task(make_invocation(tmp_path, invocation="bbbb0002", timestamp="20261121_090000"))
     with pytest.raises(ToolError, match=r"holds 2 invocations .*pass one of them, e.g. .*/20261121_090000-bbbb0002"):
         validate(tmp_path)
+
+
+# --- issue 13: full runs pass, NEL's mounts, failed runs say why -----------------------------------
+
+
+@pytest.fixture
+def shipped_recipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipes the package ships (recipes/tasks/*.md): they state the dataset sizes."""
+    monkeypatch.delenv("QUANTEVAL_RECIPES_DIR", raising=False)
+
+
+def test_a_full_gpqa_run_with_198_questions_passes(tmp_path: Path, shipped_recipes: None) -> None:
+    # GPQA diamond: 198 questions, 5 repeats per the recipe; NeMo-Skills counts questions (pass@1 averaged over 5).
+    task_dir = make_task(make_invocation(tmp_path), "ns_gpqa", limit_samples=None, count=198, extra={"num_repeats": 5})
+    report = validate(task_dir)
+    assert report.verdict == "pass", report.reasons
+    task = report.tasks[0]
+    assert (task.expected_samples, task.expected_samples_from) == (990, "recipe gpqa")
+    short = validate(make_task(make_invocation(tmp_path / "short"), "ns_gpqa", limit_samples=None, count=190,
+                               extra={"num_repeats": 5}))
+    assert short.verdict == "fail" and "190 samples scored, 990 expected" in short.reasons[0]
+
+
+def test_a_full_aime_run_counts_30_problems_times_repeats(tmp_path: Path, shipped_recipes: None) -> None:
+    for count in (30, 480):  # per question (pass@1[avg-of-16]) or per generation (30 x 16)
+        task_dir = make_task(make_invocation(tmp_path / str(count)), "ns_aime2025", limit_samples=None, count=count,
+                             extra={"num_repeats": 16})
+        report = validate(task_dir)
+        assert report.verdict == "pass", report.reasons
+        assert report.tasks[0].expected_samples == 480
+    canary = make_task(make_invocation(tmp_path / "canary"), "ns_aime2025", limit_samples=10, count=10,
+                       extra={"num_repeats": 1})
+    assert validate(canary).tasks[0].expected_samples_from == "limit_samples"
+
+
+def test_nel_counts_n_samples_once(tmp_path: Path) -> None:
+    # NEL's own size table already multiplies by n_samples: 198 x 3 expected, not 198 x 3 x 3.
+    task_dir = make_task(make_invocation(tmp_path), "gpqa_diamond", harness="simple_evals", limit_samples=None,
+                         count=594, extra={"n_samples": 3})
+    report = validate(task_dir)
+    assert report.tasks[0].expected_samples == 594 and report.verdict == "pass", report.reasons
+
+
+def resolved_metadata(task_dir: Path, deployment: dict, execution: dict | None = None) -> None:
+    """metadata.yaml as NEL writes it: the resolved launcher config under launcher_resolved_config."""
+    import yaml
+
+    path = task_dir / "artifacts" / "metadata.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["launcher_resolved_config"] = {"deployment": deployment, "execution": execution or {"type": "slurm"}}
+    path.write_text(yaml.safe_dump(data))
+
+
+SERVED_FROM_MOUNT = "[2026-11-21 10:00:01] server_args=ServerArgs(model_path='/checkpoint', tp_size=1)\n"
+
+
+def test_the_served_checkpoint_is_mapped_through_nels_mount(tmp_path: Path) -> None:
+    """NEL serves every checkpoint from /checkpoint: the host path behind the mount is what is compared."""
+    task_dir = make_task(make_invocation(tmp_path), logs={"server-0-5001-0.log": SERVED_FROM_MOUNT})
+    resolved_metadata(task_dir, {"type": "sglang", "checkpoint_path": "/lustre/models/qwen3-nvfp4"})
+    right = validate(task_dir, expected_checkpoint="/lustre/models/qwen3-nvfp4/")
+    assert right.verdict == "pass", right.reasons
+    assert (right.tasks[0].loaded_checkpoint, right.tasks[0].served_checkpoint) == ("/checkpoint", "/lustre/models/qwen3-nvfp4")
+    wrong = validate(task_dir, expected_checkpoint="/lustre/models/qwen3-bf16")
+    assert wrong.verdict == "fail"
+    assert "loaded /checkpoint (= /lustre/models/qwen3-nvfp4 on the host), not /lustre/models/qwen3-bf16" in wrong.reasons[0]
+
+
+def test_an_extra_deployment_mount_maps_too_and_an_unknown_mount_is_inconclusive(tmp_path: Path) -> None:
+    log = "INFO Starting to load model /models/llama-fp8 ...\n"
+    task_dir = make_task(make_invocation(tmp_path), logs={"server-0-5001-0.log": log})
+    resolved_metadata(task_dir, {"type": "vllm", "checkpoint_path": None},
+                      {"type": "slurm", "mounts": {"deployment": {"/lustre/ckpts": "/models"}}})
+    assert validate(task_dir, expected_checkpoint="/lustre/ckpts/llama-fp8").verdict == "pass"
+
+    unknown = make_task(make_invocation(tmp_path / "old"), logs={"server-0-5001-0.log": SERVED_FROM_MOUNT})
+    report = validate(unknown, expected_checkpoint="/lustre/models/qwen3-nvfp4")
+    assert report.verdict == "inconclusive" and "checkpoint" in checks(report, "unknown")
+
+
+SLURM_CONTAINER_FAILURE = """+ TIMEOUT=3600
++ export 'NEMO_EVALUATOR_TIMEOUT=3600'
++ srun --mpi=pmix --container-image=nvcr.io/nvidia/eval-factory/nemo_skills:26.01 --container-mounts=/a:/b bash -c ...
+srun: unrecognized option '--container-image=nvcr.io/nvidia/eval-factory/nemo_skills:26.01'
+Try "srun --help" for more information
+"""
+
+
+def test_a_failed_run_says_it_failed_and_why(tmp_path: Path) -> None:
+    """A canary that never produced artifacts: only NEL's slurm log; `+ TIMEOUT=3600` is the script, not the cause."""
+    task_dir = make_invocation(tmp_path) / "ns_gpqa.0"
+    (task_dir / "logs").mkdir(parents=True)
+    (task_dir / "artifacts").mkdir()
+    (task_dir / "logs" / "slurm-77.log").write_text(SLURM_CONTAINER_FAILURE)
+    report = validate(task_dir.parent)
+    assert report.verdict == "fail"
+    diagnosis = report.tasks[0].diagnosis
+    assert diagnosis.failure_class == "container" and "--container-image" in diagnosis.line
+    assert (diagnosis.file, diagnosis.line_number) == (str(task_dir / "logs" / "slurm-77.log"), 4)
+    assert any("failed" in reason and "container" in reason for reason in report.reasons)
+    assert "pyxis" in diagnosis.advice
+
+
+def test_a_failure_without_a_known_line_is_unclassified_with_its_last_lines(tmp_path: Path) -> None:
+    task_dir = make_task(make_invocation(tmp_path), write_results=False, write_metrics=False, exit_code=2,
+                         logs={"client-1001.log": "+ TIMEOUT=3600\nstarting\nthe widget went sideways\n"})
+    report = validate(task_dir)
+    diagnosis = report.tasks[0].diagnosis
+    assert diagnosis.failure_class == "unclassified" and diagnosis.line is None
+    assert diagnosis.last_lines[-1] == "the widget went sideways" and "+ TIMEOUT=3600" not in diagnosis.last_lines
+    assert report.verdict == "fail" and any("the widget went sideways" in reason for reason in report.reasons)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from results_factory import make_invocation, make_task  # noqa: E402
 
-from quanteval import ledger, runs
+from quanteval import failures, ledger, runs
 from quanteval.models import ToolError
 
 PLANTED = "planted-judge-secret-9f8e7d"
@@ -229,7 +229,9 @@ def test_run_logs_classifies_failures_with_file_and_line(tmp_path: Path, nel_env
     assert by_class["oom"].line == 4 and by_class["oom"].file.endswith("client-bb11bb22cc33dd44.0.log")
     assert by_class["traceback"].line == 2
     assert by_class["rate_limit"].line == 5
-    assert result.failure_classes[:2] == ["traceback", "oom"]
+    assert result.failure_classes == ["oom", "rate_limit", "traceback"]  # most specific first
+    # run_status says failed, so the most specific failure is named with its fix.
+    assert result.diagnosis.failure_class == "oom" and result.diagnosis.line_number == 4
     client_tail = next(tail for tail in result.tails if tail.file.endswith(".0.log"))
     assert len(client_tail.lines) == 3 and client_tail.lines[-1] == "done"
     assert PLANTED not in result.model_dump_json()
@@ -238,8 +240,20 @@ def test_run_logs_classifies_failures_with_file_and_line(tmp_path: Path, nel_env
 @pytest.mark.parametrize(("line", "failure_class"), [
     ("slurmstepd: error: Detected 1 oom_kill event in StepId=12.0", "oom"),
     ("slurmstepd: error: *** JOB 12 ON localhost CANCELLED AT 2026-11-21T10:00:00 DUE TO TIME LIMIT ***", "timeout"),
-    ("openai.AuthenticationError: Error code: 401 - Unauthorized", "unauthorized"),
+    ("openai.AuthenticationError: Error code: 401 - Unauthorized", "missing_credentials"),
     ("pyxis: importing docker image: nvcr.io/nvidia/eval-factory/x:1", "container"),
+    ("srun: unrecognized option '--container-image=nvcr.io/nvidia/eval-factory/nemo_skills:26.01'", "container"),
+    ("sbatch: error: invalid partition specified: batch", "sbatch_rejected"),
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available", "sbatch_rejected"),
+    ("requests.exceptions.HTTPError: 500 Server Error: Internal Server Error for url: http://node:8000/v1", "http_error"),
+    ("openai.BadRequestError: Error code: 400 - This model's maximum context length is 40960 tokens", "http_error"),
+    ("FileNotFoundError: [Errno 2] No such file or directory: '/nemo_run/code/nemo_skills/dataset/gpqa/test.jsonl'",
+     "missing_dataset"),
+    ("datasets.exceptions.DatasetNotFoundError: Dataset 'Idavidrein/gpqa' is a gated dataset", "missing_dataset"),
+    ("+ TIMEOUT=3600", None),  # the job script's own set -x echo, not a timeout
+    ("TIMEOUT=3600", None),
+    ("++ export 'REQUEST_TIMEOUT=3600'", None),
+    ("ReadTimeout: HTTPConnectionPool(host='node', port=8000): Read timed out.", "timeout"),
     ("srun: error: task 0: Killed", "killed"),
     ("Sandbox execution failed: connection refused", "sandbox"),
     ("judge model returned an error for sample 12", "judge"),
@@ -256,7 +270,7 @@ def test_failure_patterns_work_in_gnu_grep(tmp_path: Path) -> None:
     """Remote logs are grepped with `grep -E -i` on the cluster, so the patterns must mean the same there."""
     sample = tmp_path / "log"
     sample.write_text("fine\nCUDA out of memory\nall good\nrate limit hit\n")
-    found = subprocess.run(["grep", "-n", "-i", "-E", runs.ANY_FAILURE_ERE, str(sample)], capture_output=True,
+    found = subprocess.run(["grep", "-n", "-i", "-E", failures.ANY_FAILURE_ERE, str(sample)], capture_output=True,
                            text=True, check=True).stdout.splitlines()
     assert [line.split(":")[0] for line in found] == ["2", "4"]
 
@@ -372,3 +386,40 @@ def test_dry_run_over_stdio_mcp_reports_progress_and_keeps_stdout_clean(tmp_path
     result = messages[-1]["result"]
     assert not result.get("isError") and result["structuredContent"]["ok"] is True
     assert PLANTED not in "".join(lines)
+
+
+def test_a_canary_runs_one_repeat_where_the_config_repeats_and_keeps_the_hash(tmp_path: Path) -> None:
+    config = tmp_path / "repeats.yaml"
+    config.write_text("""defaults:
+  - execution: local
+  - deployment: none
+  - _self_
+execution:
+  output_dir: /tmp/out
+target:
+  api_endpoint:
+    url: http://127.0.0.1:9/v1/chat/completions
+    model_id: m
+evaluation:
+  nemo_evaluator_config:
+    config:
+      params:
+        extra:
+          n_samples: 3
+  tasks:
+    - name: ns_aime2025
+      nemo_evaluator_config:
+        config:
+          params:
+            extra:
+              num_repeats: 16
+    - name: lm-evaluation-harness.ifeval
+""")
+    overrides, notes = runs._repeat_overrides(str(config), 1)
+    assert overrides == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=1",
+                         "++evaluation.tasks.0.nemo_evaluator_config.config.params.extra.num_repeats=1"]
+    assert "ns_aime2025: the canary runs num_repeats=1 (config: 16); the full run uses 16." in notes
+    # NEL composes them, and the canary's overrides stay out of the hash that ties it to the full run.
+    full = runs.config_hash(str(config))
+    assert runs.config_hash(str(config), overrides) != full
+    assert runs._repeat_overrides(str(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from quanteval import ledger, runs
+from quanteval import ledger, remote, results, runs
 from quanteval.models import ToolError
 
 PLANTED = "planted-slurm-secret-4c3b2a"
@@ -46,7 +46,7 @@ def report_fault_scenarios(slurm_cluster) -> Iterator[None]:
                      f"({len(FAULT_SCENARIOS)}): {', '.join(FAULT_SCENARIOS)}\n")
 
 
-def slurm_config(cluster, tmp_path: Path, *, extra_flags: str = "", name: str = "slurm-run.yaml") -> Path:
+def slurm_config(cluster, tmp_path: Path, *, extra_flags: str = "", name: str = "slurm-run.yaml", task_extra: str = "") -> Path:
     path = tmp_path / name
     path.write_text(f"""defaults:
   - execution: slurm/default
@@ -71,7 +71,7 @@ evaluation:
     JUDGE_KEY_FOR_TASK: host:JUDGE_API_KEY
   tasks:
     - name: lm-evaluation-harness.ifeval
-""")
+{task_extra}""")
     return path
 
 
@@ -97,15 +97,26 @@ def sshd_session_pids(listener: int) -> list[int]:
     return children
 
 
+def cut_pooled_connections(cluster) -> None:
+    """Kill the sshd sessions behind quanteval's pooled SSH connections (sessions outlive a stopped sshd listener)."""
+    for conn in list(remote._pool.values()):
+        transport = conn.client.get_transport()
+        if transport is not None and transport.is_active():
+            for pid in cluster.ssh_session_pids(transport.sock.getsockname()[1]):
+                os.kill(pid, 9)
+
+
 def squeue_states(cluster) -> dict[str, str]:
     lines = cluster.run("squeue -h -t all -o '%i|%T'").stdout.split()
     return dict(line.split("|") for line in lines)
 
 
 def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_cluster, tmp_path: Path) -> None:
-    config = slurm_config(slurm_cluster, tmp_path)
+    repeats = "      nemo_evaluator_config:\n        config:\n          params:\n            extra:\n              num_repeats: 4\n"
+    config = slurm_config(slurm_cluster, tmp_path, task_extra=repeats)
     canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=str(config), limit_samples=5))
     assert canary.executor == "slurm" and canary.host == slurm_cluster.ssh_alias
+    assert canary.notes == ["lm-evaluation-harness.ifeval: the canary runs num_repeats=1 (config: 4); the full run uses 4."]
     (job,) = runs.run_status(runs.RunRef(record_id=canary.record_id)).jobs
     assert job.slurm_job_id in squeue_states(slurm_cluster)  # NEL's sbatch reached the real queue
 
@@ -118,7 +129,8 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     remote_dirs = list((slurm_cluster.jobs_dir / tmp_path.name).glob("*/lm-evaluation-harness.ifeval.0"))
     assert len(remote_dirs) == 1
     encoded = re.search(r'echo "([A-Za-z0-9+/=]+)" \| base64 -d > config_ef.yaml', (remote_dirs[0] / "run.sub").read_text())
-    assert "limit_samples: 5" in base64.b64decode(encoded.group(1)).decode()
+    rendered = base64.b64decode(encoded.group(1)).decode()
+    assert "limit_samples: 5" in rendered and "num_repeats: 1" in rendered  # one repeat in the canary
     secrets_file = remote_dirs[0] / ".secrets.env"
     assert PLANTED in secrets_file.read_text() and secrets_file.stat().st_mode & 0o077 == 0
 
@@ -129,7 +141,15 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     assert any(tail.file.endswith(f"slurm-{job.slurm_job_id}.log") for tail in logs.tails)
     oom = next(hit for hit in logs.failures if hit.failure_class == "oom")
     assert oom.file == str(client_log) and oom.line == 2
-    assert "container" in logs.failure_classes or "exception" in logs.failure_classes
+    assert "container" in logs.failure_classes
+    # The run failed; the diagnosis is the real srun error, not the script's `+ ...` echoes around it.
+    assert logs.diagnosis.failure_class == "container" and "--container-image" in logs.diagnosis.line
+    assert logs.diagnosis.file.endswith(f"slurm-{job.slurm_job_id}.log") and "pyxis" in logs.diagnosis.advice
+    assert not [hit for hit in logs.failures if hit.text.lstrip().startswith("+")]
+    # validate_run on the failed canary (by its record id: NEL's records say host:path) says it failed and why.
+    verdict = results.validate_run(results.ValidateRunInput(run=canary.record_id))
+    assert verdict.verdict == "fail" and verdict.tasks[0].diagnosis.failure_class == "container"
+    assert any("container" in reason and "--container-image" in reason for reason in verdict.reasons)
     assert all(len(line) <= runs.MAX_LINE_CHARS for tail in logs.tails for line in tail.lines)
     assert PLANTED not in logs.model_dump_json()
 
@@ -145,7 +165,11 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
 
     forced = runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config), force=True,
                                                           reason="container registry down; canary cannot pull"))
-    assert forced.config_hash == canary.config_hash
+    assert forced.config_hash == canary.config_hash  # the canary's limit and one-repeat overrides are not hashed
+    forced_dir = next(path for path in (slurm_cluster.jobs_dir / tmp_path.name).glob("*/lm-evaluation-harness.ifeval.0")
+                      if path != remote_dirs[0])
+    forced_config = re.search(r'echo "([A-Za-z0-9+/=]+)" \| base64 -d > config_ef.yaml', (forced_dir / "run.sub").read_text())
+    assert "num_repeats: 4" in base64.b64decode(forced_config.group(1)).decode()  # the full run keeps the config's
     record = ledger.get(forced.record_id)
     assert record.details["reason"] == "container registry down; canary cannot pull" and record.details["forced"]
     assert runs.run_status(runs.RunRef(record_id=forced.record_id)).jobs[0].slurm_job_id in squeue_states(slurm_cluster)
@@ -158,6 +182,7 @@ def test_pending_run_survives_ssh_and_controller_faults_and_is_killed(slurm_clus
     assert wait_for_status(canary.record_id, ("pending",)).status == "pending"
 
     slurm_cluster.stop("sshd")
+    cut_pooled_connections(slurm_cluster)
     try:
         down = runs.run_status(runs.RunRef(record_id=canary.record_id))
         assert not down.reachable and down.status == "pending" and "ssh" in down.message
@@ -299,6 +324,7 @@ def test_changed_host_key_is_refused_and_status_left_alone(slurm_cluster, tmp_pa
 
     trusted = slurm_cluster.known_hosts.read_text()
     slurm_cluster.rotate_host_key()
+    cut_pooled_connections(slurm_cluster)
     new_key = slurm_cluster.known_hosts.read_text()
     slurm_cluster.known_hosts.write_text(trusted)  # the client still trusts the old key
     try:

@@ -27,11 +27,26 @@ def wait_for(predicate, timeout: float = 30) -> None:
 
 
 def test_openssh_reaches_the_cluster_through_the_alias_with_strict_host_key_checking(slurm_cluster):
-    done = ssh(slurm_cluster, "echo $SLURM_CONF; sinfo -h -o %T")
+    done = ssh(slurm_cluster, "echo $SLURM_CONF; sinfo -h -n localhost -p debug -o %T")
     assert done.returncode == 0, done.stderr
     conf, state = done.stdout.split()
     assert conf == str(slurm_cluster.slurm_conf)
     assert state in {"idle", "mixed", "allocated"}
+
+
+def test_the_cluster_has_typed_gpus_a_job_can_get_and_a_blackwell_partition_without_nodes(slurm_cluster):
+    """GRES gpu:h100:8 on the real node (devices are /dev/null stand-ins), gpu:b200:8 on a node with no slurmd."""
+    gres = slurm_cluster.run("sinfo -h -o '%P|%G'").stdout.split()
+    assert sorted(gres) == ["blackwell|gpu:b200:8", "debug*|gpu:h100:8", "hopper|gpu:h100:8"]
+    out = slurm_cluster.jobs_dir / "gpu-%j.out"
+    done = slurm_cluster.run(f"sbatch --parsable -p hopper --gres=gpu:h100:2 -o {out} --wrap 'echo $CUDA_VISIBLE_DEVICES'")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    wait_for(lambda: (slurm_cluster.jobs_dir / f"gpu-{job_id}.out").is_file()
+             and (slurm_cluster.jobs_dir / f"gpu-{job_id}.out").read_text().strip() != "")
+    assert (slurm_cluster.jobs_dir / f"gpu-{job_id}.out").read_text().strip() == "0,1"
+    too_many = slurm_cluster.run("sbatch --test-only -p hopper --gres=gpu:9 --wrap true")
+    assert too_many.returncode != 0 and "Requested node configuration is not available" in too_many.stderr
 
 
 def test_sbatch_over_ssh_then_squeue_shows_it_and_sacct_c_reports_it_finished(slurm_cluster):

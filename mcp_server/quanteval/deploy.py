@@ -23,11 +23,11 @@ import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import frameworks, ledger
+from quanteval import frameworks, ledger, remote
 from quanteval.checkpoint import (
     WEIGHT_MEMORY_FRACTION,
     CheckpointReport,
@@ -39,9 +39,6 @@ from quanteval.envvars import state_dir
 from quanteval.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
 from quanteval.localproc import free_port, group_members, port_free, stop_group
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-
-if TYPE_CHECKING:
-    from quanteval.remote import RemoteResult
 
 # Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.frameworks.
 
@@ -396,29 +393,17 @@ def _sbatch_script(plan: DeploymentPlan, request: LaunchDeploymentInput, deploym
     return "\n".join(lines) + "\n"
 
 
-def _remote(host: str, command: str, timeout: float = 60) -> RemoteResult:
-    from quanteval.remote import run_remote  # paramiko stays out of server start-up
-
-    return run_remote(host, command, timeout=timeout)
-
-
 def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
     _check_scriptable(plan)
     port = request.port or plan.port
     record = ledger.add("deployment", status="submitting", executor="slurm", host=request.host, config_path=plan.checkpoint,
                         details={"framework": plan.framework, "served_model_name": plan.served_model_name})
-    remote_dir = shlex.quote(f"{request.remote_workdir.rstrip('/')}/{record.id}")
     script = _sbatch_script(plan, request, record.id, port)
-    command = (
-        f"mkdir -p {remote_dir} && cd {remote_dir} && cat > job.sbatch <<'QUANTEVAL_EOF'\n{script}QUANTEVAL_EOF\n"
-        "sbatch --parsable job.sbatch && pwd"
-    )
-    result = _remote(request.host, command)
-    if result.exit_code != 0:
-        ledger.update(record.id, status="failed", message=result.stderr[-500:])
-        raise ToolError(f"sbatch on {request.host} failed: {result.stderr.strip()[-500:]}. Check partition/account/gpus_per_node.")
-    job_line, absolute_dir = (result.stdout.strip().splitlines() + ["", ""])[:2]
-    job_id = job_line.split(";")[0].strip()
+    try:
+        job_id, absolute_dir = remote.sbatch(request.host, f"{request.remote_workdir.rstrip('/')}/{record.id}", script)
+    except ToolError as exc:
+        ledger.update(record.id, status="failed", message=str(exc)[-500:])
+        raise ToolError(f"{exc}. Check partition/account/gpus_per_node against cluster_info.") from None
     ledger.update(record.id, status="loading", details={
         "job_id": job_id, "remote_dir": absolute_dir, "port": port, "log_path": f"{absolute_dir}/server.log",
         "argv": [*plan.launcher, *plan.server_args], "started_at": time.time(), "startup_timeout_s": request.startup_timeout_s,
@@ -556,7 +541,6 @@ def _local_process(details: dict[str, Any]) -> tuple[bool, int | None]:
 
 _REMOTE_PROBE = """
 cd {dir} 2>/dev/null || exit 3
-echo @@job; squeue -h -j {job} -o %T 2>/dev/null
 echo @@host; cat endpoint_host 2>/dev/null
 h=$(cat endpoint_host 2>/dev/null)
 echo @@health
@@ -580,14 +564,16 @@ def _status_slurm(record: ledger.Record, chat: bool) -> tuple[str, bool, _Probe,
     """(process description, running, probe, log text, endpoint host)."""
     details = record.details
     name = details["served_model_name"]
-    script = _REMOTE_PROBE.format(dir=shlex.quote(details["remote_dir"]), job=details["job_id"], port=details["port"],
+    host = record.host or ""
+    job = remote.job_states(host, [details["job_id"]]).get(details["job_id"])
+    job_state = job.state if job else ""
+    script = _REMOTE_PROBE.format(dir=shlex.quote(details["remote_dir"]), port=details["port"],
                                   chat=int(chat), body=shlex.quote(json.dumps(_chat_body(name))), scan=REMOTE_LOG_SCAN_BYTES)
-    result = _remote(record.host or "", script, timeout=120)
+    result = remote.run_remote(host, script, timeout=120)
     if result.exit_code == 3:
         raise ToolError(f"{record.host}:{details['remote_dir']}: deployment directory is gone.")
     out = _sections(result.stdout)
-    job_state = out.get("job", "")
-    running = job_state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING")
+    running = job_state in remote.ACTIVE_JOB_STATES
     probe = _Probe()
     if out.get("health", "").isdigit():
         probe.health = int(out["health"]) or None
@@ -699,12 +685,16 @@ def _stop_local(details: dict[str, Any], grace_s: float) -> tuple[bool, str, lis
 
 
 def _stop_slurm(record: ledger.Record, grace_s: float) -> tuple[bool, str]:
-    job = record.details["job_id"]
-    result = _remote(record.host or "", f"scancel {job}; for i in $(seq {max(1, int(grace_s * 2))}); do "
-                     f"[ -z \"$(squeue -h -j {job} -o %T 2>/dev/null)\" ] && echo GONE && exit 0; sleep 0.5; done; "
-                     f"squeue -h -j {job} -o %T", timeout=grace_s + 60)
-    gone = "GONE" in result.stdout
-    return gone, f"scancel {job}" + ("" if gone else f" (job still {result.stdout.strip()[-40:]})")
+    job, host = record.details["job_id"], record.host or ""
+    remote.scancel(host, [job])
+    deadline = time.monotonic() + grace_s
+    while True:
+        entry = remote.job_states(host, [job]).get(job)
+        if entry is None or entry.state not in remote.ACTIVE_JOB_STATES:
+            return True, f"scancel {job}"
+        if time.monotonic() >= deadline:
+            return False, f"scancel {job} (job still {entry.state})"
+        time.sleep(0.5)
 
 
 def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_progress) -> StopDeploymentResult:

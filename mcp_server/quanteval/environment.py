@@ -103,7 +103,10 @@ def _gpus(probe: bool) -> tuple[list[GpuInfo], str]:
 
 
 def ssh_config_hosts(config_path: Path | None = None) -> list[str]:
-    path = config_path or Path.home() / ".ssh" / "config"
+    """Host aliases of the ssh config the remote tools read (~/.ssh/config, or QUANTEVAL_SSH_CONFIG)."""
+    from quanteval.remote import ssh_config_path
+
+    path = config_path or ssh_config_path()
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:

@@ -153,6 +153,13 @@ def op_jobs(invocation_id: str) -> dict[str, Any]:
     return {"jobs": [{"job_id": job_id, "executor": job.executor, "data": job.data} for job_id, job in jobs.items()]}
 
 
+def op_results_dirs(invocation_id: str) -> dict[str, Any]:
+    """Where each job of an invocation writes its results, as NEL says: a local dir, or host:path on a cluster."""
+    from nemo_evaluator_launcher.exporters.utils import get_results_dir_from_job_data
+
+    return {"dirs": [get_results_dir_from_job_data(job.data) for job in _jobs(invocation_id).values()]}
+
+
 def _progress(value: Any) -> int | None:
     """NEL reports progress as an int (SLURM), {"progress": int} (local) or "unknown"."""
     if isinstance(value, dict):
@@ -183,7 +190,7 @@ def op_resume(invocation_id: str) -> dict[str, Any]:
     return {"invocation_id": resume_eval(invocation_id)}
 
 
-OPS = {"hash": op_hash, "run": op_run, "jobs": op_jobs, "status": op_status, "kill": op_kill, "resume": op_resume}
+OPS = {"hash": op_hash, "run": op_run, "jobs": op_jobs, "results_dirs": op_results_dirs, "status": op_status, "kill": op_kill, "resume": op_resume}
 
 
 def main() -> None:

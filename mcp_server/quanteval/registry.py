@@ -135,6 +135,8 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec("remote.slurm_queue", read_only=True, idempotent=True, open_world=True),
     ToolSpec("remote.remote_grep", read_only=True, idempotent=True, open_world=True),
     ToolSpec("remote.check_registry_credentials", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("remote.cluster_info", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("placement.apply_cluster", read_only=False, destructive=True, idempotent=True, open_world=True),
     ToolSpec("results.validate_run", read_only=True, idempotent=True, open_world=True),
     ToolSpec("results.extract_scores", read_only=True, idempotent=True, open_world=True),
     ToolSpec("compare.compare_results", read_only=False, open_world=True),

@@ -30,8 +30,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from quanteval import ledger
+from quanteval import failures, ledger
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
+from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 log = logging.getLogger(__name__)
@@ -130,18 +131,15 @@ def _remote_spec(run: str) -> tuple[str, str] | None:
 
 
 def _nel_output_dir(invocation_id: str) -> str | None:
-    """Where NEL's own execution records say the invocation wrote its results (local dir or host:path)."""
-    from nemo_evaluator_launcher.common.execdb import ExecutionDB
-    from nemo_evaluator_launcher.exporters.utils import get_results_dir_from_job_data
+    """Where NEL's own execution records say the invocation wrote its results (local dir or host:path). Asked in a
+    child process (quanteval.nelexec): NEL pins its execution database path when it is imported."""
+    from quanteval import nelexec
 
-    try:
-        jobs = ExecutionDB().get_jobs(invocation_id)
-    except ValueError as exc:  # a partial id that matches several invocations
-        raise ToolError(f"run '{invocation_id}': {exc}. Give the full invocation id.") from None
-    for job in jobs.values():
-        # a task directory, local or host:path; the invocation directory is its parent
-        task_dir = get_results_dir_from_job_data(job.data)
-        if task_dir:
+    answer = nelexec.call("results_dirs", 120, invocation_id=invocation_id)
+    if not answer.get("ok"):  # e.g. a partial id that matches several invocations
+        raise ToolError(f"run '{invocation_id}': {answer.get('error')}. Give the full invocation id.")
+    for task_dir in answer["dirs"]:
+        if task_dir:  # a task directory, local or host:path; the invocation directory is its parent
             host, path = _remote_spec(task_dir) or ("", task_dir)
             parent = str(Path(path).parent)
             return f"{host}:{parent}" if host else parent
@@ -427,12 +425,17 @@ class TaskValidation(BaseModel):
     finished: bool | None = Field(None, description="results.yml written and the task exited 0; null when unknown.")
     resumed_after_timeout: bool = False
     expected_samples: int | None = Field(None, description="limit_samples or dataset size, times repeats.")
+    expected_samples_from: str | None = Field(
+        None, description="Where the size came from: limit_samples, the task's recipe, or NEL's dataset sizes.")
     evaluated_samples: int | None = Field(None, description="stats.count of the scores.")
     responses: int | None = Field(None, description="HTTP responses seen by the response-stats interceptor.")
     error_share: float | None = None
     truncated_share: float | None = Field(None, description="Share of successful responses with finish_reason=length.")
     leaked_reasoning: int | None = Field(None, description="Final answers that still contain <think> or </think>.")
-    loaded_checkpoint: str | None = Field(None, description="The model path the server logs say it loaded.")
+    loaded_checkpoint: str | None = Field(None, description="The model path the server logs say it loaded (inside its container).")
+    served_checkpoint: str | None = Field(
+        None, description="loaded_checkpoint mapped back through the deployment's mounts (as NEL renders them) to the host path.")
+    diagnosis: Diagnosis | None = Field(None, description="For a task that failed: the failure class, its log line and the usual fix.")
     findings: list[Finding] = Field(default_factory=list)
 
 
@@ -511,18 +514,83 @@ def _leaked_reasoning(task_dir: Path) -> int | None:
     return leaked
 
 
-def _expected_samples(config: dict[str, Any]) -> int | None:
-    if not config.get("config"):
-        return None
+def dataset_size(config: dict[str, Any]) -> tuple[int | None, str | None]:
+    """Questions one repeat of this task covers, and who says so: limit_samples, the task's recipe, or NEL's own
+    table of dataset sizes (nemo_evaluator_launcher.common.helpers). (None, None) when nobody knows."""
+    task_config = config.get("config") or {}
+    params = task_config.get("params") or {}
+    if params.get("limit_samples") is not None:
+        return int(params["limit_samples"]), "limit_samples"
+    extra = params.get("extra") or {}
+    recipe = _recipe_for(task_config.get("type"))
+    if recipe is not None and recipe.samples:
+        ratio = extra.get("downsampling_ratio")
+        size = int(round(recipe.samples * ratio)) if isinstance(ratio, (int, float)) else recipe.samples
+        return size, f"recipe {recipe.name}"
+    if not task_config:
+        return None, None
     from nemo_evaluator_launcher.common.helpers import get_eval_factory_dataset_size_from_run_config
 
+    # NEL multiplies by extra.n_samples itself; repeats are counted once, by the caller.
+    one_repeat = {**params, "extra": {key: value for key, value in extra.items() if key != "n_samples"}}
     try:
         size = get_eval_factory_dataset_size_from_run_config(
-            {"framework_name": config.get("framework_name"), "config": {"params": {}, **config["config"]}}
-        )
+            {"framework_name": config.get("framework_name"), "config": {**task_config, "params": one_repeat}})
     except (KeyError, TypeError, ValueError):
+        return None, None
+    return (None, None) if size is None else (int(size), "NEL's dataset sizes")
+
+
+def deployment_mounts(task_dir: Path) -> list[tuple[str, str]]:
+    """(host path, container path) of the deployment's mounts, rendered the way NEL 0.2.6's local and SLURM executors
+    do (deployment.checkpoint_path -> /checkpoint, cache_path -> /cache, then execution.mounts.deployment), from the
+    resolved config NEL stores in artifacts/metadata.yaml. Empty when the run did not record it."""
+    from quanteval.nelconfig import EVALUATION_CHECKPOINT_MOUNT
+
+    resolved = (load_yaml(task_dir / "artifacts" / METADATA_FILE) or {}).get("launcher_resolved_config") or {}
+    deployment = resolved.get("deployment") or {}
+    if not isinstance(deployment, dict) or deployment.get("type") in (None, "none"):
+        return []
+    mounts = []
+    if deployment.get("checkpoint_path"):
+        mounts.append((str(deployment["checkpoint_path"]), EVALUATION_CHECKPOINT_MOUNT))
+    if deployment.get("cache_path"):
+        mounts.append((str(deployment["cache_path"]), "/cache"))
+    extra = ((resolved.get("execution") or {}).get("mounts") or {}).get("deployment") or {}
+    mounts += [(str(source), str(target).split(":")[0]) for source, target in extra.items()] if isinstance(extra, dict) else []
+    return mounts
+
+
+def host_path(container_path: str, mounts: list[tuple[str, str]]) -> str | None:
+    """The host path behind a path inside the server's container; the path itself when no mount covers it (an HF
+    handle or a path the server sees as is); None for NEL's checkpoint mount point when nothing says what is there."""
+    from quanteval.nelconfig import EVALUATION_CHECKPOINT_MOUNT
+
+    path = _normal(container_path)
+    for source, target in sorted(mounts, key=lambda mount: -len(mount[1])):
+        target = _normal(target)
+        if path == target or path.startswith(target + "/"):
+            return _normal(source) + path[len(target):]
+    if path == EVALUATION_CHECKPOINT_MOUNT or path.startswith(EVALUATION_CHECKPOINT_MOUNT + "/"):
         return None
-    return None if size is None else size * repeats(config["config"].get("params") or {})
+    return container_path
+
+
+def _normal(path: str) -> str:
+    return Path(path).as_posix().rstrip("/") or "/"
+
+
+def _diagnose(tree: RunTree, task_dir: Path) -> Diagnosis:
+    """Why a task failed, from its logs where they are (here or on the cluster)."""
+    from quanteval import remote
+
+    logs = tree.remote_path(task_dir / "logs") if tree.host else str(task_dir / "logs")
+    result = remote.run_remote(tree.host or remote.LOCAL, failures.grep_command(logs, 200, tail_lines=40), timeout=120)
+    shown = f"{tree.host}:{logs}" if tree.host else logs
+    tails, hits = failures.parse_grep(result.stdout, shown)
+    # The task's own client log ends the story; NEL's slurm-*.log holds the job script around it.
+    last = [line for _, lines in sorted(tails, key=lambda tail: "client" in tail[0]) for line in lines]
+    return failures.diagnose(hits, last)
 
 
 def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> TaskValidation:  # noqa: C901
@@ -543,13 +611,20 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
                                 evidence=logs["slurm_timeout"][:2] + logs["resumed"][:2]))
     if exit_code not in (None, 0):
         report.finished = False
-        findings.append(Finding(severity="fail", check="finished", message=f"The task exited with code {exit_code}; see its client log (run_logs).",
+        findings.append(Finding(severity="fail", check="finished", message=f"The task failed: it exited with code {exit_code}.",
                                 evidence=[Evidence(file=tree.display(task_dir / "logs" / "stage.exit"), line=1, text=str(exit_code))]))
     elif not has_results:
         report.finished = False
         cause = " SLURM stopped it and no resume finished it: resume_run." if logs["slurm_timeout"] else ""
-        findings.append(Finding(severity="fail", check="finished", message=f"{scores.problem}.{cause}",
+        findings.append(Finding(severity="fail", check="finished", message=f"The task failed or never finished: {scores.problem}.{cause}",
                                 evidence=logs["slurm_timeout"][:2]))
+    if report.finished is False:
+        report.diagnosis = _diagnose(tree, task_dir)
+        diagnosis = report.diagnosis
+        evidence = [Evidence(file=diagnosis.file or "", line=diagnosis.line_number, text=_clip(diagnosis.line or ""))] if diagnosis.line else []
+        why = f"{diagnosis.line}" if diagnosis.line else "no known failure line; last lines: " + " | ".join(diagnosis.last_lines[-3:])
+        findings.append(Finding(severity="fail", check="failure", message=f"Why it failed ({diagnosis.failure_class}): "
+                                f"{_clip(why)}. {diagnosis.advice}", evidence=evidence))
     else:
         report.finished = True
         if scores.problem:
@@ -558,10 +633,14 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
     # Sample accounting.
     counts = [s.count for s in scores.scores if isinstance(s.count, int)]
     report.evaluated_samples = max(counts) if counts else None
-    report.expected_samples = _expected_samples(config)
     params = ((config.get("config") or {}).get("params")) or {}
+    size, size_source = dataset_size(config)
+    report.expected_samples = None if size is None else size * repeats(params)
+    report.expected_samples_from = size_source
     if report.finished and report.expected_samples is None:
-        findings.append(Finding(severity="unknown", check="samples", message=f"{tree.display(artifacts / RUN_CONFIG_FILE)}: no limit_samples and no known dataset size, so dropped samples cannot be counted."))
+        findings.append(Finding(severity="unknown", check="samples", message=(
+            f"{tree.display(artifacts / RUN_CONFIG_FILE)}: no limit_samples, and neither a recipe (samples:) nor NEL "
+            f"knows the size of {scores.task or 'this task'}, so dropped samples cannot be counted.")))
     elif report.finished and report.evaluated_samples is None:
         findings.append(Finding(severity="unknown", check="samples", message=f"{tree.display(artifacts / RESULTS_FILE)}: scores carry no stats.count, so dropped samples cannot be counted."))
     elif report.finished:
@@ -621,10 +700,20 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
                                     message=f"{check.replace('_', ' ')} lines in the logs: the scores of the affected samples are not the model's.",
                                     evidence=logs[check]))
     report.loaded_checkpoint = _loaded_checkpoint(logs["loaded_checkpoint"])
+    mounts = deployment_mounts(task_dir)
+    if report.loaded_checkpoint:
+        report.served_checkpoint = host_path(report.loaded_checkpoint, mounts)
     if request.expected_checkpoint and report.loaded_checkpoint:
-        if Path(report.loaded_checkpoint).as_posix().rstrip("/") != Path(request.expected_checkpoint).as_posix().rstrip("/"):
+        expected = _normal(request.expected_checkpoint)
+        if report.served_checkpoint is None:
+            findings.append(Finding(severity="unknown", check="checkpoint", message=(
+                f"The server loaded {report.loaded_checkpoint}, a mount point inside its container, and "
+                f"{tree.display(artifacts / METADATA_FILE)} does not say what NEL mounted there.")))
+        elif _normal(report.served_checkpoint) != expected:
+            shown = report.loaded_checkpoint + (f" (= {report.served_checkpoint} on the host)"
+                                                if report.served_checkpoint != report.loaded_checkpoint else "")
             findings.append(Finding(severity="fail", check="checkpoint",
-                                    message=f"The server loaded {report.loaded_checkpoint}, not {request.expected_checkpoint}.",
+                                    message=f"The server loaded {shown}, not {request.expected_checkpoint}.",
                                     evidence=logs["loaded_checkpoint"][:1]))
     elif request.expected_checkpoint:
         findings.append(Finding(severity="unknown", check="checkpoint",

@@ -18,13 +18,13 @@ import os
 import re
 import shlex
 import stat
-import subprocess
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import envvars, ledger, nelexec, results
+from quanteval import envvars, failures, ledger, nelexec, remote, results
+from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples={}"
@@ -35,30 +35,11 @@ SSH_TIMEOUT_S = 60.0
 SCRIPT_HEAD_LINES = 40
 MAX_SCRIPTS = 20
 MAX_HITS = 100
-MAX_LINE_CHARS = 400  # NEL's scripts echo base64 configs thousands of characters long
+MAX_LINE_CHARS = failures.MAX_LINE_CHARS  # NEL's scripts echo base64 configs thousands of characters long
 
 ACTIVE = ("submitted", "pending", "running", "resuming")
 FINISHED = ("succeeded", "failed", "killed")
 RunKind = Literal["dry_run", "canary", "full_run"]
-
-# The failure classes the workflow names, in one place. Each regex is also valid POSIX ERE
-# (GNU grep -E) because remote logs are grepped on the cluster; matching is case-insensitive.
-FAILURE_PATTERNS: dict[str, str] = {
-    "traceback": r"Traceback \(most recent call last\)",
-    "oom": r"out of memory|OutOfMemoryError|oom[-_ ]kill|\bOOM\b",
-    "killed": r"\bkilled\b|SIGKILL|signal 9",
-    "timeout": r"timed out|\btimeout\b|DUE TO TIME LIMIT",
-    "unauthorized": r"unauthori[sz]ed|forbidden|\b401\b|\b403\b|authentication failed",
-    "rate_limit": r"rate.?limit|too many requests|\b429\b",
-    "sandbox": r"sandbox",
-    "container": r"pyxis|enroot|container.*(error|fail|not found)|manifest unknown|image.*not found",
-    "judge": r"judge.*(error|fail)",
-    "parse": r"parse error|failed to parse|could not parse|ParseError|JSONDecodeError",
-    "scoring": r"scor(e|ing).*(error|fail)",
-    "exception": r"exception|\b[A-Za-z]+Error:",
-}
-COMPILED_PATTERNS = {name: re.compile(pattern, re.IGNORECASE) for name, pattern in FAILURE_PATTERNS.items()}
-ANY_FAILURE_ERE = "|".join(f"({pattern})" for pattern in FAILURE_PATTERNS.values())
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")
 # Shell lines that carry secret values (NEL's `set -x` echoes its re-exports into the SLURM log).
@@ -114,19 +95,17 @@ class _Unreachable(Exception):
     """The cluster could not be asked (ssh failed or slurmctld did not answer); nothing is known about the job."""
 
 
-def _ssh(user: str, host: str, command: str, timeout: float = SSH_TIMEOUT_S) -> str:
-    """Run a command on a cluster login node with the system ssh (the same client and ~/.ssh/config NEL uses)."""
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
-            f"{user}@{host}", command]
+def _login(data: dict) -> str:
+    """The cluster login NEL recorded for a job, as the cluster-access layer names it (user@alias)."""
+    return f"{data['username']}@{data['hostname']}"
+
+
+def _on_cluster(data: dict, command: str, timeout: float = SSH_TIMEOUT_S) -> str:
+    """Run a command on a job's cluster login node over quanteval's pooled SSH connection; stdout comes back."""
     try:
-        # stdin from /dev/null: under the stdio MCP server, stdin carries the protocol and ssh would read it.
-        completed = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise _Unreachable(f"ssh {host} did not answer within {timeout:.0f} s") from None
-    if completed.returncode == 255:
-        reason = completed.stderr.strip().splitlines()[-1:] or ["connection failed"]
-        raise _Unreachable(f"ssh {host} failed: {reason[0]}")
-    return completed.stdout
+        return remote.run_remote(_login(data), command, timeout=timeout).stdout
+    except ToolError as exc:
+        raise _Unreachable(f"ssh {data['hostname']} failed: {exc}") from None
 
 
 # ---------------------------------------------------------------- config_hash
@@ -227,6 +206,7 @@ class LaunchOutput(BaseModel):
     host: str | None
     status: str
     gate: str | None = Field(None, description="Why a full run was allowed: the canary that passed, or the forced reason.")
+    notes: list[str] = Field(default_factory=list, description="What the canary runs differently from the full run (repeats).")
 
 
 def _launch(kind: RunKind, config_path: str, overrides: list[str], extra_overrides: list[str], tasks: list[str],
@@ -259,8 +239,7 @@ def _protect_remote_secrets(record: ledger.Record) -> None:
     try:
         for job in _jobs(record):
             data = job["data"]
-            _ssh(data["username"], data["hostname"],
-                 f"chmod 600 {shlex.quote(data['remote_rundir_path'])}/.secrets.env 2>/dev/null; true")
+            _on_cluster(data, f"chmod 600 {shlex.quote(data['remote_rundir_path'])}/.secrets.env 2>/dev/null; true")
     except (_Unreachable, ToolError) as exc:
         ledger.update(record.id, message=f"could not chmod the remote .secrets.env: {exc}")
 
@@ -272,20 +251,56 @@ class LaunchCanaryInput(StrictModel):
         "Only these tasks of the config; empty = all."))
     overrides: list[str] = Field(default_factory=list, description=(
         "Overrides as for `nel run -o` (new key: '++'); give launch_full_run the same ones."))
+    repeats: int | None = Field(1, ge=1, le=1000, description=(
+        "Repeats per sample where the config repeats samples (num_repeats, n_samples); null keeps the config's. "
+        "The full run always uses the config's."))
+
+
+REPEAT_OVERRIDE = "++{prefix}.nemo_evaluator_config.config.params.extra.{key}={value}"
+
+
+def _repeat_overrides(config_path: str, repeats: int) -> tuple[list[str], list[str]]:
+    """Overrides that run every repeated task `repeats` times, and a note per task changed.
+
+    Repeats live in params.extra (num_repeats for NeMo-Skills, n_samples for simple-evals) of a task or of the
+    evaluation-wide nemo_evaluator_config; a task's own value wins over the global one, so each is overridden where
+    the config sets it, by list index (task names may hold dots, which NEL's task-name override sugar cannot take).
+    """
+    from quanteval import nelconfig
+
+    evaluation = nelconfig.to_plain(nelconfig.load_config(config_path)).get("evaluation")
+    evaluation = evaluation if isinstance(evaluation, dict) else {}
+    task_list = evaluation.get("tasks") if isinstance(evaluation.get("tasks"), list) else []
+    places = [("evaluation", "every task", evaluation)]
+    places += [(f"evaluation.tasks.{index}", str(task.get("name")), task) for index, task in enumerate(task_list)
+               if isinstance(task, dict)]
+    overrides, notes = [], []
+    for prefix, name, node in places:
+        params = ((node.get("nemo_evaluator_config") or {}).get("config") or {}).get("params") or {}
+        extra = params.get("extra") or {}
+        for key in results.REPEAT_KEYS:
+            value = extra.get(key)
+            if isinstance(value, int) and value != repeats:
+                overrides.append(REPEAT_OVERRIDE.format(prefix=prefix, key=key, value=repeats))
+                notes.append(f"{name}: the canary runs {key}={repeats} (config: {value}); the full run uses {value}.")
+    return overrides, notes
 
 
 def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Use after a passing dry_run: launches a small canary (limit_samples per task, default 10) and returns its
-    record_id at once; a full run needs a passing canary of the same config. Poll with run_status.
+    """Use after a passing dry_run: launches a small canary (limit_samples per task, default 10, and one repeat where
+    the config repeats samples) and returns its record_id at once; a full run needs a passing canary of the same
+    config (the hash leaves the canary's limit and repeats out). Poll with run_status.
     """
     config_path = _config_file(request.config_path)
     progress(0, 3, "composing the config")
+    repeat_overrides, notes = _repeat_overrides(config_path, request.repeats) if request.repeats else ([], [])
     record, answer = _launch("canary", config_path, request.overrides,
-                             [LIMIT_SAMPLES_OVERRIDE.format(request.limit_samples)], request.tasks,
-                             {"limit_samples": request.limit_samples}, progress)
+                             [LIMIT_SAMPLES_OVERRIDE.format(request.limit_samples), *repeat_overrides], request.tasks,
+                             {"limit_samples": request.limit_samples, "repeats": request.repeats,
+                              "canary_overrides": repeat_overrides}, progress)
     return LaunchOutput(record_id=record.id, kind="canary", invocation_id=record.invocation_id or "",
                         config_hash=answer["config_hash"], executor=answer["executor"], host=answer.get("host"),
-                        status=record.status)
+                        status=record.status, notes=notes)
 
 
 class LaunchFullRunInput(StrictModel):
@@ -424,60 +439,40 @@ def _slurm_state(state_field: str) -> str:
     return state_field.split()[0].rstrip("+") if state_field.strip() else "UNKNOWN"
 
 
-def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:  # noqa: C901
-    """One ssh call per host: chain files, `squeue -t all`, then sacct (or `sacct -c` without slurmdbd)."""
-    by_host: dict[tuple[str, str], list[dict]] = {}
+def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
+    """Per cluster login: NEL's job chain files, `squeue -t all` for the user, then sacct for jobs the queue forgot."""
+    by_login: dict[str, list[dict]] = {}
     for job in jobs:
-        by_host.setdefault((job["data"]["username"], job["data"]["hostname"]), []).append(job)
+        by_login.setdefault(_login(job["data"]), []).append(job)
     statuses = []
-    for (user, host), host_jobs in by_host.items():
+    for login, host_jobs in by_login.items():
+        data = host_jobs[0]["data"]
         chain_cmds = "; ".join(
             f"echo @@CHAIN {job['job_id']}; cat {shlex.quote(job['data']['remote_rundir_path'])}/.slurm_job_id.list "
             "2>/dev/null; echo" for job in host_jobs)
-        script = (f"{chain_cmds}; echo @@SQUEUE; squeue -h -t all -u {shlex.quote(user)} -o '%i|%T|%E|%j'; "
-                  "echo \"@@SQUEUE_RC $?\"")
-        output = _ssh(user, host, script)
         chains: dict[str, list[str]] = {}
         current = None
-        squeue_lines: list[str] = []
-        squeue_ok = False
-        for line in output.splitlines():
+        for line in _on_cluster(data, chain_cmds).splitlines():
             if line.startswith("@@CHAIN "):
                 current = line.split()[1]
                 chains[current] = []
-            elif line == "@@SQUEUE":
-                current = "@@SQUEUE"
-            elif line.startswith("@@SQUEUE_RC"):
-                squeue_ok = line.split()[1] == "0"
-            elif current == "@@SQUEUE":
-                squeue_lines.append(line)
             elif current and line.strip():
                 chains[current].extend(line.split())
-        if not squeue_ok:
-            raise _Unreachable(f"squeue on {host} failed: the SLURM controller is not answering")
-        queue: dict[str, str] = {}
-        names: dict[str, str] = {}
-        dependencies: dict[str, str] = {}
-        for line in squeue_lines:
-            parts = [part.strip() for part in line.split("|", 3)]
-            if len(parts) == 4:
-                queue[parts[0]], dependencies[parts[0]], names[parts[0]] = parts[1], parts[2], parts[3]
         latest_ids = {job["job_id"]: (chains.get(job["job_id"]) or [str(job["data"]["slurm_job_id"])])[-1]
                       for job in host_jobs}
-        purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
-        if purged:
-            ids = ",".join(purged)
-            accounting = _ssh(user, host, f"sacct -n -P -X -o JobID,State -j {ids} 2>/dev/null || "
-                                          f"sacct -c -n -P -o JobID,State -j {ids} 2>/dev/null; true")
-            for line in accounting.splitlines():
-                job_id, _, state = line.partition("|")
-                if job_id.strip() in purged:
-                    queue[job_id.strip()] = state
+        try:
+            queue = {entry.job_id: entry for entry in remote.squeue(login, user=data["username"], all_states=True)}
+            purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
+            if purged:
+                _, finished, _ = remote.sacct(login, job_ids=purged)
+                queue.update({entry.job_id: entry for entry in finished if entry.job_id in purged})
+        except ToolError as exc:
+            raise _Unreachable(f"ssh {data['hostname']}: {exc}") from None
         for job in host_jobs:
             original = str(job["data"]["slurm_job_id"])
             latest = latest_ids[job["job_id"]]
-            state = _slurm_state(queue.get(latest, ""))
-            restart = _restart_job(latest, queue, names, dependencies)
+            state = _slurm_state(queue[latest].state if latest in queue else "")
+            restart = _restart_job(latest, queue)
             status, note = _map_slurm(state, restart, latest != original)
             statuses.append(JobStatus(job_id=job["job_id"], status=status, slurm_job_id=original,
                                       current_slurm_job_id=latest if latest != original else None,
@@ -485,14 +480,15 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:  # noqa: C901
     return statuses
 
 
-def _restart_job(latest: str, queue: dict[str, str], names: dict[str, str], dependencies: dict[str, str]) -> str | None:
+def _restart_job(latest: str, queue: dict[str, remote.SlurmJob]) -> str | None:
     """NEL's paired restart job behind `latest`: it depends on it (afternotok:<latest>) while `latest` runs, and keeps
     the job name once SLURM has cleared the satisfied dependency and starts it."""
-    for job_id, state in queue.items():
-        if state not in ("PENDING", "CONFIGURING", "RUNNING") or not job_id.isdigit() or not latest.isdigit():
+    latest_name = queue[latest].name if latest in queue else None
+    for job_id, entry in queue.items():
+        if entry.state not in ("PENDING", "CONFIGURING", "RUNNING") or not job_id.isdigit() or not latest.isdigit():
             continue
-        if f":{latest}" in dependencies.get(job_id, "") or (
-                int(job_id) > int(latest) and names.get(job_id) == names.get(latest) and names.get(latest)):
+        if f":{latest}" in (entry.dependency or "") or (
+                int(job_id) > int(latest) and latest_name and entry.name == latest_name):
             return job_id
     return None
 
@@ -583,7 +579,7 @@ class LogTail(BaseModel):
 
 
 class FailureHit(BaseModel):
-    failure_class: str = Field(description=f"One of: {', '.join(FAILURE_PATTERNS)}.")
+    failure_class: str = Field(description=f"One of: {', '.join(failures.FAILURE_ADVICE)}.")
     file: str
     line: int
     text: str
@@ -593,14 +589,18 @@ class RunLogsOutput(BaseModel):
     record_id: str
     invocation_id: str | None
     tails: list[LogTail]
-    failures: list[FailureHit] = Field(description="Lines matching a known failure class anywhere in the logs, with file:line.")
+    failures: list[FailureHit] = Field(description="Lines matching a known failure class anywhere in the logs, with file:line "
+                                       "(the job script's own `+ ...` echoes are not failures).")
     failures_truncated: bool
     failure_classes: list[str] = Field(description="The distinct failure classes found, most specific first.")
+    diagnosis: Diagnosis | None = Field(description=(
+        "For a failed run: the most specific failure with its line and the usual fix, or 'unclassified' with the last "
+        "meaningful log lines. Null while the run has not failed."))
 
 
 def classify(line: str) -> str | None:
-    """The first failure class whose pattern matches the line (the table is ordered most specific first)."""
-    return next((name for name, pattern in COMPILED_PATTERNS.items() if pattern.search(line)), None)
+    """The failure class of a log line (see quanteval.failures)."""
+    return failures.classify(line)
 
 
 def _local_log_files(job: dict) -> list[Path]:
@@ -619,34 +619,16 @@ def _read_local_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]]
 
 
 def _read_remote_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]], list[tuple[str, int, str]]]:
-    data = job["data"]
-    logs = shlex.quote(f"{data['remote_rundir_path']}/logs")
-    script = (f"cd {logs} 2>/dev/null || exit 0; for f in *; do [ -f \"$f\" ] || continue; "
-              f"echo \"@@FILE $PWD/$f\"; tail -n {lines} -- \"$f\"; done; echo @@HITS; "
-              f"grep -n -i -H -E {shlex.quote(ANY_FAILURE_ERE)} -- * 2>/dev/null | head -n {MAX_HITS * 2}")
-    output = _ssh(data["username"], data["hostname"], script)
-    tails: list[tuple[str, list[str]]] = []
-    hits: list[tuple[str, int, str]] = []
-    in_hits = False
-    remote_dir = f"{data['remote_rundir_path']}/logs"
-    for line in output.splitlines():
-        if line == "@@HITS":
-            in_hits = True
-        elif in_hits:
-            name, _, rest = line.partition(":")
-            number, _, text = rest.partition(":")
-            if number.isdigit():
-                hits.append((f"{remote_dir}/{name}", int(number), text))
-        elif line.startswith("@@FILE "):
-            tails.append((line[len("@@FILE "):], []))
-        elif tails:
-            tails[-1][1].append(line)
-    return tails, hits
+    logs = f"{job['data']['remote_rundir_path']}/logs"
+    output = _on_cluster(job["data"], failures.grep_command(logs, MAX_HITS * 2, tail_lines=lines))
+    tails, hits = failures.parse_grep(output, logs)
+    return tails, [hit for hit in hits if classify(hit[2])]
 
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
     """Use when run_status says failed, or to watch a canary: last lines of each log of a run plus every line
-    matching a known failure class, with file and line. Secrets masked.
+    matching a known failure class, with file and line (the job script's `+ ...` echoes never count); for a failed
+    run, a diagnosis naming the failure and its usual fix. Secrets masked.
     """
     record = _record(request.record_id)
     jobs = [job for job in _jobs(record) if request.job in (None, job["job_id"])]
@@ -667,9 +649,16 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
                      for file, lines in job_tails)
         hits.extend(FailureHit(failure_class=classify(text) or "exception", file=file, line=number,
                                text=_scrub(text.strip(), secrets)[:MAX_LINE_CHARS]) for file, number, text in job_hits)
-    classes = [name for name in FAILURE_PATTERNS if any(hit.failure_class == name for hit in hits)]
+    classes = [name for name in failures.FAILURE_ADVICE if any(hit.failure_class == name for hit in hits)]
+    diagnosis = None
+    if record.status in ACTIVE:  # the diagnosis is for a run that has failed: ask whether it has
+        record = _refresh(record).record
+    if record.status == "failed":
+        last = [line for tail in tails for line in tail.lines]
+        diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], last)
     return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id, tails=tails,
-                         failures=hits[:MAX_HITS], failures_truncated=len(hits) > MAX_HITS, failure_classes=classes)
+                         failures=hits[:MAX_HITS], failures_truncated=len(hits) > MAX_HITS, failure_classes=classes,
+                         diagnosis=diagnosis)
 
 
 # ---------------------------------------------------------------- kill / resume
@@ -702,8 +691,10 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
             for job in _slurm_job_statuses(jobs):
                 leftovers = [job_id for job_id in (job.current_slurm_job_id, job.restart_job_id) if job_id]
                 if leftovers and job.status in ACTIVE:
-                    data = data_by_job[job.job_id]
-                    _ssh(data["username"], data["hostname"], f"scancel {' '.join(leftovers)}")
+                    try:
+                        remote.scancel(_login(data_by_job[job.job_id]), leftovers)
+                    except ToolError as exc:
+                        raise _Unreachable(str(exc)) from None
         except _Unreachable as exc:
             ledger.update(record.id, message=f"kill: could not check the restart chain: {exc}")
     refreshed = _refresh(ledger.get(record.id))

@@ -196,6 +196,8 @@ class Recipe(BaseModel):
     env_vars: list[str] = Field(default_factory=list, description="Environment variable names the task needs.")
     judge: bool = Field(default=False, description="Whether an LLM judge scores the task.")
     repeats: int = Field(default=1, description="How many times the recipe repeats each sample.")
+    samples: int | None = Field(
+        default=None, description="Questions in the full dataset, one repeat (validate_run's expected count); null when unknown.")
     score_path: str = Field(description="Dotted path of the headline score in artifacts/results.yml.")
     sections: dict[str, str] = Field(description="The recipe's Markdown sections by heading (Task Details, Params, ...).")
     yaml_fragment: str = Field(description="The evaluation.tasks list item, as YAML text.")
@@ -266,6 +268,7 @@ def parse_recipe(path: Path) -> Recipe:
             env_vars=[str(name) for name in front.get("env_vars") or []],
             judge=bool(front.get("judge", False)),
             repeats=int(front.get("repeats") or 1),
+            samples=int(front["samples"]) if front.get("samples") is not None else None,
             score_path=f"results.tasks.{fragment_task.split('.')[-1]}.metrics.{front['metric']}.scores.{front['score']}.value",
             sections=sections,
             yaml_fragment=fragment,

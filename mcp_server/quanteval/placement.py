@@ -1,0 +1,283 @@
+"""Where a NEL SLURM config runs: partition, GPUs per node and walltime checked against what the cluster offers.
+
+NEL's SLURM defaults (`partition: batch`, `gres: gpu:8`, `walltime: 01:00:00`) fit some clusters and fail at
+sbatch on others. `plan_placement` compares a config with the cluster as `remote.describe_cluster` read it
+(partitions, GPUs per node and type, time limits, accounts) and says what to write; `apply_cluster` asks the
+cluster over SSH and writes it. GPUs per node are the model's: tensor x data x pipeline parallel size of the
+deployment (spread over execution.num_nodes), not a blanket 8. It also warns when the partition's GPUs cannot
+run the checkpoint's format as it will ship (NVFP4 on Hopper serves through Marlin, weight-only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from quanteval import nelconfig, remote
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+
+PARALLEL_KEYS = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
+
+
+class Placement(BaseModel):
+    partition: str | None = Field(description="The partition the config should use (null: none fits).")
+    gpu_model: str | None = Field(description="GPU model of that partition (H100, B200, ...), when known.")
+    gpus_per_node: int = Field(description="GPUs per node the deployment needs: TP x DP x PP / num_nodes (0 without a deployment).")
+    values: dict[str, Any] = Field(description="Config keys to write and their values (execution.partition, execution.gres, ...).")
+    warnings: list[str] = Field(description="What will fail or mislead on this cluster, with the fix.")
+    notes: list[str]
+
+
+def _nel_defaults(group: str) -> dict[str, Any]:
+    """NEL's packaged defaults of a config group ('deployment/sglang': tensor_parallel_size 8; 'execution/slurm/default':
+    walltime 01:00:00), read as a file: importing NEL takes seconds."""
+    import yaml
+
+    spec = importlib.util.find_spec("nemo_evaluator_launcher")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(list(spec.submodule_search_locations)[0]) / "configs" / f"{group}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _value(doc: Any, key: str, default: Any = None) -> Any:
+    return nelconfig.to_plain(nelconfig.get_path(doc, key)) if nelconfig.has_path(doc, key) else default
+
+
+def gpus_needed(doc: Any) -> tuple[int, list[str]]:
+    """GPUs per node the config's deployment needs, and notes on where the numbers came from."""
+    framework = nelconfig.deployment_type(doc)
+    if framework == "none":
+        return 0, []
+    defaults = _nel_defaults(f"deployment/{framework}")
+    notes = []
+    sizes = []
+    for key in PARALLEL_KEYS:
+        value = _value(doc, f"deployment.{key}")
+        if value is None and key in defaults:
+            value = defaults[key]
+            if key == "tensor_parallel_size":
+                notes.append(f"deployment.tensor_parallel_size is not set: NEL's {framework} default is {value} "
+                             "(apply_checkpoint sets the smallest fit for the checkpoint).")
+        sizes.append(_positive(value))
+    return math.ceil(math.prod(sizes) / _positive(_value(doc, "execution.num_nodes", 1))), notes
+
+
+def _positive(value: Any) -> int:
+    """A size as the config holds it (16 or '16'); 1 when unset or not a positive whole number (an interpolation)."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
+
+def _format_warnings(report: Any, framework: str, gpu: str | None, partition: str,
+                     better: remote.PartitionInfo | None) -> list[str]:
+    """The checkpoint's format on the partition's GPU, as `framework` serves it (facts from quanteval.frameworks)."""
+    from quanteval import frameworks
+    from quanteval.checkpoint import algo_label
+
+    if report is None or framework not in frameworks.FRAMEWORKS or not report.quantization.detected:
+        return []
+    quant = report.quantization
+    label = algo_label(quant)
+    facts = frameworks.support(framework, quant.format)
+    if gpu not in frameworks.GPUS:
+        if facts.native_capability and not facts.rejected:
+            return [f"{label} needs compute capability >= {facts.native_capability / 10:.1f} for its native kernels, and the "
+                    f"GPU type of partition {partition} is not known (no typed GRES or feature): check it."]
+        return []
+    elsewhere = ""
+    if better is not None:
+        now = "" if better.usable_nodes else " (no usable node right now)"
+        elsewhere = f" Partition {better.name} has {better.gpu_model} GPUs{now}: use it to measure the format as it ships."
+    findings = frameworks.verdict(framework, quant.format, label, gpu=gpu).findings
+    return [f"{message} (partition {partition}){elsewhere if not _native(report, gpu, framework) else ''}"
+            for _, message in findings]
+
+
+def _native(report: Any, gpu: str | None, framework: str) -> bool:
+    """Whether this GPU runs the checkpoint's format with the framework's own kernels (as it will ship)."""
+    from quanteval import frameworks
+
+    if report is None or gpu not in frameworks.GPUS or framework not in frameworks.FRAMEWORKS:
+        return True
+    native = frameworks.support(framework, report.quantization.format).native_capability
+    return native is None or frameworks.GPUS[gpu].capability >= native
+
+
+def _choose_partition(doc: Any, info: remote.ClusterInfo, partition: str | None, needed: int, report: Any,
+                      warnings: list[str]) -> str | None:
+    """The asked partition, else the config's when it exists, else the first that is up with enough GPUs per node,
+    preferring GPUs that run the format as it ships, then the cluster's default partition."""
+    by_name = {p.name: p for p in info.partitions}
+    current = _value(doc, "execution.partition")
+    if partition is not None and partition not in by_name:
+        raise ToolError(f"partition: '{partition}' does not exist on {info.host}. Partitions: {', '.join(by_name) or 'none'}.")
+    if partition is not None:
+        return partition
+    if isinstance(current, str) and current in by_name:
+        return current
+    fits = [p for p in info.partitions if p.state == "UP" and p.usable_nodes and p.gpus_per_node >= needed]
+    framework = nelconfig.deployment_type(doc)
+    fits.sort(key=lambda p: (not _native(report, p.gpu_model, framework), not p.default, p.name))
+    chosen = fits[0].name if fits else None
+    if isinstance(current, str) and current != nelconfig.MISSING:
+        warnings.append(f"execution.partition '{current}' does not exist on {info.host} (sbatch would refuse the job)"
+                        + (f"; using {chosen}." if chosen else "."))
+    return chosen
+
+
+def _walltime(doc: Any, chosen: remote.PartitionInfo, walltime: str | None, values: dict[str, Any],
+              notes: list[str]) -> None:
+    """The asked walltime (or the config's, or NEL's default), capped at the partition's limit."""
+    wanted = walltime or _value(doc, "execution.walltime") or _nel_defaults("execution/slurm/default").get("walltime")
+    try:
+        wanted_s = remote.slurm_seconds(str(wanted)) if wanted is not None else None
+    except ValueError:
+        raise ToolError(f"walltime: '{wanted}' is not a SLURM time. Use HH:MM:SS or D-HH:MM:SS.") from None
+    if chosen.max_time_s is not None and (wanted_s is None or wanted_s > chosen.max_time_s):
+        values["execution.walltime"] = remote.slurm_time(chosen.max_time_s)
+        notes.append(f"execution.walltime capped at partition {chosen.name}'s limit {chosen.max_time}; NEL's "
+                     "auto-resume continues a run past it (up to execution.max_walltime).")
+    elif walltime is not None:
+        values["execution.walltime"] = remote.slurm_time(wanted_s or 0)
+
+
+def _account(doc: Any, info: remote.ClusterInfo, chosen: remote.PartitionInfo, values: dict[str, Any],
+             warnings: list[str]) -> None:
+    """Fill the account when exactly one is visible; warn when the config's is not the user's or not allowed here."""
+    account = _value(doc, "execution.account")
+    if info.accounts is not None:
+        if account in (None, nelconfig.MISSING) and len(info.accounts) == 1:
+            values["execution.account"] = info.accounts[0]
+        elif isinstance(account, str) and account != nelconfig.MISSING and account not in info.accounts:
+            warnings.append(f"execution.account '{account}' is not one of your accounts on {info.host}: "
+                            f"{', '.join(info.accounts) or 'none'}.")
+    if chosen.allowed_accounts and isinstance(account, str) and account not in chosen.allowed_accounts:
+        warnings.append(f"Partition {chosen.name} only accepts accounts {', '.join(chosen.allowed_accounts)}, "
+                        f"not '{account}'.")
+
+
+def plan_placement(doc: Any, info: remote.ClusterInfo, partition: str | None = None, report: Any = None,
+                   walltime: str | None = None) -> Placement:
+    """What a SLURM config should say for this cluster: partition, GPUs per node, walltime (and account when only
+    one is visible), with warnings. `report` is the checkpoint's inspect_checkpoint report, for the format check."""
+    needed, notes = gpus_needed(doc)
+    warnings: list[str] = []
+    partition = _choose_partition(doc, info, partition, needed, report, warnings)
+    if partition is None:
+        warnings.append(f"No partition on {info.host} is up with a usable node of {needed} GPUs: lower "
+                        "deployment.tensor_parallel_size, or ask the admins. Partitions: "
+                        + ", ".join(f"{p.name} ({p.gpus_per_node} x {p.gpu_model or 'GPU'})" for p in info.partitions))
+        return Placement(partition=None, gpu_model=None, gpus_per_node=needed, values={}, warnings=warnings, notes=notes)
+
+    chosen = next(p for p in info.partitions if p.name == partition)
+    values: dict[str, Any] = {"execution.partition": partition}
+    if chosen.state != "UP":
+        warnings.append(f"Partition {partition} is {chosen.state}: jobs wait until the admins bring it up.")
+    elif not chosen.usable_nodes:
+        warnings.append(f"Partition {partition} has no usable node right now (all down or drained): jobs will pend.")
+    if needed > chosen.gpus_per_node:
+        warnings.append(f"The deployment needs {needed} GPUs per node (TP x DP x PP / num_nodes); partition {partition} "
+                        f"has {chosen.gpus_per_node}. Lower deployment.tensor_parallel_size / data_parallel_size, "
+                        "raise execution.num_nodes, or choose another partition.")
+    # NEL writes `#SBATCH --gpus-per-node` from execution.gpus_per_node and `--gres` from execution.gres.
+    if _value(doc, "execution.gpus_per_node") is not None:
+        values["execution.gpus_per_node"] = needed or None
+    else:
+        values["execution.gres"] = f"gpu:{needed}" if needed else None
+    if not needed:
+        notes.append("No deployment in this config (deployment: none): the evaluation job asks for no GPUs.")
+    _walltime(doc, chosen, walltime, values, notes)
+    _account(doc, info, chosen, values, warnings)
+    if report is not None:
+        better = next((p for p in info.partitions if p.state == "UP" and p.gpus_per_node >= needed
+                       and p.gpu_model and _native(report, p.gpu_model, nelconfig.deployment_type(doc)) and p.name != partition), None)
+        warnings += _format_warnings(report, nelconfig.deployment_type(doc), chosen.gpu_model, partition, better)
+    elif nelconfig.deployment_type(doc) != "none":
+        notes.append("The checkpoint was not inspected here, so its format was not checked against the GPUs: pass "
+                     "checkpoint (a local copy or an HF handle).")
+    return Placement(partition=partition, gpu_model=chosen.gpu_model, gpus_per_node=needed, values=values,
+                     warnings=warnings, notes=notes)
+
+
+class ApplyClusterInput(StrictModel):
+    config_path: str = Field(description="Path of the NEL config YAML; its execution must be slurm.")
+    host: str | None = Field(None, description="SLURM login host (alias from ~/.ssh/config). Default: the config's execution.hostname.")
+    partition: str | None = Field(None, pattern=r"^[\w.-]+$", description=(
+        "Partition to use. Default: the config's, when the cluster has it; else the first partition that is up with "
+        "enough GPUs per node, preferring GPUs that run the checkpoint's format natively, then the default partition."))
+    checkpoint: str | None = Field(None, description=(
+        "Checkpoint (local directory or cached HF handle) whose format to check against the partition's GPUs. Default: "
+        "deployment.checkpoint_path or hf_model_handle when readable on this machine."))
+    walltime: str | None = Field(None, pattern=r"^[\d:-]+$", description=(
+        "Walltime to ask for ([D-]HH:MM:SS); default the config's, capped at the partition's limit."))
+
+
+class ApplyClusterOutput(BaseModel):
+    config_path: str
+    host: str
+    placement: Placement
+    changes: list[str] = Field(description="One line per key written: key: old -> new.")
+    diff: str = Field(description="Unified diff of the config file (empty when nothing changed).")
+    partition_info: remote.PartitionInfo | None = Field(description="What the cluster says about the chosen partition.")
+    query_s: float = Field(description="Seconds the cluster took to answer.")
+
+
+def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | None]:
+    from quanteval.checkpoint import InspectCheckpointInput, inspect_checkpoint
+
+    candidate = checkpoint or _value(doc, "deployment.hf_model_handle") or _value(doc, "deployment.checkpoint_path")
+    if not isinstance(candidate, str) or candidate == nelconfig.MISSING:
+        return None, None
+    try:
+        return inspect_checkpoint(InspectCheckpointInput(checkpoint=candidate)), None
+    except ToolError as exc:
+        if checkpoint:
+            raise
+        return None, f"{candidate} is not readable here ({str(exc)[:120]}), so its format was not checked: pass checkpoint."
+
+
+def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress) -> ApplyClusterOutput:
+    """Use after apply_checkpoint for a SLURM config: asks the cluster and writes execution.partition, gres
+    (gpu:<TP x DP x PP> of this model, not gpu:8), walltime (within the partition's limit) and the account when only
+    one is visible; warns when the partition's GPUs cannot run the checkpoint's format as it ships (NVFP4 on Hopper).
+    """
+    doc = nelconfig.load_config(request.config_path)
+    if nelconfig.execution_type(doc) != "slurm":
+        raise ToolError(f"{request.config_path}: execution is '{nelconfig.execution_type(doc)}', not slurm; apply_cluster "
+                        "fits SLURM configs. Build one with build_config execution='slurm'.")
+    host = request.host or _value(doc, "execution.hostname")
+    if not isinstance(host, str) or host in ("", nelconfig.MISSING):
+        raise ToolError(f"{request.config_path}: execution.hostname is not set. Pass host, or set execution.hostname "
+                        "to the login node's alias in ~/.ssh/config.")
+    progress(0, 3, f"asking {host} for its partitions")
+    info = remote.describe_cluster(host)
+    progress(1, 3, "checking the checkpoint's format")
+    report, problem = _checkpoint_report(doc, request.checkpoint)
+    placement = plan_placement(doc, info, request.partition, report, request.walltime)
+    if problem:
+        placement.notes.append(problem)
+    progress(2, 3, "writing the config")
+    changes: list[str] = []
+
+    def mutate(target: Any) -> None:
+        changes.clear()
+        for key, value in placement.values.items():
+            old = _value(target, key)
+            if old != value or not nelconfig.has_path(target, key):
+                nelconfig.set_path(target, key, value)
+                changes.append(f"{key}: {old!r} -> {value!r}")
+
+    diff = nelconfig.edit_config(request.config_path, mutate) if placement.values else ""
+    progress(3, 3, "done")
+    chosen = next((p for p in info.partitions if p.name == placement.partition), None)
+    return ApplyClusterOutput(config_path=request.config_path, host=host, placement=placement, changes=changes,
+                              diff=diff, partition_info=chosen, query_s=info.query_s)
