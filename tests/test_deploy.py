@@ -189,6 +189,13 @@ def test_plan_deployment_through_the_cli(cli_env):
 # --- launch, status, stop ------------------------------------------------------------------------
 
 
+def test_host_local_means_this_machine_like_every_tool_that_takes_a_host(standin, launched):
+    standin()
+    result = launched(port=free_port(), host="local")
+    assert result.host is None and result.pid and ledger.get(result.record_id).executor == "local"
+    assert deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=20)).status == "ready"
+
+
 def test_healthy_start_serves_the_model_and_stop_leaves_no_process(standin, launched):
     standin("--fake-load-s", "1.5", "--fake-workers", "2")
     result = launched(port=free_port())

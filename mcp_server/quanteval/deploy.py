@@ -256,7 +256,7 @@ class LaunchDeploymentInput(StrictModel):
     checkpoint: str | None = Field(None, description="Checkpoint to plan and launch in one step.")
     framework: Framework = Field("sglang", description="Framework when launching from checkpoint.")
     host: str | None = Field(
-        None, description="SLURM login host alias for an sbatch job; omit: this machine."
+        None, description="SLURM login host alias for an sbatch job; omit (or 'local'): this machine."
     )
     port: int | None = Field(
         None, ge=1, le=65535,
@@ -321,7 +321,7 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
-    if request.host is None:
+    if request.host in (None, remote.LOCAL):  # 'local' means this machine, as in every tool that takes a host
         return _launch_local(plan, request)
     return _launch_slurm(plan, request)
 
