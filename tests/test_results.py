@@ -431,7 +431,7 @@ def test_an_extra_deployment_mount_maps_too_and_an_unknown_mount_is_inconclusive
                       {"type": "slurm", "mounts": {"deployment": {"/lustre/ckpts": "/models"}}})
     assert validate(task_dir, expected_checkpoint="/lustre/ckpts/llama-fp8").verdict == "pass"
 
-    unknown = make_task(make_invocation(tmp_path / "old"), logs={"server-0-5001-0.log": SERVED_FROM_MOUNT})
+    unknown = make_task(make_invocation(tmp_path / "old"), logs={"server-0-5001-0.log": SERVED_FROM_MOUNT}, deployment=None)
     report = validate(unknown, expected_checkpoint="/lustre/models/qwen3-nvfp4")
     assert report.verdict == "inconclusive" and "checkpoint" in checks(report, "unknown")
 

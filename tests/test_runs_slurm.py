@@ -101,9 +101,13 @@ def cut_pooled_connections(cluster) -> None:
     """Kill the sshd sessions behind quanteval's pooled SSH connections (sessions outlive a stopped sshd listener)."""
     for conn in list(remote._pool.values()):
         transport = conn.client.get_transport()
-        if transport is not None and transport.is_active():
-            for pid in cluster.ssh_session_pids(transport.sock.getsockname()[1]):
-                os.kill(pid, 9)
+        if transport is None or not transport.is_active():
+            continue
+        sock = transport.sock
+        while hasattr(sock, "get_transport"):  # through a ProxyJump hop: the hop's own TCP connection carries it
+            sock = sock.get_transport().sock
+        for pid in cluster.ssh_session_pids(sock.getsockname()[1]):
+            os.kill(pid, 9)
 
 
 def squeue_states(cluster) -> dict[str, str]:

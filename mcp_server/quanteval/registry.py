@@ -93,6 +93,7 @@ TOOLSET_OF_MODULE = {
     "compare": "results",
     "deploy": "deploy",
     "remote": "cluster",
+    "placement": "cluster",
     "evalserver": "evalserver",
 }
 
