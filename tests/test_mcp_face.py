@@ -300,6 +300,16 @@ def test_unknown_toolset_is_a_usage_error(cli_env):
     assert out.returncode == 2 and "nope" in out.stderr and "config" in out.stderr
 
 
+def test_eval_server_tools_are_served_on_request(cli_env):
+    """The default serves the evaluation workflow; `--toolsets all` (or naming evalserver) adds the eval server's tools."""
+    async def names(*args: str) -> set[str]:
+        async with Client(StdioServerParameters(command="quanteval-mcp", args=list(args), env=cli_env)) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+
+    assert anyio.run(names, "--toolsets", "all") == set(registry.TOOLS)
+    assert anyio.run(names, "--toolsets", "evalserver") == {"start_eval_server", "eval_server_status", "stop_eval_server"}
+
+
 # ---------------------------------------------------------------- fast start over stdio
 
 
@@ -338,7 +348,7 @@ def test_second_start_answers_initialize_and_tools_list_as_the_sdk_did(cli_env, 
     second = _stdio_session(cli_env, calls_before_list)  # initialize and tools/list come from the recording
     assert second[0] == first[0]
     assert second[1]["result"] == first[1]["result"] == second[3]["result"]  # the SDK's own later answer agrees
-    assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.TOOLS)
+    assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.select(list(registry.DEFAULT_TOOLSETS)))
     assert second[2]["result"]["structuredContent"]["quanteval"]  # the SDK took over the session
 
 

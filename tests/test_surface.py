@@ -150,7 +150,9 @@ def test_stdio_server_speaks_only_protocol_on_stdout(cli_env, tmp_path):
         proc.wait(timeout=20)
     rest = proc.stdout.read()
     assert all(json.loads(line)["jsonrpc"] == "2.0" for line in rest.splitlines() if line.strip())
-    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.TOOLS)
+    # by default the evaluation workflow's toolsets: everything but the eval server's tools
+    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.select(list(registry.DEFAULT_TOOLSETS)))
+    assert "start_eval_server" not in {tool["name"] for tool in answers[2]["result"]["tools"]}
     assert answers[3]["result"]["structuredContent"]["quanteval"]
     assert answers[4]["result"]["isError"] is True
 

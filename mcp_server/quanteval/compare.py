@@ -499,12 +499,8 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
 
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Use once both runs passed validate_run: compares a candidate (quantized) run with a baseline. First
-    comparability — same model family (architecture, shapes, vocabulary, served context; checkpoints from the
-    runs' NEL config or baseline_checkpoint/candidate_checkpoint), serving image and flags, prompts, every
-    extra.args override, sampling and max tokens, thinking wherever NEL puts it, repeats, samples, judge; a
-    difference is not comparable, anything unreadable inconclusive. Then per-task delta with standard error
-    and 95% CI, verdicts, table, chart and HTML report.
+    """Use once both runs passed validate_run: checks the runs are comparable (model family, serving, prompts,
+    sampling, thinking, repeats, samples, judge), then per-task deltas with 95% CI, verdicts, chart and report.
     """
     progress(0, 3, "reading both runs")
     base_tree, cand_tree = locate_run(request.baseline), locate_run(request.candidate)

@@ -205,8 +205,8 @@ def check_server_args(framework: str, server_args: list[str]) -> ParserCheck:
 
 
 def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_progress) -> DeploymentPlan:
-    """Use before launch_deployment, or to give a user the command: plans an SGLang, vLLM or TensorRT-LLM server
-    for a checkpoint (argv, env, parsers, flags only where needed) with hardware warnings.
+    """Use before launch_deployment, or to give a user the command: an SGLang, vLLM or TensorRT-LLM server for a
+    checkpoint (argv, env, flags only where needed) with hardware warnings.
     """
     framework = request.framework
     if request.gpu_type is not None and request.gpu_type not in GPUS:

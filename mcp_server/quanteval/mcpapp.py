@@ -30,8 +30,8 @@ log = logging.getLogger("quanteval.server")
 
 INSTRUCTIONS = (
     "Evaluate (quantized) LLM checkpoints with NeMo Evaluator Launcher. Usual order: check_environment, "
-    "inspect_checkpoint, build_config, apply_checkpoint, add_tasks, list_missing_values, validate_config, dry_run, "
-    "launch_canary, validate_run, launch_full_run, extract_scores, compare_results. Paths are absolute."
+    "build_config, add_tasks, inspect_checkpoint, apply_checkpoint, list_missing_values, apply_cluster (SLURM), "
+    "validate_config, dry_run, launch_canary, validate_run, launch_full_run, compare_results. Paths are absolute."
 )
 
 

@@ -1029,12 +1029,8 @@ def env_var_defined(doc: Any, name: str) -> bool:
 
 
 def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:  # noqa: C901
-    """Use after build_config/add_tasks, and again whenever the checkpoint changes (the baseline into a copy
-    of the quantized config): recomputes all the config takes from the checkpoint — model path or handle,
-    served name, tensor parallelism, its server flags (context, trust-remote-code, --quantization,
-    --reasoning-parser), a max_new_tokens that fits the context, generation_config.json sampling over NEL's
-    template values, the thinking toggle, the evaluation tokenizer and mount, DUMMY_API_KEY for NeMo-Skills
-    tasks — and returns each change and note.
+    """Use after add_tasks, and again when the checkpoint changes (baseline into a copy of the quantized config):
+    recomputes all the config takes from it (model, TP, server flags, token budget, sampling, thinking, tokenizer).
     """
     config_path = Path(request.config_path).expanduser()
     doc = load_config(config_path)

@@ -212,11 +212,9 @@ class ApplyClusterInput(StrictModel):
     config_path: str = Field(description="Path of the NEL config YAML; its execution must be slurm.")
     host: str | None = Field(None, description="SLURM login host (alias from ~/.ssh/config). Default: the config's execution.hostname.")
     partition: str | None = Field(None, pattern=r"^[\w.-]+$", description=(
-        "Partition to use. Default: the config's, when the cluster has it; else the first partition that is up with "
-        "enough GPUs per node, preferring GPUs that run the checkpoint's format natively, then the default partition."))
+        "Default: the config's if it exists, else one that is up with enough GPUs (native format GPUs first)."))
     checkpoint: str | None = Field(None, description=(
-        "Checkpoint (local directory or cached HF handle) whose format to check against the partition's GPUs. Default: "
-        "deployment.checkpoint_path or hf_model_handle when readable on this machine."))
+        "Checkpoint whose format is checked against the GPUs. Default: the config's, when readable here."))
     walltime: str | None = Field(None, pattern=r"^[\d:-]+$", description=(
         "Walltime to ask for ([D-]HH:MM:SS); default the config's, capped at the partition's limit."))
 
@@ -246,9 +244,8 @@ def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | Non
 
 
 def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress) -> ApplyClusterOutput:
-    """Use after apply_checkpoint for a SLURM config: asks the cluster and writes execution.partition, gres
-    (gpu:<TP x DP x PP> of this model, not gpu:8), walltime (within the partition's limit) and the account when only
-    one is visible; warns when the partition's GPUs cannot run the checkpoint's format as it ships (NVFP4 on Hopper).
+    """Use after apply_checkpoint for a SLURM config: asks the cluster, writes partition, gres (gpu:<TP x DP x PP>),
+    walltime and a lone visible account; warns when the partition's GPUs cannot run the format as it ships.
     """
     doc = nelconfig.load_config(request.config_path)
     if nelconfig.execution_type(doc) != "slurm":

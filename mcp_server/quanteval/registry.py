@@ -149,6 +149,9 @@ TOOLS: dict[str, ToolSpec] = _tools(
 
 
 TOOLSETS: tuple[str, ...] = tuple(dict.fromkeys(spec.toolset for spec in TOOLS.values()))
+# What `quanteval-mcp` serves unless told otherwise: the evaluation workflow. The eval server's tools serve whoever
+# runs a training loop (its start options alone are a tenth of tools/list); `--toolsets all` or `...,evalserver` adds them.
+DEFAULT_TOOLSETS: tuple[str, ...] = tuple(name for name in TOOLSETS if name != "evalserver")
 MAX_RESULT_BYTES = 80_000  # ~20k tokens: the most one answer may put in a model's context
 
 

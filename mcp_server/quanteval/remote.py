@@ -531,8 +531,8 @@ class SshCheckResult(BaseModel):
 
 
 def ssh_check(request: SshCheckInput, progress: ProgressFn = no_progress) -> SshCheckResult:
-    """Use first for any cluster host, and when a remote tool cannot connect: connects over SSH and reports
-    identity, SLURM/container commands, latency, or what is wrong (unreachable, auth, host key).
+    """Use first for any cluster host, and when a remote tool cannot connect: reports identity, SLURM and
+    container commands, latency, or what is wrong (unreachable, auth, host key).
     """
     progress(0, 3, f"connecting to {request.host}")
     probe = "whoami; hostname; " + "".join(
@@ -1005,8 +1005,8 @@ def _seconds_or_none(text: str | None) -> int | None:
 
 
 def cluster_info(request: ClusterInfoInput, progress: ProgressFn = no_progress) -> ClusterInfo:
-    """Use before filling a SLURM config, or when sbatch refuses a job: the cluster's partitions with state, walltime
-    limit, usable nodes, GPUs per node and GPU type (GRES), and your accounts when sacctmgr shows them.
+    """Use before filling a SLURM config, or when sbatch refuses a job: partitions (state, time limit, usable nodes,
+    GPUs per node and type) and your accounts when visible.
     """
     progress(0, 1, f"scontrol on {request.host}")
     info = describe_cluster(request.host)

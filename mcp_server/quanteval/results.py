@@ -722,9 +722,8 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
 
 
 def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) -> ValidateRunOutput:
-    """Use before extract_scores or compare_results: checks a finished run per task (finished, samples scored,
-    HTTP errors, truncation, leaked reasoning, judge failures, loaded checkpoint): pass/fail/inconclusive with
-    evidence.
+    """Use before extract_scores or compare_results: checks each task of a finished run (samples, HTTP errors,
+    truncation, leaked reasoning, judge, served checkpoint): pass/fail/inconclusive with evidence.
     """
     tree = locate_run(request.run)
     tasks = []

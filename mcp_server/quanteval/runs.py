@@ -156,8 +156,8 @@ def _split_printed_scripts(printed: str) -> list[tuple[str, str]]:
 
 
 def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunOutput:
-    """Use after validate_config, before launch_canary: runs NEL's own dry-run and returns ok, the rendered
-    scripts and NEL's error message. Recorded in the ledger; secrets never appear.
+    """Use after validate_config, before launch_canary: NEL's own dry-run; returns ok, the rendered scripts
+    and NEL's error. Secrets never appear.
     """
     config_path = _config_file(request.config_path)
     progress(0, 2, "NEL dry-run (composes the config and renders the scripts, ~5 s)")
@@ -287,9 +287,8 @@ def _repeat_overrides(config_path: str, repeats: int) -> tuple[list[str], list[s
 
 
 def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Use after a passing dry_run: launches a small canary (limit_samples per task, default 10, and one repeat where
-    the config repeats samples) and returns its record_id at once; a full run needs a passing canary of the same
-    config (the hash leaves the canary's limit and repeats out). Poll with run_status.
+    """Use after a passing dry_run: launches a canary (limit_samples per task, one repeat) and returns its record_id
+    at once; launch_full_run needs a passing canary of the same config. Poll with run_status.
     """
     config_path = _config_file(request.config_path)
     progress(0, 3, "composing the config")
@@ -361,8 +360,8 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn) -> str
 
 
 def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Use last, after the canary passed: launches the full evaluation of the same config; refused without a
-    passing canary unless force with a written reason. Returns record_id at once.
+    """Use last, after the canary passed: launches the full evaluation of the same config (refused without a
+    passing canary unless force with a reason). Returns record_id at once.
     """
     config_path = _config_file(request.config_path)
     if request.force and not (request.reason and request.reason.strip()):
@@ -626,9 +625,8 @@ def _read_remote_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]
 
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
-    """Use when run_status says failed, or to watch a canary: last lines of each log of a run plus every line
-    matching a known failure class, with file and line (the job script's `+ ...` echoes never count); for a failed
-    run, a diagnosis naming the failure and its usual fix. Secrets masked.
+    """Use when run_status says failed, or to watch a canary: each log's tail, lines of known failure classes
+    with file:line, and for a failed run a diagnosis with its usual fix. Secrets masked.
     """
     record = _record(request.record_id)
     jobs = [job for job in _jobs(record) if request.job in (None, job["job_id"])]

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         help="workspace root: every file the tools read or write must lie inside it "
         "(default: no restriction over stdio, the working directory over --http)",
     )
-    parser.add_argument("--toolsets", help="comma-separated toolsets to serve (default all): "
+    parser.add_argument("--toolsets", help="comma-separated toolsets to serve, or 'all' (default: all but evalserver): "
                         "setup, config, runs, results, deploy, cluster, evalserver")  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
     parser.add_argument("--output-schemas", action="store_true", help="list each tool's output schema too (larger tools/list)")
@@ -281,23 +281,26 @@ def main(argv: list[str] | None = None) -> int:
     root = _root(args, parser)
     if root is not None:
         os.chdir(root)  # anything a tool still resolves relative to the working directory lands inside the root
-    toolsets = [name.strip() for name in args.toolsets.split(",") if name.strip()] if args.toolsets else None
+    # "default" is resolved by the registry in build(), off the stdio fast path (which must not import pydantic)
+    requested = args.toolsets or "default"
+    toolsets = None if requested in ("all", "default") else [name.strip() for name in requested.split(",") if name.strip()]
     if toolsets:
         from quanteval import registry
 
         unknown = sorted(set(toolsets) - set(registry.TOOLSETS))
         if unknown:
-            parser.error(f"unknown toolset(s) {', '.join(unknown)}; choose from {', '.join(registry.TOOLSETS)}")
+            parser.error(f"unknown toolset(s) {', '.join(unknown)}; choose from all, {', '.join(registry.TOOLSETS)}")
 
     def build() -> Any:
-        from quanteval import mcpapp
+        from quanteval import mcpapp, registry
 
-        return mcpapp.build_server(toolsets, args.read_only, root, args.output_schemas)
+        chosen = list(registry.DEFAULT_TOOLSETS) if requested == "default" else toolsets
+        return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas)
 
     if args.http:
         build().run("streamable-http", host="127.0.0.1", port=args.port)
     else:
-        serve_stdio(build, [*sorted(toolsets or []), str(args.read_only), str(args.output_schemas)])
+        serve_stdio(build, [*(sorted(toolsets) if toolsets else [requested]), str(args.read_only), str(args.output_schemas)])
     return 0
 
 

@@ -481,8 +481,8 @@ class GetTaskRecipeOutput(BaseModel):
 
 
 def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
-    """Use before adding a task: the reviewed recipe for one benchmark (params, repeats, judge, env vars, YAML
-    fragment, score path), or NEL's catalogue entry with defaults when none exists.
+    """Use before adding a task: one benchmark's reviewed recipe (params, repeats, judge, env vars, score path),
+    or NEL's catalogue entry when none exists.
     """
     resolved = resolve(request.name)
     if resolved.recipe is not None:
@@ -554,9 +554,8 @@ def _task_key(config_name: str) -> str:
 
 
 def add_tasks(request: AddTasksInput) -> AddTasksOutput:
-    """Use after build_config to put benchmarks into evaluation.tasks, from reviewed recipes or NEL task names.
-    Checks every name first (did-you-mean); skips tasks already present, or with replace drops the bundle's
-    tasks first; returns a diff.
+    """Use after build_config to put benchmarks (recipe or NEL task names, checked first) into evaluation.tasks;
+    replace drops the bundle's tasks first. Returns a diff.
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap, CommentedSeq

@@ -736,10 +736,8 @@ def validate_document(doc: Any, config_path: Path, overrides: list[str] | None =
 
 
 def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
-    """Use after every edit and before dry_run: checks a NEL config offline in milliseconds; every problem (???,
-    unknown tasks, misspelled keys, wrong types, framework mismatches, unset env vars, max tokens vs the serving
-    context, sampling vs generation_config.json, thinking vs the chat template, NEL's known issues) with its key
-    and a fix.
+    """Use after every edit and before dry_run: checks a NEL config offline in milliseconds (missing values, tasks,
+    keys, types, flags, env vars, budget vs context, sampling, thinking, NEL's known issues), each with key and fix.
     """
     started = time.perf_counter()
     path = Path(request.config_path).expanduser()
