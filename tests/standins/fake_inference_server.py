@@ -24,7 +24,9 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from jsonhttp import JsonHandler  # its own folder is on sys.path: it runs as a script
 
 READY_LINE = "The server is fired up and ready to roll!"
 
@@ -53,15 +55,7 @@ def main() -> None:  # noqa: C901
     served_name = args.served_model_name or model_path
     state = {"ready": False}
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             if not state["ready"]:
                 self._send(503, {"error": "server is starting"})

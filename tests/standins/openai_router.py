@@ -16,7 +16,9 @@ import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from jsonhttp import JsonHandler  # tests/standins is on sys.path wherever a stand-in runs
 
 
 def answer(prompt: str) -> str:
@@ -46,17 +48,9 @@ class Router:
         self.lock = threading.Lock()
         router = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def log_message(self, *args: object) -> None:  # keep test output clean
                 pass
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def do_GET(self) -> None:
                 if self.path in ("/v1/models", "/models"):
