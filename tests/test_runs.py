@@ -263,7 +263,7 @@ def test_run_logs_classifies_failures_with_file_and_line(tmp_path: Path, nel_env
     ("evaluation finished: 198 samples", None),
 ])
 def test_failure_classes(line: str, failure_class: str | None) -> None:
-    assert runs.classify(line) == failure_class
+    assert failures.classify(line) == failure_class
 
 
 def test_failure_patterns_work_in_gnu_grep(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ COMPILED = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern, _ in F
 ANY_FAILURE_ERE = "|".join(f"({pattern})" for _, pattern, _ in FAILURE_CLASSES)
 UNCLASSIFIED = "unclassified"
 LAST_LINES = 8
-MAX_LINE_CHARS = 400
+MAX_LINE_CHARS = 400  # a log line as tools show it (NEL scripts echo base64 configs thousands of characters long)
 
 # `set -x` echoes (`+ cmd`, `++ cmd`) and bare shell assignments/exports: the script, not its outcome.
 _SCRIPT_ECHO = re.compile(r"^\s*(\++ |(export\s+)?[A-Za-z_][A-Za-z0-9_]*=\S*$)")

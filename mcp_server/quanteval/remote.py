@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
+from quanteval import failures
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 if TYPE_CHECKING:
@@ -1022,7 +1023,6 @@ def cluster_info(request: ClusterInfoInput, progress: ProgressFn = no_progress) 
 
 # --- remote_grep ------------------------------------------------------------------------------------
 
-LINE_CHARS = 400
 
 
 class RemoteGrepInput(StrictModel):
@@ -1039,7 +1039,7 @@ class RemoteGrepInput(StrictModel):
 class GrepMatch(BaseModel):
     file: str
     line: int
-    text: str = Field(description=f"The matching line, cut to {LINE_CHARS} characters.")
+    text: str = Field(description=f"The matching line, cut to {failures.MAX_LINE_CHARS} characters.")
 
 
 class RemoteGrepResult(BaseModel):
@@ -1078,7 +1078,7 @@ def remote_grep(request: RemoteGrepInput, progress: ProgressFn = no_progress) ->
         number, _, text = rest.partition(":")
         if not sep or not number.isdigit():
             continue
-        matches.append(GrepMatch(file=file, line=int(number), text=text[:LINE_CHARS]))
+        matches.append(GrepMatch(file=file, line=int(number), text=text[:failures.MAX_LINE_CHARS]))
     truncated = len(matches) > request.max_lines
     notes = [f"grep reported: {stderr}"] if stderr else []
     progress(1, 1, "done")

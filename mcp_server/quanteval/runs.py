@@ -35,7 +35,6 @@ SSH_TIMEOUT_S = 60.0
 SCRIPT_HEAD_LINES = 40
 MAX_SCRIPTS = 20
 MAX_HITS = 100
-MAX_LINE_CHARS = failures.MAX_LINE_CHARS  # NEL's scripts echo base64 configs thousands of characters long
 
 ACTIVE = ("submitted", "pending", "running", "resuming")
 FINISHED = ("succeeded", "failed", "killed")
@@ -597,11 +596,6 @@ class RunLogsOutput(BaseModel):
         "meaningful log lines. Null while the run has not failed."))
 
 
-def classify(line: str) -> str | None:
-    """The failure class of a log line (see quanteval.failures)."""
-    return failures.classify(line)
-
-
 def _local_log_files(job: dict) -> list[Path]:
     task_dir = Path(job["data"]["output_dir"])
     return sorted(path for directory in (task_dir / "logs", task_dir.parent / "logs") if directory.is_dir()
@@ -613,7 +607,7 @@ def _read_local_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]]
     for path in _local_log_files(job):
         content = path.read_text(errors="replace").splitlines()
         tails.append((str(path), content[-lines:]))
-        hits.extend((str(path), number, text) for number, text in enumerate(content, 1) if classify(text))
+        hits.extend((str(path), number, text) for number, text in enumerate(content, 1) if failures.classify(text))
     return tails, hits
 
 
@@ -621,7 +615,7 @@ def _read_remote_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]
     logs = f"{job['data']['remote_rundir_path']}/logs"
     output = _on_cluster(job["data"], failures.grep_command(logs, MAX_HITS * 2, tail_lines=lines))
     tails, hits = failures.parse_grep(output, logs)
-    return tails, [hit for hit in hits if classify(hit[2])]
+    return tails, [hit for hit in hits if failures.classify(hit[2])]
 
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
@@ -643,10 +637,10 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
         except _Unreachable as exc:
             raise ToolError(f"{record.host}: {exc}. Check the host with ssh_check and retry.") from None
         tails.extend(LogTail(job_id=job["job_id"], file=file,
-                             lines=[line[:MAX_LINE_CHARS] for line in _scrub("\n".join(lines), secrets).splitlines()])
+                             lines=[line[:failures.MAX_LINE_CHARS] for line in _scrub("\n".join(lines), secrets).splitlines()])
                      for file, lines in job_tails)
-        hits.extend(FailureHit(failure_class=classify(text) or "exception", file=file, line=number,
-                               text=_scrub(text.strip(), secrets)[:MAX_LINE_CHARS]) for file, number, text in job_hits)
+        hits.extend(FailureHit(failure_class=failures.classify(text) or "exception", file=file, line=number,
+                               text=_scrub(text.strip(), secrets)[:failures.MAX_LINE_CHARS]) for file, number, text in job_hits)
     classes = [name for name in failures.FAILURE_ADVICE if any(hit.failure_class == name for hit in hits)]
     diagnosis = None
     if record.status in ACTIVE:  # the diagnosis is for a run that has failed: ask whether it has
