@@ -40,6 +40,8 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "MLFLOW_TRACKING_URI": "MLflow server, for export: mlflow.",
     "QUANTEVAL_EVAL_TOKEN": "Bearer token the eval server requires when bound beyond loopback (serve-eval --token-env names another).",
     "QUANTEVAL_NEMO_SKILLS_SRC": "NeMo-Skills source (tree or .tar.gz) scripts/setup --dev builds .venv-nemo-skills from, instead of ../shared/vendor/.",
+    "QUANTEVAL_NEL_NEXT_VENV": "The nel-next (nemo-evaluator >= 0.3, Python 3.12) venv quanteval drives (default .venv-nel-next, built by scripts/setup).",
+    "QUANTEVAL_NEL_NEXT_PYTHON": "Python 3.12/3.13 scripts/setup-nel-next builds .venv-nel-next with (default: python3.12, python3.13, or pyenv's).",
     "QUANTEVAL_NS_VENV": "The NeMo-Skills venv scripts/setup-nemo-skills builds and the real-ns tests use (default .venv-nemo-skills).",
 }
 
@@ -64,3 +66,18 @@ def ledger_path() -> Path:
 def set_env_var_names(names: list[str] | None = None) -> list[str]:
     """Which of `names` (default: all known) are set and non-empty. Names only, never values."""
     return [name for name in (names or list(KNOWN_ENV_VARS)) if os.environ.get(name)]
+
+
+def project_root() -> Path | None:
+    """The source checkout quanteval runs from (editable install), where setup builds the engines' venvs."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "scripts").is_dir() else None
+
+
+def engine_venv(variable: str, default_name: str) -> Path:
+    """An engine's own venv: $variable, else <checkout>/<default_name> as scripts/setup builds it."""
+    explicit = os.environ.get(variable)
+    if explicit:
+        return Path(explicit).expanduser()
+    root = project_root()
+    return (root / default_name) if root else Path.home() / ".local" / "share" / "quanteval" / default_name

@@ -29,6 +29,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
+from quanteval.engines import NEL_NEXT_SECTIONS, NEL_SECTIONS
 from quanteval import checkpoint, envvars, frameworks, tasks
 from quanteval.frameworks import Execution
 from quanteval.frameworks import NelDeployment as Deployment
@@ -129,15 +130,12 @@ def _read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
-NEL_SECTIONS = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
-
-
 def _nel_config(doc: CommentedMap, path: Path) -> CommentedMap:
-    """Refuse YAML that is not a NEL run config, so config tools never read or rewrite other files."""
-    if path.suffix not in (".yaml", ".yml") or (doc and not NEL_SECTIONS & set(doc)):
+    """Refuse YAML that is not a run config of either engine, so config tools never read or rewrite other files."""
+    if path.suffix not in (".yaml", ".yml") or (doc and not (NEL_SECTIONS | NEL_NEXT_SECTIONS) & set(doc)):
         raise ToolError(
-            f"{path}: not a NEL config (a .yaml/.yml file with sections such as execution:, deployment:, evaluation:). "
-            "Create one with build_config."
+            f"{path}: not an evaluation config (a .yaml/.yml file with NEL 0.2.6 sections execution:, deployment:, "
+            "evaluation: or nel-next sections services:, benchmarks:, cluster:). Create one with build_config."
         )
     return doc
 

@@ -1,0 +1,229 @@
+"""The nel-next engine (NeMo Evaluator >= 0.3): configs, schema validation and the run lifecycle.
+
+nel-next needs Python >= 3.12 and has its own pins, so it lives in its own venv (scripts/setup-nel-next builds
+`.venv-nel-next`) and quanteval drives its `nel` CLI in child processes: `nel eval run CONFIG -o DIR` in a session
+of its own, its output in DIR/quanteval-run.log and its exit code in DIR/quanteval-exit-code (a shell wrapper writes
+it, so any later process can read it). What a run produced is read from DIR by quanteval.engines.nextresults.
+
+Facts this module relies on (nemo-evaluator 0.3.0, measured here):
+- a config is `services` / `benchmarks` / `cluster` / `output` (pydantic EvalConfig, extra keys forbidden);
+  `nel eval run` takes `-O a.b=v` overrides (list items by index: `benchmarks.0.max_problems=10`);
+- the local executor writes DIR/checkpoint.json with `completed_benchmarks` and `failed_benchmarks` (benchmark
+  name -> error), DIR/<benchmark>/eval-*.json and results.jsonl per benchmark;
+- the exit code is not to be trusted alone ("Completed 0 benchmark(s). 1 failed" has exited 0): a run succeeded
+  only when every configured benchmark is completed and none failed (nextresults.run_outcome).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from quanteval import envvars, ledger
+from quanteval.localproc import group_members, stop_group
+from quanteval.models import ToolError
+
+LOG_NAME = "quanteval-run.log"
+EXIT_CODE_NAME = "quanteval-exit-code"
+CHECK_TIMEOUT_S = 120.0
+MAX_PROBLEMS_OVERRIDE = "benchmarks.{index}.max_problems={value}"
+REPEATS_OVERRIDE = "benchmarks.{index}.repeats={value}"
+MISSING = "???"
+
+
+# ---------------------------------------------------------------- where nel-next lives
+
+
+def venv() -> Path:
+    return envvars.engine_venv("QUANTEVAL_NEL_NEXT_VENV", ".venv-nel-next")
+
+
+def nel_binary() -> Path:
+    """The nel-next CLI, or a ToolError that says how to get it."""
+    binary = venv() / "bin" / "nel"
+    if not os.access(binary, os.X_OK):
+        raise ToolError(f"nel-next is not installed at {venv()}: run `bash scripts/setup` (it builds .venv-nel-next with "
+                        "Python 3.12), or point QUANTEVAL_NEL_NEXT_VENV at a venv with nemo-evaluator>=0.3.")
+    return binary
+
+
+def _child_env() -> dict[str, str]:
+    # The child is another Python: our venv's variables must not leak into it.
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.setdefault("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
+    return env
+
+
+# ---------------------------------------------------------------- configs
+
+
+def config_document(*, benchmarks: list[str], endpoint_url: str = MISSING, model_id: str = MISSING,
+                    protocol: str = "chat_completions", output_dir: str = MISSING, execution: str = "local",
+                    temperature: float | None = 0.0, max_tokens: int | str = MISSING) -> dict[str, Any]:
+    """A nel-next config for an existing OpenAI-compatible endpoint (`type: api`), one simple solver per benchmark.
+
+    `???` marks what only the deployment, the checkpoint or the person can tell (list_missing_values finds them).
+    """
+    generation: dict[str, Any] = {"max_tokens": max_tokens}
+    if temperature is not None:
+        generation["temperature"] = temperature
+    return {
+        "services": {"model": {"type": "api", "url": endpoint_url, "protocol": protocol, "model": model_id,
+                               "generation": generation}},
+        "benchmarks": [{"name": name, "solver": {"type": "simple", "service": "model"}, "repeats": 1} for name in benchmarks],
+        "cluster": {"type": execution},
+        "output": {"dir": output_dir, "timestamped": False},
+    }
+
+
+def endpoint_url(base_or_chat_url: str, protocol: str) -> str:
+    """The URL nel-next posts to for this protocol, from a server's base or chat-completions URL."""
+    base = base_or_chat_url.rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/responses"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    return f"{base}/{'chat/completions' if protocol == 'chat_completions' else 'completions'}"
+
+
+_SCHEMA_CHECK = r"""
+import json, sys
+from pydantic import ValidationError
+from nemo_evaluator.cli.eval import _apply_override
+from nemo_evaluator.config import parse_eval_config
+from nemo_evaluator.config.compose import _prune_nulls, compose_config
+path, overrides = sys.argv[1], json.loads(sys.argv[2])
+problems = []
+try:
+    raw = compose_config(path)
+    for override in overrides:
+        _apply_override(raw, override)
+    _prune_nulls(raw)
+    config = parse_eval_config(raw)
+    out = {"ok": True, "benchmarks": [b.name for b in config.benchmarks], "cluster": config.cluster.type,
+           "output_dir": config.output.dir, "config": config.model_dump(mode="json")}
+except ValidationError as exc:
+    out = {"ok": False, "problems": [{"path": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()]}
+except Exception as exc:
+    out = {"ok": False, "problems": [{"path": "", "message": f"{type(exc).__name__}: {exc}"}]}
+print(json.dumps(out))
+"""
+
+
+def check_schema(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """nel-next's own reading of the config: its composer, override parser and pydantic EvalConfig (the oracle).
+
+    Returns {"ok": True, "benchmarks", "cluster", "output_dir", "config"} or {"ok": False, "problems": [...]}.
+    """
+    python = venv() / "bin" / "python"
+    nel_binary()
+    try:
+        done = subprocess.run([str(python), "-c", _SCHEMA_CHECK, config_path, json.dumps(overrides or [])],
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              env=_child_env(), check=False)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"nel-next did not read {config_path} within {CHECK_TIMEOUT_S:.0f} s.") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise ToolError(f"nel-next could not be asked about {config_path}: {(done.stderr.strip() or 'no output')[-400:]}")
+    return json.loads(lines[-1])
+
+
+def config_hash(config_path: str, overrides: list[str]) -> str:
+    """What the canary gate compares: the config text and the overrides that change what is evaluated."""
+    text = Path(config_path).read_bytes()
+    kept = sorted(o for o in overrides if ".max_problems=" not in o and ".repeats=" not in o and not o.startswith("output."))
+    return "sha256:" + hashlib.sha256(text + json.dumps(kept).encode()).hexdigest()[:16]
+
+
+def canary_overrides(benchmark_count: int, max_problems: int, repeats: int | None) -> list[str]:
+    overrides = [MAX_PROBLEMS_OVERRIDE.format(index=i, value=max_problems) for i in range(benchmark_count)]
+    if repeats:
+        overrides += [REPEATS_OVERRIDE.format(index=i, value=repeats) for i in range(benchmark_count)]
+    return overrides
+
+
+# ---------------------------------------------------------------- the run lifecycle
+
+
+def _check_output_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".quanteval-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ToolError(f"output.dir: cannot write {run_dir} ({exc.strerror}). Choose a writable directory "
+                        "(set_config_value key output.dir).") from None
+
+
+def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """Start `nel eval run` in a session of its own; returns the details a ledger record keeps."""
+    _check_output_dir(run_dir)
+    argv = [str(nel_binary()), "eval", "run", config_path, "-o", str(run_dir)]
+    argv += [item for override in overrides for item in ("-O", override)]
+    argv += ["--resume"] if resume else []
+    exit_file = run_dir / EXIT_CODE_NAME
+    exit_file.unlink(missing_ok=True)
+    wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-nel-next", str(exit_file), *argv]
+    with open(run_dir / LOG_NAME, "ab") as log:
+        child = subprocess.Popen(wrapper, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 cwd=run_dir, env=_child_env(), start_new_session=True)
+    _CHILDREN[child.pid] = child
+    return {"engine": "nel-next", "pid": child.pid, "pgid": child.pid, "run_dir": str(run_dir), "argv": argv,
+            "log_path": str(run_dir / LOG_NAME), "started_at": time.time()}
+
+
+# Children started by this process, so their exit is reaped (no zombies).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def exit_code(details: dict[str, Any]) -> int | None:
+    """The run's exit code once it ended, None while it runs. A process that vanished without one counts as killed (-9)."""
+    child = _CHILDREN.get(details["pid"])
+    if child is not None:
+        child.poll()
+    path = Path(details["run_dir"]) / EXIT_CODE_NAME
+    if path.is_file() and path.read_text().strip():
+        try:
+            return int(path.read_text().strip())
+        except ValueError:
+            return -1
+    return None if group_members(details["pgid"]) else -9
+
+
+def stop(details: dict[str, Any], grace_s: float = 10.0) -> tuple[bool, str]:
+    """Stop the run's whole process group (SIGTERM, then SIGKILL after grace_s)."""
+    stopped, how, _remaining = stop_group(details["pgid"], grace_s, on_wait=lambda: exit_code(details))
+    return stopped, how
+
+
+def log_tail(details: dict[str, Any], lines: int) -> list[str]:
+    path = Path(details["log_path"])
+    if not path.is_file():
+        return []
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - 256 * 1024))
+        return handle.read().decode(errors="replace").splitlines()[-lines:]
+
+
+def launch(kind: ledger.RecordKind, config_path: str, overrides: list[str], run_dir: Path,
+           details: dict[str, Any]) -> ledger.Record:
+    """Validate with nel-next's own schema, start the run, record it."""
+    checked = check_schema(config_path, overrides)
+    if not checked["ok"]:
+        first = checked["problems"][0]
+        raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+    if checked["cluster"] != "local":
+        raise ToolError(f"cluster.type: {checked['cluster']!r} runs of nel-next are not launched by quanteval yet; "
+                        "use cluster.type local (this machine), or NEL 0.2.6 for SLURM.")
+    started = start(config_path, overrides, run_dir)
+    return ledger.add(kind, status="running", config_path=config_path, config_hash=config_hash(config_path, overrides),
+                      invocation_id=f"nel-next:{run_dir}", executor="local",
+                      details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},
+                      message=f"started: {shlex.join(started['argv'])}")
