@@ -38,6 +38,8 @@ from quanteval.results import (
     TaskScores,
     load_yaml,
     locate_run,
+    next_run_dir,
+    next_task_scores,
     per_sample_scores,
     repeats,
     run_config,
@@ -84,6 +86,13 @@ class ChecklistItem(BaseModel):
     candidate: str
 
 
+class Flip(BaseModel):
+    problem_idx: int
+    expected: str | None
+    baseline_answer: str | None
+    candidate_answer: str | None
+
+
 class TaskComparison(BaseModel):
     task: str
     metric: str
@@ -100,6 +109,15 @@ class TaskComparison(BaseModel):
     method: str = Field(description="How the interval was computed (unpaired from stderrs, or paired bootstrap over n samples).")
     verdict: Literal["acceptable", "not acceptable", "inconclusive"]
     why: str
+    # Per-problem pairing (nel-next runs keep every problem's reward): what `nel compare` reports on the same runs.
+    test: str | None = Field(None, description="mcnemar (0/1 rewards, exact one-sided binomial) or sign (averaged repeats).")
+    p_value: float | None = Field(None, description="One-sided p of 'candidate is worse'.")
+    n_paired: int | None = None
+    n_regressions: int | None = Field(None, description="Problems right in the baseline, wrong in the candidate.")
+    n_improvements: int | None = None
+    nel_verdict: str | None = Field(None, description="PASS / WARN / BLOCK / INCONCLUSIVE by nel compare's rule, with threshold as its --max-drop.")
+    regressed: list[Flip] = Field(default_factory=list, description="First flips to wrong, with both answers.")
+    improved: list[Flip] = Field(default_factory=list)
 
 
 class CompareResultsOutput(BaseModel):
@@ -111,6 +129,7 @@ class CompareResultsOutput(BaseModel):
     table_markdown: str
     chart_png: str | None = Field(description="Path of the PNG chart (scores with error bars, deltas with CIs).")
     report_html: str | None = Field(description="Path of the self-contained HTML report.")
+    report_markdown: str | None = Field(None, description="Path of the markdown report (same content as the HTML).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,6 +522,12 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     sampling, thinking, repeats, samples, judge), then per-task deltas with 95% CI, verdicts, chart and report.
     """
     progress(0, 3, "reading both runs")
+    base_next, cand_next = next_run_dir(request.baseline), next_run_dir(request.candidate)
+    if (base_next is None) != (cand_next is None):
+        raise ToolError("baseline and candidate come from different engines (one nel-next run, one NEL 0.2.6 run): "
+                        "their scores are not computed the same way. Evaluate both with the same engine.")
+    if base_next is not None and cand_next is not None:
+        return _compare_next(request, base_next, cand_next, progress)
     base_tree, cand_tree = locate_run(request.baseline), locate_run(request.candidate)
     base_tasks, cand_tasks = _by_task(base_tree), _by_task(cand_tree)
     reasons: list[str] = []
@@ -542,11 +567,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
         acceptability = "acceptable"
     reasons += [f"{row.task}: {row.verdict}: {row.why}." for row in rows]
 
-    output_dir = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "comparisons" / time.strftime("%Y%m%d-%H%M%S")
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ToolError(f"output_dir {output_dir}: cannot create it ({exc.strerror}). Pass a writable directory.") from None
+    output_dir = _output_dir(request)
     png = output_dir / "comparison.png" if rows else None
     if png is not None:
         render_chart(rows, request.threshold, png)
@@ -559,3 +580,130 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     report.write_text(render_html(output, base_tree.label, cand_tree.label, png), encoding="utf-8")
     output.report_html = str(report)
     return output
+
+
+# ---------------------------------------------------------------------------------------------
+# nel-next runs: paired per problem, as nel compare pairs them
+# ---------------------------------------------------------------------------------------------
+
+ACCEPTABILITY_OF_NEL_VERDICT = {"PASS": "acceptable", "WARN": "acceptable", "BLOCK": "not acceptable", "INCONCLUSIVE": "inconclusive"}
+
+
+def _next_facets(bundle: Any, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
+    from quanteval.engines import nelnext
+
+    facts = nelnext.read_run_facts(run_dir)
+    if facts is None:
+        return None
+    config = facts.get("config") or {}
+    benchmark = next((b for b in config.get("benchmarks") or [] if Path(str(b.get("name"))).stem == bundle.name
+                      or b.get("name") == bundle.name), {})
+    service = (config.get("services") or {}).get((benchmark.get("solver") or {}).get("service") or "", {})
+    generation = {**(service.get("generation") or {}), **((benchmark.get("solver") or {}).get("generation") or {})}
+    checkpoint = checkpoint or facts.get("checkpoint")
+    family = model_family(None, checkpoint) if checkpoint else None
+    served = facts.get("served") or {}
+    return {
+        "model": family, "serving": {"protocol": service.get("protocol"), "served_context": served.get("served_context")},
+        "task": bundle.name, "container": "in-process (nel-next)",
+        "prompts": {"system_prompt": (benchmark.get("solver") or {}).get("system_prompt"),
+                    "instruction_template": benchmark.get("instruction_template"), "fewshot": benchmark.get("fewshot")},
+        "extra_args": benchmark.get("params") or {}, "generation": {k: v for k, v in generation.items() if v is not None},
+        "reasoning": {"reasoning_pattern": service.get("reasoning_pattern")}, "repeats": bundle.repeats,
+        "samples": {"problems": bundle.samples, "shuffle_seed": benchmark.get("shuffle_seed")},
+        "judge": [m for m in (benchmark.get("scoring") or {}).get("metrics") or [] if "judge" in str(m.get("type", ""))],
+    }
+
+
+def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, progress: ProgressFn) -> CompareResultsOutput:
+    from quanteval.engines import nextresults
+
+    threshold = nextresults.DEFAULT_MAX_DROP if request.threshold is None else request.threshold
+    base_bundles, cand_bundles = nextresults.bundles(base_dir), nextresults.bundles(cand_dir)
+    reasons: list[str] = []
+    items: list[ChecklistItem] = []
+    rows: list[TaskComparison] = []
+    for name in sorted(set(base_bundles) | set(cand_bundles)):
+        if name not in base_bundles or name not in cand_bundles:
+            reasons.append(f"{name}: only one run has it (missing in the {'baseline' if name not in base_bundles else 'candidate'}); not compared.")
+            continue
+        base, cand = base_bundles[name], cand_bundles[name]
+        items += checklist(name, _next_facets(base, base_dir, request.baseline_checkpoint),
+                           _next_facets(cand, cand_dir, request.candidate_checkpoint))
+        paired = nextresults.compare_bundles(base, cand, threshold)
+        base_score, cand_score = next_task_scores(base).headline, next_task_scores(cand).headline
+        why = "; ".join(paired.reasons)
+        rows.append(TaskComparison(
+            task=name, metric=paired.metric, score="value", scale="fraction", baseline=paired.baseline_score,
+            candidate=paired.candidate_score, baseline_stderr=base_score.stderr if base_score else None,
+            candidate_stderr=cand_score.stderr if cand_score else None, delta=paired.delta, delta_stderr=None,
+            ci_low=paired.ci_low, ci_high=paired.ci_high,
+            method=f"paired per problem over {paired.n_paired} problems: {paired.test} exact test; 95% CI by paired bootstrap "
+                   f"({nextresults.BOOTSTRAP_RESAMPLES} resamples, seed 0)",
+            verdict=ACCEPTABILITY_OF_NEL_VERDICT[paired.verdict], why=why, test=paired.test, p_value=paired.p_value,
+            n_paired=paired.n_paired, n_regressions=paired.n_regressions, n_improvements=paired.n_improvements,
+            nel_verdict=paired.verdict,
+            regressed=[Flip(problem_idx=f.problem_idx, expected=f.expected_answer, baseline_answer=f.baseline_answer,
+                            candidate_answer=f.candidate_answer) for f in paired.regressed],
+            improved=[Flip(problem_idx=f.problem_idx, expected=f.expected_answer, baseline_answer=f.baseline_answer,
+                           candidate_answer=f.candidate_answer) for f in paired.improved]))
+    progress(1, 3, "statistics done")
+    comparability, why_not = comparability_verdict(items)
+    reasons += why_not
+    verdicts = {row.verdict for row in rows}
+    if comparability != "comparable":
+        acceptability = "inconclusive"
+        reasons.append("Acceptability is inconclusive because the runs are not known to be comparable.")
+    elif not rows or "inconclusive" in verdicts and "not acceptable" not in verdicts:
+        acceptability = "inconclusive"
+    else:
+        acceptability = "not acceptable" if "not acceptable" in verdicts else "acceptable"
+    reasons += [f"{row.task}: {row.nel_verdict} ({row.verdict}): {row.why}." for row in rows]
+    output_dir = _output_dir(request)
+    png = output_dir / "comparison.png" if rows else None
+    if png is not None:
+        render_chart(rows, threshold, png)
+    progress(2, 3, "chart written")
+    output = CompareResultsOutput(comparability=comparability, acceptability=acceptability, reasons=reasons, checklist=items,
+                                  comparisons=rows, table_markdown=next_table_markdown(rows), chart_png=str(png) if png else None,
+                                  report_html=None)
+    report = output_dir / "report.html"
+    report.write_text(render_html(output, str(base_dir), str(cand_dir), png), encoding="utf-8")
+    markdown = output_dir / "report.md"
+    markdown.write_text(render_markdown(output, str(base_dir), str(cand_dir), png), encoding="utf-8")
+    output.report_html, output.report_markdown = str(report), str(markdown)
+    return output
+
+
+def next_table_markdown(rows: list[TaskComparison]) -> str:
+    lines = ["| benchmark | baseline | candidate | delta (pts) | 95% CI (pts) | p (one-sided) | flips -/+ | nel verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = "n/a" if r.ci_low is None else f"[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]"
+        p = "n/a" if r.p_value is None else f"{r.p_value:.2g}"
+        lines.append(f"| {r.task} | {_points(r.baseline)} | {_points(r.candidate)} | {100 * r.delta:+.2f} | {ci} | {p} "
+                     f"| {r.n_regressions}/{r.n_improvements} | {r.nel_verdict} |")
+    return "\n".join(lines)
+
+
+def render_markdown(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
+    flips = []
+    for r in output.comparisons:
+        for label, entries in (("regressed", r.regressed), ("improved", r.improved)):
+            if entries:
+                flips.append(f"\n**{r.task}: {label}** (first {len(entries)})\n\n| problem | expected | baseline | candidate |\n|---|---|---|---|")
+                flips += [f"| {f.problem_idx} | {f.expected} | {f.baseline_answer} | {f.candidate_answer} |" for f in entries]
+    chart = f"\n![scores and deltas]({png.name})\n" if png else ""
+    reasons = "\n".join(f"- {reason}" for reason in output.reasons)
+    return (f"# Baseline vs candidate\n\nbaseline: `{baseline}`  \ncandidate: `{candidate}`\n\n"
+            f"**Comparability:** {output.comparability} — **Acceptability:** {output.acceptability}\n\n{reasons}\n{chart}\n"
+            f"{output.table_markdown}\n" + "\n".join(flips) + "\n")
+
+
+def _output_dir(request: CompareResultsInput) -> Path:
+    output_dir = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "comparisons" / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ToolError(f"output_dir {output_dir}: cannot create it ({exc.strerror}). Pass a writable directory.") from None
+    return output_dir

@@ -29,8 +29,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from quanteval.engines import NEL_NEXT_SECTIONS, NEL_SECTIONS
 from quanteval import checkpoint, envvars, frameworks, tasks
+from quanteval.engines import NEL_NEXT_SECTIONS, NEL_SECTIONS
 from quanteval.frameworks import Execution
 from quanteval.frameworks import NelDeployment as Deployment
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress

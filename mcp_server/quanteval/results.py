@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quanteval import failures, ledger
+from quanteval.engines import nextresults
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -379,6 +380,8 @@ def extract_scores(request: ExtractScoresInput) -> ExtractScoresOutput:
     """Use after validate_run passes: every task's headline score and standard error from a finished run, with
     its scale.
     """
+    if (next_dir := next_run_dir(request.run)) is not None:
+        return ExtractScoresOutput(run=request.run, tasks=[next_task_scores(bundle) for bundle in nextresults.bundles(next_dir).values()])
     tree = locate_run(request.run)
     return ExtractScoresOutput(run=tree.label, tasks=[task_scores(tree, task_dir) for task_dir in tree.task_dirs])
 
@@ -725,6 +728,8 @@ def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) 
     """Use before extract_scores or compare_results: checks each task of a finished run (samples, HTTP errors,
     truncation, leaked reasoning, judge, served checkpoint): pass/fail/inconclusive with evidence.
     """
+    if (next_dir := next_run_dir(request.run)) is not None:
+        return _validate_next_run(request, next_dir)
     tree = locate_run(request.run)
     tasks = []
     for index, task_dir in enumerate(tree.task_dirs):
@@ -737,3 +742,84 @@ def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) 
     severities = {finding.severity for task in tasks for finding in task.findings}
     verdict: Verdict = "fail" if "fail" in severities else "inconclusive" if "unknown" in severities else "pass"
     return ValidateRunOutput(run=tree.label, verdict=verdict, reasons=reasons[:50], tasks=tasks)
+
+
+# ---------------------------------------------------------------------------------------------
+# nel-next runs (quanteval.engines.nextresults reads them)
+# ---------------------------------------------------------------------------------------------
+
+
+def next_run_dir(run: str) -> Path | None:
+    """The directory of a nel-next run named by path or ledger id; None when the run is NEL 0.2.6's."""
+    local = Path(run.strip()).expanduser()
+    if local.is_dir():
+        return local if nextresults.is_run_dir(local) else None
+    try:
+        record = ledger.get(run.strip())
+    except ToolError:
+        return None
+    return Path(record.details["run_dir"]) if record.details.get("engine") == "nel-next" else None
+
+
+def next_task_scores(bundle: nextresults.Bundle) -> TaskScores:
+    scores = []
+    for name, metric in bundle.metrics().items():
+        low, high = metric.get("bootstrap_ci_lower"), metric.get("bootstrap_ci_upper")
+        stderr = (high - low) / 3.92 if isinstance(low, (int, float)) and isinstance(high, (int, float)) else None
+        scores.append(ScoreValue(task=bundle.name, metric=name, score="value", value=float(metric["value"]), stderr=stderr,
+                                 count=bundle.samples * bundle.repeats or None, scale=_infer_scale(float(metric["value"])),
+                                 scale_from="inferred", path=f"benchmark.scores.{name}.value"))
+    headline = next((score for score in scores if score.metric == nextresults.PRIMARY_METRIC), scores[0] if scores else None)
+    return TaskScores(task_dir=str(bundle.directory), task=bundle.name, headline=headline, scores=scores[:50],
+                      problem=None if scores else f"{bundle.path.name} has no scores")
+
+
+def _validate_next_bundle(bundle: nextresults.Bundle, request: ValidateRunInput) -> TaskValidation:
+    runtime = bundle.scores.get("runtime") or {}
+    shuffle = (bundle.data.get("config") or {}).get("shuffle") or {}
+    max_problems = (bundle.data.get("config") or {}).get("max_problems")
+    expected_problems = shuffle.get("ds_effective_size") or max_problems
+    expected = expected_problems * bundle.repeats if expected_problems else None
+    evaluated = int(bundle.data.get("n_results") or bundle.samples * bundle.repeats)
+    reasons = runtime.get("finish_reason_counts") or {}
+    answered = sum(int(v) for v in reasons.values()) or None
+    errors = int(runtime.get("model_errors") or 0)
+    error_share = errors / max(1, evaluated)
+    truncated_share = int(reasons.get("length", 0)) / answered if answered else None
+    task = TaskValidation(task_dir=str(bundle.directory), task=bundle.name, finished=True, expected_samples=expected,
+                          expected_samples_from="nel-next dataset size" if expected else None, evaluated_samples=evaluated,
+                          responses=answered, error_share=error_share, truncated_share=truncated_share)
+    shown = Evidence(file=str(bundle.path), text=json.dumps({"samples": bundle.samples, "repeats": bundle.repeats,
+                     "n_results": evaluated, "model_errors": errors, "finish_reason_counts": reasons})[:300])
+    if bundle.metric() is None:
+        task.findings.append(Finding(severity="fail", check="scores", message=f"no {nextresults.PRIMARY_METRIC} score in the bundle", evidence=[shown]))
+    if expected is not None and evaluated < expected:
+        task.findings.append(Finding(severity="fail", check="samples", message=f"{evaluated} of {expected} samples evaluated", evidence=[shown]))
+    if error_share > request.max_error_share:
+        task.findings.append(Finding(severity="fail", check="http_errors", message=f"{errors} model errors ({error_share:.1%}) exceed {request.max_error_share:.1%}", evidence=[shown]))
+    if truncated_share is not None and truncated_share > request.max_truncated_share:
+        task.findings.append(Finding(severity="fail", check="truncation", message=(
+            f"{truncated_share:.1%} of answers were cut at max_tokens (finish_reason=length), over {request.max_truncated_share:.1%}: "
+            "raise services.<model>.generation.max_tokens within the served context"), evidence=[shown]))
+    if request.expected_checkpoint:
+        task.findings.append(Finding(severity="info", check="served_checkpoint", message=(
+            "nel-next records the served model name, not the checkpoint path: check the deployment (deployment_status)."), evidence=[]))
+    return task
+
+
+def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunOutput:
+    outcome = nextresults.run_outcome(run_dir)
+    found = nextresults.bundles(run_dir)
+    tasks = [_validate_next_bundle(bundle, request) for bundle in found.values()]
+    for name, error in outcome.failed.items():
+        tasks.append(TaskValidation(task_dir=str(run_dir), task=name, finished=False, findings=[Finding(
+            severity="fail", check="finished", message=f"nel-next failed the benchmark: {error[:300]}",
+            evidence=[Evidence(file=str(run_dir / "checkpoint.json"), text=error[:300])])]))
+    if not found and not outcome.failed:
+        tasks.append(TaskValidation(task_dir=str(run_dir), finished=False, findings=[Finding(
+            severity="fail", check="finished", message="no benchmark bundle (eval-*.json) in the run directory: the run did not finish")]))
+    reasons = [f"{task.task or task.task_dir}: {finding.message}" for task in tasks for finding in task.findings
+               if finding.severity in ("fail", "unknown")]
+    severities = {finding.severity for task in tasks for finding in task.findings}
+    verdict: Verdict = "fail" if "fail" in severities else "inconclusive" if "unknown" in severities else "pass"
+    return ValidateRunOutput(run=request.run, verdict=verdict, reasons=reasons[:50], tasks=tasks)

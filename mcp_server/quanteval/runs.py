@@ -18,12 +18,14 @@ import os
 import re
 import shlex
 import stat
+import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from quanteval import envvars, failures, ledger, nelexec, remote, results
+from quanteval.engines import engine_of, nelnext, nextresults
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
@@ -159,6 +161,8 @@ def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunO
     and NEL's error. Secrets never appear.
     """
     config_path = _config_file(request.config_path)
+    if _engine(config_path) == "nel-next":
+        return _next_dry_run(config_path, request.overrides)
     progress(0, 2, "NEL dry-run (composes the config and renders the scripts, ~5 s)")
     answer = nelexec.call("run", DRY_RUN_TIMEOUT_S, config_path=config_path, overrides=request.overrides,
                           extra_overrides=[], tasks=[], dry_run=True)
@@ -290,6 +294,8 @@ def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress
     at once; launch_full_run needs a passing canary of the same config. Poll with run_status.
     """
     config_path = _config_file(request.config_path)
+    if _engine(config_path) == "nel-next":
+        return _next_launch("canary", config_path, request.overrides, request.limit_samples, request.repeats, {}, progress)
     progress(0, 3, "composing the config")
     repeat_overrides, notes = _repeat_overrides(config_path, request.repeats) if request.repeats else ([], [])
     record, answer = _launch("canary", config_path, request.overrides,
@@ -312,6 +318,8 @@ class LaunchFullRunInput(StrictModel):
 
 def _results_location(record: ledger.Record) -> str:
     """The invocation directory as validate_run takes it: a local path, or host:path for SLURM (from NEL's job records)."""
+    if _is_next(record):
+        return record.details["run_dir"]
     data = _jobs(record)[0]["data"]
     if "remote_rundir_path" in data:
         return f"{data['hostname']}:{Path(data['remote_rundir_path']).parent}"
@@ -366,12 +374,19 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     if request.force and not (request.reason and request.reason.strip()):
         raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
     progress(0, 3, "checking the canary gate")
-    composed = _nel("hash", QUERY_TIMEOUT_S, config_path=config_path, overrides=request.overrides)
+    next_engine = _engine(config_path) == "nel-next"
+    if next_engine:
+        composed = {"config_hash": nelnext.config_hash(config_path, request.overrides),
+                    "tasks": nelnext.check_schema(config_path, request.overrides).get("benchmarks", [])}
+    else:
+        composed = _nel("hash", QUERY_TIMEOUT_S, config_path=config_path, overrides=request.overrides)
     if request.force:
         gate = f"forced: {request.reason.strip()}"
     else:
         gate = _gate(composed["config_hash"], request.tasks or composed["tasks"], progress)
     details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if request.force else None}
+    if next_engine:
+        return _next_launch("full_run", config_path, request.overrides, None, None, details, progress)
     record, answer = _launch("full_run", config_path, request.overrides, [], request.tasks, details, progress)
     return LaunchOutput(record_id=record.id, kind="full_run", invocation_id=record.invocation_id or "",
                         config_hash=answer["config_hash"], executor=answer["executor"], host=answer.get("host"),
@@ -522,6 +537,8 @@ def _refresh(record: ledger.Record) -> _Refreshed:
         return _Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
     if record.kind == "dry_run":
         return _Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
+    if _is_next(record):
+        return _next_refresh(record)
     jobs = _jobs(record)
     try:
         if record.executor == "slurm":
@@ -623,6 +640,8 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
     with file:line, and for a failed run a diagnosis with its usual fix. Secrets masked.
     """
     record = _record(request.record_id)
+    if _is_next(record):
+        return _next_logs(record, request.lines)
     jobs = [job for job in _jobs(record) if request.job in (None, job["job_id"])]
     if not jobs:
         raise ToolError(f"job: {request.job} is not part of {record.invocation_id}. run_status lists its jobs.")
@@ -669,6 +688,8 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
     record = _record(request.record_id)
     if record.kind == "dry_run":
         raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
+    if _is_next(record):
+        return _next_kill(record)
     progress(0, 2, "killing through NEL")
     answer = _nel("kill", QUERY_TIMEOUT_S, invocation_id=record.invocation_id or "")
     results = [JobStatus(job_id=row["job_id"] or "", status="killed" if row["status"] == "killed" else "unknown",
@@ -715,6 +736,8 @@ def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRun
     record = _record(request.record_id)
     if record.kind == "dry_run" or not record.invocation_id:
         raise ToolError(f"{record.id} never ran (a dry-run or a failed launch); use launch_canary instead.")
+    if _is_next(record):
+        return _next_resume(record)
     progress(0, 1, "resuming through NEL")
     answer = _nel("resume", LAUNCH_TIMEOUT_S, invocation_id=record.invocation_id)
     updated = ledger.update(record.id, status="submitted", message="resumed through NEL")
@@ -767,3 +790,133 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
                    host=record.host, created_at=record.created_at, updated_at=record.updated_at,
                    note=record.details.get("error") or (record.details.get("gate") if record.kind == "full_run" else None))
         for record in page])
+
+
+# ---------------------------------------------------------------- the nel-next engine
+#
+# The same tools, for configs with services/benchmarks/cluster/output (quanteval.engines). A nel-next run is a
+# `nel eval run` child on this machine; its record keeps engine "nel-next", run_dir, pid and the overrides.
+
+
+def _engine(config_path: str) -> str:
+    from quanteval import nelconfig
+
+    return engine_of(nelconfig.to_plain(nelconfig.load_config(config_path)))
+
+
+def _is_next(record: ledger.Record) -> bool:
+    return record.details.get("engine") == "nel-next"
+
+
+def _next_dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
+    """nel-next has nothing to render for the local cluster: its own schema check is the dry-run."""
+    checked = nelnext.check_schema(config_path, overrides)
+    error = None
+    if not checked["ok"]:
+        error = "; ".join(f"{p['path'] or '(config)'}: {p['message']}" for p in checked["problems"][:5])
+    command = [str(nelnext.nel_binary()), "eval", "run", config_path, *[x for o in overrides for x in ("-O", o)]]
+    record = ledger.add("dry_run", status="failed" if error else "passed", config_path=config_path,
+                        config_hash=nelnext.config_hash(config_path, overrides), executor=checked.get("cluster"),
+                        details={"engine": "nel-next", "error": error, "overrides": overrides}, message=error)
+    text = shlex.join(command)
+    return DryRunOutput(ok=error is None, record_id=record.id, config_hash=record.config_hash, executor=checked.get("cluster"),
+                        invocation_id=None, invocation_dir=None,
+                        scripts=[RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])],
+                        secrets_files_protected=[], error=error)
+
+
+def _next_run_dir(config_path: str, overrides: list[str], kind: str) -> Path:
+    checked = nelnext.check_schema(config_path, overrides)
+    if not checked["ok"]:
+        first = checked["problems"][0]
+        raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+    base = Path(checked["output_dir"]).expanduser()
+    if not base.is_absolute():
+        base = Path(config_path).parent / base
+    return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
+
+
+def _next_launch(kind: RunKind, config_path: str, overrides: list[str], max_problems: int | None, repeats: int | None,
+                 details: dict, progress: ProgressFn) -> LaunchOutput:
+    progress(1, 3, f"starting the nel-next {kind.replace('_', ' ')}")
+    extra: list[str] = []
+    notes: list[str] = []
+    if max_problems is not None:
+        count = len(nelnext.check_schema(config_path, overrides).get("benchmarks") or [])
+        extra = nelnext.canary_overrides(count, max_problems, repeats)
+        notes.append(f"The canary runs max_problems={max_problems}" + (f" and repeats={repeats}" if repeats else "")
+                     + " per benchmark; the full run uses the config's.")
+    run_dir = _next_run_dir(config_path, overrides, kind)
+    record = nelnext.launch(kind, config_path, [*overrides, *extra], run_dir,
+                            {**details, "canary_overrides": extra, "limit_samples": max_problems, "repeats": repeats})
+    record = ledger.update(record.id, details={"overrides": overrides, "run_overrides": [*overrides, *extra]})
+    progress(3, 3, f"running in {run_dir}")
+    return LaunchOutput(record_id=record.id, kind=kind, invocation_id=record.invocation_id or "", config_hash=record.config_hash or "",
+                        executor="local", host=None, status=record.status, gate=details.get("gate"), notes=notes)
+
+
+def _next_refresh(record: ledger.Record) -> _Refreshed:
+    if record.status in ("killed", "cancelled"):
+        return _Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
+    code = nelnext.exit_code(record.details)
+    benchmarks = list(record.details.get("tasks") or [])
+    if code is None:
+        jobs = [JobStatus(job_id=name, status="running") for name in benchmarks]
+        return _Refreshed(record=ledger.update(record.id, status="running"), jobs=jobs, reachable=True, message=None)
+    outcome = nextresults.run_outcome(Path(record.details["run_dir"]))
+    jobs = []
+    for name in benchmarks:
+        if name in outcome.failed:
+            jobs.append(JobStatus(job_id=name, status="failed", note=outcome.failed[name][:300]))
+        elif name in outcome.completed:
+            jobs.append(JobStatus(job_id=name, status="succeeded"))
+        else:
+            jobs.append(JobStatus(job_id=name, status="failed", note=f"nel eval run ended (exit {code}) without finishing it"))
+    # Never trust the exit code alone: nel eval run has exited 0 with a failed benchmark.
+    status = "succeeded" if code == 0 and jobs and all(job.status == "succeeded" for job in jobs) else "failed"
+    message = None
+    if status == "failed":
+        reasons = [f"{job.job_id}: {job.note}" for job in jobs if job.note] or [f"nel eval run exited {code}"]
+        message = "; ".join(reasons)[:500]
+    updated = ledger.update(record.id, status=status, details={"exit_code": code, "error": message},
+                            message=message if record.status != status else None)
+    return _Refreshed(record=updated, jobs=jobs, reachable=True, message=message)
+
+
+def _next_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
+    path = record.details["log_path"]
+    content = Path(path).read_text(errors="replace").splitlines() if Path(path).is_file() else []
+    secrets = _secret_values([])
+    hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=path, line=number,
+                       text=_scrub(text.strip(), secrets)[:failures.MAX_LINE_CHARS])
+            for number, text in enumerate(content, 1) if failures.classify(text)]
+    tail = [line[:failures.MAX_LINE_CHARS] for line in _scrub("\n".join(content[-lines:]), secrets).splitlines()]
+    record = _next_refresh(record).record if record.status in ACTIVE else record
+    diagnosis = None
+    if record.status == "failed":
+        error = record.details.get("error")
+        last = ([error] if error else []) + tail
+        diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], last)
+    classes = [name for name in failures.FAILURE_ADVICE if any(hit.failure_class == name for hit in hits)]
+    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id,
+                         tails=[LogTail(job_id="nel eval run", file=path, lines=tail)], failures=hits[:MAX_HITS],
+                         failures_truncated=len(hits) > MAX_HITS, failure_classes=classes, diagnosis=diagnosis)
+
+
+def _next_kill(record: ledger.Record) -> KillRunOutput:
+    stopped, how = nelnext.stop(record.details)
+    if not stopped:
+        raise ToolError(f"kill_run: {record.id} did not stop ({how}); retry, or kill process group {record.details['pgid']}.")
+    updated = ledger.update(record.id, status="killed", message=f"kill_run: {how}")
+    return KillRunOutput(record_id=record.id, status=updated.status,
+                         jobs=[JobStatus(job_id=name, status="killed") for name in record.details.get("tasks") or []])
+
+
+def _next_resume(record: ledger.Record) -> ResumeRunOutput:
+    if nelnext.exit_code(record.details) is None:
+        raise ToolError(f"{record.id} is still running; resume_run is for a killed or failed run.")
+    overrides = record.details.get("run_overrides") or record.details.get("overrides") or []
+    started = nelnext.start(record.config_path or "", overrides, Path(record.details["run_dir"]), resume=True)
+    updated = ledger.update(record.id, status="running", details={**started, "exit_code": None, "error": None},
+                            message="resumed: nel eval run --resume")
+    return ResumeRunOutput(record_id=updated.id, invocation_id=updated.invocation_id or "", status=updated.status)

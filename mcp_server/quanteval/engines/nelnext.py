@@ -212,6 +212,33 @@ def log_tail(details: dict[str, Any], lines: int) -> list[str]:
         return handle.read().decode(errors="replace").splitlines()[-lines:]
 
 
+RUN_FACTS_NAME = "quanteval-run.json"
+SECRET_KEY_WORDS = ("key", "token", "secret", "password")
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "<redacted>" if any(w in k.lower() for w in SECRET_KEY_WORDS) and v else _redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    return value
+
+
+def write_run_facts(run_dir: Path, config: dict[str, Any], checkpoint: str | None, served: dict[str, Any] | None) -> None:
+    """What compare_results checks for comparability: the config as nel-next read it (secrets redacted), the
+    checkpoint and what the server reported serving. nel-next itself keeps none of this in a local run."""
+    facts = {"config": _redact(config), "checkpoint": checkpoint, "served": served or {}}
+    (run_dir / RUN_FACTS_NAME).write_text(json.dumps(facts, indent=1), encoding="utf-8")
+
+
+def read_run_facts(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / RUN_FACTS_NAME
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def launch(kind: ledger.RecordKind, config_path: str, overrides: list[str], run_dir: Path,
            details: dict[str, Any]) -> ledger.Record:
     """Validate with nel-next's own schema, start the run, record it."""
@@ -223,6 +250,7 @@ def launch(kind: ledger.RecordKind, config_path: str, overrides: list[str], run_
         raise ToolError(f"cluster.type: {checked['cluster']!r} runs of nel-next are not launched by quanteval yet; "
                         "use cluster.type local (this machine), or NEL 0.2.6 for SLURM.")
     started = start(config_path, overrides, run_dir)
+    write_run_facts(run_dir, checked["config"], details.get("checkpoint"), details.get("served"))
     return ledger.add(kind, status="running", config_path=config_path, config_hash=config_hash(config_path, overrides),
                       invocation_id=f"nel-next:{run_dir}", executor="local",
                       details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},

@@ -1,0 +1,253 @@
+"""What a nel-next run produced: its outcome, its bundles, per-problem rewards, and paired comparisons.
+
+A nel-next run directory (`nel eval run ... -o DIR`, local executor, 0.3.0) holds:
+  DIR/checkpoint.json                   completed_benchmarks / failed_benchmarks (name -> {"error"})
+  DIR/<benchmark>/eval-<ts>-<name>.json the bundle: benchmark.{name, samples, repeats, scores{pass@1{value,
+                                        bootstrap_ci_lower, bootstrap_ci_upper}, runtime{finish_reason_counts,
+                                        model_errors}, failures{failure_rate}}}, config{model, max_problems, ...}
+  DIR/<benchmark>/results.jsonl         one line per problem x repeat: problem_idx, repeat, reward, expected_answer,
+                                        extracted_answer, model_response
+The paired statistics follow `nel compare` (nemo_evaluator.engine.comparison, 0.3.0) so the two agree on the same
+runs: repeats averaged per problem, McNemar's exact one-sided binomial test on the discordant pairs when every
+reward is 0/1, and its verdict rule (BLOCK: significant, effect above the threshold and more regressions than
+improvements; WARN: significant; INCONCLUSIVE: too few discordant pairs for the threshold; else PASS).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quanteval.models import ToolError
+
+ALPHA = 0.05
+POWER_80_FACTOR = 2.8  # z_alpha + z_beta, one-sided alpha 0.05 at 80% power: nel compare's power analysis
+DEFAULT_MAX_DROP = 0.05  # nel compare's --max-drop default
+PRIMARY_METRIC = "pass@1"
+MAX_FLIPS_SHOWN = 20
+BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclass
+class Bundle:
+    name: str
+    directory: Path
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def benchmark(self) -> dict[str, Any]:
+        return self.data.get("benchmark") or {}
+
+    @property
+    def scores(self) -> dict[str, Any]:
+        return self.benchmark.get("scores") or {}
+
+    @property
+    def samples(self) -> int:
+        return int(self.benchmark.get("samples") or 0)
+
+    @property
+    def repeats(self) -> int:
+        return int(self.benchmark.get("repeats") or 1)
+
+    def metric(self, name: str = PRIMARY_METRIC) -> dict[str, Any] | None:
+        value = self.scores.get(name)
+        return value if isinstance(value, dict) and "value" in value else None
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        return {name: value for name, value in self.scores.items() if isinstance(value, dict) and "value" in value}
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "checkpoint.json").is_file() or (path / "nel_run.json").is_file()
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ToolError(f"{path}: unreadable ({exc}).") from None
+    if not isinstance(data, dict):
+        raise ToolError(f"{path}: not a JSON object.")
+    return data
+
+
+def bundles(run_dir: Path) -> dict[str, Bundle]:
+    """The benchmark bundles of a run directory (or of one benchmark directory), by benchmark name."""
+    found: dict[str, Bundle] = {}
+    candidates = sorted(run_dir.glob("eval-*.json")) + sorted(run_dir.glob("*/eval-*.json"))
+    for path in candidates:
+        data = _load_json(path)
+        name = str((data.get("benchmark") or {}).get("name") or path.parent.name)
+        found[name] = Bundle(name=name, directory=path.parent, path=path, data=data)  # the newest wins (sorted by ts)
+    return found
+
+
+@dataclass
+class Outcome:
+    completed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def run_outcome(run_dir: Path) -> Outcome:
+    """What nel-next itself recorded as completed and failed (DIR/checkpoint.json)."""
+    path = run_dir / "checkpoint.json"
+    if not path.is_file():
+        return Outcome()
+    data = _load_json(path)
+    failed = {str(name): str((info or {}).get("error") or "failed") for name, info in (data.get("failed_benchmarks") or {}).items()}
+    return Outcome(completed=list(data.get("completed_benchmarks") or {}), failed=failed)
+
+
+# ---------------------------------------------------------------- per-problem rewards
+
+
+def paired_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """results.jsonl by (problem_idx, repeat), as nel compare pairs them."""
+    path = bench_dir / "results.jsonl"
+    records: dict[tuple[int, int], dict[str, Any]] = {}
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("problem_idx") is not None:
+            records[(int(record["problem_idx"]), int(record.get("repeat", 0)))] = record
+    return records
+
+
+def per_problem_rewards(records: dict[tuple[int, int], dict[str, Any]]) -> dict[int, list[float]]:
+    by_problem: dict[int, list[float]] = defaultdict(list)
+    for (problem, _repeat), record in sorted(records.items()):
+        by_problem[problem].append(float(record.get("reward") or 0.0))
+    return dict(by_problem)
+
+
+def _answer(record: dict[str, Any]) -> str | None:
+    value = record.get("model_response") or record.get("extracted_answer") or record.get("response")
+    if not isinstance(value, str):
+        return None
+    return value if len(value) <= 80 else value[:77] + "..."
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def binomial_greater_p(successes: int, trials: int) -> float:
+    """Exact one-sided P(X >= successes) for X ~ Binomial(trials, 1/2) (scipy's binomtest 'greater')."""
+    if trials == 0:
+        return 1.0
+    tail = sum(math.comb(trials, k) for k in range(successes, trials + 1))
+    return min(1.0, tail / 2**trials)
+
+
+def paired_bootstrap_ci(deltas: list[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """95% percentile CI of the mean paired delta (candidate - baseline), fixed seed for reproducible reports."""
+    import numpy as np
+
+    values = np.asarray(deltas, dtype=float)
+    if len(values) < 2:
+        mean = float(values.mean()) if len(values) else 0.0
+        return mean, mean
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+@dataclass
+class Flip:
+    problem_idx: int
+    expected_answer: str | None
+    baseline_answer: str | None
+    candidate_answer: str | None
+
+
+@dataclass
+class PairedComparison:
+    benchmark: str
+    metric: str
+    baseline_score: float
+    candidate_score: float
+    delta: float  # candidate - baseline, 0-1 scale
+    ci_low: float | None
+    ci_high: float | None
+    n_paired: int
+    test: str  # "mcnemar" (binary rewards) or "sign" (averaged repeats / continuous rewards)
+    p_value: float | None
+    n_regressions: int
+    n_improvements: int
+    verdict: str  # PASS / WARN / BLOCK / INCONCLUSIVE, by nel compare's rule
+    reasons: list[str]
+    regressed: list[Flip]
+    improved: list[Flip]
+
+
+def _verdict(n_paired: int, regressions: int, improvements: int, p_value: float, test: str,
+             max_drop: float) -> tuple[str, list[str]]:
+    """nel compare's decision rule (engine.comparison._compute_verdict), on the same numbers."""
+    discordant = regressions + improvements
+    if n_paired == 0:
+        return "INCONCLUSIVE", ["no paired problems: the runs share no (problem, repeat)"]
+    if discordant == 0:
+        return "PASS", ["no discordant pairs: baseline and candidate got exactly the same problems right"]
+    effect = (regressions - improvements) / n_paired
+    significant = p_value < ALPHA
+    if significant and abs(effect) > max_drop and regressions > improvements:
+        return "BLOCK", [f"{test} p={p_value:.4f}, effect={effect:.4f} > {max_drop}: a regression beyond the allowed drop"]
+    if significant:
+        return "WARN", [f"{test} p={p_value:.4f} (significant) but effect {effect:.4f} is within the allowed drop {max_drop}"]
+    detectable = POWER_80_FACTOR / math.sqrt(discordant)
+    if detectable > 2 * max_drop:
+        needed = max(1, int((POWER_80_FACTOR / max_drop) ** 2))
+        return "INCONCLUSIVE", [
+            f"underpowered: {discordant} discordant pairs can detect a ~{detectable * 100:.1f}% regression at 80% power, "
+            f"the allowed drop is {max_drop * 100:.1f}%; ~{needed} discordant pairs would be needed. More problems or repeats."]
+    return "PASS", [f"{test} p={p_value:.4f} (not significant)"]
+
+
+def compare_bundles(baseline: Bundle, candidate: Bundle, max_drop: float = DEFAULT_MAX_DROP) -> PairedComparison:
+    """Pair two runs of one benchmark problem by problem: deltas, McNemar / sign test, flips, bootstrap CI, verdict."""
+    base_records, cand_records = paired_records(baseline.directory), paired_records(candidate.directory)
+    if not base_records or not cand_records:
+        side = "baseline" if not base_records else "candidate"
+        raise ToolError(f"{side} run of {baseline.name} has no per-problem results (results.jsonl); a paired "
+                        "comparison needs them. Re-run it with nel-next >= 0.3.")
+    base, cand = per_problem_rewards(base_records), per_problem_rewards(cand_records)
+    shared = sorted(set(base) & set(cand))
+    base_mean = {p: sum(base[p]) / len(base[p]) for p in shared}
+    cand_mean = {p: sum(cand[p]) / len(cand[p]) for p in shared}
+    binary = all(v in (0.0, 1.0) for p in shared for v in (base_mean[p], cand_mean[p]))
+    # Flips as nel compare counts them: a problem is right when its (mean) reward is above 0.
+    regressed_ids = [p for p in shared if base_mean[p] > 0 and cand_mean[p] <= 0]
+    improved_ids = [p for p in shared if cand_mean[p] > 0 and base_mean[p] <= 0]
+    if binary:
+        test, worse, better = "mcnemar", len(regressed_ids), len(improved_ids)
+    else:  # averaged repeats: the sign test on paired deltas (nel compare's `--test sign`)
+        test = "sign"
+        worse = sum(1 for p in shared if base_mean[p] > cand_mean[p])
+        better = sum(1 for p in shared if cand_mean[p] > base_mean[p])
+    p_value = binomial_greater_p(worse, worse + better)
+    verdict, reasons = _verdict(len(shared), worse, better, p_value, test, max_drop)
+    deltas = [cand_mean[p] - base_mean[p] for p in shared]
+    ci_low, ci_high = paired_bootstrap_ci(deltas) if deltas else (None, None)
+
+    def flips(ids: list[int]) -> list[Flip]:
+        first = {problem: record for (problem, repeat), record in sorted(base_records.items(), reverse=True)}
+        first_cand = {problem: record for (problem, repeat), record in sorted(cand_records.items(), reverse=True)}
+        return [Flip(problem_idx=p, expected_answer=first[p].get("expected_answer"), baseline_answer=_answer(first[p]),
+                     candidate_answer=_answer(first_cand[p])) for p in ids[:MAX_FLIPS_SHOWN]]
+
+    base_score = sum(base_mean.values()) / len(shared) if shared else 0.0
+    cand_score = sum(cand_mean.values()) / len(shared) if shared else 0.0
+    return PairedComparison(
+        benchmark=baseline.name, metric=PRIMARY_METRIC, baseline_score=base_score, candidate_score=cand_score,
+        delta=cand_score - base_score, ci_low=ci_low, ci_high=ci_high, n_paired=len(shared), test=test, p_value=p_value,
+        n_regressions=len(regressed_ids), n_improvements=len(improved_ids), verdict=verdict, reasons=reasons,
+        regressed=flips(regressed_ids), improved=flips(improved_ids))
