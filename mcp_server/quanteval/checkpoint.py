@@ -145,6 +145,9 @@ class CheckpointReport(BaseModel):
     quantization: QuantizationInfo
     context_length: int | None = Field(None, description="max_position_embeddings (or the model's own equivalent).")
     trust_remote_code: bool = Field(False, description="config.json has auto_map: servers need --trust-remote-code.")
+    chat_template: bool = Field(True, description=(
+        "The tokenizer has a chat template (tokenizer_config.json or chat_template.jinja). Without one a chat endpoint "
+        "refuses requests: evaluate a base model through a completions endpoint."))
     reasoning: bool = Field(False, description="The chat template has a thinking/reasoning toggle.")
     tool_calling: bool = Field(False, description="The chat template renders tools.")
     generation_defaults: dict[str, float | int] = Field(
@@ -843,6 +846,7 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
         quantization=quant,
         context_length=context_length,
         trust_remote_code=trust_remote_code,
+        chat_template=bool(template.strip()),
         reasoning=any(marker in template for marker in _REASONING_MARKERS),
         tool_calling=bool(_TOOL_MARKERS.search(template)),
         generation_defaults={

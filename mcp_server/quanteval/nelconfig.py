@@ -30,7 +30,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from quanteval import checkpoint, envvars, frameworks, tasks
-from quanteval.engines import NEL_NEXT_SECTIONS, NEL_SECTIONS
+from quanteval.engines import NEL_NEXT_SECTIONS, NEL_SECTIONS, Engine
 from quanteval.frameworks import Execution
 from quanteval.frameworks import NelDeployment as Deployment
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -426,6 +426,9 @@ def _merge(base: CommentedMap, override: CommentedMap) -> None:
 
 
 class BuildConfigInput(StrictModel):
+    engine: Engine = Field("nel", description=(
+        "'nel' (NEL 0.2.6: container tasks, ModelOpt-tested) or 'nel-next' (nemo-evaluator >= 0.3: in-process "
+        "benchmarks: BYOB .py files, skills://NAME, built-ins)."))
     execution: Execution = Field(description="'local' (Docker here) or 'slurm' (a cluster over SSH).")
     deployment: Deployment = Field(
         description="Server NEL starts, or 'none' for an existing endpoint (target.api_endpoint)."
@@ -433,7 +436,8 @@ class BuildConfigInput(StrictModel):
     model_type: ModelType = Field(description="'chat_reasoning' (instruct/reasoning, chat endpoint) or 'base' (pretrained, completions).")
     benchmarks: list[str] = Field(
         min_length=1,
-        description="base: general_knowledge, coding, long_context, multilingual; chat_reasoning: core_reasoning, agentic, long_context, multilingual.",
+        description="nel: bundles (base: general_knowledge, coding, long_context, multilingual; chat_reasoning: core_reasoning, "
+        "agentic, long_context, multilingual). nel-next: benchmark names (a BYOB .py file, skills://NAME, a built-in).",
     )
     export: Export = Field("none", description="Automatic export after the run.")
     config_path: str | None = Field(
@@ -443,6 +447,10 @@ class BuildConfigInput(StrictModel):
 
     @model_validator(mode="after")
     def _bundles_fit_model_type(self) -> BuildConfigInput:
+        if self.engine == "nel-next":
+            if self.deployment not in ("none", "vllm", "sglang"):
+                raise ValueError(f"deployment '{self.deployment}': nel-next configs here take none (an existing endpoint), vllm or sglang")
+            return self
         supported = benchmark_bundles()[self.model_type]
         unknown = [name for name in self.benchmarks if name not in supported]
         if unknown:
@@ -468,7 +476,8 @@ def _output_path(request: BuildConfigInput) -> Path:
     if directory.exists() and not directory.is_dir():
         raise ToolError(f"{directory}: exists and is not a directory. Give a *.yaml path or a directory as output.")
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"{request.execution}_{request.deployment}_{request.model_type}_{'_'.join(sorted(request.benchmarks))}"
+    names = sorted(Path(name).stem.replace("://", "_") for name in request.benchmarks) if request.engine == "nel-next" else sorted(request.benchmarks)
+    stem = f"{request.engine.replace('-', '')}_{request.execution}_{request.deployment}_{request.model_type}_{'_'.join(names)}"[:120]
     candidate, counter = directory / f"{stem}.yaml", 1
     while candidate.exists():  # like NEL: a numbered sibling, never an overwrite
         candidate, counter = directory / f"{stem}_{counter}.yaml", counter + 1
@@ -506,6 +515,8 @@ def build_config(request: BuildConfigInput) -> BuildConfigOutput:
     fill missing_values (apply_checkpoint, set_config_value) and validate_config.
     """
     path = _output_path(request)
+    if request.engine == "nel-next":
+        return _build_next_config(request, path)
     doc = build_config_document(request.execution, request.deployment, request.model_type, request.benchmarks, request.export)
     try:
         with open(path, "x", encoding="utf-8") as handle:
@@ -514,6 +525,30 @@ def build_config(request: BuildConfigInput) -> BuildConfigOutput:
         raise ToolError(f"{path}: already exists; build_config never overwrites a file. Choose another output path.") from None
     tasks = [str(task.get("name")) for task in doc.get("evaluation", {}).get("tasks", []) if isinstance(task, dict)]
     return BuildConfigOutput(config_path=str(path.resolve()), tasks=tasks, missing_values=missing_value_paths(doc))
+
+
+def _build_next_config(request: BuildConfigInput, path: Path) -> BuildConfigOutput:
+    """A nel-next config: one model service (an existing endpoint, or a vLLM/SGLang server nel-next starts), a simple
+    solver per benchmark, the local or SLURM cluster, output without a timestamp (quanteval names each run's directory).
+    A BYOB file given by a relative path is written as an absolute one: nel-next resolves it against its own cwd."""
+    from quanteval.engines import nelnext
+
+    benchmarks = [str(Path(name).expanduser().resolve()) if name.endswith(".py") else name for name in request.benchmarks]
+    protocol = "completions" if request.model_type == "base" else "chat_completions"
+    plain = nelnext.config_document(benchmarks=benchmarks, protocol=protocol, execution=request.execution,
+                                    output_dir=str(path.parent / "results"))
+    if request.deployment != "none":
+        plain["services"]["model"] = {"type": request.deployment, "model": MISSING, "protocol": protocol,
+                                      "served_model_name": MISSING, "generation": plain["services"]["model"]["generation"]}
+    doc = _as_round_trip(plain)
+    doc.yaml_set_start_comment("nel-next (nemo-evaluator >= 0.3) config, written by quanteval build_config.\n"
+                               "??? marks values to fill: apply_checkpoint, deployment_status's config_values, set_config_value.")
+    try:
+        with open(path, "x", encoding="utf-8") as handle:
+            handle.write(dump_config(doc))
+    except FileExistsError:
+        raise ToolError(f"{path}: already exists; build_config never overwrites a file. Choose another output path.") from None
+    return BuildConfigOutput(config_path=str(path.resolve()), tasks=benchmarks, missing_values=missing_value_paths(doc))
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from quanteval import checkpoint, frameworks, nelconfig, nelfacts, tasks
+from quanteval.engines import engine_of
 from quanteval.models import StrictModel, ToolError
 
 Severity = Literal["error", "warning"]
@@ -741,7 +742,11 @@ def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
     """
     started = time.perf_counter()
     path = Path(request.config_path).expanduser()
-    problems = validate_document(load_plain(path), path, request.overrides, request.check_env)
+    doc = load_plain(path)
+    if engine_of(doc) == "nel-next":
+        problems = validate_next_document(doc, path, request.overrides)
+    else:
+        problems = validate_document(doc, path, request.overrides, request.check_env)
     errors = sum(problem.severity == "error" for problem in problems)
     return ValidateConfigOutput(
         config_path=request.config_path,
@@ -751,3 +756,93 @@ def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
         problems=problems[:MAX_PROBLEMS],
         elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
     )
+
+
+# ---------------------------------------------------------------------------
+# nel-next configs: nel-next's own EvalConfig is the schema oracle; our chain rules on top.
+
+SERVED_FACTS_TIMEOUT_S = 3.0
+
+
+def served_facts(url: str) -> dict[str, Any] | None:
+    """What an OpenAI-compatible server says it serves (/v1/models): id, root (vLLM: the model directory) and
+    max_model_len. None when it does not answer: the rules that need it are then skipped, not guessed."""
+    import httpx
+
+    from quanteval.engines import nelnext
+
+    models_url = nelnext.endpoint_url(url, "chat_completions").rsplit("/chat/completions", 1)[0] + "/models"
+    try:
+        answer = httpx.get(models_url, timeout=SERVED_FACTS_TIMEOUT_S)
+        data = answer.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return data[0] if data and isinstance(data[0], dict) else None
+
+
+def _next_checkpoint(service: dict[str, Any], served: dict[str, Any] | None) -> checkpoint.CheckpointReport | None:
+    """The checkpoint behind a service: its model path (managed server) or the served root (vLLM reports it)."""
+    candidate = service.get("model") if service.get("type") in ("vllm", "sglang") else (served or {}).get("root")
+    if not isinstance(candidate, str) or not Path(candidate).expanduser().is_dir():
+        return None
+    try:
+        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=candidate))
+    except ToolError:
+        return None
+
+
+def _next_service_rules(name: str, service: dict[str, Any], problems: list[Problem]) -> None:
+    prefix = f"services.{name}"
+    served = served_facts(service["url"]) if service.get("type") == "api" and isinstance(service.get("url"), str) and "???" not in service["url"] else None
+    report = _next_checkpoint(service, served)
+    generation = service.get("generation") or {}
+    context = (served or {}).get("max_model_len") or (report.context_length if report else None)
+    budget = generation.get("max_tokens")
+    if isinstance(budget, str) and budget.isdigit():
+        budget = int(budget)
+    if isinstance(context, int) and isinstance(budget, int) and budget >= context:
+        source = "the server's max_model_len" if served and served.get("max_model_len") else "the checkpoint's context"
+        problems.append(Problem(key=f"{prefix}.generation.max_tokens", severity="error", rule="budget_exceeds_context",
+                                message=f"max_tokens {budget} is not below {source} ({context}): the server answers 400 to every request.",
+                                fix=f"Set max_tokens below {context} minus the longest prompt (e.g. {max(1, context // 2)})."))
+    protocol = service.get("protocol")
+    if report is not None and protocol == "chat_completions" and not report.chat_template:
+        problems.append(Problem(key=f"{prefix}.protocol", severity="error", rule="no_chat_template",
+                                message=f"{report.checkpoint} has no chat template, so the chat endpoint refuses requests.",
+                                fix="Use protocol: completions (a base model) with benchmarks that take plain prompts, or add a chat template to the checkpoint."))
+    if report is not None and report.generation_defaults.get("temperature") not in (None, 0, 0.0) and generation.get("temperature") is None:
+        problems.append(Problem(key=f"{prefix}.generation.temperature", severity="warning", rule="sampling_unset",
+                                message=f"temperature is unset; the checkpoint's generation_config.json uses {report.generation_defaults['temperature']}.",
+                                fix="Set it explicitly (0.0 for a greedy, reproducible comparison), the same for baseline and candidate."))
+    if served is not None and isinstance(service.get("model"), str) and service["model"] not in ("???", served.get("id")):
+        problems.append(Problem(key=f"{prefix}.model", severity="error", rule="served_name_mismatch",
+                                message=f"the server at {service['url']} serves '{served.get('id')}', not '{service['model']}': every request gets 404.",
+                                fix=f"Set {prefix}.model to {served.get('id')}."))
+
+
+def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None) -> list[Problem]:
+    """A nel-next config: values still ???, nel-next's own schema (its pydantic EvalConfig, run in its venv), then
+    the chain rules a schema cannot know: budget vs served context, chat endpoint vs chat template, sampling,
+    the served model name."""
+    from quanteval.engines import nelnext
+
+    problems = [Problem(key=key, severity="error", rule="missing_value", message=f"{key} is still ???.",
+                        fix="Fill it: apply_checkpoint, the values deployment_status gives, or set_config_value.")
+                for key, value in nelconfig.walk(doc) if value == nelnext.MISSING]
+    if problems:
+        return problems  # nel-next's schema would only repeat them, less clearly
+    checked = nelnext.check_schema(str(config_path), overrides)
+    for problem in checked.get("problems", []):
+        problems.append(Problem(key=problem["path"] or "(config)", severity="error", rule="nel_next_schema",
+                                message=f"nel-next rejects it: {problem['message']}",
+                                fix="Correct the key or value as nel-next's schema says (extra keys are forbidden)."))
+    for name, service in (doc.get("services") or {}).items():
+        if isinstance(service, dict):
+            _next_service_rules(str(name), service, problems)
+    for index, bench in enumerate(doc.get("benchmarks") or []):
+        bench_name = str((bench or {}).get("name", ""))
+        if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():
+            problems.append(Problem(key=f"benchmarks.{index}.name", severity="error", rule="benchmark_file_missing",
+                                    message=f"{bench_name}: nel-next resolves a BYOB file against the directory it runs in; no such file here.",
+                                    fix="Give the file's absolute path."))
+    return problems
