@@ -95,6 +95,7 @@ TOOLSET_OF_MODULE = {
     "remote": "cluster",
     "placement": "cluster",
     "evalserver": "evalserver",
+    "evaluate": "results",
 }
 
 
@@ -145,6 +146,7 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec("deploy.launch_deployment", read_only=False, open_world=True),
     ToolSpec("deploy.deployment_status", read_only=True, idempotent=True, open_world=True),
     ToolSpec("deploy.stop_deployment", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("evaluate.evaluate_quantization", read_only=False, open_world=True),
 )
 
 

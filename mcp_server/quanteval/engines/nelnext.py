@@ -108,7 +108,13 @@ try:
     out = {"ok": True, "benchmarks": [b.name for b in config.benchmarks], "cluster": config.cluster.type,
            "output_dir": config.output.dir, "config": config.model_dump(mode="json")}
 except ValidationError as exc:
-    out = {"ok": False, "problems": [{"path": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()]}
+    def where(loc):
+        # pydantic puts a discriminated union's tag into loc (services.model.api.x): drop it, users write no such key
+        kept = [str(p) for i, p in enumerate(loc) if not (i and str(loc[i - 1]) in parents and p in tags)]
+        return ".".join(kept)
+    tags = {"api", "vllm", "sglang", "nim", "docker_model", "dynamo", "simple", "local", "slurm", "docker", "gym", "nat"}
+    parents = set(raw.get("services") or {}) | {"solver", "cluster"}
+    out = {"ok": False, "problems": [{"path": where(e["loc"]), "message": e["msg"]} for e in exc.errors()]}
 except Exception as exc:
     out = {"ok": False, "problems": [{"path": "", "message": f"{type(exc).__name__}: {exc}"}]}
 print(json.dumps(out))

@@ -1,0 +1,276 @@
+"""evaluate_quantization: the whole question in one call — how much accuracy did the candidate lose?
+
+It runs the workflow's own tools in the skill's order, for the baseline and then the candidate checkpoint:
+plan_deployment (refuses what the framework cannot serve here) -> launch_deployment -> deployment_status (ready, what
+is really served) -> build_config (nel-next, the served endpoint) -> set_config_value -> validate_config -> dry_run ->
+launch_canary -> wait_for_run -> validate_run -> launch_full_run (gated by that canary) -> wait_for_run ->
+validate_run -> stop_deployment; then compare_results on the two full runs.
+
+Resumable: every finished full run is a ledger record carrying its evaluation key (checkpoint contents, benchmarks,
+limits), so a second call reuses what finished — the baseline of one candidate is the baseline of the next.
+Interrupted (Ctrl-C, SIGTERM, a failure): the server it started is stopped, the run in flight is killed and
+recorded as cancelled, and the next call starts that checkpoint again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from quanteval import compare, deploy, ledger, nelconfig, results, runs, validation
+from quanteval.engines import nelnext
+from quanteval.envvars import state_dir
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+
+Role = Literal["baseline", "candidate"]
+DEFAULT_MAX_TOKENS = 1024
+STEPS_PER_CHECKPOINT = 8
+
+
+class EvaluateQuantizationInput(StrictModel):
+    baseline_checkpoint: str = Field(description="The reference checkpoint (e.g. BF16) directory.")
+    candidate_checkpoint: str = Field(description="The quantized checkpoint directory to judge against it.")
+    benchmarks: list[str] = Field(min_length=1, description=(
+        "nel-next benchmarks: a BYOB .py file (absolute or relative to the working directory), skills://NAME, or a built-in name."))
+    engine: Literal["nel-next"] = Field("nel-next", description=(
+        "Evaluation engine. nel-next runs benchmarks in-process against the deployment; NEL 0.2.6 runs need containers: "
+        "use the step-by-step tools for them."))
+    execution: Literal["local"] = Field("local", description="Where the evaluation runs: this machine.")
+    host: str | None = Field(None, description="Where the servers run: omit or 'local' for this machine.")
+    framework: Literal["vllm"] = Field("vllm", description="Serving framework for both checkpoints.")
+    output_dir: str | None = Field(None, description="Directory for configs, runs and the report; default under the state dir.")
+    canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
+    max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
+    max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
+    threshold: float = Field(0.05, ge=0, le=1, description="Largest acceptable drop (0.05 = 5 points), as nel compare's --max-drop.")
+    startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to become ready.")
+    run_timeout_s: float = Field(3600, gt=0, description="Seconds one canary or full run may take.")
+
+
+class CheckpointEvaluation(BaseModel):
+    role: Role
+    checkpoint: str
+    reused: bool = Field(description="True when a finished full run of the same checkpoint and settings was reused from the ledger.")
+    deployment_record_id: str | None = None
+    served_model_name: str | None = None
+    served_context: int | None = Field(None, description="max_model_len the server reported.")
+    config_path: str | None = None
+    canary_record_id: str | None = None
+    full_run_record_id: str
+    run_dir: str
+    seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per stage: serve, config, canary, full_run.")
+
+
+class EvaluateQuantizationOutput(BaseModel):
+    verdict: str = Field(description="compare_results' acceptability: acceptable / not acceptable / inconclusive.")
+    comparability: str
+    table_markdown: str
+    comparisons: list[compare.TaskComparison]
+    reasons: list[str]
+    baseline: CheckpointEvaluation
+    candidate: CheckpointEvaluation
+    report_html: str | None
+    report_markdown: str | None
+    chart_png: str | None
+    seconds: dict[str, float] = Field(description="Wall time per stage across both checkpoints, and in total.")
+
+
+def evaluation_key(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> str:
+    """Same checkpoint contents and settings -> same key (paths and mtimes of its files, not the candidate)."""
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in checkpoint_dir.iterdir() if p.is_file())
+    settings = {"benchmarks": [_benchmark_ref(b) for b in request.benchmarks], "engine": request.engine,
+                "framework": request.framework, "max_problems": request.max_problems, "max_tokens": request.max_tokens}
+    blob = json.dumps([str(checkpoint_dir.resolve()), files, settings], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _benchmark_ref(name: str) -> str:
+    return str(Path(name).expanduser().resolve()) if name.endswith(".py") else name
+
+
+def _finished_run(key: str) -> ledger.Record | None:
+    for record in ledger.find(kind="full_run", status="succeeded", limit=200):
+        if record.details.get("evaluation_key") == key and Path(record.details.get("run_dir", "")).is_dir():
+            return record
+    return None
+
+
+def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, step: float, total: float) -> ledger.Record:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = runs.run_status(runs.RunRef(record_id=record_id))
+        if status.status not in runs.ACTIVE:
+            return ledger.get(record_id)
+        if time.monotonic() > deadline:
+            runs.kill_run(runs.RunRef(record_id=record_id))
+            raise ToolError(f"{what} {record_id} did not finish within {timeout_s:.0f} s; it was killed. Raise run_timeout_s.")
+        progress(step, total, f"{what} {record_id}: {status.status}")
+        time.sleep(1.0)
+
+
+def _require_pass(record: ledger.Record, what: str) -> None:
+    if record.status != "succeeded":
+        logs = runs.run_logs(runs.RunLogsInput(record_id=record.id, lines=20))
+        why = logs.diagnosis.message if logs.diagnosis else record.details.get("error") or record.status
+        raise ToolError(f"{what} {record.id} {record.status}: {why}. Logs: {record.details.get('log_path')}")
+    report = results.validate_run(results.ValidateRunInput(run=record.id))
+    if report.verdict != "pass":
+        raise ToolError(f"{what} {record.id} did not pass validate_run ({report.verdict}): {'; '.join(report.reasons[:3])}")
+
+
+def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[deploy.LaunchDeploymentResult, dict]:
+    plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework))
+    errors = [w.message for w in plan.warnings if w.level == "error"]
+    if errors:
+        raise ToolError(f"{checkpoint_dir}: {request.framework} cannot serve it here: {errors[0]}")
+    launched = deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, host=request.host,
+                                                                      startup_timeout_s=request.startup_timeout_s))
+    status = deploy.deployment_status(deploy.DeploymentStatusInput(record_id=launched.record_id, wait_s=request.startup_timeout_s,
+                                                                   chat_probe=False))
+    if status.status != "ready":
+        deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
+        failure = status.failures[0].line if status.failures else (status.log_tail[-1] if status.log_tail else status.message)
+        raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): {failure}. "
+                        f"Log: {status.log_path}")
+    served = validation.served_facts(launched.endpoint_url or "") or {}
+    return launched, served
+
+
+def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served: dict, request: EvaluateQuantizationInput) -> str:
+    config_path = workdir / "config.yaml"
+    if config_path.exists():
+        config_path.unlink()  # our own file from an earlier, unfinished call: its endpoint is gone
+    built = nelconfig.build_config(nelconfig.BuildConfigInput(
+        engine="nel-next", execution=request.execution, deployment="none", model_type="chat_reasoning",
+        benchmarks=[_benchmark_ref(b) for b in request.benchmarks], config_path=str(config_path)))
+    context = served.get("max_model_len")
+    budget = request.max_tokens or (min(DEFAULT_MAX_TOKENS, context // 2) if isinstance(context, int) else DEFAULT_MAX_TOKENS)
+    values = {"services.model.url": nelnext.endpoint_url(launched.endpoint_url or "", "chat_completions"),
+              "services.model.model": launched.served_model_name, "services.model.generation.max_tokens": budget,
+              "output.dir": str(workdir / "runs")}
+    for key, value in values.items():
+        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.config_path, key=key, value=value))
+    if request.max_problems:
+        for index in range(len(request.benchmarks)):
+            nelconfig.set_config_value(nelconfig.SetConfigValueInput(
+                config_path=built.config_path, key=f"benchmarks.{index}.max_problems", value=request.max_problems))
+    checked = validation.validate_config(validation.ValidateConfigInput(config_path=built.config_path))
+    if not checked.valid:
+        first = next(p for p in checked.problems if p.severity == "error")
+        raise ToolError(f"{built.config_path}: {first.key}: {first.message} {first.fix}")
+    dry = runs.dry_run(runs.DryRunInput(config_path=built.config_path))
+    if not dry.ok:
+        raise ToolError(f"{built.config_path}: dry-run failed: {dry.error}")
+    return built.config_path
+
+
+def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInput, root: Path, progress: ProgressFn,
+                  offset: int) -> CheckpointEvaluation:
+    total = 2 * STEPS_PER_CHECKPOINT + 1
+    checkpoint_dir = Path(checkpoint).expanduser().resolve()
+    if not checkpoint_dir.is_dir():
+        raise ToolError(f"{role}_checkpoint: {checkpoint} is not a directory.")
+    key = evaluation_key(checkpoint_dir, request)
+    if (done := _finished_run(key)) is not None:
+        progress(offset + STEPS_PER_CHECKPOINT, total, f"{role}: reusing full run {done.id}")
+        return CheckpointEvaluation(role=role, checkpoint=str(checkpoint_dir), reused=True, full_run_record_id=done.id,
+                                    run_dir=done.details["run_dir"], config_path=done.config_path,
+                                    served_model_name=done.details.get("served", {}).get("id"),
+                                    served_context=done.details.get("served", {}).get("max_model_len"))
+    workdir = root / f"{role}-{key}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+    progress(offset, total, f"{role}: starting {request.framework} on {checkpoint_dir.name}")
+    launched, served = _serve(checkpoint_dir, request)
+    active: str | None = None
+    try:
+        seconds["serve"] = time.monotonic() - started
+        progress(offset + 1, total, f"{role}: serving {launched.served_model_name} (context {served.get('max_model_len')})")
+        mark = time.monotonic()
+        config_path = _write_config(workdir, launched, served, request)
+        seconds["config"] = time.monotonic() - mark
+        progress(offset + 2, total, f"{role}: config validated, launching the canary")
+        mark = time.monotonic()
+        canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config_path, limit_samples=request.canary_problems))
+        active = canary.record_id
+        finished = _wait(canary.record_id, request.run_timeout_s, f"{role} canary", progress, offset + 3, total)
+        _require_pass(finished, f"{role} canary")
+        seconds["canary"] = time.monotonic() - mark
+        progress(offset + 4, total, f"{role}: canary passed, launching the full run")
+        mark = time.monotonic()
+        full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config_path))
+        active = full.record_id
+        ledger.update(full.record_id, details={"evaluation_key": key, "checkpoint": str(checkpoint_dir), "served": served})
+        finished = _wait(full.record_id, request.run_timeout_s, f"{role} full run", progress, offset + 5, total)
+        active = None
+        _require_pass(finished, f"{role} full run")
+        seconds["full_run"] = time.monotonic() - mark
+        nelnext.write_run_facts(Path(finished.details["run_dir"]), _run_config(finished), str(checkpoint_dir), served)
+    except BaseException:
+        if active is not None:
+            _cancel(active)
+        raise
+    finally:
+        progress(offset + 6, total, f"{role}: stopping the server")
+        deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
+    return CheckpointEvaluation(role=role, checkpoint=str(checkpoint_dir), reused=False, deployment_record_id=launched.record_id,
+                                served_model_name=launched.served_model_name, served_context=served.get("max_model_len"),
+                                config_path=config_path, canary_record_id=canary.record_id, full_run_record_id=full.record_id,
+                                run_dir=finished.details["run_dir"], seconds={k: round(v, 1) for k, v in seconds.items()})
+
+
+def _run_config(record: ledger.Record) -> dict:
+    facts = nelnext.read_run_facts(Path(record.details["run_dir"])) or {}
+    return facts.get("config") or {}
+
+
+def _cancel(record_id: str) -> None:
+    """An interrupted run: stopped and recorded as cancelled, so a later call does not take it for finished."""
+    record = ledger.get(record_id)
+    if record.status in runs.ACTIVE:
+        nelnext.stop(record.details, grace_s=5)
+    ledger.update(record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
+
+
+def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
+    """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves each checkpoint,
+    runs canary then full run on the benchmarks, validates both and compares them (verdict, CI, McNemar, flips,
+    report). Resumable: finished runs are reused. Takes minutes; progress is reported.
+    """
+    if request.host not in (None, "local"):
+        raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "
+                        "use the step-by-step tools (launch_deployment with host, launch_canary, launch_full_run).")
+    if Path(request.baseline_checkpoint).expanduser().resolve() == Path(request.candidate_checkpoint).expanduser().resolve():
+        raise ToolError("baseline_checkpoint and candidate_checkpoint are the same directory: nothing to compare.")
+    for name in request.benchmarks:
+        if name.endswith(".py") and not Path(name).expanduser().is_file():
+            raise ToolError(f"benchmarks: {name}: no such BYOB file.")
+    nelnext.nel_binary()
+    root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ToolError(f"output_dir: cannot create {root} ({exc.strerror}). Choose a writable directory.") from None
+    started = time.monotonic()
+    baseline = _evaluate_one("baseline", request.baseline_checkpoint, request, root, progress, 0)
+    candidate = _evaluate_one("candidate", request.candidate_checkpoint, request, root, progress, STEPS_PER_CHECKPOINT)
+    progress(2 * STEPS_PER_CHECKPOINT, 2 * STEPS_PER_CHECKPOINT + 1, "comparing")
+    mark = time.monotonic()
+    report_dir = root / f"compare-{Path(baseline.run_dir).parent.parent.name}-vs-{Path(candidate.run_dir).parent.parent.name}"
+    compared = compare.compare_results(compare.CompareResultsInput(
+        baseline=baseline.full_run_record_id, candidate=candidate.full_run_record_id, threshold=request.threshold,
+        output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint, candidate_checkpoint=candidate.checkpoint))
+    seconds = {stage: round(baseline.seconds.get(stage, 0) + candidate.seconds.get(stage, 0), 1)
+               for stage in ("serve", "config", "canary", "full_run")}
+    seconds["compare"] = round(time.monotonic() - mark, 1)
+    seconds["total"] = round(time.monotonic() - started, 1)
+    return EvaluateQuantizationOutput(
+        verdict=compared.acceptability, comparability=compared.comparability, table_markdown=compared.table_markdown,
+        comparisons=compared.comparisons, reasons=compared.reasons, baseline=baseline, candidate=candidate,
+        report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, seconds=seconds)
