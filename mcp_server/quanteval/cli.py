@@ -158,6 +158,54 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """The one-call answer: serve both checkpoints, canary + full run each, compare; prints the verdict table."""
+    import signal
+
+    from quanteval.evaluate import EvaluateQuantizationInput, evaluate_quantization
+
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers stopped, the run in flight cancelled
+
+    signal.signal(signal.SIGTERM, terminate)
+    arguments: dict[str, Any] = {"baseline_checkpoint": args.baseline, "candidate_checkpoint": args.candidate,
+                                 "benchmarks": [b.strip() for b in args.benchmarks.split(",") if b.strip()],
+                                 "canary_problems": args.canary_problems, "threshold": args.threshold}
+    for name in ("output_dir", "max_problems", "max_tokens"):
+        if getattr(args, name) is not None:
+            arguments[name] = getattr(args, name)
+    try:
+        request = EvaluateQuantizationInput.model_validate(arguments)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        print(f"[evaluate {done:g}/{total:g}] {message or ''}".rstrip(), file=sys.stderr, flush=True)
+
+    with stdout_to_stderr():
+        result = evaluate_quantization(request, progress)
+    if args.json:
+        emit_json(result.model_dump(mode="json"))
+    else:
+        sys.stdout.write(format_evaluation(result) + "\n")
+    return EXIT_OK
+
+
+def format_evaluation(result: Any) -> str:
+    lines = [f"baseline:  {result.baseline.checkpoint}" + (" (reused)" if result.baseline.reused else ""),
+             f"candidate: {result.candidate.checkpoint}" + (" (reused)" if result.candidate.reused else ""), "",
+             result.table_markdown, "",
+             f"verdict: {result.verdict} (comparability: {result.comparability})"]
+    lines += [f"  - {reason}" for reason in result.reasons[:8]]
+    for row in result.comparisons:
+        for flip in row.regressed[:5]:
+            lines.append(f"  regressed {row.task} #{flip.problem_idx}: expected {flip.expected}, "
+                         f"baseline {flip.baseline_answer!r}, candidate {flip.candidate_answer!r}")
+    lines += ["", f"report: {result.report_markdown}", f"        {result.report_html}",
+              "seconds: " + ", ".join(f"{stage} {value:g}" for stage, value in result.seconds.items())]
+    return "\n".join(lines)
+
+
 def cmd_skills_install(args: argparse.Namespace) -> int:
     from quanteval import skillpack
 
@@ -267,6 +315,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=cmd_plan)
+
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="the whole question: how much accuracy did CANDIDATE lose against BASELINE? (serves, evaluates, compares)",
+        description="Tool evaluate_quantization: serves each checkpoint with vLLM here, runs a canary then the full run "
+        "of each benchmark with nel-next, validates both runs and compares them (delta, CI, McNemar p, flips, verdict). "
+        "Resumable: a second call reuses finished runs.",
+    )
+    evaluate.add_argument("baseline", help="reference checkpoint directory (e.g. BF16)")
+    evaluate.add_argument("candidate", help="quantized checkpoint directory")
+    evaluate.add_argument("--benchmarks", required=True, help="comma-separated nel-next benchmarks: BYOB .py files, skills://NAME, built-ins")
+    evaluate.add_argument("--output-dir", help="directory for configs, runs and the report (default under the state dir)")
+    evaluate.add_argument("--canary-problems", type=int, default=10, help="problems per benchmark in each canary (default 10)")
+    evaluate.add_argument("--max-problems", type=int, help="problems per benchmark in the full runs (default all)")
+    evaluate.add_argument("--max-tokens", type=int, help="generation budget (default min(1024, half the served context))")
+    evaluate.add_argument("--threshold", type=float, default=0.05, help="largest acceptable drop, 0.05 = 5 points (default)")
+    evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    evaluate.set_defaults(func=cmd_evaluate)
 
     serve_eval = sub.add_parser(
         "serve-eval",
