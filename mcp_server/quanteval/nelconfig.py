@@ -477,7 +477,9 @@ def _output_path(request: BuildConfigInput) -> Path:
         raise ToolError(f"{directory}: exists and is not a directory. Give a *.yaml path or a directory as output.")
     directory.mkdir(parents=True, exist_ok=True)
     names = sorted(Path(name).stem.replace("://", "_") for name in request.benchmarks) if request.engine == "nel-next" else sorted(request.benchmarks)
-    stem = f"{request.engine.replace('-', '')}_{request.execution}_{request.deployment}_{request.model_type}_{'_'.join(names)}"[:120]
+    # NEL configs keep their historical names; nel-next ones are told apart by a prefix.
+    prefix = "nelnext_" if request.engine == "nel-next" else ""
+    stem = f"{prefix}{request.execution}_{request.deployment}_{request.model_type}_{'_'.join(names)}"[:120]
     candidate, counter = directory / f"{stem}.yaml", 1
     while candidate.exists():  # like NEL: a numbered sibling, never an overwrite
         candidate, counter = directory / f"{stem}_{counter}.yaml", counter + 1
