@@ -98,13 +98,20 @@ def test_qwen3_reasoning_checkpoint_gets_its_parsers_per_framework():
     assert sglang.parser_check.ok, sglang.parser_check.message
     assert not [w for w in sglang.warnings if w.level == "error"]
 
-    vllm = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", tensor_parallel_size=2, port=8100, served_model_name="q"))
-    # vLLM is not installed here: the plan says its arguments went unchecked rather than pretending
-    assert vllm.argv[:3] == ["vllm", "serve", checkpoint]
-    assert vllm.server_args[1:7] == ["--served-model-name", "q", "--tensor-parallel-size", "2", "--max-model-len", "40960"]
+    # For a cluster's GPU nodes: `vllm serve`, checked by the real vLLM (its CPU build, from .venv-vllm).
+    vllm = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", host="cluster", gpu_type="B200",
+                                               tensor_parallel_size=2, port=8100, served_model_name="q"))
+    assert vllm.argv[:4] == ["vllm", "serve", "--model", checkpoint] and vllm.device == "gpu" and vllm.host == "cluster"
+    assert vllm.server_args[2:8] == ["--served-model-name", "q", "--tensor-parallel-size", "2", "--max-model-len", "40960"]
     assert vllm.server_args[vllm.server_args.index("--reasoning-parser") + 1] == "qwen3"
     assert "--enable-auto-tool-choice" in vllm.server_args
-    assert vllm.parser_check.checked is False and "vllm is not importable" in vllm.parser_check.message
+    assert vllm.parser_check.checked and vllm.parser_check.ok, vllm.parser_check.message
+    assert vllm.parser_check.resolved["max_model_len"] == 40960 and vllm.parser_check.resolved["quantization"] == "modelopt_fp4"
+
+    # On this machine (no GPU): vLLM's CPU backend has no NVFP4 kernels, said before anything starts.
+    here = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="vllm", check_args=False))
+    assert here.device == "cpu" and here.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert any(w.level == "error" and "NVFP4" in w.message and "GPU" in w.message for w in here.warnings), here.warnings
 
 
 def test_plain_llama_gets_no_parsers_and_a_local_checkpoint_runs_offline():
@@ -183,7 +190,9 @@ def test_plan_deployment_through_the_cli(cli_env):
         capture_output=True, text=True, env=cli_env, check=True,
     )
     plan = json.loads(out.stdout)
-    assert plan["argv"][:2] == ["vllm", "serve"] and plan["served_model_name"] == "llama-tiny-bf16"
+    # No `vllm` on PATH here: the CPU venv's module, which (unlike vllm-cpu's console script) starts.
+    assert plan["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and plan["argv"][0].endswith("/bin/python")
+    assert plan["served_model_name"] == "llama-tiny-bf16" and plan["parser_check"]["ok"], plan["parser_check"]
 
 
 # --- launch, status, stop ------------------------------------------------------------------------
@@ -335,9 +344,10 @@ def test_trtllm_plan_uses_trtllm_serve_flags_and_says_it_is_unchecked(tmp_path):
 def test_vllm_plan_launches_through_the_same_path_with_its_own_launcher(monkeypatch, launched):
     monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"]))
     plan = plan_deployment(PlanDeploymentInput(
-        checkpoint=str(LLAMA_BF16), framework="vllm", served_model_name="llama-vllm", port=free_port(), check_args=False
+        checkpoint=str(LLAMA_BF16), framework="vllm", served_model_name="llama-vllm", port=free_port(), check_args=False,
+        gpu_type="H100",  # the stand-in plays a GPU vLLM: this checkpoint's head_dim 16 has no CPU kernel
     ))
-    assert plan.server_args[0] == str(LLAMA_BF16)  # `vllm serve <model>`: the model is positional
+    assert plan.server_args[:2] == ["--model", str(LLAMA_BF16)]  # accepted by `vllm serve` and the api_server module
     assert "Launcher replaced by QUANTEVAL_VLLM_LAUNCHER." in plan.notes
     result = launched(plan=plan)
     status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=15))
@@ -387,7 +397,7 @@ def test_a_plan_cannot_swap_in_another_command(standin):
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), check_args=False))
     tampered = plan.model_copy(update={"launcher": ["/bin/sh", "-c", "touch /tmp/pwned"],
                                        "argv": ["/bin/sh", "-c", "touch /tmp/pwned", *plan.server_args]})
-    with pytest.raises(ToolError, match="not this machine's sglang launcher.*QUANTEVAL_SGLANG_LAUNCHER"):
+    with pytest.raises(ToolError, match="not the sglang launcher for this machine.*QUANTEVAL_SGLANG_LAUNCHER"):
         launch_deployment(LaunchDeploymentInput(plan=tampered))
     assert ledger.count(kind="deployment") == 0
 

