@@ -12,7 +12,10 @@ Reads examples/checkpoints/tiny-add-bf16/ and writes
                                          weights (the exact values the int2 codes dequantize to) are written into a
                                          plain LlamaForCausalLM checkpoint. QUANT_NOTE.md in the folder says so.
 
-Both use llm-compressor's `oneshot` with a QuantizationModifier and no calibration data: W8A8's activations are
+  examples/checkpoints/tiny-add-w4a16/   llm-compressor W4A16 (int4 weights, groups of 128), saved compressed: the
+                                         format vLLM's CPU build cannot run; the tests use it for the refusal.
+
+All use llm-compressor's `oneshot` with a QuantizationModifier and no calibration data: W8A8's activations are
 dynamic (scales per token at run time) and weight scales come from the weights themselves (min-max observer),
 so neither scheme has anything to calibrate. Tokenizer files and generation_config.json are copied into each
 variant. Before writing, each variant's greedy accuracy on the benchmark is measured in-process (PyTorch,
@@ -86,6 +89,19 @@ def make_w8a8(src: Path, dst: Path, tokenizer) -> float:
     return acc
 
 
+def make_w4a16(src: Path, dst: Path) -> None:
+    """llm-compressor's W4A16 preset (int4 weights, groups of 128): what vLLM's CPU build cannot run (no
+    `cpu_gemm_wna16`). Kept for the tests: quanteval must refuse it before launch and explain the crash if forced."""
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    model = load_bf16(src)
+    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"]))
+    shutil.rmtree(dst, ignore_errors=True)
+    model.save_pretrained(dst, save_compressed=True)
+    copy_side_files(src, dst)
+
+
 def make_rtn(src: Path, dst: Path, tokenizer, bits: int, group: int) -> float:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
@@ -152,7 +168,7 @@ def main() -> int:
     ap.add_argument("--out-dir", type=Path, default=CKPTS)
     ap.add_argument("--bits", type=int, default=LOSSY_BITS, help="lossy variant: weight bits")
     ap.add_argument("--group", type=int, default=LOSSY_GROUP, help="lossy variant: group size (0 = per channel)")
-    ap.add_argument("--only", choices=["w8a8", "rtn"], default=None)
+    ap.add_argument("--only", choices=["w8a8", "rtn", "w4a16"], default=None)
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -174,6 +190,10 @@ def main() -> int:
         dst = args.out_dir / f"tiny-add-w{args.bits}-rtn"
         acc = make_rtn(args.src, dst, tokenizer, args.bits, args.group)
         log(f"tiny-add-w{args.bits}-rtn: greedy accuracy {acc:.3f} -> {dst}")
+    if args.only in (None, "w4a16"):
+        dst = args.out_dir / "tiny-add-w4a16"
+        make_w4a16(args.src, dst)
+        log(f"tiny-add-w4a16: written (vLLM's CPU build cannot run it) -> {dst}")
     log(f"done in {time.time() - t0:.1f}s")
     return 0
 

@@ -221,6 +221,10 @@ if sys.argv[2] == "1":  # a local checkpoint: vLLM's own config resolution (no w
     resolved.update(quantization=config.quantization, max_model_len=config.max_model_len,
                     head_size=config.get_head_size(), dtype=str(config.dtype).removeprefix("torch."),
                     served_model_name=config.served_model_name)
+from vllm.platforms import current_platform
+if current_platform.is_cpu():  # the 4-bit weight-only GEMM is compiled in only for some CPU ISAs
+    import torch, vllm._custom_ops
+    resolved["cpu_wna16_kernel"] = hasattr(torch.ops._C, "cpu_gemm_wna16")
 print("@@resolved" + json.dumps(resolved, default=str))
 """
 
@@ -304,7 +308,6 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
     warnings = _hardware_warnings(report, framework, request.gpu_type, tp)
     if cpu:
-        warnings = [w for w in warnings if w.level == "error"] + _cpu_warnings(report)
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             env["VLLM_CPU_KVCACHE_SPACE"] = frameworks.VLLM_CPU_KV_CACHE_GIB
         notes.append("No GPU here: vLLM serves on this machine's CPU (vllm-cpu), for small models; accuracy is the "
@@ -313,6 +316,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     local_model = not report.hf_handle and Path(report.checkpoint).is_dir()
     check = (check_server_args(framework, server_args, local_model) if request.check_args
              else ParserCheck(checked=False, message="Not checked (check_args is false)."))
+    if cpu:  # GPU kernel findings do not apply; the CPU backend's own do
+        warnings = [w for w in warnings if w.level == "error"] + _cpu_warnings(report, check.resolved.get("cpu_wna16_kernel"))
     warnings += _resolution_warnings(check, report, name)
     argv = [*launcher, *server_args]
     return DeploymentPlan(
@@ -323,14 +328,15 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     )
 
 
-def _cpu_warnings(report: CheckpointReport) -> list[PlanWarning]:
+def _cpu_warnings(report: CheckpointReport, wna16_kernel: bool | None) -> list[PlanWarning]:
     quant = report.quantization
 
     def kind(precision: Any) -> tuple[str, int] | None:
         return (precision.kind, precision.bits) if precision is not None else None
 
     findings = frameworks.vllm_cpu_findings(quant.format, algo_label(quant) if quant.detected else "BF16",
-                                            kind(quant.weights), kind(quant.activations), report.architecture.head_dim)
+                                            kind(quant.weights), kind(quant.activations), report.architecture.head_dim,
+                                            wna16_kernel)
     return [PlanWarning(level=level, message=message) for level, message in findings]
 
 
@@ -641,6 +647,19 @@ def _scan_log(text: str) -> list[KnownFailure]:
     return found
 
 
+# A Python exception line in a server log: "ValueError: ..." (after any "(Worker pid=1) ERROR ... ]" prefix).
+_EXCEPTION_LINE = re.compile(r"(?:^|\] |\s)((?:[\w.]+\.)?\w*(?:Error|Exception): .+)$")
+
+
+def _why(failures: list[KnownFailure], log_text: str) -> str:
+    """The known failure with its fix, else the log's last exception line (the root cause, not the echo of it)."""
+    if failures:
+        return f"{failures[0].meaning} Fix: {failures[0].fix}"
+    causes = [m.group(1) for line in log_text.splitlines() if (m := _EXCEPTION_LINE.search(line.strip()))
+              and "EngineDeadError" not in m.group(1) and "See stack trace" not in m.group(1)]
+    return f"The log says: {causes[-1][:300]}" if causes else "See log_tail."
+
+
 def _read_log_tail(path: Path) -> str:
     try:
         with open(path, "rb") as handle:
@@ -729,6 +748,10 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     ready = probe.health == 200 and name in probe.models
     if record.status == "stopped":
         state, message = "stopped", "Stopped by stop_deployment."
+    elif ready and (probe.chat_error or "").startswith("HTTP 5"):
+        # vLLM's CPU engine, for one, reports healthy and dies at the first request (e.g. a head size it has no kernel for).
+        state = "failed"
+        message = f"The server is up but cannot answer: the test chat completion failed ({probe.chat_error[:200]}). {_why(failures, log_text)}"
     elif ready:
         state = "ready"
         message = f"Serving '{name}' at {endpoint}."
@@ -738,8 +761,7 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
         state, message = "failed", f"/health is up but /v1/models lists {probe.models}, not '{name}'. Check --served-model-name."
     elif not running:
         state = "failed" if failures or (code not in (None, 0)) else "exited"
-        message = (f"The server is not running ({process})."
-                   + (f" {failures[0].meaning} Fix: {failures[0].fix}" if failures else " See log_tail."))
+        message = f"The server is not running ({process}). {_why(failures, log_text)}"
     elif process.endswith("PENDING"):
         state, message = "loading", f"{process}: queued; the server starts loading when the job runs."
     elif elapsed > details.get("startup_timeout_s", 1800):

@@ -145,10 +145,13 @@ VLLM_CPU_KV_CACHE_GIB = "1"
 
 
 def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None, activations: tuple[str, int] | None,
-                      head_dim: int | None) -> list[tuple[Level, str]]:
+                      head_dim: int | None, wna16_kernel: bool | None = None) -> list[tuple[Level, str]]:
     """What vLLM's CPU backend does with a checkpoint: errors for what fails to load or run, warnings for the unmeasured.
 
-    `weights`/`activations` are (kind, bits) of the quantized tensors, None when 16-bit.
+    `weights`/`activations` are (kind, bits) of the quantized tensors, None when 16-bit. `wna16_kernel`: whether the
+    installed vLLM has its CPU 4-bit weight-only GEMM (`cpu_gemm_wna16`, compiled only for some CPU ISAs; None: not
+    probed). Measured with vllm-cpu 0.32 on an AVX-512 EPYC: BF16, llm-compressor W8A8 and W4A16 serve and answer;
+    head_dim 16 reports healthy and dies at the first request.
     """
     findings: list[tuple[Level, str]] = []
     if head_dim and head_dim not in VLLM_CPU_HEAD_DIMS:
@@ -162,8 +165,12 @@ def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None
     elif weights == ("int", 8) and activations == ("int", 8) and key.startswith("compressed-tensors"):
         pass  # measured: llm-compressor W8A8 (int8 weights per channel, dynamic int8 activations) serves and answers
     elif weights and weights[0] == "int" and weights[1] < 8 and activations is None and key.startswith("compressed-tensors"):
-        findings.append(("error", f"vLLM's CPU backend cannot run {algo_label} weight-only int{weights[1]} here: its "
-                                  f"kernel is missing from vllm-cpu 0.32 ('cpu_gemm_wna16'); {gpu_only}."))
+        if wna16_kernel is False:
+            findings.append(("error", f"vLLM's CPU build here cannot run {algo_label} (weight-only int{weights[1]}): its "
+                                      f"kernel 'cpu_gemm_wna16' is not compiled for this CPU; {gpu_only}."))
+        elif wna16_kernel is None:
+            findings.append(("warning", f"{algo_label} (weight-only int{weights[1]}) needs vLLM's 'cpu_gemm_wna16', which "
+                                        "only some CPU builds have; not probed (check_args false)."))
     else:
         findings.append(("warning", f"{algo_label} on vLLM's CPU backend is not measured by quanteval: it may fail to "
                                     "load or answer wrongly. The canary will tell."))
@@ -205,7 +212,7 @@ KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"has no attribute 'cpu_gemm_wna16'"),
      "vLLM's CPU build has no 4-bit weight-only GEMM kernel (W4A16).",
      "Serve this checkpoint on a GPU, or evaluate a W8A8 (int8) variant on the CPU."),
-    (re.compile(r"(?i)head.?size \d+ is not supported|unsupported head.?(size|dim)"),
+    (re.compile(r"(?i)Unsupported CPU attention configuration: head_dim=\d+|head.?size \d+ is not supported|unsupported head.?(size|dim)"),
      "vLLM's attention backend has no kernel for this model's head size.",
      f"Serve it on a GPU; vLLM's CPU attention supports head_dim {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}."),
     (re.compile(r"Address already in use|error while attempting to bind on address"),

@@ -1,0 +1,105 @@
+"""The real vLLM (CPU build, .venv-vllm from scripts/setup) through launch_deployment / deployment_status /
+stop_deployment, on the embedded model and its llm-compressor variants. Two server starts in all (~50 s each)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from quanteval.deploy import (
+    DeploymentStatusInput,
+    LaunchDeploymentInput,
+    PlanDeploymentInput,
+    StopDeploymentInput,
+    deployment_status,
+    launch_deployment,
+    plan_deployment,
+    stop_deployment,
+    vllm_venv,
+)
+from quanteval.localproc import free_port, group_members
+from quanteval.models import ToolError
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTS = REPO / "examples" / "checkpoints"
+W8A8 = CHECKPOINTS / "tiny-add-w8a8"
+
+pytestmark = pytest.mark.skipif(not (vllm_venv() / "bin" / "python").is_file(),
+                                reason="no vLLM venv: bash scripts/setup builds .venv-vllm")
+
+
+def _chat(url: str, model: str, content: str, **extra) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
+    return httpx.post(url, json=body, timeout=60, trust_env=False)
+
+
+def test_w8a8_serves_for_real_reports_what_it_serves_and_stops_leaving_nothing():
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(W8A8), framework="vllm", port=free_port()))
+    assert plan.device == "cpu" and plan.parser_check.ok, plan.parser_check.message
+    assert plan.parser_check.resolved["quantization"] == "compressed-tensors"
+    assert plan.parser_check.resolved["max_model_len"] == 256 and not [w for w in plan.warnings if w.level == "error"]
+    launched = launch_deployment(LaunchDeploymentInput(plan=plan))
+    try:
+        status = deployment_status(DeploymentStatusInput(record_id=launched.record_id, wait_s=240))
+        assert status.status == "ready", (status.message, status.log_tail)
+        assert status.served_models == ["tiny-add-w8a8"] and status.served_context == 256
+        assert status.served_quantization == "compressed-tensors"
+        # the chat template the model was trained on is what the server renders: the answer is right
+        reply = _chat(status.endpoint_url, "tiny-add-w8a8", "17+58", max_tokens=8)
+        assert reply.json()["choices"][0]["message"]["content"] == "75"
+        # vLLM's own 400 for a budget above the served context: the rule validate_config enforces before a run
+        too_long = _chat(status.endpoint_url, "tiny-add-w8a8", "17+58", max_tokens=1000)
+        assert too_long.status_code == 400 and "max_model_len=256" in too_long.text
+    finally:
+        stopped = stop_deployment(StopDeploymentInput(record_id=launched.record_id, grace_s=20))
+    assert stopped.stopped and stopped.remaining_pids == []
+    assert group_members(launched.pid) == []  # the API server, engine core and worker processes are all gone
+    assert deployment_status(DeploymentStatusInput(record_id=launched.record_id)).status == "stopped"
+
+
+def test_a_head_size_the_cpu_has_no_kernel_for_is_refused_before_launch_and_explained_if_forced(tmp_path):
+    # llama-tiny-bf16 has head_dim 16; give it the embedded tokenizer so vLLM gets as far as the attention kernel.
+    checkpoint = tmp_path / "head16"
+    shutil.copytree(CHECKPOINTS / "llama-tiny-bf16", checkpoint)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(CHECKPOINTS / "tiny-add-bf16" / name, checkpoint / name)
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="vllm", port=free_port()))
+    errors = [w.message for w in plan.warnings if w.level == "error"]
+    assert errors and "head_dim 16" in errors[0], plan.warnings
+    with pytest.raises(ToolError, match="head_dim 16.*force=true"):
+        launch_deployment(LaunchDeploymentInput(plan=plan))
+
+    # Forced: vLLM's CPU engine reports healthy, then dies at the first request. The status must not say ready.
+    launched = launch_deployment(LaunchDeploymentInput(plan=plan, force=True))
+    try:
+        status = deployment_status(DeploymentStatusInput(record_id=launched.record_id, wait_s=240))
+        assert status.status == "failed", (status.message, status.log_tail)
+        assert any("head size" in f.meaning for f in status.failures), status.failures
+        assert "head_dim=16" in status.failures[0].line
+    finally:
+        assert stop_deployment(StopDeploymentInput(record_id=launched.record_id, grace_s=20)).stopped
+    assert group_members(launched.pid) == []
+
+
+def test_w4a16_needs_a_kernel_some_cpu_builds_lack_and_the_plan_says_which_this_one_is():
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINTS / "tiny-add-w4a16"), framework="vllm"))
+    has_kernel = plan.parser_check.resolved["cpu_wna16_kernel"]
+    errors = [w.message for w in plan.warnings if w.level == "error"]
+    if has_kernel:  # measured here: it serves and answers (CPUWNA16LinearKernel)
+        assert errors == []
+    else:
+        assert errors and "cpu_gemm_wna16" in errors[0] and "W8A8" in errors[0]
+
+
+def test_an_explicit_busy_port_is_an_error_and_nothing_starts():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        plan = plan_deployment(PlanDeploymentInput(checkpoint=str(W8A8), framework="vllm", check_args=False))
+        with pytest.raises(ToolError, match=f"port: {port} is already in use"):
+            launch_deployment(LaunchDeploymentInput(plan=plan, port=port))
