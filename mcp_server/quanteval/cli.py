@@ -19,6 +19,8 @@ from quanteval.models import ToolError
 from quanteval.stdio_guard import stdout_to_stderr
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
+# `quanteval evaluate` answers with its exit code too, for CI: 0 acceptable, 3 not acceptable, 4 inconclusive.
+EXIT_NOT_ACCEPTABLE, EXIT_INCONCLUSIVE = 3, 4
 
 
 class UsageError(Exception):
@@ -188,7 +190,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         emit_json(result.model_dump(mode="json"))
     else:
         sys.stdout.write(format_evaluation(result) + "\n")
-    return EXIT_OK
+    return {"not acceptable": EXIT_NOT_ACCEPTABLE, "inconclusive": EXIT_INCONCLUSIVE}.get(result.verdict, EXIT_OK)
 
 
 def format_evaluation(result: Any) -> str:

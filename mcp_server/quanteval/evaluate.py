@@ -18,7 +18,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -89,8 +89,13 @@ def evaluation_key(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _benchmark_ref(name: str) -> str:
-    return str(Path(name).expanduser().resolve()) if name.endswith(".py") else name
+def _benchmark_ref(name: str) -> str | list[Any]:
+    """A BYOB file by path plus the size and mtime of it and its data files (same stem), so an edit re-runs."""
+    if not name.endswith(".py"):
+        return name
+    path = Path(name).expanduser().resolve()
+    siblings = sorted(path.parent.glob(f"{path.stem}.*")) if path.parent.is_dir() else []
+    return [str(path), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in siblings if p.is_file()]]
 
 
 def _finished_run(key: str) -> ledger.Record | None:
@@ -182,7 +187,7 @@ def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInpu
                                     run_dir=done.details["run_dir"], config_path=done.config_path,
                                     served_model_name=done.details.get("served", {}).get("id"),
                                     served_context=done.details.get("served", {}).get("max_model_len"))
-    workdir = root / f"{role}-{key}"
+    workdir = root / f"{role}-{checkpoint_dir.name[:60]}-{key[:8]}"  # a person finds it by name; the key keeps it unique
     workdir.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     started = time.monotonic()
