@@ -160,7 +160,7 @@ def greedy_accuracy(model, tokenizer, problems, max_new=5):
             ids = torch.cat([ids, nxt[:, None]], dim=1)
             if done.all():
                 break
-        for (a, b, _), o in zip(group, outs):
+        for (a, b, _), o in zip(group, outs, strict=True):
             correct += tokenizer.decode(o) == str(a + b)
     model.train()
     return correct / len(problems)

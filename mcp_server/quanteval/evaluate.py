@@ -83,17 +83,21 @@ class EvaluateQuantizationOutput(BaseModel):
 def evaluation_key(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> str:
     """Same checkpoint contents and settings -> same key (paths and mtimes of its files, not the candidate)."""
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in checkpoint_dir.iterdir() if p.is_file())
-    settings = {"benchmarks": [_benchmark_ref(b) for b in request.benchmarks], "engine": request.engine,
+    settings = {"benchmarks": [_benchmark_fingerprint(b) for b in request.benchmarks], "engine": request.engine,
                 "framework": request.framework, "max_problems": request.max_problems, "max_tokens": request.max_tokens}
     blob = json.dumps([str(checkpoint_dir.resolve()), files, settings], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _benchmark_ref(name: str) -> str | list[Any]:
+def _benchmark_ref(name: str) -> str:
+    return str(Path(name).expanduser().resolve()) if name.endswith(".py") else name
+
+
+def _benchmark_fingerprint(name: str) -> str | list[Any]:
     """A BYOB file by path plus the size and mtime of it and its data files (same stem), so an edit re-runs."""
     if not name.endswith(".py"):
         return name
-    path = Path(name).expanduser().resolve()
+    path = Path(_benchmark_ref(name))
     siblings = sorted(path.parent.glob(f"{path.stem}.*")) if path.parent.is_dir() else []
     return [str(path), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in siblings if p.is_file()]]
 

@@ -1,0 +1,143 @@
+"""The question answered for real, as users ask it: `evaluate_quantization` over a stdio MCP session
+(`quanteval-mcp`, spawned as an IDE spawns it) and `quanteval evaluate` on the command line, with the real vLLM
+(CPU build) serving the embedded model and its llm-compressor variants and the real nel-next evaluating.
+Every verdict is checked against `nel compare` (nel-next's own) on the same run folders.
+
+Three vLLM starts in all (~50 s each): BF16 and int2 RTN for the first verdict, W8A8 for the second (the BF16
+run is reused from the ledger).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from quanteval.compare import CompareResultsInput, compare_results
+from quanteval.engines import nelnext
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTS = REPO / "examples" / "checkpoints"
+BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+VENV_BIN = REPO / ".venv" / "bin"
+
+pytestmark = pytest.mark.skipif(
+    not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not nelnext.nel_binary().is_file(),
+    reason="needs the vLLM and nel-next venvs: bash scripts/setup builds both",
+)
+
+
+def _nel_compare(baseline: str | Path, candidate: str | Path) -> dict:
+    done = subprocess.run([str(nelnext.nel_binary()), "compare", str(baseline), str(candidate), "--format", "json",
+                           "--no-report", "--no-strict"], capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(done.stdout)
+
+
+def _processes_serving(checkpoint: Path) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "vllm" in text and str(checkpoint) in text:
+            found.append(text[:200])
+    return found
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("evaluate-real")
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               QUANTEVAL_STATE_DIR=str(root / "state"), NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
+    env.pop("QUANTEVAL_LEDGER", None)
+    env.pop("QUANTEVAL_VLLM_LAUNCHER", None)
+    return {"root": str(root), **{"env": json.dumps(env)}}
+
+
+@pytest.fixture(scope="module")
+def lossy(state) -> dict:
+    """BF16 vs int2 RTN through a real stdio MCP session, with the progress the client receives."""
+    env = json.loads(state["env"])
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async def go():
+        params = StdioServerParameters(command="quanteval-mcp", args=[], env=env)
+        async with Client(params) as client:
+            return await client.call_tool("evaluate_quantization", {
+                "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"),
+                "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w2-rtn"),
+                "benchmarks": [str(BENCH)], "output_dir": str(Path(state["root"]) / "lossy"),
+            }, progress_callback=on_progress)
+
+    result = anyio.run(go)
+    assert not result.is_error, result.content[0].text
+    return {"result": result.structured_content, "progress": messages}
+
+
+def test_the_lossy_variant_is_a_regression_and_nel_compare_agrees(lossy):
+    result = lossy["result"]
+    assert result["verdict"] == "not acceptable", result["table_markdown"]
+    (row,) = result["comparisons"]
+    assert row["baseline"] >= 0.99 and 0.80 <= row["candidate"] <= 0.97  # measured: 100% -> 91.9%
+    oracle = _nel_compare(result["baseline"]["run_dir"], result["candidate"]["run_dir"])
+    assert row["nel_verdict"] == oracle["verdict"] == "BLOCK"
+    summary = oracle["flip_report"]["summary"]
+    assert (row["n_regressions"], row["n_improvements"], row["n_paired"]) == (
+        summary["n_regressions"], summary["n_improvements"], summary["n_paired"]) and row["n_paired"] == 1000
+    flip = row["regressed"][0]  # a flip carries both answers and the expected one
+    assert flip["baseline_answer"] != flip["candidate_answer"] and flip["expected"]
+    for report in ("report_html", "report_markdown"):
+        assert Path(result[report]).is_file()
+    assert "tiny_add" in Path(result["report_markdown"]).read_text()
+    # what the servers really served, and nothing left running
+    assert result["candidate"]["served_context"] == 256
+    assert _processes_serving(CHECKPOINTS / "tiny-add-bf16") == _processes_serving(CHECKPOINTS / "tiny-add-w2-rtn") == []
+    # the MCP client saw the workflow's stages as progress
+    assert any("canary passed" in m for m in lossy["progress"]) and any("comparing" in m for m in lossy["progress"])
+
+
+def test_w8a8_loses_nothing_and_the_baseline_run_is_reused_from_the_cli(lossy, state):
+    env = json.loads(state["env"])
+    done = subprocess.run(
+        ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(CHECKPOINTS / "tiny-add-w8a8"),
+         "--benchmarks", str(BENCH), "--output-dir", str(Path(state["root"]) / "w8a8"), "--json"],
+        capture_output=True, text=True, env=env, timeout=900, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]  # 0: acceptable
+    result = json.loads(done.stdout)
+    assert result["baseline"]["reused"] and not result["candidate"]["reused"]
+    assert result["baseline"]["run_dir"] == lossy["result"]["baseline"]["run_dir"]
+    assert result["verdict"] == "acceptable"
+    (row,) = result["comparisons"]
+    oracle = _nel_compare(result["baseline"]["run_dir"], result["candidate"]["run_dir"])
+    assert row["nel_verdict"] == oracle["verdict"] == "PASS"
+    assert row["n_regressions"] == oracle["flip_report"]["summary"]["n_regressions"] == 0
+
+
+@pytest.mark.parametrize(("problems", "verdict"), [(15, "INCONCLUSIVE"), (60, "BLOCK")])
+def test_fewer_problems_give_the_verdict_nel_compare_gives(lossy, tmp_path, problems, verdict):
+    """The same two real runs cut to their first problems: too few pairs must not be called a pass or a block."""
+    cut = {}
+    for side in ("baseline", "candidate"):
+        cut[side] = tmp_path / side
+        shutil.copytree(lossy["result"][side]["run_dir"], cut[side])
+        results = cut[side] / "tiny_add" / "results.jsonl"
+        rows = [json.loads(line) for line in results.read_text().splitlines()]
+        results.write_text("".join(json.dumps(r) + "\n" for r in rows if r["problem_idx"] < problems))
+    oracle = _nel_compare(cut["baseline"], cut["candidate"])
+    ours = compare_results(CompareResultsInput(baseline=str(cut["baseline"]), candidate=str(cut["candidate"]),
+                                               output_dir=str(tmp_path / "report")))
+    (row,) = ours.comparisons
+    assert row.nel_verdict == oracle["verdict"] == verdict
+    assert (row.n_regressions, row.n_improvements) == (oracle["flip_report"]["summary"]["n_regressions"],
+                                                       oracle["flip_report"]["summary"]["n_improvements"])
