@@ -758,7 +758,8 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
         if probe.chat_error:
             message += f" The test chat completion failed: {probe.chat_error}"
     elif probe.health == 200:
-        state, message = "failed", f"/health is up but /v1/models lists {probe.models}, not '{name}'. Check --served-model-name."
+        state, message = "failed", (f"Port {details['port']} answers, but /v1/models lists {probe.models}, not '{name}': another "
+                                    "server holds the port, or --served-model-name differs. Stop it, or launch on another port.")
     elif not running:
         state = "failed" if failures or (code not in (None, 0)) else "exited"
         message = f"The server is not running ({process}). {_why(failures, log_text)}"

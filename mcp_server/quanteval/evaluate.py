@@ -23,8 +23,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import compare, deploy, ledger, nelconfig, results, runs, validation
-from quanteval.engines import nelnext
+from quanteval.engines import nelnext, nextresults
 from quanteval.envvars import state_dir
+from quanteval.localproc import free_port
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 Role = Literal["baseline", "candidate"]
@@ -123,9 +124,16 @@ def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, ste
 
 
 def _require_pass(record: ledger.Record, what: str) -> None:
+    if record.status != "succeeded" and record.details.get("run_dir"):
+        failed = nextresults.run_outcome(Path(record.details["run_dir"])).failed  # what nel-next itself recorded
+        if failed:
+            named = "; ".join(f"{Path(name).stem}: {error}" for name, error in list(failed.items())[:3])
+            raise ToolError(f"{what} {record.id} {record.status}: nel-next reports {named}. Logs: {record.details.get('log_path')}")
     if record.status != "succeeded":
         logs = runs.run_logs(runs.RunLogsInput(record_id=record.id, lines=20))
-        why = logs.diagnosis.message if logs.diagnosis else record.details.get("error") or record.status
+        diagnosis = logs.diagnosis
+        why = (f"{diagnosis.failure_class}: {diagnosis.line or ' / '.join(diagnosis.last_lines[-3:])} ({diagnosis.advice})"
+               if diagnosis else record.details.get("error") or record.status)
         raise ToolError(f"{what} {record.id} {record.status}: {why}. Logs: {record.details.get('log_path')}")
     report = results.validate_run(results.ValidateRunInput(run=record.id))
     if report.verdict != "pass":
@@ -133,7 +141,10 @@ def _require_pass(record: ledger.Record, what: str) -> None:
 
 
 def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[deploy.LaunchDeploymentResult, dict]:
-    plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework))
+    # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile.
+    port = free_port() if request.host in (None, "local") else None
+    plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework,
+                                                             host=request.host, port=port))
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors:
         raise ToolError(f"{checkpoint_dir}: {request.framework} cannot serve it here: {errors[0]}")
@@ -143,9 +154,8 @@ def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[de
                                                                    chat_probe=False))
     if status.status != "ready":
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
-        failure = status.failures[0].line if status.failures else (status.log_tail[-1] if status.log_tail else status.message)
-        raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): {failure}. "
-                        f"Log: {status.log_path}")
+        raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): "
+                        f"{status.message} Log: {status.log_path}")
     served = validation.served_facts(launched.endpoint_url or "") or {}
     return launched, served
 
@@ -242,8 +252,9 @@ def _run_config(record: ledger.Record) -> dict:
 def _cancel(record_id: str) -> None:
     """An interrupted run: stopped and recorded as cancelled, so a later call does not take it for finished."""
     record = ledger.get(record_id)
-    if record.status in runs.ACTIVE:
-        nelnext.stop(record.details, grace_s=5)
+    if record.status not in runs.ACTIVE:
+        return  # it finished (succeeded or failed) before the interruption: its own status stands
+    nelnext.stop(record.details, grace_s=5)
     ledger.update(record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
 
 

@@ -1,0 +1,120 @@
+"""nel-next through the workflow when things go wrong: the real `nel eval run` (nel-next's venv) against the
+inference stand-in (it answers instantly, so these stay fast; the real vLLM runs in test_evaluate_real.py).
+
+A benchmark failing inside `nel eval run` fails the run, never passes it; an output directory that cannot be
+written is a clear error before any server starts; SIGTERM mid-evaluation stops the servers, marks the run
+cancelled, and a second call resumes from what finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quanteval import ledger
+from quanteval.engines import nelnext
+from quanteval.evaluate import EvaluateQuantizationInput, evaluate_quantization
+from quanteval.models import ToolError
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
+BF16 = REPO / "examples" / "checkpoints" / "tiny-add-bf16"
+W8A8 = REPO / "examples" / "checkpoints" / "tiny-add-w8a8"
+BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+
+pytestmark = pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+
+BROKEN_BENCH = '''
+from pathlib import Path
+from nemo_evaluator.environments.custom import benchmark, scorer
+
+@benchmark(name="broken", dataset=str(Path(__file__).with_name("broken.jsonl")), prompt="{question}", target_field="answer")
+@scorer
+def broken(sample):
+    raise RuntimeError("scorer bug: every sample fails")
+'''
+
+
+@pytest.fixture
+def standin_vllm(monkeypatch) -> str:
+    launcher = shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"])
+    monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", launcher)
+    monkeypatch.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
+    return launcher
+
+
+def _standins_running() -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(STANDIN) in text and str(BF16.parent) in text:
+            found.append(text[:160])
+    return found
+
+
+def test_a_benchmark_failing_inside_nel_eval_run_fails_the_canary_and_nothing_runs_after_it(standin_vllm, tmp_path):
+    bench = tmp_path / "broken.py"
+    bench.write_text(BROKEN_BENCH)
+    (tmp_path / "broken.jsonl").write_text("".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(20)))
+    with pytest.raises(ToolError, match="canary") as failure:
+        evaluate_quantization(EvaluateQuantizationInput(
+            baseline_checkpoint=str(BF16), candidate_checkpoint=str(W8A8), benchmarks=[str(bench)],
+            output_dir=str(tmp_path / "out"), canary_problems=5))
+    assert "broken" in str(failure.value)
+    canaries = ledger.find(kind="canary")
+    assert [c.status for c in canaries] == ["failed"]  # whatever nel's exit code, checkpoint.json says it failed
+    assert ledger.find(kind="full_run") == []  # the gate held: no full run after a failed canary
+    assert all(d.status == "stopped" for d in ledger.find(kind="deployment"))
+    assert _standins_running() == []
+
+
+def test_an_output_directory_that_cannot_be_written_is_refused_before_any_server_starts(standin_vllm, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ToolError, match="output_dir"):
+        evaluate_quantization(EvaluateQuantizationInput(
+            baseline_checkpoint=str(BF16), candidate_checkpoint=str(W8A8), benchmarks=[str(BENCH)],
+            output_dir=str(blocker / "results")))
+    assert ledger.find(kind="deployment") == []
+    assert blocker.read_text() == "not a directory"
+
+
+def test_sigterm_mid_evaluation_cancels_stops_the_servers_and_a_second_call_resumes(standin_vllm, tmp_path, cli_env):
+    env = {**cli_env, "QUANTEVAL_VLLM_LAUNCHER": standin_vllm, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0",
+           "QUANTEVAL_STATE_DIR": os.environ["QUANTEVAL_STATE_DIR"]}
+    env.pop("QUANTEVAL_LEDGER", None)
+    argv = ["quanteval", "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH), "--output-dir", str(tmp_path / "out")]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    seen = []
+    assert child.stderr is not None
+    for line in child.stderr:  # progress lines; stop once the candidate's full run is under way
+        seen.append(line)
+        if "candidate full run" in line or time.monotonic() > deadline:
+            break
+    assert any("candidate full run" in line for line in seen), "".join(seen)[-2000:]
+    child.send_signal(signal.SIGTERM)
+    child.communicate(timeout=120)
+    assert child.returncode not in (0, 3, 4)  # no verdict from an interrupted evaluation
+    full_runs = {r.details.get("checkpoint"): r for r in ledger.find(kind="full_run")}
+    assert full_runs[str(BF16)].status == "succeeded"
+    assert full_runs[str(W8A8)].status == "cancelled"
+    assert all(d.status == "stopped" for d in ledger.find(kind="deployment"))
+    assert _standins_running() == []
+
+    second = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert second.returncode == 0, second.stderr[-2000:]
+    result = json.loads(second.stdout)
+    assert result["baseline"]["reused"] and not result["candidate"]["reused"]
+    assert result["baseline"]["full_run_record_id"] == full_runs[str(BF16)].id
