@@ -151,7 +151,7 @@ def test_config_tools_refuse_files_that_are_not_nel_configs(tmp_path):
     text_file.write_text("execution:\n  output_dir: x\n")
     for path in (other, text_file):
         result = call("set_config_value", {"config_path": str(path), "key": "execution.x", "value": 1})
-        assert result.is_error and "not a NEL config" in result.content[0].text
+        assert result.is_error and "not an evaluation config" in result.content[0].text
     assert other.read_text() == "services:\n  web:\n    image: nginx\n"
 
 
@@ -219,9 +219,15 @@ def test_tool_results_carry_compact_json_equal_to_structured_content():
     assert text == json.dumps(result.structured_content, ensure_ascii=False, separators=(",", ":"))
 
 
-def test_structured_content_matches_output_schemas_when_listed(repo):
-    """With --output-schemas the client validates structured content against each tool's schema."""
-    server = build_server(output_schemas=True)
+def test_structured_content_matches_output_schemas_listed_by_default(repo):
+    """Output schemas are listed by default, so the client validates structured content against each tool's schema;
+    --no-output-schemas leaves them out."""
+    async def listed_without():
+        async with Client(build_server(output_schemas=False)) as client:
+            return (await client.list_tools()).tools
+
+    assert not any(tool.output_schema for tool in anyio.run(listed_without))
+    server = build_server()
     checkpoint = str(repo / "examples" / "checkpoints" / "llama-tiny-fp8")
 
     async def go():

@@ -118,3 +118,52 @@ def test_sigterm_mid_evaluation_cancels_stops_the_servers_and_a_second_call_resu
     result = json.loads(second.stdout)
     assert result["baseline"]["reused"] and not result["candidate"]["reused"]
     assert result["baseline"]["full_run_record_id"] == full_runs[str(BF16)].id
+
+
+def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(tmp_path, monkeypatch):
+    """Over a real MCP session: the assistant waits in one call instead of polling run_status."""
+    import anyio
+    import httpx
+    from mcp import Client
+
+    from quanteval.localproc import free_port
+    from quanteval.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+    from quanteval.runs import LaunchCanaryInput, launch_canary
+    from quanteval.server import build_server
+
+    monkeypatch.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(STANDIN), "--model", str(BF16), "--served-model-name", "tiny",
+                               "--port", str(port), "--fake-load-s", "0", "--max-model-len", "256"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                               benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
+        for key, value in {"services.model.url": f"http://127.0.0.1:{port}/v1/chat/completions",
+                           "services.model.model": "tiny", "services.model.generation.max_tokens": 16}.items():
+            set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+        launched = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=5))
+
+        async def go():
+            async with Client(build_server()) as client:
+                started = time.monotonic()
+                first = await client.call_tool("wait_for_run", {"record_id": launched.record_id, "timeout_s": 120})
+                waited = time.monotonic() - started
+                started = time.monotonic()
+                again = await client.call_tool("wait_for_run", {"record_id": launched.record_id, "timeout_s": 120})
+                return first, waited, again, time.monotonic() - started
+
+        first, waited, again, instant = anyio.run(go)
+    finally:
+        server.terminate()
+        server.wait()
+    assert not first.is_error, first.content[0].text
+    assert first.structured_content["status"] == "succeeded" and waited < 110  # returned at the change, not the timeout
+    assert again.structured_content["status"] == "succeeded" and instant < 5  # a finished run: no wait at all

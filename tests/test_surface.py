@@ -18,7 +18,7 @@ CONTRACT = """check_environment inspect_checkpoint build_config get_config_value
 delete_config_value list_missing_values list_tasks get_task_recipe add_tasks apply_checkpoint validate_config
 dry_run launch_canary launch_full_run run_status run_logs kill_run resume_run list_runs ssh_check slurm_queue
 remote_grep check_registry_credentials plan_deployment launch_deployment deployment_status stop_deployment
-validate_run extract_scores compare_results""".split()
+validate_run extract_scores compare_results wait_for_run evaluate_quantization""".split()
 
 
 def list_tools(**options):
@@ -35,7 +35,7 @@ def test_every_contract_tool_is_registered():
 
 
 def test_every_tool_has_description_schemas_and_annotations():
-    tools = {tool.name: tool for tool in list_tools(output_schemas=True)}  # default: no output schemas (smaller)
+    tools = {tool.name: tool for tool in list_tools()}  # output schemas are listed by default
     assert set(tools) == set(registry.TOOLS)
     for name, spec in registry.TOOLS.items():
         tool = tools[name]
@@ -284,3 +284,20 @@ def test_readme_and_server_instructions_name_only_registered_tools(repo):
     assert sorted(listed) == sorted(registry.TOOLS), "README's tool table and the registry differ"
     named = re.findall(r"[a-z]+_[a-z_]+", server.INSTRUCTIONS)
     assert set(named) <= set(registry.TOOLS), set(named) - set(registry.TOOLS)
+
+
+def test_the_claude_plugin_manifest_ships_these_skills_and_this_server_at_this_version(repo):
+    """One install brings skills and tools together, matching in version (.claude-plugin/plugin.json)."""
+    import json
+    import shutil
+    import tomllib
+
+    manifest = json.loads((repo / ".claude-plugin" / "plugin.json").read_text())
+    version = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
+    assert manifest["name"] == "quanteval" and manifest["version"] == version
+    skills_dir = repo / manifest["skills"]
+    names = sorted(p.parent.name for p in skills_dir.glob("*/SKILL.md"))
+    assert names == sorted(["evaluation", "deployment", "monitor", "compare-results"]), names
+    server = manifest["mcpServers"]["quanteval"]
+    assert server["command"] == "quanteval-mcp"
+    assert shutil.which(server["command"], path=str(repo / ".venv" / "bin")), "the console script the manifest starts"

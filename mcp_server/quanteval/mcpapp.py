@@ -147,7 +147,7 @@ def _error(message: str) -> CallToolResult:
 
 
 class QuantevalServer(MCPServer):
-    def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = False) -> None:
+    def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = True) -> None:
         super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS)
         self._specs = tools
         self._policy = policy
@@ -204,7 +204,7 @@ def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
 
 
 def build_server(
-    toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = False
+    toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = True
 ) -> MCPServer:
     """The server: relative paths refused (a client's paths mean nothing in the server's working directory)."""
     policy = paths.Policy(root=root, absolute_only=True)

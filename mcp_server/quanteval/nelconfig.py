@@ -30,7 +30,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from quanteval import checkpoint, envvars, frameworks, tasks
-from quanteval.engines import NEL_NEXT_SECTIONS, NEL_SECTIONS, Engine
+from quanteval.engines import NEL_SECTIONS, Engine, is_nel_next
 from quanteval.frameworks import Execution
 from quanteval.frameworks import NelDeployment as Deployment
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -132,7 +132,7 @@ def _read_text(path: Path) -> str:
 
 def _nel_config(doc: CommentedMap, path: Path) -> CommentedMap:
     """Refuse YAML that is not a run config of either engine, so config tools never read or rewrite other files."""
-    if path.suffix not in (".yaml", ".yml") or (doc and not (NEL_SECTIONS | NEL_NEXT_SECTIONS) & set(doc)):
+    if path.suffix not in (".yaml", ".yml") or (doc and not (NEL_SECTIONS & set(doc) or is_nel_next(doc))):
         raise ToolError(
             f"{path}: not an evaluation config (a .yaml/.yml file with NEL 0.2.6 sections execution:, deployment:, "
             "evaluation: or nel-next sections services:, benchmarks:, cluster:). Create one with build_config."

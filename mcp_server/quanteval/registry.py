@@ -129,6 +129,7 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec("runs.launch_full_run", read_only=False, open_world=True),
     # Polling reads, as the user sees it (it may refresh the ledger's record of the run): read-only.
     ToolSpec("runs.run_status", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("runs.wait_for_run", read_only=True, idempotent=True, open_world=True),
     ToolSpec("runs.run_logs", read_only=True, idempotent=True, open_world=True),
     ToolSpec("runs.kill_run", read_only=False, destructive=True, idempotent=True, open_world=True),
     ToolSpec("runs.resume_run", read_only=False, open_world=True),

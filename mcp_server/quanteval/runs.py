@@ -578,6 +578,30 @@ def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatus
                            history=ledger.events(record.id)[-20:])
 
 
+class WaitForRunInput(StrictModel):
+    record_id: str = Field(description="record_id (from a launch or list_runs) or NEL invocation id.")
+    timeout_s: float = Field(300, ge=0, le=3600, description="Longest wait in seconds; it returns as soon as the status changes.")
+
+
+def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -> RunStatusOutput:
+    """Use instead of polling run_status: blocks until the run's status changes (e.g. running -> succeeded) or
+    timeout_s passes, then answers as run_status does.
+    """
+    status = run_status(RunRef(record_id=request.record_id))
+    if status.status not in ACTIVE:
+        return status
+    # Local runs are cheap to look at; a SLURM poll is an SSH round trip and a squeue.
+    interval = 10.0 if status.executor == "slurm" else 1.0
+    started = time.monotonic()
+    while (remaining := request.timeout_s - (time.monotonic() - started)) > 0:
+        time.sleep(min(interval, remaining))
+        now = run_status(RunRef(record_id=request.record_id))
+        if now.status != status.status:
+            return now
+        progress(round(time.monotonic() - started), request.timeout_s, f"still {now.status}")
+    return run_status(RunRef(record_id=request.record_id))
+
+
 # ---------------------------------------------------------------- logs
 
 

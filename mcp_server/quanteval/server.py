@@ -271,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--toolsets", help="comma-separated toolsets to serve, or 'all' (default: all but evalserver): "
                         "setup, config, runs, results, deploy, cluster, evalserver")  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
-    parser.add_argument("--output-schemas", action="store_true", help="list each tool's output schema too (larger tools/list)")
+    # Clients validate structured results against them; models do not read them, so they cost no tokens.
+    parser.add_argument("--output-schemas", action=argparse.BooleanOptionalAction, default=True,
+                        help="list each tool's output schema (default on; --no-output-schemas for a smaller tools/list)")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     import logging

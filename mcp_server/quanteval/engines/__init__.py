@@ -18,7 +18,16 @@ NEL_SECTIONS = frozenset({"defaults", "execution", "deployment", "evaluation", "
 NEL_NEXT_SECTIONS = frozenset({"services", "sandboxes", "benchmarks", "cluster", "output"})
 
 
+def is_nel_next(doc: Any) -> bool:
+    """A nel-next config has benchmarks:, or services: whose every entry names its `type` (a docker-compose file's
+    services: never does), and none of NEL 0.2.6's sections."""
+    if not isinstance(doc, dict) or set(doc) & NEL_SECTIONS:
+        return False
+    services = doc.get("services")
+    typed = isinstance(services, dict) and bool(services) and all(isinstance(s, dict) and "type" in s for s in services.values())
+    return "benchmarks" in doc or typed
+
+
 def engine_of(doc: Any) -> Engine:
     """The engine a parsed config is written for: nel-next by its sections, NEL 0.2.6 otherwise."""
-    keys = set(doc) if isinstance(doc, dict) else set()
-    return "nel-next" if keys & NEL_NEXT_SECTIONS and not keys & NEL_SECTIONS else "nel"
+    return "nel-next" if is_nel_next(doc) else "nel"
