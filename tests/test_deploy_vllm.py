@@ -103,3 +103,41 @@ def test_an_explicit_busy_port_is_an_error_and_nothing_starts():
         plan = plan_deployment(PlanDeploymentInput(checkpoint=str(W8A8), framework="vllm", check_args=False))
         with pytest.raises(ToolError, match=f"port: {port} is already in use"):
             launch_deployment(LaunchDeploymentInput(plan=plan, port=port))
+
+
+def test_a_base_model_without_chat_template_is_refused_by_vllm_and_caught_by_validate_config_first(tmp_path):
+    """The real server's refusal, and validate_config naming it before any run (vLLM reports the model root)."""
+    import json
+
+    from quanteval.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+    from quanteval.validation import ValidateConfigInput, validate_config
+
+    base = tmp_path / "tiny-add-base"
+    shutil.copytree(CHECKPOINTS / "tiny-add-bf16", base)
+    tokenizer_config = json.loads((base / "tokenizer_config.json").read_text())
+    del tokenizer_config["chat_template"]
+    (base / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(base), framework="vllm", port=free_port(), check_args=False))
+    launched = launch_deployment(LaunchDeploymentInput(plan=plan))
+    try:
+        status = deployment_status(DeploymentStatusInput(record_id=launched.record_id, wait_s=240, chat_probe=False))
+        assert status.status == "ready", (status.message, status.log_tail)
+        refused = _chat(status.endpoint_url, "tiny-add-base", "17+58", max_tokens=8)
+        assert refused.status_code == 400 and "chat template" in refused.text
+
+        config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none",
+                                               model_type="chat_reasoning", benchmarks=[str(REPO / "examples" / "benchmarks" / "tiny_add.py")],
+                                               config_path=str(tmp_path / "eval.yaml"))).config_path
+        for key, value in {"services.model.url": status.endpoint_url, "services.model.model": "tiny-add-base",
+                           "services.model.generation.max_tokens": 16}.items():
+            set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+        problems = validate_config(ValidateConfigInput(config_path=config)).problems
+        assert [p.rule for p in problems if p.severity == "error"] == ["no_chat_template"], problems
+
+        # and the budget rule, against the context vLLM really serves (256): the real server's 400 above, ours first
+        set_config_value(SetConfigValueInput(config_path=config, key="services.model.generation.max_tokens", value=1000))
+        rules = {p.rule for p in validate_config(ValidateConfigInput(config_path=config)).problems if p.severity == "error"}
+        assert "budget_exceeds_context" in rules
+    finally:
+        assert stop_deployment(StopDeploymentInput(record_id=launched.record_id, grace_s=20)).stopped
