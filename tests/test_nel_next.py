@@ -167,3 +167,23 @@ def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(t
     assert not first.is_error, first.content[0].text
     assert first.structured_content["status"] == "succeeded" and waited < 110  # returned at the change, not the timeout
     assert again.structured_content["status"] == "succeeded" and instant < 5  # a finished run: no wait at all
+
+
+def test_a_base_model_is_evaluated_through_the_completions_endpoint(standin_vllm, tmp_path):
+    """No chat template: the chat endpoint would refuse every request, so the config asks /v1/completions."""
+    import shutil
+
+    import yaml
+
+    base = tmp_path / "tiny-add-base"
+    shutil.copytree(BF16, base)
+    tokenizer_config = json.loads((base / "tokenizer_config.json").read_text())
+    del tokenizer_config["chat_template"]
+    (base / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    result = evaluate_quantization(EvaluateQuantizationInput(
+        baseline_checkpoint=str(base), candidate_checkpoint=str(W8A8), benchmarks=[str(BENCH)],
+        output_dir=str(tmp_path / "out"), canary_problems=3, max_problems=20))
+    base_config = yaml.safe_load(Path(result.baseline.config_path).read_text())["services"]["model"]
+    candidate_config = yaml.safe_load(Path(result.candidate.config_path).read_text())["services"]["model"]
+    assert base_config["protocol"] == "completions" and base_config["url"].endswith("/v1/completions")
+    assert candidate_config["protocol"] == "chat_completions" and candidate_config["url"].endswith("/v1/chat/completions")

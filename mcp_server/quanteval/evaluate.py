@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import compare, deploy, ledger, nelconfig, results, runs, validation
+from quanteval.checkpoint import InspectCheckpointInput, inspect_checkpoint
 from quanteval.engines import nelnext, nextresults
 from quanteval.envvars import state_dir
 from quanteval.localproc import free_port
@@ -160,7 +161,8 @@ def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[de
     return launched, served
 
 
-def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served: dict, request: EvaluateQuantizationInput) -> str:
+def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served: dict, request: EvaluateQuantizationInput,
+                  launched_checkpoint: str) -> str:
     config_path = workdir / "config.yaml"
     if config_path.exists():
         config_path.unlink()  # our own file from an earlier, unfinished call: its endpoint is gone
@@ -169,7 +171,11 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
         benchmarks=[_benchmark_ref(b) for b in request.benchmarks], config_path=str(config_path)))
     context = served.get("max_model_len")
     budget = request.max_tokens or (min(DEFAULT_MAX_TOKENS, context // 2) if isinstance(context, int) else DEFAULT_MAX_TOKENS)
-    values = {"services.model.url": nelnext.endpoint_url(launched.endpoint_url or "", "chat_completions"),
+    # A base model (no chat template) is asked through the completions endpoint: the chat endpoint refuses it.
+    has_template = inspect_checkpoint(InspectCheckpointInput(checkpoint=launched_checkpoint)).chat_template
+    protocol = "chat_completions" if has_template else "completions"
+    values = {"services.model.url": nelnext.endpoint_url(launched.endpoint_url or "", protocol),
+              "services.model.protocol": protocol,
               "services.model.model": launched.served_model_name, "services.model.generation.max_tokens": budget,
               "output.dir": str(workdir / "runs")}
     for key, value in values.items():
@@ -177,7 +183,7 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     if request.max_problems:
         for index in range(len(request.benchmarks)):
             nelconfig.set_config_value(nelconfig.SetConfigValueInput(
-                config_path=built.config_path, key=f"benchmarks.{index}.max_problems", value=request.max_problems))
+                config_path=built.config_path, key=f"benchmarks[{index}].max_problems", value=request.max_problems))
     checked = validation.validate_config(validation.ValidateConfigInput(config_path=built.config_path))
     if not checked.valid:
         first = next(p for p in checked.problems if p.severity == "error")
@@ -212,7 +218,7 @@ def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInpu
         seconds["serve"] = time.monotonic() - started
         progress(offset + 1, total, f"{role}: serving {launched.served_model_name} (context {served.get('max_model_len')})")
         mark = time.monotonic()
-        config_path = _write_config(workdir, launched, served, request)
+        config_path = _write_config(workdir, launched, served, request, str(checkpoint_dir))
         seconds["config"] = time.monotonic() - mark
         progress(offset + 2, total, f"{role}: config validated, launching the canary")
         mark = time.monotonic()

@@ -842,7 +842,7 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
     for index, bench in enumerate(doc.get("benchmarks") or []):
         bench_name = str((bench or {}).get("name", ""))
         if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():
-            problems.append(Problem(key=f"benchmarks.{index}.name", severity="error", rule="benchmark_file_missing",
+            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="benchmark_file_missing",
                                     message=f"{bench_name}: nel-next resolves a BYOB file against the directory it runs in; no such file here.",
                                     fix="Give the file's absolute path."))
     return problems

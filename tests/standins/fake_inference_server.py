@@ -74,10 +74,16 @@ def main() -> None:  # noqa: C901
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             if not state["ready"]:
                 self._send(503, {"error": "server is starting"})
-            elif self.path != "/v1/chat/completions":
+            elif self.path not in ("/v1/chat/completions", "/v1/completions"):
                 self._send(404, {"error": f"no route {self.path}"})
             elif body.get("model") not in (served_name, model_path):
                 self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+            elif self.path == "/v1/completions":
+                self._send(200, {
+                    "id": "cmpl-standin", "object": "text_completion", "model": served_name,
+                    "choices": [{"index": 0, "finish_reason": "stop", "text": " Hello from the stand-in."}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+                })
             else:
                 self._send(200, {
                     "id": "chatcmpl-standin", "object": "chat.completion", "model": served_name,
