@@ -30,6 +30,7 @@ from quanteval.localproc import free_port
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 Role = Literal["baseline", "candidate"]
+PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
 DEFAULT_MAX_TOKENS = 1024
 STEPS_PER_CHECKPOINT = 8
 
@@ -113,6 +114,7 @@ def _finished_run(key: str) -> ledger.Record | None:
 
 def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, step: float, total: float) -> ledger.Record:
     deadline = time.monotonic() + timeout_s
+    reported: tuple[str, float] = ("", 0.0)
     while True:
         status = runs.run_status(runs.RunRef(record_id=record_id))
         if status.status not in runs.ACTIVE:
@@ -120,8 +122,10 @@ def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, ste
         if time.monotonic() > deadline:
             runs.kill_run(runs.RunRef(record_id=record_id))
             raise ToolError(f"{what} {record_id} did not finish within {timeout_s:.0f} s; it was killed. Raise run_timeout_s.")
-        progress(step, total, f"{what} {record_id}: {status.status}")
-        time.sleep(1.0)
+        if status.status != reported[0] or time.monotonic() - reported[1] >= PROGRESS_EVERY_S:
+            progress(step, total, f"{what} {record_id}: {status.status}")
+            reported = (status.status, time.monotonic())
+        time.sleep(0.25)  # local runs: a status read is a file read and a /proc scan
 
 
 def _require_pass(record: ledger.Record, what: str) -> None:

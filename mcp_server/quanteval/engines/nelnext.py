@@ -16,6 +16,7 @@ Facts this module relies on (nemo-evaluator 0.3.0, measured here):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -121,11 +122,31 @@ print(json.dumps(out))
 """
 
 
+# check_schema answers by (path, size, mtime, overrides): a launch asks several times and each ask is a ~1 s child.
+_SCHEMA_CACHE: dict[tuple[str, int, int, tuple[str, ...]], dict[str, Any]] = {}
+
+
 def check_schema(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """nel-next's own reading of the config: its composer, override parser and pydantic EvalConfig (the oracle).
 
     Returns {"ok": True, "benchmarks", "cluster", "output_dir", "config"} or {"ok": False, "problems": [...]}.
     """
+    try:
+        stat = Path(config_path).stat()
+        key = (str(Path(config_path).resolve()), stat.st_size, stat.st_mtime_ns, tuple(overrides or []))
+    except OSError:
+        key = None
+    if key is not None and key in _SCHEMA_CACHE:
+        return copy.deepcopy(_SCHEMA_CACHE[key])
+    answer = _ask_schema(config_path, overrides)
+    if key is not None:
+        if len(_SCHEMA_CACHE) > 64:
+            _SCHEMA_CACHE.clear()
+        _SCHEMA_CACHE[key] = copy.deepcopy(answer)
+    return answer
+
+
+def _ask_schema(config_path: str, overrides: list[str] | None) -> dict[str, Any]:
     python = venv() / "bin" / "python"
     nel_binary()
     try:
