@@ -18,7 +18,7 @@ CONTRACT = """check_environment inspect_checkpoint build_config get_config_value
 delete_config_value list_missing_values list_tasks get_task_recipe add_tasks apply_checkpoint validate_config
 dry_run launch_canary launch_full_run run_status run_logs kill_run resume_run list_runs ssh_check slurm_queue
 remote_grep check_registry_credentials plan_deployment launch_deployment deployment_status stop_deployment
-validate_run extract_scores compare_results wait_for_run evaluate_quantization""".split()
+validate_run extract_scores compare_results wait_for_run evaluate_quantization gate_results""".split()
 
 
 def list_tools(**options):

@@ -21,6 +21,8 @@ from quanteval.stdio_guard import stdout_to_stderr
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 # `quanteval evaluate` answers with its exit code too, for CI: 0 acceptable, 3 not acceptable, 4 inconclusive.
 EXIT_NOT_ACCEPTABLE, EXIT_INCONCLUSIVE = 3, 4
+# `quanteval gate` (tool gate_results), a release gate for CI: 0 GO, 5 NO-GO, 6 INCONCLUSIVE.
+EXIT_GATE_NO_GO, EXIT_GATE_INCONCLUSIVE = 5, 6
 
 
 class UsageError(Exception):
@@ -208,6 +210,38 @@ def format_evaluation(result: Any) -> str:
     return "\n".join(lines)
 
 
+def cmd_gate(args: argparse.Namespace) -> int:
+    """Release gate (tool gate_results): nel gate's policy on two nel-next runs; the verdict is the exit code too."""
+    arguments: dict[str, Any] = {"baseline": args.baseline, "candidate": args.candidate, "policy": args.policy}
+    if args.output_dir is not None:
+        arguments["output_dir"] = args.output_dir
+    with stdout_to_stderr():
+        result: Any = run_tool("gate_results", arguments)
+    if args.json:
+        emit_json(result.model_dump(mode="json"))
+    else:
+        sys.stdout.write(format_gate(result) + "\n")
+    return {"NO-GO": EXIT_GATE_NO_GO, "INCONCLUSIVE": EXIT_GATE_INCONCLUSIVE}.get(result.verdict, EXIT_OK)
+
+
+def format_gate(result: Any) -> str:
+    lines = [f"verdict: {result.verdict}"] + [f"  - {reason}" for reason in result.verdict_reasons]
+    lines += ["", f"{'benchmark':<24} {'tier':<10} {'status':<22} {'metric':<11} {'baseline':>9} {'candidate':>9} "
+              f"{'delta':>8} {'95% CI':>19} {'n':>5}"]
+    for b in result.benchmarks:
+        def num(value: float | None) -> str:
+            return "-" if value is None else f"{value:.4f}"
+
+        ci = "-" if b.delta_ci_lower is None else f"[{b.delta_ci_lower:+.4f}, {b.delta_ci_upper:+.4f}]"
+        lines.append(f"{b.benchmark:<24} {b.tier:<10} {b.status:<22} {b.metric or '-':<11} {num(b.baseline_score):>9} "
+                     f"{num(b.candidate_score):>9} {num(b.delta):>8} {ci:>19} {b.n_paired:>5}")
+        lines += [f"    {reason}" for reason in b.reasons]
+    lines += [f"warning: {warning}" for warning in result.warnings]
+    if result.report_path:
+        lines += ["", f"report: {result.report_path}"]
+    return "\n".join(lines)
+
+
 def cmd_skills_install(args: argparse.Namespace) -> int:
     from quanteval import skillpack
 
@@ -335,6 +369,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--threshold", type=float, default=0.05, help="largest acceptable drop, 0.05 = 5 points (default)")
     evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON")
     evaluate.set_defaults(func=cmd_evaluate)
+
+    gate = sub.add_parser(
+        "gate",
+        help="release gate: GO / NO-GO / INCONCLUSIVE for CANDIDATE against BASELINE under a `nel gate` policy",
+        description="Tool gate_results: applies a `nel gate --policy` YAML (tiers, max_drop on the paired 95% CI, "
+        "relative guardrail) to two nel-next run folders, with nel gate's rules. Exit 0 GO, 5 NO-GO, 6 INCONCLUSIVE "
+        "(1 tool error, 2 bad usage).",
+    )
+    gate.add_argument("baseline", help="reference nel-next run folder (`nel eval run -o DIR`) or eval-*.json bundle")
+    gate.add_argument("candidate", help="nel-next run folder to judge")
+    gate.add_argument("--policy", required=True, help="gate policy YAML in `nel gate --policy` format")
+    gate.add_argument("--output-dir", help="also write the JSON report there (gate-report.json)")
+    gate.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    gate.set_defaults(func=cmd_gate)
 
     serve_eval = sub.add_parser(
         "serve-eval",

@@ -91,6 +91,7 @@ TOOLSET_OF_MODULE = {
     "runs": "runs",
     "results": "results",
     "compare": "results",
+    "gate": "results",
     "deploy": "deploy",
     "remote": "cluster",
     "placement": "cluster",
@@ -143,6 +144,7 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec("results.validate_run", read_only=True, idempotent=True, open_world=True),
     ToolSpec("results.extract_scores", read_only=True, idempotent=True, open_world=True),
     ToolSpec("compare.compare_results", read_only=False, open_world=True),
+    ToolSpec("gate.gate_results", read_only=True, idempotent=True),  # writes only the report asked for with output_dir
     ToolSpec("deploy.plan_deployment", read_only=True, idempotent=True),
     ToolSpec("deploy.launch_deployment", read_only=False, open_world=True),
     ToolSpec("deploy.deployment_status", read_only=True, idempotent=True, open_world=True),

@@ -1,0 +1,590 @@
+"""Release gates: a multi-benchmark GO / NO-GO / INCONCLUSIVE verdict on two nel-next runs, by `nel gate`'s rules.
+
+The policy is NeMo Evaluator's own `nel gate --policy` YAML (nemo_evaluator.config.gate_policy, 0.3.0), read as it is:
+
+    version: 1
+    defaults: {tier: supporting, max_drop: 0.015, max_relative_drop: null, relative_guard_below: null,
+               metric: null, direction: higher_is_better}
+    benchmarks:
+      gsm8k: {tier: critical, metric: pass@1, max_drop: 0.02, max_relative_drop: 0.05, relative_guard_below: 0.5}
+
+The semantics follow nemo_evaluator.engine.gate (0.3.0) so that `quanteval gate` and `nel gate` agree on the same runs:
+
+- Bundles are found as nel gate finds them (eval-*.json in the folder, or exactly one in each sub-folder) and
+  matched by the bundle's `benchmark.name`, not the folder's name.
+- Required benchmarks are those listed under `benchmarks:` whose tier is not advisory; each must name a metric
+  nel gate can pair (pass@1 or mean_reward). One absent from either run is MISSING.
+- Per benchmark, per-problem values from results.jsonl (pass@1: share of repeats with reward > 0; mean_reward: mean
+  reward), paired by problem; fewer than 10 paired problems is INSUFFICIENT_EVIDENCE. Damage is the drop in the
+  policy's direction. The relative guardrail (max_relative_drop, applied only while the baseline score is below
+  relative_guard_below when that is set) breaches on the point estimate; the absolute max_drop on the 95% CI of the
+  paired deltas (Student t, or clustered SE when every problem has a category): CI above max_drop is BREACH,
+  CI within is PASS, CI straddling is INSUFFICIENT_EVIDENCE. Without results.jsonl the bundles' scores decide,
+  on the point estimate for advisory benchmarks only.
+- Aggregate: a critical/supporting BREACH or MISSING is NO-GO; else a critical/supporting INSUFFICIENT_EVIDENCE
+  is INCONCLUSIVE; else GO. Advisory benchmarks never change the verdict.
+
+`nel compare`'s paired test (nextresults.compare_bundles: McNemar/sign test and its verdict) is attached per benchmark as
+supporting evidence; as in nel gate, it does not drive the decision.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from quanteval.engines import nextresults
+from quanteval.models import StrictModel, ToolError
+
+MIN_PAIRED_ITEMS = 10  # nel gate's _MIN_PAIRED_ITEMS
+GATED_METRICS = ("mean_reward", "pass@1")  # nel gate's _SUPPORTED_GATED_METRICS
+REPORT_VERSION = 1
+REPORT_NAME = "gate-report.json"
+_Z_975 = 1.959963984540054  # the standard normal's 97.5% quantile (clustered CI)
+
+Tier = Literal["critical", "supporting", "advisory"]
+Direction = Literal["higher_is_better", "lower_is_better"]
+Status = Literal["PASS", "BREACH", "INSUFFICIENT_EVIDENCE", "MISSING"]
+Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE"]
+
+
+# ---------------------------------------------------------------- the policy (nel gate's schema, read as it is)
+
+
+def _non_negative(name: str, value: float | None) -> float | None:
+    if value is not None and value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+class _Thresholds(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("max_drop", "max_relative_drop", check_fields=False)
+    @classmethod
+    def _drops(cls, value: float | None, info: Any) -> float | None:
+        return _non_negative(info.field_name, value)
+
+    @field_validator("relative_guard_below", check_fields=False)
+    @classmethod
+    def _guard(cls, value: float | None) -> float | None:
+        if value is not None and not 0 <= value <= 1:
+            raise ValueError(f"relative_guard_below must be in [0, 1], got {value}")
+        return value
+
+
+class PolicyDefaults(_Thresholds):
+    tier: Tier = "supporting"
+    max_drop: float = 0.015
+    max_relative_drop: float | None = None
+    relative_guard_below: float | None = None
+    metric: str | None = None
+    direction: Direction = "higher_is_better"
+
+
+class PolicyEntry(_Thresholds):
+    tier: Tier | None = None
+    max_drop: float | None = None
+    max_relative_drop: float | None = None
+    relative_guard_below: float | None = None
+    metric: str | None = None
+    direction: Direction | None = None
+
+
+class ResolvedPolicy(BaseModel):
+    tier: Tier
+    max_drop: float
+    max_relative_drop: float | None
+    relative_guard_below: float | None
+    metric: str | None
+    direction: Direction
+
+
+class GatePolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = 1
+    defaults: PolicyDefaults = Field(default_factory=PolicyDefaults)
+    benchmarks: dict[str, PolicyEntry] = Field(default_factory=dict)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"Unsupported gate policy version: {value}")
+        return value
+
+    def resolve(self, benchmark: str) -> ResolvedPolicy:
+        fields = self.defaults.model_dump()
+        entry = self.benchmarks.get(benchmark)
+        if entry is not None:
+            fields.update({key: value for key, value in entry.model_dump().items() if value is not None})
+        return ResolvedPolicy(**fields)
+
+    def required_benchmarks(self) -> set[str]:
+        """Listed benchmarks that are not advisory: they must be in both runs."""
+        return {name for name in self.benchmarks if self.resolve(name).tier != "advisory"}
+
+    def problems(self) -> list[str]:
+        """What keeps the required benchmarks from being gated deterministically (nel gate's validate_for_gate)."""
+        found = []
+        for name in sorted(self.required_benchmarks()):
+            metric = self.resolve(name).metric
+            if not metric:
+                found.append(f"{name}: required benchmark must resolve to an explicit metric")
+            elif metric not in GATED_METRICS:
+                found.append(f"{name}: unsupported metric {metric!r}; supported metrics: {', '.join(sorted(GATED_METRICS))}")
+        return found
+
+
+def load_policy(path: Path) -> GatePolicy:
+    """The policy file as nel gate reads it, or a ToolError naming the file and each problem."""
+    import yaml
+
+    if not path.is_file():
+        raise ToolError(f"policy {path}: no such file. Give the path of a `nel gate --policy` YAML file.")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ToolError(f"policy {path}: not readable YAML ({str(exc).splitlines()[0]}).") from None
+    if not isinstance(raw, dict):
+        raise ToolError(f"policy {path}: a gate policy must be a YAML mapping (version, defaults, benchmarks), "
+                        f"got {type(raw).__name__}.")
+    try:
+        policy = GatePolicy.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors())
+        raise ToolError(f"policy {path}: not a valid nel gate policy: {problems}. Keys are version (1), defaults and "
+                        "benchmarks.<name>.{tier, max_drop, max_relative_drop, relative_guard_below, metric, direction}.") from None
+    problems = policy.problems()
+    if problems:
+        raise ToolError(f"policy {path}: invalid gate policy: {'; '.join(problems)}. Give each required (critical or "
+                        f"supporting) benchmark `metric: pass@1` or `metric: mean_reward`.")
+    return policy
+
+
+# ---------------------------------------------------------------- bundles, as nel gate finds and matches them
+
+
+def _bundle_name(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    benchmark = data.get("benchmark") if isinstance(data, dict) else None
+    name = benchmark.get("name") if isinstance(benchmark, dict) else None
+    return str(name) if name else None
+
+
+def results_dir(value: str, side: str) -> Path:
+    """A run directory, or the folder of one eval-*.json bundle (as nel gate accepts either)."""
+    path = Path(value).expanduser()
+    if path.is_file() and path.name.startswith("eval-") and path.suffix == ".json":
+        return path.parent
+    if not path.is_dir():
+        raise ToolError(f"{side} {value}: not a directory. Give the folder `nel eval run -o DIR` wrote (one sub-folder "
+                        "per benchmark) or one eval-*.json bundle.")
+    return path
+
+
+def discover(directory: Path, side: str) -> tuple[dict[str, Path], list[str]]:
+    """eval-*.json bundles by benchmark name: in the folder itself, or exactly one per sub-folder."""
+    found: dict[str, Path] = {}
+    warnings: list[str] = []
+
+    def register(path: Path) -> None:
+        name = _bundle_name(path)
+        if name is None:
+            warnings.append(f"{side}: {path} is not a readable eval bundle (no benchmark.name); skipped")
+            return
+        if name in found:
+            raise ToolError(f"{side} {directory}: benchmark {name!r} appears twice ({found[name]} and {path}); keep one.")
+        found[name] = path
+
+    for path in sorted(directory.glob("eval-*.json")):
+        register(path)
+    for sub in sorted(p for p in directory.iterdir() if p.is_dir()):
+        candidates = sorted(sub.glob("eval-*.json"))
+        if len(candidates) == 1:
+            register(candidates[0])
+        elif len(candidates) > 1:
+            warnings.append(f"{side}: {sub} holds {len(candidates)} eval bundles; skipped (nel gate skips it too)")
+    if not found:
+        raise ToolError(f"{side} {directory}: no benchmark results (no eval-*.json bundle in it or in its sub-folders). "
+                        "Give the folder `nel eval run -o DIR` wrote, after the run finished.")
+    return found, warnings
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1 - x) / b
+
+
+def t_quantile_975(df: int) -> float:
+    """Student t's 97.5% quantile (scipy.stats.t.ppf(0.975, df)), by bisection on its tail probability."""
+    low, high = 0.0, 1e4
+    for _ in range(200):
+        mid = (low + high) / 2
+        upper_tail = 0.5 * _betainc(df / 2, 0.5, df / (df + mid * mid))
+        low, high = (mid, high) if upper_tail > 0.025 else (low, mid)
+    return (low + high) / 2
+
+
+def paired_delta_ci(deltas: list[float], clusters: list[str] | None = None) -> tuple[float | None, float | None]:
+    """95% CI of the mean paired delta: clustered SE when problems carry categories, else Student t (nel gate's)."""
+    import numpy as np
+
+    n = len(deltas)
+    if n < 2:
+        return None, None
+    values = np.asarray(deltas, dtype=np.float64)
+    mean = float(values.mean())
+    if clusters and len(set(clusters)) > 1:
+        sums: dict[str, float] = defaultdict(float)
+        for residual, cluster in zip(values - mean, clusters, strict=True):
+            sums[cluster] += float(residual)
+        groups = len(sums)
+        se = math.sqrt((groups / (groups - 1)) * sum(s * s for s in sums.values()) / n**2)
+        return round(mean - _Z_975 * se, 6), round(mean + _Z_975 * se, 6)
+    se = float(values.std(ddof=1) / math.sqrt(n))
+    z = t_quantile_975(n - 1)
+    return round(mean - z * se, 6), round(mean + z * se, 6)
+
+
+def problem_values(records: dict[tuple[int, int], dict[str, Any]], metric: str) -> dict[int, float] | None:
+    """Per-problem values of a gated metric: pass@1 (share of repeats with reward > 0) or mean_reward."""
+    by_problem: dict[int, list[float]] = defaultdict(list)
+    for (problem, _repeat), record in records.items():
+        by_problem[problem].append(float(record.get("reward", 0.0) or 0.0))
+    if metric == "mean_reward":
+        return {p: sum(r) / len(r) for p, r in by_problem.items()}
+    if metric == "pass@1":
+        return {p: sum(1 for v in r if v > 0) / len(r) for p, r in by_problem.items()}
+    return None
+
+
+def _clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int]) -> list[str] | None:
+    first: dict[int, dict[str, Any]] = {}
+    for (problem, _repeat), record in records.items():
+        first.setdefault(problem, record)
+    labels = []
+    for problem in problems:
+        record = first.get(problem)
+        if record is None:
+            return None
+        category = (record.get("metadata") or {}).get("category") or (record.get("scoring_details") or {}).get("category")
+        if category is None:
+            return None
+        labels.append(str(category))
+    return labels
+
+
+# ---------------------------------------------------------------- the tool's models
+
+
+class GateResultsInput(StrictModel):
+    baseline: str = Field(description="Reference nel-next run: the folder `nel eval run -o DIR` wrote (one sub-folder "
+                          "per benchmark), or one eval-*.json bundle.")
+    candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
+    policy: str = Field(description="Gate policy YAML in `nel gate --policy` format: version: 1, defaults, "
+                        "benchmarks.<name>.{tier: critical|supporting|advisory, metric: pass@1|mean_reward, max_drop, "
+                        "max_relative_drop, relative_guard_below, direction}.")
+    output_dir: str | None = Field(None, description=f"Write the report there as {REPORT_NAME} (nel gate's "
+                                   "--output JSON). Default: write nothing.")
+
+
+class CompareEvidence(BaseModel):
+    """`nel compare`'s paired test on the same benchmark: evidence only, it does not drive the gate."""
+
+    test: str = Field(description="mcnemar (0/1 rewards) or sign (averaged repeats).")
+    p_value: float | None
+    n_regressions: int
+    n_improvements: int
+    verdict: str = Field(description="nel compare's PASS / WARN / BLOCK / INCONCLUSIVE at this benchmark's max_drop.")
+
+
+class BenchmarkGate(BaseModel):
+    benchmark: str
+    tier: Tier
+    status: Status = Field("PASS", description="PASS; BREACH (a threshold crossed); INSUFFICIENT_EVIDENCE (too few paired "
+                           "problems, or the CI straddles max_drop); MISSING (required, absent from a run).")
+    metric: str = ""
+    baseline_score: float | None = None
+    candidate_score: float | None = None
+    delta: float | None = Field(None, description="candidate - baseline, mean of the paired per-problem deltas.")
+    relative_drop_pct: float | None = Field(None, description="100 * delta / baseline_score (negative: a drop).")
+    delta_ci_lower: float | None = None
+    delta_ci_upper: float | None = None
+    n_paired: int = 0
+    max_drop_threshold: float = 0.0
+    max_relative_drop_threshold: float | None = None
+    direction: Direction = "higher_is_better"
+    absolute_breached: bool = False
+    relative_breached: bool = False
+    reasons: list[str] = Field(default_factory=list)
+    compare: CompareEvidence | None = None
+
+
+class GateResultsOutput(BaseModel):
+    verdict: Verdict = Field(description="GO: every critical/supporting benchmark passed; NO-GO: one breached or is "
+                             "missing; INCONCLUSIVE: one lacks the evidence to decide. Advisory ones never decide.")
+    verdict_reasons: list[str]
+    benchmarks: list[BenchmarkGate]
+    missing: list[str] = Field(description="Required benchmarks absent from baseline or candidate.")
+    warnings: list[str]
+    policy: str
+    baseline: str
+    candidate: str
+    report_path: str | None = None
+
+
+# ---------------------------------------------------------------- the gate
+
+
+def _damage_interval(result: BenchmarkGate, policy: ResolvedPolicy) -> tuple[float | None, float | None]:
+    low, high = result.delta_ci_lower, result.delta_ci_upper
+    if low is None or high is None:
+        return None, None
+    if policy.direction == "higher_is_better":
+        return round(-high, 6), round(-low, 6)
+    return low, high
+
+
+def apply_thresholds(result: BenchmarkGate, policy: ResolvedPolicy, allow_point_estimate: bool) -> None:
+    """The relative guardrail on the point estimate, then the absolute max_drop on the CI of the damage."""
+    if result.delta is None:
+        if not result.reasons:
+            result.reasons.append("No metric delta available for gate decision")
+        return
+    damage = -result.delta if policy.direction == "higher_is_better" else result.delta
+    low, high = _damage_interval(result, policy)
+    base = result.baseline_score
+    guarded = policy.relative_guard_below is None or (base is not None and float(base) < policy.relative_guard_below)
+    if policy.max_relative_drop is not None and base not in (None, 0) and damage > 0 and guarded:
+        relative = damage / abs(float(base))
+        if relative > policy.max_relative_drop:
+            result.relative_breached, result.status = True, "BREACH"
+            result.reasons.append(f"Relative drop {relative * 100:.1f}% exceeds threshold "
+                                  f"{policy.max_relative_drop * 100:.1f}%")
+            return
+    if low is not None and high is not None:
+        span = f"95% CI on damage [{low:.4f}, {high:.4f}]"
+        if low > policy.max_drop:
+            result.absolute_breached, result.status = True, "BREACH"
+            result.reasons.append(f"{span} exceeds threshold {policy.max_drop:.4f}")
+        elif high <= policy.max_drop:
+            result.status = "PASS"
+            result.reasons.append(f"{span} is within threshold {policy.max_drop:.4f}")
+        else:
+            result.status = "INSUFFICIENT_EVIDENCE"
+            result.reasons.append(f"{span} straddles threshold {policy.max_drop:.4f}")
+        return
+    if not allow_point_estimate:
+        result.status = "INSUFFICIENT_EVIDENCE"
+        result.reasons.append("No confidence interval available for required benchmark")
+        return
+    if damage > policy.max_drop:
+        result.absolute_breached, result.status = True, "BREACH"
+        result.reasons.append(f"Point estimate damage {damage:.4f} exceeds threshold {policy.max_drop:.4f}")
+        return
+    result.status = "PASS"
+    result.reasons.append(f"Point estimate damage {damage:.4f} is within threshold {policy.max_drop:.4f}")
+
+
+def _scores(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    scores = (data.get("benchmark") or {}).get("scores") if isinstance(data, dict) else None
+    return scores if isinstance(scores, dict) else {}
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _auto_metric(base_path: Path, cand_path: Path) -> str:
+    """nel gate's choice when the policy names no metric: mean_reward, pass@1, a scorer: metric, by what both bundles score."""
+    base, cand = _scores(base_path), _scores(cand_path)
+    shared = [m for m in sorted(set(base) | set(cand))
+              if isinstance(base.get(m), dict) and isinstance(cand.get(m), dict)
+              and _float(base[m].get("value")) is not None and _float(cand[m].get("value")) is not None]
+    for preferred in GATED_METRICS:
+        if preferred in shared:
+            return preferred
+    return next((m for m in shared if m.startswith("scorer:")), "mean_reward")
+
+
+def _from_bundle_scores(result: BenchmarkGate, base_path: Path, cand_path: Path, policy: ResolvedPolicy) -> None:
+    """No paired evidence: the bundles' own scores (their CI if given as ci_lower/ci_upper), point estimate for advisory."""
+    result.metric = policy.metric or _auto_metric(base_path, cand_path)
+    base, cand = _scores(base_path).get(result.metric), _scores(cand_path).get(result.metric)
+    if not isinstance(base, dict) or not isinstance(cand, dict) or not base or not cand:
+        return
+    base_value, cand_value = _float(base.get("value")), _float(cand.get("value"))
+    if base_value is None or cand_value is None:
+        return
+    result.baseline_score, result.candidate_score = base_value, cand_value
+    result.delta = round(cand_value - base_value, 6)
+    if base_value != 0:
+        result.relative_drop_pct = round(100 * result.delta / base_value, 2)
+    bounds = [_float(base.get("ci_lower")), _float(base.get("ci_upper")), _float(cand.get("ci_lower")), _float(cand.get("ci_upper"))]
+    if None not in bounds:
+        base_low, base_high, cand_low, cand_high = bounds
+        result.delta_ci_lower = round(cand_low - base_high, 6)
+        result.delta_ci_upper = round(cand_high - base_low, 6)
+    apply_thresholds(result, policy, allow_point_estimate=result.tier == "advisory")
+
+
+def _evidence(name: str, base_path: Path, cand_path: Path, max_drop: float) -> CompareEvidence | None:
+    def bundle(path: Path) -> nextresults.Bundle:
+        return nextresults.Bundle(name=name, directory=path.parent, path=path, data={})
+
+    try:
+        paired = nextresults.compare_bundles(bundle(base_path), bundle(cand_path), max_drop=max_drop)
+    except ToolError:
+        return None
+    return CompareEvidence(test=paired.test, p_value=paired.p_value, n_regressions=paired.n_regressions,
+                           n_improvements=paired.n_improvements, verdict=paired.verdict)
+
+
+def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: ResolvedPolicy) -> BenchmarkGate:
+    """One benchmark against its resolved policy: paired per-problem deltas and their CI when results.jsonl exist."""
+    result = BenchmarkGate(benchmark=name, tier=policy.tier, direction=policy.direction, max_drop_threshold=policy.max_drop,
+                           max_relative_drop_threshold=policy.max_relative_drop)
+    result.compare = _evidence(name, base_path, cand_path, policy.max_drop)
+    base_records = nextresults.paired_records(base_path.parent)
+    cand_records = nextresults.paired_records(cand_path.parent)
+    if not base_records or not cand_records:
+        result.status = "INSUFFICIENT_EVIDENCE"
+        result.reasons.append("Per-sample results (results.jsonl) missing or empty")
+        _from_bundle_scores(result, base_path, cand_path, policy)
+        return result
+    result.metric = policy.metric or _auto_metric(base_path, cand_path)
+    base_values, cand_values = problem_values(base_records, result.metric), problem_values(cand_records, result.metric)
+    if base_values is None or cand_values is None:
+        result.status = "INSUFFICIENT_EVIDENCE"
+        result.reasons.append(f"Metric {result.metric!r} is not supported for paired gating")
+        _from_bundle_scores(result, base_path, cand_path, policy)
+        return result
+    shared = sorted(set(base_values) & set(cand_values))
+    result.n_paired = len(shared)
+    if len(shared) < MIN_PAIRED_ITEMS:
+        result.status = "INSUFFICIENT_EVIDENCE"
+        result.reasons.append(f"Only {len(shared)} paired items (minimum {MIN_PAIRED_ITEMS})")
+        _from_bundle_scores(result, base_path, cand_path, policy)
+        return result
+    base_scores, cand_scores = [base_values[p] for p in shared], [cand_values[p] for p in shared]
+    result.baseline_score = round(sum(base_scores) / len(shared), 6)
+    result.candidate_score = round(sum(cand_scores) / len(shared), 6)
+    deltas = [c - b for b, c in zip(base_scores, cand_scores, strict=True)]
+    mean_delta = sum(deltas) / len(deltas)
+    result.delta = round(mean_delta, 6)
+    if result.baseline_score != 0:
+        result.relative_drop_pct = round(100 * mean_delta / result.baseline_score, 2)
+    result.delta_ci_lower, result.delta_ci_upper = paired_delta_ci(deltas, _clusters(base_records, shared))
+    apply_thresholds(result, policy, allow_point_estimate=False)
+    return result
+
+
+def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
+    """NO-GO on a gated BREACH or MISSING, INCONCLUSIVE on gated INSUFFICIENT_EVIDENCE, else GO; advisory never counts."""
+    gated = [b for b in benchmarks if b.tier in ("critical", "supporting")]
+
+    def named(status: str) -> list[str]:
+        return [f"{b.benchmark} [{b.tier}]" for b in gated if b.status == status]
+
+    breached, missing, insufficient = named("BREACH"), named("MISSING"), named("INSUFFICIENT_EVIDENCE")
+    if breached or missing:
+        reasons = [f"BREACH: {', '.join(breached)}"] if breached else []
+        reasons += [f"MISSING: {', '.join(missing)}"] if missing else []
+        return "NO-GO", reasons
+    if insufficient:
+        return "INCONCLUSIVE", [f"INSUFFICIENT_EVIDENCE: {', '.join(insufficient)}",
+                                "Action: re-run with more items, add repeats, or relax thresholds for these benchmarks."]
+    passed = sum(1 for b in gated if b.status == "PASS")
+    return "GO", [f"All {passed} gated benchmark(s) passed" if passed else "No gated benchmarks evaluated"]
+
+
+def gate_results(request: GateResultsInput) -> GateResultsOutput:
+    """Release gate: GO / NO-GO / INCONCLUSIVE for a candidate nel-next run against a baseline, under a `nel gate
+    --policy` YAML (tiers critical/supporting/advisory, absolute max_drop judged on the 95% CI of paired per-problem
+    deltas, relative guardrail, MISSING and INSUFFICIENT_EVIDENCE), with the reason per benchmark. Same rules as
+    `nel gate`, so CI can block a release on it. Use after both runs finished; compare_results explains one
+    benchmark's flips in depth."""
+    policy_path = Path(request.policy).expanduser()
+    policy = load_policy(policy_path)
+    base_dir, cand_dir = results_dir(request.baseline, "baseline"), results_dir(request.candidate, "candidate")
+    base_bundles, base_warnings = discover(base_dir, "baseline")
+    cand_bundles, cand_warnings = discover(cand_dir, "candidate")
+
+    missing = sorted(policy.required_benchmarks() - (set(base_bundles) & set(cand_bundles)))
+    results = [BenchmarkGate(benchmark=name, tier=policy.resolve(name).tier, status="MISSING",
+                             reasons=[f"Required benchmark {name!r} not found in evaluation results"]) for name in missing]
+    warnings = base_warnings + cand_warnings
+    base_only, cand_only = sorted(set(base_bundles) - set(cand_bundles)), sorted(set(cand_bundles) - set(base_bundles))
+    if base_only:
+        warnings.append(f"Baseline-only benchmarks (no candidate): {', '.join(base_only)}")
+    if cand_only:
+        warnings.append(f"Candidate-only benchmarks (no baseline): {', '.join(cand_only)}")
+    for name in sorted(set(base_bundles) & set(cand_bundles)):
+        if name not in missing:
+            results.append(gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name)))
+    verdict, reasons = aggregate(results)
+    output = GateResultsOutput(verdict=verdict, verdict_reasons=reasons, benchmarks=results, missing=missing,
+                               warnings=warnings, policy=str(policy_path), baseline=str(base_dir), candidate=str(cand_dir))
+    if request.output_dir:
+        output.report_path = str(write_report(output, Path(request.output_dir).expanduser()))
+    return output
+
+
+def write_report(output: GateResultsOutput, directory: Path) -> Path:
+    """The report as nel gate's --output JSON (report_version, verdict, verdict_reasons, benchmarks, missing, warnings)."""
+    report = {"report_version": REPORT_VERSION, **output.model_dump(mode="json", include={"verdict", "verdict_reasons",
+                                                                                          "benchmarks", "missing", "warnings"})}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / REPORT_NAME
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise ToolError(f"output_dir {directory}: cannot write {REPORT_NAME} ({exc.strerror or exc}).") from None
+    return path

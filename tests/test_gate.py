@@ -1,0 +1,310 @@
+"""gate_results against its oracle, the real `nel gate` (nel-next's venv), on run folders from the real `nel eval run`.
+
+One real run of tiny_add against the inference stand-in (every answer wrong) gives the folder layout and the
+results.jsonl / eval-*.json rows; baseline and candidate variants rewrite their rewards, scores and benchmark names.
+For each policy case our verdict, per-benchmark states, scores, CIs and reasons equal `nel gate --format json`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from quanteval.engines import nelnext
+from quanteval.gate import GateResultsInput, gate_results, t_quantile_975
+from quanteval.localproc import free_port
+from quanteval.models import ToolError
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
+BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+NEL = nelnext.nel_binary()
+N_PROBLEMS = 40
+
+pytestmark = pytest.mark.skipif(not NEL.is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory) -> Path:
+    """`nel eval run` of tiny_add (40 problems) against the stand-in: the template every variant is made from."""
+    out = tmp_path_factory.mktemp("nel-run") / "run"
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(STANDIN), "--model", "X", "--served-model-name", "m",
+                               "--port", str(port), "--fake-load-s", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        env = {**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
+        done = subprocess.run([str(NEL), "eval", "run", "--bench", str(BENCH), "--model-url",
+                               f"http://127.0.0.1:{port}/v1/chat/completions", "--model-id", "m", "--max-tokens", "16",
+                               "--max-problems", str(N_PROBLEMS), "-o", str(out)],
+                              capture_output=True, text=True, env=env, timeout=300, check=False)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert len(list((out / "tiny_add").glob("eval-*.json"))) == 1
+    return out / "tiny_add"
+
+
+def make_run(template: Path, root: Path, benchmarks: dict[str, list[float] | None], *, categories: dict[str, int] | None = None,
+             no_results: tuple[str, ...] = ()) -> Path:
+    """A run folder with one sub-folder per benchmark, copied from the real one, its rewards set per problem
+    (in results.jsonl order; None: keep the first N problems only is not needed, the list length decides)."""
+    root.mkdir(parents=True)
+    for name, rewards in benchmarks.items():
+        folder = root / name
+        shutil.copytree(template, folder)
+        bundle_path = next(folder.glob("eval-*.json"))
+        rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+        rewards = rewards if rewards is not None else [0.0] * len(rows)
+        rows = rows[: len(rewards)]
+        for index, (row, reward) in enumerate(zip(rows, rewards, strict=True)):
+            row["reward"] = reward
+            if categories and name in categories:
+                row["metadata"]["category"] = f"c{index % categories[name]}"
+        (folder / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        if name in no_results:
+            (folder / "results.jsonl").unlink()
+        bundle = json.loads(bundle_path.read_text())
+        bundle["benchmark"]["name"] = name
+        bundle["benchmark"]["samples"] = len(rows)
+        score = sum(1 for r in rewards if r > 0) / len(rewards)
+        bundle["benchmark"]["scores"]["pass@1"].update(value=score, bootstrap_ci_lower=score, bootstrap_ci_upper=score)
+        bundle_path.rename(folder / bundle_path.name.replace("tiny_add", name))
+        (folder / bundle_path.name.replace("tiny_add", name)).write_text(json.dumps(bundle))
+    return root
+
+
+def write_policy(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def nel_gate(baseline: Path, candidate: Path, policy: Path) -> dict:
+    done = subprocess.run([str(NEL), "gate", "--policy", str(policy), str(baseline), str(candidate), "--format", "json",
+                           "--no-report", "--no-strict"], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+COMPARED = ("benchmark", "tier", "status", "metric", "n_paired", "max_drop_threshold", "max_relative_drop_threshold",
+            "direction", "absolute_breached", "relative_breached", "reasons")
+NUMBERS = ("baseline_score", "candidate_score", "delta", "relative_drop_pct", "delta_ci_lower", "delta_ci_upper")
+
+
+def assert_same_as_nel_gate(baseline: Path, candidate: Path, policy: Path) -> dict:
+    ours = gate_results(GateResultsInput(baseline=str(baseline), candidate=str(candidate), policy=str(policy)))
+    theirs = nel_gate(baseline, candidate, policy)
+    mine = ours.model_dump(mode="json")
+    assert mine["verdict"] == theirs["verdict"]
+    assert mine["verdict_reasons"] == theirs["verdict_reasons"]
+    assert mine["missing"] == theirs["missing"]
+    assert mine["warnings"] == theirs["warnings"]
+    assert [b["benchmark"] for b in mine["benchmarks"]] == [b["benchmark"] for b in theirs["benchmarks"]]
+    for our, their in zip(mine["benchmarks"], theirs["benchmarks"], strict=True):
+        assert {k: our[k] for k in COMPARED} == {k: their[k] for k in COMPARED}, our["benchmark"]
+        for key in NUMBERS:
+            assert (our[key] is None) == (their[key] is None), (our["benchmark"], key)
+            if their[key] is not None:
+                assert our[key] == pytest.approx(their[key], abs=2e-6), (our["benchmark"], key)
+    return mine
+
+
+def half_right(n: int = N_PROBLEMS) -> list[float]:
+    return [1.0 if i % 2 == 0 else 0.0 for i in range(n)]
+
+
+def drop(rewards: list[float], k: int) -> list[float]:
+    """The first k right answers turned wrong."""
+    out, left = list(rewards), k
+    for i, value in enumerate(out):
+        if left and value > 0:
+            out[i], left = 0.0, left - 1
+    return out
+
+
+def states(result: dict) -> dict[str, str]:
+    return {b["benchmark"]: b["status"] for b in result["benchmarks"]}
+
+
+def test_go_critical_and_supporting_within_their_drops_advisory_regression_ignored(real_run, tmp_path):
+    base = make_run(real_run, tmp_path / "base", {"alpha": half_right(), "beta": half_right(), "gamma": half_right(),
+                                                   "clustered": half_right()}, categories={"clustered": 4})
+    cand = make_run(real_run, tmp_path / "cand", {"alpha": half_right(), "beta": drop(half_right(), 1),
+                                                   "gamma": drop(half_right(), 15), "clustered": drop(half_right(), 1)},
+                    categories={"clustered": 4})
+    policy = write_policy(tmp_path / "policy.yaml", """\
+version: 1
+defaults: {tier: supporting, max_drop: 0.2, metric: pass@1}
+benchmarks:
+  alpha: {tier: critical, metric: pass@1, max_drop: 0.05}
+  beta: {metric: mean_reward}
+  gamma: {tier: advisory, max_drop: 0.01}
+""")
+    result = assert_same_as_nel_gate(base, cand, policy)
+    assert result["verdict"] == "GO"
+    assert states(result) == {"alpha": "PASS", "beta": "PASS", "clustered": "PASS", "gamma": "BREACH"}
+
+
+def test_no_go_on_a_critical_breach_and_on_the_relative_guardrail(real_run, tmp_path):
+    base = make_run(real_run, tmp_path / "base", {"alpha": half_right(), "beta": half_right(), "gamma": half_right()})
+    cand = make_run(real_run, tmp_path / "cand", {"alpha": drop(half_right(), 12), "beta": drop(half_right(), 2),
+                                                   "gamma": half_right()})
+    policy = write_policy(tmp_path / "policy.yaml", """\
+version: 1
+defaults: {max_drop: 0.015}
+benchmarks:
+  alpha: {tier: critical, metric: pass@1, max_drop: 0.05}
+  beta: {tier: supporting, metric: pass@1, max_drop: 0.5, max_relative_drop: 0.05, relative_guard_below: 0.9}
+  gamma: {tier: supporting, metric: mean_reward, max_drop: 0.02}
+""")
+    result = assert_same_as_nel_gate(base, cand, policy)
+    assert result["verdict"] == "NO-GO"
+    assert states(result) == {"alpha": "BREACH", "beta": "BREACH", "gamma": "PASS"}
+    by_name = {b["benchmark"]: b for b in result["benchmarks"]}
+    assert by_name["alpha"]["absolute_breached"] and by_name["beta"]["relative_breached"]
+
+
+def test_inconclusive_on_too_few_problems_a_straddling_ci_and_no_per_problem_results(real_run, tmp_path):
+    base = make_run(real_run, tmp_path / "base", {"few": half_right(6), "close": half_right(), "nojsonl": half_right(),
+                                                   "adv": half_right()}, no_results=("nojsonl", "adv"))
+    cand = make_run(real_run, tmp_path / "cand", {"few": half_right(6), "close": drop(half_right(), 1),
+                                                   "nojsonl": half_right(), "adv": drop(half_right(), 2)},
+                    no_results=("nojsonl", "adv"))
+    policy = write_policy(tmp_path / "policy.yaml", """\
+version: 1
+benchmarks:
+  few: {tier: critical, metric: pass@1, max_drop: 0.05}
+  close: {tier: supporting, metric: pass@1, max_drop: 0.05}
+  nojsonl: {tier: supporting, metric: pass@1}
+  adv: {tier: advisory, max_drop: 0.2}
+""")
+    result = assert_same_as_nel_gate(base, cand, policy)
+    assert result["verdict"] == "INCONCLUSIVE"
+    assert states(result) == {"adv": "PASS", "close": "INSUFFICIENT_EVIDENCE", "few": "INSUFFICIENT_EVIDENCE",
+                              "nojsonl": "INSUFFICIENT_EVIDENCE"}
+
+
+def test_missing_required_benchmark_is_no_go_and_one_sided_benchmarks_are_warnings(real_run, tmp_path):
+    base = make_run(real_run, tmp_path / "base", {"alpha": half_right(), "beta": half_right(), "only_base": half_right()})
+    cand = make_run(real_run, tmp_path / "cand", {"alpha": half_right(), "only_cand": half_right()})
+    policy = write_policy(tmp_path / "policy.yaml", """\
+version: 1
+defaults: {metric: pass@1}
+benchmarks:
+  alpha: {tier: critical}
+  beta: {tier: critical}
+  nowhere: {tier: advisory}
+""")
+    result = assert_same_as_nel_gate(base, cand, policy)
+    assert result["verdict"] == "NO-GO"
+    assert result["missing"] == ["beta"]
+    assert states(result) == {"alpha": "PASS", "beta": "MISSING"}
+
+
+def test_cli_exit_codes_and_report(real_run, tmp_path, cli_env):
+    base = make_run(real_run, tmp_path / "base", {"alpha": half_right()})
+    cand = make_run(real_run, tmp_path / "cand", {"alpha": drop(half_right(), 12)})
+    few = make_run(real_run, tmp_path / "few", {"alpha": half_right(5)})
+    policy = write_policy(tmp_path / "policy.yaml", "benchmarks:\n  alpha: {tier: critical, metric: pass@1}\n")
+
+    def gate(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["quanteval", "gate", *argv, "--policy", str(policy)], capture_output=True, text=True,
+                              env=cli_env, timeout=120, check=False)
+
+    go = gate(str(base), str(base), "--output-dir", str(tmp_path / "report"))
+    assert go.returncode == 0, go.stderr
+    assert go.stdout.startswith("verdict: GO")
+    assert json.loads((tmp_path / "report" / "gate-report.json").read_text())["verdict"] == "GO"
+    no_go = gate(str(base), str(cand), "--json")
+    assert no_go.returncode == 5, no_go.stderr
+    assert json.loads(no_go.stdout)["verdict"] == "NO-GO"
+    inconclusive = gate(str(few), str(few))
+    assert inconclusive.returncode == 6, inconclusive.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    error = gate(str(empty), str(base))
+    assert error.returncode == 1 and "no benchmark results" in error.stderr
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("version: 1\nbenchmarks:\n  alpha: {tier: blocker, metric: pass@1}\n", "benchmarks.alpha.tier"),
+    ("version: 1\ndefaults: {max_drop: -0.1}\n", "max_drop must be >= 0"),
+    ("version: 1\nthresholds: {alpha: 0.1}\n", "thresholds"),
+    ("version: 2\n", "Unsupported gate policy version"),
+    ("benchmarks:\n  alpha: {tier: critical}\n", "alpha: required benchmark must resolve to an explicit metric"),
+    ("benchmarks:\n  alpha: {metric: accuracy}\n", "unsupported metric 'accuracy'"),
+    ("- alpha\n- beta\n", "must be a YAML mapping"),
+])
+def test_a_policy_that_is_not_a_valid_gate_policy_is_a_clear_error_and_nel_gate_refuses_it_too(real_run, tmp_path, text, says):
+    run = make_run(real_run, tmp_path / "run", {"alpha": half_right()})
+    policy = write_policy(tmp_path / "policy.yaml", text)
+    with pytest.raises(ToolError, match="not a valid nel gate policy|invalid gate policy|YAML mapping") as failure:
+        gate_results(GateResultsInput(baseline=str(run), candidate=str(run), policy=str(policy)))
+    assert says in str(failure.value) and str(policy) in str(failure.value)
+    done = subprocess.run([str(NEL), "gate", "--policy", str(policy), str(run), str(run), "--format", "json",
+                           "--no-report", "--no-strict"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+
+
+def test_a_run_folder_without_benchmarks_or_a_missing_policy_is_a_clear_error(real_run, tmp_path):
+    run = make_run(real_run, tmp_path / "run", {"alpha": half_right()})
+    policy = write_policy(tmp_path / "policy.yaml", "benchmarks:\n  alpha: {metric: pass@1}\n")
+    empty = tmp_path / "empty"
+    (empty / "alpha").mkdir(parents=True)
+    with pytest.raises(ToolError, match=r"candidate .*empty: no benchmark results \(no eval-\*\.json"):
+        gate_results(GateResultsInput(baseline=str(run), candidate=str(empty), policy=str(policy)))
+    with pytest.raises(ToolError, match="baseline .*: not a directory"):
+        gate_results(GateResultsInput(baseline=str(tmp_path / "nope"), candidate=str(run), policy=str(policy)))
+    with pytest.raises(ToolError, match="no such file"):
+        gate_results(GateResultsInput(baseline=str(run), candidate=str(run), policy=str(tmp_path / "none.yaml")))
+
+
+def test_t_quantile_matches_scipy():
+    # scipy.stats.t.ppf(0.975, df), from nel-next's venv
+    for df, expected in ((1, 12.706204736174694), (5, 2.5705818356363146), (39, 2.022690920036761), (999, 1.9623414611334493)):
+        assert t_quantile_975(df) == pytest.approx(expected, rel=1e-12)
+
+
+def test_gate_results_over_a_real_mcp_session(real_run, tmp_path):
+    import anyio
+    from mcp import Client
+
+    from quanteval.server import build_server
+
+    base = make_run(real_run, tmp_path / "base", {"alpha": half_right()})
+    cand = make_run(real_run, tmp_path / "cand", {"alpha": drop(half_right(), 12)})
+    policy = write_policy(tmp_path / "policy.yaml", "benchmarks:\n  alpha: {tier: critical, metric: pass@1}\n")
+    bad = write_policy(tmp_path / "bad.yaml", "benchmarks:\n  alpha: {tier: critical}\n")
+
+    async def go():
+        async with Client(build_server()) as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            ok = await client.call_tool("gate_results", {"baseline": str(base), "candidate": str(cand), "policy": str(policy)})
+            refused = await client.call_tool("gate_results", {"baseline": str(base), "candidate": str(cand), "policy": str(bad)})
+            return tools["gate_results"], ok, refused
+
+    tool, ok, refused = anyio.run(go)
+    assert tool.annotations.read_only_hint and tool.annotations.idempotent_hint
+    assert not ok.is_error, ok.content[0].text
+    assert ok.structured_content["verdict"] == "NO-GO"
+    assert ok.structured_content["benchmarks"][0]["status"] == "BREACH"
+    assert refused.is_error and "explicit metric" in refused.content[0].text
