@@ -135,6 +135,16 @@ def test_relative_paths_are_refused_over_mcp(config, monkeypatch):
     assert result.is_error and "relative; give an absolute path" in result.content[0].text
 
 
+@pytest.mark.parametrize(("tool", "arguments"), [
+    ("evaluate_quantization", {"baseline_checkpoint": "ckpt-a", "candidate_checkpoint": "/abs/b", "benchmarks": ["x.py"]}),
+    ("evaluate_quantization", {"baseline_checkpoint": "/abs/a", "candidate_checkpoint": "ckpt-b", "benchmarks": ["x.py"]}),
+    ("gate_results", {"baseline": "/abs/a", "candidate": "/abs/b", "policy": "policy.yaml"}),
+])
+def test_the_one_call_tools_refuse_relative_paths_over_mcp(tool, arguments):
+    result = call(tool, arguments)
+    assert result.is_error and "relative; give an absolute path" in result.content[0].text
+
+
 @pytest.mark.parametrize("output", ["{tmp}/out", "{tmp}"])
 def test_build_config_output_must_be_a_yaml_file(tmp_path, output):
     target = output.format(tmp=tmp_path)

@@ -28,6 +28,9 @@ PATH_FIELDS: dict[str, Kind] = {
     "run": "run",  # a results directory, host:path, or a record/invocation id
     "baseline": "run",
     "candidate": "run",
+    "baseline_checkpoint": "checkpoint",  # evaluate_quantization
+    "candidate_checkpoint": "checkpoint",
+    "policy": "file",  # gate_results: a nel gate policy YAML
 }
 # (tool, field) pairs naming a config file the tool creates.
 NEW_YAML = {("build_config", "config_path")}
