@@ -276,10 +276,21 @@ def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, A
             continue
         b, c = baseline[item], candidate[item]
         status = "unknown" if b is None or c is None else "same" if b == c else "different"
+        if item == "serving" and status == "same" and _unpinned_serving(b):
+            items.append(ChecklistItem(task=task, item=item, status="unknown", baseline=_short(b),
+                                       candidate=f"{SAME}; but image {b['image']} is unpinned (latest): not provably the same serving"))
+            continue
         # a matching value is shown once, to keep the result short
         items.append(ChecklistItem(task=task, item=item, status=status, baseline="not readable here" if b is None else _short(b),
                                    candidate=SAME if status == "same" else "not readable here" if c is None else _short(c)))
     return items
+
+
+def _unpinned_serving(serving: Any) -> bool:
+    """Both runs name the same serving image, but `latest` (or no tag): the image may have moved between the runs."""
+    from quanteval.validation import unpinned_image
+
+    return isinstance(serving, dict) and unpinned_image(serving.get("image"))
 
 
 def _what_differs(b: str, c: str) -> str:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -21,8 +22,27 @@ PACKAGES = ["quanteval", "nemo-evaluator-launcher", "nemo-evaluator", "mcp", "py
             "safetensors", "torch", "sglang", "vllm", "nemo-skills"]
 
 
+# The local programs NEL 0.2.6's executors run here (read from its source): the slurm executor opens an ssh
+# ControlMaster and submits with `ssh ... sbatch` (executors/slurm/executor.py, common/ssh_utils.py) and uploads the run
+# directories with `rsync -qcaz` over ssh (common/ssh_utils.rsync_upload); it never calls scp. The local executor needs
+# `docker` on PATH and starts each task's run.sh with bash (executors/local/executor.py).
+EXECUTOR_BINARIES: dict[str, tuple[str, ...]] = {"slurm": ("ssh", "rsync"), "local": ("docker", "bash")}
+# The Debian package that provides each binary.
+DEBIAN_PACKAGES = {"ssh": "openssh-client", "rsync": "rsync", "docker": "docker.io", "bash": "bash"}
+
+
 class CheckEnvironmentInput(StrictModel):
     probe_gpus: bool = Field(True, description="Run nvidia-smi (up to 5 s) to list GPUs.")
+    executor: Literal["local", "slurm"] | None = Field(None, description=(
+        "The NEL executor you will use (the config's execution type): only its local binaries are checked. "
+        "Null checks both."))
+
+
+class LocalBinary(BaseModel):
+    executor: str = Field(description="The NEL executor that runs this binary on this machine.")
+    binary: str
+    path: str | None = Field(description="Where it is on PATH, or null when missing.")
+    debian_package: str = Field(description="The Debian/Ubuntu package that provides it (apt-get install ...).")
 
 
 class GpuInfo(BaseModel):
@@ -47,6 +67,8 @@ class EnvironmentReport(BaseModel):
     gpus: list[GpuInfo]
     gpu_detail: str
     ssh_hosts: list[str] = Field(description="Host aliases from ~/.ssh/config (no wildcards).")
+    executor_binaries: list[LocalBinary] = Field(default_factory=list, description=(
+        "Every local program the chosen NEL executor runs (slurm: ssh, rsync; local: docker, bash), found or missing."))
     env_vars_set: list[str] = Field(description="Known env vars that are set (names only, never values).")
     env_vars_unset: list[str]
     workspace_root: str | None = Field(description="MODELOPT_WORKSPACE_ROOT, when set.")
@@ -130,9 +152,28 @@ def _workspaces(root: str | None) -> list[Workspace]:
     return found
 
 
+def executor_binaries(executor: str | None = None) -> list[LocalBinary]:
+    """The local binaries NEL's executor (both when None) runs, each with where PATH has it."""
+    executors = [executor] if executor else list(EXECUTOR_BINARIES)
+    return [LocalBinary(executor=name, binary=binary, path=shutil.which(binary), debian_package=DEBIAN_PACKAGES[binary])
+            for name in executors for binary in EXECUTOR_BINARIES.get(name, ())]
+
+
+def missing_binaries_message(executor: str) -> str | None:
+    """One sentence naming the binaries NEL's `executor` needs and PATH lacks, with their packages; None if all are there."""
+    missing = [item for item in executor_binaries(executor) if item.path is None]
+    if not missing:
+        return None
+    names = ", ".join(item.binary for item in missing)
+    packages = " ".join(sorted({item.debian_package for item in missing}))
+    return (f"NEL's {executor} executor runs {', '.join(EXECUTOR_BINARIES[executor])} on this machine, and {names} "
+            f"{'is' if len(missing) == 1 else 'are'} not on PATH: install {packages} (apt-get install {packages}).")
+
+
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
-    """Use first: reports package versions, nel on PATH, Docker, GPUs, ssh hosts, which known env vars are set
-    (names only). Never fails for something missing; says what is.
+    """Use first: reports package versions, nel on PATH, Docker, GPUs, ssh hosts, the local binaries NEL's executor
+    runs (slurm: ssh, rsync; local: docker, bash), which known env vars are set (names only). Never fails for something
+    missing; says what is, with the Debian package to install.
     """
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)
@@ -143,6 +184,11 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
     notes = []
     if not nel:
         notes.append("`nel` is not on PATH: install nemo-evaluator-launcher==0.2.6 (quanteval uses its Python API).")
+    binaries = executor_binaries(request.executor)
+    for name in [request.executor] if request.executor else list(EXECUTOR_BINARIES):
+        message = missing_binaries_message(name)
+        if message:
+            notes.append(message)
     if not docker_ok:
         notes.append("No Docker daemon: NEL's local executor cannot run here; use execution: slurm or a remote host.")
     if not gpus:
@@ -160,6 +206,7 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
         gpus=gpus,
         gpu_detail=gpu_detail,
         ssh_hosts=ssh_config_hosts(),
+        executor_binaries=binaries,
         env_vars_set=sorted(set_names),
         env_vars_unset=sorted(set(KNOWN_ENV_VARS) - set(set_names)),
         workspace_root=root,

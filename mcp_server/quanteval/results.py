@@ -663,7 +663,9 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
     metrics_file = tree.display(artifacts / METRICS_FILE)
     stats = (metrics or {}).get("response_stats")
     if not stats:
-        findings.append(Finding(severity="unknown", check="responses", message=f"{metrics_file}: no response_stats; HTTP errors and truncation cannot be checked. Keep the response_stats interceptor on."))
+        # The advice fits a job that ran; one that never got going (unfinished, no metrics file) is explained above.
+        if report.finished or metrics is not None:
+            findings.append(Finding(severity="unknown", check="responses", message=f"{metrics_file}: no response_stats; HTTP errors and truncation cannot be checked. Keep the response_stats interceptor on."))
     else:
         codes = {str(code): int(n) for code, n in (stats.get("status_codes") or {}).items()}
         report.responses = int(stats.get("count") or sum(codes.values()))

@@ -212,6 +212,16 @@ class LaunchOutput(BaseModel):
     notes: list[str] = Field(default_factory=list, description="What the canary runs differently from the full run (repeats).")
 
 
+def _check_local_prerequisites(config_path: str) -> None:
+    """Refuse a SLURM launch before NEL runs when this machine lacks ssh or rsync (NEL fails with a bare Errno 2)."""
+    from quanteval import environment, nelconfig
+
+    executor = nelconfig.execution_type(nelconfig.to_plain(nelconfig.load_config(config_path)))
+    problem = environment.missing_binaries_message(executor) if executor == "slurm" else None
+    if problem:
+        raise ToolError(f"{config_path}: not launched. {problem} Then launch again (check_environment lists them).")
+
+
 def _launch(kind: RunKind, config_path: str, overrides: list[str], extra_overrides: list[str], tasks: list[str],
             details: dict, progress: ProgressFn) -> tuple[ledger.Record, dict]:
     progress(1, 3, f"submitting the {kind.replace('_', ' ')} through NEL")
@@ -296,6 +306,7 @@ def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress
     config_path = _config_file(request.config_path)
     if _engine(config_path) == "nel-next":
         return _next_launch("canary", config_path, request.overrides, request.limit_samples, request.repeats, {}, progress)
+    _check_local_prerequisites(config_path)
     progress(0, 3, "composing the config")
     repeat_overrides, notes = _repeat_overrides(config_path, request.repeats) if request.repeats else ([], [])
     record, answer = _launch("canary", config_path, request.overrides,
@@ -375,6 +386,8 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
         raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
     progress(0, 3, "checking the canary gate")
     next_engine = _engine(config_path) == "nel-next"
+    if not next_engine:
+        _check_local_prerequisites(config_path)
     if next_engine:
         composed = {"config_hash": nelnext.config_hash(config_path, request.overrides),
                     "tasks": nelnext.check_schema(config_path, request.overrides).get("benchmarks", [])}

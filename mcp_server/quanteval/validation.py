@@ -596,7 +596,31 @@ def _check_self_deployment_key(ctx: _Context) -> None:
         return
     names = [str(task.get("name")) for _, task in nelconfig.config_tasks(ctx.doc) if isinstance(task, dict)]
     if any(entry.harness == "nemo_skills" for name in names for entry in tasks.lookup(name)):
-        ctx.add("target.api_endpoint.api_key_name", "warning", "nemo_skills_api_key", "NeMo-Skills tasks send an API key even to a self-deployed server, and none is named.", "Set target.api_endpoint.api_key_name: DUMMY_API_KEY (apply_checkpoint does) and export DUMMY_API_KEY=dummy.")
+        ctx.add("target.api_endpoint.api_key_name", "error", "nemo_skills_api_key", "NeMo-Skills tasks send an API key even to a self-deployed server, and none is named: the run fails without one.", "Set target.api_endpoint.api_key_name: DUMMY_API_KEY (apply_checkpoint does) and export DUMMY_API_KEY=dummy.")
+
+
+def unpinned_image(image: Any) -> bool:
+    """A container image that names no fixed build: tagged `latest`, or with neither tag nor digest (Docker reads it
+    as `latest`). A digest (@sha256:...), a local image file (.sqsh) or an unresolved value is not flagged."""
+    if not isinstance(image, str) or not image.strip() or _is_unresolved(image):
+        return False
+    image = image.strip()
+    if "@" in image or image.startswith(("/", "./", "../", "~")) or image.endswith(".sqsh"):
+        return False
+    name = image.rsplit("/", 1)[-1]  # a registry port (host:5000/...) is not a tag
+    return ":" not in name or name.split(":", 1)[1] in ("", "latest")
+
+
+def _check_images(ctx: _Context) -> None:
+    """The serving image and any task container the config names must be pinned: `latest` moves between runs, so
+    a baseline and a quantized run can silently use different servers."""
+    places = [("deployment.image", ctx.section("deployment").get("image"))] if ctx.deployment != "none" else []
+    places += [(f"{path}.container", task.get("container")) for path, task in nelconfig.config_tasks(ctx.doc) if isinstance(task, dict)]
+    for path, image in places:
+        if unpinned_image(image):
+            repository = image.strip().removesuffix(":").removesuffix(":latest")
+            ctx.add(path, "warning", "unpinned_image", f"'{image}' is not pinned (tag latest or no tag): it can change between the baseline and the quantized run, which then compare different builds.",
+                    f"Pin it: {repository}:<version> (the tag the model card recommends) or {repository}@sha256:<digest>.")
 
 
 # Names the interceptor docs print for the request/response logging limits; nemo-evaluator reads max_logged_*.
@@ -730,6 +754,7 @@ def validate_document(doc: Any, config_path: Path, overrides: list[str] | None =
     _check_execution(ctx)
     _check_pre_cmd(ctx)
     _check_self_deployment_key(ctx)
+    _check_images(ctx)
     _check_known_issues(ctx)
     _check_generation(ctx)
     _check_overrides(ctx, overrides or [])

@@ -1,0 +1,108 @@
+"""Unpinned images (issue 20, item 4): `latest` or no tag is a validate_config warning, and two runs served from the
+same unpinned image are not provably the same serving in compare_results' checklist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from results_factory import DEPLOYMENT, make_invocation, make_task
+
+from quanteval import validation
+from quanteval.compare import CompareResultsInput, compare_results
+from quanteval.validation import ValidateConfigInput
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKPOINT = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"
+
+
+@pytest.mark.parametrize("image,unpinned", [
+    ("lmsysorg/sglang:latest", True),
+    ("lmsysorg/sglang", True),                       # no tag: Docker pulls latest
+    ("registry.local:5000/team/sglang", True),       # the port is not a tag
+    ("registry.local:5000/team/sglang:v0.5.6", False),
+    ("nvcr.io#nvidia/eval-factory/nemo_skills:latest", True),  # enroot spelling
+    ("lmsysorg/sglang@sha256:" + "a" * 64, False),
+    ("lmsysorg/sglang:latest@sha256:" + "b" * 64, False),  # the digest pins it whatever the tag says
+    ("/lustre/images/sglang.sqsh", False),
+    ("???", False),
+    ("${oc.env:SGLANG_IMAGE}", False),
+])
+def test_unpinned_image(image: str, unpinned: bool) -> None:
+    assert validation.unpinned_image(image) is unpinned
+
+
+def _config(tmp_path: Path, image: str | None, container: str | None) -> Path:
+    """An SGLang-on-SLURM config with one NeMo-Skills task, serving image and task container as given."""
+    deployment = {"checkpoint_path": str(CHECKPOINT), "hf_model_handle": None, "served_model_name": "llama-tiny",
+                  "tensor_parallel_size": 1, "data_parallel_size": 1, "extra_args": "--context-length 4096"}
+    if image is not None:
+        deployment["image"] = image
+    task: dict = {"name": "ns_gpqa"}
+    if container is not None:
+        task["container"] = container
+    doc = {
+        "defaults": [{"execution": "slurm/default"}, {"deployment": "sglang"}, "_self_"],
+        "execution": {"hostname": "login.example", "username": "tester", "account": "acct",
+                      "output_dir": "/lustre/tester/nel-results", "gres": "gpu:8"},
+        "deployment": deployment,
+        "target": {"api_endpoint": {"api_key_name": "DUMMY_API_KEY"}},
+        "evaluation": {"nemo_evaluator_config": {"config": {"params": {
+            "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 2048, "parallelism": 8,
+            "extra": {"tokenizer": "Qwen/Qwen3-8B"}}}}, "tasks": [task]},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _image_problems(config: Path) -> list[tuple[str, str, str]]:
+    result = validation.validate_config(ValidateConfigInput(config_path=str(config), check_env=False))
+    return [(p.severity, p.rule, p.key) for p in result.problems if p.rule == "unpinned_image"]
+
+
+def test_latest_serving_image_and_untagged_task_container_are_warnings(tmp_path: Path) -> None:
+    config = _config(tmp_path, "lmsysorg/sglang:latest", "nvcr.io/nvidia/eval-factory/nemo_skills")
+    problems = _image_problems(config)
+    assert ("warning", "unpinned_image", "deployment.image") in problems
+    assert [key for _, _, key in problems if key != "deployment.image"] == ["evaluation.tasks[ns_gpqa].container"]
+    result = validation.validate_config(ValidateConfigInput(config_path=str(config), check_env=False))
+    fix = next(p.fix for p in result.problems if p.key == "deployment.image")
+    assert "lmsysorg/sglang:<version>" in fix and "@sha256:" in fix
+    assert result.valid  # a warning, not an error
+
+
+def test_pinned_images_pass(tmp_path: Path) -> None:
+    assert _image_problems(_config(tmp_path, "lmsysorg/sglang:v0.5.6", "nvcr.io/nvidia/eval-factory/nemo_skills:26.01")) == []
+    assert _image_problems(_config(tmp_path, "lmsysorg/sglang@sha256:" + "c" * 64, None)) == []
+
+
+def _serving_item(result):
+    return next(item for item in result.checklist if item.item == "serving")
+
+
+def test_two_runs_on_the_same_latest_image_are_not_provably_the_same_serving(tmp_path: Path) -> None:
+    base = make_invocation(tmp_path / "bf16", "b0000002")
+    cand = make_invocation(tmp_path / "fp8", "c0000002")
+    latest = DEPLOYMENT | {"type": "sglang", "image": "lmsysorg/sglang:latest", "extra_args": "--context-length 4096"}
+    make_task(base, value=0.80, stderr=0.02, deployment=latest)
+    make_task(cand, value=0.79, stderr=0.02, deployment=latest)
+    result = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), threshold=0.1,
+                                                 output_dir=str(tmp_path / "report")))
+    item = _serving_item(result)
+    assert item.status == "unknown"
+    assert "unpinned" in item.candidate and "lmsysorg/sglang:latest" in item.candidate
+    assert result.comparability == "inconclusive"
+    assert any("serving could not be checked" in reason and "unpinned" in reason for reason in result.reasons)
+
+
+def test_two_runs_on_the_same_pinned_image_are_the_same_serving(tmp_path: Path) -> None:
+    base = make_invocation(tmp_path / "bf16", "b0000003")
+    cand = make_invocation(tmp_path / "fp8", "c0000003")
+    make_task(base, value=0.80, stderr=0.02)  # vllm/vllm-openai:v0.11.0
+    make_task(cand, value=0.79, stderr=0.02)
+    result = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), threshold=0.1,
+                                                 output_dir=str(tmp_path / "report")))
+    assert _serving_item(result).status == "same"
+    assert result.comparability == "comparable"

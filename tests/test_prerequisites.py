@@ -1,0 +1,108 @@
+"""Local prerequisites of NEL's executors (issue 20, item 5): a SLURM launch on a machine without rsync failed with a
+bare "[Errno 2] No such file or directory: 'rsync'". check_environment names every local binary the executor runs
+with its Debian package, and launch_canary / launch_full_run refuse before NEL runs. PATH is pointed at a directory
+that holds the needed binaries except the one under test."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quanteval import ledger, runs
+from quanteval.environment import CheckEnvironmentInput, check_environment
+from quanteval.models import ToolError
+
+REPO = Path(__file__).resolve().parent.parent
+# What NEL 0.2.6 runs here, per executor (executors/slurm: ssh + rsync; executors/local: docker + bash).
+NEEDED = ("ssh", "rsync", "docker", "bash")
+
+
+def bin_dir(tmp_path: Path, leave_out: set[str]) -> Path:
+    """A PATH directory with symlinks to the real binaries this machine has, except those left out."""
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    for name in NEEDED:
+        real = shutil.which(name)
+        if real and name not in leave_out:
+            (directory / name).symlink_to(real)
+    return directory
+
+
+def slurm_config(tmp_path: Path) -> Path:
+    doc = {
+        "defaults": [{"execution": "slurm/default"}, {"deployment": "none"}, "_self_"],
+        "execution": {"hostname": "login.example", "username": "tester", "account": "acct",
+                      "output_dir": "/lustre/tester/nel-results"},
+        "target": {"api_endpoint": {"model_id": "m", "url": "http://127.0.0.1:9/v1/chat/completions"}},
+        "evaluation": {"tasks": [{"name": "ns_gpqa"}]},
+    }
+    path = tmp_path / "slurm.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_check_environment_names_missing_rsync_with_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not shutil.which("ssh"):
+        pytest.skip("needs ssh on this machine to keep it on the test PATH")
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, {"rsync"})))
+    report = check_environment(CheckEnvironmentInput(probe_gpus=False, executor="slurm"))
+    found = {item.binary: item for item in report.executor_binaries}
+    assert set(found) == {"ssh", "rsync"}
+    assert all(item.executor == "slurm" for item in found.values())
+    assert found["rsync"].path is None and found["rsync"].debian_package == "rsync"
+    assert found["ssh"].path is not None and found["ssh"].debian_package == "openssh-client"
+    [note] = [note for note in report.notes if "rsync" in note]
+    assert "not on PATH" in note and "apt-get install rsync" in note and "ssh" in note
+
+
+def test_check_environment_local_executor_needs_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, {"docker"})))
+    report = check_environment(CheckEnvironmentInput(probe_gpus=False, executor="local"))
+    found = {item.binary: item for item in report.executor_binaries}
+    assert set(found) == {"docker", "bash"}
+    assert found["docker"].path is None and found["docker"].debian_package == "docker.io"
+    assert any("docker is not on PATH" in note and "apt-get install docker.io" in note for note in report.notes)
+
+
+def test_check_environment_without_executor_checks_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, {"ssh", "rsync"})))
+    report = check_environment(CheckEnvironmentInput(probe_gpus=False))
+    assert {(item.executor, item.binary) for item in report.executor_binaries} == {
+        ("slurm", "ssh"), ("slurm", "rsync"), ("local", "docker"), ("local", "bash")}
+    [note] = [note for note in report.notes if "slurm executor" in note]
+    assert "ssh, rsync are not on PATH" in note and "openssh-client rsync" in note
+
+
+def test_slurm_canary_and_full_run_refuse_without_rsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = slurm_config(tmp_path)
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, {"rsync"})))
+    with pytest.raises(ToolError) as canary:
+        runs.launch_canary(runs.LaunchCanaryInput(config_path=str(config)))
+    message = str(canary.value)
+    assert "not launched" in message and "rsync" in message and "apt-get install rsync" in message
+    assert "Errno" not in message
+    with pytest.raises(ToolError, match="apt-get install rsync"):
+        runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config), force=True, reason="test"))
+    assert ledger.find(limit=10) == []  # refused before NEL: nothing launched, nothing recorded
+
+
+def test_slurm_launch_refuses_without_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, {"ssh"})))
+    with pytest.raises(ToolError, match="apt-get install openssh-client"):
+        runs.launch_canary(runs.LaunchCanaryInput(config_path=str(slurm_config(tmp_path))))
+
+
+def test_prerequisite_check_passes_with_ssh_and_rsync_and_ignores_local_configs(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if not (shutil.which("ssh") and shutil.which("rsync")):
+        pytest.skip("needs ssh and rsync on this machine")
+    config = slurm_config(tmp_path)
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, set())))
+    runs._check_local_prerequisites(str(config))  # no error
+    local = tmp_path / "local.yaml"
+    local.write_text(config.read_text().replace("slurm/default", "local"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    runs._check_local_prerequisites(str(local))  # the local executor's docker check stays with NEL's launch
