@@ -245,7 +245,7 @@ def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | Non
 
 def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress) -> ApplyClusterOutput:
     """Use after apply_checkpoint for a SLURM config: asks the cluster, writes partition, gres (gpu:<TP x DP x PP>),
-    walltime and a lone visible account; warns when the partition's GPUs cannot run the format as it ships.
+    walltime, a lone visible account and username (the ssh config's User for the host); warns when the partition's GPUs cannot run the format as it ships.
     """
     doc = nelconfig.load_config(request.config_path)
     if nelconfig.execution_type(doc) != "slurm":
@@ -262,6 +262,10 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     placement = plan_placement(doc, info, request.partition, report, request.walltime)
     if problem:
         placement.notes.append(problem)
+    if host != remote.LOCAL:
+        # NEL logs in as `execution.username@execution.hostname`, which overrides the ssh config's User (NEL's
+        # template says ${oc.env:USER}); write the user OpenSSH resolves for the host, the one just logged in as.
+        placement.values["execution.username"] = remote.ssh_user(host)
     progress(2, 3, "writing the config")
     changes: list[str] = []
 

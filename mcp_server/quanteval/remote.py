@@ -1,14 +1,18 @@
 """Remote access over SSH (paramiko) and the tools built on it: ssh_check, slurm_queue, remote_grep,
 check_registry_credentials.
 
-Hosts are named as in ~/.ssh/config (or the file in QUANTEVAL_SSH_CONFIG): Host aliases, HostName,
-User, Port, IdentityFile, IdentitiesOnly, ProxyJump, ConnectTimeout, UserKnownHostsFile; keys also
-come from the ssh agent (SSH_AUTH_SOCK). `user@alias` overrides the user.
+Hosts are named as in ~/.ssh/config (or the file in QUANTEVAL_SSH_CONFIG) and resolved once, by OpenSSH
+itself (`ssh -G alias`: Host and Match blocks, Include, tokens), falling back to paramiko's SSHConfig only
+when no `ssh` binary is installed. Every tool that connects, apply_cluster (execution.username) and
+validate_config use that one resolution: HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump,
+ConnectTimeout, UserKnownHostsFile, GlobalKnownHostsFile, StrictHostKeyChecking; keys also come from the
+ssh agent (SSH_AUTH_SOCK). `user@alias` overrides the user.
 
-Host keys are always checked against known_hosts (UserKnownHostsFile, else ~/.ssh/known_hosts, plus
-/etc/ssh/ssh_known_hosts). An unknown or changed key is refused with its SHA256 fingerprint, whatever
-StrictHostKeyChecking says, unless the caller passes trust_host_key=True: then the key is written to
-known_hosts and the result says so.
+Host keys follow StrictHostKeyChecking as OpenSSH does. yes/ask (the default): an unknown or changed key
+is refused with its SHA256 fingerprint unless the caller passes trust_host_key=True (then the key is
+written to known_hosts and the result says so). accept-new: an unknown key is accepted and stored, a
+changed one refused. no: an unknown key is accepted and stored, a changed one accepted (not stored) with a
+note. UserKnownHostsFile /dev/null: nothing is stored, ever.
 
 The host name `local` means this machine without SSH (commands run in a local bash); every other
 name, `localhost` included, goes through SSH.
@@ -71,6 +75,10 @@ def ssh_config_path() -> Path:
     return Path(explicit).expanduser() if explicit else Path.home() / ".ssh" / "config"
 
 
+DEV_NULL = Path("/dev/null")
+_DEFAULT_CONNECT_KEYS = ("hostname", "user", "port")
+
+
 @dataclass(frozen=True)
 class HostSettings:
     name: str  # what the caller asked for
@@ -82,17 +90,23 @@ class HostSettings:
     known_hosts_files: tuple[Path, ...]
     proxy_jump: str | None  # as in the config: one hop or a comma-separated chain
     connect_timeout: float
+    strict_host_key_checking: Literal["yes", "ask", "accept-new", "no"] = "ask"
+    global_known_hosts_files: tuple[Path, ...] = (Path("/etc/ssh/ssh_known_hosts"),)
+    look_for_keys: bool = True  # paramiko's default keys; False when the resolution already listed them
+    resolved_by: str = "paramiko"  # "ssh -G" (OpenSSH's own resolution) or "paramiko" (no ssh binary)
 
     @property
     def known_hosts_name(self) -> str:
         """The name paramiko and OpenSSH look this host up under in known_hosts."""
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
+    @property
+    def persists_host_keys(self) -> bool:
+        """False when UserKnownHostsFile is /dev/null: accepted keys are not stored (as with OpenSSH)."""
+        return self.known_hosts_files[0] != DEV_NULL
 
-def resolve_host(host: str) -> HostSettings:
-    """What ~/.ssh/config says about `host` (`alias`, `user@alias`, or `[user@]alias:port` as in ProxyJump)."""
-    import paramiko
 
+def _split_host(host: str) -> tuple[str, str, str | None]:
     host = host.strip()
     if not host or any(ch.isspace() for ch in host) or host.startswith("-"):
         raise ToolError(f"host '{host}': not a host name. Use an ssh config alias or user@hostname.")
@@ -100,6 +114,109 @@ def resolve_host(host: str) -> HostSettings:
     port_override = None
     if alias.count(":") == 1 and alias.split(":")[1].isdigit():
         alias, port_override = alias.split(":")
+    if not alias or alias.startswith("-"):
+        raise ToolError(f"host '{host}': not a host name. Use an ssh config alias or user@hostname.")
+    return user_override, alias, port_override
+
+
+def _ssh_config_args() -> list[str]:
+    """-F for `ssh -G`: the file quanteval reads (QUANTEVAL_SSH_CONFIG, or ~/.ssh/config under $HOME when that is
+    not the passwd home OpenSSH would read); none otherwise, so OpenSSH reads its own files (system config too)."""
+    config = ssh_config_path()
+    if os.environ.get("QUANTEVAL_SSH_CONFIG"):
+        return ["-F", str(config)]
+    import pwd
+
+    passwd_config = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "config"
+    if config.is_file() and config.resolve() != passwd_config.resolve():
+        return ["-F", str(config)]
+    return []
+
+
+def _strict(value: str) -> Literal["yes", "ask", "accept-new", "no"]:
+    value = value.strip().lower()
+    if value in ("yes", "true"):
+        return "yes"
+    if value in ("no", "false", "off"):
+        return "no"
+    return "accept-new" if value == "accept-new" else "ask"
+
+
+def _expand(path: str, hostname: str, user: str, port: int) -> str:
+    """OpenSSH's %-tokens that IdentityFile takes most often, then ~."""
+    import pwd
+
+    local = pwd.getpwuid(os.getuid())
+    tokens = {"%%": "%", "%d": str(Path.home()), "%h": hostname, "%r": user, "%p": str(port), "%u": local.pw_name}
+    path = re.sub(r"%[%dhrpu]", lambda m: tokens[m.group(0)], path)
+    return str(Path(path).expanduser())
+
+
+def _resolve_with_openssh(ssh: str, alias: str, user_override: str, port_override: str | None) -> dict[str, list[str]] | None:
+    """`ssh -G` for this alias: OpenSSH's own resolution (Host, Match, Include). None when ssh cannot say."""
+    config_args = _ssh_config_args()
+    if config_args and not Path(config_args[1]).is_file():
+        config_args = ["-F", str(DEV_NULL)]
+    argv = [ssh, *config_args, "-G", *(["-l", user_override] if user_override else []),
+            *(["-p", port_override] if port_override else []), "--", alias]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.info("ssh -G %s failed (%s); falling back to paramiko", alias, exc)
+        return None
+    if done.returncode != 0:
+        where = config_args[1] if config_args else "~/.ssh/config"
+        raise ToolError(f"{where}: OpenSSH cannot resolve host {alias} ({done.stderr.strip()[-300:]}). Fix the ssh config.")
+    entry: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key:
+            entry.setdefault(key.lower(), []).append(value.strip())
+    return entry
+
+
+def resolve_host(host: str) -> HostSettings:
+    """What the ssh config says about `host` (`alias`, `user@alias`, or `[user@]alias:port` as in ProxyJump), as
+    OpenSSH resolves it (`ssh -G`); paramiko's SSHConfig only when no ssh binary is installed."""
+    user_override, alias, port_override = _split_host(host)
+    ssh = shutil.which("ssh")
+    entry = _resolve_with_openssh(ssh, alias, user_override, port_override) if ssh else None
+    if entry is None:
+        return _resolve_with_paramiko(host, alias, user_override, port_override)
+    first = lambda key, default="": (entry.get(key) or [default])[0]  # noqa: E731
+    try:
+        port = int(first("port", "22"))
+        timeout_text = first("connecttimeout", "none")
+        timeout = CONNECT_TIMEOUT if timeout_text == "none" else float(timeout_text)
+    except ValueError as exc:
+        raise ToolError(f"ssh config: Host {alias}: {exc}. Fix Port/ConnectTimeout.") from None
+    hostname = first("hostname", alias)
+    user = first("user") or local_user()
+    identities = [_expand(p, hostname, user, port) for p in entry.get("identityfile", [])]
+    known = [Path(p).expanduser() for value in entry.get("userknownhostsfile", []) for p in value.split()]
+    global_known = [Path(p).expanduser() for value in entry.get("globalknownhostsfile", []) for p in value.split()]
+    proxy = first("proxyjump", "none")
+    return HostSettings(
+        name=host,
+        hostname=hostname,
+        port=port,
+        user=user,
+        # ssh -G lists the default keys too when the config names none; OpenSSH skips those that do not exist.
+        identity_files=tuple(p for p in identities if Path(p).is_file()),
+        identities_only=first("identitiesonly", "no").lower() in ("yes", "true"),
+        known_hosts_files=tuple(known) or (Path.home() / ".ssh" / "known_hosts",),
+        proxy_jump=None if proxy.lower() == "none" else proxy,
+        connect_timeout=timeout,
+        strict_host_key_checking=_strict(first("stricthostkeychecking", "ask")),
+        global_known_hosts_files=tuple(global_known),
+        look_for_keys=False,
+        resolved_by="ssh -G",
+    )
+
+
+def _resolve_with_paramiko(host: str, alias: str, user_override: str, port_override: str | None) -> HostSettings:
+    import paramiko
+
     config_file = ssh_config_path()
     config = paramiko.SSHConfig()
     if config_file.is_file():
@@ -115,23 +232,32 @@ def resolve_host(host: str) -> HostSettings:
         timeout = float(entry.get("connecttimeout", CONNECT_TIMEOUT))
     except ValueError as exc:
         raise ToolError(f"{config_file}: Host {alias}: {exc}. Fix Port/ConnectTimeout.") from None
+    identities = tuple(str(Path(p).expanduser()) for p in entry.get("identityfile", []))
     return HostSettings(
         name=host,
         hostname=entry.get("hostname", alias),
         port=port,
-        user=user_override or entry.get("user") or _local_user(),
-        identity_files=tuple(str(Path(p).expanduser()) for p in entry.get("identityfile", [])),
+        user=user_override or entry.get("user") or local_user(),
+        identity_files=identities,
         identities_only=entry.get("identitiesonly", "no").lower() == "yes",
         known_hosts_files=known_files,
         proxy_jump=None if entry.get("proxyjump", "none").lower() == "none" else entry["proxyjump"],
         connect_timeout=timeout,
+        strict_host_key_checking=_strict(entry.get("stricthostkeychecking", "ask")),
+        look_for_keys=not identities,
     )
 
 
-def _local_user() -> str:
-    import getpass
+def ssh_user(host: str) -> str:
+    """The user `ssh host` logs in as (the ssh config's User for it, as OpenSSH resolves it)."""
+    return resolve_host(host).user
 
-    return getpass.getuser()
+
+def local_user() -> str:
+    """OpenSSH's default user: the login name of this uid (not $USER)."""
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 # --- host keys --------------------------------------------------------------------------------------
@@ -145,29 +271,47 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 @dataclass
 class _HostKeyCheck:
-    """Refuses unknown keys unless trusted; remembers what it saw for the result."""
+    """Decides about a key known_hosts lacks, as StrictHostKeyChecking says (trust_host_key overrides yes/ask);
+    remembers what it saw and did for the result."""
 
     settings: HostSettings
     trust: bool
+    changed_key: paramiko.PKey | None = None  # StrictHostKeyChecking no: a changed key, accepted without storing
     added: bool = False
+    note: str | None = None
     seen_key: paramiko.PKey | None = None
 
     def policy(self) -> paramiko.MissingHostKeyPolicy:
         import paramiko
 
         check = self
+        settings = self.settings
+        mode = settings.strict_host_key_checking
 
         class Policy(paramiko.MissingHostKeyPolicy):
             def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
                 check.seen_key = key
-                if not check.trust:
+                if check.changed_key is not None:
+                    if key.asbytes() != check.changed_key.asbytes():  # the key changed again between two handshakes
+                        raise ToolError(f"{settings.name}: the server offered two different host keys in a row; refused.")
+                    check.note = (f"Host key {key.get_name()} {fingerprint(key)} differs from known_hosts "
+                                  f"({_files(settings)}); connected anyway because the ssh config says "
+                                  "StrictHostKeyChecking no (OpenSSH does the same). Nothing was stored.")
+                    return
+                if not check.trust and mode not in ("no", "accept-new"):
                     raise ToolError(
-                        f"{check.settings.name}: host key not in known_hosts ({_files(check.settings)}): "
+                        f"{settings.name}: host key not in known_hosts ({_files(settings)}): "
                         f"{key.get_name()} {fingerprint(key)}. Compare it with the fingerprint your admin "
                         "publishes, then call again with trust_host_key=true to add it."
                     )
-                _save_host_key(check.settings, hostname, key)
-                check.added = True
+                why = "trust_host_key" if check.trust and mode not in ("no", "accept-new") else f"StrictHostKeyChecking {mode}"
+                if settings.persists_host_keys:
+                    _save_host_key(settings, hostname, key)
+                    check.added = True
+                    check.note = f"Host key {fingerprint(key)} was written to {settings.known_hosts_files[0]} ({why})."
+                else:
+                    check.note = (f"Host key {key.get_name()} {fingerprint(key)} accepted ({why}) and not stored: "
+                                  "UserKnownHostsFile is /dev/null.")
 
         return Policy()
 
@@ -191,9 +335,12 @@ def _save_host_key(settings: HostSettings, hostname: str, key: paramiko.PKey) ->
 
 
 def _load_known_hosts(client: paramiko.SSHClient, settings: HostSettings) -> None:
-    system = Path("/etc/ssh/ssh_known_hosts")
-    if system.is_file():
-        client.load_system_host_keys(str(system))
+    for system in settings.global_known_hosts_files:
+        if system.is_file():
+            try:
+                client.load_system_host_keys(str(system))
+            except Exception as exc:
+                raise ToolError(f"{system}: cannot read known_hosts ({exc}). Fix or remove the bad line.") from None
     for path in settings.known_hosts_files:
         if path.is_file():
             try:
@@ -212,6 +359,7 @@ class Connection:
     host_key_fingerprint: str
     host_key_added: bool
     jump: Connection | None = None
+    host_key_note: str | None = None  # what was done about the host key (stored, accepted unstored, changed)
 
     def alive(self) -> bool:
         transport = self.client.get_transport()
@@ -223,11 +371,13 @@ class Connection:
             self.jump.close()
 
 
-def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] | None = None, _hops: int = 0) -> Connection:  # noqa: C901
+def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] | None = None, _hops: int = 0,  # noqa: C901
+                    _changed_key: paramiko.PKey | None = None) -> Connection:
     """A new, authenticated SSH connection to `host` with its key checked. The caller closes it.
 
     ProxyJump a,b works like OpenSSH: b is reached through a, the target through b; `_jumps` carries
-    the rest of such a chain (it overrides the hop's own ProxyJump).
+    the rest of such a chain (it overrides the hop's own ProxyJump). `_changed_key`: the changed key that
+    StrictHostKeyChecking no accepts on the second try (known_hosts is then not loaded for this connection).
     """
     import paramiko
 
@@ -251,8 +401,9 @@ def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] |
             ) from None
 
     client = paramiko.SSHClient()
-    _load_known_hosts(client, settings)
-    check = _HostKeyCheck(settings, trust_host_key)
+    if _changed_key is None:
+        _load_known_hosts(client, settings)
+    check = _HostKeyCheck(settings, trust_host_key, _changed_key)
     client.set_missing_host_key_policy(check.policy())
     where = f"{settings.hostname}:{settings.port}" + (f" via {','.join(jumps)}" if jump else "")
     try:
@@ -262,7 +413,7 @@ def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] |
             username=settings.user,
             key_filename=list(settings.identity_files) or None,
             allow_agent=not settings.identities_only or not settings.identity_files,
-            look_for_keys=not settings.identity_files,
+            look_for_keys=settings.look_for_keys and not settings.identity_files,
             timeout=settings.connect_timeout,
             banner_timeout=settings.connect_timeout,
             auth_timeout=settings.connect_timeout,
@@ -271,6 +422,10 @@ def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] |
         )
     except paramiko.BadHostKeyException as exc:
         client.close()
+        if not trust_host_key and settings.strict_host_key_checking == "no" and _changed_key is None:
+            if jump:
+                jump.close()
+            return open_connection(host, False, _jumps, _hops, _changed_key=exc.key)
         if not trust_host_key:
             if jump:
                 jump.close()
@@ -281,11 +436,14 @@ def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] |
                 "really reinstalled, confirm the new fingerprint with its admin, then call again with "
                 "trust_host_key=true to replace the old key."
             ) from None
-        _save_host_key(settings, settings.known_hosts_name, exc.key)
         if jump:
             jump.close()
+        if not settings.persists_host_keys:  # /dev/null holds no old key to replace: accept this one, store nothing
+            return open_connection(host, False, _jumps, _hops, _changed_key=exc.key)
+        _save_host_key(settings, settings.known_hosts_name, exc.key)
         replaced = open_connection(host, False, _jumps, _hops)
         replaced.host_key_added = True
+        replaced.host_key_note = f"Host key {fingerprint(exc.key)} was written to {settings.known_hosts_files[0]} (trust_host_key)."
         return replaced
     except ToolError:
         client.close()
@@ -331,7 +489,7 @@ def open_connection(host: str, trust_host_key: bool = False, _jumps: list[str] |
         reason = "connection refused (nothing listens there)" if refused else str(exc) or type(exc).__name__
         raise ToolError(f"{host}: host unreachable: {where}: {reason}. Check HostName, Port and that sshd runs.") from None
     server_key = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
-    return Connection(client, settings, fingerprint(server_key), check.added, jump)
+    return Connection(client, settings, fingerprint(server_key), check.added, jump, check.note)
 
 
 _pool: dict[tuple[str, str], Connection] = {}
@@ -542,12 +700,13 @@ def ssh_check(request: SshCheckInput, progress: ProgressFn = no_progress) -> Ssh
     settings: HostSettings | None = None
     fingerprint_text: str | None = None
     added = False
+    key_note: str | None = None
     if request.host == LOCAL:
         result = _run_local(probe, 30)
     else:
-        settings = resolve_host(request.host)
         conn = open_connection(request.host, request.trust_host_key)
-        fingerprint_text, added = conn.host_key_fingerprint, conn.host_key_added
+        settings = conn.settings
+        fingerprint_text, added, key_note = conn.host_key_fingerprint, conn.host_key_added, conn.host_key_note
         key = (str(ssh_config_path()), request.host)
         with _pool_lock:
             old = _pool.pop(key, None)
@@ -565,8 +724,8 @@ def ssh_check(request: SshCheckInput, progress: ProgressFn = no_progress) -> Ssh
     latency = (time.monotonic() - started) * 1000
     commands = {c: f"have:{c}" in lines for c in PROBED_COMMANDS}
     notes: list[str] = []
-    if added:
-        notes.append(f"Host key {fingerprint_text} was written to {settings.known_hosts_files[0]} (trust_host_key).")  # type: ignore[union-attr]
+    if key_note:
+        notes.append(key_note)
     if not commands["sbatch"]:
         notes.append("No sbatch on PATH: not a SLURM login node (NEL's slurm executor cannot submit here).")
     if not commands["enroot"]:

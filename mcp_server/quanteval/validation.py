@@ -531,6 +531,7 @@ def _check_execution(ctx: _Context) -> None:
             value = execution.get(key)
             if key not in execution or value is None or (isinstance(value, str) and not value.strip()):
                 ctx.add(f"execution.{key}", "error", f"slurm_{key}", f"execution.{key} ({what}) is not set.", f"Set execution.{key}.")
+        _check_ssh_user(ctx, execution)
     elif output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
         ctx.add("execution.output_dir", "error", "wrong_type", "output_dir must be a directory path.", "Set execution.output_dir, e.g. nel-results.")
     for key in ("num_nodes", "num_instances", "ntasks_per_node"):
@@ -547,6 +548,38 @@ def _check_execution(ctx: _Context) -> None:
         ctx.add("execution.num_instances", "error", "num_instances", f"num_nodes {nodes} is not a multiple of num_instances {instances}: every instance needs the same number of nodes.", f"Use num_nodes {instances * max(1, nodes // instances)} or a num_instances that divides {nodes}.")
     if ctx.execution == "slurm" and ctx.deployment in ("vllm", "sglang", "trtllm"):
         _check_gpus_per_node(ctx, nodes // instances if nodes % instances == 0 else 1)
+
+
+_ENV_INTERPOLATION = re.compile(r"^\$\{oc\.env:(\w+)(?:,([^}]*))?\}$")
+
+
+def _check_ssh_user(ctx: _Context, execution: dict) -> None:
+    """NEL logs in as `execution.username@execution.hostname`, so username overrides the ssh config's User for that
+    host (NEL's template: ${oc.env:USER}). A username other than the User the ssh config names (as OpenSSH resolves
+    it, `ssh -G`) fails the launch while ssh_check and cluster_info, which log in as that User, succeed."""
+    from quanteval import remote
+
+    hostname = execution.get("hostname")
+    if not isinstance(hostname, str) or not hostname.strip() or _is_unresolved(hostname) or "@" in hostname:
+        return
+    configured = execution.get("username", "${oc.env:USER}")  # NEL's default when the key is absent
+    source = "set in the config"
+    if isinstance(configured, str) and (match := _ENV_INTERPOLATION.match(configured.strip())):
+        configured, source = os.environ.get(match.group(1), match.group(2)), f"{configured.strip()}, from ${match.group(1)}"
+    if not isinstance(configured, str) or not configured or _is_unresolved(configured):
+        return  # unset env var or another interpolation: reported elsewhere, or known only at run time
+    try:
+        ssh_user = remote.ssh_user(hostname.strip())
+    except ToolError:
+        return  # an unreadable ssh config: ssh_check says what is wrong with it
+    # The local login name is also OpenSSH's default when the config names no User: then nothing says which is right.
+    if ssh_user == configured or ssh_user == remote.local_user():
+        return
+    ctx.add("execution.username", "error", "ssh_user_mismatch",
+            f"execution.username is '{configured}' ({source}), but the ssh config names User {ssh_user} for Host {hostname}. "
+            f"NEL logs in as {configured}@{hostname}, overriding the ssh config, and fails to connect, while ssh_check and "
+            f"cluster_info log in as {ssh_user}.",
+            f"Set execution.username: {ssh_user} (apply_cluster writes it), or change User for Host {hostname} in the ssh config if {configured} is right.")
 
 
 def _gpus_per_node(execution: dict) -> int | None:
