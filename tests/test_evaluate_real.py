@@ -141,3 +141,25 @@ def test_fewer_problems_give_the_verdict_nel_compare_gives(lossy, tmp_path, prob
     assert row.nel_verdict == oracle["verdict"] == verdict
     assert (row.n_regressions, row.n_improvements) == (oracle["flip_report"]["summary"]["n_regressions"],
                                                        oracle["flip_report"]["summary"]["n_improvements"])
+
+
+def test_a_drop_too_large_for_the_format_is_suspect_serving_not_quantization_loss(lossy, tmp_path):
+    """The same real 8.1-point drop, told the candidate is 8-bit (W8A8 loses ~0): suspect, never 'not acceptable'."""
+    ours = compare_results(CompareResultsInput(
+        baseline=lossy["result"]["baseline"]["run_dir"], candidate=lossy["result"]["candidate"]["run_dir"],
+        candidate_checkpoint=str(CHECKPOINTS / "tiny-add-w8a8"), output_dir=str(tmp_path / "report")))
+    (row,) = ours.comparisons
+    assert ours.acceptability == "suspect" and row.verdict == "suspect"
+    assert "8-bit" in row.anomaly and "serving or kernel" in row.anomaly and "chat template" in row.anomaly
+    # as run (int2 weights stored dequantized: the format is unknown to the checkpoint), the drop is quantization's
+    assert lossy["result"]["comparisons"][0]["anomaly"] is None
+
+
+def test_a_baseline_far_below_its_reference_score_is_suspect(lossy, tmp_path):
+    # the int2 run as "baseline" (91.9) against a model-card score of 99.5: 7.6 points short is within tolerance...
+    swapped = {"baseline": lossy["result"]["candidate"]["run_dir"], "candidate": lossy["result"]["baseline"]["run_dir"]}
+    near = compare_results(CompareResultsInput(**swapped, reference_scores={"tiny_add": 0.995}, output_dir=str(tmp_path / "a")))
+    assert near.comparisons[0].anomaly is None
+    # ...a model card claiming far more than the baseline reaches points at the baseline's serving, not quantization
+    far = compare_results(CompareResultsInput(**swapped, reference_scores={"tiny_add": 1.05}, output_dir=str(tmp_path / "b")))
+    assert far.acceptability == "suspect" and "below the expected" in far.comparisons[0].anomaly

@@ -192,7 +192,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         emit_json(result.model_dump(mode="json"))
     else:
         sys.stdout.write(format_evaluation(result) + "\n")
-    return {"not acceptable": EXIT_NOT_ACCEPTABLE, "inconclusive": EXIT_INCONCLUSIVE}.get(result.verdict, EXIT_OK)
+    # suspect (a drop too large to be quantization) is no verdict on the quantization either: 4, as inconclusive
+    return {"not acceptable": EXIT_NOT_ACCEPTABLE, "inconclusive": EXIT_INCONCLUSIVE,
+            "suspect": EXIT_INCONCLUSIVE}.get(result.verdict, EXIT_OK)
 
 
 def format_evaluation(result: Any) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from quanteval import anomaly
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.results import (
@@ -76,6 +77,9 @@ class CompareResultsInput(StrictModel):
         "Default: from the run's NEL config.",
     )
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
+    reference_scores: dict[str, float] = Field(default_factory=dict, description=(
+        "Scores the baseline should reach, per task/benchmark name, as fractions (e.g. from the model card): a baseline "
+        "far below is reported as suspect serving, not compared as if it were right."))
 
 
 class ChecklistItem(BaseModel):
@@ -107,7 +111,7 @@ class TaskComparison(BaseModel):
     ci_low: float | None = Field(description="95% confidence interval of delta, low end.")
     ci_high: float | None
     method: str = Field(description="How the interval was computed (unpaired from stderrs, or paired bootstrap over n samples).")
-    verdict: Literal["acceptable", "not acceptable", "inconclusive"]
+    verdict: Literal["acceptable", "not acceptable", "inconclusive", "suspect"]
     why: str
     # Per-problem pairing (nel-next runs keep every problem's reward): what `nel compare` reports on the same runs.
     test: str | None = Field(None, description="mcnemar (0/1 rewards, exact one-sided binomial) or sign (averaged repeats).")
@@ -118,11 +122,14 @@ class TaskComparison(BaseModel):
     nel_verdict: str | None = Field(None, description="PASS / WARN / BLOCK / INCONCLUSIVE by nel compare's rule, with threshold as its --max-drop.")
     regressed: list[Flip] = Field(default_factory=list, description="First flips to wrong, with both answers.")
     improved: list[Flip] = Field(default_factory=list)
+    anomaly: str | None = Field(None, description="Set when the drop (or the baseline) looks like a serving or kernel "
+                                "problem rather than quantization; the verdict is then 'suspect'.")
 
 
 class CompareResultsOutput(BaseModel):
     comparability: Literal["comparable", "not comparable", "inconclusive"]
-    acceptability: Literal["acceptable", "not acceptable", "inconclusive"]
+    acceptability: Literal["acceptable", "not acceptable", "inconclusive", "suspect"] = Field(description=(
+        "suspect: a drop too large to be quantization (or a baseline below its reference): check the serving first."))
     reasons: list[str] = Field(description="What decided the two verdicts.")
     checklist: list[ChecklistItem]
     comparisons: list[TaskComparison]
@@ -433,7 +440,7 @@ def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path
     scores_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
     scores_ax.grid(axis="x", alpha=0.3)
 
-    colours = {"acceptable": "#55a868", "not acceptable": "#c44e52", "inconclusive": "#8c8c8c"}
+    colours = {"acceptable": "#55a868", "not acceptable": "#c44e52", "inconclusive": "#8c8c8c", "suspect": "#dd8452"}
     for row, pos in zip(rows, y, strict=True):
         lower = None if row.ci_low is None else 100 * (row.delta - row.ci_low)
         upper = None if row.ci_high is None else 100 * (row.ci_high - row.delta)
@@ -561,6 +568,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
                 continue
             rows.append(compare_task(task, base, cand, base_dir, cand_dir, request.threshold))
     progress(1, 3, "statistics done")
+    _flag_anomalies(rows, request, None)
 
     comparability, why = comparability_verdict(items)
     reasons += why
@@ -570,6 +578,8 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
         reasons.append("Acceptability is inconclusive because the runs are not known to be comparable.")
     elif not rows:
         acceptability = "inconclusive"
+    elif "suspect" in verdicts:
+        acceptability = "suspect"
     elif "not acceptable" in verdicts:
         acceptability = "not acceptable"
     elif "inconclusive" in verdicts:
@@ -659,12 +669,15 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
             improved=[Flip(problem_idx=f.problem_idx, expected=f.expected_answer, baseline_answer=f.baseline_answer,
                            candidate_answer=f.candidate_answer) for f in paired.improved]))
     progress(1, 3, "statistics done")
+    _flag_anomalies(rows, request, cand_dir)
     comparability, why_not = comparability_verdict(items)
     reasons += why_not
     verdicts = {row.verdict for row in rows}
     if comparability != "comparable":
         acceptability = "inconclusive"
         reasons.append("Acceptability is inconclusive because the runs are not known to be comparable.")
+    elif "suspect" in verdicts:
+        acceptability = "suspect"
     elif not rows or "inconclusive" in verdicts and "not acceptable" not in verdicts:
         acceptability = "inconclusive"
     else:
@@ -684,6 +697,32 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
     markdown.write_text(render_markdown(output, str(base_dir), str(cand_dir), png), encoding="utf-8")
     output.report_html, output.report_markdown = str(report), str(markdown)
     return output
+
+
+def _candidate_weight_bits(request: CompareResultsInput, cand_dir: Path | None) -> int | None:
+    """The candidate's weight bits from its checkpoint (given, or recorded with a nel-next run); None when unknown."""
+    from quanteval.checkpoint import InspectCheckpointInput, inspect_checkpoint
+    from quanteval.engines import nelnext
+
+    checkpoint = request.candidate_checkpoint
+    if checkpoint is None and cand_dir is not None:
+        checkpoint = (nelnext.read_run_facts(cand_dir) or {}).get("checkpoint")
+    if not checkpoint:
+        return None
+    try:
+        quant = inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).quantization
+    except ToolError:
+        return None
+    return quant.weights.bits if quant.weights else None  # undetected (e.g. stored dequantized): the format is unknown
+
+
+def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, cand_dir: Path | None) -> None:
+    """Drops too large to be quantization (anomaly.py) become 'suspect', never a quantization loss."""
+    bits = _candidate_weight_bits(request, cand_dir) if rows else None
+    for row in rows:
+        found = anomaly.anomaly(row.task, row.baseline, row.candidate, bits, request.reference_scores.get(row.task))
+        if found:
+            row.anomaly, row.verdict, row.why = found, "suspect", found
 
 
 def next_table_markdown(rows: list[TaskComparison]) -> str:
