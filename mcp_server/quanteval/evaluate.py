@@ -70,7 +70,7 @@ class CheckpointEvaluation(BaseModel):
 
 
 class EvaluateQuantizationOutput(BaseModel):
-    verdict: str = Field(description="compare_results' acceptability: acceptable / not acceptable / inconclusive / suspect (a drop too large to be quantization: check the serving).")
+    verdict: str = Field(description="compare_results' acceptability: acceptable / not acceptable / inconclusive / suspect (check the serving).")
     comparability: str
     table_markdown: str
     comparisons: list[compare.TaskComparison]
