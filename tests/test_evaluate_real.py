@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
+from processes import running_with
 
 from quanteval.compare import CompareResultsInput, compare_results
 from quanteval.engines import nelnext
@@ -40,15 +41,7 @@ def _nel_compare(baseline: str | Path, candidate: str | Path) -> dict:
 
 
 def _processes_serving(checkpoint: Path) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "vllm" in text and str(checkpoint) in text:
-            found.append(text[:200])
-    return found
+    return running_with("vllm", str(checkpoint))
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import running_with
 
 from quanteval import ledger
 from quanteval.engines import nelnext
@@ -52,15 +53,7 @@ def standin_vllm(monkeypatch) -> str:
 
 
 def _standins_running() -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(STANDIN) in text and str(BF16.parent) in text:
-            found.append(text[:160])
-    return found
+    return running_with(str(STANDIN), str(BF16.parent))
 
 
 def test_a_benchmark_failing_inside_nel_eval_run_fails_the_canary_and_nothing_runs_after_it(standin_vllm, tmp_path):

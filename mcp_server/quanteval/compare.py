@@ -572,20 +572,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
 
     comparability, why = comparability_verdict(items)
     reasons += why
-    verdicts = {row.verdict for row in rows}
-    if comparability != "comparable":
-        acceptability = "inconclusive"
-        reasons.append("Acceptability is inconclusive because the runs are not known to be comparable.")
-    elif not rows:
-        acceptability = "inconclusive"
-    elif "suspect" in verdicts:
-        acceptability = "suspect"
-    elif "not acceptable" in verdicts:
-        acceptability = "not acceptable"
-    elif "inconclusive" in verdicts:
-        acceptability = "inconclusive"
-    else:
-        acceptability = "acceptable"
+    acceptability = _acceptability(comparability, rows, reasons)
     reasons += [f"{row.task}: {row.verdict}: {row.why}." for row in rows]
 
     output_dir = _output_dir(request)
@@ -601,6 +588,18 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     report.write_text(render_html(output, base_tree.label, cand_tree.label, png), encoding="utf-8")
     output.report_html = str(report)
     return output
+
+
+def _acceptability(comparability: str, rows: list[TaskComparison], reasons: list[str]) -> str:
+    """One verdict from the per-task ones (both engines): suspect, then not acceptable, then inconclusive, win."""
+    verdicts = {row.verdict for row in rows}
+    if comparability != "comparable":
+        reasons.append("Acceptability is inconclusive because the runs are not known to be comparable.")
+        return "inconclusive"
+    for verdict in ("suspect", "not acceptable", "inconclusive"):
+        if verdict in verdicts:
+            return verdict
+    return "acceptable" if rows else "inconclusive"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -664,24 +663,12 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
             verdict=ACCEPTABILITY_OF_NEL_VERDICT[paired.verdict], why=why, test=paired.test, p_value=paired.p_value,
             n_paired=paired.n_paired, n_regressions=paired.n_regressions, n_improvements=paired.n_improvements,
             nel_verdict=paired.verdict,
-            regressed=[Flip(problem_idx=f.problem_idx, expected=f.expected_answer, baseline_answer=f.baseline_answer,
-                            candidate_answer=f.candidate_answer) for f in paired.regressed],
-            improved=[Flip(problem_idx=f.problem_idx, expected=f.expected_answer, baseline_answer=f.baseline_answer,
-                           candidate_answer=f.candidate_answer) for f in paired.improved]))
+            regressed=[_flip(f) for f in paired.regressed], improved=[_flip(f) for f in paired.improved]))
     progress(1, 3, "statistics done")
     _flag_anomalies(rows, request, cand_dir)
     comparability, why_not = comparability_verdict(items)
     reasons += why_not
-    verdicts = {row.verdict for row in rows}
-    if comparability != "comparable":
-        acceptability = "inconclusive"
-        reasons.append("Acceptability is inconclusive because the runs are not known to be comparable.")
-    elif "suspect" in verdicts:
-        acceptability = "suspect"
-    elif not rows or "inconclusive" in verdicts and "not acceptable" not in verdicts:
-        acceptability = "inconclusive"
-    else:
-        acceptability = "not acceptable" if "not acceptable" in verdicts else "acceptable"
+    acceptability = _acceptability(comparability, rows, reasons)
     reasons += [f"{row.task}: {row.nel_verdict} ({row.verdict}): {row.why}." for row in rows]
     output_dir = _output_dir(request)
     png = output_dir / "comparison.png" if rows else None
@@ -723,6 +710,11 @@ def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, ca
         found = anomaly.anomaly(row.task, row.baseline, row.candidate, bits, request.reference_scores.get(row.task))
         if found:
             row.anomaly, row.verdict, row.why = found, "suspect", found
+
+
+def _flip(flip: Any) -> Flip:
+    return Flip(problem_idx=flip.problem_idx, expected=flip.expected_answer, baseline_answer=flip.baseline_answer,
+                candidate_answer=flip.candidate_answer)
 
 
 def next_table_markdown(rows: list[TaskComparison]) -> str:
