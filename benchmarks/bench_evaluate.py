@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from quanteval.frameworks import VLLM_CPU_KV_CACHE_GIB  # the same KV-cache space quanteval gives vLLM on CPU
+
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINTS = REPO / "examples" / "checkpoints"
 BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
@@ -70,7 +72,7 @@ def by_hand(baseline: Path, candidate: Path, work: Path, env: dict[str, str]) ->
             [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
              "--served-model-name", checkpoint.name, "--max-model-len", "256", "--host", "127.0.0.1", "--port", str(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            env={**env, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
+            env={**env, "VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KV_CACHE_GIB, "HF_HUB_OFFLINE": "1"})
         try:
             while True:
                 try:
