@@ -33,7 +33,7 @@ LOAD_S = 2.0
 os.environ["QUANTEVAL_STATE_DIR"] = tempfile.mkdtemp(prefix="bench-deploy-")
 os.environ.pop("QUANTEVAL_LEDGER", None)
 
-from quanteval.deploy import (  # noqa: E402 - the state dir must be set first
+from quanteval.serving.deploy import (  # noqa: E402 - the state dir must be set first
     DeploymentStatusInput,
     LaunchDeploymentInput,
     PlanDeploymentInput,

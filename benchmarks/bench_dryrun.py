@@ -47,7 +47,8 @@ evaluation:
     - name: lm-evaluation-harness.ifeval
     - name: lm-evaluation-harness.gsm8k
 """)
-    from quanteval import ledger, runs
+    from quanteval import ledger
+    from quanteval.workflow import runs
 
     nel = str(Path(sys.executable).parent / "nel")
     nel_times = [timed(lambda: subprocess.run([nel, "run", "--config", str(config), "--dry-run"], check=True,

@@ -55,7 +55,7 @@ def post(url: str, body: dict, timeout: float = 3600) -> dict:
 
 def start_server(ns: str, out: Path, jobs: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "quanteval.cli", "serve-eval", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "quanteval.faces.cli", "serve-eval", "--port", str(port),
                              "--output-root", str(out), "--ns-command", ns, "--max-concurrent-jobs", str(jobs)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -72,8 +72,8 @@ def start_server(ns: str, out: Path, jobs: int) -> tuple[subprocess.Popen, str]:
 
 def direct(ns: str, router_url: str, out: Path, bench: str, extra: list[str] | None = None) -> float:
     """The same `ns eval` command the server builds, run by hand."""
-    from quanteval import eval_nemo_skills
-    from quanteval.evaljobs import EvalRequest, ServerSettings
+    from quanteval.workflow import eval_nemo_skills
+    from quanteval.workflow.evaljobs import EvalRequest, ServerSettings
 
     settings = ServerSettings(output_root=out, ns_command=ns)
     request = EvalRequest(rollout_id=0, router_url=router_url, benchmarks=[{"name": bench}])

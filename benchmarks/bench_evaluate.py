@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from quanteval.frameworks import VLLM_CPU_KV_CACHE_GIB  # the same KV-cache space quanteval gives vLLM on CPU
+from quanteval.serving.frameworks import VLLM_CPU_KV_CACHE_GIB  # the same KV-cache space quanteval gives vLLM on CPU
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINTS = REPO / "examples" / "checkpoints"

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from factories import DTYPE_BYTES, make_checkpoint, write_safetensors  # noqa: E402
 
-from quanteval.checkpoint import InspectCheckpointInput, inspect_checkpoint  # noqa: E402
+from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint  # noqa: E402
 
 SHARDS = 163
 HIDDEN, VOCAB, LAYERS, DENSE_LAYERS, EXPERTS = 7168, 129280, 61, 3, 256

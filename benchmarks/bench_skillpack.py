@@ -19,8 +19,8 @@ from pathlib import Path
 
 import anyio
 
-from quanteval import skillpack
-from quanteval.server import build_server
+from quanteval.faces import skillpack
+from quanteval.faces.server import build_server
 
 RUNS = 10
 

@@ -137,7 +137,7 @@ def main() -> None:
     sdk_cpu = statistics.median(import_cpu("mcp.server.mcpserver") for _ in range(3))
     python_pass = statistics.median(wall([sys.executable, "-c", "pass"]) for _ in range(args.repeats))
     imported = subprocess.run(
-        [sys.executable, "-c", f"import sys, quanteval.mcpapp; print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"],
+        [sys.executable, "-c", f"import sys, quanteval.faces.mcpapp; print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"],
         capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall times inflate under load; CPU time does not)")
@@ -151,7 +151,7 @@ def main() -> None:
     print(f"quanteval call validate_config:      wall {check_wall * 1000:5.0f} ms  CPU {check_cpu * 1000:5.0f} ms  "
           f"= {check_wall / nel_wall:.2f}x nel --help (target <= 500 ms)")  # fmt: skip
     print(f"python -c pass:                      wall {python_pass * 1000:5.0f} ms")
-    print(f"heavy modules imported by the server (quanteval.mcpapp): {imported or 'none'}")
+    print(f"heavy modules imported by the server (quanteval.faces.mcpapp): {imported or 'none'}")
     for label, options in (("default", ()), ("--output-schemas", ("--output-schemas",)), ("--read-only", ("--read-only",)),
                            ("--toolsets config", ("--toolsets", "config"))):
         tools = spawn_to_tools_list(*options)[2]

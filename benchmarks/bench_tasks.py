@@ -36,7 +36,7 @@ def main() -> None:
     env = dict(os.environ, QUANTEVAL_STATE_DIR=state, NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
     os.environ.update(env)
 
-    from quanteval import tasks
+    from quanteval.workflow import tasks
 
     def nel_ls() -> set[str]:
         out = subprocess.run([str(BIN / "nel"), "ls", "tasks", "--json"], env=env, capture_output=True, text=True, check=True).stdout

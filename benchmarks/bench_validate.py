@@ -56,7 +56,7 @@ def main() -> None:
     )
     os.environ.update(env)
 
-    from quanteval import nelconfig, validation
+    from quanteval.workflow import nelconfig, validation
 
     built = nelconfig.build_config(
         nelconfig.BuildConfigInput(execution=execution, deployment=deployment, model_type=model_type, benchmarks=BUNDLES[model_type], config_path=str(workdir))

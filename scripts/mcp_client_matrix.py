@@ -214,7 +214,7 @@ def main() -> int:
     args = parser.parse_args()
     from mcp import StdioServerParameters
 
-    from quanteval.server import build_server
+    from quanteval.faces.server import build_server
 
     workdir = Path(tempfile.mkdtemp(prefix="quanteval-matrix-")).resolve()
     env = dict(os.environ, NEMO_EVALUATOR_TELEMETRY_LEVEL="0", QUANTEVAL_STATE_DIR=str(workdir / "state"))

@@ -15,11 +15,11 @@ from factories import make_checkpoint
 from mcp import Client
 from results_factory import DEPLOYMENT, EXAMPLES, make_invocation, make_task
 
-from quanteval import compare, nelconfig, validation
-from quanteval.compare import CompareResultsInput
-from quanteval.nelconfig import ApplyCheckpointInput, BuildConfigInput
-from quanteval.server import build_server
-from quanteval.validation import ValidateConfigInput
+from quanteval.faces.server import build_server
+from quanteval.workflow import compare, nelconfig, validation
+from quanteval.workflow.compare import CompareResultsInput
+from quanteval.workflow.nelconfig import ApplyCheckpointInput, BuildConfigInput
+from quanteval.workflow.validation import ValidateConfigInput
 
 NVFP4 = EXAMPLES / "qwen3-tiny-nvfp4"
 PARAMS = ("evaluation", "nemo_evaluator_config", "config", "params")

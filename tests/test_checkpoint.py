@@ -16,15 +16,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from factories import MODELOPT_ALGOS, OTHER_METHODS, make_checkpoint, write_safetensors  # noqa: E402
 
-from quanteval.checkpoint import (  # noqa: E402
+from quanteval.models import ToolError  # noqa: E402
+from quanteval.serving.checkpoint import (  # noqa: E402
     GPU_TYPES,
     CheckpointReport,
     InspectCheckpointInput,
     format_report,
     inspect_checkpoint,
 )
-from quanteval.frameworks import MODELOPT_ALGOS as MODELOPT_FACTS  # noqa: E402
-from quanteval.models import ToolError  # noqa: E402
+from quanteval.serving.frameworks import MODELOPT_ALGOS as MODELOPT_FACTS  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "checkpoints"
 # The tiny factory model: 2 layers, hidden 64, 4 heads, 2 kv heads, head_dim 16, intermediate 128, vocab 256.

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from results_factory import binary_samples, make_invocation, make_task
 
-from quanteval.compare import CompareResultsInput, compare_results
 from quanteval.models import ToolError
+from quanteval.workflow.compare import CompareResultsInput, compare_results
 
 PERCENT_RECIPE = """---
 name: aime2025

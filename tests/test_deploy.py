@@ -21,7 +21,9 @@ import pytest
 from factories import make_checkpoint
 
 from quanteval import ledger
-from quanteval.deploy import (
+from quanteval.localproc import group_members
+from quanteval.models import ToolError
+from quanteval.serving.deploy import (
     DeploymentStatusInput,
     LaunchDeploymentInput,
     PlanDeploymentInput,
@@ -31,8 +33,6 @@ from quanteval.deploy import (
     plan_deployment,
     stop_deployment,
 )
-from quanteval.localproc import group_members
-from quanteval.models import ToolError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples" / "checkpoints").iterdir())
@@ -422,7 +422,7 @@ def test_weights_that_do_not_fit_the_gpus_are_an_error_and_the_default_tp_fits(t
 
 
 def test_a_ready_deployment_fills_a_deployment_none_config(standin, launched, tmp_path):
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     config = tmp_path / "eval.yaml"
     nelconfig.build_config(nelconfig.BuildConfigInput(

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from quanteval import ledger
-from quanteval.deploy import (
+from quanteval.models import ToolError
+from quanteval.serving.deploy import (
     DeploymentStatusInput,
     LaunchDeploymentInput,
     PlanDeploymentInput,
@@ -28,7 +29,6 @@ from quanteval.deploy import (
     plan_deployment,
     stop_deployment,
 )
-from quanteval.models import ToolError
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"

@@ -10,7 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quanteval.deploy import (
+from quanteval.localproc import free_port, group_members
+from quanteval.models import ToolError
+from quanteval.serving.deploy import (
     DeploymentStatusInput,
     LaunchDeploymentInput,
     PlanDeploymentInput,
@@ -21,8 +23,6 @@ from quanteval.deploy import (
     stop_deployment,
     vllm_venv,
 )
-from quanteval.localproc import free_port, group_members
-from quanteval.models import ToolError
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINTS = REPO / "examples" / "checkpoints"
@@ -109,8 +109,8 @@ def test_a_base_model_without_chat_template_is_refused_by_vllm_and_caught_by_val
     """The real server's refusal, and validate_config naming it before any run (vLLM reports the model root)."""
     import json
 
-    from quanteval.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
-    from quanteval.validation import ValidateConfigInput, validate_config
+    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+    from quanteval.workflow.validation import ValidateConfigInput, validate_config
 
     base = tmp_path / "tiny-add-base"
     shutil.copytree(CHECKPOINTS / "tiny-add-bf16", base)

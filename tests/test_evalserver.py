@@ -22,10 +22,12 @@ import pytest
 import yaml
 from mcp import Client
 
-from quanteval import eval_nel, evalhttp, evaljobs, evalserver, ledger
-from quanteval.evalserver import ServerSettings
+from quanteval import ledger
+from quanteval.faces import evalhttp, evalserver
+from quanteval.faces.evalserver import ServerSettings
 from quanteval.localproc import free_port, group_members
 from quanteval.models import ToolError
+from quanteval.workflow import eval_nel, evaljobs
 
 STANDINS = Path(__file__).parent / "standins"
 sys.path.insert(0, str(STANDINS))
@@ -339,7 +341,7 @@ def test_finished_jobs_beyond_the_limit_leave_memory_but_stay_in_the_ledger(make
 
 def test_binding_beyond_loopback_without_a_token_is_refused(tmp_path, commands, monkeypatch):
     monkeypatch.delenv("QUANTEVAL_EVAL_TOKEN", raising=False)
-    done = subprocess.run([sys.executable, "-m", "quanteval.cli", "serve-eval", "--host", "0.0.0.0", "--port",
+    done = subprocess.run([sys.executable, "-m", "quanteval.faces.cli", "serve-eval", "--host", "0.0.0.0", "--port",
                            str(free_port()), "--output-root", str(tmp_path / "o"), "--ns-command", commands["ns"]],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "QUANTEVAL_EVAL_TOKEN" in done.stderr and "refusing to bind 0.0.0.0" in done.stderr
@@ -371,7 +373,7 @@ def test_sigterm_stops_every_job_and_child_and_answers_in_flight_with_503(tmp_pa
     out = tmp_path / "srv"
     env = {**os.environ, "FAKE_NS_SLEEP_S": "60", "FAKE_NS_CHILDREN": "2"}
     with (tmp_path / "server.log").open("wb") as server_log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "quanteval.cli", "serve-eval", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "quanteval.faces.cli", "serve-eval", "--port", str(port),
                                  "--output-root", str(out), "--ns-command", commands["ns"], "--max-concurrent-jobs", "1"],
                                 stdout=subprocess.DEVNULL, stderr=server_log, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -508,7 +510,7 @@ def test_nel_shard_merge_by_hand():
 
 
 def test_every_serve_eval_option_is_reachable_from_start_eval_server():
-    from quanteval.cli import build_parser
+    from quanteval.faces.cli import build_parser
 
     parser = build_parser()
     serve_eval = next(a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith("serve-eval"))
@@ -522,7 +524,7 @@ def test_every_serve_eval_option_is_reachable_from_start_eval_server():
 
 
 def test_start_status_stop_eval_server_over_mcp_leave_nothing_behind(tmp_path, commands, router):
-    from quanteval.server import build_server
+    from quanteval.faces.server import build_server
 
     port = free_port()
 

@@ -20,8 +20,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from processes import running_with
 
-from quanteval.compare import CompareResultsInput, compare_results
 from quanteval.engines import nelnext
+from quanteval.workflow.compare import CompareResultsInput, compare_results
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINTS = REPO / "examples" / "checkpoints"

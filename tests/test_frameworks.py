@@ -22,8 +22,8 @@ from factories import MODELOPT_ALGOS, OTHER_METHODS, make_checkpoint  # noqa: E4
 from framework_oracle import sglang_available, sglang_resolve, vllm_resolve  # noqa: E402
 
 from quanteval import frameworks  # noqa: E402
-from quanteval.checkpoint import CheckpointReport, InspectCheckpointInput, inspect_checkpoint  # noqa: E402
-from quanteval.deploy import PlanDeploymentInput, plan_deployment, vllm_venv  # noqa: E402
+from quanteval.serving.checkpoint import CheckpointReport, InspectCheckpointInput, inspect_checkpoint  # noqa: E402
+from quanteval.serving.deploy import PlanDeploymentInput, plan_deployment, vllm_venv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = sorted(p for p in (ROOT / "examples" / "checkpoints").iterdir() if (p / "config.json").is_file())

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from quanteval.engines import nelnext
-from quanteval.gate import GateResultsInput, gate_results, t_quantile_975
 from quanteval.localproc import free_port
 from quanteval.models import ToolError
+from quanteval.workflow.gate import GateResultsInput, gate_results, t_quantile_975
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
@@ -288,7 +288,7 @@ def test_gate_results_over_a_real_mcp_session(real_run, tmp_path):
     import anyio
     from mcp import Client
 
-    from quanteval.server import build_server
+    from quanteval.faces.server import build_server
 
     base = make_run(real_run, tmp_path / "base", {"alpha": half_right()})
     cand = make_run(real_run, tmp_path / "cand", {"alpha": drop(half_right(), 12)})

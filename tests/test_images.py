@@ -9,9 +9,9 @@ import pytest
 import yaml
 from results_factory import DEPLOYMENT, make_invocation, make_task
 
-from quanteval import validation
-from quanteval.compare import CompareResultsInput, compare_results
-from quanteval.validation import ValidateConfigInput
+from quanteval.workflow import validation
+from quanteval.workflow.compare import CompareResultsInput, compare_results
+from quanteval.workflow.validation import ValidateConfigInput
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"

@@ -15,8 +15,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from quanteval import registry, skillpack
-from quanteval.server import build_server
+from quanteval import registry
+from quanteval.faces import skillpack
+from quanteval.faces.server import build_server
 
 NEL_CONFIG = """\
 # a NEL run config
@@ -195,7 +196,7 @@ def test_root_confines_local_reads_of_remote_tools(tmp_path):
 
 
 def test_instructions_name_only_registered_tools():
-    from quanteval.mcpapp import INSTRUCTIONS
+    from quanteval.faces.mcpapp import INSTRUCTIONS
 
     named = {word.strip(".,") for word in INSTRUCTIONS.split() if "_" in word}
     assert named and named <= set(registry.TOOLS)

@@ -22,8 +22,8 @@ from processes import running_with
 
 from quanteval import ledger
 from quanteval.engines import nelnext
-from quanteval.evaluate import EvaluateQuantizationInput, evaluate_quantization
 from quanteval.models import ToolError
+from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
@@ -119,10 +119,10 @@ def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(t
     import httpx
     from mcp import Client
 
+    from quanteval.faces.server import build_server
     from quanteval.localproc import free_port
-    from quanteval.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
-    from quanteval.runs import LaunchCanaryInput, launch_canary
-    from quanteval.server import build_server
+    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+    from quanteval.workflow.runs import LaunchCanaryInput, launch_canary
 
     monkeypatch.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
     port = free_port()

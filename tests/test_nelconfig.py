@@ -11,9 +11,10 @@ import pytest
 import yaml
 from factories import make_checkpoint
 
-from quanteval import nelconfig, registry
+from quanteval import registry
 from quanteval.models import ToolError
-from quanteval.nelconfig import (
+from quanteval.workflow import nelconfig
+from quanteval.workflow.nelconfig import (
     ApplyCheckpointInput,
     BuildConfigInput,
     DeleteConfigValueInput,

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quanteval import ledger, runs
-from quanteval.environment import CheckEnvironmentInput, check_environment
+from quanteval import ledger
 from quanteval.models import ToolError
+from quanteval.workflow import runs
+from quanteval.workflow.environment import CheckEnvironmentInput, check_environment
 
 REPO = Path(__file__).resolve().parent.parent
 # What NEL 0.2.6 runs here, per executor (executors/slurm: ssh + rsync; executors/local: docker + bash).

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from quanteval import checkpoint
+from quanteval.serving import checkpoint
 
 PRODUCERS = Path(__file__).parent / "data" / "producers"
 MANIFEST = json.loads((PRODUCERS / "manifest.json").read_text(encoding="utf-8"))

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quanteval import envvars, tasks
+from quanteval import envvars
+from quanteval.workflow import tasks
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes" / "tasks").glob("*.md"))

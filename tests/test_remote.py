@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from infra.slurm_cluster import SlurmCluster, free_port
 
-from quanteval import failures, remote
-from quanteval.models import ToolError
-from quanteval.remote import (
+from quanteval import failures
+from quanteval.clusters import remote
+from quanteval.clusters.remote import (
     CheckRegistryCredentialsInput,
     RemoteGrepInput,
     SlurmQueueInput,
@@ -26,6 +26,7 @@ from quanteval.remote import (
     slurm_queue,
     ssh_check,
 )
+from quanteval.models import ToolError
 
 
 def host_fingerprint(cluster: SlurmCluster) -> str:
@@ -484,7 +485,7 @@ def call_over_mcp(tool: str, arguments: dict) -> dict:
     import anyio
     from mcp import Client
 
-    from quanteval.server import build_server
+    from quanteval.faces.server import build_server
 
     async def go():
         async with Client(build_server()) as client:
@@ -510,7 +511,7 @@ def test_cluster_info_reads_partitions_gpus_limits_and_node_states(slurm_cluster
     assert info["accounts"] is None and any("sacctmgr" in note for note in info["notes"])
     assert info["user"] == "root" and info["query_s"] > 0
     # check_environment lists the hosts of the same ssh config the remote tools read (QUANTEVAL_SSH_CONFIG here).
-    from quanteval.environment import ssh_config_hosts
+    from quanteval.workflow.environment import ssh_config_hosts
 
     assert slurm_cluster.ssh_alias in ssh_config_hosts()
 
@@ -522,7 +523,7 @@ def test_cluster_info_reads_partitions_gpus_limits_and_node_states(slurm_cluster
 
 def sbatch_accepts(cluster: SlurmCluster, config: Path) -> subprocess.CompletedProcess[str]:
     """Ask the real slurmctld whether it would take a job with the config's partition / gres / walltime."""
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     doc = nelconfig.to_plain(nelconfig.load_config(config))["execution"]
     gres = f"--gres={doc['gres']}" if doc.get("gres") else ""
@@ -536,7 +537,7 @@ def test_apply_cluster_fills_partition_gpus_and_walltime_and_sbatch_takes_them(s
     sys.path.insert(0, str(Path(__file__).parent))
     from factories import make_checkpoint
 
-    from quanteval import nelconfig, placement
+    from quanteval.workflow import nelconfig, placement
 
     config = tmp_path / "run.yaml"
     nelconfig.build_config(nelconfig.BuildConfigInput(execution="slurm", deployment="sglang", model_type="chat_reasoning",
@@ -578,7 +579,7 @@ def test_apply_cluster_fills_partition_gpus_and_walltime_and_sbatch_takes_them(s
 
 
 def test_apply_cluster_needs_a_slurm_config_and_a_host(tmp_path: Path):
-    from quanteval import nelconfig, placement
+    from quanteval.workflow import nelconfig, placement
 
     local = tmp_path / "local.yaml"
     nelconfig.build_config(nelconfig.BuildConfigInput(execution="local", deployment="vllm", model_type="base",

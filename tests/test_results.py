@@ -13,7 +13,7 @@ from results_factory import binary_samples, make_invocation, make_task
 
 from quanteval import ledger
 from quanteval.models import ToolError
-from quanteval.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
+from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
 
 GPQA_RECIPE = """---
 name: gpqa

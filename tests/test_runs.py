@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from results_factory import make_invocation, make_task  # noqa: E402
 
-from quanteval import failures, ledger, runs
+from quanteval import failures, ledger
 from quanteval.models import ToolError
+from quanteval.workflow import runs
 
 PLANTED = "planted-judge-secret-9f8e7d"
 

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from quanteval import failures, ledger, remote, results, runs
+from quanteval import failures, ledger
+from quanteval.clusters import remote
 from quanteval.models import ToolError
+from quanteval.workflow import results, runs
 
 PLANTED = "planted-slurm-secret-4c3b2a"
 FAULT_SCENARIOS: list[str] = []  # the fault scenarios survived, printed at the end of the module

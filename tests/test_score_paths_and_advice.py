@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 from results_factory import make_invocation, make_task
 
-from quanteval import tasks, validation
-from quanteval.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
-from quanteval.validation import ValidateConfigInput
+from quanteval.workflow import tasks, validation
+from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
+from quanteval.workflow.validation import ValidateConfigInput
 
 REPO = Path(__file__).resolve().parent.parent
 ADVICE = "Keep the response_stats interceptor on"

@@ -22,7 +22,8 @@ import pytest
 from skills_ref.validator import validate
 from test_surface import CONTRACT as CONTRACT_TOOLS
 
-from quanteval import registry, skillpack
+from quanteval import registry
+from quanteval.faces import skillpack
 
 REPO = Path(__file__).resolve().parents[1]
 SKILLS = ["evaluation", "deployment", "compare-results", "monitor"]
@@ -138,7 +139,7 @@ def test_nel_parser_rejects_a_wrong_command():
 
 @pytest.mark.parametrize("source,command", QUANTEVAL_COMMANDS, ids=lambda x: x if " " not in str(x) else None)
 def test_quanteval_command_parses(source: str, command: str):
-    from quanteval.cli import build_parser
+    from quanteval.faces.cli import build_parser
 
     argv = shlex.split(command)[1:]
     stderr = io.StringIO()
@@ -278,7 +279,7 @@ def test_the_wheel_carries_the_pack_and_installs_from_it(tmp_path: Path):
 def test_mcp_serves_the_pack_as_resources_and_the_workflow_as_a_prompt():
     from mcp import Client
 
-    from quanteval.server import build_server
+    from quanteval.faces.server import build_server
 
     async def scenario():
         async with Client(build_server()) as client:

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from infra.slurm_cluster import SlurmCluster
 
-from quanteval import nelconfig, placement, remote, validation
+from quanteval.clusters import remote
+from quanteval.clusters.remote import ClusterInfoInput, SshCheckInput, cluster_info, ssh_check
 from quanteval.models import ToolError
-from quanteval.remote import ClusterInfoInput, SshCheckInput, cluster_info, ssh_check
+from quanteval.workflow import nelconfig, placement, validation
 
 CLUSTER_USER = "qe-sshuser"  # the login the ssh config names; $USER says "alice" (NEL's ${oc.env:USER})
 ALIAS = "qe-semantics"

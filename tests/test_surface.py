@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 
 from quanteval import registry
-from quanteval.server import build_server
+from quanteval.faces.server import build_server
 
 CONTRACT = """check_environment inspect_checkpoint build_config get_config_value set_config_value
 delete_config_value list_missing_values list_tasks get_task_recipe add_tasks apply_checkpoint validate_config
@@ -275,7 +275,7 @@ def test_one_name_per_concept():
 def test_readme_and_server_instructions_name_only_registered_tools(repo):
     import re
 
-    from quanteval import server
+    from quanteval.faces import server
 
     readme = (repo / "README.md").read_text()
     table = readme[readme.index("| step | tools |"):]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quanteval import tasks
 from quanteval.models import ToolError
+from quanteval.workflow import tasks
 
 GPQA_RECIPE = """---
 name: gpqa

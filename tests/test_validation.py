@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quanteval import frameworks, nelconfig, validation
-from quanteval.nelconfig import ApplyCheckpointInput, BuildConfigInput, SetConfigValueInput
-from quanteval.validation import ValidateConfigInput
+from quanteval.serving import frameworks
+from quanteval.workflow import nelconfig, validation
+from quanteval.workflow.nelconfig import ApplyCheckpointInput, BuildConfigInput, SetConfigValueInput
+from quanteval.workflow.validation import ValidateConfigInput
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "checkpoints"

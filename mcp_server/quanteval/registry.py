@@ -28,7 +28,7 @@ from quanteval.models import ProgressFn, ToolError, no_progress
 
 @dataclass(frozen=True)
 class ToolSpec:
-    # "module.function" inside the quanteval package, imported on first use: the CLI running one tool
+    # "folder.module.function" inside the quanteval package, imported on first use: the CLI running one tool
     # and the MCP server answering tools/list from its cache import only what they need.
     fn: Callable[..., BaseModel] | str
     read_only: bool
@@ -71,7 +71,8 @@ class ToolSpec:
 
     @property
     def toolset(self) -> str:
-        return TOOLSET_OF_MODULE.get(self.module, self.module)
+        basename = self.module.rsplit(".", 1)[-1]
+        return TOOLSET_OF_MODULE.get(basename, basename)
 
     @property
     def wants_progress(self) -> bool:
@@ -110,46 +111,46 @@ def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
 
 
 TOOLS: dict[str, ToolSpec] = _tools(
-    ToolSpec("environment.check_environment", read_only=True, idempotent=True),
-    ToolSpec("checkpoint.inspect_checkpoint", read_only=True, idempotent=True),
-    ToolSpec("nelconfig.build_config", read_only=False),
-    ToolSpec("nelconfig.get_config_value", read_only=True, idempotent=True),
-    ToolSpec("nelconfig.set_config_value", read_only=False, destructive=True, idempotent=True),
-    ToolSpec("nelconfig.delete_config_value", read_only=False, destructive=True),
-    ToolSpec("nelconfig.list_missing_values", read_only=True, idempotent=True),
-    ToolSpec("nelconfig.apply_checkpoint", read_only=False, destructive=True, idempotent=True),
-    ToolSpec("validation.validate_config", read_only=True, idempotent=True),
-    ToolSpec("tasks.list_tasks", read_only=True, idempotent=True),
-    ToolSpec("tasks.get_task_recipe", read_only=True, idempotent=True),
-    ToolSpec("tasks.add_tasks", read_only=False, idempotent=True),
-    ToolSpec("evalserver.start_eval_server", read_only=False),
-    ToolSpec("evalserver.eval_server_status", read_only=True, idempotent=True),
-    ToolSpec("evalserver.stop_eval_server", read_only=False, destructive=True, idempotent=True),
-    ToolSpec("runs.dry_run", read_only=False),
-    ToolSpec("runs.launch_canary", read_only=False, open_world=True),
-    ToolSpec("runs.launch_full_run", read_only=False, open_world=True),
+    ToolSpec("workflow.environment.check_environment", read_only=True, idempotent=True),
+    ToolSpec("serving.checkpoint.inspect_checkpoint", read_only=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.build_config", read_only=False),
+    ToolSpec("workflow.nelconfig.get_config_value", read_only=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.set_config_value", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.delete_config_value", read_only=False, destructive=True),
+    ToolSpec("workflow.nelconfig.list_missing_values", read_only=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.apply_checkpoint", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("workflow.validation.validate_config", read_only=True, idempotent=True),
+    ToolSpec("workflow.tasks.list_tasks", read_only=True, idempotent=True),
+    ToolSpec("workflow.tasks.get_task_recipe", read_only=True, idempotent=True),
+    ToolSpec("workflow.tasks.add_tasks", read_only=False, idempotent=True),
+    ToolSpec("faces.evalserver.start_eval_server", read_only=False),
+    ToolSpec("faces.evalserver.eval_server_status", read_only=True, idempotent=True),
+    ToolSpec("faces.evalserver.stop_eval_server", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("workflow.runs.dry_run", read_only=False),
+    ToolSpec("workflow.runs.launch_canary", read_only=False, open_world=True),
+    ToolSpec("workflow.runs.launch_full_run", read_only=False, open_world=True),
     # Polling reads, as the user sees it (it may refresh the ledger's record of the run): read-only.
-    ToolSpec("runs.run_status", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("runs.wait_for_run", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("runs.run_logs", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("runs.kill_run", read_only=False, destructive=True, idempotent=True, open_world=True),
-    ToolSpec("runs.resume_run", read_only=False, open_world=True),
-    ToolSpec("runs.list_runs", read_only=True, idempotent=True),
-    ToolSpec("remote.ssh_check", read_only=False, idempotent=True, open_world=True),  # writes known_hosts only when trusted
-    ToolSpec("remote.slurm_queue", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("remote.remote_grep", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("remote.check_registry_credentials", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("remote.cluster_info", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("placement.apply_cluster", read_only=False, destructive=True, idempotent=True, open_world=True),
-    ToolSpec("results.validate_run", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("results.extract_scores", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("compare.compare_results", read_only=False, open_world=True),
-    ToolSpec("gate.gate_results", read_only=True, idempotent=True),  # writes only the report asked for with output_dir
-    ToolSpec("deploy.plan_deployment", read_only=True, idempotent=True),
-    ToolSpec("deploy.launch_deployment", read_only=False, open_world=True),
-    ToolSpec("deploy.deployment_status", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("deploy.stop_deployment", read_only=False, destructive=True, idempotent=True, open_world=True),
-    ToolSpec("evaluate.evaluate_quantization", read_only=False, open_world=True),
+    ToolSpec("workflow.runs.run_status", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.wait_for_run", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.run_logs", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.kill_run", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.resume_run", read_only=False, open_world=True),
+    ToolSpec("workflow.runs.list_runs", read_only=True, idempotent=True),
+    ToolSpec("clusters.remote.ssh_check", read_only=False, idempotent=True, open_world=True),  # writes known_hosts only when trusted
+    ToolSpec("clusters.remote.slurm_queue", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("clusters.remote.remote_grep", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("clusters.remote.check_registry_credentials", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("clusters.remote.cluster_info", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.placement.apply_cluster", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.results.validate_run", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.results.extract_scores", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.compare.compare_results", read_only=False, open_world=True),
+    ToolSpec("workflow.gate.gate_results", read_only=True, idempotent=True),  # writes only the report asked for with output_dir
+    ToolSpec("serving.deploy.plan_deployment", read_only=True, idempotent=True),
+    ToolSpec("serving.deploy.launch_deployment", read_only=False, open_world=True),
+    ToolSpec("serving.deploy.deployment_status", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("serving.deploy.stop_deployment", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.evaluate.evaluate_quantization", read_only=False, open_world=True),
 )
 
 

@@ -22,9 +22,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from quanteval import checkpoint, frameworks, nelconfig, nelfacts, tasks
-from quanteval.engines import engine_of
+from quanteval.engines import engine_of, nelfacts
 from quanteval.models import StrictModel, ToolError
+from quanteval.serving import checkpoint, frameworks
+from quanteval.workflow import nelconfig, tasks
 
 Severity = Literal["error", "warning"]
 
@@ -557,7 +558,7 @@ def _check_ssh_user(ctx: _Context, execution: dict) -> None:
     """NEL logs in as `execution.username@execution.hostname`, so username overrides the ssh config's User for that
     host (NEL's template: ${oc.env:USER}). A username other than the User the ssh config names (as OpenSSH resolves
     it, `ssh -G`) fails the launch while ssh_check and cluster_info, which log in as that User, succeed."""
-    from quanteval import remote
+    from quanteval.clusters import remote
 
     hostname = execution.get("hostname")
     if not isinstance(hostname, str) or not hostname.strip() or _is_unresolved(hostname) or "@" in hostname:

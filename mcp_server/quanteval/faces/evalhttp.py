@@ -1,4 +1,4 @@
-"""The eval server's HTTP layer: slime's eval-delegate API over the job queue (quanteval.evaljobs).
+"""The eval server's HTTP layer: slime's eval-delegate API over the job queue (quanteval.workflow.evaljobs).
 
     GET  /health        200 {"status": "ok", ...} when the backend can run; 503 "not_ready" (with a hint) or "stopping"
     POST /evaluate      slime's payload; blocks; slime's response shape plus `metrics` (flat) and `errors`
@@ -27,7 +27,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from quanteval.evaljobs import (
+from quanteval.models import ToolError
+from quanteval.workflow.evaljobs import (
     EvalRequest,
     EvalService,
     Job,
@@ -35,9 +36,8 @@ from quanteval.evaljobs import (
     ShuttingDown,
     payload_errors,
 )
-from quanteval.models import ToolError
 
-log = logging.getLogger("quanteval.evalserver")
+log = logging.getLogger("quanteval.faces.evalserver")
 
 MAX_BODY_BYTES = 1_000_000
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)

@@ -26,9 +26,9 @@ _SDK_NAMES = {"build_server", "QuantevalServer", "compact_schema", "INSTRUCTIONS
 
 
 def __getattr__(name: str) -> Any:
-    """`from quanteval.server import build_server` keeps working; the SDK loads only when it is used."""
+    """`from quanteval.faces.server import build_server` keeps working; the SDK loads only when it is used."""
     if name in _SDK_NAMES:
-        from quanteval import mcpapp
+        from quanteval.faces import mcpapp
 
         return getattr(mcpapp, name)
     raise AttributeError(name)
@@ -44,7 +44,7 @@ def _recording_key(options: list[str]) -> str:
 
     from quanteval import __version__
 
-    files = list(Path(__file__).parent.glob("*.py"))
+    files = list(Path(__file__).parents[1].rglob("*.py"))  # every quanteval module, in every folder
     for package in ("mcp", "mcp_types"):
         spec = importlib.util.find_spec(package)
         if spec and spec.origin:
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown toolset(s) {', '.join(unknown)}; choose from all, {', '.join(registry.TOOLSETS)}")
 
     def build() -> Any:
-        from quanteval import mcpapp, registry
+        from quanteval import registry
+        from quanteval.faces import mcpapp
 
         chosen = list(registry.DEFAULT_TOOLSETS) if requested == "default" else toolsets
         return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas)

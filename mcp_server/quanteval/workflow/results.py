@@ -133,8 +133,8 @@ def _remote_spec(run: str) -> tuple[str, str] | None:
 
 def _nel_output_dir(invocation_id: str) -> str | None:
     """Where NEL's own execution records say the invocation wrote its results (local dir or host:path). Asked in a
-    child process (quanteval.nelexec): NEL pins its execution database path when it is imported."""
-    from quanteval import nelexec
+    child process (quanteval.engines.nelexec): NEL pins its execution database path when it is imported."""
+    from quanteval.engines import nelexec
 
     answer = nelexec.call("results_dirs", 120, invocation_id=invocation_id)
     if not answer.get("ok"):  # e.g. a partial id that matches several invocations
@@ -148,7 +148,7 @@ def _nel_output_dir(invocation_id: str) -> str | None:
 
 
 def _fetch_remote(label: str, host: str, remote_root: str) -> RunTree:
-    from quanteval import remote
+    from quanteval.clusters import remote
 
     digest = hashlib.sha256(f"{host}:{remote_root}".encode()).hexdigest()[:16]
     local_root = state_dir() / "results-cache" / host / digest
@@ -323,7 +323,7 @@ def _recipe_for(task: str | None) -> Any | None:
     """The task recipe (recipes/tasks/*.md) whose nel_task is this task, if one exists."""
     if not task:
         return None
-    from quanteval import tasks
+    from quanteval.workflow import tasks
 
     for recipe in tasks.list_recipes():
         if recipe.nel_task.split(".")[-1] == task:
@@ -461,7 +461,7 @@ def _clip(text: str) -> str:
 
 def _scan_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
     """grep where the logs are (here, or on the cluster): they are often GBs of server output, never read whole."""
-    from quanteval import remote
+    from quanteval.clusters import remote
 
     hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
     host = tree.host or remote.LOCAL
@@ -548,7 +548,7 @@ def deployment_mounts(task_dir: Path) -> list[tuple[str, str]]:
     """(host path, container path) of the deployment's mounts, rendered the way NEL 0.2.6's local and SLURM executors
     do (deployment.checkpoint_path -> /checkpoint, cache_path -> /cache, then execution.mounts.deployment), from the
     resolved config NEL stores in artifacts/metadata.yaml. Empty when the run did not record it."""
-    from quanteval.nelconfig import EVALUATION_CHECKPOINT_MOUNT
+    from quanteval.workflow.nelconfig import EVALUATION_CHECKPOINT_MOUNT
 
     resolved = (load_yaml(task_dir / "artifacts" / METADATA_FILE) or {}).get("launcher_resolved_config") or {}
     deployment = resolved.get("deployment") or {}
@@ -567,7 +567,7 @@ def deployment_mounts(task_dir: Path) -> list[tuple[str, str]]:
 def host_path(container_path: str, mounts: list[tuple[str, str]]) -> str | None:
     """The host path behind a path inside the server's container; the path itself when no mount covers it (an HF
     handle or a path the server sees as is); None for NEL's checkpoint mount point when nothing says what is there."""
-    from quanteval.nelconfig import EVALUATION_CHECKPOINT_MOUNT
+    from quanteval.workflow.nelconfig import EVALUATION_CHECKPOINT_MOUNT
 
     path = _normal(container_path)
     for source, target in sorted(mounts, key=lambda mount: -len(mount[1])):
@@ -585,7 +585,7 @@ def _normal(path: str) -> str:
 
 def _diagnose(tree: RunTree, task_dir: Path) -> Diagnosis:
     """Why a task failed, from its logs where they are (here or on the cluster)."""
-    from quanteval import remote
+    from quanteval.clusters import remote
 
     logs = tree.remote_path(task_dir / "logs") if tree.host else str(task_dir / "logs")
     result = remote.run_remote(tree.host or remote.LOCAL, failures.grep_command(logs, 200, tail_lines=40), timeout=120)

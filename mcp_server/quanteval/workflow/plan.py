@@ -16,9 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import registry, tasks
-from quanteval.frameworks import Execution
+from quanteval import registry
 from quanteval.models import ProgressFn, ToolError, no_progress
+from quanteval.serving.frameworks import Execution
+from quanteval.workflow import tasks
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples=10"
 
@@ -89,7 +90,7 @@ def default_config_path(model: str, execution: str, deployment: str) -> Path:
 
 def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanReport:
     """Run the whole chain; a ToolError from any step stops it (nothing is launched either way)."""
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     config_path = Path(request.config).expanduser().resolve() if request.config else default_config_path(
         request.model, request.execution, request.deployment

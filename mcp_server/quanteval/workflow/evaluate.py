@@ -22,12 +22,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import compare, deploy, ledger, nelconfig, results, runs, validation
-from quanteval.checkpoint import InspectCheckpointInput, inspect_checkpoint
+from quanteval import ledger
 from quanteval.engines import nelnext, nextresults
 from quanteval.envvars import state_dir
 from quanteval.localproc import free_port
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.serving import deploy
+from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
+from quanteval.workflow import compare, nelconfig, results, runs, validation
 
 Role = Literal["baseline", "candidate"]
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds

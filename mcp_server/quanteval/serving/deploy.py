@@ -3,8 +3,8 @@
 A plan is an argv split in two: the launcher (`python3 -m sglang.launch_server`, `vllm serve`,
 `trtllm-serve`) and the server arguments. On this machine, with no `vllm` on PATH, vLLM starts from the
 CPU venv scripts/setup builds (`.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server`), with the
-CPU facts of quanteval.frameworks applied (KV-cache space, head sizes and formats its kernels cover). The launcher can be replaced through an environment
-variable (QUANTEVAL_SGLANG_LAUNCHER, QUANTEVAL_VLLM_LAUNCHER, QUANTEVAL_TRTLLM_LAUNCHER), e.g. to
+CPU facts of quanteval.serving.frameworks applied (KV-cache space, head sizes and formats its kernels
+cover). The launcher can be replaced through an environment variable (QUANTEVAL_SGLANG_LAUNCHER, QUANTEVAL_VLLM_LAUNCHER, QUANTEVAL_TRTLLM_LAUNCHER), e.g. to
 run a specific Python or a container wrapper; the test suite uses it to run a stand-in HTTP server
 through exactly the same launch path. The launcher runs where the server runs (this machine, or the
 SLURM node).
@@ -30,20 +30,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import frameworks, ledger, remote
-from quanteval.checkpoint import (
+from quanteval import ledger
+from quanteval.clusters import remote
+from quanteval.envvars import engine_venv, state_dir
+from quanteval.localproc import free_port, group_members, port_free, stop_group
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.serving import frameworks
+from quanteval.serving.checkpoint import (
     WEIGHT_MEMORY_FRACTION,
     CheckpointReport,
     InspectCheckpointInput,
     algo_label,
     inspect_checkpoint,
 )
-from quanteval.envvars import engine_venv, state_dir
-from quanteval.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
-from quanteval.localproc import free_port, group_members, port_free, stop_group
-from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.serving.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
 
-# Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.frameworks.
+# Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.serving.frameworks.
 
 LOG_TAIL_LINES = 30
 LOG_SCAN_BYTES = 512 * 1024

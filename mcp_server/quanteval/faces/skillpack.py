@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quanteval.models import ToolError
-from quanteval.tasks import pack_dir
+from quanteval.workflow.tasks import pack_dir
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer

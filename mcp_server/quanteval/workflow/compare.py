@@ -27,10 +27,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import anomaly
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.results import (
+from quanteval.workflow import anomaly
+from quanteval.workflow.results import (
     METADATA_FILE,
     REPEAT_KEYS,
     RESULTS_FILE,
@@ -193,7 +193,7 @@ def resolved_config(task_dir: Path) -> dict[str, Any] | None:
 
 
 def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     deployment = (resolved or {}).get("deployment")
     if not isinstance(deployment, dict) or not deployment.get("type"):
@@ -208,8 +208,8 @@ def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def model_family(resolved: dict[str, Any] | None, checkpoint: str | None) -> dict[str, Any] | None:
     """Architecture, shapes, vocabulary and served context of the run's checkpoint, or None when it is not readable here."""
-    from quanteval import checkpoint as checkpoints
-    from quanteval import nelconfig
+    from quanteval.serving import checkpoint as checkpoints
+    from quanteval.workflow import nelconfig
 
     if checkpoint:
         report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
@@ -224,7 +224,7 @@ def model_family(resolved: dict[str, Any] | None, checkpoint: str | None) -> dic
 
 def _facets(task_dir: Path, scores: TaskScores, checkpoint: str | None = None) -> dict[str, Any] | None:
     """What must match between two runs of one task, read from the saved run configs and results. None: unknown."""
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     config = run_config(task_dir)
     if not config:
@@ -295,7 +295,7 @@ def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, A
 
 def _unpinned_serving(serving: Any) -> bool:
     """Both runs name the same serving image, but `latest` (or no tag): the image may have moved between the runs."""
-    from quanteval.validation import unpinned_image
+    from quanteval.workflow.validation import unpinned_image
 
     return isinstance(serving, dict) and unpinned_image(serving.get("image"))
 
@@ -688,8 +688,8 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
 
 def _candidate_weight_bits(request: CompareResultsInput, cand_dir: Path | None) -> int | None:
     """The candidate's weight bits from its checkpoint (given, or recorded with a nel-next run); None when unknown."""
-    from quanteval.checkpoint import InspectCheckpointInput, inspect_checkpoint
     from quanteval.engines import nelnext
+    from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 
     checkpoint = request.candidate_checkpoint
     if checkpoint is None and cand_dir is not None:

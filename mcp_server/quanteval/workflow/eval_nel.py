@@ -1,7 +1,7 @@
 """The eval server's `nel` backend: each benchmark as NEL's `nemo_skills.ns_*` task against the router.
 
-The benchmark name maps to the NEL task through the task catalogue (quanteval.tasks); the config is a
-`deployment: none` NEL config; scores are read with quanteval.results, as extract_scores reads them.
+The benchmark name maps to the NEL task through the task catalogue (quanteval.workflow.tasks); the config is a
+`deployment: none` NEL config; scores are read with quanteval.workflow.results, as extract_scores reads them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 
 import yaml
 
-from quanteval.evaljobs import (
+from quanteval.models import ToolError
+from quanteval.workflow.evaljobs import (
     BenchmarkSpec,
     EvalRequest,
     ServerSettings,
     ShardCommand,
     generation_value,
 )
-from quanteval.models import ToolError
 
 SHARD_ENV = ("NEL_SHARD_IDX", "NEL_TOTAL_SHARDS")
 
@@ -40,7 +40,7 @@ def refuse(settings: ServerSettings, request: EvalRequest) -> str | None:
 
 def task_map() -> dict[str, str]:
     """NeMo-Skills benchmark name -> NEL task name, from the catalogue (first task wins, as in NEL's list)."""
-    from quanteval import tasks
+    from quanteval.workflow import tasks
 
     mapping: dict[str, str] = {}
     for entry in tasks.catalogue():
@@ -116,8 +116,8 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
 
 
 def _scores(output_dir: Path, wait_s: float) -> tuple[dict[str, Any], int | None]:
-    """Scores of one NEL output dir as {metric: {score: value}}, read by quanteval.results."""
-    from quanteval import results
+    """Scores of one NEL output dir as {metric: {score: value}}, read by quanteval.workflow.results."""
+    from quanteval.workflow import results
 
     deadline = time.monotonic() + wait_s
     while not any(output_dir.glob(f"**/artifacts/{results.RESULTS_FILE}")) and time.monotonic() < deadline:

@@ -29,11 +29,13 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from quanteval import checkpoint, envvars, frameworks, tasks
+from quanteval import envvars
 from quanteval.engines import NEL_SECTIONS, Engine, is_nel_next
-from quanteval.frameworks import Execution
-from quanteval.frameworks import NelDeployment as Deployment
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.serving import checkpoint, frameworks
+from quanteval.serving.frameworks import Execution
+from quanteval.serving.frameworks import NelDeployment as Deployment
+from quanteval.workflow import tasks
 
 MISSING = "???"  # OmegaConf's marker for a value that must be filled in
 

@@ -1,6 +1,6 @@
 """The run lifecycle: dry-run, canary, gated full run, status, logs, kill, resume, list.
 
-Every NEL call runs in a child process (quanteval.nelexec) with a timeout, so NEL's
+Every NEL call runs in a child process (quanteval.engines.nelexec) with a timeout, so NEL's
 prints never reach the MCP stdout and a dead host never hangs a tool. Every dry-run,
 canary and full run is recorded in the ledger with a hash of its composed config; the
 hash ignores the canary's own limit override, so a canary and the full run of the same
@@ -24,10 +24,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import envvars, failures, ledger, nelexec, remote, results
-from quanteval.engines import engine_of, nelnext, nextresults
+from quanteval import envvars, failures, ledger
+from quanteval.clusters import remote
+from quanteval.engines import engine_of, nelexec, nelnext, nextresults
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.workflow import results
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples={}"
 DRY_RUN_TIMEOUT_S = 180.0
@@ -214,7 +216,7 @@ class LaunchOutput(BaseModel):
 
 def _check_local_prerequisites(config_path: str) -> None:
     """Refuse a SLURM launch before NEL runs when this machine lacks ssh or rsync (NEL fails with a bare Errno 2)."""
-    from quanteval import environment, nelconfig
+    from quanteval.workflow import environment, nelconfig
 
     executor = nelconfig.execution_type(nelconfig.to_plain(nelconfig.load_config(config_path)))
     problem = environment.missing_binaries_message(executor) if executor == "slurm" else None
@@ -279,7 +281,7 @@ def _repeat_overrides(config_path: str, repeats: int) -> tuple[list[str], list[s
     evaluation-wide nemo_evaluator_config; a task's own value wins over the global one, so each is overridden where
     the config sets it, by list index (task names may hold dots, which NEL's task-name override sugar cannot take).
     """
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     evaluation = nelconfig.to_plain(nelconfig.load_config(config_path)).get("evaluation")
     evaluation = evaluation if isinstance(evaluation, dict) else {}
@@ -836,7 +838,7 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
 
 
 def _engine(config_path: str) -> str:
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     return engine_of(nelconfig.to_plain(nelconfig.load_config(config_path)))
 

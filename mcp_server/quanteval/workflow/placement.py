@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval import nelconfig, remote
+from quanteval.clusters import remote
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.workflow import nelconfig
 
 PARALLEL_KEYS = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
 
@@ -79,9 +80,9 @@ def _positive(value: Any) -> int:
 
 def _format_warnings(report: Any, framework: str, gpu: str | None, partition: str,
                      better: remote.PartitionInfo | None) -> list[str]:
-    """The checkpoint's format on the partition's GPU, as `framework` serves it (facts from quanteval.frameworks)."""
-    from quanteval import frameworks
-    from quanteval.checkpoint import algo_label
+    """The checkpoint's format on the partition's GPU, as `framework` serves it (facts from quanteval.serving.frameworks)."""
+    from quanteval.serving import frameworks
+    from quanteval.serving.checkpoint import algo_label
 
     if report is None or framework not in frameworks.FRAMEWORKS or not report.quantization.detected:
         return []
@@ -104,7 +105,7 @@ def _format_warnings(report: Any, framework: str, gpu: str | None, partition: st
 
 def _native(report: Any, gpu: str | None, framework: str) -> bool:
     """Whether this GPU runs the checkpoint's format with the framework's own kernels (as it will ship)."""
-    from quanteval import frameworks
+    from quanteval.serving import frameworks
 
     if report is None or gpu not in frameworks.GPUS or framework not in frameworks.FRAMEWORKS:
         return True
@@ -230,7 +231,7 @@ class ApplyClusterOutput(BaseModel):
 
 
 def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | None]:
-    from quanteval.checkpoint import InspectCheckpointInput, inspect_checkpoint
+    from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 
     candidate = checkpoint or _value(doc, "deployment.hf_model_handle") or _value(doc, "deployment.checkpoint_path")
     if not isinstance(candidate, str) or candidate == nelconfig.MISSING:

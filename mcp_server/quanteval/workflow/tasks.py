@@ -173,7 +173,7 @@ def pack_dir() -> Path:
     In a source checkout (editable install) that is the repository root next to
     mcp_server/; an installed wheel carries a copy under the package as `_pack/`.
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # quanteval/, this module lives in quanteval/workflow/
     checkout = package.parent.parent
     if (checkout / "recipes").is_dir():
         return checkout
@@ -561,7 +561,7 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     # nelconfig's validator imports this module, so import it here, not at the top.
-    from quanteval import nelconfig
+    from quanteval.workflow import nelconfig
 
     recipes = list_recipes()
     resolved = [resolve(name, recipes) for name in request.tasks]

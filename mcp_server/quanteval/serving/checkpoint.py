@@ -2,7 +2,7 @@
 
 The report models below are the contract other domains build on (nelconfig.apply_checkpoint,
 deploy.plan_deployment): fields may be added, not renamed. The sizing facts (GPU_TYPES, the memory
-rule) live here once; what the serving frameworks do with a format lives in quanteval.frameworks.
+rule) live here once; what the serving frameworks do with a format lives in quanteval.serving.frameworks.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field, ValidationError
 
-from quanteval import frameworks
-from quanteval.frameworks import Framework
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.serving import frameworks
+from quanteval.serving.frameworks import Framework
 
 # --- Fact tables --------------------------------------------------------------------------------
 

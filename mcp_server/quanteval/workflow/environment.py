@@ -126,7 +126,7 @@ def _gpus(probe: bool) -> tuple[list[GpuInfo], str]:
 
 def ssh_config_hosts(config_path: Path | None = None) -> list[str]:
     """Host aliases of the ssh config the remote tools read (~/.ssh/config, or QUANTEVAL_SSH_CONFIG)."""
-    from quanteval.remote import ssh_config_path
+    from quanteval.clusters.remote import ssh_config_path
 
     path = config_path or ssh_config_path()
     try:

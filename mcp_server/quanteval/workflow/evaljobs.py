@@ -34,11 +34,11 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quanteval import ledger
-from quanteval.frameworks import Execution
 from quanteval.localproc import stop_group
 from quanteval.models import StrictModel, ToolError
+from quanteval.serving.frameworks import Execution
 
-log = logging.getLogger("quanteval.evalserver")
+log = logging.getLogger("quanteval.faces.evalserver")
 
 BackendName = Literal["nemo-skills", "nel"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -185,10 +185,10 @@ class Backend(Protocol):
 
 def backend_for(name: BackendName) -> Backend:
     if name == "nemo-skills":
-        from quanteval import eval_nemo_skills
+        from quanteval.workflow import eval_nemo_skills
 
         return eval_nemo_skills  # type: ignore[return-value]
-    from quanteval import eval_nel
+    from quanteval.workflow import eval_nel
 
     return eval_nel  # type: ignore[return-value]
 

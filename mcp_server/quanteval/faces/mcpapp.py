@@ -26,7 +26,7 @@ from mcp_types import Tool as MCPTool
 from quanteval import __version__, paths, registry
 from quanteval.models import ToolError
 
-log = logging.getLogger("quanteval.server")
+log = logging.getLogger("quanteval.faces.server")
 
 INSTRUCTIONS = (
     "Evaluate (quantized) LLM checkpoints with NeMo Evaluator Launcher. Usual order: check_environment, "
@@ -108,8 +108,8 @@ def _listing_key(output_schemas: bool) -> str:
     """Changes whenever any quanteval module does (a new install, an edit in a checkout)."""
     import hashlib
 
-    package = Path(__file__).parent
-    stats = sorted((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in package.glob("*.py"))
+    package = Path(__file__).parents[1]  # quanteval/, with every folder of modules
+    stats = sorted((str(path.relative_to(package)), path.stat().st_size, path.stat().st_mtime_ns) for path in package.rglob("*.py"))
     return hashlib.sha256(repr((__version__, output_schemas, stats)).encode()).hexdigest()
 
 
@@ -216,7 +216,7 @@ def build_server(
 def _add_extras(server: MCPServer) -> None:
     """Resources and prompts (the skill pack) are registered by the skills module when present."""
     try:
-        from quanteval import skillpack
+        from quanteval.faces import skillpack
     except ImportError:
         return
     skillpack.register_mcp(server)

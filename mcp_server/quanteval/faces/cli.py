@@ -118,7 +118,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report.model_dump(mode="json"))
     else:
-        from quanteval.checkpoint import format_report
+        from quanteval.serving.checkpoint import format_report
 
         sys.stdout.write(format_report(report) + "\n")
     return EXIT_OK
@@ -136,7 +136,7 @@ def _key_values(items: list[str]) -> dict[str, str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from quanteval.plan import PlanRequest, format_plan, make_plan
+    from quanteval.workflow.plan import PlanRequest, format_plan, make_plan
 
     request = PlanRequest(
         model=args.model,
@@ -166,7 +166,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """The one-call answer: serve both checkpoints, canary + full run each, compare; prints the verdict table."""
     import signal
 
-    from quanteval.evaluate import EvaluateQuantizationInput, evaluate_quantization
+    from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers stopped, the run in flight cancelled
@@ -245,7 +245,7 @@ def format_gate(result: Any) -> str:
 
 
 def cmd_skills_install(args: argparse.Namespace) -> int:
-    from quanteval import skillpack
+    from quanteval.faces import skillpack
 
     if args.dest:
         roots = [Path(args.dest).expanduser()]
@@ -268,7 +268,7 @@ def cmd_serve_eval(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from quanteval.evalserver import ServerSettings, serve
+    from quanteval.faces.evalserver import ServerSettings, serve
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     given = {name: getattr(args, name) for name in ServerSettings.model_fields}
@@ -289,7 +289,7 @@ def add_serve_eval_options(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerSettings field (the same list start_eval_server takes), so the two cannot drift."""
     import typing
 
-    from quanteval.evaljobs import ServerSettings
+    from quanteval.workflow.evaljobs import ServerSettings
 
     for name, field in ServerSettings.model_fields.items():
         flag = ServerSettings.cli_flag(name)

@@ -18,7 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from quanteval.evaljobs import (
+from quanteval.models import ToolError
+from quanteval.workflow.evaljobs import (
     BenchmarkSpec,
     EvalRequest,
     ServerSettings,
@@ -26,7 +27,6 @@ from quanteval.evaljobs import (
     generation_value,
     tail_lines,
 )
-from quanteval.models import ToolError
 
 INSTALL_HINT = (
     "NeMo-Skills (`ns`) is not installed here; it is not on PyPI. Build its venv with `scripts/setup --dev` "

@@ -23,10 +23,10 @@ from pydantic import BaseModel, Field
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
-from quanteval.evalhttp import is_loopback, required_token, serve
-from quanteval.evaljobs import ServerSettings, tail_lines
+from quanteval.faces.evalhttp import is_loopback, required_token, serve
 from quanteval.localproc import group_members, port_free, stop_group
 from quanteval.models import StrictModel, ToolError
+from quanteval.workflow.evaljobs import ServerSettings, tail_lines
 
 __all__ = ["ServerSettings", "eval_server_status", "option_argv", "serve", "start_eval_server", "stop_eval_server"]
 
@@ -103,7 +103,7 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
     output_root.mkdir(parents=True, exist_ok=True)
     settings.output_root = output_root
     log_path = output_root / "server.log"
-    argv = [sys.executable, "-m", "quanteval.cli", "serve-eval", *option_argv(settings)]
+    argv = [sys.executable, "-m", "quanteval.faces.cli", "serve-eval", *option_argv(settings)]
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
