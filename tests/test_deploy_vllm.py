@@ -3,6 +3,8 @@ stop_deployment, on the embedded model and its llm-compressor variants. Two serv
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -37,25 +39,86 @@ def _chat(url: str, model: str, content: str, **extra) -> httpx.Response:
     return httpx.post(url, json=body, timeout=60, trust_env=False)
 
 
-def test_w8a8_serves_for_real_reports_what_it_serves_and_stops_leaving_nothing():
-    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(W8A8), framework="vllm", port=free_port()))
-    assert plan.device == "cpu" and plan.parser_check.ok, plan.parser_check.message
-    assert plan.parser_check.resolved["quantization"] == "compressed-tensors"
-    assert plan.parser_check.resolved["max_model_len"] == 256 and not [w for w in plan.warnings if w.level == "error"]
-    launched = launch_deployment(LaunchDeploymentInput(plan=plan))
-    try:
-        status = deployment_status(DeploymentStatusInput(record_id=launched.record_id, wait_s=240))
-        assert status.status == "ready", (status.message, status.log_tail)
-        assert status.served_models == ["tiny-add-w8a8"] and status.served_context == 256
-        assert status.served_quantization == "compressed-tensors"
-        # the chat template the model was trained on is what the server renders: the answer is right
-        reply = _chat(status.endpoint_url, "tiny-add-w8a8", "17+58", max_tokens=8)
-        assert reply.json()["choices"][0]["message"]["content"] == "75"
-        # vLLM's own 400 for a budget above the served context: the rule validate_config enforces before a run
-        too_long = _chat(status.endpoint_url, "tiny-add-w8a8", "17+58", max_tokens=1000)
-        assert too_long.status_code == 400 and "max_model_len=256" in too_long.text
-    finally:
-        stopped = stop_deployment(StopDeploymentInput(record_id=launched.record_id, grace_s=20))
+def _use_ledger(monkeypatch: pytest.MonkeyPatch, state: Path) -> None:
+    monkeypatch.setenv("QUANTEVAL_STATE_DIR", str(state))
+    monkeypatch.setenv("QUANTEVAL_LEDGER", str(state / "ledger.sqlite3"))
+
+
+@pytest.fixture(scope="module")
+def w8a8(tmp_path_factory: pytest.TempPathFactory):
+    """One real vLLM of the W8A8 variant for the tests below, recorded in its own ledger (each test has its own
+    otherwise); its request log shows each request's SamplingParams."""
+    state = tmp_path_factory.mktemp("w8a8-state")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _use_ledger(monkeypatch, state)
+        plan = plan_deployment(PlanDeploymentInput(checkpoint=str(W8A8), framework="vllm", port=free_port(), extra_args=["--enable-log-requests"]))
+        assert plan.device == "cpu" and plan.parser_check.ok, plan.parser_check.message
+        assert plan.parser_check.resolved["quantization"] == "compressed-tensors"
+        assert plan.parser_check.resolved["max_model_len"] == 256 and not [w for w in plan.warnings if w.level == "error"]
+        launched = launch_deployment(LaunchDeploymentInput(plan=plan))
+        try:
+            status = deployment_status(DeploymentStatusInput(record_id=launched.record_id, wait_s=240))
+            assert status.status == "ready", (status.message, status.log_tail)
+            yield launched, status, state
+        finally:
+            stop_deployment(StopDeploymentInput(record_id=launched.record_id, grace_s=20))
+
+
+def test_w8a8_serves_for_real_and_reports_what_it_serves(w8a8):
+    _, status, _ = w8a8
+    assert status.served_models == ["tiny-add-w8a8"] and status.served_context == 256
+    assert status.served_quantization == "compressed-tensors"
+    # the chat template the model was trained on is what the server renders: the answer is right
+    reply = _chat(status.endpoint_url, "tiny-add-w8a8", "17+58", max_tokens=8)
+    assert reply.json()["choices"][0]["message"]["content"] == "75"
+    # vLLM's own 400 for a budget above the served context: the rule validate_config enforces before a run
+    too_long = _chat(status.endpoint_url, "tiny-add-w8a8", "17+58", max_tokens=1000)
+    assert too_long.status_code == 400 and "max_model_len=256" in too_long.text
+
+
+def _sampling_logged(log: str) -> list[str]:
+    return re.findall(r"SamplingParams\((.*?)\)", log)
+
+
+def test_the_sampling_a_nel_next_config_takes_from_the_checkpoint_reaches_vllm(w8a8, tmp_path):
+    """temperature/top_p (nel-next's generation) and top_k (no nel-next field: the adapter proxy's extra_body) as
+    apply_checkpoint writes them from generation_config.json, checked in vLLM's own request log, not in our config."""
+    from quanteval.workflow.nelconfig import ApplyCheckpointInput, BuildConfigInput, SetConfigValueInput, apply_checkpoint, build_config, set_config_value
+    from quanteval.workflow.runs import LaunchCanaryInput, WaitForRunInput, launch_canary, wait_for_run
+    from quanteval.workflow.validation import ValidateConfigInput, validate_config
+
+    launched, status, _ = w8a8
+    sampling_model = tmp_path / "tiny-add-w8a8"  # the same weights, with a model card's recommended sampling
+    shutil.copytree(W8A8, sampling_model)
+    (sampling_model / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20}))
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=[str(REPO / "examples" / "benchmarks" / "tiny_add.py")],
+                                           config_path=str(tmp_path / "eval.yaml"))).config_path
+    set_config_value(SetConfigValueInput(config_path=config, key="services.model.url", value=status.endpoint_url))
+    set_config_value(SetConfigValueInput(config_path=config, key="services.model.model", value="tiny-add-w8a8"))
+    applied = apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(sampling_model)))
+    assert "services.model.proxy.extra_body.top_k: None -> 20" in applied.changes
+    assert "services.model.generation.top_p: None -> 0.95" in applied.changes
+    assert any("Kept services.model.generation.temperature = 0.0" in note for note in applied.notes)  # build_config's greedy choice
+    set_config_value(SetConfigValueInput(config_path=config, key="services.model.generation.temperature", value=0.6))
+    report = validate_config(ValidateConfigInput(config_path=config))
+    assert report.valid, report.problems
+
+    before = len(_sampling_logged(Path(launched.log_path).read_text(errors="replace")))
+    run = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=4))
+    finished = wait_for_run(WaitForRunInput(record_id=run.record_id, timeout_s=240))
+    assert finished.status == "succeeded", finished
+    logged = _sampling_logged(Path(launched.log_path).read_text(errors="replace"))[before:]
+    assert len(logged) == 4, logged
+    for params in logged:
+        assert "temperature=0.6," in params and "top_p=0.95," in params and "top_k=20," in params, params
+        assert "max_tokens=192," in params, params  # apply_checkpoint's budget: the 256-token context less the prompt reserve
+
+
+def test_stopping_leaves_no_process_behind(w8a8, monkeypatch):
+    launched, _, state = w8a8
+    _use_ledger(monkeypatch, state)
+    stopped = stop_deployment(StopDeploymentInput(record_id=launched.record_id, grace_s=20))
     assert stopped.stopped and stopped.remaining_pids == []
     assert group_members(launched.pid) == []  # the API server, engine core and worker processes are all gone
     assert deployment_status(DeploymentStatusInput(record_id=launched.record_id)).status == "stopped"

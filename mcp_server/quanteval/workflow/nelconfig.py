@@ -846,7 +846,7 @@ def merge_extra_args(current: str, additions: list[tuple[str, str | None]]) -> s
 
 
 class ApplyCheckpointInput(StrictModel):
-    config_path: str = Field(description="NEL config whose deployment is vllm, sglang or trtllm.")
+    config_path: str = Field(description="NEL config whose deployment is vllm, sglang or trtllm, or a nel-next config with one vllm, sglang or api service.")
     checkpoint: str = Field(description="Checkpoint directory, or HF handle (org/name) in the local cache.")
     served_model_name: str | None = Field(None, description="Default: the HF handle or checkpoint folder name.")
     tensor_parallel_size: int | None = Field(
@@ -1071,6 +1071,10 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
     """
     config_path = Path(request.config_path).expanduser()
     doc = load_config(config_path)
+    if is_nel_next(doc):
+        from quanteval.workflow import nextconfig
+
+        return nextconfig.apply_checkpoint_next(request, progress)
     framework = deployment_type(doc)
     if framework not in CONTEXT_LENGTH_FLAGS:
         raise ToolError(
