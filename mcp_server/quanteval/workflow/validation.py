@@ -699,6 +699,29 @@ def _check_known_issues(ctx: _Context) -> None:
                 ctx.add(f"{path}", "error", "tokenizer_missing", f"'{name}' reads params.extra.tokenizer (its harness counts tokens or builds prompts with it), and none is set.", "Set evaluation.nemo_evaluator_config.config.params.extra.tokenizer to the model's HF handle (apply_checkpoint does when it can).")
 
 
+def _check_endpoint_vs_chat_template(ctx: _Context) -> None:
+    """A checkpoint without a chat template (a base model, many exports) cannot answer a chat endpoint: the server
+    refuses the request. NEL sends a task to its `endpoint_type`, else the first endpoint type the task supports."""
+    if ctx.deployment not in ("vllm", "sglang", "trtllm"):
+        return
+    report = ctx.checkpoint_report()
+    if report is None or report.chat_template:
+        return
+    for path, task in nelconfig.config_tasks(ctx.doc):
+        if not isinstance(task, dict) or not isinstance(task.get("name"), str):
+            continue
+        entries = tasks.lookup(task["name"])
+        supported = entries[0].endpoint_types if len(entries) == 1 else []
+        endpoint = task.get("endpoint_type") or (supported[0] if supported else None)
+        if endpoint != "chat":
+            continue
+        if "completions" in supported:
+            fix = f"Set {path}.endpoint_type: completions (the task supports it), or add a chat template to the checkpoint."
+        else:
+            fix = "This task supports only the chat endpoint: remove it (base-model tasks: build_config model_type base), or add a chat template to the checkpoint."
+        ctx.add(path, "error", "no_chat_template", f"'{task['name']}' goes to the chat endpoint, and {report.checkpoint} has no chat template: the server refuses every request.", fix)
+
+
 def _check_generation(ctx: _Context) -> None:
     """Budget vs serving context, sampling vs the checkpoint's generation_config.json, thinking vs the chat template."""
     if ctx.deployment not in ("vllm", "sglang", "trtllm"):
@@ -791,6 +814,7 @@ def validate_document(doc: Any, config_path: Path, overrides: list[str] | None =
     _check_images(ctx)
     _check_known_issues(ctx)
     _check_generation(ctx)
+    _check_endpoint_vs_chat_template(ctx)
     _check_overrides(ctx, overrides or [])
     return ctx.problems
 
