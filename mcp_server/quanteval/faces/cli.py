@@ -21,8 +21,9 @@ from quanteval.stdio_guard import stdout_to_stderr
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 # `quanteval evaluate` answers with its exit code too, for CI: 0 acceptable, 3 not acceptable, 4 inconclusive.
 EXIT_NOT_ACCEPTABLE, EXIT_INCONCLUSIVE = 3, 4
-# `quanteval gate` (tool gate_results), a release gate for CI: 0 GO, 5 NO-GO, 6 INCONCLUSIVE.
-EXIT_GATE_NO_GO, EXIT_GATE_INCONCLUSIVE = 5, 6
+# `quanteval gate` (tool gate_results), a release gate for CI, exits as `nel gate` does: 0 GO, 1 NO-GO, 2 INCONCLUSIVE.
+# A gate that cannot run exits 1 or 2 as well (message on stderr, nothing on stdout): a release never passes on an error.
+EXIT_GATE_NO_GO, EXIT_GATE_INCONCLUSIVE = 1, 2
 
 
 class UsageError(Exception):
@@ -376,8 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
         "gate",
         help="release gate: GO / NO-GO / INCONCLUSIVE for CANDIDATE against BASELINE under a `nel gate` policy",
         description="Tool gate_results: applies a `nel gate --policy` YAML (tiers, max_drop on the paired 95% CI, "
-        "relative guardrail) to two nel-next run folders, with nel gate's rules. Exit 0 GO, 5 NO-GO, 6 INCONCLUSIVE "
-        "(1 tool error, 2 bad usage).",
+        "relative guardrail) to two nel-next run folders, with nel gate's rules. Exit 0 GO, 1 NO-GO, 2 INCONCLUSIVE, as nel gate; "
+        "an error also exits non-zero (1, or 2 for bad usage), so a release never passes on one.",
     )
     gate.add_argument("baseline", help="reference nel-next run folder (`nel eval run -o DIR`) or eval-*.json bundle")
     gate.add_argument("candidate", help="nel-next run folder to judge")
