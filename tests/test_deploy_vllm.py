@@ -115,6 +115,60 @@ def test_the_sampling_a_nel_next_config_takes_from_the_checkpoint_reaches_vllm(w
         assert "max_tokens=192," in params, params  # apply_checkpoint's budget: the 256-token context less the prompt reserve
 
 
+def test_the_nel_next_chain_tool_by_tool_over_mcp_against_the_real_server(w8a8, tmp_path):
+    """What an IDE does through MCP: build_config -> apply_checkpoint -> validate_config -> dry_run -> launch_canary ->
+    wait_for_run -> run_logs -> validate_run -> launch_full_run (gated by that canary) -> extract_scores ->
+    compare_results, for a baseline and a candidate config against the real vLLM, with nel-next running each run."""
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    _, status, _ = w8a8
+    bench = str(REPO / "examples" / "benchmarks" / "tiny_add.py")
+
+    async def chain() -> dict:
+        seen: dict = {}
+        async with Client(build_server()) as client:
+            async def call(tool: str, **arguments) -> dict:
+                result = await client.call_tool(tool, arguments)
+                assert not result.is_error, f"{tool}: {result.content[0].text}"
+                return result.structured_content
+
+            for role in ("baseline", "candidate"):
+                config = (await call("build_config", engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                     benchmarks=[bench], config_path=str(tmp_path / f"{role}.yaml")))["config_path"]
+                await call("set_config_value", config_path=config, key="services.model.url", value=status.endpoint_url)
+                await call("set_config_value", config_path=config, key="services.model.model", value="tiny-add-w8a8")
+                await call("set_config_value", config_path=config, key="output.dir", value=str(tmp_path / f"{role}-results"))
+                applied = await call("apply_checkpoint", config_path=config, checkpoint=str(W8A8))
+                assert applied["missing_values"] == []
+                assert (await call("validate_config", config_path=config))["valid"]
+                dry = await call("dry_run", config_path=config)
+                assert dry["ok"], dry
+                canary = await call("launch_canary", config_path=config, limit_samples=5)
+                waited = await call("wait_for_run", record_id=canary["record_id"], timeout_s=240)
+                assert waited["status"] == "succeeded", waited
+                logs = await call("run_logs", record_id=canary["record_id"], lines=20)
+                assert logs  # the canary's own log comes back
+                assert (await call("validate_run", run=canary["record_id"]))["verdict"] == "pass"
+                full = await call("launch_full_run", config_path=config)
+                assert full["gate"] and canary["record_id"] in full["gate"]
+                done = await call("wait_for_run", record_id=full["record_id"], timeout_s=300)
+                assert done["status"] == "succeeded", done
+                seen[role] = {"full": full["record_id"], "scores": await call("extract_scores", run=full["record_id"])}
+            seen["compare"] = await call("compare_results", baseline=seen["baseline"]["full"], candidate=seen["candidate"]["full"],
+                                         output_dir=str(tmp_path / "compare"))
+        return seen
+
+    seen = anyio.run(chain)
+    for role in ("baseline", "candidate"):
+        (task,) = seen[role]["scores"]["tasks"]
+        assert task["scores"][0]["value"] == 1.0, task  # the W8A8 variant adds every held-out pair right
+    compared = seen["compare"]
+    assert compared["comparability"] == "comparable" and compared["acceptability"] == "acceptable", compared["reasons"]
+
+
 def test_stopping_leaves_no_process_behind(w8a8, monkeypatch):
     launched, _, state = w8a8
     _use_ledger(monkeypatch, state)

@@ -624,7 +624,7 @@ def _next_facets(bundle: Any, run_dir: Path, checkpoint: str | None) -> dict[str
     family = model_family(None, checkpoint) if checkpoint else None
     served = facts.get("served") or {}
     return {
-        "model": family, "serving": {"protocol": service.get("protocol"), "served_context": served.get("served_context")},
+        "model": family, "serving": {"protocol": service.get("protocol"), "served_context": served.get("max_model_len")},
         "task": bundle.name, "container": "in-process (nel-next)",
         "prompts": {"system_prompt": (benchmark.get("solver") or {}).get("system_prompt"),
                     "instruction_template": benchmark.get("instruction_template"), "fewshot": benchmark.get("fewshot")},

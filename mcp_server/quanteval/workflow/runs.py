@@ -875,6 +875,19 @@ def _next_run_dir(config_path: str, overrides: list[str], kind: str) -> Path:
     return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
 
 
+def _next_model_facts(config_path: str) -> dict:
+    """The checkpoint and served facts behind the config's model service, recorded with the run: compare_results
+    checks from them that baseline and candidate are one model family served alike."""
+    from quanteval.workflow import nelconfig, nextconfig, validation
+
+    try:
+        _, service = nextconfig.model_service(nelconfig.load_config(config_path), config_path)
+    except ToolError:
+        return {}
+    directory, served = validation.service_model(service)
+    return {"checkpoint": directory, "served": served or {}}
+
+
 def _next_launch(kind: RunKind, config_path: str, overrides: list[str], max_problems: int | None, repeats: int | None,
                  details: dict, progress: ProgressFn) -> LaunchOutput:
     progress(1, 3, f"starting the nel-next {kind.replace('_', ' ')}")
@@ -886,6 +899,8 @@ def _next_launch(kind: RunKind, config_path: str, overrides: list[str], max_prob
         notes.append(f"The canary runs max_problems={max_problems}" + (f" and repeats={repeats}" if repeats else "")
                      + " per benchmark; the full run uses the config's.")
     run_dir = _next_run_dir(config_path, overrides, kind)
+    if not details.get("checkpoint"):
+        details = {**details, **_next_model_facts(config_path)}
     record = nelnext.launch(kind, config_path, [*overrides, *extra], run_dir,
                             {**details, "canary_overrides": extra, "limit_samples": max_problems, "repeats": repeats})
     record = ledger.update(record.id, details={"overrides": overrides, "run_overrides": [*overrides, *extra]})

@@ -863,21 +863,29 @@ def served_facts(url: str) -> dict[str, Any] | None:
     return data[0] if data and isinstance(data[0], dict) else None
 
 
-def _next_checkpoint(service: dict[str, Any], served: dict[str, Any] | None) -> checkpoint.CheckpointReport | None:
-    """The checkpoint behind a service: its model path (managed server) or the served root (vLLM reports it)."""
+def service_model(service: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """The checkpoint directory behind a nel-next service and what its server says it serves: a managed server's
+    model path, or for an endpoint (type api) the model root vLLM reports in /v1/models. None where unknown."""
+    url = service.get("url")
+    served = served_facts(url) if service.get("type") == "api" and isinstance(url, str) and "???" not in url else None
     candidate = service.get("model") if service.get("type") in ("vllm", "sglang") else (served or {}).get("root")
-    if not isinstance(candidate, str) or not Path(candidate).expanduser().is_dir():
+    found = isinstance(candidate, str) and Path(candidate).expanduser().is_dir()
+    return (str(Path(candidate).expanduser().resolve()) if found else None), served
+
+
+def _next_checkpoint(directory: str | None) -> checkpoint.CheckpointReport | None:
+    if directory is None:
         return None
     try:
-        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=candidate))
+        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=directory))
     except ToolError:
         return None
 
 
 def _next_service_rules(name: str, service: dict[str, Any], problems: list[Problem]) -> None:
     prefix = f"services.{name}"
-    served = served_facts(service["url"]) if service.get("type") == "api" and isinstance(service.get("url"), str) and "???" not in service["url"] else None
-    report = _next_checkpoint(service, served)
+    directory, served = service_model(service)
+    report = _next_checkpoint(directory)
     generation = service.get("generation") or {}
     context = (served or {}).get("max_model_len") or (report.context_length if report else None)
     budget = generation.get("max_tokens")
