@@ -32,6 +32,9 @@ PATH_FIELDS: dict[str, Kind] = {
     "candidate_checkpoint": "checkpoint",
     "policy": "file",  # gate_results: a nel gate policy YAML
 }
+# List fields whose entries may be local files (a BYOB benchmark .py, a .jsonl); other entries are names (bundles,
+# built-in benchmarks, skills://NAME).
+PATH_LIST_FIELDS = frozenset({"benchmarks"})
 # (tool, field) pairs naming a config file the tool creates.
 NEW_YAML = {("build_config", "config_path")}
 # (tool, field) pairs naming a path on `host`: a local one when host is omitted or 'local'.
@@ -58,6 +61,11 @@ def check_arguments(tool: str, arguments: dict[str, Any], policy: Policy = ANY_P
     """Raise ToolError if any path-like argument breaks the policy or cannot be a path at all."""
     local_host = arguments.get("host") in (None, "local")
     for field, value in arguments.items():
+        if field in PATH_LIST_FIELDS and isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, str) and "://" not in item and (item.endswith((".py", ".jsonl")) or "/" in item):
+                    local_path(item, f"{field}[{index}]", policy)
+            continue
         kind: Kind | None = "new_yaml" if (tool, field) in NEW_YAML else PATH_FIELDS.get(field)
         if (tool, field) in ON_HOST and local_host:
             kind = "file"

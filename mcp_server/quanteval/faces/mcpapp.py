@@ -164,6 +164,10 @@ class QuantevalServer(MCPServer):
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
         try:
             spec = registry.get_tool(name, self._specs)
+            if self._policy.root is not None:
+                from quanteval.workflow import confine
+
+                confine.check_launch(name, arguments, self._policy)
             result = await anyio.to_thread.run_sync(
                 functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
                 abandon_on_cancel=True,
