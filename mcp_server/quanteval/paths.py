@@ -36,7 +36,7 @@ PATH_FIELDS: dict[str, Kind] = {
 # built-in benchmarks, skills://NAME).
 PATH_LIST_FIELDS = frozenset({"benchmarks"})
 # (tool, field) pairs naming a config file the tool creates.
-NEW_YAML = {("build_config", "config_path")}
+NEW_YAML = {("build_config", "config_path"), ("convert_config", "output_path")}
 # (tool, field) pairs naming a path on `host`: a local one when host is omitted or 'local'.
 ON_HOST = {("remote_grep", "path")}
 

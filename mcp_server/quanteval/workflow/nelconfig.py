@@ -544,7 +544,7 @@ def _build_next_config(request: BuildConfigInput, path: Path) -> BuildConfigOutp
     if request.deployment != "none":
         plain["services"]["model"] = {"type": request.deployment, "model": MISSING, "protocol": protocol,
                                       "served_model_name": MISSING, "generation": plain["services"]["model"]["generation"]}
-    doc = _as_round_trip(plain)
+    doc = as_round_trip(plain)
     doc.yaml_set_start_comment("nel-next (nemo-evaluator >= 0.3) config, written by quanteval build_config.\n"
                                "??? marks values to fill: apply_checkpoint, deployment_status's config_values, set_config_value.")
     try:
@@ -612,12 +612,12 @@ def _parse_yaml_value(text: str) -> Any:
     return wrapped["value"]
 
 
-def _as_round_trip(value: Any) -> Any:
+def as_round_trip(value: Any) -> Any:
     """JSON objects/lists as round-trip nodes, so they are written in block style like the rest of the file."""
     if isinstance(value, dict) and not isinstance(value, CommentedMap):
-        return CommentedMap((key, _as_round_trip(item)) for key, item in value.items())
+        return CommentedMap((key, as_round_trip(item)) for key, item in value.items())
     if isinstance(value, list) and not isinstance(value, CommentedSeq):
-        return CommentedSeq(_as_round_trip(item) for item in value)
+        return CommentedSeq(as_round_trip(item) for item in value)
     return value
 
 
@@ -625,7 +625,7 @@ def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
     """Use to fill a ??? or change a setting: sets one dotted key in a NEL config, keeping comments and order;
     atomic, returns a diff.
     """
-    value = _parse_yaml_value(request.yaml_value) if request.yaml_value is not None else _as_round_trip(request.value)
+    value = _parse_yaml_value(request.yaml_value) if request.yaml_value is not None else as_round_trip(request.value)
     diff = edit_config(request.config_path, lambda doc: set_path(doc, request.key, value))
     return ConfigEditOutput(config_path=request.config_path, key=request.key, changed=bool(diff), diff=diff)
 

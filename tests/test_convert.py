@@ -1,0 +1,122 @@
+"""convert_config: a NEL 0.2.6 config becomes a nel-next config that nel-next's own schema accepts; every NEL value is
+either mapped (named with where it went) or listed as not carried over, with why; nothing is overwritten."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from factories import make_checkpoint
+
+from quanteval.models import ToolError
+from quanteval.workflow.convert import ConvertConfigInput, convert_config
+from quanteval.workflow.nelconfig import (
+    ApplyCheckpointInput,
+    BuildConfigInput,
+    SetConfigValueInput,
+    apply_checkpoint,
+    build_config,
+    load_config,
+    set_config_value,
+    to_plain,
+    walk,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(),
+                                reason="no nel-next venv: bash scripts/setup builds .venv-nel-next")
+
+
+def _nel(tmp_path: Path, execution: str, deployment: str, bundle: str = "core_reasoning") -> str:
+    return build_config(BuildConfigInput(execution=execution, deployment=deployment, model_type="chat_reasoning", benchmarks=[bundle],
+                                         config_path=str(tmp_path / f"nel-{execution}-{deployment}.yaml"))).config_path
+
+
+def _accounted(source: str, result) -> None:
+    """Every non-null leaf of the NEL file is mapped or named as unmapped: nothing dropped silently."""
+    named = {m.source for m in result.mapped} | {u.source for u in result.unmapped}
+    for path, value in walk(to_plain(load_config(source))):
+        if value is None or (isinstance(value, dict | list) and value):
+            continue
+        assert any(path == n or path.startswith(n + ".") for n in named), f"{path} = {value!r} is neither mapped nor named"
+
+
+def test_a_local_vllm_config_converts_to_one_nel_next_accepts(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy_for_the_schema")  # NEL's template forwards it; nel-next expands ${HF_TOKEN} on load
+    source = _nel(tmp_path, "local", "vllm")
+    ckpt = make_checkpoint(tmp_path / "qwen3-8b", chat_template="plain", model_type="qwen3")
+    apply_checkpoint(ApplyCheckpointInput(config_path=source, checkpoint=str(ckpt)))
+    result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
+    assert result.valid, result.problems
+    doc = to_plain(load_config(result.output_path))
+    service = doc["services"]["model"]
+    assert service["type"] == "vllm" and service["model"] == str(ckpt.resolve()) and service["protocol"] == "chat_completions"
+    names = [b["name"] for b in doc["benchmarks"]]
+    assert "skills://gpqa" in names and "skills://mmlu-pro" in names
+    gpqa = doc["benchmarks"][names.index("skills://gpqa")]
+    assert gpqa["repeats"] == 5  # the recipe's num_repeats
+    reasons = {u.source: u.reason for u in result.unmapped}
+    assert any(key.endswith("extra.args") and "NeMo-Skills" in why for key, why in reasons.items())
+    _accounted(source, result)
+
+
+def test_a_slurm_config_gets_a_node_pool_and_says_what_is_still_unknown(tmp_path):
+    source = _nel(tmp_path, "slurm", "sglang")
+    for key, value in {"execution.hostname": "login-h100", "execution.username": "alice", "execution.account": "quant",
+                       "execution.partition": "batch", "execution.walltime": "02:00:00", "execution.output_dir": "/lustre/alice/evals"}.items():
+        set_config_value(SetConfigValueInput(config_path=source, key=key, value=value))
+    result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
+    cluster = to_plain(load_config(result.output_path))["cluster"]
+    assert cluster["type"] == "slurm" and cluster["hostname"] == "login-h100" and cluster["username"] == "alice"
+    assert cluster["account"] == "quant" and cluster["walltime"] == "02:00:00"
+    assert cluster["node_pools"]["default"]["partition"] == "batch"
+    assert "services.model.model" in result.missing_values  # the checkpoint is not known yet: apply_checkpoint fills it
+    assert not [p for p in result.problems if p["severity"] == "error" and p["rule"] != "missing_value"], result.problems
+    _accounted(source, result)
+
+
+def test_an_existing_endpoint_becomes_an_api_service_with_its_key_from_the_environment(tmp_path):
+    source = _nel(tmp_path, "local", "none")
+    for key, value in {"target.api_endpoint.url": "http://127.0.0.1:8000/v1/chat/completions", "target.api_endpoint.model_id": "m",
+                       "target.api_endpoint.api_key_name": "MY_KEY"}.items():
+        set_config_value(SetConfigValueInput(config_path=source, key=key, value=value))
+    result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
+    service = to_plain(load_config(result.output_path))["services"]["model"]
+    assert service == {**service, "type": "api", "url": "http://127.0.0.1:8000/v1/chat/completions", "model": "m", "api_key": "${MY_KEY}"}
+    _accounted(source, result)
+
+
+def test_bad_inputs_are_clear_errors_and_nothing_is_overwritten(tmp_path):
+    source = _nel(tmp_path, "local", "vllm")
+    existing = tmp_path / "taken.yaml"
+    existing.write_text("keep: me\n")
+    with pytest.raises(ToolError, match="never overwrites"):
+        convert_config(ConvertConfigInput(config_path=source, output_path=str(existing)))
+    assert existing.read_text() == "keep: me\n"
+    first = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
+    with pytest.raises(ToolError, match="already a nel-next config"):
+        convert_config(ConvertConfigInput(config_path=first.output_path, output_path=str(tmp_path / "again.yaml")))
+    compose = tmp_path / "docker-compose.yaml"
+    compose.write_text("services:\n  web:\n    image: nginx\n")
+    with pytest.raises(ToolError):
+        convert_config(ConvertConfigInput(config_path=str(compose), output_path=str(tmp_path / "x.yaml")))
+    with pytest.raises(ToolError, match="no such config file"):
+        convert_config(ConvertConfigInput(config_path=str(tmp_path / "absent.yaml"), output_path=str(tmp_path / "y.yaml")))
+    assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "y.yaml").exists()
+
+
+def test_convert_config_over_mcp(tmp_path):
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    source = _nel(tmp_path, "local", "vllm")
+
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("convert_config", {"config_path": source, "output_path": str(tmp_path / "next.yaml")})
+
+    result = anyio.run(go)
+    assert not result.is_error, result.content[0].text
+    assert result.structured_content["mapped"] and Path(result.structured_content["output_path"]).is_file()
