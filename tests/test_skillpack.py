@@ -262,7 +262,7 @@ def test_the_wheel_carries_the_pack_and_installs_from_it(tmp_path: Path):
 
     # The unpacked wheel, not this checkout, serves the install.
     script = (
-        "import sys; from pathlib import Path; from quanteval import skillpack; "
+        "import sys; from pathlib import Path; from quanteval.faces import skillpack; "
         "assert '_pack' in str(skillpack.pack_root()), skillpack.pack_root(); "
         "skillpack.install_skills(Path(sys.argv[1]))"
     )

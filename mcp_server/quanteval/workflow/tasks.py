@@ -198,6 +198,10 @@ class Recipe(BaseModel):
     repeats: int = Field(default=1, description="How many times the recipe repeats each sample.")
     samples: int | None = Field(
         default=None, description="Questions in the full dataset, one repeat (validate_run's expected count); null when unknown.")
+    prompt_tokens: int | None = Field(
+        default=None, description="Longest prompt of the benchmark in tokens, its template included (approximate); null when unknown.")
+    answer_tokens: int | None = Field(
+        default=None, description="Smallest generation budget that does not truncate the answers; null when unknown.")
     score_path: str = Field(description="Dotted path of the headline score in artifacts/results.yml.")
     sections: dict[str, str] = Field(description="The recipe's Markdown sections by heading (Task Details, Params, ...).")
     yaml_fragment: str = Field(description="The evaluation.tasks list item, as YAML text.")
@@ -269,6 +273,8 @@ def parse_recipe(path: Path) -> Recipe:
             judge=bool(front.get("judge", False)),
             repeats=int(front.get("repeats") or 1),
             samples=int(front["samples"]) if front.get("samples") is not None else None,
+            prompt_tokens=int(front["prompt_tokens"]) if front.get("prompt_tokens") is not None else None,
+            answer_tokens=int(front["answer_tokens"]) if front.get("answer_tokens") is not None else None,
             score_path=f"results.tasks.{fragment_task.split('.')[-1]}.metrics.{front['metric']}.scores.{front['score']}.value",
             sections=sections,
             yaml_fragment=fragment,
@@ -314,6 +320,18 @@ def list_recipes() -> list[Recipe]:
     if not directory.is_dir():
         return []
     return [_cached_recipe(path) for path in sorted(directory.glob("*.md")) if path.stem.lower() != "readme"]
+
+
+def recipe_for_benchmark(name: str) -> Recipe | None:
+    """The recipe of a nel-next `skills://NAME` benchmark: the one whose NEL task runs the same NeMo-Skills benchmark."""
+    if not name.startswith("skills://"):
+        return None
+    wanted = name.removeprefix("skills://")
+    for recipe in list_recipes():
+        entries = lookup(recipe.nel_task if "." in recipe.nel_task else f"{recipe.harness}.{recipe.nel_task}")
+        if len(entries) == 1 and entries[0].harness_task == wanted:
+            return recipe
+    return None
 
 
 def load_recipe(name: str) -> Recipe:

@@ -722,29 +722,60 @@ def _check_endpoint_vs_chat_template(ctx: _Context) -> None:
         ctx.add(path, "error", "no_chat_template", f"'{task['name']}' goes to the chat endpoint, and {report.checkpoint} has no chat template: the server refuses every request.", fix)
 
 
+def task_context_problem(task: str, recipe: tasks.Recipe | None, context: int | None, budget: int | None,
+                         context_flag: str) -> tuple[str, str, str, str] | None:
+    """(severity, rule, message, fix) when a task cannot work within the served context or its token budget, from the
+    figures its recipe gives (longest prompt, smallest answer budget); None when fine or unknown."""
+    if not recipe or not recipe.prompt_tokens or not recipe.answer_tokens or not context:
+        return None
+    need = recipe.prompt_tokens + recipe.answer_tokens
+    if context < need:
+        return ("error", "context_too_small_for_task",
+                f"'{task}' needs a context of {need} tokens (prompts up to ~{recipe.prompt_tokens}, answers up to {recipe.answer_tokens}: "
+                f"recipe {recipe.name}); the served context is {context}.",
+                f"Serve a context of at least {need} ({context_flag}) if the model allows it, or drop '{task}'.")
+    if budget is not None and budget < recipe.answer_tokens:
+        return ("warning", "budget_truncates_answers",
+                f"max tokens {budget} is below the {recipe.answer_tokens} '{task}' answers need (recipe {recipe.name}): truncated answers score 0.",
+                f"Set it to at least {recipe.answer_tokens}; the {context}-token context leaves room up to {context - recipe.prompt_tokens}.")
+    return None
+
+
+def _check_task_budget(ctx: _Context, task_path: str, task_name: str, budget: tuple[Any, str] | None, context: int | None, where: str,
+                       recipes: dict[str, tasks.Recipe], seen: set[tuple[str, str]]) -> None:
+    """max tokens vs the served context, and the context vs what the task's recipe says it needs."""
+    if context and budget and isinstance(budget[0], int) and not isinstance(budget[0], bool) and (budget[1], "budget") not in seen:
+        seen.add((budget[1], "budget"))
+        fit = nelconfig.generation_budget(context)
+        if budget[0] >= context:
+            ctx.add(budget[1], "error", "budget_exceeds_context",
+                    f"max tokens {budget[0]} >= the serving context {context} ({where}): the server refuses every request (prompt + max tokens must fit).",
+                    f"Set it to {fit} (apply_checkpoint does), or raise the context if the model allows it.")
+        elif context - budget[0] < MIN_PROMPT_TOKENS:
+            fix = f"Use {fit}." if fit < budget[0] else f"The context itself is short: serve at least {budget[0] + MIN_PROMPT_TOKENS} tokens if the model allows it."
+            ctx.add(budget[1], "warning", "budget_leaves_no_prompt_room",
+                    f"max tokens {budget[0]} leaves {context - budget[0]} tokens of the {context}-token context ({where}) for the prompt; longer prompts are refused.",
+                    fix)
+    budget_value = budget[0] if budget and isinstance(budget[0], int) and not isinstance(budget[0], bool) else None
+    found = task_context_problem(task_name, recipes.get(task_name), context, budget_value,
+                                 frameworks.FRAMEWORK_INFO[ctx.deployment].context_flag)
+    if found:
+        ctx.add(task_path, *found)
+
+
 def _check_generation(ctx: _Context) -> None:
     """Budget vs serving context, sampling vs the checkpoint's generation_config.json, thinking vs the chat template."""
     if ctx.deployment not in ("vllm", "sglang", "trtllm"):
         return
     report = ctx.checkpoint_report()
     context, where = nelconfig.serving_context(ctx.doc, report)
+    recipes = nelconfig.recipes_by_task()
     seen: set[tuple[str, str]] = set()
     for task_path, task in nelconfig.config_tasks(ctx.doc):
         if not isinstance(task, dict):
             continue
         generation = nelconfig.task_generation(ctx.doc, task_path)
-        budget = generation.get("max_new_tokens")
-        if context and budget and isinstance(budget[0], int) and not isinstance(budget[0], bool) and (budget[1], "budget") not in seen:
-            seen.add((budget[1], "budget"))
-            fit = nelconfig.generation_budget(context)
-            if budget[0] >= context:
-                ctx.add(budget[1], "error", "budget_exceeds_context",
-                        f"max tokens {budget[0]} >= the serving context {context} ({where}): the server refuses every request (prompt + max tokens must fit).",
-                        f"Set it to {fit} (apply_checkpoint does), or raise the context if the model allows it.")
-            elif context - budget[0] < MIN_PROMPT_TOKENS:
-                ctx.add(budget[1], "warning", "budget_leaves_no_prompt_room",
-                        f"max tokens {budget[0]} leaves {context - budget[0]} tokens of the {context}-token context ({where}) for the prompt; longer prompts are refused.",
-                        f"Use {fit}.")
+        _check_task_budget(ctx, task_path, str(task.get("name")), generation.get("max_new_tokens"), context, where, recipes, seen)
         if report is None:
             continue
         for key in ("temperature", "top_p", "top_k"):
@@ -882,7 +913,8 @@ def _next_checkpoint(directory: str | None) -> checkpoint.CheckpointReport | Non
         return None
 
 
-def _next_service_rules(name: str, service: dict[str, Any], problems: list[Problem]) -> None:
+def _next_service_rules(name: str, service: dict[str, Any], problems: list[Problem]) -> int | None:
+    """The service's own rules; returns its served context (the server's max_model_len, else the checkpoint's)."""
     prefix = f"services.{name}"
     directory, served = service_model(service)
     report = _next_checkpoint(directory)
@@ -909,6 +941,7 @@ def _next_service_rules(name: str, service: dict[str, Any], problems: list[Probl
         problems.append(Problem(key=f"{prefix}.model", severity="error", rule="served_name_mismatch",
                                 message=f"the server at {service['url']} serves '{served.get('id')}', not '{service['model']}': every request gets 404.",
                                 fix=f"Set {prefix}.model to {served.get('id')}."))
+    return context if isinstance(context, int) else None
 
 
 def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None) -> list[Problem]:
@@ -927,9 +960,20 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
         problems.append(Problem(key=problem["path"] or "(config)", severity="error", rule="nel_next_schema",
                                 message=f"nel-next rejects it: {problem['message']}",
                                 fix="Correct the key or value as nel-next's schema says (extra keys are forbidden)."))
+    contexts: dict[str, int | None] = {}
     for name, service in (doc.get("services") or {}).items():
         if isinstance(service, dict):
-            _next_service_rules(str(name), service, problems)
+            contexts[str(name)] = _next_service_rules(str(name), service, problems)
+    for index, bench in enumerate(doc.get("benchmarks") or []):
+        solver = (bench or {}).get("solver") or {}
+        service = (doc.get("services") or {}).get(solver.get("service"), {}) if isinstance(doc.get("services"), dict) else {}
+        budget = ((solver.get("generation") or {}).get("max_tokens") or (service.get("generation") or {}).get("max_tokens")) if isinstance(service, dict) else None
+        found = task_context_problem(str((bench or {}).get("name")), tasks.recipe_for_benchmark(str((bench or {}).get("name", ""))),
+                                     contexts.get(str(solver.get("service"))), budget if isinstance(budget, int) else None,
+                                     "--max-model-len for vLLM, --context-length for SGLang")
+        if found:
+            severity, rule, message, fix = found
+            problems.append(Problem(key=f"benchmarks[{index}]", severity=severity, rule=rule, message=message, fix=fix))
     for index, bench in enumerate(doc.get("benchmarks") or []):
         bench_name = str((bench or {}).get("name", ""))
         if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():
