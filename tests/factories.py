@@ -98,6 +98,8 @@ def _linear(prefix: str, out_features: int, in_features: int, algo: str | None) 
             f"{prefix}.weight_scale_2": ("F32", []),
             f"{prefix}.input_scale": ("F32", []),
         }
+    if algo == "NVFP4_AWQ":  # NVFP4 plus the AWQ smoothing scale ModelOpt folds into the input
+        return {**_linear(prefix, out_features, in_features, "NVFP4"), f"{prefix}.pre_quant_scale": ("BF16", [in_features])}
     if algo in ("W4A16_AWQ", "W4A8_AWQ"):  # ModelOpt INT4 AWQ: two int4 per uint8, per-128-group scales
         tensors = {
             f"{prefix}.weight": ("U8", [out_features, in_features // 2]),
@@ -362,4 +364,42 @@ def make_checkpoint(
     (root / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
     )
+    return root
+
+
+ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def make_modelopt_mix(root: Path, *, attention: str = "FP8", mlp: str = "NVFP4_AWQ", layers: int = 2) -> Path:
+    """A ModelOpt auto_quantize export (MIXED_PRECISION) with one format for the attention projections and one for the
+    MLPs, written as ModelOpt 0.47 writes it: hf_quant_config.json's per-layer `quantized_layers` (NVFP4 and AWQ layers
+    with group_size, AWQ ones with has_zero_point/pre_quant_scale), config.json's quantization_config (config groups
+    per format plus the same map), and per layer the tensors the format stores (packed uint8 weights, weight_scale,
+    weight_scale_2, pre_quant_scale, input_scale). ModelOpt needs CUDA to make NVFP4_AWQ, so the data is zeros."""
+    make_checkpoint(root, chat_template="plain", layers=layers)
+    config = json.loads((root / "config.json").read_text())
+    algos = {f"model.layers.{layer}.{module}": (attention if module in ATTENTION else mlp)
+             for layer in range(layers) for module in ATTENTION + MLP}
+
+    def entry(algo: str) -> dict:
+        if algo in ("NVFP4_AWQ", "W4A8_AWQ", "W4A16_AWQ"):
+            return {"quant_algo": algo, "group_size": 16 if algo == "NVFP4_AWQ" else 128, "has_zero_point": False, "pre_quant_scale": True}
+        return {"quant_algo": algo, "group_size": 16} if algo == "NVFP4" else {"quant_algo": algo}
+
+    quantized_layers = {name: entry(algo) for name, algo in algos.items()}
+    (root / "hf_quant_config.json").write_text(json.dumps({"producer": MODELOPT_PRODUCER, "quantization": {
+        "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "quantized_layers": quantized_layers}}, indent=2))
+    fp4 = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
+    schemes = {"NVFP4_AWQ": {"input_activations": dict(fp4), "weights": dict(fp4)}}
+    groups = {f"group_{i}": {**schemes.get(algo, _scheme(algo, None)), "targets": sorted(n for n, a in algos.items() if a == algo)}
+              for i, algo in enumerate(dict.fromkeys(algos.values()))}
+    config["quantization_config"] = {"config_groups": groups, "quantized_layers": quantized_layers, "ignore": [],
+                                     "quant_algo": "MIXED_PRECISION", "producer": MODELOPT_PRODUCER, "quant_method": "modelopt"}
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = {name: spec for name, spec in _tensors(config, layers, None).items() if not any(name.startswith(f"{m}.") for m in algos)}
+    for name, algo in algos.items():
+        out_features, in_features = next(spec[1] for n, spec in _tensors(config, layers, None).items() if n == f"{name}.weight")
+        tensors.update(_linear(name, out_features, in_features, algo))
+    write_safetensors(root / "model.safetensors", tensors, {"format": "pt"})
     return root

@@ -145,20 +145,37 @@ def test_mixed_precision_with_nvfp4_layers_is_read_by_the_servers_themselves(tmp
     assert any("modelopt_mixed" in n for n in report.deployment_flags["sglang"].notes)
 
 
-def test_mixed_fp8_and_w4a8_awq_resolves_as_w4afp8_without_a_flag(tmp_path: Path):
+def _mix(tmp_path: Path, layers: dict[str, str]) -> Path:
     root = make_checkpoint(tmp_path / "ckpt", quant="FP8")
     (root / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.47.0"}, "quantization": {
         "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
-        "quantized_layers": {"model.layers.0.mlp.gate_proj": {"quant_algo": "W4A8_AWQ", "group_size": 128},
-                             "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"}}}}))
+        "quantized_layers": {name: {"quant_algo": algo} for name, algo in layers.items()}}}))
     config = json.loads((root / "config.json").read_text())
     config.pop("quantization_config", None)
     (root / "config.json").write_text(json.dumps(config))
-    report = inspect(root)
+    return root
+
+
+def test_fp8_attention_with_w4a8_awq_experts_is_what_sglangs_w4afp8_loads(tmp_path: Path):
+    """The DeepSeek-R1-W4AFP8 shape: SGLang resolves it as w4afp8 itself (no flag) and loads both layer kinds; vLLM's
+    mixed loader has no W4A8_AWQ method, so it says so for vLLM."""
+    report = inspect(_mix(tmp_path, {"model.layers.0.mlp.experts.0.gate_proj": "W4A8_AWQ", "model.layers.0.self_attn.q_proj": "FP8"}))
     assert report.quantization.format == "MIXED_PRECISION:w4afp8"
-    assert "--quantization" not in report.deployment_flags["sglang"].args
-    assert any("w4afp8" in n for n in report.deployment_flags["sglang"].notes)
-    assert not any("cannot load" in w for w in report.warnings)  # vLLM reads it as modelopt_mixed
+    sglang = report.deployment_flags["sglang"]
+    assert "--quantization" not in sglang.args and not [n for n in sglang.notes if n.startswith("error")]
+    assert any("(resolves it as w4afp8); no --quantization needed" in n for n in sglang.notes)
+    vllm_errors = [n for n in report.deployment_flags["vllm"].notes if n.startswith("error")]
+    assert vllm_errors and "1 experts layer stored as W4A8_AWQ (e.g. model.layers.0.mlp.experts.0.gate_proj)" in vllm_errors[0]
+    assert "Serve it with SGLang (framework 'sglang')" in vllm_errors[0]
+
+
+def test_w4a8_awq_in_a_dense_layer_loads_nowhere_though_sglang_resolves_it(tmp_path: Path):
+    """w4afp8 gives every linear layer the FP8 method: a dense W4A8_AWQ layer's packed int4 weights do not fit it."""
+    report = inspect(_mix(tmp_path, {"model.layers.0.mlp.gate_proj": "W4A8_AWQ", "model.layers.0.self_attn.q_proj": "FP8"}))
+    for framework in ("sglang", "vllm"):
+        notes = report.deployment_flags[framework].notes
+        assert any(n.startswith("error") and "stored as W4A8_AWQ" in n and "Neither SGLang nor vLLM" in n for n in notes), notes
+        assert not any("no --quantization needed" in n for n in notes)
 
 
 def test_fp8_and_nvfp4_need_no_quantization_flag(tmp_path: Path):

@@ -18,10 +18,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from factories import MODELOPT_ALGOS, OTHER_METHODS, make_checkpoint  # noqa: E402
+from factories import MODELOPT_ALGOS, OTHER_METHODS, make_checkpoint, make_modelopt_mix  # noqa: E402
 from framework_oracle import sglang_available, sglang_resolve, vllm_resolve  # noqa: E402
 
-from quanteval import frameworks  # noqa: E402
+from quanteval.serving import frameworks  # noqa: E402
 from quanteval.serving.checkpoint import CheckpointReport, InspectCheckpointInput, inspect_checkpoint  # noqa: E402
 from quanteval.serving.deploy import PlanDeploymentInput, plan_deployment, vllm_venv  # noqa: E402
 
@@ -61,6 +61,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         found[f"factory/{method}"] = make_checkpoint(made / method, quant=method)
     for algo in (*EXTRA_MODELOPT, "MIXED_W4AFP8"):
         found[f"modelopt/{algo}"] = _modelopt_variant(made / f"x-{algo}", algo)
+    # auto_quantize mixes as ModelOpt 0.47 writes them (config.json and hf_quant_config.json, per-layer tensors).
+    for mlp in ("NVFP4_AWQ", "NVFP4", "W4A8_AWQ"):
+        found[f"modelopt/MIX_FP8_{mlp}"] = make_modelopt_mix(made / f"mix-{mlp}", mlp=mlp)
     return found
 
 
@@ -84,9 +87,45 @@ def _errors(report: CheckpointReport, framework: str) -> list[str]:
     return [n for n in report.deployment_flags[framework].notes if n.startswith("error:")]
 
 
+# The layer formats whose tensors each SGLang quantize method builds (its create_weights): a mix's layer loads when the
+# method SGLang's own dispatch picks for it is one of these for the layer's quant_algo.
+SGLANG_METHOD_LOADS = {
+    "Fp8LinearMethod": {"FP8"}, "ModelOptFp8LinearMethod": {"FP8"}, "ModelOptFp4LinearMethod": {"NVFP4"},
+    "ModelOptNvFp4A16LinearMethod": {"W4A16_NVFP4"}, "W4AFp8MoEMethod": {"W4A8_AWQ"}, "ModelOptFp8MoEMethod": {"FP8"},
+    "ModelOptNvFp4FusedMoEMethod": {"NVFP4", "W4A16_NVFP4"},
+}
+
+
+def _unloaded(report: CheckpointReport, methods: dict[str, str | None], loads) -> set[str]:  # noqa: ANN001
+    """Layers of a mix whose picked method (the oracle's) does not load their format."""
+    return {name for name, method in methods.items() if not loads(method, report.quantization.quantized_layers[name].upper())}
+
+
+def _sglang_unloaded(report: CheckpointReport, sglang: dict) -> set[str]:
+    return _unloaded(report, sglang["layer_methods"], lambda method, algo: algo in SGLANG_METHOD_LOADS.get(method or "", set()))
+
+
 def _sglang_refuses(report: CheckpointReport, sglang: dict) -> bool:
-    """SGLang raised, or it ignored the quantization config of a quantized checkpoint (it would load packed weights as BF16)."""
-    return bool(sglang["error"]) or (report.quantization.detected and sglang["quantization"] is None)
+    """SGLang raised, it ignored the quantization config of a quantized checkpoint (it would load packed weights as BF16),
+    or it gives a layer of a mix a method that does not load that layer's format."""
+    return bool(sglang["error"]) or (report.quantization.detected and sglang["quantization"] is None) or bool(_sglang_unloaded(report, sglang))
+
+
+def _layers_we_call_unloadable(report: CheckpointReport, framework: str) -> set[str]:
+    quant = report.quantization
+    return {n for names in frameworks.unloadable_layers(framework, quant.format, quant.quantized_layers).values() for n in names}
+
+
+def test_sglang_loads_each_layer_of_a_mix_as_we_say(resolved):
+    """Per layer, not per checkpoint: SGLang's own get_quant_method for each layer of each mixed checkpoint."""
+    mixes = {name: pair for name, pair in resolved.items() if pair[0].quantization.quantized_layers and not pair[1]["error"]}
+    assert {"modelopt/MIX_FP8_NVFP4_AWQ", "modelopt/MIX_FP8_NVFP4", "fixture/modelopt-mixed-fp8-w4a8-awq"} <= set(mixes)
+    for name, (report, sglang) in mixes.items():
+        assert set(sglang["layer_methods"]) == set(report.quantization.quantized_layers), name
+        assert _layers_we_call_unloadable(report, "sglang") == _sglang_unloaded(report, sglang), name
+    nvfp4_awq, _ = mixes["modelopt/MIX_FP8_NVFP4_AWQ"]
+    assert len(_sglang_unloaded(nvfp4_awq, mixes["modelopt/MIX_FP8_NVFP4_AWQ"][1])) == 6  # every MLP projection
+    assert not _sglang_unloaded(*mixes["modelopt/MIX_FP8_NVFP4"])  # modelopt_mixed loads FP8 and NVFP4 layers
 
 
 def test_sglang_serves_what_we_say_it_serves_and_rejects_what_we_call_an_error(resolved):
@@ -151,7 +190,10 @@ def test_vllm_resolves_each_checkpoint_as_the_fact_table_says(checkpoints):
     for name, vllm in zip(names, answers, strict=True):
         report = reports[name]
         facts = frameworks.support("vllm", report.quantization.format)
-        if bool(vllm["error"]) != bool(_errors(report, "vllm")):
+        unloaded = {n for n, method in vllm["layer_methods"].items() if method in (None, "UnquantizedLinearMethod")}
+        if unloaded != {n for n in _layers_we_call_unloadable(report, "vllm") if ".experts." not in n}:
+            disagreements.append(f"{name}: vLLM leaves {sorted(unloaded)} unquantized, we say {sorted(_layers_we_call_unloadable(report, 'vllm'))}")
+        if bool(vllm["error"] or unloaded) != bool(_errors(report, "vllm")):
             disagreements.append(f"{name}: vLLM says {vllm['error'] or 'ok'}, we say {_errors(report, 'vllm') or 'ok'}")
         elif not vllm["error"] and report.quantization.format not in DEVICE_DEPENDENT and (
             (vllm["quantization"], vllm["min_capability"]) != (facts.resolves_as, facts.min_capability)

@@ -3,7 +3,8 @@
 argv[1]: a JSON list of [checkpoint directory, server arguments quanteval planned]. Prints a JSON
 list, one object per pair: {"quantization": what ModelConfig resolved, "quant_config": the
 QuantizationConfig class SGLang's loader builds, "min_capability": its get_min_capability(),
-"loader": the model loader class for the planned --load-format, "error": what SGLang raised}.
+"loader": the model loader class for the planned --load-format, "error": what SGLang raised,
+"layer_methods": for a mixed checkpoint, layer -> the quantize method class SGLang picks for it}.
 One process for all pairs: importing SGLang takes ~10 s here.
 
 This is SGLang 0.5.23's real code (ModelConfig._verify_quantization, model_loader.weight_utils.
@@ -44,6 +45,31 @@ class _TorchvisionPlaceholder:
         pass
 
 
+def _layer_methods(path: str, quant_config) -> dict[str, str | None]:  # noqa: ANN001
+    """For a mixed checkpoint, the quantize method SGLang's config picks for each layer hf_quant_config.json lists:
+    its own get_quant_method, handed a layer of the class the model builds there (FusedMoE for experts, else a linear
+    layer). The layers are made without __init__ (that needs a process group); dispatch reads only their class."""
+    import os
+
+    from sglang.srt.layers.linear import RowParallelLinear
+    from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+
+    layers = getattr(quant_config, "quantized_layers", None)  # ModelOptMixedPrecisionConfig keeps the map it read
+    if layers is None:  # W4AFp8Config does not: the map from the file SGLang read (config.json first)
+        with open(os.path.join(path, "config.json")) as handle:
+            layers = (json.load(handle).get("quantization_config") or {}).get("quantized_layers")
+        hf_quant = os.path.join(path, "hf_quant_config.json")
+        if layers is None and os.path.isfile(hf_quant):
+            with open(hf_quant) as handle:
+                layers = (json.load(handle).get("quantization") or {}).get("quantized_layers")
+    methods: dict[str, str | None] = {}
+    for name in layers or {}:
+        layer = object.__new__(FusedMoE if ".experts." in f"{name}." else RowParallelLinear)
+        method = quant_config.get_quant_method(layer, prefix=name)
+        methods[name] = type(method).__name__ if method is not None else None
+    return methods
+
+
 def resolve(path: str, server_args: list[str]) -> dict:
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import ModelConfig
@@ -56,7 +82,7 @@ def resolve(path: str, server_args: list[str]) -> dict:
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--trust-remote-code", action="store_true")
     known, _ = parser.parse_known_args(server_args)
-    out: dict = {"quantization": None, "quant_config": None, "min_capability": None, "loader": None, "error": None}
+    out: dict = {"quantization": None, "quant_config": None, "min_capability": None, "loader": None, "error": None, "layer_methods": {}}
     try:
         model_config = ModelConfig(path, trust_remote_code=known.trust_remote_code, quantization=known.quantization)
         out["quantization"] = model_config.quantization
@@ -66,6 +92,7 @@ def resolve(path: str, server_args: list[str]) -> dict:
             quant_config = get_quant_config(model_config, load_config, {})
             out["quant_config"] = type(quant_config).__name__
             out["min_capability"] = quant_config.get_min_capability()
+            out["layer_methods"] = _layer_methods(path, quant_config)
     except Exception as exc:  # what SGLang raises is the verdict
         out["error"] = f"{type(exc).__name__}: {exc}"[:600]
     return out

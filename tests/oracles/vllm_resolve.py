@@ -19,12 +19,26 @@ OVERRIDES = ["auto_gptq", "gptq", "gptq_marlin", "auto_awq", "awq", "awq_marlin"
              "modelopt_fp4", "modelopt_mxfp8", "mxfp8", "modelopt_mixed", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "humming"]
 
 
+def _layer_methods(config, layers: dict) -> dict[str, str | None]:  # noqa: ANN001
+    """For a mixed checkpoint, the quantize method vLLM's config picks for each listed layer: its own get_quant_method
+    handed a linear layer made without __init__ (that needs a process group; dispatch reads only the class).
+    Experts are left out: vLLM builds them as RoutedExperts with a moe_config no bare object has."""
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    methods: dict[str, str | None] = {}
+    for name in layers:
+        if ".experts." not in f"{name}.":
+            method = config.get_quant_method(object.__new__(RowParallelLinear), prefix=name)
+            methods[name] = type(method).__name__ if method is not None else None
+    return methods
+
+
 def resolve(path: str, server_args: list[str]) -> dict:
     from vllm.model_executor.layers import quantization as me_quant
     from vllm.transformers_utils.config import get_config
 
     requested = server_args[server_args.index("--quantization") + 1] if "--quantization" in server_args else None
-    out: dict = {"quantization": None, "quant_config": None, "min_capability": None, "error": None}
+    out: dict = {"quantization": None, "quant_config": None, "min_capability": None, "error": None, "layer_methods": {}}
     try:
         hf_config = get_config(path, trust_remote_code=False)
         quant_cfg = getattr(hf_config, "quantization_config", None)
@@ -49,6 +63,7 @@ def resolve(path: str, server_args: list[str]) -> dict:
             config = me_quant.get_quantization_config(quantization).from_config(quant_cfg or {})
             out["quant_config"] = type(config).__name__
             out["min_capability"] = config.get_min_capability()
+            out["layer_methods"] = _layer_methods(config, (quant_cfg or {}).get("quantized_layers") or {})
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:600]
     return out

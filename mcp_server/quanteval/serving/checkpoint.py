@@ -113,6 +113,9 @@ class QuantizationInfo(BaseModel):
     layer_algos: dict[str, int] = Field(
         default_factory=dict, description="MIXED_PRECISION: number of quantized layers per quant_algo."
     )
+    # Layer name -> quant_algo (MIXED_PRECISION): checked layer by layer against the scheme a framework serves the mix
+    # with. Hundreds of entries on a large model, so kept out of tool answers (layer_algos sums it up).
+    quantized_layers: dict[str, str] = Field(default_factory=dict, exclude=True)
     producer: str | None = Field(None, description="Tool and version that wrote the checkpoint, e.g. 'modelopt 0.29.0'.")
     source_file: str | None = Field(None, description="The file that named the method (hf_quant_config.json, config.json, ...).")
     sources: dict[str, str] = Field(
@@ -515,6 +518,7 @@ def _from_modelopt(qc: dict | None, hf_quant: dict | None) -> QuantizationInfo:
     layers = facts.get("quantized_layers")
     if isinstance(layers, dict):
         info.layer_algos = _count_layer_algos(layers)
+        info.quantized_layers = {str(name): str(cfg.get("quant_algo", "?") if isinstance(cfg, dict) else cfg) for name, cfg in layers.items()}
     elif mixed:
         info.layer_algos = {algo_: len(g.get("targets") or []) for g in groups if (algo_ := _algo_from_group(g))}
     precision = frameworks.MODELOPT_ALGOS.get(canonical or "")
@@ -670,6 +674,11 @@ _REASONING_MARKERS = ("enable_thinking", "<think>", "reasoning_content", "thinki
 _TOOL_MARKERS = re.compile(r"\btools\b|tool_calls|\btool_call\b")
 
 
+def framework_verdict(framework: str, quant: QuantizationInfo, gpu: str | None = None) -> frameworks.Verdict:
+    """What `framework` makes of this checkpoint's quantization on `gpu`, mixed layers checked one by one."""
+    return frameworks.verdict(framework, quant.format, algo_label(quant), gpu, quant.kv_cache_quant_algo, quant.quantized_layers)
+
+
 def algo_label(quant: QuantizationInfo) -> str:
     if quant.quant_algo:
         return quant.quant_algo
@@ -696,7 +705,7 @@ def _gpu_fit(weight_bytes: int, num_heads: int | None, quant: QuantizationInfo) 
         hardware = [
             message
             for f in frameworks.FRAMEWORKS
-            for level, message in sorted(frameworks.verdict(f, quant.format, algo_label(quant), gpu).findings)
+            for level, message in sorted(framework_verdict(f, quant, gpu).findings)
             if gpu in message
         ] if quant.detected else []
         note = None
@@ -722,10 +731,11 @@ def _deployment_flags(context_length: int | None, trust_remote_code: bool, quant
         args: list[str] = [info.context_flag, str(context_length)] if context_length else []
         if trust_remote_code:
             args.append(info.trust_remote_code_flag)
-        verdict = frameworks.verdict(framework, quant.format, algo_label(quant), kv_cache=quant.kv_cache_quant_algo)
+        verdict = framework_verdict(framework, quant)
         notes = [f"{level}: {message}" for level, message in verdict.findings] + verdict.notes
         support = frameworks.support(framework, quant.format)
-        if quant.detected and not support.rejected and not support.unverified and support.resolves_as and not verdict.quantization:
+        loads = not any(level == "error" for level, _ in verdict.findings)
+        if quant.detected and loads and not support.rejected and not support.unverified and support.resolves_as and not verdict.quantization:
             notes.append(f"Reads the checkpoint's quantization config itself (resolves it as {support.resolves_as}); no --quantization needed.")
         flags[framework] = FrameworkFlags(framework=framework, args=args + verdict.args, quantization=verdict.quantization, notes=notes)  # type: ignore[arg-type]
     return flags
@@ -741,11 +751,14 @@ def format_warnings(quant: QuantizationInfo) -> list[str]:
     if quant.detected:
         label = algo_label(quant)
         for framework in frameworks.FRAMEWORKS:
-            for level, message in frameworks.verdict(framework, quant.format, label).findings:
+            for level, message in framework_verdict(framework, quant).findings:
                 if level == "error":
                     warnings.append(message)
         natives = {s.native_capability for f in frameworks.FRAMEWORKS if (s := frameworks.support(f, quant.format)).fallback and s.native_capability}
-        if frameworks.BLACKWELL in natives:
+        fp4_layers = sorted(a for a in quant.layer_algos if "NVFP4" in a.upper())  # NVFP4 inside a mix needs Blackwell too
+        if frameworks.BLACKWELL in natives or fp4_layers:
+            if fp4_layers:
+                label = f"{label} (its {', '.join(fp4_layers)} layers)"
             warnings.append(
                 f"{label} runs natively on Blackwell (B200). On Hopper (H100/H200) SGLang and vLLM serve it through Marlin "
                 "weight-only kernels: activations stay 16-bit, so accuracy measured there is not the accuracy that ships on Blackwell."

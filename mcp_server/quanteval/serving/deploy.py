@@ -41,6 +41,7 @@ from quanteval.serving.checkpoint import (
     CheckpointReport,
     InspectCheckpointInput,
     algo_label,
+    framework_verdict,
     inspect_checkpoint,
 )
 from quanteval.serving.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
@@ -149,7 +150,7 @@ def _hardware_warnings(report: CheckpointReport, framework: str, gpu_type: str |
     quant = report.quantization
     warnings: list[PlanWarning] = []
     if quant.detected:
-        found = frameworks.verdict(framework, quant.format, algo_label(quant), gpu_type, quant.kv_cache_quant_algo)
+        found = framework_verdict(framework, quant, gpu_type)
         warnings += [PlanWarning(level=level, message=message) for level, message in found.findings]
     if gpu_type:
         usable = GPUS[gpu_type].memory_gb * 1e9 * WEIGHT_MEMORY_FRACTION * tp

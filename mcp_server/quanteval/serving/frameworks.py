@@ -305,7 +305,7 @@ SUPPORT: dict[tuple[str, str], Support] = {
     ("vllm", "MXFP8"): Support("modelopt_mxfp8", min_capability=80, native_capability=BLACKWELL, fallback=_VLLM_MXFP8_MARLIN),
     ("vllm", "MIXED_PRECISION:nvfp4"): Support("modelopt_mixed", min_capability=75, native_capability=BLACKWELL,
                                                fallback=_VLLM_NVFP4_MARLIN),
-    # vLLM's ModelOptMixedPrecisionConfig accepts the config; its W4A8_AWQ layer kernels are chosen at load (not run here).
+    # vLLM's ModelOptMixedPrecisionConfig accepts the config, but its per-layer dispatch has no W4A8_AWQ method (LAYER_LOADERS).
     ("vllm", "MIXED_PRECISION:w4afp8"): Support("modelopt_mixed", min_capability=75),
     ("vllm", "W4A16_AWQ"): Support("modelopt", rejected=_VLLM_MODELOPT),
     ("vllm", "W4A8_AWQ"): Support("modelopt", rejected=_VLLM_MODELOPT),
@@ -368,6 +368,57 @@ def format_key(method: str | None, quant_algo: str | None, layer_algos: dict[str
     return method
 
 
+# --- Mixed precision: which layer formats a scheme loads -------------------------------------------
+# A MIXED_PRECISION checkpoint is served by one scheme for all its layers; agreeing with the framework's resolver is
+# not enough, the scheme must also load each layer's format. A layer whose quant_algo its scheme does not dispatch
+# gets the unquantized (or a fixed FP8) method, and its packed weights and scales fail to load.
+
+
+@dataclass(frozen=True)
+class LayerLoader:
+    linear: frozenset[str]  # quant_algos its dense (linear) layers load
+    experts: frozenset[str]  # quant_algos its fused MoE experts load
+    source: str
+
+
+_SG_MIXED = frozenset({"FP8", "FP8_PB_WO", "FP8_BLOCK_SCALES", "MXFP8", "NVFP4", "W4A16_NVFP4"})
+_VLLM_MIXED_LINEAR = frozenset({"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8"})
+LAYER_LOADERS: dict[tuple[str, str], LayerLoader] = {
+    ("sglang", "w4afp8"): LayerLoader(frozenset({"FP8"}), frozenset({"W4A8_AWQ"}),
+                                      "SGLang 0.5.23 W4AFp8Config.get_quant_method: Fp8LinearMethod for every linear layer, "
+                                      "W4AFp8MoEMethod (int4 weights) for experts"),
+    ("sglang", "modelopt_mixed"): LayerLoader(_SG_MIXED, _SG_MIXED,
+                                              "SGLang 0.5.23 ModelOptMixedPrecisionConfig.get_quant_method; any other algo loads unquantized"),
+    ("vllm", "modelopt_mixed"): LayerLoader(_VLLM_MIXED_LINEAR, frozenset({"FP8", "FP8_PB_WO", "FP8_BLOCK_SCALES", "NVFP4", "W4A16_NVFP4", "MXFP8"}),
+                                            "vLLM 0.32 modelopt.py LINEAR_ALGOS and ModelOptMixedPrecisionConfig.get_quant_method; "
+                                            "any other algo loads unquantized"),
+}
+
+
+def layer_kind(name: str) -> str:
+    """'experts' for a fused MoE expert module (ModelOpt names them ...experts.N.proj), else 'linear'."""
+    return "experts" if ".experts." in f"{name}." else "linear"
+
+
+def scheme_of(framework: str, key: str) -> str | None:
+    """The quantization scheme `framework` serves format `key` with: the --quantization we pass, else what it resolves."""
+    facts = support(framework, key)
+    return facts.quantization or facts.resolves_as
+
+
+def unloadable_layers(framework: str, key: str, layers: dict[str, str]) -> dict[tuple[str, str], list[str]]:
+    """(quant_algo, kind) -> layer names that `framework`'s scheme for `key` cannot load; empty when all load or unknown."""
+    loader = LAYER_LOADERS.get((framework, scheme_of(framework, key) or ""))
+    missing: dict[tuple[str, str], list[str]] = {}
+    if loader is None:
+        return missing
+    for name, algo in layers.items():
+        kind = layer_kind(name)
+        if algo.upper() not in (loader.experts if kind == "experts" else loader.linear):
+            missing.setdefault((algo.upper(), kind), []).append(name)
+    return missing
+
+
 def support(framework: str, key: str) -> Support:
     """The known facts, or an `unverified` row for a format this module does not know for this framework."""
     found = SUPPORT.get((framework, key)) or SUPPORT.get((framework, key.split(":")[0]))
@@ -387,8 +438,10 @@ class Verdict:
     notes: list[str]  # hints that change nothing unless acted on (KV-cache dtype)
 
 
-def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, kv_cache: str | None = None) -> Verdict:
-    """Flags and findings for serving format `key` (shown to people as `algo_label`) with `framework` on `gpu`."""
+def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, kv_cache: str | None = None,
+            layers: dict[str, str] | None = None) -> Verdict:
+    """Flags and findings for serving format `key` (shown to people as `algo_label`) with `framework` on `gpu`;
+    `layers` (layer name -> quant_algo, mixed checkpoints) are checked one by one against the scheme that serves them."""
     facts = support(framework, key)
     name = DISPLAY_NAMES[framework]
     args: list[str] = []
@@ -404,6 +457,8 @@ def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, k
         findings.append(("error", f"{name} cannot load {algo_label}: {facts.rejected}.{hint}"))
     elif facts.unverified and key != "none":
         findings.append(("warning", f"quanteval has no facts on {algo_label} with {name}; check that your {name} release serves it."))
+    if not facts.rejected and layers and (missing := unloadable_layers(framework, key, layers)):
+        findings.append(("error", _layer_error(framework, key, layers, missing)))
     capability = GPUS[gpu].capability if gpu in GPUS else None
     if not facts.rejected and capability is not None and facts.min_capability and capability < facts.min_capability:
         findings.append(("error", f"{name} needs compute capability >= {facts.min_capability / 10:.1f} for {algo_label}; "
@@ -414,6 +469,12 @@ def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, k
         elif capability is None:
             findings.append(("warning", f"{algo_label} runs natively with {name} on compute capability >= "
                                         f"{facts.native_capability / 10:.1f} (Blackwell); below it {name} serves it through {facts.fallback}."))
+    fp4_layers = sorted({a.upper() for a in (layers or {}).values() if "NVFP4" in a.upper()})
+    if fp4_layers and framework != "trtllm" and not (facts.fallback and facts.native_capability) and (capability is None or capability < BLACKWELL):
+        where = f"on {gpu}" if capability is not None else "below compute capability 10.0 (Blackwell)"
+        findings.append(("warning", f"{algo_label}'s {', '.join(fp4_layers)} layers run natively on Blackwell; {where} they need "
+                                    "Marlin weight-only kernels (activations stay 16-bit), so accuracy measured there is not the "
+                                    "accuracy that ships on Blackwell."))
     notes: list[str] = []
     if kv_cache and framework != "trtllm" and not facts.rejected:
         kv = kv_cache.upper()
@@ -425,6 +486,26 @@ def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, k
                                         "names for FP4 KV (fp4_e2m1 in recent SGLang/vLLM, Blackwell only); without it the "
                                         "KV cache stays 16-bit and accuracy measured is not the NVFP4-KV accuracy.")
     return Verdict(args=args, quantization=facts.quantization, findings=findings, notes=notes)
+
+
+def _layer_error(framework: str, key: str, layers: dict[str, str], missing: dict[tuple[str, str], list[str]]) -> str:
+    scheme = scheme_of(framework, key)
+    loader = LAYER_LOADERS[(framework, scheme or "")]
+    kinds = sorted({kind for _, kind in missing})
+    loads = "; ".join(f"{kind} layers stored as {', '.join(sorted(loader.experts if kind == 'experts' else loader.linear))}" for kind in kinds)
+    cannot = "; ".join(f"{len(names)} {kind} layer{'s' * (len(names) > 1)} stored as {algo} (e.g. {names[0]})"
+                       for (algo, kind), names in sorted(missing.items()))
+    serves = [f for f in FRAMEWORKS if f != framework and (f, scheme_of(f, key) or "") in LAYER_LOADERS
+              and not unloadable_layers(f, key, layers)]
+    algos = ", ".join(sorted({algo for algo, _ in missing}))
+    if serves:
+        hint = "Serve it with " + " or ".join(f"{DISPLAY_NAMES[f]} (framework {f!r})" for f in serves) + "."
+    else:
+        hint = (f"Neither SGLang nor vLLM loads {algos} layers in a mixed checkpoint: re-export those layers in a format "
+                "their mixed loaders take (FP8, or NVFP4 without AWQ), or check that your TensorRT-LLM release loads them "
+                "(quanteval has no per-layer facts on it).")
+    return (f"{DISPLAY_NAMES[framework]} serves this mix as {scheme}, which loads {loads} only; it cannot load {cannot}: "
+            f"their packed weights and scales do not fit the layers it builds. {hint}")
 
 
 # --- Flags across frameworks (validate_config) ---------------------------------------------------

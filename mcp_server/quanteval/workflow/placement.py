@@ -82,7 +82,7 @@ def _format_warnings(report: Any, framework: str, gpu: str | None, partition: st
                      better: remote.PartitionInfo | None) -> list[str]:
     """The checkpoint's format on the partition's GPU, as `framework` serves it (facts from quanteval.serving.frameworks)."""
     from quanteval.serving import frameworks
-    from quanteval.serving.checkpoint import algo_label
+    from quanteval.serving.checkpoint import algo_label, framework_verdict
 
     if report is None or framework not in frameworks.FRAMEWORKS or not report.quantization.detected:
         return []
@@ -98,7 +98,7 @@ def _format_warnings(report: Any, framework: str, gpu: str | None, partition: st
     if better is not None:
         now = "" if better.usable_nodes else " (no usable node right now)"
         elsewhere = f" Partition {better.name} has {better.gpu_model} GPUs{now}: use it to measure the format as it ships."
-    findings = frameworks.verdict(framework, quant.format, label, gpu=gpu).findings
+    findings = framework_verdict(framework, quant, gpu).findings
     return [f"{message} (partition {partition}){elsewhere if not _native(report, gpu, framework) else ''}"
             for _, message in findings]
 

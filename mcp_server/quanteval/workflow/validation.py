@@ -804,6 +804,11 @@ def _check_generation(ctx: _Context) -> None:
                 "Add --reasoning-parser to extra_args (apply_checkpoint picks it), or set adapter_config.process_reasoning_traces: true.")
     quantization = options.get("--quantization")
     flags = report.deployment_flags.get(ctx.deployment)
+    for note in flags.notes if flags else []:
+        if note.startswith("error: "):  # the framework cannot load this format (or some of a mix's layers)
+            key = "deployment.checkpoint_path" if (ctx.doc.get("deployment") or {}).get("checkpoint_path") else "deployment.hf_model_handle"
+            ctx.add(key, "error", "checkpoint_not_servable", note.removeprefix("error: "),
+                    f"Serve it with the framework or export the message names; {ctx.deployment} fails at load otherwise.")
     if quantization and flags and flags.quantization is None and report.quantization.method == "modelopt" and frameworks.quantization_flag_fits(quantization, report.quantization.method, report.quantization.quant_algo, report.quantization.format):
         ctx.add("deployment.extra_args", "warning", "quantization_flag_unneeded",
                 f"--quantization {quantization} is not needed: {ctx.deployment} reads the checkpoint's ModelOpt config itself, and a stale flag breaks the next checkpoint.",
