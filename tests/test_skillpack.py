@@ -83,7 +83,7 @@ def test_every_tool_the_pack_names_exists():
     text = _pack_text()
     prefixes = {name.split("_")[0] for name in CONTRACT_TOOLS}
     # Config keys and report fields that merely share a prefix with tool names.
-    not_tools = {"deployment_flags", "get_path", "set_path", "list_recipes", "extract_path"}
+    not_tools = {"deployment_flags", "get_path", "set_path", "list_recipes", "extract_path", "launch_commands"}
     named = set(re.findall(r"`([a-z]+(?:_[a-z]+)+)`", text)) | set(re.findall(r"quanteval call ([a-z_]+)", text))
     tool_like = {name for name in named if name.split("_")[0] in prefixes} - not_tools
     assert sorted(tool_like - set(registry.TOOLS)) == []

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -120,6 +121,57 @@ def op_hash(config_path: str, overrides: list[str]) -> dict[str, Any]:
     return {"config_hash": content_hash(cfg), **_summary(cfg)}
 
 
+MAX_WARNINGS = 50
+
+
+class _NelWarnings(logging.Handler):
+    """NEL's warnings (it logs through structlog's stdlib factory, so they reach the root logger), each with the task
+    NEL's per-task parameter check was on when it warned (None for the others)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.found: list[dict[str, str | None]] = []
+        self.task: str | None = None
+        self.checking: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.msg.get("event") if isinstance(record.msg, dict) else record.getMessage()
+        # NEL appends every parameter the template reads; what is unused is the finding.
+        text = ANSI_ESCAPE.sub("", str(message)).split(" Valid params from command:")[0].strip()[:500]
+        item = {"task": self.checking, "message": text}
+        if item not in self.found and len(self.found) < MAX_WARNINGS:
+            self.found.append(item)
+
+
+@contextlib.contextmanager
+def _nel_warnings() -> Any:
+    """Collect NEL's warnings during a run, tagging those of its per-task parameter check with the task's name: NEL
+    merges each task's config (get_eval_factory_config) right before checking it (validate_params_in_command)."""
+    import nemo_evaluator_launcher.api.functional as functional
+
+    handler = _NelWarnings()
+    merge, check = functional.get_eval_factory_config, functional.validate_params_in_command
+
+    def merge_tagged(cfg: Any, task: Any, *args: Any, **kwargs: Any) -> Any:
+        handler.task = str(task.get("name")) if hasattr(task, "get") else None
+        return merge(cfg, task, *args, **kwargs)
+
+    def check_tagged(*args: Any, **kwargs: Any) -> Any:
+        handler.checking = handler.task
+        try:
+            return check(*args, **kwargs)
+        finally:
+            handler.checking = None
+
+    functional.get_eval_factory_config, functional.validate_params_in_command = merge_tagged, check_tagged
+    logging.getLogger().addHandler(handler)
+    try:
+        yield handler.found
+    finally:
+        logging.getLogger().removeHandler(handler)
+        functional.get_eval_factory_config, functional.validate_params_in_command = merge, check
+
+
 def op_run(config_path: str, overrides: list[str], extra_overrides: list[str], tasks: list[str],
            dry_run: bool) -> dict[str, Any]:
     from nemo_evaluator_launcher.api.functional import run_eval
@@ -135,10 +187,10 @@ def op_run(config_path: str, overrides: list[str], extra_overrides: list[str], t
                 "machine, or set execution to slurm (execution.hostname = your cluster's login node)."),
                     "config_hash": cfg_hash, **summary}
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), _nel_warnings() as warnings:
         invocation_id = run_eval(cfg, dry_run=dry_run, tasks=tasks or None)
     return {"invocation_id": invocation_id, "config_hash": cfg_hash, "printed": ANSI_ESCAPE.sub("", printed.getvalue()),
-            **summary}
+            "warnings": warnings, **summary}
 
 
 def _jobs(invocation_id: str) -> dict[str, Any]:

@@ -1053,6 +1053,10 @@ def _is_nemo_skills(name: str) -> bool:
     return any(entry.harness == "nemo_skills" for entry in tasks.lookup(name))
 
 
+def _sibling(path: str, key: str) -> str:
+    return f"{path.rsplit('.', 1)[0]}.{key}"
+
+
 def _reads_tokenizer(name: str) -> bool:
     return any(entry.reads_tokenizer for entry in tasks.lookup(name))
 
@@ -1232,37 +1236,51 @@ def _apply_tokenizer(
 ) -> None:
     """The evaluation container's tokenizer: the HF handle, or on SLURM the checkpoint mounted at /checkpoint.
 
-    Only lm-evaluation-harness, ruler and genai-perf tasks read it; with none of those and no way to
-    reach a local checkpoint from the evaluation container (NEL's local executor mounts nothing there),
-    the key is removed rather than left ??? for NEL to stop on.
+    Only lm-evaluation-harness, ruler and genai-perf tasks read it, and NEL warns about a parameter a task's command
+    never reads: so it goes where the readers are, globally when every task reads it, else under each reading task,
+    and nowhere without readers. With readers and no way to reach a local checkpoint from the evaluation container
+    (NEL's local executor mounts nothing there) it stays ??? with a note.
     """
     handle = report.hf_handle
     on_slurm = execution_type(doc) == "slurm"
     tokenizer = handle or (EVALUATION_CHECKPOINT_MOUNT if local_path and on_slurm else None)
-    readers = [str(task.get("name")) for _, task in config_tasks(doc) if isinstance(task, dict) and _reads_tokenizer(str(task.get("name")))]
+    entries = [(path, str(task.get("name"))) for path, task in config_tasks(doc) if isinstance(task, dict)]
+    readers = [(path, name) for path, name in entries if _reads_tokenizer(name)]
+    if readers and len(readers) == len(entries):
+        targets = [GLOBAL_TOKENIZER]
+    else:
+        targets = [f"{path}.nemo_evaluator_config.config.params.extra.tokenizer" for path, _ in readers]
     ours = {MISSING, EVALUATION_CHECKPOINT_MOUNT, *old_sources} | ({old.hf_handle} if old and old.hf_handle else set())
-    paths = [path for path, _ in walk(doc) if path.endswith("params.extra.tokenizer")]
-    if not paths and readers and tokenizer:
-        paths = [GLOBAL_TOKENIZER]
+    present = [path for path, _ in walk(doc) if path.endswith("params.extra.tokenizer")]
+    backend = next((value_at(doc, _sibling(path, "tokenizer_backend")) for path in present if value_at(doc, path) in ours
+                    and value_at(doc, _sibling(path, "tokenizer_backend")) is not None), None)
+    for path in present:
+        if path in targets:
+            continue
+        if value_at(doc, path) not in ours:
+            idle = [name for task_path, name in entries if (task_path, name) not in readers and not path.startswith(f"{task_path}.")]
+            notes.append(f"Kept {path} = {value_at(doc, path)} (set by hand), though {', '.join(idle) or 'no task'} never read it: "
+                         "NEL warns about it (dry_run's nel_warnings).")
+            continue
+        why = "no task in this config reads the evaluation tokenizer" if not readers else "set under the tasks that read it instead"
+        remove(doc, path, why)
+        remove(doc, _sibling(path, "tokenizer_backend"), "goes with the tokenizer")
+        if value_at(doc, path.rsplit(".", 1)[0]) == {}:
+            remove(doc, path.rsplit(".", 1)[0], "empty")
     mounted = False
-    for path in paths:
+    for path in targets:
         current = value_at(doc, path)
         if current is not None and current not in ours:
             notes.append(f"Kept {path} = {current} (set by hand); check it is {report.hf_handle or 'the tokenizer of ' + Path(report.path).name}.")
             continue
-        if tokenizer:
-            write(doc, path, tokenizer)
-            mounted = mounted or tokenizer == EVALUATION_CHECKPOINT_MOUNT
-        elif not readers:
-            remove(doc, path, "no task in this config reads the evaluation tokenizer")
-            backend = path.rsplit(".", 1)[0] + ".tokenizer_backend"
-            remove(doc, backend, "goes with the tokenizer")
-            extra = path.rsplit(".", 1)[0]
-            if value_at(doc, extra) == {}:
-                remove(doc, extra, "empty")
-        else:
+        write(doc, path, tokenizer or MISSING)
+        if backend is not None:
+            write(doc, _sibling(path, "tokenizer_backend"), backend)
+        mounted = mounted or tokenizer == EVALUATION_CHECKPOINT_MOUNT
+        if not tokenizer:
             notes.append(
-                f"{path} is still ???: {', '.join(readers)} read it, and NEL's local executor cannot show a local checkpoint to the "
-                "evaluation container. Set it to the model's Hugging Face handle (quanteval plan --set KEY=VALUE, or set_config_value)."
+                f"{path} is still ???: {', '.join(name for _, name in readers)} read it, and NEL's local executor cannot show a local "
+                "checkpoint to the evaluation container. Set it to the model's Hugging Face handle (quanteval plan --set KEY=VALUE, "
+                "or set_config_value)."
             )
     changes += mount_checkpoint_for_evaluation(doc, str(local_path) if mounted else None)

@@ -14,6 +14,7 @@ restart job queued is reported as `resuming`, never as a failure.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shlex
@@ -133,6 +134,59 @@ class RenderedScript(BaseModel):
     path: str | None = Field(description="Where it lies on disk (null for SLURM, whose scripts NEL renders in a temp dir).")
     size_bytes: int
     head: list[str] = Field(description=f"The first {SCRIPT_HEAD_LINES} lines, secret values masked.")
+    launch_commands: list[str] = Field(default_factory=list, description=(
+        "Every server and client launch in the script in full (srun, docker run, the server command), continuation "
+        "lines joined, secret values masked, base64 payloads shown by size."))
+
+
+class NelWarning(BaseModel):
+    task: str | None = Field(description="The task NEL warned about (its parameter check), or null for the run as a whole.")
+    message: str
+
+
+# The commands that start servers and evaluation clients in NEL's scripts (SLURM and local executors).
+LAUNCH_COMMAND = re.compile(r"^(srun|docker run|vllm serve|python3? -m sglang\.launch_server|trtllm-serve)\s")
+BASE64_PAYLOAD = re.compile(r"[A-Za-z0-9+/]{100,}={0,2}")
+SHOWN_PAYLOAD_CHARS = 1000
+MAX_LAUNCH_COMMANDS, MAX_LAUNCH_CHARS = 6, 4000
+
+
+def _shown_payload(match: re.Match) -> str:
+    """A short base64 payload (the server command NEL encodes on SLURM) decoded; a long one (the eval config) by size."""
+    try:
+        decoded = base64.b64decode(match.group(), validate=True).decode()
+    except ValueError:
+        return match.group()
+    if len(decoded) <= SHOWN_PAYLOAD_CHARS:
+        return f"<base64 of: {decoded.strip()}>"
+    return f"<base64, {len(match.group())} chars>"
+
+
+def launch_commands(script: str, secrets: set[str]) -> list[str]:
+    """The script's launch commands, each whole: shell continuation lines joined, a quoted `bash -c` body kept with its
+    command, long base64 payloads (the encoded eval config) replaced by their size, secrets masked. Helper lines
+    (hostname lookups with srun) are left out."""
+    logical: list[str] = []
+    pending = ""
+    for line in script.splitlines():
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1].strip() + " "
+            continue
+        logical.append(pending + line.strip())
+        pending = ""
+    found = []
+    lines = iter(logical)
+    for command in lines:
+        if not LAUNCH_COMMAND.match(command) or "hostname --ip-address" in command:
+            continue
+        while command.count("'") % 2:  # a quoted `bash -c '...'` body goes on over the next lines
+            following = next(lines, None)
+            if following is None:
+                break
+            command += "\n" + following
+        command = _scrub(BASE64_PAYLOAD.sub(_shown_payload, command), secrets)
+        found.append(command if len(command) <= MAX_LAUNCH_CHARS else command[:MAX_LAUNCH_CHARS] + " …")
+    return found[:MAX_LAUNCH_COMMANDS]
 
 
 class DryRunOutput(BaseModel):
@@ -143,6 +197,9 @@ class DryRunOutput(BaseModel):
     invocation_id: str | None
     invocation_dir: str | None = Field(description="Local directory NEL rendered into (local executor).")
     scripts: list[RenderedScript]
+    nel_warnings: list[NelWarning] = Field(default_factory=list, description=(
+        "What NEL warned about while composing and rendering (parameters a task's command never reads, pre_cmd, ...): "
+        "review each; validate_config does not repeat NEL's own checks."))
     secrets_files_protected: list[str] = Field(
         description=".secrets.env files NEL wrote with real values, now mode 600. Their values are never returned.")
     error: str | None = Field(description="NEL's error message when ok is false (no traceback).")
@@ -184,8 +241,10 @@ def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunO
         scripts = [(name, None, body) for name, body in _split_printed_scripts(answer.get("printed", ""))]
     secrets = _secret_values(protected)
     rendered = [RenderedScript(name=name, path=str(path) if path else None, size_bytes=len(body.encode()),
-                               head=_scrub("\n".join(body.splitlines()[:SCRIPT_HEAD_LINES]), secrets).splitlines())
+                               head=_scrub("\n".join(body.splitlines()[:SCRIPT_HEAD_LINES]), secrets).splitlines(),
+                               launch_commands=launch_commands(body, secrets))
                 for name, path, body in scripts[:MAX_SCRIPTS]]
+    warnings = [NelWarning(task=w.get("task"), message=_scrub(w["message"], secrets)) for w in answer.get("warnings") or []]
     error = None if answer.get("ok") else _scrub(answer.get("error", ""), secrets)
     record = ledger.add("dry_run", status="passed" if answer.get("ok") else "failed", config_path=config_path,
                         config_hash=answer.get("config_hash"), invocation_id=invocation_id,
@@ -195,7 +254,7 @@ def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunO
     progress(2, 2, "done")
     return DryRunOutput(ok=bool(answer.get("ok")), record_id=record.id, config_hash=answer.get("config_hash"),
                         executor=answer.get("executor"), invocation_id=invocation_id,
-                        invocation_dir=str(invocation_dir) if invocation_dir else None, scripts=rendered,
+                        invocation_dir=str(invocation_dir) if invocation_dir else None, scripts=rendered, nel_warnings=warnings,
                         secrets_files_protected=[str(path) for path in protected], error=error)
 
 
