@@ -127,6 +127,37 @@ def test_plan_set_writes_the_users_values_after_the_checkpoint(repo: Path, env_w
     written = yaml.safe_load(config.read_text())
     assert written["execution"]["account"] == "llm_eval" and written["execution"]["output_dir"] == "/lustre/evals"
     assert written["evaluation"]["nemo_evaluator_config"]["config"]["params"]["temperature"] == 0.7  # the user's value wins
-    assert "ready for a canary" in done.stdout
+    # login.example is no cluster: what only the cluster can tell stays unchecked, so the plan is not ready
+    assert "ready for a canary" not in done.stdout and "login.example could not be asked" in done.stdout
     bad = plan(repo, env_with_token, tmp_path, "--tasks", "gpqa", "--set", "no-equals-sign")
     assert bad.returncode != 0 and "KEY=VALUE" in bad.stderr
+
+
+def test_plan_on_slurm_without_a_host_is_not_ready_and_names_what_only_the_cluster_knows(repo, env_with_token, tmp_path):
+    done = plan(repo, env_with_token, tmp_path, "--execution", "slurm", "--tasks", "ns_gpqa", "--json",
+                "--set", "execution.account=acct", "--set", "execution.output_dir=/lustre/me/results")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert not report["ready"]
+    unknown = " ".join(report["cluster_unknowns"])
+    for fact in ("execution.partition", "execution.gres", "execution.walltime", "--host"):
+        assert fact in unknown
+    text = plan(repo, env_with_token, tmp_path, "--execution", "slurm", "--tasks", "ns_gpqa", "--config", "b.yaml").stdout
+    assert "not checked against the cluster:" in text and "ready for a canary" not in text
+
+
+def test_plan_on_slurm_with_a_host_asks_the_real_cluster(repo, env_with_token, tmp_path, slurm_cluster):
+    """The cluster is read over SSH (sinfo/scontrol on the test suite's SLURM): partition, gres for this model's one GPU,
+    walltime within the partition's limit, and the ssh config's user instead of $USER."""
+    env = env_with_token | {"USER": "not-the-cluster-user"}
+    done = plan(repo, env, tmp_path, "--execution", "slurm", "--deployment", "sglang", "--tasks", "ns_gpqa", "--json",
+                "--host", slurm_cluster.ssh_alias, "--set", "execution.account=quanteval-test",
+                "--set", f"execution.output_dir={slurm_cluster.jobs_dir / tmp_path.name}")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["cluster_unknowns"] == []
+    assert [s["tool"] for s in report["steps"]].count("apply_cluster") == 1
+    execution = yaml.safe_load(Path(report["config_path"]).read_text())["execution"]
+    assert execution["hostname"] == slurm_cluster.ssh_alias and execution["username"] == slurm_cluster.user
+    assert execution["partition"] in ("debug", "hopper") and execution["gres"] == "gpu:1" and execution["walltime"]
+    assert any("H100" in note and "Marlin" in note for note in report["notes"])  # NVFP4 measured on Hopper

@@ -146,6 +146,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         deployment=args.deployment,
         model_type=args.model_type,
         output_dir=args.output_dir,
+        host=args.host,
         config=args.config,
         force=args.force,
         set_values=_key_values(args.set or []),
@@ -346,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--deployment", choices=["vllm", "sglang", "none"], default="vllm", help="who serves the model (default vllm)")
     plan.add_argument("--model-type", choices=["chat_reasoning", "base"], default="chat_reasoning", help="default chat_reasoning")
     plan.add_argument("--output-dir", help="execution.output_dir for results (absolute on SLURM)")
+    plan.add_argument("--host", help="SLURM login host (ssh config alias): the plan asks the cluster for partition, GPUs, walltime, account")
     plan.add_argument("--config", help="config file to write (default <model>-<execution>-<deployment>.yaml here)")
     plan.add_argument("--force", action="store_true", help="replace an existing config file")
     plan.add_argument(

@@ -137,7 +137,7 @@ def _choose_partition(doc: Any, info: remote.ClusterInfo, partition: str | None,
 
 def _walltime(doc: Any, chosen: remote.PartitionInfo, walltime: str | None, values: dict[str, Any],
               notes: list[str]) -> None:
-    """The asked walltime (or the config's, or NEL's default), capped at the partition's limit."""
+    """The asked walltime (or the config's, or NEL's default), capped at the partition's limit, written explicitly."""
     wanted = walltime or _value(doc, "execution.walltime") or _nel_defaults("execution/slurm/default").get("walltime")
     try:
         wanted_s = remote.slurm_seconds(str(wanted)) if wanted is not None else None
@@ -147,8 +147,8 @@ def _walltime(doc: Any, chosen: remote.PartitionInfo, walltime: str | None, valu
         values["execution.walltime"] = remote.slurm_time(chosen.max_time_s)
         notes.append(f"execution.walltime capped at partition {chosen.name}'s limit {chosen.max_time}; NEL's "
                      "auto-resume continues a run past it (up to execution.max_walltime).")
-    elif walltime is not None:
-        values["execution.walltime"] = remote.slurm_time(wanted_s or 0)
+    elif wanted_s is not None:  # written even when it is NEL's default: the config says what sbatch will be asked
+        values["execution.walltime"] = remote.slurm_time(wanted_s)
 
 
 def _account(doc: Any, info: remote.ClusterInfo, chosen: remote.PartitionInfo, values: dict[str, Any],

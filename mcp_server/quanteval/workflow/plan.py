@@ -39,6 +39,9 @@ class PlanRequest(BaseModel):
     output_dir: str | None = Field(None, description="execution.output_dir for the results.")
     config: str | None = Field(None, description="Config file to write; default <model>-<execution>-<deployment>.yaml here.")
     force: bool = Field(False, description="Replace an existing config file.")
+    host: str | None = Field(None, description=(
+        "SLURM login host (ssh config alias): the plan asks the cluster for partition, GPUs per node, walltime and "
+        "account (apply_cluster). Default: a --set execution.hostname value."))
     set_values: dict[str, str] = Field(
         default_factory=dict, description="Config keys to set after the checkpoint is applied: {key: YAML text}, e.g. SLURM account or tokenizer."
     )
@@ -63,6 +66,8 @@ class PlanReport(BaseModel):
     validation_problems: list[str] = Field(
         description="'severity path: message Fix: ...' per problem validate_config found, other than the missing values."
     )
+    cluster_unknowns: list[str] = Field(default_factory=list, description=(
+        "SLURM: what no one has checked against the cluster yet (partition, GPUs per node, walltime), and how to settle it."))
     dry_run_ok: bool
     dry_run_detail: str
     canary_command: str
@@ -74,7 +79,8 @@ class PlanReport(BaseModel):
     @property
     def ready(self) -> bool:
         """Nothing left to fill, no validation error, NEL's dry-run passed: the canary can go."""
-        return self.dry_run_ok and not self.missing_values and not any(p.startswith("error") for p in self.validation_problems)
+        return (self.dry_run_ok and not self.missing_values and not self.cluster_unknowns
+                and not any(p.startswith("error") for p in self.validation_problems))
 
 
 def _call(name: str, arguments: dict[str, Any]) -> BaseModel:
@@ -160,6 +166,11 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         call_on_config("set_config_value", {"config_path": str(config_path), "key": key, "yaml_value": value})
         steps.append(PlanStep(tool="set_config_value", summary=f"{key} = {value}"))
 
+    cluster_unknowns: list[str] = []
+    if request.execution == "slurm":
+        progress(3, total, "asking the cluster")
+        cluster_unknowns = _place_on_cluster(request, config_path, call_on_config, steps, notes)
+
     progress(4, total, "listing missing values")
     missing = call_on_config("list_missing_values", {"config_path": str(config_path)})
     missing_values = list(missing.missing_values) + [f"env {item.name}" for item in missing.unset_env_vars]
@@ -203,6 +214,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         skipped_tasks=skipped,
         missing_values=missing_values,
         validation_problems=problems,
+        cluster_unknowns=cluster_unknowns,
         dry_run_ok=dry.ok,
         dry_run_detail=dry_detail,
         canary_command="quanteval call launch_canary --json " + shlex.quote(json.dumps({"config_path": str(config_path), "limit_samples": 10})),
@@ -213,6 +225,36 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     )
 
 
+# What a SLURM job needs that only the cluster can tell, and what NEL does when no one says (its packaged defaults).
+CLUSTER_FACTS = ("execution.partition (none set: sbatch picks the cluster's default partition, whatever its GPUs)",
+                 "GPUs per node, execution.gres (NEL's default gpu:8, whatever the model needs)",
+                 "execution.walltime (NEL's default 01:00:00, whatever the partition allows)")
+
+
+def _place_on_cluster(request: PlanRequest, config_path: Path, call_on_config: Any, steps: list[PlanStep],
+                      notes: list[str]) -> list[str]:
+    """With a login host, ask the cluster as the skill does (apply_cluster writes partition, gres, walltime, a lone
+    account and the ssh config's user); without one, or when it does not answer, what stays unknown."""
+    host = request.host or (request.set_values.get("execution.hostname") or "").strip("'\" ") or None
+    if not host:
+        return [f"{fact}: re-run with --host YOUR_LOGIN_ALIAS and the plan asks the cluster" for fact in CLUSTER_FACTS]
+    if request.host:
+        call_on_config("set_config_value", {"config_path": str(config_path), "key": "execution.hostname", "value": host})
+    try:
+        placed = _call("apply_cluster", {"config_path": str(config_path), "host": host})
+    except ToolError as exc:
+        steps.append(PlanStep(tool="apply_cluster", summary=f"{host} did not answer"))
+        return [f"{fact}: {host} could not be asked ({exc}); check it with quanteval call ssh_check, then re-run"
+                for fact in CLUSTER_FACTS]
+    placement = placed.placement
+    written = ", ".join(f"{key.removeprefix('execution.')} {value}" for key, value in placement.values.items())
+    steps.append(PlanStep(tool="apply_cluster", summary=f"{host}: {written or 'nothing to change'}"))
+    notes += placement.warnings + placement.notes
+    if placement.partition is None:
+        return [f"execution.partition: no partition of {host} fits this model ({'; '.join(placement.warnings) or 'see cluster_info'})"]
+    return []
+
+
 def _how_to_fill(item: str) -> str:
     """One missing item with the way to give it: `export` for an env var, `--set` for a config key."""
     from quanteval.envvars import KNOWN_ENV_VARS
@@ -221,6 +263,8 @@ def _how_to_fill(item: str) -> str:
         name = item.removeprefix("env ")
         note = KNOWN_ENV_VARS.get(name)
         return f"{name}: export {name}=...  (then re-run)" + (f" — {note}" if note else "")
+    if item == "execution.hostname":
+        return f"{item}: re-run with --host YOUR_LOGIN_ALIAS (the plan then asks the cluster for partition, GPUs, walltime)"
     return f"{item}: re-run with --set {item}=VALUE (or quanteval call set_config_value)"
 
 
@@ -250,12 +294,15 @@ def format_plan(plan: PlanReport) -> str:
         lines += [f"  - {problem}" for problem in plan.validation_problems]
     else:
         lines.append("validation:    no problems beyond the missing values" if plan.missing_values else "validation:    no problems")
+    if plan.cluster_unknowns:
+        lines.append("not checked against the cluster:")
+        lines += [f"  - {item}" for item in plan.cluster_unknowns]
     lines.append(f"NEL dry-run:   {'ok' if plan.dry_run_ok else 'FAILED'}: {plan.dry_run_detail}")
     lines += [
         "",
         "ready for a canary"
         if plan.ready
-        else "not ready yet: give what is listed under 'still needs a value', then re-check with:\n"
+        else "not ready yet: give what is listed above as still needed or not checked, then re-check with:\n"
         f"  quanteval call dry_run --json {shlex.quote(json.dumps({'config_path': plan.config_path}))}",
         "canary (10 samples per task):",
         f"  {plan.canary_command}",
