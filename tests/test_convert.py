@@ -45,7 +45,7 @@ def _accounted(source: str, result) -> None:
 def test_a_local_vllm_config_converts_to_one_nel_next_accepts(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_dummy_for_the_schema")  # NEL's template forwards it; nel-next expands ${HF_TOKEN} on load
     source = _nel(tmp_path, "local", "vllm")
-    ckpt = make_checkpoint(tmp_path / "qwen3-8b", chat_template="plain", model_type="qwen3")
+    ckpt = make_checkpoint(tmp_path / "qwen3-8b", chat_template="plain", model_type="qwen3", max_position_embeddings=40960)
     apply_checkpoint(ApplyCheckpointInput(config_path=source, checkpoint=str(ckpt)))
     result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
     assert result.valid, result.problems
