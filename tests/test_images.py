@@ -70,7 +70,8 @@ def test_latest_serving_image_and_untagged_task_container_are_warnings(tmp_path:
     result = validation.validate_config(ValidateConfigInput(config_path=str(config), check_env=False))
     fix = next(p.fix for p in result.problems if p.key == "deployment.image")
     assert "lmsysorg/sglang:<version>" in fix and "@sha256:" in fix
-    assert result.valid  # a warning, not an error
+    # a warning, not an error (the 4096-token tiny model is too short for GPQA itself: test_task_context's business)
+    assert not [p for p in result.problems if p.severity == "error" and p.rule != "context_too_small_for_task"]
 
 
 def test_pinned_images_pass(tmp_path: Path) -> None:

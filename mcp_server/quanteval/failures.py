@@ -22,6 +22,10 @@ FAILURE_CLASSES: list[tuple[str, str, str]] = [
                   r"image.{0,40}not found|container.{0,40}(error|fail|not found)",
      "The node cannot run NEL's containers: SLURM needs the pyxis plugin (srun --container-image) and enroot, "
      "and the image must be pullable (check_registry_credentials)."),
+    ("command_not_found", r"(nel|nemo-evaluator|eval-factory|python3?|vllm|ns): (command )?not found",
+     "The job's shell has no such program on its PATH. nel-next on SLURM runs `nel eval run` bare on the node unless "
+     "cluster.eval_image is set (pyxis): give the job nel-next's venv on the PATH (cluster.sbatch_extra_flags "
+     "export: ALL,PATH=<venv>/bin:...) or an eval_image."),
     ("sbatch_rejected", r"sbatch: error|Batch job submission failed|invalid partition|Invalid account|"
                         r"Requested node configuration is not available|Requested time limit is invalid|"
                         r"QOSMaxWallDurationPerJobLimit|AssocMaxJobsLimit|invalid (generic resource|gres)",

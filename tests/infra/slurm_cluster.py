@@ -7,8 +7,8 @@ Clients find the cluster under the Host alias `quanteval-test-cluster`:
 - paramiko (quanteval.clusters.remote) reads the ssh config named by QUANTEVAL_SSH_CONFIG, which the fixture
   sets for the session;
 - OpenSSH reads ~/.ssh/config of the passwd home, ignoring $HOME, and NEL's SLURM executor runs
-  plain `ssh user@host` and `rsync`, so the fixture puts an `ssh` wrapper that adds `-F <config>`
-  first on PATH (rsync runs `ssh` from PATH too).
+  plain `ssh user@host` and `rsync`, and nel-next `ssh` and `scp`, so the fixture puts `ssh` and `scp` wrappers
+  that add `-F <config>` first on PATH (rsync runs `ssh` from PATH too).
 The known_hosts file holds the server's real host key and the config says StrictHostKeyChecking yes,
 so every client checks the key for real.
 """
@@ -175,10 +175,12 @@ class SlurmCluster:
         )
         self.known_hosts.write_text(self.host_key_line())
         self.bin_dir.mkdir(exist_ok=True)
-        wrapper = self.bin_dir / "ssh"
-        real_ssh = shutil.which("ssh") or "/usr/bin/ssh"
-        wrapper.write_text(f'#!/bin/sh\nexec {real_ssh} -F {self.ssh_config} "$@"\n')
-        wrapper.chmod(0o755)
+        # scp runs /usr/bin/ssh (compiled in), not the one on PATH: it gets its own wrapper (nel-next copies with scp)
+        for program in ("ssh", "scp"):
+            wrapper = self.bin_dir / program
+            real = shutil.which(program, path=os.defpath + os.pathsep + "/usr/bin") or f"/usr/bin/{program}"
+            wrapper.write_text(f'#!/bin/sh\nexec {real} -F {self.ssh_config} "$@"\n')
+            wrapper.chmod(0o755)
 
 
 @pytest.fixture(scope="session")

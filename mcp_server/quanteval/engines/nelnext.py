@@ -12,6 +12,11 @@ Facts this module relies on (nemo-evaluator 0.3.0, measured here):
   name -> error), DIR/<benchmark>/eval-*.json and results.jsonl per benchmark;
 - the exit code is not to be trusted alone ("Completed 0 benchmark(s). 1 failed" has exited 0): a run succeeded
   only when every configured benchmark is completed and none failed (nextresults.run_outcome).
+- `cluster.type: slurm` with a `hostname`: `nel eval run --submit` writes the sbatch script (bare `nel eval run` on
+  the node, or its eval_image through pyxis), copies it with scp into a timestamped directory under output.dir on
+  the cluster, submits it with `ssh HOST sbatch`, prints "SLURM job submitted: ID" per shard and keeps each job's
+  metadata (hostname, username, remote_dir) in $XDG_DATA_HOME/nel/jobs/ID/slurm_job.json. The job appends its own
+  id, and that of each auto-resume successor (afternotok), to remote_dir/.nel_job_chain.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import copy
 import hashlib
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +40,9 @@ from quanteval.models import ToolError
 LOG_NAME = "quanteval-run.log"
 EXIT_CODE_NAME = "quanteval-exit-code"
 CHECK_TIMEOUT_S = 120.0
+SUBMIT_TIMEOUT_S = 180.0
+SUBMITTED = re.compile(r"SLURM job submitted: (\d+)")
+CHAIN_FILE = ".nel_job_chain"
 MAX_PROBLEMS_OVERRIDE = "benchmarks.{index}.max_problems={value}"
 REPEATS_OVERRIDE = "benchmarks.{index}.repeats={value}"
 MISSING = "???"
@@ -54,10 +64,16 @@ def nel_binary() -> Path:
     return binary
 
 
+def data_home() -> Path:
+    """nel-next's XDG data home (its run store and SLURM job metadata), kept with quanteval's own state."""
+    return envvars.state_dir() / "nel-next-data"
+
+
 def _child_env() -> dict[str, str]:
     # The child is another Python: our venv's variables must not leak into it.
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.setdefault("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
+    env["XDG_DATA_HOME"] = str(data_home())
     return env
 
 
@@ -78,9 +94,16 @@ def config_document(*, benchmarks: list[str], endpoint_url: str = MISSING, model
         "services": {"model": {"type": "api", "url": endpoint_url, "protocol": protocol, "model": model_id,
                                "generation": generation}},
         "benchmarks": [{"name": name, "solver": {"type": "simple", "service": "model"}, "repeats": 1} for name in benchmarks],
-        "cluster": {"type": execution},
+        "cluster": slurm_cluster() if execution == "slurm" else {"type": execution},
         "output": {"dir": output_dir, "timestamped": False},
     }
+
+
+def slurm_cluster() -> dict[str, Any]:
+    """nel-next's SLURM cluster with what only the cluster can tell left ??? (apply_cluster asks it): the login host,
+    the account, one node pool (partition, GPUs per node). Its walltime default (04:00:00) stays until asked."""
+    return {"type": "slurm", "hostname": MISSING, "account": MISSING,
+            "node_pools": {"default": {"partition": MISSING, "nodes": 1}}}
 
 
 def endpoint_url(base_or_chat_url: str, protocol: str) -> str:
@@ -273,12 +296,79 @@ def launch(kind: ledger.RecordKind, config_path: str, overrides: list[str], run_
     if not checked["ok"]:
         first = checked["problems"][0]
         raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+    if checked["cluster"] == "slurm":
+        return submit(kind, config_path, overrides, checked, details)
     if checked["cluster"] != "local":
         raise ToolError(f"cluster.type: {checked['cluster']!r} runs of nel-next are not launched by quanteval yet; "
-                        "use cluster.type local (this machine), or NEL 0.2.6 for SLURM.")
+                        "use cluster.type local (this machine) or slurm.")
     started = start(config_path, overrides, run_dir)
     write_run_facts(run_dir, checked["config"], details.get("checkpoint"), details.get("served"))
     return ledger.add(kind, status="running", config_path=config_path, config_hash=config_hash(config_path, overrides),
                       invocation_id=f"nel-next:{run_dir}", executor="local",
                       details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},
                       message=f"started: {shlex.join(started['argv'])}")
+
+
+def submit(kind: ledger.RecordKind, config_path: str, overrides: list[str], checked: dict[str, Any],
+           details: dict[str, Any]) -> ledger.Record:
+    """`nel eval run --submit` to the config's SLURM cluster; records each shard's job and where it runs."""
+    if not (checked["config"].get("cluster") or {}).get("hostname"):
+        raise ToolError("cluster.hostname: nel-next submits over ssh to the login host it names; set it (the ssh config "
+                        "alias, as for ssh_check), or run on this machine with cluster.type local.")
+    missing = [program for program in ("ssh", "scp") if shutil.which(program) is None]
+    if missing:  # nel-next runs both on this machine; without them it fails with a bare Errno 2
+        raise ToolError(f"nel-next submits with ssh and scp from this machine, and {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install openssh-client.")
+    argv = [str(nel_binary()), "eval", "run", str(Path(config_path).resolve()), "--submit"]
+    argv += [item for override in overrides for item in ("-O", override)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              cwd=Path(config_path).resolve().parent, env=_child_env(), check=False)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"nel-next did not finish submitting within {SUBMIT_TIMEOUT_S:.0f} s (ssh to the login host "
+                        "hanging?); check it with ssh_check.") from None
+    job_ids = SUBMITTED.findall(done.stdout)
+    if done.returncode != 0 or not job_ids:
+        said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-4:]
+        raise ToolError(f"nel-next did not submit the {kind.replace('_', ' ')}: {' | '.join(said)[-800:]}")
+    jobs = []
+    for job_id in job_ids:
+        meta = json.loads((data_home() / "nel" / "jobs" / job_id / "slurm_job.json").read_text())
+        jobs.append({"job_id": job_id, "hostname": meta["hostname"], "username": meta.get("username") or None,
+                     "remote_dir": meta["remote_dir"]})
+    return ledger.add(kind, status="submitted", config_path=config_path, config_hash=config_hash(config_path, overrides),
+                      invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
+                      details={**details, "engine": "nel-next", "overrides": overrides, "tasks": checked["benchmarks"],
+                               "slurm_jobs": jobs, "argv": argv},
+                      message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
+
+
+def resubmit(job: dict[str, Any]) -> dict[str, Any]:
+    """`nel eval resume` for one submitted job (its retry counters reset, its sbatch script submitted again)."""
+    argv = [str(nel_binary()), "eval", "resume", "--job-id", job["job_id"], "--host", job["hostname"]]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              env=_child_env(), check=False)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"nel eval resume did not answer within {SUBMIT_TIMEOUT_S:.0f} s; check the host with ssh_check.") from None
+    found = re.search(r"Resubmitted: .*?(\d+)", done.stdout)
+    if done.returncode != 0 or not found:
+        said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
+        raise ToolError(f"nel eval resume did not resubmit job {job['job_id']}: {' | '.join(said)[-600:]}")
+    return {**job, "job_id": found.group(1)}
+
+
+def render_sbatch(config_path: str, overrides: list[str]) -> tuple[list[tuple[Path, str]], str | None]:
+    """nel-next's own `--dry-run` for a SLURM config: the sbatch scripts it would submit (path, text), or its error."""
+    argv = [str(nel_binary()), "eval", "run", str(Path(config_path).resolve()), "--dry-run"]
+    argv += [item for override in overrides for item in ("-O", override)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              cwd=Path(config_path).resolve().parent, env=_child_env(), check=False)
+    except subprocess.TimeoutExpired:
+        return [], f"nel eval run --dry-run did not answer within {CHECK_TIMEOUT_S:.0f} s"
+    paths = [Path(line.split(":", 1)[1].strip()) for line in done.stdout.splitlines() if line.startswith("Generated:")]
+    if done.returncode != 0 or not paths:
+        said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
+        return [], f"nel eval run --dry-run failed: {' | '.join(said)[-600:]}"
+    return [(path, path.read_text(errors="replace")) for path in paths if path.is_file()], None

@@ -539,8 +539,9 @@ def _build_next_config(request: BuildConfigInput, path: Path) -> BuildConfigOutp
 
     benchmarks = [str(Path(name).expanduser().resolve()) if name.endswith(".py") else name for name in request.benchmarks]
     protocol = "completions" if request.model_type == "base" else "chat_completions"
-    plain = nelnext.config_document(benchmarks=benchmarks, protocol=protocol, execution=request.execution,
-                                    output_dir=str(path.parent / "results"))
+    # on SLURM the results go to a directory on the cluster, which only the person knows
+    output_dir = str(path.parent / "results") if request.execution == "local" else MISSING
+    plain = nelnext.config_document(benchmarks=benchmarks, protocol=protocol, execution=request.execution, output_dir=output_dir)
     if request.deployment != "none":
         plain["services"]["model"] = {"type": request.deployment, "model": MISSING, "protocol": protocol,
                                       "served_model_name": MISSING, "generation": plain["services"]["model"]["generation"]}

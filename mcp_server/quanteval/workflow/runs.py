@@ -15,6 +15,7 @@ restart job queued is reported as `resuming`, never as a failure.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shlex
@@ -145,7 +146,7 @@ class NelWarning(BaseModel):
 
 
 # The commands that start servers and evaluation clients in NEL's scripts (SLURM and local executors).
-LAUNCH_COMMAND = re.compile(r"^(srun|docker run|vllm serve|python3? -m sglang\.launch_server|trtllm-serve)\s")
+LAUNCH_COMMAND = re.compile(r"^(srun|docker run|vllm serve|python3? -m sglang\.launch_server|trtllm-serve|nel eval run)\s")
 BASE64_PAYLOAD = re.compile(r"[A-Za-z0-9+/]{100,}={0,2}")
 SHOWN_PAYLOAD_CHARS = 1000
 MAX_LAUNCH_COMMANDS, MAX_LAUNCH_CHARS = 6, 4000
@@ -534,9 +535,10 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
     statuses = []
     for login, host_jobs in by_login.items():
         data = host_jobs[0]["data"]
+        # NEL 0.2.6 lists a run's jobs in .slurm_job_id.list, nel-next in .nel_job_chain (data["chain_file"])
         chain_cmds = "; ".join(
-            f"echo @@CHAIN {job['job_id']}; cat {shlex.quote(job['data']['remote_rundir_path'])}/.slurm_job_id.list "
-            "2>/dev/null; echo" for job in host_jobs)
+            f"echo @@CHAIN {job['job_id']}; cat {shlex.quote(job['data']['remote_rundir_path'])}/"
+            f"{job['data'].get('chain_file', '.slurm_job_id.list')} 2>/dev/null; echo" for job in host_jobs)
         chains: dict[str, list[str]] = {}
         current = None
         for line in _on_cluster(data, chain_cmds).splitlines():
@@ -545,8 +547,9 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
                 chains[current] = []
             elif current and line.strip():
                 chains[current].extend(line.split())
-        latest_ids = {job["job_id"]: (chains.get(job["job_id"]) or [str(job["data"]["slurm_job_id"])])[-1]
-                      for job in host_jobs}
+        # the newest of the chain and the recorded id: a resubmitted job is recorded before it writes the chain
+        latest_ids = {job["job_id"]: max([*chains.get(job["job_id"], []), str(job["data"]["slurm_job_id"])],
+                                         key=lambda i: int(i) if i.isdigit() else -1) for job in host_jobs}
         try:
             queue = {entry.job_id: entry for entry in remote.squeue(login, user=data["username"], all_states=True)}
             purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
@@ -917,10 +920,17 @@ def _next_dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
                         config_hash=nelnext.config_hash(config_path, overrides), executor=checked.get("cluster"),
                         details={"engine": "nel-next", "error": error, "overrides": overrides}, message=error)
     text = shlex.join(command)
+    scripts = [RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])]
+    if error is None and checked.get("cluster") == "slurm":
+        rendered, error = nelnext.render_sbatch(config_path, overrides)
+        secrets = _secret_values([])
+        scripts += [RenderedScript(name=path.name, path=str(path), size_bytes=len(body.encode()),
+                                   head=_scrub("\n".join(body.splitlines()[:SCRIPT_HEAD_LINES]), secrets).splitlines(),
+                                   launch_commands=launch_commands(body, secrets)) for path, body in rendered[:MAX_SCRIPTS]]
+        if error:
+            ledger.update(record.id, status="failed", details={"error": error}, message=error)
     return DryRunOutput(ok=error is None, record_id=record.id, config_hash=record.config_hash, executor=checked.get("cluster"),
-                        invocation_id=None, invocation_dir=None,
-                        scripts=[RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])],
-                        secrets_files_protected=[], error=error)
+                        invocation_id=None, invocation_dir=None, scripts=scripts, secrets_files_protected=[], error=error)
 
 
 def _next_run_dir(config_path: str, overrides: list[str], kind: str) -> Path:
@@ -928,9 +938,9 @@ def _next_run_dir(config_path: str, overrides: list[str], kind: str) -> Path:
     if not checked["ok"]:
         first = checked["problems"][0]
         raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
-    base = Path(checked["output_dir"]).expanduser()
-    if not base.is_absolute():
-        base = Path(config_path).parent / base
+    base = Path(checked["output_dir"])
+    if checked["cluster"] != "slurm":  # a SLURM output.dir is a path on the cluster, taken as written
+        base = base.expanduser() if base.expanduser().is_absolute() else Path(config_path).parent / base.expanduser()
     return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
 
 
@@ -958,19 +968,70 @@ def _next_launch(kind: RunKind, config_path: str, overrides: list[str], max_prob
         notes.append(f"The canary runs max_problems={max_problems}" + (f" and repeats={repeats}" if repeats else "")
                      + " per benchmark; the full run uses the config's.")
     run_dir = _next_run_dir(config_path, overrides, kind)
+    if nelnext.check_schema(config_path, overrides)["cluster"] == "slurm":  # each run in its own directory on the cluster
+        extra.append(f"output.dir={run_dir.as_posix()}")
     if not details.get("checkpoint"):
         details = {**details, **_next_model_facts(config_path)}
     record = nelnext.launch(kind, config_path, [*overrides, *extra], run_dir,
                             {**details, "canary_overrides": extra, "limit_samples": max_problems, "repeats": repeats})
     record = ledger.update(record.id, details={"overrides": overrides, "run_overrides": [*overrides, *extra]})
-    progress(3, 3, f"running in {run_dir}")
+    if record.executor != "slurm":
+        progress(3, 3, f"running in {run_dir}")
+    if record.executor == "slurm":
+        progress(3, 3, f"submitted to {record.host}: SLURM job {', '.join(j['job_id'] for j in record.details['slurm_jobs'])}")
     return LaunchOutput(record_id=record.id, kind=kind, invocation_id=record.invocation_id or "", config_hash=record.config_hash or "",
-                        executor="local", host=None, status=record.status, gate=details.get("gate"), notes=notes)
+                        executor=record.executor or "local", host=record.host, status=record.status, gate=details.get("gate"),
+                        notes=notes)
+
+
+def _next_slurm_jobs(record: ledger.Record) -> list[dict]:
+    """A nel-next SLURM record's jobs in the shape the SLURM status code reads (as NEL 0.2.6's execution DB has them)."""
+    return [{"job_id": f"shard {index}" if len(record.details["slurm_jobs"]) > 1 else "nel eval run",
+             "data": {"hostname": job["hostname"], "username": job["username"] or remote.ssh_user(job["hostname"]),
+                      "remote_rundir_path": job["remote_dir"], "slurm_job_id": job["job_id"], "chain_file": nelnext.CHAIN_FILE}}
+            for index, job in enumerate(record.details["slurm_jobs"])]
+
+
+def _next_slurm_failures(jobs: list[dict]) -> dict[str, str]:
+    """Benchmarks nel-next recorded as failed on the cluster (each benchmark's checkpoint.json): a job can end
+    COMPLETED with one failed, as `nel eval run` can exit 0 with one."""
+    failed: dict[str, str] = {}
+    for job in jobs:
+        text = _on_cluster(job["data"], f"for f in {shlex.quote(job['data']['remote_rundir_path'])}/*/checkpoint.json; "
+                                        'do [ -f "$f" ] && { cat "$f"; echo; echo @@END; }; done')
+        for chunk in text.split("@@END"):
+            try:
+                failed.update({str(k): str(v)[:300] for k, v in (json.loads(chunk).get("failed_benchmarks") or {}).items()})
+            except (json.JSONDecodeError, AttributeError):
+                continue
+    return failed
+
+
+def _next_slurm_refresh(record: ledger.Record) -> _Refreshed:
+    jobs = _next_slurm_jobs(record)
+    try:
+        statuses = _slurm_job_statuses(jobs)
+        failed = _next_slurm_failures(jobs) if all(job.status == "succeeded" for job in statuses) else {}
+    except _Unreachable as exc:
+        ledger.update(record.id, message=f"status poll failed: {exc}")
+        return _Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
+                          message=f"{exc}. Status unchanged ({record.status}); retry run_status later.")
+    message = None
+    if failed:
+        message = "; ".join(f"{name}: {error}" for name, error in failed.items())[:500]
+        statuses = [job.model_copy(update={"status": "failed", "note": f"nel-next failed {', '.join(failed)}"}) for job in statuses]
+    status = _overall([job.status for job in statuses])
+    updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses},
+                                                               "error": message},
+                            message=message if message and record.status != status else None)
+    return _Refreshed(record=updated, jobs=statuses, reachable=True, message=message)
 
 
 def _next_refresh(record: ledger.Record) -> _Refreshed:
     if record.status in ("killed", "cancelled"):
         return _Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
+    if record.executor == "slurm":
+        return _next_slurm_refresh(record)
     code = nelnext.exit_code(record.details)
     benchmarks = list(record.details.get("tasks") or [])
     if code is None:
@@ -996,9 +1057,28 @@ def _next_refresh(record: ledger.Record) -> _Refreshed:
     return _Refreshed(record=updated, jobs=jobs, reachable=True, message=message)
 
 
+def _next_slurm_log(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
+    """The newest SLURM job log of each shard on the cluster (nel-next's logs/slurm-ID.log, the eval's output tee'd in)."""
+    content: list[str] = []
+    where = ""
+    for job in _next_slurm_jobs(record):
+        logs = f"{shlex.quote(job['data']['remote_rundir_path'])}/logs"
+        where = f"{job['data']['hostname']}:{job['data']['remote_rundir_path']}/logs"
+        text = _on_cluster(job["data"], f"f=$(ls -t {logs}/slurm-*.log 2>/dev/null | head -1); "
+                                        f'[ -n "$f" ] && tail -n {max(lines, 200)} "$f"')
+        content += text.splitlines()
+    return where, content
+
+
 def _next_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
-    path = record.details["log_path"]
-    content = Path(path).read_text(errors="replace").splitlines() if Path(path).is_file() else []
+    if record.executor == "slurm":
+        try:
+            path, content = _next_slurm_log(record, lines)
+        except _Unreachable as exc:
+            raise ToolError(f"run_logs: {exc}; retry when the cluster answers.") from None
+    else:
+        path = record.details["log_path"]
+        content = Path(path).read_text(errors="replace").splitlines() if Path(path).is_file() else []
     secrets = _secret_values([])
     hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=path, line=number,
                        text=_scrub(text.strip(), secrets)[:failures.MAX_LINE_CHARS])
@@ -1016,7 +1096,25 @@ def _next_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
                          failures_truncated=len(hits) > MAX_HITS, failure_classes=classes, diagnosis=diagnosis)
 
 
+def _next_slurm_kill(record: ledger.Record) -> KillRunOutput:
+    """scancel every job of the run's chains and the auto-resume successors queued behind them (afternotok)."""
+    for job in _next_slurm_jobs(record):
+        data = job["data"]
+        chain = f"{shlex.quote(data['remote_rundir_path'])}/{nelnext.CHAIN_FILE}"
+        ids = f"$( (cat {chain} 2>/dev/null; echo {data['slurm_job_id']}) | sort -u)"
+        successors = f"$(squeue -h -u {shlex.quote(data['username'])} -o '%i %E' | grep -E \"afternotok:($(echo {ids} | tr ' ' '|'))\" | cut -d' ' -f1)"
+        try:
+            _on_cluster(data, f"scancel {ids} {successors}")
+        except _Unreachable as exc:
+            raise ToolError(f"kill_run: {exc}; nothing was cancelled, retry.") from None
+    updated = ledger.update(record.id, status="killed", message="kill_run: scancel of the job chain")
+    return KillRunOutput(record_id=record.id, status=updated.status,
+                         jobs=[JobStatus(job_id=job["job_id"], status="killed") for job in _next_slurm_jobs(record)])
+
+
 def _next_kill(record: ledger.Record) -> KillRunOutput:
+    if record.executor == "slurm":
+        return _next_slurm_kill(record)
     stopped, how = nelnext.stop(record.details)
     if not stopped:
         raise ToolError(f"kill_run: {record.id} did not stop ({how}); retry, or kill process group {record.details['pgid']}.")
@@ -1026,6 +1124,13 @@ def _next_kill(record: ledger.Record) -> KillRunOutput:
 
 
 def _next_resume(record: ledger.Record) -> ResumeRunOutput:
+    if record.executor == "slurm":
+        if _next_refresh(record).record.status in ACTIVE:
+            raise ToolError(f"{record.id} is still queued or running; resume_run is for a killed or failed run.")
+        jobs = [nelnext.resubmit(job) for job in record.details["slurm_jobs"]]
+        updated = ledger.update(record.id, status="submitted", details={"slurm_jobs": jobs, "error": None},
+                                message=f"resumed: nel eval resume, SLURM job {', '.join(j['job_id'] for j in jobs)}")
+        return ResumeRunOutput(record_id=updated.id, invocation_id=updated.invocation_id or "", status=updated.status)
     if nelnext.exit_code(record.details) is None:
         raise ToolError(f"{record.id} is still running; resume_run is for a killed or failed run.")
     overrides = record.details.get("run_overrides") or record.details.get("overrides") or []

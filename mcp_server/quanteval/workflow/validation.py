@@ -949,6 +949,20 @@ def _next_service_rules(name: str, service: dict[str, Any], problems: list[Probl
     return context if isinstance(context, int) else None
 
 
+NEXT_PROTOCOL_PATHS = {"chat_completions": "/chat/completions", "completions": "/completions", "responses": "/responses"}
+
+
+def _next_slurm_url_rule(name: str, service: dict[str, Any], problems: list[Problem]) -> None:
+    """nel-next 0.3.0 on SLURM appends the protocol's path to an api service's url (slurm_gen: ${URL}/chat/completions),
+    while its local runs strip it: a url that already ends with it works here and 404s on every request there."""
+    url, suffix = str(service.get("url") or ""), NEXT_PROTOCOL_PATHS.get(str(service.get("protocol") or "chat_completions"), "")
+    if service.get("type") == "api" and suffix and url.rstrip("/").endswith(suffix):
+        base = url.rstrip("/")[: -len(suffix)]
+        problems.append(Problem(key=f"services.{name}.url", severity="error", rule="url_path_doubled_on_slurm",
+                                message=f"nel-next's SLURM job appends {suffix} to {url}: every request goes to {url.rstrip('/')}{suffix} and fails.",
+                                fix=f"Set it to the base URL {base} (local runs take it too)."))
+
+
 def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None) -> list[Problem]:
     """A nel-next config: values still ???, nel-next's own schema (its pydantic EvalConfig, run in its venv), then
     the chain rules a schema cannot know: budget vs served context, chat endpoint vs chat template, sampling,
@@ -966,9 +980,12 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
                                 message=f"nel-next rejects it: {problem['message']}",
                                 fix="Correct the key or value as nel-next's schema says (extra keys are forbidden)."))
     contexts: dict[str, int | None] = {}
+    on_slurm = isinstance(doc.get("cluster"), dict) and doc["cluster"].get("type") == "slurm"
     for name, service in (doc.get("services") or {}).items():
         if isinstance(service, dict):
             contexts[str(name)] = _next_service_rules(str(name), service, problems)
+            if on_slurm:
+                _next_slurm_url_rule(str(name), service, problems)
     for index, bench in enumerate(doc.get("benchmarks") or []):
         solver = (bench or {}).get("solver") or {}
         service = (doc.get("services") or {}).get(solver.get("service"), {}) if isinstance(doc.get("services"), dict) else {}

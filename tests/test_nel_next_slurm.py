@@ -1,0 +1,141 @@
+"""nel-next on SLURM through the same tools as NEL 0.2.6, on the test suite's real cluster (OpenSSH + SLURM on
+127.0.0.1): build_config writes nel-next's slurm cluster, validate_config checks it with nel-next's schema,
+launch_canary submits through `nel eval run --submit` (scp + `ssh HOST sbatch`), run_status follows the job in
+SLURM's queue and accounting (and nel-next's auto-resume chain), run_logs reads the job log on the cluster,
+kill_run cancels the chain, resume_run resubmits with `nel eval resume`.
+
+The job runs `nel eval run` bare on the node: without nel-next on the node's PATH it fails there and run_logs
+names why; with it on the PATH (sbatch --export) the canary runs the BYOB benchmark against the real vLLM."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from quanteval import ledger
+from quanteval.engines import nelnext
+from quanteval.models import ToolError
+from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+from quanteval.workflow.runs import (
+    DryRunInput,
+    LaunchCanaryInput,
+    RunLogsInput,
+    RunRef,
+    WaitForRunInput,
+    dry_run,
+    kill_run,
+    launch_canary,
+    resume_run,
+    run_logs,
+    run_status,
+    wait_for_run,
+)
+from quanteval.workflow.validation import ValidateConfigInput, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+
+pytestmark = pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(), reason="no nel-next venv")
+
+
+def _config(tmp_path: Path, slurm_cluster, url: str = "http://127.0.0.1:9/v1", model: str = "tiny-add",
+            extra: dict | None = None) -> str:
+    config = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "next.yaml"))).config_path
+    values = {"cluster.hostname": slurm_cluster.ssh_alias, "cluster.account": "quanteval-test",
+              "cluster.node_pools.default.partition": "debug", "cluster.walltime": "00:10:00",
+              "output.dir": str(slurm_cluster.jobs_dir / tmp_path.name), "services.model.url": url,
+              "services.model.model": model, "services.model.generation.max_tokens": 16, **(extra or {})}
+    for key, value in values.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    return config
+
+
+def _wait_until_done(record_id: str, timeout_s: float = 240) -> str:
+    deadline = time.monotonic() + timeout_s
+    status = run_status(RunRef(record_id=record_id)).status
+    while status in ("submitted", "pending", "running", "resuming") and time.monotonic() < deadline:
+        status = wait_for_run(WaitForRunInput(record_id=record_id, timeout_s=30)).status
+    return status
+
+
+def test_build_config_leaves_what_only_the_cluster_knows_and_nel_next_accepts_it_filled(tmp_path, slurm_cluster):
+    built = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="none", model_type="chat_reasoning",
+                                          benchmarks=[str(BENCH)], config_path=str(tmp_path / "skeleton.yaml")))
+    assert {"cluster.hostname", "cluster.account", "cluster.node_pools.default.partition", "output.dir"} <= set(built.missing_values)
+    result = validate_config(ValidateConfigInput(config_path=_config(tmp_path, slurm_cluster)))
+    assert result.valid, result.problems
+
+
+def test_a_canary_without_nel_next_on_the_nodes_path_is_submitted_fails_there_and_says_why(tmp_path, slurm_cluster):
+    canary = launch_canary(LaunchCanaryInput(config_path=_config(tmp_path, slurm_cluster), limit_samples=5))
+    assert canary.executor == "slurm" and canary.host == slurm_cluster.ssh_alias
+    record = ledger.get(canary.record_id)
+    job = record.details["slurm_jobs"][0]
+    assert job["job_id"].isdigit() and job["remote_dir"].startswith(str(slurm_cluster.jobs_dir / tmp_path.name))
+    assert "benchmarks.0.max_problems=5" in record.details["run_overrides"]  # the canary's size went with the job
+
+    assert _wait_until_done(canary.record_id) == "failed"
+    status = run_status(RunRef(record_id=canary.record_id))
+    assert status.jobs[0].slurm_job_id == job["job_id"] and status.jobs[0].slurm_state == "FAILED"
+    logs = run_logs(RunLogsInput(record_id=canary.record_id))
+    text = "\n".join(line for tail in logs.tails for line in tail.lines)
+    assert "nel: command not found" in text, text[-2000:]
+    assert logs.diagnosis is not None and "PATH" in logs.diagnosis.advice
+
+
+def test_an_api_url_with_the_protocol_path_is_refused_for_slurm(tmp_path, slurm_cluster):
+    """nel-next 0.3.0's SLURM job appends /chat/completions itself (its local runs strip it): caught before submitting."""
+    config = _config(tmp_path, slurm_cluster, url="http://127.0.0.1:9/v1/chat/completions")
+    problems = validate_config(ValidateConfigInput(config_path=config)).problems
+    doubled = [p for p in problems if p.rule == "url_path_doubled_on_slurm"]
+    assert doubled and doubled[0].key == "services.model.url" and "http://127.0.0.1:9/v1" in doubled[0].fix
+
+
+def test_with_nel_next_on_the_path_the_job_runs_it_on_the_node_and_kill_and_resume_drive_the_chain(tmp_path, slurm_cluster):
+    """sbatch --export gives the job nel-next's venv. The endpoint is a closed port, so each request retries a while:
+    the job is running when kill_run cancels it; resume_run resubmits it with `nel eval resume`, and the new job runs
+    nel-next's benchmark on the node to the end (nel-next scores unreachable requests 0, validate_run's business)."""
+    path = f"ALL,PATH={nelnext.venv() / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+    config = _config(tmp_path, slurm_cluster, extra={"cluster.sbatch_extra_flags": {"export": path}})
+    canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=2))
+    first_job = ledger.get(canary.record_id).details["slurm_jobs"][0]["job_id"]
+    deadline = time.monotonic() + 60
+    while run_status(RunRef(record_id=canary.record_id)).status != "running" and time.monotonic() < deadline:
+        time.sleep(1)
+    killed = kill_run(RunRef(record_id=canary.record_id))
+    assert killed.status == "killed"
+    assert run_status(RunRef(record_id=canary.record_id)).status == "killed"
+
+    resumed = resume_run(RunRef(record_id=canary.record_id))
+    assert resumed.status == "submitted"
+    second_job = ledger.get(canary.record_id).details["slurm_jobs"][0]["job_id"]
+    assert int(second_job) > int(first_job)
+    assert _wait_until_done(canary.record_id) == "succeeded"
+    status = run_status(RunRef(record_id=canary.record_id))
+    assert status.jobs[0].slurm_state == "COMPLETED" and second_job in (status.jobs[0].slurm_job_id, status.jobs[0].current_slurm_job_id)
+    text = "\n".join(line for tail in run_logs(RunLogsInput(record_id=canary.record_id, lines=400)).tails for line in tail.lines)
+    assert "command not found" not in text and "=== Evaluation complete ===" in text
+    assert "127.0.0.1:9/v1/chat/completions" in text and "/chat/completions/chat/completions" not in text
+
+
+def test_dry_run_renders_nel_nexts_sbatch_script_for_review(tmp_path, slurm_cluster):
+    result = dry_run(DryRunInput(config_path=_config(tmp_path, slurm_cluster)))
+    assert result.ok, result.error
+    sbatch = next(s for s in result.scripts if s.name.endswith(".sbatch"))
+    head = "\n".join(sbatch.head)
+    assert "#SBATCH --partition=debug" in head and "#SBATCH --time=00:10:00" in head
+    assert any(c.startswith("nel eval run ") and "--resume" in c for c in sbatch.launch_commands), sbatch.launch_commands
+
+
+def test_a_machine_without_scp_is_told_before_anything_is_submitted(tmp_path, slurm_cluster, monkeypatch):
+    config = _config(tmp_path, slurm_cluster)
+    only_ssh = tmp_path / "bin"
+    only_ssh.mkdir()
+    (only_ssh / "ssh").symlink_to(slurm_cluster.bin_dir / "ssh")
+    monkeypatch.setenv("PATH", str(only_ssh))
+    with pytest.raises(ToolError, match="scp is not on PATH: apt-get install openssh-client"):
+        launch_canary(LaunchCanaryInput(config_path=config, limit_samples=2))
+    assert ledger.find(kind="canary") == []
