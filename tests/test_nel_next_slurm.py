@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from quanteval import ledger
 from quanteval.engines import nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+from quanteval.workflow.placement import ApplyClusterInput, apply_cluster
 from quanteval.workflow.runs import (
     DryRunInput,
     LaunchCanaryInput,
@@ -139,3 +141,23 @@ def test_a_machine_without_scp_is_told_before_anything_is_submitted(tmp_path, sl
     with pytest.raises(ToolError, match="scp is not on PATH: apt-get install openssh-client"):
         launch_canary(LaunchCanaryInput(config_path=config, limit_samples=2))
     assert ledger.find(kind="canary") == []
+
+
+def test_apply_cluster_fills_nel_nexts_cluster_from_the_real_cluster(tmp_path, slurm_cluster):
+    """The skeleton's ??? for the node pool, walltime, account and user come from sinfo/scontrol/sacctmgr over SSH;
+    an api service needs no GPU, so the pool asks for none; nel-next's schema accepts the result."""
+    config = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "next.yaml"))).config_path
+    for key, value in {"output.dir": str(slurm_cluster.jobs_dir / tmp_path.name), "services.model.url": "http://127.0.0.1:9/v1",
+                       "services.model.model": "tiny-add", "services.model.generation.max_tokens": 16,
+                       "cluster.account": "quanteval-test"}.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    placed = apply_cluster(ApplyClusterInput(config_path=config, host=slurm_cluster.ssh_alias, walltime="00:20:00"))
+    doc = yaml.safe_load(Path(config).read_text())
+    cluster = doc["cluster"]
+    assert cluster["hostname"] == slurm_cluster.ssh_alias and cluster["username"] == slurm_cluster.user
+    assert cluster["node_pools"]["default"]["partition"] in ("debug", "hopper") and cluster["walltime"] == "00:20:00"
+    assert "gres" not in cluster["node_pools"]["default"] and "execution" not in doc  # nel-next keys only
+    assert any("asks for no GPUs" in note for note in placed.placement.notes)
+    result = validate_config(ValidateConfigInput(config_path=config))
+    assert result.valid, result.problems
