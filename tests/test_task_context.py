@@ -64,3 +64,17 @@ def test_a_nel_next_skills_benchmark_is_checked_against_its_recipe_too(tmp_path)
     problems = _problems(config)
     aime = problems[("context_too_small_for_task", "benchmarks[0]")]
     assert "recipe aime2025" in aime.message and "17408" in aime.message
+
+
+@pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(), reason="no nel-next venv: bash scripts/setup builds .venv-nel-next")
+def test_skills_benchmarks_without_a_fitting_nemo_skills_in_nel_nexts_venv_are_an_error(tmp_path):
+    """nel-next 0.3.0 runs skills:// with NeMo-Skills imported in its own venv; setup installs none that fits (the
+    vendored 8b18f39 returns three values from get_dataset_module and moved math_grader): refused before a launch."""
+    from quanteval.engines import nelnext
+
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="vllm", model_type="chat_reasoning",
+                                           benchmarks=["skills://gsm8k"], config_path=str(tmp_path / "next.yaml"))).config_path
+    apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(make_checkpoint(tmp_path / "m", chat_template="plain",
+                                                                                              max_position_embeddings=32768))))
+    problem = _problems(config)[("skills_unavailable", "benchmarks[0]")]
+    assert problem.severity == "error" and "NeMo-Skills" in problem.message and nelnext.skills_problem() in problem.message

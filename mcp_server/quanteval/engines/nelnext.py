@@ -372,3 +372,38 @@ def render_sbatch(config_path: str, overrides: list[str]) -> tuple[list[tuple[Pa
         said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
         return [], f"nel eval run --dry-run failed: {' | '.join(said)[-600:]}"
     return [(path, path.read_text(errors="replace")) for path in paths if path.is_file()], None
+
+
+# What nel-next 0.3.0's skills:// environment needs from NeMo-Skills (environments/skills.py): dataset_utils.
+# get_dataset_module returning (module, data_dir), and nemo_skills.evaluation.evaluator.math_grader for math scoring.
+# NeMo-Skills 8b18f39 (0.7.0) returns three values and keeps math_grader in nemo_skills.evaluation: both break it.
+_SKILLS_PROBE = r"""
+import json
+try:
+    from nemo_skills.dataset import utils
+except ImportError as exc:
+    print(json.dumps({"problem": f"NeMo-Skills is not installed in nel-next's venv ({exc})"})); raise SystemExit
+found = utils.get_dataset_module("gsm8k")
+problems = []
+if isinstance(found, tuple) and len(found) != 2:
+    problems.append(f"its dataset_utils.get_dataset_module returns {len(found)} values where nel-next unpacks 2")
+try:
+    import nemo_skills.evaluation.evaluator.math_grader  # noqa: F401
+except ImportError:
+    problems.append("it has no nemo_skills.evaluation.evaluator.math_grader, which nel-next's math scoring imports")
+print(json.dumps({"problem": "this NeMo-Skills does not fit nel-next: " + "; ".join(problems) if problems else None}))
+"""
+_SKILLS_PROBLEM: dict[str, str | None] = {}
+
+
+def skills_problem() -> str | None:
+    """Why nel-next's skills:// benchmarks cannot run from its venv (NeMo-Skills missing or of another layout), or None."""
+    if "answer" not in _SKILLS_PROBLEM:
+        try:
+            done = subprocess.run([str(venv() / "bin" / "python"), "-c", _SKILLS_PROBE], capture_output=True, text=True,
+                                  timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
+            lines = done.stdout.strip().splitlines()
+            _SKILLS_PROBLEM["answer"] = json.loads(lines[-1])["problem"] if lines else f"the probe failed: {done.stderr[-300:]}"
+        except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError) as exc:
+            _SKILLS_PROBLEM["answer"] = f"the probe failed: {exc}"
+    return _SKILLS_PROBLEM["answer"]

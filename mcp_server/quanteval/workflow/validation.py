@@ -996,6 +996,12 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
         if found:
             severity, rule, message, fix = found
             problems.append(Problem(key=f"benchmarks[{index}]", severity=severity, rule=rule, message=message, fix=fix))
+    skills = [i for i, bench in enumerate(doc.get("benchmarks") or []) if str((bench or {}).get("name", "")).startswith("skills://")]
+    if skills and (why := nelnext.skills_problem()):
+        problems.append(Problem(key=f"benchmarks[{skills[0]}]", severity="error", rule="skills_unavailable",
+                                message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {why}: the benchmark fails at start.",
+                                fix="Install the NeMo-Skills release your nel-next names into its venv (QUANTEVAL_NEL_NEXT_VENV), "
+                                    "or run the benchmark with NEL 0.2.6's ns_* task (its container brings NeMo-Skills)."))
     for index, bench in enumerate(doc.get("benchmarks") or []):
         bench_name = str((bench or {}).get("name", ""))
         if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():
