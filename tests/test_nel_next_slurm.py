@@ -85,6 +85,9 @@ def test_a_canary_without_nel_next_on_the_nodes_path_is_submitted_fails_there_an
     logs = run_logs(RunLogsInput(record_id=canary.record_id))
     text = "\n".join(line for tail in logs.tails for line in tail.lines)
     assert "nel: command not found" in text, text[-2000:]
+    # nel-next's auto-resume reran the failed job (cluster.max_retries) before giving up: run_status said "resuming"
+    # in between, not "failed", and the answer came after its last retry
+    assert "Infra retry limit (3) reached" in text
     assert logs.diagnosis is not None and "PATH" in logs.diagnosis.advice
 
 

@@ -563,7 +563,7 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
             latest = latest_ids[job["job_id"]]
             state = _slurm_state(queue[latest].state if latest in queue else "")
             restart = _restart_job(latest, queue)
-            status, note = _map_slurm(state, restart, latest != original)
+            status, note = _map_slurm(state, restart, latest != original, job["data"].get("retries_failed", False))
             statuses.append(JobStatus(job_id=job["job_id"], status=status, slurm_job_id=original,
                                       current_slurm_job_id=latest if latest != original else None,
                                       restart_job_id=restart, slurm_state=state, note=note))
@@ -583,7 +583,11 @@ def _restart_job(latest: str, queue: dict[str, remote.SlurmJob]) -> str | None:
     return None
 
 
-def _map_slurm(state: str, restart_job: str | None, resumed: bool) -> tuple[str, str | None]:
+def _map_slurm(state: str, restart_job: str | None, resumed: bool, retries_failed: bool = False) -> tuple[str, str | None]:
+    """retries_failed: the chain's successor also reruns a FAILED job (nel-next's infra retries, cluster.max_retries),
+    where NEL 0.2.6's restart job only continues after walltime."""
+    if state == "FAILED" and retries_failed and restart_job:
+        return "resuming", f"failed; nel-next's auto-resume job {restart_job} retries it (cluster.max_retries)"
     if state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
         return "running", "resumed after walltime by NEL's restart job" if resumed else None
     if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
@@ -988,7 +992,8 @@ def _next_slurm_jobs(record: ledger.Record) -> list[dict]:
     """A nel-next SLURM record's jobs in the shape the SLURM status code reads (as NEL 0.2.6's execution DB has them)."""
     return [{"job_id": f"shard {index}" if len(record.details["slurm_jobs"]) > 1 else "nel eval run",
              "data": {"hostname": job["hostname"], "username": job["username"] or remote.ssh_user(job["hostname"]),
-                      "remote_rundir_path": job["remote_dir"], "slurm_job_id": job["job_id"], "chain_file": nelnext.CHAIN_FILE}}
+                      "remote_rundir_path": job["remote_dir"], "slurm_job_id": job["job_id"], "chain_file": nelnext.CHAIN_FILE,
+                      "retries_failed": True}}
             for index, job in enumerate(record.details["slurm_jobs"])]
 
 
@@ -1058,14 +1063,16 @@ def _next_refresh(record: ledger.Record) -> _Refreshed:
 
 
 def _next_slurm_log(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
-    """The newest SLURM job log of each shard on the cluster (nel-next's logs/slurm-ID.log, the eval's output tee'd in)."""
+    """The SLURM job logs of each shard on the cluster, up to its last four jobs (nel-next's logs/slurm-ID.log, the
+    eval's output tee'd in)."""
     content: list[str] = []
     where = ""
     for job in _next_slurm_jobs(record):
         logs = f"{shlex.quote(job['data']['remote_rundir_path'])}/logs"
         where = f"{job['data']['hostname']}:{job['data']['remote_rundir_path']}/logs"
-        text = _on_cluster(job["data"], f"f=$(ls -t {logs}/slurm-*.log 2>/dev/null | head -1); "
-                                        f'[ -n "$f" ] && tail -n {max(lines, 200)} "$f"')
+        # every job of the chain, oldest first: a retry's fresh log alone hides why the first one failed
+        text = _on_cluster(job["data"], f"for f in $(ls -tr {logs}/slurm-*.log 2>/dev/null | tail -4); "
+                                        f'do echo "==> $f <=="; tail -n {max(lines, 200)} "$f"; done')
         content += text.splitlines()
     return where, content
 
