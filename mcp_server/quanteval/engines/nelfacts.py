@@ -48,6 +48,19 @@ def configs_dir() -> Path:
 
 
 @functools.cache
+def packaged_defaults(group: str) -> dict[str, Any]:
+    """NEL's packaged defaults of a config group ('deployment/sglang': tensor_parallel_size 8, image
+    lmsysorg/sglang:latest; 'execution/slurm/default': walltime 01:00:00), read as a file: importing NEL takes seconds."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((configs_dir() / f"{group}.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, ToolError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@functools.cache
 def _versions() -> str:
     found = []
     for distribution in ("nemo-evaluator-launcher", "nemo-evaluator"):

@@ -10,14 +10,13 @@ run the checkpoint's format as it will ship (NVFP4 on Hopper serves through Marl
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from quanteval.clusters import remote
+from quanteval.engines import nelfacts
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import nelconfig
 
@@ -33,22 +32,6 @@ class Placement(BaseModel):
     notes: list[str]
 
 
-def _nel_defaults(group: str) -> dict[str, Any]:
-    """NEL's packaged defaults of a config group ('deployment/sglang': tensor_parallel_size 8; 'execution/slurm/default':
-    walltime 01:00:00), read as a file: importing NEL takes seconds."""
-    import yaml
-
-    spec = importlib.util.find_spec("nemo_evaluator_launcher")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    path = Path(list(spec.submodule_search_locations)[0]) / "configs" / f"{group}.yaml"
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _value(doc: Any, key: str, default: Any = None) -> Any:
     return nelconfig.to_plain(nelconfig.get_path(doc, key)) if nelconfig.has_path(doc, key) else default
 
@@ -58,7 +41,7 @@ def gpus_needed(doc: Any) -> tuple[int, list[str]]:
     framework = nelconfig.deployment_type(doc)
     if framework == "none":
         return 0, []
-    defaults = _nel_defaults(f"deployment/{framework}")
+    defaults = nelfacts.packaged_defaults(f"deployment/{framework}")
     notes = []
     sizes = []
     for key in PARALLEL_KEYS:
@@ -138,7 +121,7 @@ def _choose_partition(doc: Any, info: remote.ClusterInfo, partition: str | None,
 def _walltime(doc: Any, chosen: remote.PartitionInfo, walltime: str | None, values: dict[str, Any],
               notes: list[str]) -> None:
     """The asked walltime (or the config's, or NEL's default), capped at the partition's limit, written explicitly."""
-    wanted = walltime or _value(doc, "execution.walltime") or _nel_defaults("execution/slurm/default").get("walltime")
+    wanted = walltime or _value(doc, "execution.walltime") or nelfacts.packaged_defaults("execution/slurm/default").get("walltime")
     try:
         wanted_s = remote.slurm_seconds(str(wanted)) if wanted is not None else None
     except ValueError:
