@@ -107,3 +107,22 @@ def test_two_runs_on_the_same_pinned_image_are_the_same_serving(tmp_path: Path) 
                                                  output_dir=str(tmp_path / "report")))
     assert _serving_item(result).status == "same"
     assert result.comparability == "comparable"
+
+
+def test_an_image_inherited_from_nels_default_is_warned_and_apply_checkpoint_pins_it(tmp_path: Path) -> None:
+    """The issue's runs: no deployment.image in the config, so NEL served lmsysorg/sglang:latest (its packaged default)."""
+    from quanteval.serving.frameworks import PINNED_IMAGES
+    from quanteval.workflow.nelconfig import ApplyCheckpointInput, apply_checkpoint
+
+    config = _config(tmp_path, None, "nvcr.io/nvidia/eval-factory/nemo_skills:26.01")
+    problems = {key: p for p in validation.validate_config(ValidateConfigInput(config_path=str(config), check_env=False)).problems
+                if p.rule == "unpinned_image" for key in [p.key]}
+    assert "lmsysorg/sglang:latest" in problems["deployment.image"].message and "NEL's default" in problems["deployment.image"].message
+    applied = apply_checkpoint(ApplyCheckpointInput(config_path=str(config), checkpoint=str(CHECKPOINT)))
+    assert yaml.safe_load(config.read_text())["deployment"]["image"] == PINNED_IMAGES["sglang"]
+    assert any("pinned to lmsysorg/sglang:v0.5.23" in n for n in applied.notes)
+    assert _image_problems(config) == []
+    # a pinned image the person chose stays
+    mine = _config(tmp_path, "lmsysorg/sglang:v0.5.6", None)
+    apply_checkpoint(ApplyCheckpointInput(config_path=str(mine), checkpoint=str(CHECKPOINT)))
+    assert yaml.safe_load(mine.read_text())["deployment"]["image"] == "lmsysorg/sglang:v0.5.6"

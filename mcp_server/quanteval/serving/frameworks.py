@@ -106,6 +106,10 @@ class FrameworkInfo:
     kv_cache_flag: str | None
 
 
+# The serving images apply_checkpoint pins when a config names none or a moving tag (NEL's defaults are `:latest`):
+# the releases the facts in this module were checked against (module docstring). TensorRT-LLM's NEL default is pinned.
+PINNED_IMAGES = {"sglang": "lmsysorg/sglang:v0.5.23", "vllm": "vllm/vllm-openai:v0.33.0"}
+
 FRAMEWORK_INFO: dict[str, FrameworkInfo] = {
     "sglang": FrameworkInfo(("python3", "-m", "sglang.launch_server"), "QUANTEVAL_SGLANG_LAUNCHER", 30000,
                             "--context-length", "--trust-remote-code", "--tp-size", "--kv-cache-dtype"),

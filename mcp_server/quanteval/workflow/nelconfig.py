@@ -1135,6 +1135,7 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
         merged = parse_extra_args(merge_extra_args(str(value_at(doc, "deployment.extra_args") or ""), additions))
         needed = {flag for flag, _ in additions}
         write(doc, "deployment.extra_args", render_extra_args([o for o in merged if o[0] in needed or o[0] not in owned_flags(framework)]))
+        _apply_image(doc, framework, write, notes)
         _apply_thinking(doc, report, write, remove)
         _apply_generation(doc, report, old, budget, context, write, notes)
         _apply_tokenizer(doc, report, old, old_sources, local_path, write, remove, notes, changes)
@@ -1157,6 +1158,19 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
 
 
 WriteFn = Callable[[CommentedMap, str, Any], None]
+
+
+def _apply_image(doc: CommentedMap, framework: str, write: WriteFn, notes: list[str]) -> None:
+    """A serving image that cannot move between the baseline and the quantized run: the release quanteval's facts
+    for this framework were checked against, where the config names none (NEL's default is `:latest`) or a moving tag."""
+    from quanteval.workflow.validation import unpinned_image
+
+    pinned = frameworks.PINNED_IMAGES.get(framework)
+    current = value_at(doc, "deployment.image")
+    if pinned and (current is None or unpinned_image(current)):
+        write(doc, "deployment.image", pinned)
+        notes.append(f"deployment.image pinned to {pinned}, the {framework} release quanteval's facts were checked against "
+                     f"(was {current or 'unset: NEL default latest'}); use your own pinned tag if you serve another release.")
 
 
 def _apply_thinking(doc: CommentedMap, report: checkpoint.CheckpointReport, write: WriteFn, remove: Callable[[CommentedMap, str, str], None]) -> None:

@@ -651,9 +651,13 @@ def _check_images(ctx: _Context) -> None:
     places = [("deployment.image", ctx.section("deployment").get("image"))] if ctx.deployment != "none" else []
     places += [(f"{path}.container", task.get("container")) for path, task in nelconfig.config_tasks(ctx.doc) if isinstance(task, dict)]
     for path, image in places:
+        inherited = ""
+        if image is None and path == "deployment.image":  # not set here: NEL serves with its packaged default
+            image = nelfacts.packaged_defaults(f"deployment/{ctx.deployment}").get("image")
+            inherited = f" (NEL's default for {ctx.deployment}: the config sets no deployment.image)"
         if unpinned_image(image):
             repository = image.strip().removesuffix(":").removesuffix(":latest")
-            ctx.add(path, "warning", "unpinned_image", f"'{image}' is not pinned (tag latest or no tag): it can change between the baseline and the quantized run, which then compare different builds.",
+            ctx.add(path, "warning", "unpinned_image", f"'{image}'{inherited} is not pinned (tag latest or no tag): it can change between the baseline and the quantized run, which then compare different builds.",
                     f"Pin it: {repository}:<version> (the tag the model card recommends) or {repository}@sha256:<digest>.")
 
 
