@@ -124,3 +124,61 @@ def test_convert_config_over_mcp(tmp_path):
     result = anyio.run(go)
     assert not result.is_error, result.content[0].text
     assert result.structured_content["mapped"] and Path(result.structured_content["output_path"]).is_file()
+
+
+NS_VENV = REPO / ".venv-nemo-skills"
+needs_ns = pytest.mark.skipif(not (NS_VENV / "bin" / "python").is_file(),
+                              reason="no NeMo-Skills venv to read METRICS_TYPE from: bash scripts/setup --dev builds it")
+
+
+@needs_ns
+def test_tasks_nel_next_would_not_grade_stay_on_nel_with_the_metrics_type_named(tmp_path):
+    """core_reasoning holds NeMo-Skills tasks scored as math/multichoice (graded by nel-next 0.3.0) and others (if,
+    livecodebench, ...) that nel-next would score by exact match of the whole response: those are not converted."""
+    from quanteval.engines import nelnext
+    from quanteval.workflow import tasks
+
+    source = _nel(tmp_path, "local", "vllm")
+    result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
+    names = [b["name"] for b in to_plain(load_config(result.output_path))["benchmarks"]]
+    task_names = [t["name"] for t in to_plain(load_config(source))["evaluation"]["tasks"]]
+    for task in task_names:
+        entry = tasks.lookup(task)[0]
+        metrics_type = nelnext.skills_metrics_types([entry.harness_task])[entry.harness_task] if entry.harness_task else None
+        converted = f"skills://{entry.harness_task}" in names
+        assert converted == (entry.harness == "nemo_skills" and metrics_type in nelnext.SKILLS_GRADED_TYPES), (task, metrics_type)
+        if not converted:
+            reason = next(u.reason for u in result.unmapped if u.source.endswith("].name") and u.value == task)
+            assert (f"METRICS_TYPE '{metrics_type}'" in reason) if entry.harness == "nemo_skills" else "in-process" in reason
+    assert any(not n.startswith("skills://") for n in task_names) or len(names) < len(task_names)
+    _accounted(source, result)
+
+
+@needs_ns
+def test_every_recipe_has_its_nel_next_form_or_says_why_not(tmp_path):
+    """The ten recipes' nel-next form, from the same mapping as convert_config: graded NeMo-Skills benchmarks with the
+    recipe's repeats; the rest name why (metrics nel-next does not grade, a harness it does not run)."""
+    from quanteval.workflow.tasks import GetTaskRecipeInput, get_task_recipe, list_recipes
+
+    forms = {r.name: get_task_recipe(GetTaskRecipeInput(name=r.name)).nel_next for r in list_recipes()}
+    assert len(forms) == 10
+    assert forms["aime2025"].benchmark == {"name": "skills://aime25", "solver": {"type": "simple", "service": "model"}, "repeats": 16}
+    assert forms["gpqa"].benchmark["name"] == "skills://gpqa" and forms["gpqa"].benchmark["repeats"] == 5
+    assert forms["mmlu_pro"].benchmark["name"] == "skills://mmlu-pro" and "repeats" not in forms["mmlu_pro"].benchmark
+    assert all("not NEL's" in forms[name].note for name in ("aime2025", "gpqa", "mmlu_pro"))
+    assert forms["ifbench"].benchmark is None and "METRICS_TYPE 'if'" in forms["ifbench"].note
+    assert forms["tau2_bench_telecom"].benchmark is None and "harness tau2_bench" in forms["tau2_bench_telecom"].note
+    assert all(form.note for form in forms.values())
+    # Each form is one nel-next's schema accepts, in a config of its own.
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=[f.benchmark["name"] for f in forms.values() if f.benchmark],
+                                           config_path=str(tmp_path / "next.yaml"))).config_path
+    from quanteval.engines import nelnext
+
+    for index, form in enumerate(f for f in forms.values() if f.benchmark):
+        set_config_value(SetConfigValueInput(config_path=config, key=f"benchmarks[{index}]", value=form.benchmark))
+    for key, value in {"services.model.url": "http://127.0.0.1:8000/v1", "services.model.model": "m", "services.model.generation.max_tokens": 4096,
+                       "output.dir": str(tmp_path / "out")}.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    checked = nelnext.check_schema(config, [])
+    assert checked["ok"], checked["problems"]

@@ -9,6 +9,8 @@ names why; with it on the PATH (sbatch --export) the canary runs the BYOB benchm
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 
@@ -18,17 +20,22 @@ import yaml
 from quanteval import ledger
 from quanteval.engines import nelnext
 from quanteval.models import ToolError
+from quanteval.workflow.compare import CompareResultsInput, compare_results
+from quanteval.workflow.gate import GateResultsInput, gate_results
 from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
 from quanteval.workflow.placement import ApplyClusterInput, apply_cluster
+from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
 from quanteval.workflow.runs import (
     DryRunInput,
     LaunchCanaryInput,
+    LaunchFullRunInput,
     RunLogsInput,
     RunRef,
     WaitForRunInput,
     dry_run,
     kill_run,
     launch_canary,
+    launch_full_run,
     resume_run,
     run_logs,
     run_status,
@@ -38,14 +45,30 @@ from quanteval.workflow.validation import ValidateConfigInput, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+sys.path.insert(0, str(Path(__file__).parent / "standins"))
+from openai_router import Router  # noqa: E402
+
+# A BYOB benchmark the stand-in router answers: "What is A+B?" gets \boxed{A+B}, except 1+1 (\boxed{3}).
+SUMS_BENCH = """
+import re
+from nemo_evaluator.environments.custom import benchmark, scorer
+from nemo_evaluator.scoring import ScorerInput
+
+@benchmark(name="sums", dataset={data!r}, prompt="{{question}}", target_field="answer")
+@scorer
+def sums_scorer(sample: ScorerInput) -> dict:
+    found = re.search(r"-?\\d+", sample.response or "")
+    return {{"correct": bool(found) and found.group(0) == str(sample.target).strip()}}
+"""
+SUMS = [{"question": f"What is {a}+{b}?", "answer": str(a + b)} for a in range(1, 5) for b in range(1, 4)]  # 11 of 12 right
 
 pytestmark = pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(), reason="no nel-next venv")
 
 
 def _config(tmp_path: Path, slurm_cluster, url: str = "http://127.0.0.1:9/v1", model: str = "tiny-add",
-            extra: dict | None = None) -> str:
+            extra: dict | None = None, bench: str = str(BENCH)) -> str:
     config = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="none", model_type="chat_reasoning",
-                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "next.yaml"))).config_path
+                                           benchmarks=[bench], config_path=str(tmp_path / "next.yaml"))).config_path
     values = {"cluster.hostname": slurm_cluster.ssh_alias, "cluster.account": "quanteval-test",
               "cluster.node_pools.default.partition": "debug", "cluster.walltime": "00:10:00",
               "output.dir": str(slurm_cluster.jobs_dir / tmp_path.name), "services.model.url": url,
@@ -164,3 +187,52 @@ def test_apply_cluster_fills_nel_nexts_cluster_from_the_real_cluster(tmp_path, s
     assert any("asks for no GPUs" in note for note in placed.placement.notes)
     result = validate_config(ValidateConfigInput(config_path=config))
     assert result.valid, result.problems
+
+
+def _sums_bench(tmp_path: Path) -> str:
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in SUMS))
+    bench = tmp_path / "sums.py"
+    bench.write_text(SUMS_BENCH.format(data=str(data)))
+    return str(bench)
+
+
+def test_a_sharded_run_is_fetched_merged_by_nel_next_and_carries_the_verdict_chain(tmp_path, slurm_cluster):
+    """shards: 2 makes nel-next submit one SLURM job per shard, each writing shard_<i>/ on the cluster. validate_run,
+    the canary gate, extract_scores and compare_results read the run by its record: its results are copied back
+    and merged by nel-next's own `nel eval merge`. The router gets exactly one of the 12 sums wrong, so the merged
+    score is 11/12 only if both shards' results made it into the verdict."""
+    router = Router()
+    try:
+        path = f"ALL,PATH={nelnext.venv() / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+        config = _config(tmp_path, slurm_cluster, url=f"{router.url}/v1", model="router",
+                         extra={"cluster.sbatch_extra_flags": {"export": path}, "cluster.shards": 2}, bench=_sums_bench(tmp_path))
+        canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=12))
+        assert len(ledger.get(canary.record_id).details["slurm_jobs"]) == 2
+        assert _wait_until_done(canary.record_id) == "succeeded"
+
+        report = validate_run(ValidateRunInput(run=canary.record_id))
+        assert report.verdict == "pass", report.reasons
+        assert [task.evaluated_samples for task in report.tasks] == [12]
+        scores = extract_scores(ExtractScoresInput(run=canary.record_id))
+        assert scores.tasks[0].task == "sums" and scores.tasks[0].headline.value == pytest.approx(11 / 12)
+
+        full = launch_full_run(LaunchFullRunInput(config_path=config))  # the canary gate read the fetched results
+        assert full.status == "submitted"
+        assert _wait_until_done(full.record_id) == "succeeded"
+        compared = compare_results(CompareResultsInput(baseline=canary.record_id, candidate=full.record_id))
+        assert [(row.task, row.delta) for row in compared.comparisons] == [("sums", pytest.approx(0.0))]
+        assert len({request["messages"][-1]["content"] for request in router.requests}) == 12
+        policy = tmp_path / "policy.yaml"
+        policy.write_text("version: 1\nbenchmarks:\n  sums: {tier: critical, metric: pass@1, max_drop: 0.05}\n")
+        gate = gate_results(GateResultsInput(baseline=canary.record_id, candidate=full.record_id, policy=str(policy)))
+        assert [(b.benchmark, b.status) for b in gate.benchmarks] == [("sums", "PASS")] and gate.verdict == "GO"
+
+        # A shard whose job died before writing its checkpoint: the run is not passed on the other shard's half.
+        shard_1 = Path(ledger.get(full.record_id).details["slurm_jobs"][1]["remote_dir"])
+        (shard_1 / "checkpoint.json").unlink()
+        report = validate_run(ValidateRunInput(run=full.record_id))
+        assert report.verdict == "fail"
+        assert any("shard_1 wrote no checkpoint.json" in reason for reason in report.reasons), report.reasons
+    finally:
+        router.close()

@@ -78,3 +78,26 @@ def test_skills_benchmarks_without_a_fitting_nemo_skills_in_nel_nexts_venv_are_a
                                                                                               max_position_embeddings=32768))))
     problem = _problems(config)[("skills_unavailable", "benchmarks[0]")]
     assert problem.severity == "error" and "NeMo-Skills" in problem.message and nelnext.skills_problem() in problem.message
+
+
+NS_VENV = REPO / ".venv-nemo-skills"
+
+
+@pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file() or not (NS_VENV / "bin" / "python").is_file(),
+                    reason="needs nel-next's venv and NeMo-Skills' (bash scripts/setup --dev builds both)")
+def test_a_skills_benchmark_nel_next_does_not_grade_is_an_error_not_a_verdict_of_zero_loss(tmp_path):
+    """nel-next 0.3.0 grades NeMo-Skills' math and multichoice metrics; ifbench's 'if' falls back to exact match of the
+    whole response (both runs score ~0, 'nothing lost'). The metrics type is read from NeMo-Skills' own dataset module."""
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="vllm", model_type="chat_reasoning",
+                                           benchmarks=["skills://ifbench", "skills://gpqa", "skills://no-such-bench"],
+                                           config_path=str(tmp_path / "next.yaml"))).config_path
+    apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(make_checkpoint(tmp_path / "m", chat_template="plain",
+                                                                                              max_position_embeddings=32768))))
+    problems = _problems(config)
+    ifbench = problems[("skills_not_graded", "benchmarks[0].name")]
+    assert ifbench.severity == "error" and "METRICS_TYPE 'if'" in ifbench.message and "exact match" in ifbench.message
+    assert ("skills_not_graded", "benchmarks[1].name") not in problems  # gpqa: multichoice, graded by NeMo-Skills' grader
+    assert "no benchmark 'no-such-bench'" in problems[("skills_not_graded", "benchmarks[2].name")].message
+
+    set_config_value(SetConfigValueInput(config_path=config, key="benchmarks[0].params", value={"eval_type": "math"}))
+    assert ("skills_not_graded", "benchmarks[0].name") not in _problems(config)  # the user chose a graded type

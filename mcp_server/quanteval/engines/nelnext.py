@@ -16,7 +16,9 @@ Facts this module relies on (nemo-evaluator 0.3.0, measured here):
   the node, or its eval_image through pyxis), copies it with scp into a timestamped directory under output.dir on
   the cluster, submits it with `ssh HOST sbatch`, prints "SLURM job submitted: ID" per shard and keeps each job's
   metadata (hostname, username, remote_dir) in $XDG_DATA_HOME/nel/jobs/ID/slurm_job.json. The job appends its own
-  id, and that of each auto-resume successor (afternotok), to remote_dir/.nel_job_chain.
+  id, and that of each auto-resume successor (afternotok), to remote_dir/.nel_job_chain. With `cluster.shards: N`
+  it submits one job per shard, each with remote_dir .../shard_<i>; `nel eval merge DIR` merges DIR/shard_*/ into
+  DIR/<benchmark>/ (fetch_results copies them back and runs it, as a user would).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ CHECK_TIMEOUT_S = 120.0
 SUBMIT_TIMEOUT_S = 180.0
 SUBMITTED = re.compile(r"SLURM job submitted: (\d+)")
 CHAIN_FILE = ".nel_job_chain"
+# What a run's verdict is read from on the cluster (not trajectories, logs or caches: those can be large).
+RESULT_FILES = ["checkpoint.json", "nel_run.json", "eval-*.json", "results.jsonl", "runtime_stats.json"]
 MAX_PROBLEMS_OVERRIDE = "benchmarks.{index}.max_problems={value}"
 REPEATS_OVERRIDE = "benchmarks.{index}.repeats={value}"
 MISSING = "???"
@@ -336,11 +340,43 @@ def submit(kind: ledger.RecordKind, config_path: str, overrides: list[str], chec
         meta = json.loads((data_home() / "nel" / "jobs" / job_id / "slurm_job.json").read_text())
         jobs.append({"job_id": job_id, "hostname": meta["hostname"], "username": meta.get("username") or None,
                      "remote_dir": meta["remote_dir"]})
+    results_dir = data_home() / "results" / f"{jobs[0]['hostname']}-{job_ids[0]}"
+    facts = {"config": _redact(checked["config"]), "checkpoint": details.get("checkpoint"), "served": details.get("served") or {}}
     return ledger.add(kind, status="submitted", config_path=config_path, config_hash=config_hash(config_path, overrides),
                       invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
                       details={**details, "engine": "nel-next", "overrides": overrides, "tasks": checked["benchmarks"],
-                               "slurm_jobs": jobs, "argv": argv},
+                               "slurm_jobs": jobs, "argv": argv, "results_dir": str(results_dir), "run_facts": facts},
                       message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
+
+
+def fetch_results(details: dict[str, Any]) -> Path:
+    """A SLURM run's results, copied from the cluster into its local mirror (details['results_dir']) afresh.
+
+    Each job's remote_dir is copied (the small files only: bundles, per-problem results, checkpoints); a sharded
+    run's jobs go to shard_0/, shard_1/, ... as nel-next lays them out on the cluster, and nel-next's own
+    `nel eval merge` then writes the merged benchmark bundles at the top, as a user merging by hand would get."""
+    from quanteval.clusters import remote
+
+    jobs = details["slurm_jobs"]
+    local = Path(details["results_dir"])
+    shutil.rmtree(local, ignore_errors=True)  # our own mirror: nothing the cluster has since removed survives
+    local.mkdir(parents=True)
+    sharded = len(jobs) > 1 or Path(jobs[0]["remote_dir"]).name.startswith("shard_")
+    for job in jobs:
+        target = local / Path(job["remote_dir"]).name if sharded else local
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            remote.fetch_tree(job["hostname"], job["remote_dir"], target, RESULT_FILES)
+        except ToolError:
+            continue  # a job that never started has no directory yet: its shard counts as unfinished
+    if sharded and any(local.glob("shard_*/*/results.jsonl")):
+        done = subprocess.run([str(nel_binary()), "eval", "merge", str(local)], capture_output=True, text=True,
+                              timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
+        if done.returncode != 0:
+            said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
+            raise ToolError(f"nel eval merge of {local} failed: {' | '.join(said)[-600:]}")
+    (local / RUN_FACTS_NAME).write_text(json.dumps(details.get("run_facts") or {}, indent=1), encoding="utf-8")
+    return local
 
 
 def resubmit(job: dict[str, Any]) -> dict[str, Any]:
@@ -407,3 +443,61 @@ def skills_problem() -> str | None:
         except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError) as exc:
             _SKILLS_PROBLEM["answer"] = f"the probe failed: {exc}"
     return _SKILLS_PROBLEM["answer"]
+
+
+# nel-next 0.3.0's SkillsEnvironment grades two NeMo-Skills metric types with NeMo-Skills' own graders (its
+# _score_handlers: math -> math_grader.math_equal on the \boxed answer, multichoice -> the extracted letter). Any other
+# type goes to NeMo-Skills' get_evaluator_class(type).eval_single({predicted_answer, expected_answer}): only class
+# evaluators have it (math, lean4, ioi), and they need more than those two fields; on any failure nel-next falls back,
+# with a log warning, to exact match of the whole response against the answer. That scores baseline and candidate
+# ~0 alike: a verdict of "nothing lost" that measured nothing. A benchmark's params.eval_type replaces its METRICS_TYPE.
+SKILLS_GRADED_TYPES = ("math", "multichoice")
+
+_METRICS_PROBE = r"""
+import json, sys
+from nemo_skills.dataset import utils
+types = {}
+for name in sys.argv[1:]:
+    try:
+        found = utils.get_dataset_module(name)
+        module = found[0] if isinstance(found, tuple) else found
+        types[name] = getattr(module, "METRICS_TYPE", None) or ""
+    except Exception:  # an unknown benchmark: NeMo-Skills raises its own error types
+        types[name] = ""
+print(json.dumps(types))
+"""
+_METRICS_TYPES: dict[str, str | None] = {}
+
+
+def skills_metrics_types(names: list[str]) -> dict[str, str | None]:
+    """Each NeMo-Skills benchmark's METRICS_TYPE, read from its dataset module by the NeMo-Skills in nel-next's venv,
+    else the one `ns eval` runs from (QUANTEVAL_NS_VENV): '' for a benchmark NeMo-Skills does not have (or that sets
+    none), None for all when no NeMo-Skills is installed to ask."""
+    wanted = [name for name in names if name not in _METRICS_TYPES]
+    if wanted:
+        found: dict[str, str | None] = {}
+        for python in (venv() / "bin" / "python", envvars.engine_venv("QUANTEVAL_NS_VENV", ".venv-nemo-skills") / "bin" / "python"):
+            if not os.access(python, os.X_OK):
+                continue
+            try:
+                done = subprocess.run([str(python), "-c", _METRICS_PROBE, *wanted], capture_output=True, text=True,
+                                      timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
+                found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {}
+            except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError):
+                found = {}
+            if found:
+                break
+        for name in wanted:
+            _METRICS_TYPES[name] = found.get(name)
+    return {name: _METRICS_TYPES[name] for name in names}
+
+
+def skills_grading_problem(name: str, metrics_type: str | None) -> str | None:
+    """Why nel-next 0.3.0 would not grade this skills:// benchmark with NeMo-Skills' evaluation, or None."""
+    if metrics_type is None or metrics_type in SKILLS_GRADED_TYPES:
+        return None
+    if metrics_type == "":
+        return f"NeMo-Skills has no benchmark '{name}' with a METRICS_TYPE (nel-next would fail to load it or not grade it)"
+    return (f"skills://{name} is scored as NeMo-Skills METRICS_TYPE '{metrics_type}', which nel-next 0.3.0 does not grade: "
+            f"it grades only {' and '.join(SKILLS_GRADED_TYPES)}, and falls back to exact match of the whole response "
+            "(near 0 for any model, baseline and candidate alike)")

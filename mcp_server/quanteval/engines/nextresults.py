@@ -64,7 +64,8 @@ class Bundle:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "checkpoint.json").is_file() or (path / "nel_run.json").is_file()
+    """A nel-next run directory: its checkpoint or run record, at the top or (a sharded run) in shard_<i>/."""
+    return any((place / name).is_file() for place in (path, *path.glob("shard_*")) for name in ("checkpoint.json", "nel_run.json"))
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -94,14 +95,32 @@ class Outcome:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def run_outcome(run_dir: Path) -> Outcome:
-    """What nel-next itself recorded as completed and failed (DIR/checkpoint.json)."""
-    path = run_dir / "checkpoint.json"
-    if not path.is_file():
-        return Outcome()
+def _checkpoint_outcome(path: Path) -> Outcome:
     data = _load_json(path)
     failed = {str(name): str((info or {}).get("error") or "failed") for name, info in (data.get("failed_benchmarks") or {}).items()}
     return Outcome(completed=list(data.get("completed_benchmarks") or {}), failed=failed)
+
+
+def run_outcome(run_dir: Path) -> Outcome:
+    """What nel-next itself recorded as completed and failed (DIR/checkpoint.json). A sharded run (shard_<i>/ per
+    SLURM array task) completed a benchmark only where every shard did; a shard with no checkpoint did not finish."""
+    path = run_dir / "checkpoint.json"
+    if path.is_file():
+        return _checkpoint_outcome(path)
+    shards = sorted(run_dir.glob("shard_*"), key=lambda shard: shard.name)
+    if not shards:
+        return Outcome()
+    outcomes = {shard.name: _checkpoint_outcome(shard / "checkpoint.json") for shard in shards if (shard / "checkpoint.json").is_file()}
+    failed: dict[str, str] = {}
+    for shard, outcome in outcomes.items():
+        failed.update({name: f"{shard}: {error}" for name, error in outcome.failed.items()})
+    completed_everywhere = set.intersection(*(set(o.completed) for o in outcomes.values())) if outcomes else set()
+    unfinished = [shard.name for shard in shards if shard.name not in outcomes]
+    for name in sorted({name for o in outcomes.values() for name in o.completed} - completed_everywhere - set(failed)):
+        failed[name] = "not completed by every shard"
+    if unfinished:
+        failed["(shards)"] = f"{', '.join(unfinished)} wrote no checkpoint.json: their SLURM jobs did not finish"
+    return Outcome(completed=sorted(completed_everywhere - set(failed)), failed=failed)
 
 
 # ---------------------------------------------------------------- per-problem rewards

@@ -43,8 +43,6 @@ POOL_KEYS = {"partition": "partition", "num_nodes": "nodes", "gres": "gres", "gp
 UNMAPPED_REASONS: list[tuple[str, str]] = [
     (r"^defaults", "Hydra's composition list of NEL templates; a nel-next config is complete as written."),
     (r"\.container$", "nel-next runs benchmarks in-process: no task container."),
-    (r"^evaluation\.tasks\[[^]]+\]\.name$", "no nel-next benchmark runs this NEL task in-process (only NeMo-Skills tasks map, to skills://NAME); "
-     "keep it on NEL 0.2.6, or write it as a BYOB benchmark."),
     (r"extra\.args$", "NeMo-Skills Hydra overrides for `ns eval`; skills:// benchmarks take NeMo-Skills' own defaults for the benchmark. "
      "Check the prompt and split match before comparing with the NEL run."),
     (r"extra\.(tokenizer|tokenizer_backend)$", "the evaluation-side tokenizer of lm-eval/ruler harnesses; nel-next's in-process benchmarks do not read it."),
@@ -98,6 +96,7 @@ class _Conversion:
         self.out: dict[str, Any] = {}
         self.mapped: list[MappedField] = []
         self.consumed: set[str] = set()
+        self.reasons: dict[str, str] = {}  # a source key's own reason for not being carried over, before UNMAPPED_REASONS
 
     def put(self, target: str, value: Any, source: str | None = None) -> None:
         nelconfig.set_path(self.out, target, value)
@@ -201,11 +200,11 @@ def _benchmarks(c: _Conversion, framework: str) -> None:
     for path, task in nelconfig.config_tasks(c.doc):
         if not isinstance(task, dict) or not isinstance(task.get("name"), str):
             continue
-        entries = tasks.lookup(task["name"])
-        entry = entries[0] if len(entries) == 1 else None
-        if entry is None or entry.harness != "nemo_skills" or not entry.harness_task:
-            continue  # named by _unmapped with why
-        benchmark: dict[str, Any] = {"name": f"skills://{entry.harness_task}", "solver": {"type": "simple", "service": "model"}}
+        name, why = tasks.nel_next_benchmark(task["name"])
+        if name is None:
+            c.reasons[f"{path}.name"] = why  # _unmapped names it
+            continue
+        benchmark: dict[str, Any] = {"name": name, "solver": {"type": "simple", "service": "model"}}
         c.mapped.append(MappedField(source=f"{path}.name", target=f"benchmarks[{len(benchmarks)}].name ({benchmark['name']})"))
         c.consumed.add(f"{path}.name")
         index = len(benchmarks)
@@ -279,7 +278,7 @@ def _unmapped(c: _Conversion) -> list[UnmappedField]:
             continue
         if any(path == done or path.startswith(done + ".") or path.startswith(done + "[") for done in c.consumed):
             continue
-        reason = next(why for pattern, why in UNMAPPED_REASONS if re.search(pattern, path))
+        reason = c.reasons.get(path) or next(why for pattern, why in UNMAPPED_REASONS if re.search(pattern, path))
         found.append(UnmappedField(source=path, value=value, reason=reason))
     return found
 

@@ -182,13 +182,18 @@ def _bundle_name(path: Path) -> str | None:
 
 
 def results_dir(value: str, side: str) -> Path:
-    """A run directory, or the folder of one eval-*.json bundle (as nel gate accepts either)."""
+    """A run directory, or the folder of one eval-*.json bundle (as nel gate accepts either), or a nel-next run's
+    record id (a SLURM run's results copied from the cluster, shards merged)."""
+    from quanteval.workflow.results import next_run_dir
+
     path = Path(value).expanduser()
     if path.is_file() and path.name.startswith("eval-") and path.suffix == ".json":
         return path.parent
     if not path.is_dir():
+        if (recorded := next_run_dir(value)) is not None:
+            return recorded
         raise ToolError(f"{side} {value}: not a directory. Give the folder `nel eval run -o DIR` wrote (one sub-folder "
-                        "per benchmark) or one eval-*.json bundle.")
+                        "per benchmark), one eval-*.json bundle, or a nel-next run's record id.")
     return path
 
 
@@ -317,7 +322,7 @@ def _clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int
 
 class GateResultsInput(StrictModel):
     baseline: str = Field(description="Reference nel-next run: the folder `nel eval run -o DIR` wrote (one sub-folder "
-                          "per benchmark), or one eval-*.json bundle.")
+                          "per benchmark), one eval-*.json bundle, or its record id (a SLURM run is fetched, shards merged).")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
     policy: str = Field(description="Gate policy YAML in `nel gate --policy` format: version: 1, defaults, "
                         "benchmarks.<name>.{tier: critical|supporting|advisory, metric: pass@1|mean_reward, max_drop, "

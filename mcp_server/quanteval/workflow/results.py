@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quanteval import failures, ledger
-from quanteval.engines import nextresults
+from quanteval.engines import nelnext, nextresults
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -760,7 +760,11 @@ def next_run_dir(run: str) -> Path | None:
         record = ledger.get(run.strip())
     except ToolError:
         return None
-    return Path(record.details["run_dir"]) if record.details.get("engine") == "nel-next" else None
+    if record.details.get("engine") != "nel-next":
+        return None
+    if record.executor == "slurm":  # its results are on the cluster: a fresh local copy, shards merged
+        return nelnext.fetch_results(record.details)
+    return Path(record.details["run_dir"])
 
 
 def next_task_scores(bundle: nextresults.Bundle) -> TaskScores:

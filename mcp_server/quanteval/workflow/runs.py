@@ -391,8 +391,8 @@ class LaunchFullRunInput(StrictModel):
 
 def _results_location(record: ledger.Record) -> str:
     """The invocation directory as validate_run takes it: a local path, or host:path for SLURM (from NEL's job records)."""
-    if _is_next(record):
-        return record.details["run_dir"]
+    if _is_next(record):  # results.next_run_dir reads a local run, or fetches a SLURM run's from the cluster
+        return record.id
     data = _jobs(record)[0]["data"]
     if "remote_rundir_path" in data:
         return f"{data['hostname']}:{Path(data['remote_rundir_path']).parent}"

@@ -1006,6 +1006,16 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
                                 message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {why}: the benchmark fails at start.",
                                 fix="Install the NeMo-Skills release your nel-next names into its venv (QUANTEVAL_NEL_NEXT_VENV), "
                                     "or run the benchmark with NEL 0.2.6's ns_* task (its container brings NeMo-Skills)."))
+    names = {i: str(doc["benchmarks"][i]["name"])[len("skills://"):] for i in skills}
+    types = nelnext.skills_metrics_types(sorted(set(names.values()))) if skills else {}
+    for index, name in names.items():
+        params = (doc["benchmarks"][index] or {}).get("params") or {}
+        metrics_type = params.get("eval_type") if isinstance(params, dict) and params.get("eval_type") else types.get(name)
+        if why := nelnext.skills_grading_problem(name, metrics_type):
+            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_not_graded",
+                                    message=f"{why}: the comparison would say nothing was lost while measuring nothing.",
+                                    fix=f"Run it with NEL 0.2.6's NeMo-Skills task (its container runs `ns eval`, which grades "
+                                        f"'{metrics_type}'), or use a nel-next benchmark that grades its own answers."))
     for index, bench in enumerate(doc.get("benchmarks") or []):
         bench_name = str((bench or {}).get("name", ""))
         if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():
