@@ -352,29 +352,34 @@ def submit(kind: ledger.RecordKind, config_path: str, overrides: list[str], chec
 def fetch_results(details: dict[str, Any]) -> Path:
     """A SLURM run's results, copied from the cluster into its local mirror (details['results_dir']) afresh.
 
-    Each job's remote_dir is copied (the small files only: bundles, per-problem results, checkpoints); a sharded
-    run's jobs go to shard_0/, shard_1/, ... as nel-next lays them out on the cluster, and nel-next's own
-    `nel eval merge` then writes the merged benchmark bundles at the top, as a user merging by hand would get."""
+    nel-next 0.3.0 on SLURM runs each benchmark as a sub-run: RUN/<benchmark key>/checkpoint.json and
+    RUN/<benchmark key>/<benchmark>/eval-*.json. With shards, each job writes RUN/shard_<i>/ so, and the last shard
+    to finish merges them into RUN/<benchmark>/ (nel-next's own merge, on the node). The small files are copied
+    (bundles, per-problem results, checkpoints; not logs or trajectories); where the shards are there but no merged
+    bundle is (the merging job died), nel-next's `nel eval merge` is run here on the copy, as a user would."""
     from quanteval.clusters import remote
+    from quanteval.engines import nextresults
 
     jobs = details["slurm_jobs"]
     local = Path(details["results_dir"])
     shutil.rmtree(local, ignore_errors=True)  # our own mirror: nothing the cluster has since removed survives
     local.mkdir(parents=True)
-    sharded = len(jobs) > 1 or Path(jobs[0]["remote_dir"]).name.startswith("shard_")
-    for job in jobs:
-        target = local / Path(job["remote_dir"]).name if sharded else local
-        target.mkdir(parents=True, exist_ok=True)
-        try:
-            remote.fetch_tree(job["hostname"], job["remote_dir"], target, RESULT_FILES)
-        except ToolError:
-            continue  # a job that never started has no directory yet: its shard counts as unfinished
-    if sharded and any(local.glob("shard_*/*/results.jsonl")):
-        done = subprocess.run([str(nel_binary()), "eval", "merge", str(local)], capture_output=True, text=True,
-                              timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
-        if done.returncode != 0:
-            said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
-            raise ToolError(f"nel eval merge of {local} failed: {' | '.join(said)[-600:]}")
+    first = jobs[0]["remote_dir"].rstrip("/")
+    sharded = len(jobs) > 1 or first.rsplit("/", 1)[-1].startswith("shard_")
+    top = first.rsplit("/", 1)[0] if sharded else first
+    try:
+        remote.fetch_tree(jobs[0]["hostname"], top, local, RESULT_FILES)
+    except ToolError:
+        pass  # no directory yet: the job has not started, and the run has no results to read
+    if sharded:
+        for job in jobs:  # a shard whose job never started has no directory: it counts as unfinished
+            (local / job["remote_dir"].rstrip("/").rsplit("/", 1)[-1]).mkdir(exist_ok=True)
+        if not nextresults.bundles(local) and any(local.glob("shard_*/**/results.jsonl")):
+            done = subprocess.run([str(nel_binary()), "eval", "merge", str(local)], capture_output=True, text=True,
+                                  timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
+            if done.returncode != 0:
+                said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
+                raise ToolError(f"nel eval merge of {local} failed: {' | '.join(said)[-600:]}")
     (local / RUN_FACTS_NAME).write_text(json.dumps(details.get("run_facts") or {}, indent=1), encoding="utf-8")
     return local
 

@@ -64,8 +64,10 @@ class Bundle:
 
 
 def is_run_dir(path: Path) -> bool:
-    """A nel-next run directory: its checkpoint or run record, at the top or (a sharded run) in shard_<i>/."""
-    return any((place / name).is_file() for place in (path, *path.glob("shard_*")) for name in ("checkpoint.json", "nel_run.json"))
+    """A nel-next run directory: its checkpoint or run record at the top, in its sub-runs (one per benchmark, as
+    nel-next runs them on SLURM) or in shard_<i>/ (a sharded SLURM run)."""
+    places = (path, *path.glob("*"), *path.glob("shard_*/*"))
+    return any((place / name).is_file() for place in places for name in ("checkpoint.json", "nel_run.json"))
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -82,6 +84,8 @@ def bundles(run_dir: Path) -> dict[str, Bundle]:
     """The benchmark bundles of a run directory (or of one benchmark directory), by benchmark name."""
     found: dict[str, Bundle] = {}
     candidates = sorted(run_dir.glob("eval-*.json")) + sorted(run_dir.glob("*/eval-*.json"))
+    # A SLURM run's sub-runs (RUN/<benchmark key>/<benchmark>/); shard_<i>/ copies are read merged, at the top.
+    candidates += sorted(path for path in run_dir.glob("*/*/eval-*.json") if not path.parent.parent.name.startswith("shard_"))
     for path in candidates:
         data = _load_json(path)
         name = str((data.get("benchmark") or {}).get("name") or path.parent.name)
@@ -102,22 +106,28 @@ def _checkpoint_outcome(path: Path) -> Outcome:
 
 
 def run_outcome(run_dir: Path) -> Outcome:
-    """What nel-next itself recorded as completed and failed (DIR/checkpoint.json). A sharded run (shard_<i>/ per
-    SLURM array task) completed a benchmark only where every shard did; a shard with no checkpoint did not finish."""
-    path = run_dir / "checkpoint.json"
-    if path.is_file():
-        return _checkpoint_outcome(path)
+    """What nel-next itself recorded as completed and failed: DIR/checkpoint.json, else its sub-runs'
+    (DIR/<benchmark key>/checkpoint.json, as on SLURM). A sharded run (DIR/shard_<i>/) completed a benchmark only where
+    every shard did; a shard that wrote no checkpoint did not finish."""
+    if (run_dir / "checkpoint.json").is_file():
+        return _checkpoint_outcome(run_dir / "checkpoint.json")
     shards = sorted(run_dir.glob("shard_*"), key=lambda shard: shard.name)
     if not shards:
-        return Outcome()
-    outcomes = {shard.name: _checkpoint_outcome(shard / "checkpoint.json") for shard in shards if (shard / "checkpoint.json").is_file()}
+        outcome = Outcome()
+        for path in sorted(run_dir.glob("*/checkpoint.json")):
+            sub = _checkpoint_outcome(path)
+            outcome.completed += sub.completed
+            outcome.failed.update(sub.failed)
+        return outcome
+    outcomes = {shard.name: run_outcome(shard) for shard in shards}
+    finished = {name: o for name, o in outcomes.items() if o.completed or o.failed}
     failed: dict[str, str] = {}
-    for shard, outcome in outcomes.items():
+    for shard, outcome in finished.items():
         failed.update({name: f"{shard}: {error}" for name, error in outcome.failed.items()})
-    completed_everywhere = set.intersection(*(set(o.completed) for o in outcomes.values())) if outcomes else set()
-    unfinished = [shard.name for shard in shards if shard.name not in outcomes]
-    for name in sorted({name for o in outcomes.values() for name in o.completed} - completed_everywhere - set(failed)):
+    completed_everywhere = set.intersection(*(set(o.completed) for o in finished.values())) if finished else set()
+    for name in sorted({name for o in finished.values() for name in o.completed} - completed_everywhere - set(failed)):
         failed[name] = "not completed by every shard"
+    unfinished = [name for name in outcomes if name not in finished]
     if unfinished:
         failed["(shards)"] = f"{', '.join(unfinished)} wrote no checkpoint.json: their SLURM jobs did not finish"
     return Outcome(completed=sorted(completed_everywhere - set(failed)), failed=failed)
