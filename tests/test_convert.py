@@ -182,3 +182,19 @@ def test_every_recipe_has_its_nel_next_form_or_says_why_not(tmp_path):
         set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
     checked = nelnext.check_schema(config, [])
     assert checked["ok"], checked["problems"]
+
+
+@needs_ns
+def test_a_recipes_nel_next_form_over_mcp():
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    async def go():
+        async with Client(build_server()) as client:
+            return [await client.call_tool("get_task_recipe", {"name": name}) for name in ("aime2025", "ifbench")]
+
+    aime, ifbench = anyio.run(go)
+    assert aime.structured_content["nel_next"]["benchmark"]["name"] == "skills://aime25"
+    assert ifbench.structured_content["nel_next"]["benchmark"] is None
+    assert "METRICS_TYPE 'if'" in ifbench.structured_content["nel_next"]["note"]
