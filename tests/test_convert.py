@@ -198,3 +198,24 @@ def test_a_recipes_nel_next_form_over_mcp():
     assert aime.structured_content["nel_next"]["benchmark"]["name"] == "skills://aime25"
     assert ifbench.structured_content["nel_next"]["benchmark"] is None
     assert "METRICS_TYPE 'if'" in ifbench.structured_content["nel_next"]["note"]
+
+
+@needs_ns
+def test_nel_interpolations_and_unconverted_tasks_are_carried_as_nel_next_reads_them(tmp_path, monkeypatch):
+    """NEL's SLURM template says `username: ${oc.env:USER}` (OmegaConf); nel-next expands only ${VAR}, and would ssh
+    as a user literally named "${oc.env:USER}". A task that is not converted takes its settings with it, said as such;
+    a ??? is said to be one, not a field nel-next lacks."""
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy_for_the_schema")
+    source = _nel(tmp_path, "slurm", "sglang")
+    assert to_plain(load_config(source))["execution"]["username"] == "${oc.env:USER}"
+    result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
+    assert to_plain(load_config(result.output_path))["cluster"]["username"] == "${USER}"
+    from quanteval.engines import nelnext
+
+    assert nelnext.check_schema(result.output_path, [])["config"]["cluster"]["username"] == "alice"
+    reasons = {u.source: u.reason for u in result.unmapped}
+    ifbench = next(key[: -len(".name")] for key, u in ((u.source, u) for u in result.unmapped) if u.value == "ns_ifbench")
+    assert "not converted" in reasons[f"{ifbench}.nemo_evaluator_config.config.params.extra.num_repeats"]
+    unset = [u for u in result.unmapped if u.value == "???"]
+    assert unset and all(u.reason == "??? in the NEL config: no value to carry over." for u in unset)

@@ -99,7 +99,7 @@ class _Conversion:
         self.reasons: dict[str, str] = {}  # a source key's own reason for not being carried over, before UNMAPPED_REASONS
 
     def put(self, target: str, value: Any, source: str | None = None) -> None:
-        nelconfig.set_path(self.out, target, value)
+        nelconfig.set_path(self.out, target, _env_syntax(value))
         if source is not None:
             self.mapped.append(MappedField(source=source, target=target))
             self.consumed.add(source)
@@ -201,8 +201,9 @@ def _benchmarks(c: _Conversion, framework: str) -> None:
         if not isinstance(task, dict) or not isinstance(task.get("name"), str):
             continue
         name, why = tasks.nel_next_benchmark(task["name"])
-        if name is None:
-            c.reasons[f"{path}.name"] = why  # _unmapped names it
+        if name is None:  # _unmapped names the task with why, and each of its settings as going with it
+            c.reasons[f"{path}.name"] = why
+            c.reasons[path] = f"a setting of {task['name']}, which is not converted (see its name)."
             continue
         benchmark: dict[str, Any] = {"name": name, "solver": {"type": "simple", "service": "model"}}
         c.mapped.append(MappedField(source=f"{path}.name", target=f"benchmarks[{len(benchmarks)}].name ({benchmark['name']})"))
@@ -278,9 +279,24 @@ def _unmapped(c: _Conversion) -> list[UnmappedField]:
             continue
         if any(path == done or path.startswith(done + ".") or path.startswith(done + "[") for done in c.consumed):
             continue
-        reason = c.reasons.get(path) or next(why for pattern, why in UNMAPPED_REASONS if re.search(pattern, path))
+        owner = next((key for key in c.reasons if path == key or path.startswith((key + ".", key + "["))), None)
+        if value == nelconfig.MISSING and owner is None:
+            reason = "??? in the NEL config: no value to carry over."
+        else:
+            reason = c.reasons[owner] if owner else next(why for pattern, why in UNMAPPED_REASONS if re.search(pattern, path))
         found.append(UnmappedField(source=path, value=value, reason=reason))
     return found
+
+
+# OmegaConf's env resolver as NEL writes it (`${oc.env:USER}`, `${oc.env:VAR,default}`): nel-next expands only
+# `${VAR}` / `${VAR:-default}` and would keep the OmegaConf text as a literal (an ssh user named "${oc.env:USER}").
+_OC_ENV = re.compile(r"\$\{oc\.env:(\w+)(?:,([^}]*))?\}")
+
+
+def _env_syntax(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    return _OC_ENV.sub(lambda m: f"${{{m[1]}}}" if m[2] is None else f"${{{m[1]}:-{m[2].strip()}}}", value)
 
 
 def _env_value(value: Any) -> str | None:
