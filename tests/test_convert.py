@@ -219,3 +219,18 @@ def test_nel_interpolations_and_unconverted_tasks_are_carried_as_nel_next_reads_
     assert "not converted" in reasons[f"{ifbench}.nemo_evaluator_config.config.params.extra.num_repeats"]
     unset = [u for u in result.unmapped if u.value == "???"]
     assert unset and all(u.reason == "??? in the NEL config: no value to carry over." for u in unset)
+
+
+def test_an_omegaconf_interpolation_in_a_nel_next_config_is_an_error(tmp_path):
+    from quanteval.workflow.validation import ValidateConfigInput, validate_config
+
+    config = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=[str(REPO / "examples" / "benchmarks" / "tiny_add.py")],
+                                           config_path=str(tmp_path / "next.yaml"))).config_path
+    for key, value in {"cluster.hostname": "login", "cluster.account": "a", "cluster.node_pools.default.partition": "batch",
+                       "cluster.walltime": "01:00:00", "output.dir": "/lustre/x", "services.model.url": "http://h:8000/v1",
+                       "services.model.model": "m", "services.model.generation.max_tokens": 64,
+                       "cluster.username": "${oc.env:USER}"}.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    problems = [p for p in validate_config(ValidateConfigInput(config_path=config)).problems if p.rule == "omegaconf_interpolation"]
+    assert [p.key for p in problems] == ["cluster.username"] and "${VAR}" in problems[0].fix

@@ -978,6 +978,11 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
                 for key, value in nelconfig.walk(doc) if value == nelnext.MISSING]
     if problems:
         return problems  # nel-next's schema would only repeat them, less clearly
+    for key, value in nelconfig.walk(doc):  # e.g. NEL's `username: ${oc.env:USER}` pasted into a nel-next config
+        if isinstance(value, str) and "${oc." in value:
+            problems.append(Problem(key=key, severity="error", rule="omegaconf_interpolation", message=(
+                f"{key}: {value!r} is OmegaConf syntax (NEL's); nel-next expands only ${{VAR}} and ${{VAR:-default}} and "
+                "would use the text as it is."), fix="Write ${VAR} (or ${VAR:-default}) for an environment variable, or the value itself."))
     checked = nelnext.check_schema(str(config_path), overrides)
     for problem in checked.get("problems", []):
         problems.append(Problem(key=problem["path"] or "(config)", severity="error", rule="nel_next_schema",
