@@ -23,6 +23,7 @@ Facts this module relies on (nemo-evaluator 0.3.0, measured here):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -367,10 +368,8 @@ def fetch_results(details: dict[str, Any]) -> Path:
     first = jobs[0]["remote_dir"].rstrip("/")
     sharded = len(jobs) > 1 or first.rsplit("/", 1)[-1].startswith("shard_")
     top = first.rsplit("/", 1)[0] if sharded else first
-    try:
+    with contextlib.suppress(ToolError):  # no directory yet: the job has not started, and the run has no results
         remote.fetch_tree(jobs[0]["hostname"], top, local, RESULT_FILES)
-    except ToolError:
-        pass  # no directory yet: the job has not started, and the run has no results to read
     if sharded:
         for job in jobs:  # a shard whose job never started has no directory: it counts as unfinished
             (local / job["remote_dir"].rstrip("/").rsplit("/", 1)[-1]).mkdir(exist_ok=True)
