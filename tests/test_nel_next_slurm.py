@@ -15,28 +15,25 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 import yaml
 
 from quanteval import ledger
 from quanteval.engines import nelnext
 from quanteval.models import ToolError
-from quanteval.workflow.compare import CompareResultsInput, compare_results
-from quanteval.workflow.gate import GateResultsInput, gate_results
 from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
 from quanteval.workflow.placement import ApplyClusterInput, apply_cluster
 from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
 from quanteval.workflow.runs import (
     DryRunInput,
     LaunchCanaryInput,
-    LaunchFullRunInput,
     RunLogsInput,
     RunRef,
     WaitForRunInput,
     dry_run,
     kill_run,
     launch_canary,
-    launch_full_run,
     resume_run,
     run_logs,
     run_status,
@@ -199,47 +196,71 @@ def _sums_bench(tmp_path: Path) -> str:
 
 
 def test_a_sharded_run_is_fetched_merged_by_nel_next_and_carries_the_verdict_chain(tmp_path, slurm_cluster):
-    """shards: 2 makes nel-next submit one SLURM job per shard, each writing shard_<i>/ on the cluster. validate_run,
-    the canary gate, extract_scores and compare_results read the run by its record: its results are copied back
-    and merged by nel-next's own `nel eval merge`. The router gets exactly one of the 12 sums wrong, so the merged
-    score is 11/12 only if both shards' results made it into the verdict."""
+    """shards: 2 makes nel-next submit one SLURM job per shard, each writing shard_<i>/ on the cluster; the last one
+    merges them there. Driven as an IDE would, over a real MCP session: validate_run, the canary gate, extract_scores,
+    compare_results and gate_results read the run by its record id, its results copied back. The router gets exactly
+    one of the 12 sums wrong, so the score is 11/12 only if both shards' results made it into the verdict."""
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
     router = Router()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nbenchmarks:\n  sums: {tier: critical, metric: pass@1, max_drop: 0.05}\n")
     try:
         path = f"ALL,PATH={nelnext.venv() / 'bin'}:/usr/local/bin:/usr/bin:/bin"
         config = _config(tmp_path, slurm_cluster, url=f"{router.url}/v1", model="router",
                          extra={"cluster.sbatch_extra_flags": {"export": path}, "cluster.shards": 2}, bench=_sums_bench(tmp_path))
-        canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=12))
-        assert len(ledger.get(canary.record_id).details["slurm_jobs"]) == 2
-        assert _wait_until_done(canary.record_id) == "succeeded"
 
-        report = validate_run(ValidateRunInput(run=canary.record_id))
-        assert report.verdict == "pass", report.reasons
-        assert [task.evaluated_samples for task in report.tasks] == [12]
-        scores = extract_scores(ExtractScoresInput(run=canary.record_id))
-        assert scores.tasks[0].task == "sums" and scores.tasks[0].headline.value == pytest.approx(11 / 12, abs=1e-4)  # nel-next rounds to 4 places
+        async def chain() -> dict:
+            seen: dict = {}
+            async with Client(build_server()) as client:
+                async def call(tool: str, arguments: dict) -> dict:
+                    result = await client.call_tool(tool, arguments)
+                    assert not result.is_error, f"{tool}: {result.content[0].text}"
+                    return result.structured_content
 
-        full = launch_full_run(LaunchFullRunInput(config_path=config))  # the canary gate read the fetched results
-        assert full.status == "submitted"
-        assert _wait_until_done(full.record_id) == "succeeded"
-        compared = compare_results(CompareResultsInput(baseline=canary.record_id, candidate=full.record_id))
-        assert [(row.task, row.delta) for row in compared.comparisons] == [("sums", pytest.approx(0.0))]
+                async def finish(record_id: str) -> str:
+                    status = "submitted"
+                    for _ in range(8):
+                        status = (await call("wait_for_run", {"record_id": record_id, "timeout_s": 30}))["status"]
+                        if status not in ("submitted", "pending", "running", "resuming"):
+                            break
+                    return status
+
+                canary = await call("launch_canary", {"config_path": config, "limit_samples": 12})
+                seen["canary"], seen["canary_status"] = canary["record_id"], await finish(canary["record_id"])
+                seen["validate"] = await call("validate_run", {"run": canary["record_id"]})
+                seen["scores"] = await call("extract_scores", {"run": canary["record_id"]})
+                full = await call("launch_full_run", {"config_path": config})  # the canary gate reads the fetched results
+                seen["full"], seen["full_status"] = full["record_id"], await finish(full["record_id"])
+                seen["compare"] = await call("compare_results", {"baseline": canary["record_id"], "candidate": full["record_id"]})
+                seen["gate"] = await call("gate_results", {"baseline": canary["record_id"], "candidate": full["record_id"],
+                                                           "policy": str(policy)})
+            return seen
+
+        seen = anyio.run(chain)
+        assert len(ledger.get(seen["canary"]).details["slurm_jobs"]) == 2
+        assert seen["canary_status"] == "succeeded" and seen["full_status"] == "succeeded"
+        assert seen["validate"]["verdict"] == "pass", seen["validate"]["reasons"]
+        assert [task["evaluated_samples"] for task in seen["validate"]["tasks"]] == [12]
+        headline = seen["scores"]["tasks"][0]["headline"]
+        assert seen["scores"]["tasks"][0]["task"] == "sums" and headline["value"] == pytest.approx(11 / 12, abs=1e-4)  # nel-next rounds to 4 places
+        assert [(row["task"], row["delta"]) for row in seen["compare"]["comparisons"]] == [("sums", pytest.approx(0.0))]
+        assert [(b["benchmark"], b["status"]) for b in seen["gate"]["benchmarks"]] == [("sums", "PASS")] and seen["gate"]["verdict"] == "GO"
         assert len({request["messages"][-1]["content"] for request in router.requests}) == 12
-        policy = tmp_path / "policy.yaml"
-        policy.write_text("version: 1\nbenchmarks:\n  sums: {tier: critical, metric: pass@1, max_drop: 0.05}\n")
-        gate = gate_results(GateResultsInput(baseline=canary.record_id, candidate=full.record_id, policy=str(policy)))
-        assert [(b.benchmark, b.status) for b in gate.benchmarks] == [("sums", "PASS")] and gate.verdict == "GO"
 
         # The last shard's job merges on the node; had it died there, `nel eval merge` runs on the copy here.
-        shard_1 = Path(ledger.get(full.record_id).details["slurm_jobs"][1]["remote_dir"])
+        shard_1 = Path(ledger.get(seen["full"]).details["slurm_jobs"][1]["remote_dir"])
         shutil.rmtree(shard_1.parent / "sums")
-        rescored = extract_scores(ExtractScoresInput(run=full.record_id))
+        rescored = extract_scores(ExtractScoresInput(run=seen["full"]))
         assert rescored.tasks[0].headline.value == pytest.approx(11 / 12, abs=1e-4)
-        assert (Path(ledger.get(full.record_id).details["results_dir"]) / "sums").is_dir() and not (shard_1.parent / "sums").exists()
+        assert (Path(ledger.get(seen["full"]).details["results_dir"]) / "sums").is_dir() and not (shard_1.parent / "sums").exists()
 
         # A shard whose job died before writing its checkpoint: the run is not passed on the other shard's half.
         for checkpoint in shard_1.rglob("checkpoint.json"):
             checkpoint.unlink()
-        report = validate_run(ValidateRunInput(run=full.record_id))
+        report = validate_run(ValidateRunInput(run=seen["full"]))
         assert report.verdict == "fail"
         assert any("shard_1 wrote no checkpoint.json" in reason for reason in report.reasons), report.reasons
     finally:
