@@ -312,3 +312,17 @@ def test_gate_results_over_a_real_mcp_session(real_run, tmp_path):
     assert ok.structured_content["verdict"] == "NO-GO"
     assert ok.structured_content["benchmarks"][0]["status"] == "BREACH"
     assert refused.is_error and "explicit metric" in refused.content[0].text
+
+
+def test_a_folder_holding_two_local_runs_is_not_read_as_one_run(real_run, tmp_path):
+    """Sub-directories are parts of one run only in nel-next's SLURM layout (nel_eval.sbatch, shard_<i>/): a folder
+    of two local runs of the same benchmark must not have one silently stand for both."""
+    from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, next_run_dir, validate_run
+
+    folder = tmp_path / "runs"
+    for name in ("monday", "tuesday"):
+        shutil.copytree(real_run.parent, folder / name)
+    assert next_run_dir(str(folder / "monday")) == folder / "monday"
+    assert next_run_dir(str(folder)) is None
+    assert validate_run(ValidateRunInput(run=str(folder))).verdict == "fail"  # read as NEL 0.2.6 task dirs: no results.yml
+    assert all(task.headline is None for task in extract_scores(ExtractScoresInput(run=str(folder))).tasks)

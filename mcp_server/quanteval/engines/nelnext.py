@@ -47,7 +47,7 @@ SUBMIT_TIMEOUT_S = 180.0
 SUBMITTED = re.compile(r"SLURM job submitted: (\d+)")
 CHAIN_FILE = ".nel_job_chain"
 # What a run's verdict is read from on the cluster (not trajectories, logs or caches: those can be large).
-RESULT_FILES = ["checkpoint.json", "nel_run.json", "eval-*.json", "results.jsonl", "runtime_stats.json"]
+RESULT_FILES = ["checkpoint.json", "nel_run.json", "eval-*.json", "results.jsonl", "runtime_stats.json", "nel_eval.sbatch"]
 MAX_PROBLEMS_OVERRIDE = "benchmarks.{index}.max_problems={value}"
 REPEATS_OVERRIDE = "benchmarks.{index}.repeats={value}"
 MISSING = "???"

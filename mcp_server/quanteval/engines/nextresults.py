@@ -63,10 +63,16 @@ class Bundle:
         return {name: value for name, value in self.scores.items() if isinstance(value, dict) and "value" in value}
 
 
+def submitted_layout(path: Path) -> bool:
+    """A run directory as nel-next's SLURM submission lays it out (its nel_eval.sbatch at the top, or shard_<i>/):
+    one sub-run per benchmark. Only there are sub-directories read as parts of one run; a folder that merely holds
+    several local runs is not one run."""
+    return (path / "nel_eval.sbatch").is_file() or any(path.glob("shard_*/"))
+
+
 def is_run_dir(path: Path) -> bool:
-    """A nel-next run directory: its checkpoint or run record at the top, in its sub-runs (one per benchmark, as
-    nel-next runs them on SLURM) or in shard_<i>/ (a sharded SLURM run)."""
-    places = (path, *path.glob("*"), *path.glob("shard_*/*"))
+    """A nel-next run directory: its checkpoint or run record at the top, or in its sub-runs when submitted."""
+    places = (path, *path.glob("*"), *path.glob("shard_*/*")) if submitted_layout(path) else (path,)
     return any((place / name).is_file() for place in places for name in ("checkpoint.json", "nel_run.json"))
 
 
@@ -84,8 +90,8 @@ def bundles(run_dir: Path) -> dict[str, Bundle]:
     """The benchmark bundles of a run directory (or of one benchmark directory), by benchmark name."""
     found: dict[str, Bundle] = {}
     candidates = sorted(run_dir.glob("eval-*.json")) + sorted(run_dir.glob("*/eval-*.json"))
-    # A SLURM run's sub-runs (RUN/<benchmark key>/<benchmark>/); shard_<i>/ copies are read merged, at the top.
-    candidates += sorted(path for path in run_dir.glob("*/*/eval-*.json") if not path.parent.parent.name.startswith("shard_"))
+    if (run_dir / "nel_eval.sbatch").is_file():  # a submitted run's sub-runs; a sharded one's are read merged, at the top
+        candidates += sorted(run_dir.glob("*/*/eval-*.json"))
     for path in candidates:
         data = _load_json(path)
         name = str((data.get("benchmark") or {}).get("name") or path.parent.name)
@@ -111,9 +117,11 @@ def run_outcome(run_dir: Path) -> Outcome:
     every shard did; a shard that wrote no checkpoint did not finish."""
     if (run_dir / "checkpoint.json").is_file():
         return _checkpoint_outcome(run_dir / "checkpoint.json")
-    shards = sorted(run_dir.glob("shard_*"), key=lambda shard: shard.name)
+    shards = sorted(run_dir.glob("shard_*/"), key=lambda shard: shard.name)
     if not shards:
         outcome = Outcome()
+        if not submitted_layout(run_dir):
+            return outcome
         for path in sorted(run_dir.glob("*/checkpoint.json")):
             sub = _checkpoint_outcome(path)
             outcome.completed += sub.completed
