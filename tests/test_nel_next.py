@@ -180,3 +180,17 @@ def test_a_base_model_is_evaluated_through_the_completions_endpoint(standin_vllm
     candidate_config = yaml.safe_load(Path(result.candidate.config_path).read_text())["services"]["model"]
     assert base_config["protocol"] == "completions" and base_config["url"].endswith("/v1/completions")
     assert candidate_config["protocol"] == "chat_completions" and candidate_config["url"].endswith("/v1/chat/completions")
+
+
+def test_a_run_whose_wrapper_finishes_between_the_two_reads_is_not_taken_for_killed(tmp_path, monkeypatch):
+    """exit_code reads the wrapper's file, then looks for the process group. The wrapper can write its code and exit
+    in between (seen in CI: a run that completed recorded as killed, -9): the file is read again once the group is gone."""
+    def wrapper_finishes_now(pgid: int) -> list[int]:
+        (tmp_path / nelnext.EXIT_CODE_NAME).write_text("0\n")
+        return []
+
+    monkeypatch.setattr(nelnext, "group_members", wrapper_finishes_now)
+    assert nelnext.exit_code({"pid": -1, "pgid": 999999, "run_dir": str(tmp_path)}) == 0
+    (tmp_path / nelnext.EXIT_CODE_NAME).unlink()
+    monkeypatch.setattr(nelnext, "group_members", lambda pgid: [])
+    assert nelnext.exit_code({"pid": -1, "pgid": 999999, "run_dir": str(tmp_path)}) == -9  # gone without a code: killed

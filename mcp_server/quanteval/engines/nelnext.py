@@ -244,12 +244,22 @@ def exit_code(details: dict[str, Any]) -> int | None:
     if child is not None:
         child.poll()
     path = Path(details["run_dir"]) / EXIT_CODE_NAME
-    if path.is_file() and path.read_text().strip():
+
+    def written() -> int | None:
+        text = path.read_text().strip() if path.is_file() else ""
         try:
-            return int(path.read_text().strip())
+            return int(text) if text else None
         except ValueError:
             return -1
-    return None if group_members(details["pgid"]) else -9
+
+    if (code := written()) is not None:
+        return code
+    if group_members(details["pgid"]):
+        return None
+    # The wrapper writes the code, then exits: it may have done both since the first read (seen in CI as a
+    # finished run recorded as killed). Only a group gone with still no code is a killed run.
+    code = written()
+    return -9 if code is None else code
 
 
 def stop(details: dict[str, Any], grace_s: float = 10.0) -> tuple[bool, str]:
