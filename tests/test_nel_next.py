@@ -194,3 +194,24 @@ def test_a_run_whose_wrapper_finishes_between_the_two_reads_is_not_taken_for_kil
     (tmp_path / nelnext.EXIT_CODE_NAME).unlink()
     monkeypatch.setattr(nelnext, "group_members", lambda pgid: [])
     assert nelnext.exit_code({"pid": -1, "pgid": 999999, "run_dir": str(tmp_path)}) == -9  # gone without a code: killed
+
+
+def test_a_canary_whose_requests_all_failed_does_not_open_the_gate(tmp_path):
+    """nel-next 0.3.0 finishes a run against a dead endpoint with exit 0, a score of 0 and runtime.model_errors 0: the
+    failed requests are only in its failure report (infra_error). validate_run counts them, so the canary does not
+    pass and the full run is refused, instead of a 0 that would read as a total accuracy loss."""
+    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+    from quanteval.workflow.results import ValidateRunInput, validate_run
+    from quanteval.workflow.runs import LaunchCanaryInput, LaunchFullRunInput, WaitForRunInput, launch_canary, launch_full_run, wait_for_run
+
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
+    for key, value in {"services.model.url": "http://127.0.0.1:9/v1/chat/completions", "services.model.model": "m",
+                       "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "out")}.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=1))
+    assert wait_for_run(WaitForRunInput(record_id=canary.record_id, timeout_s=240)).status == "succeeded"  # nel-next's own view
+    report = validate_run(ValidateRunInput(run=canary.record_id))
+    assert report.verdict == "fail" and "infra_error 1" in report.reasons[0], report.reasons
+    with pytest.raises(ToolError, match="requests got no answer"):
+        launch_full_run(LaunchFullRunInput(config_path=config))

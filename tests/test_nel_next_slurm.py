@@ -145,6 +145,12 @@ def test_with_nel_next_on_the_path_the_job_runs_it_on_the_node_and_kill_and_resu
     text = "\n".join(line for tail in run_logs(RunLogsInput(record_id=canary.record_id, lines=400)).tails for line in tail.lines)
     assert "command not found" not in text and "=== Evaluation complete ===" in text
     assert "127.0.0.1:9/v1/chat/completions" in text and "/chat/completions/chat/completions" not in text
+    # An unsharded run's results (RUN/<benchmark key>/<benchmark>/ on the cluster) read by record id: every request
+    # failed, so the score is 0 and validate_run fails it on its unanswered requests (nel-next counts them as infra_error, not model_errors).
+    scores = extract_scores(ExtractScoresInput(run=canary.record_id))
+    assert [(task.task, task.headline.value) for task in scores.tasks] == [("tiny_add", 0.0)]
+    report = validate_run(ValidateRunInput(run=canary.record_id))
+    assert report.verdict == "fail" and any("requests got no answer" in reason and "infra_error" in reason for reason in report.reasons), report.reasons
 
 
 def test_dry_run_renders_nel_nexts_sbatch_script_for_review(tmp_path, slurm_cluster):

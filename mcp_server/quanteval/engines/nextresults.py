@@ -30,6 +30,11 @@ DEFAULT_MAX_DROP = 0.05  # nel compare's --max-drop default
 PRIMARY_METRIC = "pass@1"
 MAX_FLIPS_SHOWN = 20
 BOOTSTRAP_RESAMPLES = 2000
+# nel-next's failure categories (observability/collector.py) for a request that got no answer. An unreachable or
+# failing endpoint is `infra_error`, counted there and NOT in runtime.model_errors (measured: 2 of 2 requests to a
+# closed port: model_errors 0, failures.infra_error 2). The other categories (empty_response, refusal, format_error)
+# are answers, and a worse model gives more of them: they are the score's business, not the run's validity.
+REQUEST_FAILURES = ("infra_error", "timeout", "rate_limit", "server_error", "model_error")
 
 
 @dataclass
@@ -54,6 +59,12 @@ class Bundle:
     @property
     def repeats(self) -> int:
         return int(self.benchmark.get("repeats") or 1)
+
+    def request_failures(self) -> dict[str, int]:
+        """Requests that got no answer, by nel-next's failure category."""
+        categories = (self.scores.get("failures") or {}).get("categories") or {}
+        return {name: int((categories.get(name) or {}).get("count") or 0) for name in REQUEST_FAILURES
+                if (categories.get(name) or {}).get("count")}
 
     def metric(self, name: str = PRIMARY_METRIC) -> dict[str, Any] | None:
         value = self.scores.get(name)

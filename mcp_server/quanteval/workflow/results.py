@@ -789,20 +789,25 @@ def _validate_next_bundle(bundle: nextresults.Bundle, request: ValidateRunInput)
     evaluated = int(bundle.data.get("n_results") or bundle.samples * bundle.repeats)
     reasons = runtime.get("finish_reason_counts") or {}
     answered = sum(int(v) for v in reasons.values()) or None
-    errors = int(runtime.get("model_errors") or 0)
+    failed_requests = bundle.request_failures()
+    errors = max(int(runtime.get("model_errors") or 0), sum(failed_requests.values()))
     error_share = errors / max(1, evaluated)
     truncated_share = int(reasons.get("length", 0)) / answered if answered else None
     task = TaskValidation(task_dir=str(bundle.directory), task=bundle.name, finished=True, expected_samples=expected,
                           expected_samples_from="nel-next dataset size" if expected else None, evaluated_samples=evaluated,
                           responses=answered, error_share=error_share, truncated_share=truncated_share)
     shown = Evidence(file=str(bundle.path), text=json.dumps({"samples": bundle.samples, "repeats": bundle.repeats,
-                     "n_results": evaluated, "model_errors": errors, "finish_reason_counts": reasons})[:300])
+                     "n_results": evaluated, "model_errors": runtime.get("model_errors"), "failed_requests": failed_requests,
+                     "finish_reason_counts": reasons})[:300])
     if bundle.metric() is None:
         task.findings.append(Finding(severity="fail", check="scores", message=f"no {nextresults.PRIMARY_METRIC} score in the bundle", evidence=[shown]))
     if expected is not None and evaluated < expected:
         task.findings.append(Finding(severity="fail", check="samples", message=f"{evaluated} of {expected} samples evaluated", evidence=[shown]))
     if error_share > request.max_error_share:
-        task.findings.append(Finding(severity="fail", check="http_errors", message=f"{errors} model errors ({error_share:.1%}) exceed {request.max_error_share:.1%}", evidence=[shown]))
+        kinds = ", ".join(f"{name} {count}" for name, count in failed_requests.items()) or "model errors"
+        task.findings.append(Finding(severity="fail", check="http_errors", message=(
+            f"{errors} requests got no answer ({error_share:.1%}; {kinds}), over {request.max_error_share:.1%}: "
+            "their problems scored 0. Check the endpoint (deployment_status) and run_logs"), evidence=[shown]))
     if truncated_share is not None and truncated_share > request.max_truncated_share:
         task.findings.append(Finding(severity="fail", check="truncation", message=(
             f"{truncated_share:.1%} of answers were cut at max_tokens (finish_reason=length), over {request.max_truncated_share:.1%}: "
