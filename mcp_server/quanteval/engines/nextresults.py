@@ -171,6 +171,12 @@ def paired_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
     return records
 
 
+def unanswered(records: dict[tuple[int, int], dict[str, Any]]) -> set[int]:
+    """Problems with a request that got no answer (nel-next scored it 0 as an infra_error, not as a wrong answer)."""
+    return {problem for (problem, _), record in records.items()
+            if isinstance(record.get("scoring_details"), dict) and record["scoring_details"].get("error_category") == "infra_error"}
+
+
 def per_problem_rewards(records: dict[tuple[int, int], dict[str, Any]]) -> dict[int, list[float]]:
     by_problem: dict[int, list[float]] = defaultdict(list)
     for (problem, _repeat), record in sorted(records.items()):

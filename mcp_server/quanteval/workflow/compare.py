@@ -653,6 +653,18 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
         paired = nextresults.compare_bundles(base, cand, threshold)
         base_score, cand_score = next_task_scores(base).headline, next_task_scores(cand).headline
         why = "; ".join(paired.reasons)
+        verdict = ACCEPTABILITY_OF_NEL_VERDICT[paired.verdict]
+        # nel compare counts an unanswered request as a wrong answer; a serving failure is not a quantization loss.
+        lost_base = nextresults.unanswered(nextresults.paired_records(base.directory))
+        lost_cand = nextresults.unanswered(nextresults.paired_records(cand.directory))
+        if lost_base or lost_cand:
+            only_cand = len(lost_cand - lost_base)
+            why += (f"; {len(lost_cand)} problem(s) in the candidate and {len(lost_base)} in the baseline had requests that got "
+                    "no answer (infra_error), counted as wrong: resume_run re-runs them (nel-next retries infra errors on resume)")
+            if verdict == "not acceptable" and only_cand:
+                verdict = "inconclusive"
+                reasons.append(f"{name}: the drop includes {only_cand} problem(s) the candidate's server never answered; "
+                               "inconclusive until they are re-run (resume_run), as a serving failure is not a quantization loss.")
         rows.append(TaskComparison(
             task=name, metric=paired.metric, score="value", scale="fraction", baseline=paired.baseline_score,
             candidate=paired.candidate_score, baseline_stderr=base_score.stderr if base_score else None,
@@ -660,7 +672,7 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
             ci_low=paired.ci_low, ci_high=paired.ci_high,
             method=f"paired per problem over {paired.n_paired} problems: {paired.test} exact test; 95% CI by paired bootstrap "
                    f"({nextresults.BOOTSTRAP_RESAMPLES} resamples, seed 0)",
-            verdict=ACCEPTABILITY_OF_NEL_VERDICT[paired.verdict], why=why, test=paired.test, p_value=paired.p_value,
+            verdict=verdict, why=why, test=paired.test, p_value=paired.p_value,
             n_paired=paired.n_paired, n_regressions=paired.n_regressions, n_improvements=paired.n_improvements,
             nel_verdict=paired.verdict,
             regressed=[_flip(f) for f in paired.regressed], improved=[_flip(f) for f in paired.improved]))

@@ -572,6 +572,10 @@ def gate_results(request: GateResultsInput) -> GateResultsOutput:
     for name in sorted(set(base_bundles) & set(cand_bundles)):
         if name not in missing:
             results.append(gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name)))
+        for side, bundles in (("baseline", base_bundles), ("candidate", cand_bundles)):
+            if lost := nextresults.unanswered(nextresults.paired_records(bundles[name].parent)):
+                warnings.append(f"{side} {name}: {len(lost)} problem(s) had requests that got no answer (infra_error); nel gate "
+                                "counts them as wrong, as this verdict does: resume_run re-runs them before a release decision.")
     verdict, reasons = aggregate(results)
     output = GateResultsOutput(verdict=verdict, verdict_reasons=reasons, benchmarks=results, missing=missing,
                                warnings=warnings, policy=str(policy_path), baseline=str(base_dir), candidate=str(cand_dir))
