@@ -4,7 +4,8 @@
 Every verdict is checked against `nel compare` (nel-next's own) on the same run folders.
 
 Three vLLM starts in all (~50 s each): BF16 and int2 RTN for the first verdict, W8A8 for the second (the BF16
-run is reused from the ledger).
+run is reused from the ledger). Each call also gates the two runs under an NVFP4-release-shaped `nel gate` policy
+(critical, max_drop 0.015), and the release verdict is checked against the real `nel gate` on the same folders.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def _nel_compare(baseline: str | Path, candidate: str | Path) -> dict:
     return json.loads(done.stdout)
 
 
+def _nel_gate(baseline: str | Path, candidate: str | Path, policy: str | Path) -> dict:
+    done = subprocess.run([str(nelnext.nel_binary()), "gate", "--policy", str(policy), str(baseline), str(candidate),
+                           "--format", "json", "--no-report", "--no-strict"], capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
 def _processes_serving(checkpoint: Path) -> list[str]:
     return running_with("vllm", str(checkpoint))
 
@@ -51,7 +60,9 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                QUANTEVAL_STATE_DIR=str(root / "state"), NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
     env.pop("QUANTEVAL_LEDGER", None)
     env.pop("QUANTEVAL_VLLM_LAUNCHER", None)
-    return {"root": str(root), **{"env": json.dumps(env)}}
+    policy = root / "release-policy.yaml"  # the shape of NEL's NVFP4 release policies: one critical benchmark, 1.5 points
+    policy.write_text("version: 1\ndefaults: {max_drop: 0.015}\nbenchmarks:\n  tiny_add: {tier: critical, metric: pass@1}\n")
+    return {"root": str(root), "policy": str(policy), **{"env": json.dumps(env)}}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +80,7 @@ def lossy(state) -> dict:
             return await client.call_tool("evaluate_quantization", {
                 "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"),
                 "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w2-rtn"),
-                "benchmarks": [str(BENCH)], "output_dir": str(Path(state["root"]) / "lossy"),
+                "benchmarks": [str(BENCH)], "output_dir": str(Path(state["root"]) / "lossy"), "policy": state["policy"],
             }, progress_callback=on_progress)
 
     result = anyio.run(go)
@@ -99,14 +110,45 @@ def test_the_lossy_variant_is_a_regression_and_nel_compare_agrees(lossy):
     assert any("canary passed" in m for m in lossy["progress"]) and any("comparing" in m for m in lossy["progress"])
 
 
+def test_the_release_gate_says_no_go_as_nel_gate_does_and_a_rerun_exits_3(lossy, state):
+    gate = lossy["result"]["gate"]
+    oracle = _nel_gate(lossy["result"]["baseline"]["run_dir"], lossy["result"]["candidate"]["run_dir"], state["policy"])
+    assert gate["verdict"] == oracle["verdict"] == "NO-GO"
+    ((ours,), (theirs,)) = (gate["benchmarks"], oracle["benchmarks"])
+    assert (ours["status"], ours["tier"], ours["n_paired"]) == (theirs["status"], theirs["tier"], theirs["n_paired"]) == (
+        "BREACH", "critical", 1000)
+    assert ours["delta_ci_upper"] == pytest.approx(theirs["delta_ci_upper"], abs=1e-4) and ours["delta_ci_upper"] < -0.015
+    assert json.loads(Path(gate["report_path"]).read_text())["verdict"] == "NO-GO"
+    # the same question again from the CLI: both runs reused, nothing served, and the gate is the exit code
+    done = subprocess.run(
+        ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(CHECKPOINTS / "tiny-add-w2-rtn"),
+         "--benchmarks", str(BENCH), "--output-dir", str(Path(state["root"]) / "lossy"), "--policy", state["policy"]],
+        capture_output=True, text=True, env=json.loads(state["env"]), timeout=300, check=False)
+    assert done.returncode == 3, done.stderr[-2000:]  # NO-GO
+    assert "(reused)" in done.stdout and "release gate" in done.stdout and "verdict: NO-GO" in done.stdout
+    assert "BREACH: tiny_add [critical]" in done.stdout
+
+
+def test_a_broken_policy_is_refused_before_anything_is_served(state, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 2\nbenchmarks: {tiny_add: {tier: critical}}\n")
+    done = subprocess.run(
+        ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(CHECKPOINTS / "tiny-add-w8a8"),
+         "--benchmarks", str(BENCH), "--output-dir", str(tmp_path / "out"), "--policy", str(policy)],
+        capture_output=True, text=True, env=json.loads(state["env"]), timeout=120, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert str(policy) in done.stderr and "version" in done.stderr, done.stderr
+    assert "starting vllm" not in done.stderr and not (tmp_path / "out").exists()
+
+
 def test_w8a8_loses_nothing_and_the_baseline_run_is_reused_from_the_cli(lossy, state):
     env = json.loads(state["env"])
     done = subprocess.run(
         ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(CHECKPOINTS / "tiny-add-w8a8"),
-         "--benchmarks", str(BENCH), "--output-dir", str(Path(state["root"]) / "w8a8"), "--json"],
+         "--benchmarks", str(BENCH), "--output-dir", str(Path(state["root"]) / "w8a8"), "--json", "--policy", state["policy"]],
         capture_output=True, text=True, env=env, timeout=900, check=False,
     )
-    assert done.returncode == 0, done.stderr[-2000:]  # 0: acceptable
+    assert done.returncode == 0, done.stderr[-2000:]  # 0: acceptable, and GO
     result = json.loads(done.stdout)
     assert result["baseline"]["reused"] and not result["candidate"]["reused"]
     assert result["baseline"]["run_dir"] == lossy["result"]["baseline"]["run_dir"]
@@ -115,6 +157,9 @@ def test_w8a8_loses_nothing_and_the_baseline_run_is_reused_from_the_cli(lossy, s
     oracle = _nel_compare(result["baseline"]["run_dir"], result["candidate"]["run_dir"])
     assert row["nel_verdict"] == oracle["verdict"] == "PASS"
     assert row["n_regressions"] == oracle["flip_report"]["summary"]["n_regressions"] == 0
+    gate = _nel_gate(result["baseline"]["run_dir"], result["candidate"]["run_dir"], state["policy"])
+    assert result["gate"]["verdict"] == gate["verdict"] == "GO"
+    assert result["gate"]["benchmarks"][0]["status"] == gate["benchmarks"][0]["status"] == "PASS"
 
 
 @pytest.mark.parametrize(("problems", "verdict"), [(15, "INCONCLUSIVE"), (60, "BLOCK")])

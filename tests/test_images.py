@@ -126,3 +126,25 @@ def test_an_image_inherited_from_nels_default_is_warned_and_apply_checkpoint_pin
     mine = _config(tmp_path, "lmsysorg/sglang:v0.5.6", None)
     apply_checkpoint(ApplyCheckpointInput(config_path=str(mine), checkpoint=str(CHECKPOINT)))
     assert yaml.safe_load(mine.read_text())["deployment"]["image"] == "lmsysorg/sglang:v0.5.6"
+
+
+def test_nel_next_images_unpinned_are_warned_and_pinned_ones_pass(tmp_path: Path) -> None:
+    """nel-next names its images elsewhere: a managed server's services.<name>.image and the SLURM job's
+    cluster.eval_image. The same rule holds for both, and nel-next's own schema still accepts the config."""
+    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+
+    config = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="vllm", model_type="chat_reasoning",
+                                           benchmarks=[str(REPO / "examples" / "benchmarks" / "tiny_add.py")],
+                                           config_path=str(tmp_path / "next.yaml"))).config_path
+    values = {"services.model.model": str(CHECKPOINT), "services.model.served_model_name": "llama-tiny",
+              "services.model.generation.max_tokens": 64, "cluster.hostname": "login.example", "cluster.account": "acct",
+              "cluster.node_pools.default.partition": "batch", "output.dir": "/lustre/tester/runs",
+              "services.model.image": "vllm/vllm-openai", "cluster.eval_image": "nvcr.io/nvidia/nemo-evaluator:26.06"}
+    for key, value in values.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    result = validation.validate_config(ValidateConfigInput(config_path=config, check_env=False))
+    assert not [p for p in result.problems if p.rule == "nel_next_schema"], result.problems
+    assert _image_problems(Path(config)) == [("warning", "unpinned_image", "services.model.image")]
+    set_config_value(SetConfigValueInput(config_path=config, key="services.model.image", value="vllm/vllm-openai:v0.33.0"))
+    set_config_value(SetConfigValueInput(config_path=config, key="cluster.eval_image", value="nvcr.io/nvidia/nemo-evaluator:latest"))
+    assert _image_problems(Path(config)) == [("warning", "unpinned_image", "cluster.eval_image")]

@@ -112,6 +112,26 @@ def test_a_canary_without_nel_next_on_the_nodes_path_is_submitted_fails_there_an
     assert logs.diagnosis is not None and "PATH" in logs.diagnosis.advice
 
 
+def test_an_eval_image_needs_containers_the_node_lacks_and_run_logs_says_so(tmp_path, slurm_cluster):
+    """cluster.eval_image makes nel-next's job evaluate inside `srun --container-image` (pyxis): sbatch accepts it,
+    the node (no pyxis here) fails it, and the failure is named, not left as "failed"."""
+    image = "nvcr.io/nvidia/nemo-evaluator:latest"
+    config = _config(tmp_path, slurm_cluster, extra={"cluster.eval_image": image, "cluster.max_retries": 0})
+    problems = validate_config(ValidateConfigInput(config_path=config)).problems
+    assert [(p.rule, p.key, p.severity) for p in problems] == [("unpinned_image", "cluster.eval_image", "warning")]
+    assert "nvcr.io/nvidia/nemo-evaluator:<version>" in problems[0].fix
+    commands = [c for script in dry_run(DryRunInput(config_path=config)).scripts for c in script.launch_commands]
+    assert any(f"--container-image {image}" in c and "nel eval run" in c for c in commands), commands
+
+    canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=5))
+    assert _wait_until_done(canary.record_id) == "failed"
+    logs = run_logs(RunLogsInput(record_id=canary.record_id))
+    assert logs.diagnosis is not None and logs.diagnosis.failure_class == "container", logs.diagnosis
+    assert "--container-image" in logs.diagnosis.line and "pyxis" in logs.diagnosis.advice
+    verdict = validate_run(ValidateRunInput(run=canary.record_id))
+    assert verdict.verdict == "fail" and any("container" in reason for reason in verdict.reasons), verdict.reasons
+
+
 def test_an_api_url_with_the_protocol_path_is_refused_for_slurm(tmp_path, slurm_cluster):
     """nel-next 0.3.0's SLURM job appends /chat/completions itself (its local runs strip it): caught before submitting."""
     config = _config(tmp_path, slurm_cluster, url="http://127.0.0.1:9/v1/chat/completions")

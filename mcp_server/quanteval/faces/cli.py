@@ -20,6 +20,7 @@ from quanteval.stdio_guard import stdout_to_stderr
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 # `quanteval evaluate` answers with its exit code too, for CI: 0 acceptable, 3 not acceptable, 4 inconclusive.
+# With --policy the release gate decides it: 0 GO, 3 NO-GO, 4 INCONCLUSIVE (and 4 for a GO over a suspect serving).
 EXIT_NOT_ACCEPTABLE, EXIT_INCONCLUSIVE = 3, 4
 # `quanteval gate` (tool gate_results), a release gate for CI, exits as `nel gate` does: 0 GO, 1 NO-GO, 2 INCONCLUSIVE.
 # A gate that cannot run exits 1 or 2 as well (message on stderr, nothing on stdout): a release never passes on an error.
@@ -177,7 +178,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     arguments: dict[str, Any] = {"baseline_checkpoint": args.baseline, "candidate_checkpoint": args.candidate,
                                  "benchmarks": [b.strip() for b in args.benchmarks.split(",") if b.strip()],
                                  "canary_problems": args.canary_problems, "threshold": args.threshold}
-    for name in ("output_dir", "max_problems", "max_tokens"):
+    for name in ("output_dir", "max_problems", "max_tokens", "policy"):
         if getattr(args, name) is not None:
             arguments[name] = getattr(args, name)
     try:
@@ -194,7 +195,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         emit_json(result.model_dump(mode="json"))
     else:
         sys.stdout.write(format_evaluation(result) + "\n")
+    return evaluation_exit_code(result)
+
+
+def evaluation_exit_code(result: Any) -> int:
     # suspect (a drop too large to be quantization) is no verdict on the quantization either: 4, as inconclusive
+    if result.gate is not None:
+        if result.gate.verdict == "NO-GO":
+            return EXIT_NOT_ACCEPTABLE
+        return EXIT_INCONCLUSIVE if result.gate.verdict == "INCONCLUSIVE" or result.verdict == "suspect" else EXIT_OK
     return {"not acceptable": EXIT_NOT_ACCEPTABLE, "inconclusive": EXIT_INCONCLUSIVE,
             "suspect": EXIT_INCONCLUSIVE}.get(result.verdict, EXIT_OK)
 
@@ -209,6 +218,8 @@ def format_evaluation(result: Any) -> str:
         for flip in row.regressed[:5]:
             lines.append(f"  regressed {row.task} #{flip.problem_idx}: expected {flip.expected}, "
                          f"baseline {flip.baseline_answer!r}, candidate {flip.candidate_answer!r}")
+    if result.gate is not None:
+        lines += ["", f"release gate ({result.gate.policy}):", format_gate(result.gate)]
     lines += ["", f"report: {result.report_markdown}", f"        {result.report_html}",
               "seconds: " + ", ".join(f"{stage} {value:g}" for stage, value in result.seconds.items())]
     return "\n".join(lines)
@@ -372,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-problems", type=int, help="problems per benchmark in the full runs (default all)")
     evaluate.add_argument("--max-tokens", type=int, help="generation budget (default min(1024, half the served context))")
     evaluate.add_argument("--threshold", type=float, default=0.05, help="largest acceptable drop, 0.05 = 5 points (default)")
+    evaluate.add_argument("--policy", help="a `nel gate --policy` YAML: also gate the two runs (GO / NO-GO / INCONCLUSIVE); "
+                          "the exit code follows the gate")
     evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON")
     evaluate.set_defaults(func=cmd_evaluate)
 

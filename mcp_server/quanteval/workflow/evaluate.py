@@ -4,7 +4,8 @@ It runs the workflow's own tools in the skill's order, for the baseline and then
 plan_deployment (refuses what the framework cannot serve here) -> launch_deployment -> deployment_status (ready, what
 is really served) -> build_config (nel-next, the served endpoint) -> set_config_value -> validate_config -> dry_run ->
 launch_canary -> wait_for_run -> validate_run -> launch_full_run (gated by that canary) -> wait_for_run ->
-validate_run -> stop_deployment; then compare_results on the two full runs.
+validate_run -> stop_deployment; then compare_results on the two full runs and, given a `nel gate` policy,
+gate_results on them: the release verdict (GO / NO-GO / INCONCLUSIVE) with the reason per benchmark.
 
 Resumable: every finished full run is a ledger record carrying its evaluation key (checkpoint contents, benchmarks,
 limits), so a second call reuses what finished — the baseline of one candidate is the baseline of the next.
@@ -30,6 +31,7 @@ from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 from quanteval.workflow import compare, nelconfig, results, runs, validation
+from quanteval.workflow.gate import GateResultsInput, GateResultsOutput, gate_results, load_policy
 
 Role = Literal["baseline", "candidate"]
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
@@ -53,6 +55,9 @@ class EvaluateQuantizationInput(StrictModel):
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
     threshold: float = Field(0.05, ge=0, le=1, description="Largest acceptable drop (0.05 = 5 points), as nel compare's --max-drop.")
+    policy: str | None = Field(None, description=(
+        "A `nel gate --policy` YAML (tiers, max_drop, relative guardrail per benchmark): the two full runs are also gated "
+        "as gate_results gates them, for a release decision. Checked before anything is served."))
     startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to become ready.")
     run_timeout_s: float = Field(3600, gt=0, description="Seconds one canary or full run may take.")
 
@@ -82,6 +87,7 @@ class EvaluateQuantizationOutput(BaseModel):
     report_html: str | None
     report_markdown: str | None
     chart_png: str | None
+    gate: GateResultsOutput | None = Field(None, description="gate_results on the two full runs under the given policy.")
     seconds: dict[str, float] = Field(description="Wall time per stage across both checkpoints, and in total.")
 
 
@@ -283,6 +289,8 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     for name in request.benchmarks:
         if name.endswith(".py") and not Path(name).expanduser().is_file():
             raise ToolError(f"benchmarks: {name}: no such BYOB file.")
+    if request.policy:
+        load_policy(Path(request.policy).expanduser())  # a bad policy is refused now, not after minutes of serving
     nelnext.nel_binary()
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
     try:
@@ -298,6 +306,9 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     compared = compare.compare_results(compare.CompareResultsInput(
         baseline=baseline.full_run_record_id, candidate=candidate.full_run_record_id, threshold=request.threshold,
         output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint, candidate_checkpoint=candidate.checkpoint))
+    gated = gate_results(GateResultsInput(
+        baseline=baseline.full_run_record_id, candidate=candidate.full_run_record_id, policy=request.policy,
+        output_dir=str(report_dir))) if request.policy else None
     seconds = {stage: round(baseline.seconds.get(stage, 0) + candidate.seconds.get(stage, 0), 1)
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
@@ -305,4 +316,4 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     return EvaluateQuantizationOutput(
         verdict=compared.acceptability, comparability=compared.comparability, table_markdown=compared.table_markdown,
         comparisons=compared.comparisons, reasons=compared.reasons, baseline=baseline, candidate=candidate,
-        report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, seconds=seconds)
+        report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, gate=gated, seconds=seconds)

@@ -656,9 +656,15 @@ def _check_images(ctx: _Context) -> None:
             image = nelfacts.packaged_defaults(f"deployment/{ctx.deployment}").get("image")
             inherited = f" (NEL's default for {ctx.deployment}: the config sets no deployment.image)"
         if unpinned_image(image):
-            repository = image.strip().removesuffix(":").removesuffix(":latest")
-            ctx.add(path, "warning", "unpinned_image", f"'{image}'{inherited} is not pinned (tag latest or no tag): it can change between the baseline and the quantized run, which then compare different builds.",
-                    f"Pin it: {repository}:<version> (the tag the model card recommends) or {repository}@sha256:<digest>.")
+            ctx.problems.append(_unpinned_image_problem(path, image, inherited))
+
+
+def _unpinned_image_problem(path: str, image: str, inherited: str = "") -> Problem:
+    repository = image.strip().removesuffix(":").removesuffix(":latest")
+    return Problem(key=path, severity="warning", rule="unpinned_image", message=(
+        f"'{image}'{inherited} is not pinned (tag latest or no tag): it can change between the baseline and the quantized "
+        "run, which then compare different builds."),
+        fix=f"Pin it: {repository}:<version> (the tag the model card recommends) or {repository}@sha256:<digest>.")
 
 
 # Names the interceptor docs print for the request/response logging limits; nemo-evaluator reads max_logged_*.
@@ -995,6 +1001,11 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
             contexts[str(name)] = _next_service_rules(str(name), service, problems)
             if on_slurm:
                 _next_slurm_url_rule(str(name), service, problems)
+    cluster = doc.get("cluster") if isinstance(doc.get("cluster"), dict) else {}
+    images = [("cluster.eval_image", cluster.get("eval_image"))]  # the container nel-next's SLURM job evaluates in
+    images += [(f"services.{name}.image", service.get("image")) for name, service in (doc.get("services") or {}).items()
+               if isinstance(service, dict)]
+    problems += [_unpinned_image_problem(path, image) for path, image in images if unpinned_image(image)]
     for index, bench in enumerate(doc.get("benchmarks") or []):
         solver = (bench or {}).get("solver") or {}
         service = (doc.get("services") or {}).get(solver.get("service"), {}) if isinstance(doc.get("services"), dict) else {}
