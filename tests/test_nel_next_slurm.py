@@ -110,6 +110,9 @@ def test_a_canary_without_nel_next_on_the_nodes_path_is_submitted_fails_there_an
     # in between, not "failed", and the answer came after its last retry
     assert "Infra retry limit (3) reached" in text
     assert logs.diagnosis is not None and "PATH" in logs.diagnosis.advice
+    # the canary gate's reason says the same: why the job failed, not only that no results came back
+    verdict = validate_run(ValidateRunInput(run=canary.record_id))
+    assert verdict.verdict == "fail" and any("command_not_found" in reason for reason in verdict.reasons), verdict.reasons
 
 
 def test_an_eval_image_needs_containers_the_node_lacks_and_run_logs_says_so(tmp_path, slurm_cluster):

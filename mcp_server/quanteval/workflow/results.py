@@ -583,6 +583,13 @@ def _normal(path: str) -> str:
     return Path(path).as_posix().rstrip("/") or "/"
 
 
+def _failure_finding(diagnosis: Diagnosis) -> Finding:
+    evidence = [Evidence(file=diagnosis.file or "", line=diagnosis.line_number, text=_clip(diagnosis.line or ""))] if diagnosis.line else []
+    why = f"{diagnosis.line}" if diagnosis.line else "no known failure line; last lines: " + " | ".join(diagnosis.last_lines[-3:])
+    return Finding(severity="fail", check="failure", message=f"Why it failed ({diagnosis.failure_class}): {_clip(why)}. "
+                   f"{diagnosis.advice}", evidence=evidence)
+
+
 def _diagnose(tree: RunTree, task_dir: Path) -> Diagnosis:
     """Why a task failed, from its logs where they are (here or on the cluster)."""
     from quanteval.clusters import remote
@@ -623,11 +630,7 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
                                 evidence=logs["slurm_timeout"][:2]))
     if report.finished is False:
         report.diagnosis = _diagnose(tree, task_dir)
-        diagnosis = report.diagnosis
-        evidence = [Evidence(file=diagnosis.file or "", line=diagnosis.line_number, text=_clip(diagnosis.line or ""))] if diagnosis.line else []
-        why = f"{diagnosis.line}" if diagnosis.line else "no known failure line; last lines: " + " | ".join(diagnosis.last_lines[-3:])
-        findings.append(Finding(severity="fail", check="failure", message=f"Why it failed ({diagnosis.failure_class}): "
-                                f"{_clip(why)}. {diagnosis.advice}", evidence=evidence))
+        findings.append(_failure_finding(report.diagnosis))
     else:
         report.finished = True
         if scores.problem:
@@ -818,6 +821,18 @@ def _validate_next_bundle(bundle: nextresults.Bundle, request: ValidateRunInput)
     return task
 
 
+def _next_failure(run: str) -> Diagnosis | None:
+    """Why a nel-next run of the ledger failed before writing any result (e.g. a SLURM job whose container could not
+    start): run_logs' diagnosis of its log, as NEL 0.2.6 runs get theirs."""
+    from quanteval.workflow import runs  # runs imports this module: the log readers (local, over SSH) live there
+
+    try:
+        record = ledger.get(run.strip())
+        return runs.run_logs(runs.RunLogsInput(record_id=record.id, lines=20)).diagnosis if record.status == "failed" else None
+    except ToolError:  # not a ledger id, or the cluster does not answer: the finding above stands alone
+        return None
+
+
 def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunOutput:
     outcome = nextresults.run_outcome(run_dir)
     found = nextresults.bundles(run_dir)
@@ -827,8 +842,12 @@ def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunO
             severity="fail", check="finished", message=f"nel-next failed the benchmark: {error[:300]}",
             evidence=[Evidence(file=str(run_dir / "checkpoint.json"), text=error[:300])])]))
     if not found and not outcome.failed:
-        tasks.append(TaskValidation(task_dir=str(run_dir), finished=False, findings=[Finding(
-            severity="fail", check="finished", message="no benchmark bundle (eval-*.json) in the run directory: the run did not finish")]))
+        unfinished = TaskValidation(task_dir=str(run_dir), finished=False, findings=[Finding(
+            severity="fail", check="finished", message="no benchmark bundle (eval-*.json) in the run directory: the run did not finish")])
+        if (diagnosis := _next_failure(request.run)) is not None:
+            unfinished.diagnosis = diagnosis
+            unfinished.findings.append(_failure_finding(diagnosis))
+        tasks.append(unfinished)
     reasons = [f"{task.task or task.task_dir}: {finding.message}" for task in tasks for finding in task.findings
                if finding.severity in ("fail", "unknown")]
     severities = {finding.severity for task in tasks for finding in task.findings}
