@@ -11,22 +11,14 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from next_runs import NEL, make_run, real_nel_run, write_policy
 
-from quanteval.engines import nelnext
-from quanteval.localproc import free_port
 from quanteval.models import ToolError
 from quanteval.workflow.gate import GateResultsInput, gate_results, t_quantile_975
 
-REPO = Path(__file__).resolve().parents[1]
-STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
-NEL = nelnext.nel_binary()
 N_PROBLEMS = 40
 
 pytestmark = pytest.mark.skipif(not NEL.is_file(), reason="no nel-next venv: bash scripts/setup builds it")
@@ -35,66 +27,7 @@ pytestmark = pytest.mark.skipif(not NEL.is_file(), reason="no nel-next venv: bas
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory) -> Path:
     """`nel eval run` of tiny_add (40 problems) against the stand-in: the template every variant is made from."""
-    out = tmp_path_factory.mktemp("nel-run") / "run"
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(STANDIN), "--model", "X", "--served-model-name", "m",
-                               "--port", str(port), "--fake-load-s", "0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        env = {**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
-        done = subprocess.run([str(NEL), "eval", "run", "--bench", str(BENCH), "--model-url",
-                               f"http://127.0.0.1:{port}/v1/chat/completions", "--model-id", "m", "--max-tokens", "16",
-                               "--max-problems", str(N_PROBLEMS), "-o", str(out)],
-                              capture_output=True, text=True, env=env, timeout=300, check=False)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-    assert len(list((out / "tiny_add").glob("eval-*.json"))) == 1
-    return out / "tiny_add"
-
-
-def make_run(template: Path, root: Path, benchmarks: dict[str, list[float] | None], *, categories: dict[str, int] | None = None,
-             no_results: tuple[str, ...] = ()) -> Path:
-    """A run folder with one sub-folder per benchmark, copied from the real one, its rewards set per problem
-    (in results.jsonl order; None: keep the first N problems only is not needed, the list length decides)."""
-    root.mkdir(parents=True)
-    for name, rewards in benchmarks.items():
-        folder = root / name
-        shutil.copytree(template, folder)
-        bundle_path = next(folder.glob("eval-*.json"))
-        rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
-        rewards = rewards if rewards is not None else [0.0] * len(rows)
-        rows = rows[: len(rewards)]
-        for index, (row, reward) in enumerate(zip(rows, rewards, strict=True)):
-            row["reward"] = reward
-            if categories and name in categories:
-                row["metadata"]["category"] = f"c{index % categories[name]}"
-        (folder / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-        if name in no_results:
-            (folder / "results.jsonl").unlink()
-        bundle = json.loads(bundle_path.read_text())
-        bundle["benchmark"]["name"] = name
-        bundle["benchmark"]["samples"] = len(rows)
-        score = sum(1 for r in rewards if r > 0) / len(rewards)
-        bundle["benchmark"]["scores"]["pass@1"].update(value=score, bootstrap_ci_lower=score, bootstrap_ci_upper=score)
-        bundle_path.rename(folder / bundle_path.name.replace("tiny_add", name))
-        (folder / bundle_path.name.replace("tiny_add", name)).write_text(json.dumps(bundle))
-    return root
-
-
-def write_policy(path: Path, text: str) -> Path:
-    path.write_text(text)
-    return path
+    return real_nel_run(tmp_path_factory.mktemp("nel-run") / "run", N_PROBLEMS)
 
 
 def nel_gate(baseline: Path, candidate: Path, policy: Path) -> dict:
