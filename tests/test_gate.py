@@ -8,6 +8,7 @@ For each policy case our verdict, per-benchmark states, scores, CIs and reasons 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from next_runs import NEL, make_run, real_nel_run, write_policy
+from results_factory import binary_samples, make_invocation, make_task
 
 from quanteval.models import ToolError
 from quanteval.workflow.gate import GateResultsInput, gate_results, t_quantile_975
@@ -294,3 +296,81 @@ def test_a_drop_made_of_requests_the_candidates_server_never_answered_is_not_a_q
     gate = gate_results(GateResultsInput(baseline=str(baseline), candidate=str(dead), policy=str(policy)))
     assert gate.verdict == nel_gate(baseline, dead, policy)["verdict"]  # the verdict stays nel gate's
     assert any(w.startswith("candidate tiny_add: 6 problem(s)") for w in gate.warnings), gate.warnings
+
+
+# NEL 0.2.6 runs: `nel gate` cannot read them, so the oracle is `nel gate` on nel-next runs holding the same rewards.
+
+def _nel_run(root: Path, invocation: str, rewards: dict[str, list[float]], *, per_sample: bool = True) -> Path:
+    run = make_invocation(root, invocation)
+    for index, (task, values) in enumerate(rewards.items()):
+        share = sum(values) / len(values)
+        make_task(run, task, index, value=share, stderr=math.sqrt(share * (1 - share) / len(values)), count=len(values),
+                  limit_samples=None, samples=binary_samples([int(v) for v in values]) if per_sample else None)
+    return run
+
+
+POLICIES = {
+    "no-go": ({"alpha": half_right(), "beta": half_right(), "gamma": half_right()},
+              {"alpha": drop(half_right(), 12), "beta": drop(half_right(), 2), "gamma": half_right()},
+              "version: 1\ndefaults: {max_drop: 0.015}\nbenchmarks:\n  alpha: {tier: critical, metric: pass@1, max_drop: 0.05}\n"
+              "  beta: {tier: supporting, metric: pass@1, max_drop: 0.5, max_relative_drop: 0.05, relative_guard_below: 0.9}\n"
+              "  gamma: {tier: supporting, metric: mean_reward, max_drop: 0.02}\n", "NO-GO"),
+    "go": ({"alpha": half_right(), "beta": half_right(), "gamma": half_right()},
+           {"alpha": half_right(), "beta": drop(half_right(), 1), "gamma": drop(half_right(), 15)},
+           "version: 1\ndefaults: {tier: supporting, max_drop: 0.2, metric: pass@1}\nbenchmarks:\n"
+           "  alpha: {tier: critical, metric: pass@1, max_drop: 0.05}\n  gamma: {tier: advisory, max_drop: 0.01}\n", "GO"),
+    "inconclusive-and-missing": ({"few": half_right(6), "close": half_right(), "only_base": half_right()},
+                                 {"few": half_right(6), "close": drop(half_right(), 1)},
+                                 "version: 1\nbenchmarks:\n  few: {tier: critical, metric: pass@1, max_drop: 0.05}\n"
+                                 "  close: {tier: supporting, metric: pass@1, max_drop: 0.05}\n", "INCONCLUSIVE"),
+    "missing": ({"alpha": half_right()}, {"alpha": half_right()},
+                "version: 1\nbenchmarks:\n  alpha: {tier: critical, metric: pass@1}\n  beta: {tier: critical, metric: pass@1}\n",
+                "NO-GO"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POLICIES))
+def test_nel_026_runs_are_gated_as_nel_gate_gates_the_same_rewards(real_run, tmp_path, case):
+    base_rewards, cand_rewards, text, verdict = POLICIES[case]
+    policy = write_policy(tmp_path / "policy.yaml", text)
+    oracle = nel_gate(make_run(real_run, tmp_path / "next-base", base_rewards),
+                      make_run(real_run, tmp_path / "next-cand", cand_rewards), policy)
+    ours = gate_results(GateResultsInput(baseline=str(_nel_run(tmp_path / "nel", "b0000001", base_rewards)),
+                                         candidate=str(_nel_run(tmp_path / "nel", "c0000001", cand_rewards)),
+                                         policy=str(policy))).model_dump(mode="json")
+    assert ours["verdict"] == oracle["verdict"] == verdict
+    assert ours["verdict_reasons"] == oracle["verdict_reasons"] and ours["missing"] == oracle["missing"]
+    assert any("NEL 0.2.6" in w for w in ours["warnings"])
+    assert [w for w in ours["warnings"] if "NEL 0.2.6" not in w] == oracle["warnings"]
+    for our, their in zip(ours["benchmarks"], oracle["benchmarks"], strict=True):
+        assert {k: our[k] for k in COMPARED} == {k: their[k] for k in COMPARED}, our["benchmark"]
+        for key in NUMBERS:
+            assert our[key] == pytest.approx(their[key], abs=2e-6), (our["benchmark"], key)
+
+
+def test_nel_026_runs_without_per_sample_outputs_decide_only_where_the_unpaired_ci_can(tmp_path):
+    """Headline scores and NEL's stderr only: a required benchmark passes or breaches only when the (conservative,
+    unpaired) CI of the drop is clear of max_drop."""
+    policy = write_policy(tmp_path / "policy.yaml", "version: 1\nbenchmarks:\n"
+                          "  close: {tier: critical, metric: pass@1, max_drop: 0.05}\n"
+                          "  far: {tier: critical, metric: pass@1, max_drop: 0.05}\n"
+                          "  same: {tier: supporting, metric: pass@1, max_drop: 0.1}\n")
+    n = 2000
+    base = _nel_run(tmp_path, "b0000002", {"close": half_right(n), "far": half_right(n), "same": half_right(n)}, per_sample=False)
+    cand = _nel_run(tmp_path, "c0000002", {"close": drop(half_right(n), 20), "far": drop(half_right(n), 500),
+                                            "same": half_right(n)}, per_sample=False)
+    result = gate_results(GateResultsInput(baseline=str(base), candidate=str(cand), policy=str(policy)))
+    by_name = {b.benchmark: b for b in result.benchmarks}
+    assert by_name["far"].status == "BREACH" and by_name["far"].delta == pytest.approx(-0.25)
+    assert by_name["close"].status == "INSUFFICIENT_EVIDENCE"  # a 1-point drop, but ±6 points of unpaired CI straddle 5
+    assert any("Per-sample results" in r for r in by_name["close"].reasons)
+    assert by_name["same"].status == "PASS" and by_name["same"].n_paired == 0  # [-0.062, +0.062] within 0.1
+    assert result.verdict == "NO-GO"
+
+
+def test_a_nel_026_run_against_a_nel_next_run_is_refused(real_run, tmp_path):
+    policy = write_policy(tmp_path / "policy.yaml", "version: 1\nbenchmarks:\n  alpha: {tier: critical, metric: pass@1}\n")
+    nel = _nel_run(tmp_path / "nel", "b0000003", {"alpha": half_right()})
+    nxt = make_run(real_run, tmp_path / "next", {"alpha": half_right()})
+    with pytest.raises(ToolError, match="different engines"):
+        gate_results(GateResultsInput(baseline=str(nel), candidate=str(nxt), policy=str(policy)))

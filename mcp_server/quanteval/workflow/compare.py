@@ -34,7 +34,6 @@ from quanteval.workflow.results import (
     METADATA_FILE,
     REPEAT_KEYS,
     RESULTS_FILE,
-    RunTree,
     ScoreValue,
     TaskScores,
     load_yaml,
@@ -44,7 +43,7 @@ from quanteval.workflow.results import (
     per_sample_scores,
     repeats,
     run_config,
-    task_scores,
+    tasks_by_name,
 )
 
 Z95 = 1.959964  # two-sided 95% normal quantile
@@ -505,16 +504,6 @@ tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</styl
 # ---------------------------------------------------------------------------------------------
 
 
-def _by_task(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
-    found: dict[str, tuple[Path, TaskScores]] = {}
-    for task_dir in tree.task_dirs:
-        scores = task_scores(tree, task_dir)
-        name = scores.task or task_dir.name
-        # the same task twice in one run (e.g. two prompt variants): tell them apart by directory
-        found[name if name not in found else f"{name} ({task_dir.name})"] = (task_dir, scores)
-    return found
-
-
 def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
     """not comparable on any difference (naming the keys), inconclusive on anything unknown, else comparable."""
     different = [i for i in items if i.status == "different"]
@@ -547,7 +536,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     if base_next is not None and cand_next is not None:
         return _compare_next(request, base_next, cand_next, progress)
     base_tree, cand_tree = locate_run(request.baseline), locate_run(request.candidate)
-    base_tasks, cand_tasks = _by_task(base_tree), _by_task(cand_tree)
+    base_tasks, cand_tasks = tasks_by_name(base_tree), tasks_by_name(cand_tree)
     reasons: list[str] = []
     items: list[ChecklistItem] = []
     rows: list[TaskComparison] = []

@@ -279,7 +279,8 @@ def _cancel(record_id: str) -> None:
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
     """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves each checkpoint,
     runs canary then full run on the benchmarks, validates both and compares them (verdict, CI, McNemar, flips,
-    report). Resumable: finished runs are reused. Takes minutes; progress is reported.
+    report); with a `nel gate` policy, also the release gate (GO / NO-GO / INCONCLUSIVE). Resumable: finished runs
+    are reused. Takes minutes; progress is reported.
     """
     if request.host not in (None, "local"):
         raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "

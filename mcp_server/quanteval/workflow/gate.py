@@ -1,4 +1,4 @@
-"""Release gates: a multi-benchmark GO / NO-GO / INCONCLUSIVE verdict on two nel-next runs, by `nel gate`'s rules.
+"""Release gates: a multi-benchmark GO / NO-GO / INCONCLUSIVE verdict on two runs, by `nel gate`'s rules.
 
 The policy is NeMo Evaluator's own `nel gate --policy` YAML (nemo_evaluator.config.gate_policy, 0.3.0), read as it is:
 
@@ -26,6 +26,10 @@ The semantics follow nemo_evaluator.engine.gate (0.3.0) so that `quanteval gate`
 
 `nel compare`'s paired test (nextresults.compare_bundles: McNemar/sign test and its verdict) is attached per benchmark as
 supporting evidence; as in nel gate, it does not drive the decision.
+
+NEL 0.2.6 runs, which `nel gate` cannot read, get the same rules (gate_nel_task): benchmarks are their task names,
+per-problem values come from nemo-evaluator's per-sample outputs paired by sample id (no categories: Student t).
+Without per-sample outputs the headline scores decide, their CI the unpaired sum of each run's 95% CI from NEL's stderr.
 """
 
 from __future__ import annotations
@@ -33,13 +37,16 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from quanteval import ledger
 from quanteval.engines import nextresults
 from quanteval.models import StrictModel, ToolError
+from quanteval.workflow.results import ScoreValue, TaskScores, locate_run, next_run_dir, per_sample_scores, tasks_by_name
 
 MIN_PAIRED_ITEMS = 10  # nel gate's _MIN_PAIRED_ITEMS
 GATED_METRICS = ("mean_reward", "pass@1")  # nel gate's _SUPPORTED_GATED_METRICS
@@ -184,8 +191,6 @@ def _bundle_name(path: Path) -> str | None:
 def results_dir(value: str, side: str) -> Path:
     """A run directory, or the folder of one eval-*.json bundle (as nel gate accepts either), or a nel-next run's
     record id (a SLURM run's results copied from the cluster, shards merged)."""
-    from quanteval.workflow.results import next_run_dir
-
     path = Path(value).expanduser()
     if path.is_file() and path.name.startswith("eval-") and path.suffix == ".json":
         return path.parent
@@ -193,7 +198,8 @@ def results_dir(value: str, side: str) -> Path:
         if (recorded := next_run_dir(value)) is not None:
             return recorded
         raise ToolError(f"{side} {value}: not a directory. Give the folder `nel eval run -o DIR` wrote (one sub-folder "
-                        "per benchmark), one eval-*.json bundle, or a nel-next run's record id.")
+                        "per benchmark), one eval-*.json bundle, or a nel-next run's record id; or, for NEL 0.2.6, "
+                        "the run's directory, host:path, record id or invocation id.")
     return path
 
 
@@ -321,8 +327,9 @@ def _clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int
 
 
 class GateResultsInput(StrictModel):
-    baseline: str = Field(description="Reference nel-next run: the folder `nel eval run -o DIR` wrote (one sub-folder "
-                          "per benchmark), one eval-*.json bundle, or its record id (a SLURM run is fetched, shards merged).")
+    baseline: str = Field(description="Reference run. nel-next: the folder `nel eval run -o DIR` wrote (one sub-folder "
+                          "per benchmark), one eval-*.json bundle, or its record id (a SLURM run is fetched, shards merged). "
+                          "NEL 0.2.6: its directory, host:path, record id or invocation id (benchmarks are its task names).")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
     policy: str = Field(description="Gate policy YAML in `nel gate --policy` format: version: 1, defaults, "
                         "benchmarks.<name>.{tier: critical|supporting|advisory, metric: pass@1|mean_reward, max_drop, "
@@ -504,18 +511,24 @@ def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: Resolved
         return result
     result.metric = policy.metric or _auto_metric(base_path, cand_path)
     base_values, cand_values = problem_values(base_records, result.metric), problem_values(cand_records, result.metric)
+    if not _gate_paired(result, base_values, cand_values, lambda shared: _clusters(base_records, shared), policy):
+        _from_bundle_scores(result, base_path, cand_path, policy)
+    return result
+
+
+def _gate_paired(result: BenchmarkGate, base_values: dict[Any, float] | None, cand_values: dict[Any, float] | None,
+                 clusters: Callable[[list[Any]], list[str] | None], policy: ResolvedPolicy) -> bool:
+    """The decision on paired per-problem values (either engine's); False, with the reason, when they cannot decide."""
     if base_values is None or cand_values is None:
         result.status = "INSUFFICIENT_EVIDENCE"
         result.reasons.append(f"Metric {result.metric!r} is not supported for paired gating")
-        _from_bundle_scores(result, base_path, cand_path, policy)
-        return result
+        return False
     shared = sorted(set(base_values) & set(cand_values))
     result.n_paired = len(shared)
     if len(shared) < MIN_PAIRED_ITEMS:
         result.status = "INSUFFICIENT_EVIDENCE"
         result.reasons.append(f"Only {len(shared)} paired items (minimum {MIN_PAIRED_ITEMS})")
-        _from_bundle_scores(result, base_path, cand_path, policy)
-        return result
+        return False
     base_scores, cand_scores = [base_values[p] for p in shared], [cand_values[p] for p in shared]
     result.baseline_score = round(sum(base_scores) / len(shared), 6)
     result.candidate_score = round(sum(cand_scores) / len(shared), 6)
@@ -524,8 +537,60 @@ def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: Resolved
     result.delta = round(mean_delta, 6)
     if result.baseline_score != 0:
         result.relative_drop_pct = round(100 * mean_delta / result.baseline_score, 2)
-    result.delta_ci_lower, result.delta_ci_upper = paired_delta_ci(deltas, _clusters(base_records, shared))
+    result.delta_ci_lower, result.delta_ci_upper = paired_delta_ci(deltas, clusters(shared))
     apply_thresholds(result, policy, allow_point_estimate=False)
+    return True
+
+
+# NEL 0.2.6 runs: nel gate cannot read them (results.yml, not eval-*.json bundles), so the same rules are applied to
+# what they hold: per-sample scores (nemo-evaluator's per-sample outputs, one row per sample and repeat) paired by
+# sample id, else the task's headline score with its stderr.
+
+
+def _sample_values(samples: dict[str, list[float]], metric: str) -> dict[str, float] | None:
+    if not samples:
+        return None
+    if metric == "mean_reward":
+        return {sample: sum(scores) / len(scores) for sample, scores in samples.items()}
+    if metric == "pass@1":
+        return {sample: sum(1 for v in scores if v > 0) / len(scores) for sample, scores in samples.items()}
+    return None
+
+
+def _fraction(score: ScoreValue | None) -> tuple[float, float | None] | None:
+    if score is None:
+        return None
+    scale = 100.0 if score.scale == "percent" else 1.0
+    return score.value / scale, (score.stderr / scale if score.stderr is not None else None)
+
+
+def gate_nel_task(name: str, base: tuple[Path, TaskScores], cand: tuple[Path, TaskScores], policy: ResolvedPolicy) -> BenchmarkGate:
+    """One NEL 0.2.6 task against its resolved policy, by the rules gate_benchmark applies to nel-next bundles."""
+    result = BenchmarkGate(benchmark=name, tier=policy.tier, direction=policy.direction, max_drop_threshold=policy.max_drop,
+                           max_relative_drop_threshold=policy.max_relative_drop, metric=policy.metric or "pass@1")
+    base_samples, cand_samples = per_sample_scores(base[0]), per_sample_scores(cand[0])
+    paired = bool(base_samples and cand_samples)
+    if paired:
+        if _gate_paired(result, _sample_values(base_samples, result.metric), _sample_values(cand_samples, result.metric),
+                        lambda shared: None, policy):
+            return result
+    else:
+        result.status = "INSUFFICIENT_EVIDENCE"
+        result.reasons.append("Per-sample results (nemo-evaluator-per-sample-outputs) missing or empty")
+    # no paired decision: the headline scores, on the point estimate for advisory only. As nel gate's bundle fallback
+    # has no CI, too few pairs gets none; a run without per-sample outputs gets the unpaired CI from NEL's stderr.
+    base_score, cand_score = _fraction(base[1].headline), _fraction(cand[1].headline)
+    if base_score is None or cand_score is None:
+        return result
+    (base_value, base_se), (cand_value, cand_se) = base_score, cand_score
+    result.baseline_score, result.candidate_score = round(base_value, 6), round(cand_value, 6)
+    result.delta = round(cand_value - base_value, 6)
+    if base_value != 0:
+        result.relative_drop_pct = round(100 * result.delta / base_value, 2)
+    if not paired and base_se is not None and cand_se is not None:
+        result.delta_ci_lower = round((cand_value - _Z_975 * cand_se) - (base_value + _Z_975 * base_se), 6)
+        result.delta_ci_upper = round((cand_value + _Z_975 * cand_se) - (base_value - _Z_975 * base_se), 6)
+    apply_thresholds(result, policy, allow_point_estimate=result.tier == "advisory")
     return result
 
 
@@ -549,39 +614,71 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
 
 
 def gate_results(request: GateResultsInput) -> GateResultsOutput:
-    """Release gate: GO / NO-GO / INCONCLUSIVE for a candidate nel-next run against a baseline, under a `nel gate
-    --policy` YAML (tiers critical/supporting/advisory, absolute max_drop judged on the 95% CI of paired per-problem
-    deltas, relative guardrail, MISSING and INSUFFICIENT_EVIDENCE), with the reason per benchmark. Same rules as
-    `nel gate`, so CI can block a release on it. Use after both runs finished; compare_results explains one
-    benchmark's flips in depth."""
+    """Release gate: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline, under a `nel gate --policy`
+    YAML (tiers critical/supporting/advisory, absolute max_drop judged on the 95% CI of paired per-problem deltas,
+    relative guardrail, MISSING and INSUFFICIENT_EVIDENCE), with the reason per benchmark. Same rules as `nel gate`,
+    so CI can block a release on it. Takes two nel-next runs, or two NEL 0.2.6 runs (their tasks paired by sample).
+    Use after both runs finished; compare_results explains one benchmark's flips in depth."""
     policy_path = Path(request.policy).expanduser()
     policy = load_policy(policy_path)
-    base_dir, cand_dir = results_dir(request.baseline, "baseline"), results_dir(request.candidate, "candidate")
-    base_bundles, base_warnings = discover(base_dir, "baseline")
-    cand_bundles, cand_warnings = discover(cand_dir, "candidate")
+    base_nel, cand_nel = _nel_tasks(request.baseline), _nel_tasks(request.candidate)
+    if (base_nel is None) != (cand_nel is None):
+        raise ToolError("baseline and candidate come from different engines (one NEL 0.2.6 run, one nel-next run): their "
+                        "scores are not computed the same way. Gate runs of one engine against each other.")
+    warnings: list[str] = []
+    gate_one: Callable[[str], BenchmarkGate]
+    if base_nel is not None and cand_nel is not None:
+        base_label, cand_label, base_names, cand_names = request.baseline, request.candidate, set(base_nel), set(cand_nel)
+        warnings.append("NEL 0.2.6 runs: `nel gate` reads only nel-next bundles, so its rules were applied here to the "
+                        "tasks' per-sample outputs, paired by sample id (headline scores where a task kept none).")
 
-    missing = sorted(policy.required_benchmarks() - (set(base_bundles) & set(cand_bundles)))
+        def gate_one(name: str) -> BenchmarkGate:
+            return gate_nel_task(name, base_nel[name], cand_nel[name], policy.resolve(name))
+    else:
+        base_dir, cand_dir = results_dir(request.baseline, "baseline"), results_dir(request.candidate, "candidate")
+        base_bundles, base_warnings = discover(base_dir, "baseline")
+        cand_bundles, cand_warnings = discover(cand_dir, "candidate")
+        base_label, cand_label, base_names, cand_names = str(base_dir), str(cand_dir), set(base_bundles), set(cand_bundles)
+        warnings += base_warnings + cand_warnings
+
+        def gate_one(name: str) -> BenchmarkGate:
+            for side, bundles in (("baseline", base_bundles), ("candidate", cand_bundles)):
+                if lost := nextresults.unanswered(nextresults.paired_records(bundles[name].parent)):
+                    warnings.append(f"{side} {name}: {len(lost)} problem(s) had requests that got no answer (infra_error); "
+                                    "nel gate counts them as wrong, as this verdict does: resume_run re-runs them before a "
+                                    "release decision.")
+            return gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name))
+
+    missing = sorted(policy.required_benchmarks() - (base_names & cand_names))
     results = [BenchmarkGate(benchmark=name, tier=policy.resolve(name).tier, status="MISSING",
                              reasons=[f"Required benchmark {name!r} not found in evaluation results"]) for name in missing]
-    warnings = base_warnings + cand_warnings
-    base_only, cand_only = sorted(set(base_bundles) - set(cand_bundles)), sorted(set(cand_bundles) - set(base_bundles))
-    if base_only:
+    if base_only := sorted(base_names - cand_names):
         warnings.append(f"Baseline-only benchmarks (no candidate): {', '.join(base_only)}")
-    if cand_only:
+    if cand_only := sorted(cand_names - base_names):
         warnings.append(f"Candidate-only benchmarks (no baseline): {', '.join(cand_only)}")
-    for name in sorted(set(base_bundles) & set(cand_bundles)):
-        if name not in missing:
-            results.append(gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name)))
-        for side, bundles in (("baseline", base_bundles), ("candidate", cand_bundles)):
-            if lost := nextresults.unanswered(nextresults.paired_records(bundles[name].parent)):
-                warnings.append(f"{side} {name}: {len(lost)} problem(s) had requests that got no answer (infra_error); nel gate "
-                                "counts them as wrong, as this verdict does: resume_run re-runs them before a release decision.")
+    results += [gate_one(name) for name in sorted(base_names & cand_names)]
     verdict, reasons = aggregate(results)
     output = GateResultsOutput(verdict=verdict, verdict_reasons=reasons, benchmarks=results, missing=missing,
-                               warnings=warnings, policy=str(policy_path), baseline=str(base_dir), candidate=str(cand_dir))
+                               warnings=warnings, policy=str(policy_path), baseline=base_label, candidate=cand_label)
     if request.output_dir:
         output.report_path = str(write_report(output, Path(request.output_dir).expanduser()))
     return output
+
+
+def _nel_tasks(value: str) -> dict[str, tuple[Path, TaskScores]] | None:
+    """A NEL 0.2.6 run's tasks (local, host:path, ledger or invocation id), or None when value names no such run."""
+    path = Path(value).expanduser()
+    if path.is_file() or (path.is_dir() and (any(path.glob("eval-*.json")) or any(path.glob("*/eval-*.json")))):
+        return None  # nel-next's bundles
+    try:
+        if ledger.get(value.strip()).details.get("engine") == "nel-next":
+            return None
+    except ToolError:
+        pass  # not a ledger id
+    try:
+        return tasks_by_name(locate_run(value)) or None
+    except ToolError:
+        return None
 
 
 def write_report(output: GateResultsOutput, directory: Path) -> Path:

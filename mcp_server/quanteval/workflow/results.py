@@ -233,6 +233,17 @@ def repeats(params: dict[str, Any]) -> int:
     return 1
 
 
+def tasks_by_name(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
+    """A NEL 0.2.6 run's tasks by the name results.yml gives them, with their directory and scores."""
+    found: dict[str, tuple[Path, TaskScores]] = {}
+    for task_dir in tree.task_dirs:
+        scores = task_scores(tree, task_dir)
+        name = scores.task or task_dir.name
+        # the same task twice in one run (e.g. two prompt variants): tell them apart by directory
+        found[name if name not in found else f"{name} ({task_dir.name})"] = (task_dir, scores)
+    return found
+
+
 def per_sample_scores(task_dir: Path) -> dict[str, list[float]]:
     """Scores per sample id (one per repeat) from the per-sample outputs, streamed line by line."""
     scores: dict[str, list[float]] = {}
