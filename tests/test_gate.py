@@ -239,9 +239,14 @@ def test_gate_results_over_a_real_mcp_session(real_run, tmp_path):
             tools = {tool.name: tool for tool in (await client.list_tools()).tools}
             ok = await client.call_tool("gate_results", {"baseline": str(base), "candidate": str(cand), "policy": str(policy)})
             refused = await client.call_tool("gate_results", {"baseline": str(base), "candidate": str(cand), "policy": str(bad)})
-            return tools["gate_results"], ok, refused
+            nel = await client.call_tool("gate_results", {"baseline": str(nel_base), "candidate": str(nel_cand), "policy": str(policy)})
+            return tools["gate_results"], ok, refused, nel
 
-    tool, ok, refused = anyio.run(go)
+    nel_base = _nel_run(tmp_path / "nel", "b0000004", {"alpha": half_right()})
+    nel_cand = _nel_run(tmp_path / "nel", "c0000004", {"alpha": drop(half_right(), 12)})
+    tool, ok, refused, nel = anyio.run(go)
+    assert not nel.is_error and nel.structured_content["verdict"] == "NO-GO"  # NEL 0.2.6 runs, same rewards, same answer
+    assert nel.structured_content["benchmarks"][0]["delta_ci_upper"] == ok.structured_content["benchmarks"][0]["delta_ci_upper"]
     assert tool.annotations.read_only_hint and tool.annotations.idempotent_hint
     assert not ok.is_error, ok.content[0].text
     assert ok.structured_content["verdict"] == "NO-GO"
