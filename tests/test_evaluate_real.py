@@ -141,6 +141,30 @@ def test_a_broken_policy_is_refused_before_anything_is_served(state, tmp_path):
     assert "starting vllm" not in done.stderr and not (tmp_path / "out").exists()
 
 
+def _evaluate_refused(state: dict, tmp_path: Path, benchmark: str) -> str:
+    done = subprocess.run(
+        ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(CHECKPOINTS / "tiny-add-w8a8"),
+         "--benchmarks", benchmark, "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, env=json.loads(state["env"]), timeout=180, check=False)
+    assert done.returncode == 1 and done.stdout == "", done.stderr[-2000:]
+    assert "starting vllm" not in done.stderr and not (tmp_path / "out").exists()  # refused before serving
+    return done.stderr
+
+
+def test_a_skills_benchmark_nel_next_cannot_run_is_refused_before_anything_is_served(state, tmp_path):
+    """nel-next's venv here has no NeMo-Skills that fits it (nelnext.skills_problem): validate_config's rule, asked
+    before the first server starts rather than after it."""
+    said = _evaluate_refused(state, tmp_path, "skills://gsm8k")
+    assert "benchmarks[0]" in said and "NeMo-Skills" in said and nelnext.skills_problem() in said
+
+
+@pytest.mark.skipif(not (REPO / ".venv-nemo-skills" / "bin" / "python").is_file(),
+                    reason="no NeMo-Skills to read the METRICS_TYPE from: scripts/setup --dev builds .venv-nemo-skills")
+def test_a_skills_benchmark_nel_next_would_not_grade_is_refused_too(state, tmp_path):
+    said = _evaluate_refused(state, tmp_path, "skills://ifeval")
+    assert "benchmarks[0].name" in said and "METRICS_TYPE 'if'" in said and "measuring nothing" in said
+
+
 def test_w8a8_loses_nothing_and_the_baseline_run_is_reused_from_the_cli(lossy, state):
     env = json.loads(state["env"])
     done = subprocess.run(

@@ -290,8 +290,12 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     for name in request.benchmarks:
         if name.endswith(".py") and not Path(name).expanduser().is_file():
             raise ToolError(f"benchmarks: {name}: no such BYOB file.")
+    # what would fail or measure nothing is refused now, not after minutes of serving
     if request.policy:
-        load_policy(Path(request.policy).expanduser())  # a bad policy is refused now, not after minutes of serving
+        load_policy(Path(request.policy).expanduser())
+    if refused := [p for p in validation.skills_benchmark_problems([{"name": name} for name in request.benchmarks])
+                   if p.severity == "error"]:
+        raise ToolError(" ".join(f"{p.key}: {p.message} {p.fix}" for p in refused))
     nelnext.nel_binary()
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
     try:

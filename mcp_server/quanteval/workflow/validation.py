@@ -973,6 +973,31 @@ def _next_slurm_url_rule(name: str, service: dict[str, Any], problems: list[Prob
                                 fix=f"Set it to the base URL {base} (local runs take it too)."))
 
 
+def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
+    """What stops nel-next's skills:// benchmarks from measuring anything: a NeMo-Skills that does not fit nel-next,
+    or a METRICS_TYPE nel-next does not grade. Shared by validate_config and evaluate_quantization's pre-flight."""
+    from quanteval.engines import nelnext
+
+    problems: list[Problem] = []
+    skills = [i for i, bench in enumerate(benchmarks) if str((bench or {}).get("name", "")).startswith("skills://")]
+    if skills and (why := nelnext.skills_problem()):
+        problems.append(Problem(key=f"benchmarks[{skills[0]}]", severity="error", rule="skills_unavailable",
+                                message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {why}: the benchmark fails at start.",
+                                fix="Install the NeMo-Skills release your nel-next names into its venv (QUANTEVAL_NEL_NEXT_VENV), "
+                                    "or run the benchmark with NEL 0.2.6's ns_* task (its container brings NeMo-Skills)."))
+    names = {i: str(benchmarks[i]["name"])[len("skills://"):] for i in skills}
+    types = nelnext.skills_metrics_types(sorted(set(names.values()))) if skills else {}
+    for index, name in names.items():
+        params = (benchmarks[index] or {}).get("params") or {}
+        metrics_type = params.get("eval_type") if isinstance(params, dict) and params.get("eval_type") else types.get(name)
+        if why := nelnext.skills_grading_problem(name, metrics_type):
+            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_not_graded",
+                                    message=f"{why}: the comparison would say nothing was lost while measuring nothing.",
+                                    fix=f"Run it with NEL 0.2.6's NeMo-Skills task (its container runs `ns eval`, which grades "
+                                        f"'{metrics_type}'), or use a nel-next benchmark that grades its own answers."))
+    return problems
+
+
 def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None) -> list[Problem]:
     """A nel-next config: values still ???, nel-next's own schema (its pydantic EvalConfig, run in its venv), then
     the chain rules a schema cannot know: budget vs served context, chat endpoint vs chat template, sampling,
@@ -1016,22 +1041,7 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
         if found:
             severity, rule, message, fix = found
             problems.append(Problem(key=f"benchmarks[{index}]", severity=severity, rule=rule, message=message, fix=fix))
-    skills = [i for i, bench in enumerate(doc.get("benchmarks") or []) if str((bench or {}).get("name", "")).startswith("skills://")]
-    if skills and (why := nelnext.skills_problem()):
-        problems.append(Problem(key=f"benchmarks[{skills[0]}]", severity="error", rule="skills_unavailable",
-                                message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {why}: the benchmark fails at start.",
-                                fix="Install the NeMo-Skills release your nel-next names into its venv (QUANTEVAL_NEL_NEXT_VENV), "
-                                    "or run the benchmark with NEL 0.2.6's ns_* task (its container brings NeMo-Skills)."))
-    names = {i: str(doc["benchmarks"][i]["name"])[len("skills://"):] for i in skills}
-    types = nelnext.skills_metrics_types(sorted(set(names.values()))) if skills else {}
-    for index, name in names.items():
-        params = (doc["benchmarks"][index] or {}).get("params") or {}
-        metrics_type = params.get("eval_type") if isinstance(params, dict) and params.get("eval_type") else types.get(name)
-        if why := nelnext.skills_grading_problem(name, metrics_type):
-            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_not_graded",
-                                    message=f"{why}: the comparison would say nothing was lost while measuring nothing.",
-                                    fix=f"Run it with NEL 0.2.6's NeMo-Skills task (its container runs `ns eval`, which grades "
-                                        f"'{metrics_type}'), or use a nel-next benchmark that grades its own answers."))
+    problems += skills_benchmark_problems(doc.get("benchmarks") or [])
     for index, bench in enumerate(doc.get("benchmarks") or []):
         bench_name = str((bench or {}).get("name", ""))
         if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():
