@@ -4,8 +4,8 @@
 Every verdict is checked against `nel compare` (nel-next's own) on the same run folders.
 
 Three vLLM starts in all (~50 s each): BF16 and int2 RTN for the first verdict, W8A8 for the second (the BF16
-run is reused from the ledger). Each call also gates the two runs under an NVFP4-release-shaped `nel gate` policy
-(critical, max_drop 0.015), and the release verdict is checked against the real `nel gate` on the same folders.
+run is reused from the ledger). Each call also gates the two runs under the demo's release policy (NVFP4-release
+shaped: critical, max_drop 0.015), and the release verdict is checked against the real `nel gate` on the same folders.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from quanteval.workflow.compare import CompareResultsInput, compare_results
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINTS = REPO / "examples" / "checkpoints"
 BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+POLICY = REPO / "examples" / "policies" / "tiny_add_release.yaml"  # the demo's: critical, 1.5 points, as NVFP4 releases
 VENV_BIN = REPO / ".venv" / "bin"
 
 pytestmark = pytest.mark.skipif(
@@ -60,9 +61,7 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                QUANTEVAL_STATE_DIR=str(root / "state"), NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
     env.pop("QUANTEVAL_LEDGER", None)
     env.pop("QUANTEVAL_VLLM_LAUNCHER", None)
-    policy = root / "release-policy.yaml"  # the shape of NEL's NVFP4 release policies: one critical benchmark, 1.5 points
-    policy.write_text("version: 1\ndefaults: {max_drop: 0.015}\nbenchmarks:\n  tiny_add: {tier: critical, metric: pass@1}\n")
-    return {"root": str(root), "policy": str(policy), **{"env": json.dumps(env)}}
+    return {"root": str(root), "policy": str(POLICY), **{"env": json.dumps(env)}}
 
 
 @pytest.fixture(scope="module")

@@ -253,7 +253,7 @@ def format_gate(result: Any) -> str:
         lines += [f"    {reason}" for reason in b.reasons]
     lines += [f"warning: {warning}" for warning in result.warnings]
     if result.report_path:
-        lines += ["", f"report: {result.report_path}"]
+        lines += ["", f"gate report: {result.report_path}"]
     return "\n".join(lines)
 
 
