@@ -85,6 +85,11 @@ def _child_env() -> dict[str, str]:
 # ---------------------------------------------------------------- configs
 
 
+def benchmark_item(name: str) -> dict[str, Any]:
+    """A `benchmarks` list item that runs `name` against the config's `model` service with the simple solver."""
+    return {"name": name, "solver": {"type": "simple", "service": "model"}}
+
+
 def config_document(*, benchmarks: list[str], endpoint_url: str = MISSING, model_id: str = MISSING,
                     protocol: str = "chat_completions", output_dir: str = MISSING, execution: str = "local",
                     temperature: float | None = 0.0, max_tokens: int | str = MISSING) -> dict[str, Any]:
@@ -98,7 +103,7 @@ def config_document(*, benchmarks: list[str], endpoint_url: str = MISSING, model
     return {
         "services": {"model": {"type": "api", "url": endpoint_url, "protocol": protocol, "model": model_id,
                                "generation": generation}},
-        "benchmarks": [{"name": name, "solver": {"type": "simple", "service": "model"}, "repeats": 1} for name in benchmarks],
+        "benchmarks": [{**benchmark_item(name), "repeats": 1} for name in benchmarks],
         "cluster": slurm_cluster() if execution == "slurm" else {"type": execution},
         "output": {"dir": output_dir, "timestamped": False},
     }

@@ -241,6 +241,8 @@ class PairedComparison:
     reasons: list[str]
     regressed: list[Flip]
     improved: list[Flip]
+    unanswered_baseline: set[int] = field(default_factory=set)  # problems whose requests got no answer (see unanswered)
+    unanswered_candidate: set[int] = field(default_factory=set)
 
 
 def _verdict(n_paired: int, regressions: int, improvements: int, p_value: float, test: str,
@@ -304,4 +306,5 @@ def compare_bundles(baseline: Bundle, candidate: Bundle, max_drop: float = DEFAU
         benchmark=baseline.name, metric=PRIMARY_METRIC, baseline_score=base_score, candidate_score=cand_score,
         delta=cand_score - base_score, ci_low=ci_low, ci_high=ci_high, n_paired=len(shared), test=test, p_value=p_value,
         n_regressions=len(regressed_ids), n_improvements=len(improved_ids), verdict=verdict, reasons=reasons,
-        regressed=flips(regressed_ids), improved=flips(improved_ids))
+        regressed=flips(regressed_ids), improved=flips(improved_ids),
+        unanswered_baseline=unanswered(base_records), unanswered_candidate=unanswered(cand_records))

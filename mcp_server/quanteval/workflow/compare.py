@@ -644,8 +644,7 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
         why = "; ".join(paired.reasons)
         verdict = ACCEPTABILITY_OF_NEL_VERDICT[paired.verdict]
         # nel compare counts an unanswered request as a wrong answer; a serving failure is not a quantization loss.
-        lost_base = nextresults.unanswered(nextresults.paired_records(base.directory))
-        lost_cand = nextresults.unanswered(nextresults.paired_records(cand.directory))
+        lost_base, lost_cand = paired.unanswered_baseline, paired.unanswered_candidate
         if lost_base or lost_cand:
             only_cand = len(lost_cand - lost_base)
             why += (f"; {len(lost_cand)} problem(s) in the candidate and {len(lost_base)} in the baseline had requests that got "

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval.engines import is_nel_next
+from quanteval.engines import is_nel_next, nelnext
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow import nelconfig
 
@@ -205,7 +205,7 @@ def _benchmarks(c: _Conversion, framework: str) -> None:
             c.reasons[f"{path}.name"] = why
             c.reasons[path] = f"a setting of {task['name']}, which is not converted (see its name)."
             continue
-        benchmark: dict[str, Any] = {"name": name, "solver": {"type": "simple", "service": "model"}}
+        benchmark = nelnext.benchmark_item(name)
         c.mapped.append(MappedField(source=f"{path}.name", target=f"benchmarks[{len(benchmarks)}].name ({benchmark['name']})"))
         c.consumed.add(f"{path}.name")
         index = len(benchmarks)

@@ -295,15 +295,14 @@ def paired_delta_ci(deltas: list[float], clusters: list[str] | None = None) -> t
     return round(mean - z * se, 6), round(mean + z * se, 6)
 
 
-def problem_values(records: dict[tuple[int, int], dict[str, Any]], metric: str) -> dict[int, float] | None:
-    """Per-problem values of a gated metric: pass@1 (share of repeats with reward > 0) or mean_reward."""
-    by_problem: dict[int, list[float]] = defaultdict(list)
-    for (problem, _repeat), record in records.items():
-        by_problem[problem].append(float(record.get("reward", 0.0) or 0.0))
+def problem_values(rewards: dict[Any, list[float]], metric: str) -> dict[Any, float] | None:
+    """Per-problem values of a gated metric from each problem's rewards (one per repeat): pass@1 (share of repeats
+    with reward > 0) or mean_reward. nel-next's come from nextresults.per_problem_rewards, NEL 0.2.6's from
+    results.per_sample_scores."""
     if metric == "mean_reward":
-        return {p: sum(r) / len(r) for p, r in by_problem.items()}
+        return {p: sum(r) / len(r) for p, r in rewards.items()}
     if metric == "pass@1":
-        return {p: sum(1 for v in r if v > 0) / len(r) for p, r in by_problem.items()}
+        return {p: sum(1 for v in r if v > 0) / len(r) for p, r in rewards.items()}
     return None
 
 
@@ -473,12 +472,19 @@ def _from_bundle_scores(result: BenchmarkGate, base_path: Path, cand_path: Path,
     base_value, cand_value = _float(base.get("value")), _float(cand.get("value"))
     if base_value is None or cand_value is None:
         return
+    bounds = [_float(base.get("ci_lower")), _float(base.get("ci_upper")), _float(cand.get("ci_lower")), _float(cand.get("ci_upper"))]
+    _decide_on_scores(result, policy, base_value, cand_value, None if None in bounds else bounds)
+
+
+def _decide_on_scores(result: BenchmarkGate, policy: ResolvedPolicy, base_value: float, cand_value: float,
+                      bounds: list[Any] | None) -> None:
+    """No paired decision: the two runs' own scores, the CI of their difference from each one's [low, high]
+    (base_low, base_high, cand_low, cand_high) where known, and the point estimate for advisory benchmarks only."""
     result.baseline_score, result.candidate_score = base_value, cand_value
     result.delta = round(cand_value - base_value, 6)
     if base_value != 0:
         result.relative_drop_pct = round(100 * result.delta / base_value, 2)
-    bounds = [_float(base.get("ci_lower")), _float(base.get("ci_upper")), _float(cand.get("ci_lower")), _float(cand.get("ci_upper"))]
-    if None not in bounds:
+    if bounds is not None:
         base_low, base_high, cand_low, cand_high = bounds
         result.delta_ci_lower = round(cand_low - base_high, 6)
         result.delta_ci_upper = round(cand_high - base_low, 6)
@@ -497,20 +503,21 @@ def _evidence(name: str, base_path: Path, cand_path: Path, max_drop: float) -> C
                            n_improvements=paired.n_improvements, verdict=paired.verdict)
 
 
-def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: ResolvedPolicy) -> BenchmarkGate:
-    """One benchmark against its resolved policy: paired per-problem deltas and their CI when results.jsonl exist."""
+def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: ResolvedPolicy,
+                   base_records: dict[tuple[int, int], dict[str, Any]], cand_records: dict[tuple[int, int], dict[str, Any]]) -> BenchmarkGate:
+    """One benchmark against its resolved policy: paired per-problem deltas and their CI when results.jsonl exist
+    (the records are nextresults.paired_records of each bundle's folder)."""
     result = BenchmarkGate(benchmark=name, tier=policy.tier, direction=policy.direction, max_drop_threshold=policy.max_drop,
                            max_relative_drop_threshold=policy.max_relative_drop)
     result.compare = _evidence(name, base_path, cand_path, policy.max_drop)
-    base_records = nextresults.paired_records(base_path.parent)
-    cand_records = nextresults.paired_records(cand_path.parent)
     if not base_records or not cand_records:
         result.status = "INSUFFICIENT_EVIDENCE"
         result.reasons.append("Per-sample results (results.jsonl) missing or empty")
         _from_bundle_scores(result, base_path, cand_path, policy)
         return result
     result.metric = policy.metric or _auto_metric(base_path, cand_path)
-    base_values, cand_values = problem_values(base_records, result.metric), problem_values(cand_records, result.metric)
+    base_values = problem_values(nextresults.per_problem_rewards(base_records), result.metric)
+    cand_values = problem_values(nextresults.per_problem_rewards(cand_records), result.metric)
     if not _gate_paired(result, base_values, cand_values, lambda shared: _clusters(base_records, shared), policy):
         _from_bundle_scores(result, base_path, cand_path, policy)
     return result
@@ -547,16 +554,6 @@ def _gate_paired(result: BenchmarkGate, base_values: dict[Any, float] | None, ca
 # sample id, else the task's headline score with its stderr.
 
 
-def _sample_values(samples: dict[str, list[float]], metric: str) -> dict[str, float] | None:
-    if not samples:
-        return None
-    if metric == "mean_reward":
-        return {sample: sum(scores) / len(scores) for sample, scores in samples.items()}
-    if metric == "pass@1":
-        return {sample: sum(1 for v in scores if v > 0) / len(scores) for sample, scores in samples.items()}
-    return None
-
-
 def _fraction(score: ScoreValue | None) -> tuple[float, float | None] | None:
     if score is None:
         return None
@@ -571,7 +568,7 @@ def gate_nel_task(name: str, base: tuple[Path, TaskScores], cand: tuple[Path, Ta
     base_samples, cand_samples = per_sample_scores(base[0]), per_sample_scores(cand[0])
     paired = bool(base_samples and cand_samples)
     if paired:
-        if _gate_paired(result, _sample_values(base_samples, result.metric), _sample_values(cand_samples, result.metric),
+        if _gate_paired(result, problem_values(base_samples, result.metric), problem_values(cand_samples, result.metric),
                         lambda shared: None, policy):
             return result
     else:
@@ -583,14 +580,11 @@ def gate_nel_task(name: str, base: tuple[Path, TaskScores], cand: tuple[Path, Ta
     if base_score is None or cand_score is None:
         return result
     (base_value, base_se), (cand_value, cand_se) = base_score, cand_score
-    result.baseline_score, result.candidate_score = round(base_value, 6), round(cand_value, 6)
-    result.delta = round(cand_value - base_value, 6)
-    if base_value != 0:
-        result.relative_drop_pct = round(100 * result.delta / base_value, 2)
+    bounds = None
     if not paired and base_se is not None and cand_se is not None:
-        result.delta_ci_lower = round((cand_value - _Z_975 * cand_se) - (base_value + _Z_975 * base_se), 6)
-        result.delta_ci_upper = round((cand_value + _Z_975 * cand_se) - (base_value - _Z_975 * base_se), 6)
-    apply_thresholds(result, policy, allow_point_estimate=result.tier == "advisory")
+        bounds = [base_value - _Z_975 * base_se, base_value + _Z_975 * base_se,
+                  cand_value - _Z_975 * cand_se, cand_value + _Z_975 * cand_se]
+    _decide_on_scores(result, policy, round(base_value, 6), round(cand_value, 6), bounds)
     return result
 
 
@@ -642,12 +636,15 @@ def gate_results(request: GateResultsInput) -> GateResultsOutput:
         warnings += base_warnings + cand_warnings
 
         def gate_one(name: str) -> BenchmarkGate:
-            for side, bundles in (("baseline", base_bundles), ("candidate", cand_bundles)):
-                if lost := nextresults.unanswered(nextresults.paired_records(bundles[name].parent)):
+            records = {side: nextresults.paired_records(bundles[name].parent)
+                       for side, bundles in (("baseline", base_bundles), ("candidate", cand_bundles))}
+            for side, side_records in records.items():
+                if lost := nextresults.unanswered(side_records):
                     warnings.append(f"{side} {name}: {len(lost)} problem(s) had requests that got no answer (infra_error); "
                                     "nel gate counts them as wrong, as this verdict does: resume_run re-runs them before a "
                                     "release decision.")
-            return gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name))
+            return gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name),
+                                  records["baseline"], records["candidate"])
 
     missing = sorted(policy.required_benchmarks() - (base_names & cand_names))
     results = [BenchmarkGate(benchmark=name, tier=policy.resolve(name).tier, status="MISSING",

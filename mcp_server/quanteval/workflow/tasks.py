@@ -509,10 +509,12 @@ class NelNextForm(BaseModel):
 
 
 def nel_next_form(nel_task: str, repeats: int = 1) -> NelNextForm:
+    from quanteval.engines import nelnext
+
     name, note = nel_next_benchmark(nel_task)
     if name is None:
         return NelNextForm(benchmark=None, note=note)
-    benchmark: dict[str, Any] = {"name": name, "solver": {"type": "simple", "service": "model"}}
+    benchmark = nelnext.benchmark_item(name)
     if repeats > 1:
         benchmark["repeats"] = repeats
     return NelNextForm(benchmark=benchmark, note=note)
