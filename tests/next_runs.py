@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from quanteval.engines import nelnext
+from quanteval.engines.nel_next import nelnext
 from quanteval.localproc import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -135,7 +135,7 @@ needs_ns = pytest.mark.skipif(not (NS_VENV / "bin" / "python").is_file(),
 def test_tasks_nel_next_would_not_grade_stay_on_nel_with_the_metrics_type_named(tmp_path):
     """core_reasoning holds NeMo-Skills tasks scored as math/multichoice (graded by nel-next 0.3.0) and others (if,
     livecodebench, ...) that nel-next would score by exact match of the whole response: those are not converted."""
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
     from quanteval.workflow import tasks
 
     source = _nel(tmp_path, "local", "vllm")
@@ -173,7 +173,7 @@ def test_every_recipe_has_its_nel_next_form_or_says_why_not(tmp_path):
     config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
                                            benchmarks=[f.benchmark["name"] for f in forms.values() if f.benchmark],
                                            config_path=str(tmp_path / "next.yaml"))).config_path
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     for index, form in enumerate(f for f in forms.values() if f.benchmark):
         set_config_value(SetConfigValueInput(config_path=config, key=f"benchmarks[{index}]", value=form.benchmark))
@@ -211,7 +211,7 @@ def test_nel_interpolations_and_unconverted_tasks_are_carried_as_nel_next_reads_
     assert to_plain(load_config(source))["execution"]["username"] == "${oc.env:USER}"
     result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
     assert to_plain(load_config(result.output_path))["cluster"]["username"] == "${USER}"
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     assert nelnext.check_schema(result.output_path, [])["config"]["cluster"]["username"] == "alice"
     reasons = {u.source: u.reason for u in result.unmapped}

@@ -21,7 +21,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from processes import running_with
 
-from quanteval.engines import nelnext
+from quanteval.engines.nel_next import nelnext
 from quanteval.workflow.compare import CompareResultsInput, compare_results
 
 REPO = Path(__file__).resolve().parents[1]

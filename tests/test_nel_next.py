@@ -21,7 +21,7 @@ import pytest
 from processes import running_with
 
 from quanteval import ledger
-from quanteval.engines import nelnext
+from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from quanteval import ledger
-from quanteval.engines import nelnext
+from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
 from quanteval.workflow.placement import ApplyClusterInput, apply_cluster

@@ -70,7 +70,7 @@ def test_a_nel_next_skills_benchmark_is_checked_against_its_recipe_too(tmp_path)
 def test_skills_benchmarks_without_a_fitting_nemo_skills_in_nel_nexts_venv_are_an_error(tmp_path):
     """nel-next 0.3.0 runs skills:// with NeMo-Skills imported in its own venv; setup installs none that fits (the
     vendored 8b18f39 returns three values from get_dataset_module and moved math_grader): refused before a launch."""
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="vllm", model_type="chat_reasoning",
                                            benchmarks=["skills://gsm8k"], config_path=str(tmp_path / "next.yaml"))).config_path

@@ -1,9 +1,9 @@
 """Evaluation engines behind one seam: which engine a config belongs to, and where each engine lives.
 
 - "nel": NeMo Evaluator Launcher 0.2.6 (`nel run`, containers; Hydra configs with execution/deployment/evaluation),
-  driven in-process through its Python API in child processes (quanteval.engines.nelexec).
+  driven in-process through its Python API in child processes (quanteval.engines.nel.nelexec).
 - "nel-next": NeMo Evaluator >= 0.3 (`nel eval run`, benchmarks in-process; configs with services/benchmarks/
-  cluster/output), driven through its CLI from its own Python 3.12 venv (quanteval.engines.nelnext).
+  cluster/output), driven through its CLI from its own Python 3.12 venv (quanteval.engines.nel_next.nelnext).
 
 The workflow tools keep their names and dispatch on `engine_of(config)`.
 """

@@ -599,7 +599,7 @@ ACCEPTABILITY_OF_NEL_VERDICT = {"PASS": "acceptable", "WARN": "acceptable", "BLO
 
 
 def _next_facets(bundle: Any, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     facts = nelnext.read_run_facts(run_dir)
     if facts is None:
@@ -625,7 +625,7 @@ def _next_facets(bundle: Any, run_dir: Path, checkpoint: str | None) -> dict[str
 
 
 def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, progress: ProgressFn) -> CompareResultsOutput:
-    from quanteval.engines import nextresults
+    from quanteval.engines.nel_next import nextresults
 
     threshold = nextresults.DEFAULT_MAX_DROP if request.threshold is None else request.threshold
     base_bundles, cand_bundles = nextresults.bundles(base_dir), nextresults.bundles(cand_dir)
@@ -688,7 +688,7 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
 
 def _candidate_weight_bits(request: CompareResultsInput, cand_dir: Path | None) -> int | None:
     """The candidate's weight bits from its checkpoint (given, or recorded with a nel-next run); None when unknown."""
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
     from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 
     checkpoint = request.candidate_checkpoint

@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval.engines import is_nel_next, nelnext
+from quanteval.engines import is_nel_next
+from quanteval.engines.nel_next import nelnext
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow import nelconfig
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import ledger
-from quanteval.engines import nelnext, nextresults
+from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.envvars import state_dir
 from quanteval.localproc import free_port
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress

@@ -44,7 +44,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quanteval import ledger
-from quanteval.engines import nextresults
+from quanteval.engines.nel_next import nextresults
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow.results import ScoreValue, TaskScores, locate_run, next_run_dir, per_sample_scores, tasks_by_name
 

@@ -535,7 +535,7 @@ def _build_next_config(request: BuildConfigInput, path: Path) -> BuildConfigOutp
     """A nel-next config: one model service (an existing endpoint, or a vLLM/SGLang server nel-next starts), a simple
     solver per benchmark, the local or SLURM cluster, output without a timestamp (quanteval names each run's directory).
     A BYOB file given by a relative path is written as an absolute one: nel-next resolves it against its own cwd."""
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     benchmarks = [str(Path(name).expanduser().resolve()) if name.endswith(".py") else name for name in request.benchmarks]
     protocol = "completions" if request.model_type == "base" else "chat_completions"

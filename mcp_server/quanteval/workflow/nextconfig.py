@@ -62,7 +62,7 @@ def apply_checkpoint_next(request: ApplyCheckpointInput, progress: ProgressFn = 
         if nelconfig.value_at(doc, f"{prefix}.protocol") != protocol:
             write(doc, f"{prefix}.protocol", protocol)
             if framework == "api" and isinstance(service.get("url"), str) and service["url"] != MISSING:
-                from quanteval.engines import nelnext
+                from quanteval.engines.nel_next import nelnext
 
                 write(doc, f"{prefix}.url", nelnext.endpoint_url(service["url"], protocol))
             if protocol == "completions":

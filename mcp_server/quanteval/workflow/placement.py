@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from quanteval.clusters import remote
-from quanteval.engines import nelfacts
+from quanteval.engines.nel import nelfacts
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import nelconfig
 

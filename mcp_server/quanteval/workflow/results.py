@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quanteval import failures, ledger
-from quanteval.engines import nelnext, nextresults
+from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -133,8 +133,8 @@ def _remote_spec(run: str) -> tuple[str, str] | None:
 
 def _nel_output_dir(invocation_id: str) -> str | None:
     """Where NEL's own execution records say the invocation wrote its results (local dir or host:path). Asked in a
-    child process (quanteval.engines.nelexec): NEL pins its execution database path when it is imported."""
-    from quanteval.engines import nelexec
+    child process (quanteval.engines.nel.nelexec): NEL pins its execution database path when it is imported."""
+    from quanteval.engines.nel import nelexec
 
     answer = nelexec.call("results_dirs", 120, invocation_id=invocation_id)
     if not answer.get("ok"):  # e.g. a partial id that matches several invocations
@@ -761,7 +761,7 @@ def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) 
 
 
 # ---------------------------------------------------------------------------------------------
-# nel-next runs (quanteval.engines.nextresults reads them)
+# nel-next runs (quanteval.engines.nel_next.nextresults reads them)
 # ---------------------------------------------------------------------------------------------
 
 

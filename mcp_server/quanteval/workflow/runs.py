@@ -1,6 +1,6 @@
 """The run lifecycle: dry-run, canary, gated full run, status, logs, kill, resume, list.
 
-Every NEL call runs in a child process (quanteval.engines.nelexec) with a timeout, so NEL's
+Every NEL call runs in a child process (quanteval.engines.nel.nelexec) with a timeout, so NEL's
 prints never reach the MCP stdout and a dead host never hangs a tool. Every dry-run,
 canary and full run is recorded in the ledger with a hash of its composed config; the
 hash ignores the canary's own limit override, so a canary and the full run of the same
@@ -28,7 +28,9 @@ from pydantic import BaseModel, Field
 
 from quanteval import envvars, failures, ledger
 from quanteval.clusters import remote
-from quanteval.engines import engine_of, nelexec, nelnext, nextresults
+from quanteval.engines import engine_of
+from quanteval.engines.nel import nelexec
+from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import results

@@ -486,7 +486,7 @@ def list_tasks(request: ListTasksInput) -> ListTasksOutput:
 def nel_next_benchmark(nel_task: str) -> tuple[str | None, str]:
     """The nel-next benchmark that runs this NEL task in-process (`skills://NAME` for a NeMo-Skills task whose
     metrics nel-next grades), or None; and why. convert_config and the recipes' nel-next form both come from here."""
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     entries = lookup(nel_task)
     entry = entries[0] if len(entries) == 1 else None
@@ -509,7 +509,7 @@ class NelNextForm(BaseModel):
 
 
 def nel_next_form(nel_task: str, repeats: int = 1) -> NelNextForm:
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     name, note = nel_next_benchmark(nel_task)
     if name is None:

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from quanteval.engines import engine_of, nelfacts
+from quanteval.engines import engine_of
+from quanteval.engines.nel import nelfacts
 from quanteval.models import StrictModel, ToolError
 from quanteval.serving import checkpoint, frameworks
 from quanteval.workflow import nelconfig, tasks
@@ -898,7 +899,7 @@ def served_facts(url: str) -> dict[str, Any] | None:
     max_model_len. None when it does not answer: the rules that need it are then skipped, not guessed."""
     import httpx
 
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     models_url = nelnext.endpoint_url(url, "chat_completions").rsplit("/chat/completions", 1)[0] + "/models"
     try:
@@ -976,7 +977,7 @@ def _next_slurm_url_rule(name: str, service: dict[str, Any], problems: list[Prob
 def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
     """What stops nel-next's skills:// benchmarks from measuring anything: a NeMo-Skills that does not fit nel-next,
     or a METRICS_TYPE nel-next does not grade. Shared by validate_config and evaluate_quantization's pre-flight."""
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     problems: list[Problem] = []
     skills = [i for i, bench in enumerate(benchmarks) if str((bench or {}).get("name", "")).startswith("skills://")]
@@ -1002,7 +1003,7 @@ def validate_next_document(doc: dict[str, Any], config_path: Path, overrides: li
     """A nel-next config: values still ???, nel-next's own schema (its pydantic EvalConfig, run in its venv), then
     the chain rules a schema cannot know: budget vs served context, chat endpoint vs chat template, sampling,
     the served model name."""
-    from quanteval.engines import nelnext
+    from quanteval.engines.nel_next import nelnext
 
     problems = [Problem(key=key, severity="error", rule="missing_value", message=f"{key} is still ???.",
                         fix="Fill it: apply_checkpoint, the values deployment_status gives, or set_config_value.")

@@ -1,7 +1,7 @@
 """Run one NEL API call in a child process and hand its answer back as JSON.
 
 NEL prints freely (dry-run scripts, colours, ssh chatter) and can block on ssh, so every
-call runs in `python -m quanteval.engines.nelexec`: the child points its fd 1 at stderr before
+call runs in `python -m quanteval.engines.nel.nelexec`: the child points its fd 1 at stderr before
 importing NEL and writes one JSON object to the real stdout at the end; the parent reads
 that object with a timeout. Nothing NEL prints can reach the MCP stdout.
 
@@ -41,7 +41,7 @@ def call(op: str, timeout: float, **args: Any) -> dict[str, Any]:
     with tempfile.TemporaryFile(mode="w+") as stderr:
         try:
             completed = subprocess.run(
-                [sys.executable, "-m", "quanteval.engines.nelexec"],
+                [sys.executable, "-m", "quanteval.engines.nel.nelexec"],
                 input=request,
                 stdout=subprocess.PIPE,
                 stderr=stderr,

@@ -3,7 +3,7 @@
 nel-next needs Python >= 3.12 and has its own pins, so it lives in its own venv (scripts/setup-nel-next builds
 `.venv-nel-next`) and quanteval drives its `nel` CLI in child processes: `nel eval run CONFIG -o DIR` in a session
 of its own, its output in DIR/quanteval-run.log and its exit code in DIR/quanteval-exit-code (a shell wrapper writes
-it, so any later process can read it). What a run produced is read from DIR by quanteval.engines.nextresults.
+it, so any later process can read it). What a run produced is read from DIR by quanteval.engines.nel_next.nextresults.
 
 Facts this module relies on (nemo-evaluator 0.3.0, measured here):
 - a config is `services` / `benchmarks` / `cluster` / `output` (pydantic EvalConfig, extra keys forbidden);
@@ -374,7 +374,7 @@ def fetch_results(details: dict[str, Any]) -> Path:
     (bundles, per-problem results, checkpoints; not logs or trajectories); where the shards are there but no merged
     bundle is (the merging job died), nel-next's `nel eval merge` is run here on the copy, as a user would."""
     from quanteval.clusters import remote
-    from quanteval.engines import nextresults
+    from quanteval.engines.nel_next import nextresults
 
     jobs = details["slurm_jobs"]
     local = Path(details["results_dir"])
