@@ -1,33 +1,58 @@
-"""Evaluation engines behind one seam: which engine a config belongs to, and where each engine lives.
+"""Evaluation engines behind one seam (engines/base.py): the registry, and which engine a config or a run belongs to.
 
-- "nel": NeMo Evaluator Launcher 0.2.6 (`nel run`, containers; Hydra configs with execution/deployment/evaluation),
-  driven in-process through its Python API in child processes (quanteval.engines.nel.nelexec).
-- "nel-next": NeMo Evaluator >= 0.3 (`nel eval run`, benchmarks in-process; configs with services/benchmarks/
-  cluster/output), driven through its CLI from its own Python 3.12 venv (quanteval.engines.nel_next.nelnext).
+- engines/nel: NeMo Evaluator Launcher 0.2.6 (`nel run`, containers; Hydra configs with execution/deployment/evaluation),
+  driven in-process through its Python API in child processes.
+- engines/nel_next: NeMo Evaluator >= 0.3 (`nel eval run`, benchmarks in-process; configs with services/benchmarks/
+  cluster/output), driven through its CLI from its own Python 3.12 venv.
 
-The workflow tools keep their names and dispatch on `engine_of(config)`.
+A new engine is one package under engines/ with a subclass of `base.Engine`, and one line in ENGINES below.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-Engine = Literal["nel", "nel-next"]
+from quanteval import ledger
+from quanteval.engines.base import Engine, EngineName
+from quanteval.engines.nel.engine import NelEngine
+from quanteval.engines.nel_next.engine import NelNextEngine
 
-NEL_SECTIONS = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
-NEL_NEXT_SECTIONS = frozenset({"services", "sandboxes", "benchmarks", "cluster", "output"})
+# Asked in this order: the first engine that owns a config's shape is its engine; the last one is the default.
+ENGINES: tuple[Engine, ...] = (NelNextEngine(), NelEngine())
+DEFAULT = ENGINES[-1]
+
+NEL_SECTIONS = NelEngine.sections
+
+
+def by_name(name: str | None) -> Engine:
+    """The engine a stored name stands for; a record made before engines were recorded is NEL 0.2.6's."""
+    for engine in ENGINES:
+        if engine.name == name:
+            return engine
+    return DEFAULT
+
+
+def for_config(doc: Any) -> Engine:
+    """The engine a parsed config is written for: the first that owns its sections."""
+    return next((engine for engine in ENGINES if engine.owns(doc)), DEFAULT)
+
+
+def for_record(record: ledger.Record) -> Engine:
+    """The engine that made a run: the record keeps its name."""
+    return by_name(record.details.get("engine"))
+
+
+def known_config(doc: Any) -> bool:
+    """Is this parsed YAML a config of any engine (and not some other YAML file)?"""
+    return any(engine.owns(doc) for engine in ENGINES)
 
 
 def is_nel_next(doc: Any) -> bool:
-    """A nel-next config has benchmarks:, or services: whose every entry names its `type` (a docker-compose file's
-    services: never does), and none of NEL 0.2.6's sections."""
-    if not isinstance(doc, dict) or set(doc) & NEL_SECTIONS:
-        return False
-    services = doc.get("services")
-    typed = isinstance(services, dict) and bool(services) and all(isinstance(s, dict) and "type" in s for s in services.values())
-    return "benchmarks" in doc or typed
+    return for_config(doc).name == "nel-next"
 
 
-def engine_of(doc: Any) -> Engine:
-    """The engine a parsed config is written for: nel-next by its sections, NEL 0.2.6 otherwise."""
-    return "nel-next" if is_nel_next(doc) else "nel"
+def engine_of(doc: Any) -> EngineName:
+    return for_config(doc).name
+
+
+__all__ = ["ENGINES", "Engine", "EngineName", "by_name", "engine_of", "for_config", "for_record", "is_nel_next", "known_config"]

@@ -30,7 +30,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from quanteval import envvars
-from quanteval.engines import NEL_SECTIONS, Engine, is_nel_next
+from quanteval.engines import NEL_SECTIONS, EngineName, is_nel_next
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import checkpoint, frameworks
 from quanteval.serving.frameworks import Execution
@@ -428,7 +428,7 @@ def _merge(base: CommentedMap, override: CommentedMap) -> None:
 
 
 class BuildConfigInput(StrictModel):
-    engine: Engine = Field("nel", description=(
+    engine: EngineName = Field("nel", description=(
         "'nel' (NEL 0.2.6: container tasks, ModelOpt-tested) or 'nel-next' (nemo-evaluator >= 0.3: in-process "
         "benchmarks: BYOB .py files, skills://NAME, built-ins)."))
     execution: Execution = Field(description="'local' (Docker here) or 'slurm' (a cluster over SSH).")

@@ -1,0 +1,211 @@
+"""What every evaluation engine provides, over neutral types the workflow tools speak.
+
+An engine is one package under engines/ (engines/nel: NEL 0.2.6, engines/nel_next: nel-next) holding everything
+specific to it: its config's shape and rules, how a run is rendered, launched, watched, stopped and resumed, and how
+its results are read. The workflow tools hold one engine-neutral body each and ask `engines.for_config(doc)` or
+`engines.for_record(record)` which engine they talk to; the name an engine goes by is stored once, in the config's
+shape and in the ledger record of each run, and never compared as a string in the tools.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field
+
+from quanteval import failures, ledger
+from quanteval.failures import Diagnosis
+from quanteval.models import ProgressFn
+
+EngineName = Literal["nel", "nel-next"]
+RunKind = Literal["dry_run", "canary", "full_run"]
+
+ACTIVE = ("submitted", "pending", "running", "resuming")
+FINISHED = ("succeeded", "failed", "killed")
+SCRIPT_HEAD_LINES = 40
+MAX_SCRIPTS = 20
+MAX_HITS = 100
+
+
+# ---------------------------------------------------------------- neutral types: what a tool returns
+
+
+class RenderedScript(BaseModel):
+    name: str = Field(description="Script name relative to the invocation directory, e.g. 'gpqa.0/run.sh'.")
+    path: str | None = Field(description="Where it lies on disk (null for SLURM, whose scripts NEL renders in a temp dir).")
+    size_bytes: int
+    head: list[str] = Field(description=f"The first {SCRIPT_HEAD_LINES} lines, secret values masked.")
+    launch_commands: list[str] = Field(default_factory=list, description=(
+        "Every server and client launch in the script in full (srun, docker run, the server command), continuation "
+        "lines joined, secret values masked, base64 payloads shown by size."))
+
+
+class NelWarning(BaseModel):
+    task: str | None = Field(description="The task NEL warned about (its parameter check), or null for the run as a whole.")
+    message: str
+
+
+class DryRunOutput(BaseModel):
+    ok: bool = Field(description="NEL accepted the config and rendered every script.")
+    record_id: str = Field(description="Ledger record of this dry-run.")
+    config_hash: str | None
+    executor: str | None
+    invocation_id: str | None
+    invocation_dir: str | None = Field(description="Local directory NEL rendered into (local executor).")
+    scripts: list[RenderedScript]
+    nel_warnings: list[NelWarning] = Field(default_factory=list, description=(
+        "What NEL warned about while composing and rendering (parameters a task's command never reads, pre_cmd, ...): "
+        "review each; validate_config does not repeat NEL's own checks."))
+    secrets_files_protected: list[str] = Field(
+        description=".secrets.env files NEL wrote with real values, now mode 600. Their values are never returned.")
+    error: str | None = Field(description="NEL's error message when ok is false (no traceback).")
+
+
+class LaunchOutput(BaseModel):
+    record_id: str = Field(description="Ledger record id; run_status, run_logs, kill_run and resume_run take it.")
+    kind: RunKind
+    invocation_id: str = Field(description="NEL's invocation id (also accepted by `nel status`).")
+    config_hash: str
+    executor: str
+    host: str | None
+    status: str
+    gate: str | None = Field(None, description="Why a full run was allowed: the canary that passed, or the forced reason.")
+    notes: list[str] = Field(default_factory=list, description="What the canary runs differently from the full run (repeats).")
+
+
+class JobStatus(BaseModel):
+    job_id: str = Field(description="NEL job id (<invocation>.<task index>).")
+    status: str = Field(description="pending, running, resuming, succeeded, failed, killed or unknown.")
+    slurm_job_id: str | None = None
+    current_slurm_job_id: str | None = Field(None, description="Latest job of NEL's auto-resume chain, when it moved on.")
+    restart_job_id: str | None = Field(None, description="NEL's paired restart job waiting behind the current one.")
+    slurm_state: str | None = None
+    progress: int | None = Field(None, description="Requests completed so far, when NEL tracks it.")
+    note: str | None = None
+
+
+class LogTail(BaseModel):
+    job_id: str
+    file: str
+    lines: list[str]
+
+
+class FailureHit(BaseModel):
+    failure_class: str = Field(description=f"One of: {', '.join(failures.FAILURE_ADVICE)}.")
+    file: str
+    line: int
+    text: str
+
+
+class RunLogsOutput(BaseModel):
+    record_id: str
+    invocation_id: str | None
+    tails: list[LogTail]
+    failures: list[FailureHit] = Field(description="Lines matching a known failure class anywhere in the logs, with file:line "
+                                       "(the job script's own `+ ...` echoes are not failures).")
+    failures_truncated: bool
+    failure_classes: list[str] = Field(description="The distinct failure classes found, most specific first.")
+    diagnosis: Diagnosis | None = Field(description=(
+        "For a failed run: the most specific failure with its line and the usual fix, or 'unclassified' with the last "
+        "meaningful log lines. Null while the run has not failed."))
+
+
+class KillRunOutput(BaseModel):
+    record_id: str
+    status: str
+    jobs: list[JobStatus] = Field(description="What NEL did per job: killed, or why it could not.")
+
+
+class ResumeRunOutput(BaseModel):
+    record_id: str
+    invocation_id: str
+    status: str
+
+
+class Refreshed(BaseModel):
+    """A run's state as its executor reports it now, already recorded in the ledger."""
+    record: ledger.Record
+    jobs: list[JobStatus]
+    reachable: bool = Field(description="False when the cluster could not be asked; the record keeps its last status.")
+    message: str | None
+
+
+class Composed(BaseModel):
+    """A config as its engine composes it for a launch: the hash canaries and full runs share, and its tasks."""
+    config_hash: str
+    tasks: list[str]
+
+
+class CanarySpec(BaseModel):
+    """What makes a launch a canary: a few problems per task, fewer repeats, only some tasks."""
+    limit: int
+    repeats: int | None
+    tasks: list[str] = Field(default_factory=list)
+
+
+def overall_status(job_states: list[str]) -> str:
+    """One status for a run from its jobs': anything still moving wins, then the worst ending."""
+    for state in ("running", "resuming", "pending"):
+        if state in job_states:
+            return state
+    for state in ("failed", "killed", "unknown"):
+        if state in job_states:
+            return state
+    return "succeeded" if job_states else "unknown"
+
+
+# ---------------------------------------------------------------- the interface
+
+
+class Engine(ABC):
+    """One evaluation engine. Subclasses live in their own package and are registered in engines/__init__.py."""
+
+    name: ClassVar[EngineName]
+
+    @abstractmethod
+    def owns(self, doc: Any) -> bool:
+        """Is this parsed config written for this engine (by its sections)?"""
+
+    # -- the run lifecycle (engines/<engine>/runs.py)
+
+    @abstractmethod
+    def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
+        """Render the config as a launch would, record the dry-run, launch nothing."""
+
+    @abstractmethod
+    def compose(self, config_path: str, overrides: list[str]) -> Composed:
+        """The config's hash and tasks as the engine composes them (what the canary gate matches on)."""
+
+    @abstractmethod
+    def check_launchable(self, config_path: str, overrides: list[str]) -> None:
+        """Refuse, before anything starts, a launch this machine cannot make (a missing binary, a rejected schema)."""
+
+    @abstractmethod
+    def launch(self, kind: RunKind, config_path: str, overrides: list[str], canary: CanarySpec | None, details: dict,
+               progress: ProgressFn) -> LaunchOutput:
+        """Record, then start a canary (with `canary`) or full run; returns at once."""
+
+    @abstractmethod
+    def refresh(self, record: ledger.Record) -> Refreshed:
+        """Ask the executor for the run's state and record a change."""
+
+    @abstractmethod
+    def logs(self, record: ledger.Record, lines: int, job: str | None, progress: ProgressFn) -> RunLogsOutput:
+        """Each log's tail, failure lines, and for a failed run a diagnosis."""
+
+    @abstractmethod
+    def kill(self, record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
+        """Stop every job of the run (auto-resume successors too) and record it killed."""
+
+    @abstractmethod
+    def resume(self, record: ledger.Record, progress: ProgressFn) -> ResumeRunOutput:
+        """Start a killed or failed run again where it stopped."""
+
+    @abstractmethod
+    def results_location(self, record: ledger.Record) -> str:
+        """Where validate_run and the result tools find the run's results (a path, host:path, or the record id)."""
+
+    @abstractmethod
+    def poll_interval_s(self, record: ledger.Record) -> float:
+        """How often wait_for_run looks: a local run is cheap to ask, a cluster costs an ssh round trip."""

@@ -1,0 +1,63 @@
+"""nel-next as an Engine: configs with services/benchmarks/cluster/output, runs through `nel eval run`."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from quanteval import ledger
+from quanteval.engines.base import (CanarySpec, Composed, DryRunOutput, Engine, EngineName, KillRunOutput, LaunchOutput,
+                                    Refreshed, ResumeRunOutput, RunKind, RunLogsOutput)
+from quanteval.engines.nel_next import runs
+from quanteval.models import ProgressFn
+
+
+class NelNextEngine(Engine):
+    name: ClassVar[EngineName] = "nel-next"
+    sections: ClassVar[frozenset[str]] = frozenset({"services", "sandboxes", "benchmarks", "cluster", "output"})
+    foreign_sections: ClassVar[frozenset[str]] = frozenset({"defaults", "execution", "deployment", "evaluation", "target",
+                                                            "export"})
+
+    def owns(self, doc: Any) -> bool:
+        """A nel-next config has benchmarks:, or services: whose every entry names its `type` (a docker-compose file's
+        services: never does), and none of NEL 0.2.6's sections."""
+        if not isinstance(doc, dict) or set(doc) & self.foreign_sections:
+            return False
+        services = doc.get("services")
+        typed = isinstance(services, dict) and bool(services) and all(isinstance(s, dict) and "type" in s
+                                                                      for s in services.values())
+        return "benchmarks" in doc or typed
+
+    # -- config
+
+    # -- the run lifecycle
+
+    def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
+        return runs.dry_run(config_path, overrides)
+
+    def compose(self, config_path: str, overrides: list[str]) -> Composed:
+        return runs.compose(config_path, overrides)
+
+    def check_launchable(self, config_path: str, overrides: list[str]) -> None:
+        return None
+
+    def launch(self, kind: RunKind, config_path: str, overrides: list[str], canary: CanarySpec | None, details: dict,
+               progress: ProgressFn) -> LaunchOutput:
+        return runs.launch(kind, config_path, overrides, canary, details, progress)
+
+    def refresh(self, record: ledger.Record) -> Refreshed:
+        return runs.refresh(record)
+
+    def logs(self, record: ledger.Record, lines: int, job: str | None, progress: ProgressFn) -> RunLogsOutput:
+        return runs.logs(record, lines)
+
+    def kill(self, record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
+        return runs.kill(record)
+
+    def resume(self, record: ledger.Record, progress: ProgressFn) -> ResumeRunOutput:
+        return runs.resume(record)
+
+    def results_location(self, record: ledger.Record) -> str:
+        return record.id  # the result tools read a local run, or fetch a SLURM run's results from the cluster
+
+    def poll_interval_s(self, record: ledger.Record) -> float:
+        return runs.poll_interval_s(record)
