@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from quanteval import ledger
+from quanteval.engines.nel.runs import check_launchable
 from quanteval.models import ToolError
 from quanteval.workflow import runs
 from quanteval.workflow.environment import CheckEnvironmentInput, check_environment
@@ -102,8 +103,8 @@ def test_prerequisite_check_passes_with_ssh_and_rsync_and_ignores_local_configs(
         pytest.skip("needs ssh and rsync on this machine")
     config = slurm_config(tmp_path)
     monkeypatch.setenv("PATH", str(bin_dir(tmp_path, set())))
-    runs._check_local_prerequisites(str(config))  # no error
+    check_launchable(str(config))  # no error
     local = tmp_path / "local.yaml"
     local.write_text(config.read_text().replace("slurm/default", "local"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    runs._check_local_prerequisites(str(local))  # the local executor's docker check stays with NEL's launch
+    check_launchable(str(local))  # the local executor's docker check stays with NEL's launch

@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from results_factory import make_invocation, make_task  # noqa: E402
 
 from quanteval import failures, ledger
+from quanteval.engines.base import SCRIPT_HEAD_LINES
+from quanteval.engines.nel.runs import repeat_overrides
 from quanteval.models import ToolError
 from quanteval.workflow import runs
 
@@ -81,7 +83,7 @@ def test_dry_run_local_renders_scripts_and_locks_away_secrets(tmp_path: Path) ->
     names = {script.name for script in result.scripts}
     assert {"run_all.sequential.sh", "lm-evaluation-harness.ifeval.0/run.sh",
             "lm-evaluation-harness.gsm8k.1/run.sh"} <= names
-    assert all(script.size_bytes > 0 and 0 < len(script.head) <= runs.SCRIPT_HEAD_LINES for script in result.scripts)
+    assert all(script.size_bytes > 0 and 0 < len(script.head) <= SCRIPT_HEAD_LINES for script in result.scripts)
     # NEL wrote the real secret into .secrets.env; the file is now private and the value never comes back.
     assert len(result.secrets_files_protected) == 2
     for secrets_file in map(Path, result.secrets_files_protected):
@@ -416,11 +418,11 @@ evaluation:
               num_repeats: 16
     - name: lm-evaluation-harness.ifeval
 """)
-    overrides, notes = runs._repeat_overrides(str(config), 1)
+    overrides, notes = repeat_overrides(str(config), 1)
     assert overrides == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=1",
                          "++evaluation.tasks.0.nemo_evaluator_config.config.params.extra.num_repeats=1"]
     assert "ns_aime2025: the canary runs num_repeats=1 (config: 16); the full run uses 16." in notes
     # NEL composes them, and the canary's overrides stay out of the hash that ties it to the full run.
     full = runs.config_hash(str(config))
     assert runs.config_hash(str(config), overrides) != full
-    assert runs._repeat_overrides(str(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]
+    assert repeat_overrides(str(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]

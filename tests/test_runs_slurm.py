@@ -26,6 +26,7 @@ import pytest
 
 from quanteval import failures, ledger
 from quanteval.clusters import remote
+from quanteval.engines.base import FINISHED
 from quanteval.models import ToolError
 from quanteval.workflow import results, runs
 
@@ -126,7 +127,7 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     (job,) = runs.run_status(runs.RunRef(record_id=canary.record_id)).jobs
     assert job.slurm_job_id in squeue_states(slurm_cluster)  # NEL's sbatch reached the real queue
 
-    finished = wait_for_status(canary.record_id, runs.FINISHED)
+    finished = wait_for_status(canary.record_id, FINISHED)
     assert finished.status == "failed" and finished.jobs[0].slurm_state == "FAILED"
     history = [event.status for event in finished.history]
     assert history[0] == "submitted" and history[-1] == "failed"
@@ -167,7 +168,7 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     assert resumed.invocation_id == canary.invocation_id and resumed.status == "submitted"
     (again,) = runs.run_status(runs.RunRef(record_id=canary.record_id)).jobs
     assert again.slurm_job_id != job.slurm_job_id and again.slurm_job_id in squeue_states(slurm_cluster)
-    assert wait_for_status(canary.record_id, runs.FINISHED).status == "failed"
+    assert wait_for_status(canary.record_id, FINISHED).status == "failed"
 
     forced = runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config), force=True,
                                                           reason="container registry down; canary cannot pull"))

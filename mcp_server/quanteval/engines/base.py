@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import failures, ledger
+from quanteval.clusters.executor import JobStatus
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn
 
@@ -74,17 +75,6 @@ class LaunchOutput(BaseModel):
     notes: list[str] = Field(default_factory=list, description="What the canary runs differently from the full run (repeats).")
 
 
-class JobStatus(BaseModel):
-    job_id: str = Field(description="NEL job id (<invocation>.<task index>).")
-    status: str = Field(description="pending, running, resuming, succeeded, failed, killed or unknown.")
-    slurm_job_id: str | None = None
-    current_slurm_job_id: str | None = Field(None, description="Latest job of NEL's auto-resume chain, when it moved on.")
-    restart_job_id: str | None = Field(None, description="NEL's paired restart job waiting behind the current one.")
-    slurm_state: str | None = None
-    progress: int | None = Field(None, description="Requests completed so far, when NEL tracks it.")
-    note: str | None = None
-
-
 class LogTail(BaseModel):
     job_id: str
     file: str
@@ -138,10 +128,9 @@ class Composed(BaseModel):
 
 
 class CanarySpec(BaseModel):
-    """What makes a launch a canary: a few problems per task, fewer repeats, only some tasks."""
+    """What makes a launch a canary: a few problems per task, and fewer repeats (None: the config's)."""
     limit: int
     repeats: int | None
-    tasks: list[str] = Field(default_factory=list)
 
 
 def overall_status(job_states: list[str]) -> str:
@@ -182,8 +171,8 @@ class Engine(ABC):
         """Refuse, before anything starts, a launch this machine cannot make (a missing binary, a rejected schema)."""
 
     @abstractmethod
-    def launch(self, kind: RunKind, config_path: str, overrides: list[str], canary: CanarySpec | None, details: dict,
-               progress: ProgressFn) -> LaunchOutput:
+    def launch(self, kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
+               details: dict, progress: ProgressFn) -> LaunchOutput:
         """Record, then start a canary (with `canary`) or full run; returns at once."""
 
     @abstractmethod

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import ledger
+from quanteval.engines.base import ACTIVE
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.envvars import state_dir
 from quanteval.localproc import free_port
@@ -125,7 +126,7 @@ def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, ste
     reported: tuple[str, float] = ("", 0.0)
     while True:
         status = runs.run_status(runs.RunRef(record_id=record_id))
-        if status.status not in runs.ACTIVE:
+        if status.status not in ACTIVE:
             return ledger.get(record_id)
         if time.monotonic() > deadline:
             runs.kill_run(runs.RunRef(record_id=record_id))
@@ -270,7 +271,7 @@ def _run_config(record: ledger.Record) -> dict:
 def _cancel(record_id: str) -> None:
     """An interrupted run: stopped and recorded as cancelled, so a later call does not take it for finished."""
     record = ledger.get(record_id)
-    if record.status not in runs.ACTIVE:
+    if record.status not in ACTIVE:
         return  # it finished (succeeded or failed) before the interruption: its own status stands
     nelnext.stop(record.details, grace_s=5)
     ledger.update(record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")

@@ -30,7 +30,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from quanteval import failures, ledger
+from quanteval import engines, failures, ledger
+from quanteval.engines.nel.nelfacts import REPEAT_KEYS
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.failures import Diagnosis
@@ -53,7 +54,6 @@ REMOTE_ARTIFACT_PATTERNS = [
     f"*artifacts/{SAMPLE_OUTPUTS_DIR}/*.jsonl",
     "*logs/stage.exit",
 ]
-REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys harnesses use for repeats
 MAX_EVIDENCE_PER_CHECK = 5
 
 # Log lines that matter, one pattern per check, written in the regex dialect Python and POSIX ERE
@@ -835,11 +835,11 @@ def _validate_next_bundle(bundle: nextresults.Bundle, request: ValidateRunInput)
 def _next_failure(run: str) -> Diagnosis | None:
     """Why a nel-next run of the ledger failed before writing any result (e.g. a SLURM job whose container could not
     start): run_logs' diagnosis of its log, as NEL 0.2.6 runs get theirs."""
-    from quanteval.workflow import runs  # runs imports this module: the log readers (local, over SSH) live there
-
     try:
         record = ledger.get(run.strip())
-        return runs.run_logs(runs.RunLogsInput(record_id=record.id, lines=20)).diagnosis if record.status == "failed" else None
+        if record.status != "failed":
+            return None
+        return engines.for_record(record).logs(record, 20, None, no_progress).diagnosis
     except ToolError:  # not a ledger id, or the cluster does not answer: the finding above stands alone
         return None
 

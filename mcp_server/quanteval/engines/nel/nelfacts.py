@@ -34,6 +34,8 @@ MODELS = {
     "TaskModel": "nemo_evaluator_launcher.common.config_models",
 }
 
+REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys NEL's harnesses use for repeats
+
 
 def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)  # finds the package without running its __init__

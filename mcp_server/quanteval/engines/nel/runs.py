@@ -1,1 +1,364 @@
-"""Placeholder: filled by the move of the run lifecycle out of workflow/runs.py."""
+"""NEL 0.2.6's run lifecycle: dry-run, launch, state, logs, kill and resume through NEL's Python API.
+
+Every NEL call runs in a child process (engines/nel/nelexec.py) with a timeout, so NEL's prints never reach the MCP
+stdout and a dead host never hangs a tool. SLURM status is read from the cluster directly by the SLURM executor (one
+ssh call: the job chain file NEL's auto-resume writes, `squeue -t all`, and `sacct` for purged jobs) because NEL
+reports every ssh or sacct hiccup as FAILED; a walltime TIMEOUT with NEL's paired restart job queued is reported as
+`resuming`, never as a failure.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from quanteval import failures, ledger
+from quanteval.clusters import executor as executors
+from quanteval.clusters.executor import ClusterJob, JobStatus, Unreachable
+from quanteval.engines.base import (
+    ACTIVE,
+    MAX_HITS,
+    MAX_SCRIPTS,
+    CanarySpec,
+    Composed,
+    DryRunOutput,
+    FailureHit,
+    KillRunOutput,
+    LaunchOutput,
+    LogTail,
+    NelWarning,
+    Refreshed,
+    ResumeRunOutput,
+    RunKind,
+    RunLogsOutput,
+    overall_status,
+)
+from quanteval.engines.nel import nelexec
+from quanteval.engines.nel.nelfacts import REPEAT_KEYS
+from quanteval.engines.rendering import protect_secrets_files, rendered_script, scrub, secret_values
+from quanteval.models import ProgressFn, ToolError
+
+LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples={}"
+REPEAT_OVERRIDE = "++{prefix}.nemo_evaluator_config.config.params.extra.{key}={value}"
+DRY_RUN_TIMEOUT_S = 180.0
+LAUNCH_TIMEOUT_S = 600.0
+QUERY_TIMEOUT_S = 120.0
+NEL_STATE = {"success": "succeeded", "failed": "failed", "killed": "killed", "pending": "pending", "running": "running"}
+NEL_CHAIN_FILE = ".slurm_job_id.list"  # NEL 0.2.6 lists a run's SLURM jobs (its auto-resume chain) here
+
+
+def _nel(op: str, timeout: float, **args: object) -> dict:
+    answer = nelexec.call(op, timeout, **args)
+    if not answer.get("ok"):
+        raise ToolError(f"NEL: {scrub(answer.get('error', 'unknown error'), secret_values([]))}")
+    return answer
+
+
+def _plain_config(config_path: str) -> dict:
+    from quanteval.workflow import nelconfig  # MERGE-FIX: the config-file layer
+
+    doc = nelconfig.to_plain(nelconfig.load_config(config_path))
+    return doc if isinstance(doc, dict) else {}
+
+
+def config_hash(config_path: str, overrides: list[str] | None = None) -> str:
+    """Hash of the config as NEL composes it (defaults + file + overrides), env values not resolved."""
+    return compose(config_path, overrides or []).config_hash
+
+
+def compose(config_path: str, overrides: list[str]) -> Composed:
+    answer = _nel("hash", QUERY_TIMEOUT_S, config_path=config_path, overrides=overrides)
+    return Composed(config_hash=answer["config_hash"], tasks=answer["tasks"])
+
+
+def check_launchable(config_path: str) -> None:
+    """Refuse a launch before NEL runs when this machine lacks what the config's executor runs here."""
+    from quanteval.workflow import nelconfig  # MERGE-FIX: the config-file layer
+
+    problem = executors.for_name(nelconfig.execution_type(_plain_config(config_path))).launch_blocker()
+    if problem:
+        raise ToolError(f"{config_path}: not launched. {problem} Then launch again (check_environment lists them).")
+
+
+# ---------------------------------------------------------------- dry-run
+
+
+def _split_printed_scripts(printed: str) -> list[tuple[str, str]]:
+    """SLURM dry-run scripts exist only in NEL's printout: sections headed '=== Task N ==='."""
+    sections = re.split(r"=+ Task (\d+) =+\n", printed)
+    scripts = []
+    for index, body in zip(sections[1::2], sections[2::2], strict=True):
+        body = re.split(r"\n-+ Secrets \(redacted\)|\nTo submit jobs", body)[0].strip("\n")
+        scripts.append((f"task{index}/run.sub", body + "\n"))
+    return scripts
+
+
+def _rendered_files(answer: dict) -> tuple[Path | None, list[Path], list[tuple[str, Path | None, str]]]:
+    """Where NEL rendered a run on this machine, the .secrets.env files it left there (now private), and its scripts;
+    a SLURM dry-run's scripts exist only in NEL's printout."""
+    if not answer.get("ok"):
+        return None, [], []
+    if not executors.for_name(answer.get("executor")).on_this_machine:
+        return None, [], [(name, None, body) for name, body in _split_printed_scripts(answer.get("printed", ""))]
+    candidates = sorted(Path(answer["output_dir"]).expanduser().absolute().glob(f"*-{answer.get('invocation_id')}"))
+    if not candidates:
+        return None, [], []
+    invocation_dir = candidates[-1]
+    protected = protect_secrets_files(invocation_dir)
+    scripts = [(str(path.relative_to(invocation_dir)), path, path.read_text(errors="replace"))
+               for path in sorted([*invocation_dir.glob("*.sh"), *invocation_dir.glob("*/run.sh")])]
+    return invocation_dir, protected, scripts
+
+
+def dry_run(config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
+    progress(0, 2, "NEL dry-run (composes the config and renders the scripts, ~5 s)")
+    answer = nelexec.call("run", DRY_RUN_TIMEOUT_S, config_path=config_path, overrides=overrides,
+                          extra_overrides=[], tasks=[], dry_run=True)
+    progress(1, 2, "collecting rendered scripts")
+    invocation_dir, protected, scripts = _rendered_files(answer)
+    secrets = secret_values(protected)
+    rendered = [rendered_script(name, path, body, secrets) for name, path, body in scripts[:MAX_SCRIPTS]]
+    warnings = [NelWarning(task=w.get("task"), message=scrub(w["message"], secrets)) for w in answer.get("warnings") or []]
+    error = None if answer.get("ok") else scrub(answer.get("error", ""), secrets)
+    record = ledger.add("dry_run", status="passed" if answer.get("ok") else "failed", config_path=config_path,
+                        config_hash=answer.get("config_hash"), invocation_id=answer.get("invocation_id"),
+                        executor=answer.get("executor"), host=answer.get("host"),
+                        details={"engine": "nel", "invocation_dir": str(invocation_dir) if invocation_dir else None,
+                                 "error": error, "overrides": overrides}, message=error)
+    progress(2, 2, "done")
+    return DryRunOutput(ok=bool(answer.get("ok")), record_id=record.id, config_hash=answer.get("config_hash"),
+                        executor=answer.get("executor"), invocation_id=answer.get("invocation_id"),
+                        invocation_dir=str(invocation_dir) if invocation_dir else None, scripts=rendered,
+                        nel_warnings=warnings, secrets_files_protected=[str(path) for path in protected], error=error)
+
+
+# ---------------------------------------------------------------- launch
+
+
+def repeat_overrides(config_path: str, repeats: int) -> tuple[list[str], list[str]]:
+    """Overrides that run every repeated task `repeats` times, and a note per task changed.
+
+    Repeats live in params.extra (num_repeats for NeMo-Skills, n_samples for simple-evals) of a task or of the
+    evaluation-wide nemo_evaluator_config; a task's own value wins over the global one, so each is overridden where
+    the config sets it, by list index (task names may hold dots, which NEL's task-name override sugar cannot take).
+    """
+    evaluation = _plain_config(config_path).get("evaluation")
+    evaluation = evaluation if isinstance(evaluation, dict) else {}
+    task_list = evaluation.get("tasks") if isinstance(evaluation.get("tasks"), list) else []
+    places = [("evaluation", "every task", evaluation)]
+    places += [(f"evaluation.tasks.{index}", str(task.get("name")), task) for index, task in enumerate(task_list)
+               if isinstance(task, dict)]
+    overrides, notes = [], []
+    for prefix, name, node in places:
+        params = ((node.get("nemo_evaluator_config") or {}).get("config") or {}).get("params") or {}
+        extra = params.get("extra") or {}
+        for key in REPEAT_KEYS:
+            value = extra.get(key)
+            if isinstance(value, int) and value != repeats:
+                overrides.append(REPEAT_OVERRIDE.format(prefix=prefix, key=key, value=repeats))
+                notes.append(f"{name}: the canary runs {key}={repeats} (config: {value}); the full run uses {value}.")
+    return overrides, notes
+
+
+def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
+           details: dict, progress: ProgressFn) -> LaunchOutput:
+    extra: list[str] = []
+    notes: list[str] = []
+    if canary:
+        progress(0, 3, "composing the config")
+        repeat, notes = repeat_overrides(config_path, canary.repeats) if canary.repeats else ([], [])
+        extra = [LIMIT_SAMPLES_OVERRIDE.format(canary.limit), *repeat]
+        details = {**details, "limit_samples": canary.limit, "repeats": canary.repeats, "canary_overrides": repeat}
+    progress(1, 3, f"submitting the {kind.replace('_', ' ')} through NEL")
+    answer = nelexec.call("run", LAUNCH_TIMEOUT_S, config_path=config_path, overrides=overrides, extra_overrides=extra,
+                          tasks=tasks, dry_run=False)
+    details = {**details, "engine": "nel", "overrides": overrides}
+    if not answer.get("ok"):
+        error = scrub(answer.get("error", "unknown error"), secret_values([]))
+        ledger.add(kind, status="failed", config_path=config_path, config_hash=answer.get("config_hash"),
+                   executor=answer.get("executor"), host=answer.get("host"), details={**details, "error": error},
+                   message=f"launch failed: {error}")
+        raise ToolError(f"NEL could not launch the {kind.replace('_', ' ')}: {error}")
+    progress(2, 3, "recording the run")
+    if executors.for_name(answer["executor"]).on_this_machine:
+        protect_secrets_files(Path(answer["output_dir"]).expanduser().absolute())
+    record = ledger.add(kind, status="submitted", config_path=config_path, config_hash=answer["config_hash"],
+                        invocation_id=answer["invocation_id"], executor=answer["executor"], host=answer.get("host"),
+                        details={**details, "tasks": tasks or answer.get("tasks", [])}, message="submitted through NEL")
+    _protect_remote_secrets(record)
+    progress(3, 3, f"submitted as {answer['invocation_id']}")
+    return LaunchOutput(record_id=record.id, kind=kind, invocation_id=record.invocation_id or "",
+                        config_hash=answer["config_hash"], executor=answer["executor"], host=answer.get("host"),
+                        status=record.status, gate=details.get("gate"), notes=notes)
+
+
+def _protect_remote_secrets(record: ledger.Record) -> None:
+    """NEL rsyncs .secrets.env to the cluster mode 644; make them private there too."""
+    cluster = executors.slurm(record.executor)
+    if not cluster:
+        return
+    try:
+        for job in _cluster_jobs(_jobs(record)):
+            cluster.protect_secrets(job)
+    except (Unreachable, ToolError) as exc:
+        ledger.update(record.id, message=f"could not chmod the remote .secrets.env: {exc}")
+
+
+# ---------------------------------------------------------------- state
+
+
+def _jobs(record: ledger.Record) -> list[dict]:
+    if not record.invocation_id:
+        raise ToolError(f"{record.id}: this {record.kind} has no NEL invocation (its launch failed); nothing to ask.")
+    jobs = _nel("jobs", QUERY_TIMEOUT_S, invocation_id=record.invocation_id)["jobs"]
+    if not jobs:
+        raise ToolError(f"{record.id}: NEL's execution database has no jobs for invocation {record.invocation_id} "
+                        "(was NEMO_EVALUATOR_EXEC_DB_FILE changed?).")
+    return jobs
+
+
+def _cluster_jobs(jobs: list[dict]) -> list[ClusterJob]:
+    """NEL's SLURM job records as the SLURM executor finds them again."""
+    return [ClusterJob(job_id=job["job_id"], hostname=job["data"]["hostname"], username=job["data"]["username"],
+                       remote_dir=job["data"]["remote_rundir_path"], slurm_job_id=str(job["data"]["slurm_job_id"]),
+                       chain_file=NEL_CHAIN_FILE) for job in jobs]
+
+
+def _job_statuses(record: ledger.Record, jobs: list[dict]) -> list[JobStatus]:
+    cluster = executors.slurm(record.executor)
+    if cluster:
+        return cluster.job_states(_cluster_jobs(jobs))
+    answer = _nel("status", QUERY_TIMEOUT_S, invocation_id=record.invocation_id)
+    return [JobStatus(job_id=row["job_id"] or record.invocation_id, status=NEL_STATE.get(row["status"], "unknown"),
+                      progress=row.get("progress"), note=row.get("error")) for row in answer["jobs"]]
+
+
+def refresh(record: ledger.Record) -> Refreshed:
+    """Ask NEL/SLURM for the current state and record a change in the ledger; an unreachable cluster changes nothing."""
+    if not record.invocation_id or record.kind == "dry_run":
+        return Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
+    jobs = _jobs(record)
+    try:
+        statuses = _job_statuses(record, jobs)
+    except Unreachable as exc:
+        ledger.update(record.id, message=f"status poll failed: {exc}")
+        return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
+                         message=f"{exc}. Status unchanged ({record.status}); retry run_status later.")
+    status = overall_status([job.status for job in statuses])
+    updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses}})
+    return Refreshed(record=updated, jobs=statuses, reachable=True, message=None)
+
+
+def results_location(record: ledger.Record) -> str:
+    """The invocation directory as validate_run takes it: a local path, or host:path for SLURM (from NEL's job records)."""
+    data = _jobs(record)[0]["data"]
+    if "remote_rundir_path" in data:
+        return f"{data['hostname']}:{Path(data['remote_rundir_path']).parent}"
+    return str(Path(data["output_dir"]).parent)
+
+
+def poll_interval_s(record: ledger.Record) -> float:
+    return executors.for_name(record.executor).poll_interval_s
+
+
+# ---------------------------------------------------------------- logs
+
+
+def _local_log_files(job: dict) -> list[Path]:
+    task_dir = Path(job["data"]["output_dir"])
+    return sorted(path for directory in (task_dir / "logs", task_dir.parent / "logs") if directory.is_dir()
+                  for path in directory.iterdir() if path.is_file())
+
+
+def _read_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]], list[tuple[str, int, str]]]:
+    """A job's log tails and its lines of known failure classes: grepped on the cluster, or read here."""
+    cluster = executors.slurm(job["executor"])
+    if cluster:
+        logs = f"{job['data']['remote_rundir_path']}/logs"
+        output = cluster.run(_cluster_jobs([job])[0], failures.grep_command(logs, MAX_HITS * 2, tail_lines=lines))
+        tails, hits = failures.parse_grep(output, logs)
+        return tails, [hit for hit in hits if failures.classify(hit[2])]
+    tails, hits = [], []
+    for path in _local_log_files(job):
+        content = path.read_text(errors="replace").splitlines()
+        tails.append((str(path), content[-lines:]))
+        hits.extend((str(path), number, text) for number, text in enumerate(content, 1) if failures.classify(text))
+    return tails, hits
+
+
+def logs(record: ledger.Record, lines: int, job_id: str | None, progress: ProgressFn) -> RunLogsOutput:
+    jobs = [job for job in _jobs(record) if job_id in (None, job["job_id"])]
+    if not jobs:
+        raise ToolError(f"job: {job_id} is not part of {record.invocation_id}. run_status lists its jobs.")
+    tails: list[LogTail] = []
+    hits: list[FailureHit] = []
+    secrets = secret_values([])
+    for index, job in enumerate(jobs):
+        progress(index, len(jobs), f"reading logs of {job['job_id']}")
+        try:
+            job_tails, job_hits = _read_logs(job, lines)
+        except Unreachable as exc:
+            raise ToolError(f"{record.host}: {exc}. Check the host with ssh_check and retry.") from None
+        tails.extend(LogTail(job_id=job["job_id"], file=file,
+                             lines=[line[:failures.MAX_LINE_CHARS] for line in scrub("\n".join(lines), secrets).splitlines()])
+                     for file, lines in job_tails)
+        hits.extend(FailureHit(failure_class=failures.classify(text) or "exception", file=file, line=number,
+                               text=scrub(text.strip(), secrets)[:failures.MAX_LINE_CHARS]) for file, number, text in job_hits)
+    classes = [name for name in failures.FAILURE_ADVICE if any(hit.failure_class == name for hit in hits)]
+    diagnosis = None
+    if record.status in ACTIVE:  # the diagnosis is for a run that has failed: ask whether it has
+        record = refresh(record).record
+    if record.status == "failed":
+        last = [line for tail in tails for line in tail.lines]
+        diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], last)
+    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id, tails=tails,
+                         failures=hits[:MAX_HITS], failures_truncated=len(hits) > MAX_HITS, failure_classes=classes,
+                         diagnosis=diagnosis)
+
+
+# ---------------------------------------------------------------- kill / resume
+
+
+def _cancel_chain_leftovers(record: ledger.Record) -> None:
+    """NEL cancels the first SLURM job only; once auto-resume moved on, the chain's current job and its restart job are
+    what runs, so those are cancelled as well."""
+    cluster = executors.slurm(record.executor)
+    if not cluster:
+        return
+    jobs = _cluster_jobs(_jobs(record))
+    by_id = {job.job_id: job for job in jobs}
+    try:
+        for status in cluster.job_states(jobs):
+            leftovers = [job_id for job_id in (status.current_slurm_job_id, status.restart_job_id) if job_id]
+            if leftovers and status.status in ACTIVE:
+                cluster.cancel(by_id[status.job_id], leftovers)
+    except Unreachable as exc:
+        ledger.update(record.id, message=f"kill: could not check the restart chain: {exc}")
+
+
+def kill(record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
+    progress(0, 2, "killing through NEL")
+    answer = _nel("kill", QUERY_TIMEOUT_S, invocation_id=record.invocation_id or "")
+    results = [JobStatus(job_id=row["job_id"] or "", status="killed" if row["status"] == "killed" else "unknown",
+                         note=row.get("error")) for row in answer["jobs"]]
+    progress(1, 2, "cancelling the rest of the auto-resume chain")
+    _cancel_chain_leftovers(record)
+    refreshed = refresh(ledger.get(record.id))
+    status = refreshed.record.status
+    if any(job.status == "killed" for job in results) and (status in ACTIVE or not refreshed.reachable):
+        # scancel / docker stop was accepted; the executor may still be winding the job down.
+        status = ledger.update(record.id, status="killed", message="kill_run").status
+    elif status in ACTIVE or not refreshed.reachable:
+        errors = "; ".join(f"{job.job_id}: {job.note}" for job in results if job.note) or "no job was killed"
+        raise ToolError(f"kill_run: NEL could not stop {record.invocation_id} ({errors}). It is still {status}; "
+                        "check the host with ssh_check and retry.")
+    progress(2, 2, status)
+    return KillRunOutput(record_id=record.id, status=status, jobs=results)
+
+
+def resume(record: ledger.Record, progress: ProgressFn) -> ResumeRunOutput:
+    progress(0, 1, "resuming through NEL")
+    answer = _nel("resume", LAUNCH_TIMEOUT_S, invocation_id=record.invocation_id)
+    updated = ledger.update(record.id, status="submitted", message="resumed through NEL")
+    progress(1, 1, "resumed")
+    return ResumeRunOutput(record_id=updated.id, invocation_id=answer["invocation_id"], status=updated.status)

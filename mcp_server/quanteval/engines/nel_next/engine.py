@@ -5,8 +5,19 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from quanteval import ledger
-from quanteval.engines.base import (CanarySpec, Composed, DryRunOutput, Engine, EngineName, KillRunOutput, LaunchOutput,
-                                    Refreshed, ResumeRunOutput, RunKind, RunLogsOutput)
+from quanteval.engines.base import (
+    CanarySpec,
+    Composed,
+    DryRunOutput,
+    Engine,
+    EngineName,
+    KillRunOutput,
+    LaunchOutput,
+    Refreshed,
+    ResumeRunOutput,
+    RunKind,
+    RunLogsOutput,
+)
 from quanteval.engines.nel_next import runs
 from quanteval.models import ProgressFn
 
@@ -40,9 +51,9 @@ class NelNextEngine(Engine):
     def check_launchable(self, config_path: str, overrides: list[str]) -> None:
         return None
 
-    def launch(self, kind: RunKind, config_path: str, overrides: list[str], canary: CanarySpec | None, details: dict,
-               progress: ProgressFn) -> LaunchOutput:
-        return runs.launch(kind, config_path, overrides, canary, details, progress)
+    def launch(self, kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
+               details: dict, progress: ProgressFn) -> LaunchOutput:
+        return runs.launch(kind, config_path, overrides, tasks, canary, details, progress)
 
     def refresh(self, record: ledger.Record) -> Refreshed:
         return runs.refresh(record)

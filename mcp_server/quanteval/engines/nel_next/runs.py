@@ -1,1 +1,285 @@
-"""Placeholder: filled by the move of the run lifecycle out of workflow/runs.py."""
+"""nel-next's run lifecycle: a run is a `nel eval run` child on this machine (its record keeps run_dir, pid and the
+overrides), or one sbatch job per shard on a SLURM cluster (its record keeps slurm_jobs), watched by the SLURM executor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+
+from quanteval import failures, ledger
+from quanteval.clusters import executor as executors
+from quanteval.clusters import remote
+from quanteval.clusters.executor import ClusterJob, JobStatus, Unreachable
+from quanteval.engines.base import (
+    ACTIVE,
+    MAX_HITS,
+    MAX_SCRIPTS,
+    CanarySpec,
+    Composed,
+    DryRunOutput,
+    FailureHit,
+    KillRunOutput,
+    LaunchOutput,
+    LogTail,
+    Refreshed,
+    RenderedScript,
+    ResumeRunOutput,
+    RunKind,
+    RunLogsOutput,
+    overall_status,
+)
+from quanteval.engines.nel_next import nelnext, nextresults
+from quanteval.engines.rendering import rendered_script, scrub, secret_values
+from quanteval.models import ProgressFn, ToolError
+
+NOT_FINISHED = "nel eval run ended (exit {code}) without finishing it"
+
+
+def _cluster(checked: dict) -> executors.Executor:
+    return executors.for_name(checked.get("cluster"))
+
+
+def compose(config_path: str, overrides: list[str]) -> Composed:
+    return Composed(config_hash=nelnext.config_hash(config_path, overrides),
+                    tasks=nelnext.check_schema(config_path, overrides).get("benchmarks", []))
+
+
+def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
+    """nel-next has nothing to render for the local cluster: its own schema check is the dry-run."""
+    checked = nelnext.check_schema(config_path, overrides)
+    error = None
+    if not checked["ok"]:
+        error = "; ".join(f"{p['path'] or '(config)'}: {p['message']}" for p in checked["problems"][:5])
+    command = [str(nelnext.nel_binary()), "eval", "run", config_path, *[x for o in overrides for x in ("-O", o)]]
+    record = ledger.add("dry_run", status="failed" if error else "passed", config_path=config_path,
+                        config_hash=nelnext.config_hash(config_path, overrides), executor=checked.get("cluster"),
+                        details={"engine": "nel-next", "error": error, "overrides": overrides}, message=error)
+    text = shlex.join(command)
+    scripts = [RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])]
+    if error is None and not _cluster(checked).on_this_machine:
+        rendered, error = nelnext.render_sbatch(config_path, overrides)
+        secrets = secret_values([])
+        scripts += [rendered_script(path.name, path, body, secrets) for path, body in rendered[:MAX_SCRIPTS]]
+        if error:
+            ledger.update(record.id, status="failed", details={"error": error}, message=error)
+    return DryRunOutput(ok=error is None, record_id=record.id, config_hash=record.config_hash, executor=checked.get("cluster"),
+                        invocation_id=None, invocation_dir=None, scripts=scripts, secrets_files_protected=[], error=error)
+
+
+# ---------------------------------------------------------------- launch
+
+
+def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
+    if not checked["ok"]:
+        first = checked["problems"][0]
+        raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+    base = Path(checked["output_dir"])
+    if _cluster(checked).on_this_machine:  # a SLURM output.dir is a path on the cluster, taken as written
+        base = base.expanduser() if base.expanduser().is_absolute() else Path(config_path).parent / base.expanduser()
+    return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
+
+
+def _model_facts(config_path: str) -> dict:
+    """The checkpoint and served facts behind the config's model service, recorded with the run: compare_results
+    checks from them that baseline and candidate are one model family served alike."""
+    from quanteval.workflow import nelconfig, nextconfig, validation  # MERGE-FIX: the config layer
+
+    try:
+        _, service = nextconfig.model_service(nelconfig.load_config(config_path), config_path)
+    except ToolError:
+        return {}
+    directory, served = validation.service_model(service)
+    return {"checkpoint": directory, "served": served or {}}
+
+
+def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
+           details: dict, progress: ProgressFn) -> LaunchOutput:
+    """nel-next runs every benchmark of the config: `tasks` narrows nothing here."""
+    progress(1, 3, f"starting the nel-next {kind.replace('_', ' ')}")
+    extra: list[str] = []
+    notes: list[str] = []
+    checked = nelnext.check_schema(config_path, overrides)
+    if canary:
+        extra = nelnext.canary_overrides(len(checked.get("benchmarks") or []), canary.limit, canary.repeats)
+        notes.append(f"The canary runs max_problems={canary.limit}" + (f" and repeats={canary.repeats}" if canary.repeats else "")
+                     + " per benchmark; the full run uses the config's.")
+    run_dir = _run_dir(config_path, checked, kind)
+    if not _cluster(checked).on_this_machine:  # each run in its own directory on the cluster
+        extra.append(f"output.dir={run_dir.as_posix()}")
+    if not details.get("checkpoint"):
+        details = {**details, **_model_facts(config_path)}
+    record = nelnext.launch(kind, config_path, [*overrides, *extra], run_dir,
+                            {**details, "canary_overrides": extra, "limit_samples": canary.limit if canary else None,
+                             "repeats": canary.repeats if canary else None})
+    record = ledger.update(record.id, details={"overrides": overrides, "run_overrides": [*overrides, *extra]})
+    jobs = record.details.get("slurm_jobs")
+    progress(3, 3, f"submitted to {record.host}: SLURM job {', '.join(j['job_id'] for j in jobs)}" if jobs
+             else f"running in {run_dir}")
+    return LaunchOutput(record_id=record.id, kind=kind, invocation_id=record.invocation_id or "",
+                        config_hash=record.config_hash or "", executor=record.executor or executors.LOCAL.name,
+                        host=record.host, status=record.status, gate=details.get("gate"), notes=notes)
+
+
+# ---------------------------------------------------------------- on a SLURM cluster
+
+
+def _cluster_jobs(record: ledger.Record) -> list[ClusterJob]:
+    """A nel-next SLURM record's jobs (one per shard) as the SLURM executor finds them again."""
+    jobs = record.details["slurm_jobs"]
+    return [ClusterJob(job_id=f"shard {index}" if len(jobs) > 1 else "nel eval run", hostname=job["hostname"],
+                       username=job["username"] or remote.ssh_user(job["hostname"]), remote_dir=job["remote_dir"],
+                       slurm_job_id=str(job["job_id"]), chain_file=nelnext.CHAIN_FILE, retries_failed=True)
+            for index, job in enumerate(jobs)]
+
+
+def _cluster_failures(cluster: executors.SlurmExecutor, jobs: list[ClusterJob]) -> dict[str, str]:
+    """Benchmarks nel-next recorded as failed on the cluster (each benchmark's checkpoint.json): a job can end
+    COMPLETED with one failed, as `nel eval run` can exit 0 with one."""
+    failed: dict[str, str] = {}
+    for job in jobs:
+        for chunk in cluster.cat_each(job, "*/checkpoint.json"):
+            try:
+                failed.update({str(k): str(v)[:300] for k, v in (json.loads(chunk).get("failed_benchmarks") or {}).items()})
+            except (json.JSONDecodeError, AttributeError):
+                continue
+    return failed
+
+
+def _cluster_refresh(cluster: executors.SlurmExecutor, record: ledger.Record) -> Refreshed:
+    jobs = _cluster_jobs(record)
+    try:
+        statuses = cluster.job_states(jobs)
+        failed = _cluster_failures(cluster, jobs) if all(job.status == "succeeded" for job in statuses) else {}
+    except Unreachable as exc:
+        ledger.update(record.id, message=f"status poll failed: {exc}")
+        return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
+                         message=f"{exc}. Status unchanged ({record.status}); retry run_status later.")
+    message = None
+    if failed:
+        message = "; ".join(f"{name}: {error}" for name, error in failed.items())[:500]
+        statuses = [job.model_copy(update={"status": "failed", "note": f"nel-next failed {', '.join(failed)}"}) for job in statuses]
+    status = overall_status([job.status for job in statuses])
+    updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses},
+                                                               "error": message},
+                            message=message if message and record.status != status else None)
+    return Refreshed(record=updated, jobs=statuses, reachable=True, message=message)
+
+
+# ---------------------------------------------------------------- on this machine
+
+
+def _local_refresh(record: ledger.Record) -> Refreshed:
+    code = nelnext.exit_code(record.details)
+    benchmarks = list(record.details.get("tasks") or [])
+    if code is None:
+        jobs = [JobStatus(job_id=name, status="running") for name in benchmarks]
+        return Refreshed(record=ledger.update(record.id, status="running"), jobs=jobs, reachable=True, message=None)
+    outcome = nextresults.run_outcome(Path(record.details["run_dir"]))
+    jobs = []
+    for name in benchmarks:
+        if name in outcome.failed:
+            jobs.append(JobStatus(job_id=name, status="failed", note=outcome.failed[name][:300]))
+        elif name in outcome.completed:
+            jobs.append(JobStatus(job_id=name, status="succeeded"))
+        else:
+            jobs.append(JobStatus(job_id=name, status="failed", note=NOT_FINISHED.format(code=code)))
+    # Never trust the exit code alone: nel eval run has exited 0 with a failed benchmark.
+    status = "succeeded" if code == 0 and jobs and all(job.status == "succeeded" for job in jobs) else "failed"
+    message = None
+    if status == "failed":
+        reasons = [f"{job.job_id}: {job.note}" for job in jobs if job.note] or [f"nel eval run exited {code}"]
+        message = "; ".join(reasons)[:500]
+    updated = ledger.update(record.id, status=status, details={"exit_code": code, "error": message},
+                            message=message if record.status != status else None)
+    return Refreshed(record=updated, jobs=jobs, reachable=True, message=message)
+
+
+def refresh(record: ledger.Record) -> Refreshed:
+    if not record.invocation_id or record.kind == "dry_run" or record.status in ("killed", "cancelled"):
+        return Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
+    cluster = executors.slurm(record.executor)
+    return _cluster_refresh(cluster, record) if cluster else _local_refresh(record)
+
+
+def poll_interval_s(record: ledger.Record) -> float:
+    return executors.for_name(record.executor).poll_interval_s
+
+
+# ---------------------------------------------------------------- logs, kill, resume
+
+
+def _log_lines(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
+    """Where the run's log is, and its lines: the SLURM job logs of each shard (up to its last four jobs: nel-next's
+    logs/slurm-ID.log, the eval's output tee'd in), or the local child's log file."""
+    cluster = executors.slurm(record.executor)
+    if not cluster:
+        path = record.details["log_path"]
+        return path, Path(path).read_text(errors="replace").splitlines() if Path(path).is_file() else []
+    content: list[str] = []
+    where = ""
+    try:
+        for job in _cluster_jobs(record):
+            where = f"{job.hostname}:{job.remote_dir}/logs"
+            content += cluster.tail_job_logs(job, max(lines, 200))
+    except Unreachable as exc:
+        raise ToolError(f"run_logs: {exc}; retry when the cluster answers.") from None
+    return where, content
+
+
+def logs(record: ledger.Record, lines: int) -> RunLogsOutput:
+    path, content = _log_lines(record, lines)
+    secrets = secret_values([])
+    hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=path, line=number,
+                       text=scrub(text.strip(), secrets)[:failures.MAX_LINE_CHARS])
+            for number, text in enumerate(content, 1) if failures.classify(text)]
+    tail = [line[:failures.MAX_LINE_CHARS] for line in scrub("\n".join(content[-lines:]), secrets).splitlines()]
+    record = refresh(record).record if record.status in ACTIVE else record
+    diagnosis = None
+    if record.status == "failed":
+        error = record.details.get("error")
+        last = ([error] if error else []) + tail
+        diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], last)
+    classes = [name for name in failures.FAILURE_ADVICE if any(hit.failure_class == name for hit in hits)]
+    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id,
+                         tails=[LogTail(job_id="nel eval run", file=path, lines=tail)], failures=hits[:MAX_HITS],
+                         failures_truncated=len(hits) > MAX_HITS, failure_classes=classes, diagnosis=diagnosis)
+
+
+def kill(record: ledger.Record) -> KillRunOutput:
+    cluster = executors.slurm(record.executor)
+    if cluster:
+        try:
+            for job in _cluster_jobs(record):
+                cluster.cancel_chain(job)
+        except Unreachable as exc:
+            raise ToolError(f"kill_run: {exc}; nothing was cancelled, retry.") from None
+        updated = ledger.update(record.id, status="killed", message="kill_run: scancel of the job chain")
+        return KillRunOutput(record_id=record.id, status=updated.status,
+                             jobs=[JobStatus(job_id=job.job_id, status="killed") for job in _cluster_jobs(record)])
+    stopped, how = nelnext.stop(record.details)
+    if not stopped:
+        raise ToolError(f"kill_run: {record.id} did not stop ({how}); retry, or kill process group {record.details['pgid']}.")
+    updated = ledger.update(record.id, status="killed", message=f"kill_run: {how}")
+    return KillRunOutput(record_id=record.id, status=updated.status,
+                         jobs=[JobStatus(job_id=name, status="killed") for name in record.details.get("tasks") or []])
+
+
+def resume(record: ledger.Record) -> ResumeRunOutput:
+    if executors.slurm(record.executor):
+        if refresh(record).record.status in ACTIVE:
+            raise ToolError(f"{record.id} is still queued or running; resume_run is for a killed or failed run.")
+        jobs = [nelnext.resubmit(job) for job in record.details["slurm_jobs"]]
+        updated = ledger.update(record.id, status="submitted", details={"slurm_jobs": jobs, "error": None},
+                                message=f"resumed: nel eval resume, SLURM job {', '.join(j['job_id'] for j in jobs)}")
+        return ResumeRunOutput(record_id=updated.id, invocation_id=updated.invocation_id or "", status=updated.status)
+    if nelnext.exit_code(record.details) is None:
+        raise ToolError(f"{record.id} is still running; resume_run is for a killed or failed run.")
+    overrides = record.details.get("run_overrides") or record.details.get("overrides") or []
+    started = nelnext.start(record.config_path or "", overrides, Path(record.details["run_dir"]), resume=True)
+    updated = ledger.update(record.id, status="running", details={**started, "exit_code": None, "error": None},
+                            message="resumed: nel eval run --resume")
+    return ResumeRunOutput(record_id=updated.id, invocation_id=updated.invocation_id or "", status=updated.status)

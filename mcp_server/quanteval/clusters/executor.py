@@ -1,0 +1,241 @@
+"""Where a run executes, behind one interface: this machine ("local") or a SLURM cluster over SSH ("slurm").
+
+An engine renders and starts its runs; the executor answers for the jobs once they exist: their states (SLURM job
+chains and the auto-resume successors queued behind them included), cancelling them, reading their logs and files.
+The name an executor goes by is stored in each run's ledger record (`record.executor`), and `for_name` gives the
+executor back; a new executor is one class here (or a module beside it) and one line in EXECUTORS.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from abc import ABC
+from typing import ClassVar
+
+from pydantic import BaseModel, Field
+
+from quanteval.clusters import remote
+from quanteval.models import ToolError
+
+SSH_TIMEOUT_S = 60.0
+# The Debian package that provides each binary an executor runs on this machine.
+DEBIAN_PACKAGES = {"ssh": "openssh-client", "rsync": "rsync", "docker": "docker.io", "bash": "bash"}
+
+
+class JobStatus(BaseModel):
+    """One job of a run as its executor reports it."""
+    job_id: str = Field(description="NEL job id (<invocation>.<task index>).")
+    status: str = Field(description="pending, running, resuming, succeeded, failed, killed or unknown.")
+    slurm_job_id: str | None = None
+    current_slurm_job_id: str | None = Field(None, description="Latest job of NEL's auto-resume chain, when it moved on.")
+    restart_job_id: str | None = Field(None, description="NEL's paired restart job waiting behind the current one.")
+    slurm_state: str | None = None
+    progress: int | None = Field(None, description="Requests completed so far, when NEL tracks it.")
+    note: str | None = None
+
+
+class ClusterJob(BaseModel):
+    """A job an engine submitted to a cluster, as the executor needs to find it again."""
+    job_id: str = Field(description="The engine's name for the job (NEL's <invocation>.<index>, nel-next's shard).")
+    hostname: str
+    username: str
+    remote_dir: str = Field(description="The job's run directory on the cluster.")
+    slurm_job_id: str
+    chain_file: str = Field(description="File in remote_dir listing every SLURM job of the job's auto-resume chain.")
+    retries_failed: bool = Field(False, description=(
+        "The chain's successor also reruns a FAILED job (nel-next's cluster.max_retries), not only a walltime end."))
+
+    @property
+    def login(self) -> str:
+        return f"{self.username}@{self.hostname}"
+
+
+class Unreachable(Exception):
+    """The cluster could not be asked (ssh failed or slurmctld did not answer); nothing is known about the job."""
+
+
+class Executor(ABC):
+    name: ClassVar[str]
+    poll_interval_s: ClassVar[float] = 1.0
+    binaries: ClassVar[tuple[str, ...]] = ()  # what it runs on this machine
+    on_this_machine: ClassVar[bool] = False  # runs render, log and write results in this machine's files
+
+    def missing_binaries(self) -> str | None:
+        """One sentence naming the binaries this executor runs here and PATH lacks, with their packages; None if all are
+        there."""
+        missing = [binary for binary in self.binaries if shutil.which(binary) is None]
+        if not missing:
+            return None
+        packages = " ".join(sorted({DEBIAN_PACKAGES[binary] for binary in missing}))
+        return (f"NEL's {self.name} executor runs {', '.join(self.binaries)} on this machine, and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not on PATH: install {packages} (apt-get install {packages}).")
+
+    def launch_blocker(self) -> str | None:
+        """Why a launch must not start here, checked before the engine runs anything (None: go ahead)."""
+        return None
+
+
+class LocalExecutor(Executor):
+    """This machine: the engine's own process (nel-next) or NEL's Docker executor runs the jobs."""
+    name: ClassVar[str] = "local"
+    binaries: ClassVar[tuple[str, ...]] = ("docker", "bash")
+    on_this_machine: ClassVar[bool] = True
+
+
+class EngineManagedExecutor(Executor):
+    """An executor the engine knows and quanteval does not drive itself (NEL's lepton, ...): the engine's own API
+    answers for its jobs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # type: ignore[misc]
+
+
+class SlurmExecutor(Executor):
+    """A SLURM cluster reached over quanteval's pooled SSH connections; all of a run's SLURM shell is here."""
+    name: ClassVar[str] = "slurm"
+    poll_interval_s: ClassVar[float] = 10.0  # each poll is an SSH round trip and a squeue
+    binaries: ClassVar[tuple[str, ...]] = ("ssh", "rsync")
+
+    def launch_blocker(self) -> str | None:
+        return self.missing_binaries()  # NEL fails with a bare Errno 2 without them
+
+    def run(self, job: ClusterJob, command: str, timeout: float = SSH_TIMEOUT_S) -> str:
+        """Run a command on the job's login node; stdout comes back, Unreachable when ssh fails."""
+        try:
+            return remote.run_remote(job.login, command, timeout=timeout).stdout
+        except ToolError as exc:
+            raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
+
+    def protect_secrets(self, job: ClusterJob) -> None:
+        """NEL rsyncs .secrets.env to the cluster mode 644: make it private there too."""
+        self.run(job, f"chmod 600 {shlex.quote(job.remote_dir)}/.secrets.env 2>/dev/null; true")
+
+    def job_states(self, jobs: list[ClusterJob]) -> list[JobStatus]:
+        """Per cluster login: the job chain files, `squeue -t all` for the user, then sacct for jobs the queue forgot."""
+        by_login: dict[str, list[ClusterJob]] = {}
+        for job in jobs:
+            by_login.setdefault(job.login, []).append(job)
+        return [status for host_jobs in by_login.values() for status in self._login_states(host_jobs)]
+
+    def _chains(self, host_jobs: list[ClusterJob]) -> dict[str, list[str]]:
+        chain_cmds = "; ".join(f"echo @@CHAIN {job.job_id}; cat {shlex.quote(job.remote_dir)}/{job.chain_file} "
+                               "2>/dev/null; echo" for job in host_jobs)
+        chains: dict[str, list[str]] = {}
+        current = None
+        for line in self.run(host_jobs[0], chain_cmds).splitlines():
+            if line.startswith("@@CHAIN "):
+                current = line.split()[1]
+                chains[current] = []
+            elif current and line.strip():
+                chains[current].extend(line.split())
+        return chains
+
+    def _login_states(self, host_jobs: list[ClusterJob]) -> list[JobStatus]:
+        first = host_jobs[0]
+        chains = self._chains(host_jobs)
+        # the newest of the chain and the recorded id: a resubmitted job is recorded before it writes the chain
+        latest_ids = {job.job_id: max([*chains.get(job.job_id, []), job.slurm_job_id],
+                                      key=lambda i: int(i) if i.isdigit() else -1) for job in host_jobs}
+        try:
+            queue = {entry.job_id: entry for entry in remote.squeue(first.login, user=first.username, all_states=True)}
+            purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
+            if purged:
+                _, finished, _ = remote.sacct(first.login, job_ids=purged)
+                queue.update({entry.job_id: entry for entry in finished if entry.job_id in purged})
+        except ToolError as exc:
+            raise Unreachable(f"ssh {first.hostname}: {exc}") from None
+        statuses = []
+        for job in host_jobs:
+            latest = latest_ids[job.job_id]
+            state = _slurm_state(queue[latest].state if latest in queue else "")
+            restart = _restart_job(latest, queue)
+            status, note = _map_slurm(state, restart, latest != job.slurm_job_id, job.retries_failed)
+            statuses.append(JobStatus(job_id=job.job_id, status=status, slurm_job_id=job.slurm_job_id,
+                                      current_slurm_job_id=latest if latest != job.slurm_job_id else None,
+                                      restart_job_id=restart, slurm_state=state, note=note))
+        return statuses
+
+    def cancel(self, job: ClusterJob, slurm_job_ids: list[str]) -> None:
+        try:
+            remote.scancel(job.login, slurm_job_ids)
+        except ToolError as exc:
+            raise Unreachable(str(exc)) from None
+
+    def cancel_chain(self, job: ClusterJob) -> None:
+        """scancel every job of the job's chain and the auto-resume successors queued behind them (afternotok)."""
+        chain = f"{shlex.quote(job.remote_dir)}/{job.chain_file}"
+        ids = f"$( (cat {chain} 2>/dev/null; echo {job.slurm_job_id}) | sort -u)"
+        successors = (f"$(squeue -h -u {shlex.quote(job.username)} -o '%i %E' | "
+                      f"grep -E \"afternotok:($(echo {ids} | tr ' ' '|'))\" | cut -d' ' -f1)")
+        self.run(job, f"scancel {ids} {successors}")
+
+    def cat_each(self, job: ClusterJob, pattern: str) -> list[str]:
+        """The text of every file matching `pattern` (a glob under the job's run directory)."""
+        text = self.run(job, f"for f in {shlex.quote(job.remote_dir)}/{pattern}; "
+                             'do [ -f "$f" ] && { cat "$f"; echo; echo @@END; }; done')
+        return [chunk for chunk in text.split("@@END") if chunk.strip()]
+
+    def tail_job_logs(self, job: ClusterJob, lines: int, last_files: int = 4) -> list[str]:
+        """The last `lines` lines of the newest SLURM logs under logs/ (up to `last_files` jobs of the chain, oldest
+        first: a retry's fresh log alone hides why the first one failed)."""
+        logs = f"{shlex.quote(job.remote_dir)}/logs"
+        text = self.run(job, f"for f in $(ls -tr {logs}/slurm-*.log 2>/dev/null | tail -{last_files}); "
+                             f'do echo "==> $f <=="; tail -n {lines} "$f"; done')
+        return text.splitlines()
+
+
+def _slurm_state(state_field: str) -> str:
+    return state_field.split()[0].rstrip("+") if state_field.strip() else "UNKNOWN"
+
+
+def _restart_job(latest: str, queue: dict[str, remote.SlurmJob]) -> str | None:
+    """NEL's paired restart job behind `latest`: it depends on it (afternotok:<latest>) while `latest` runs, and keeps
+    the job name once SLURM has cleared the satisfied dependency and starts it."""
+    latest_name = queue[latest].name if latest in queue else None
+    for job_id, entry in queue.items():
+        if entry.state not in ("PENDING", "CONFIGURING", "RUNNING") or not job_id.isdigit() or not latest.isdigit():
+            continue
+        if f":{latest}" in (entry.dependency or "") or (
+                int(job_id) > int(latest) and latest_name and entry.name == latest_name):
+            return job_id
+    return None
+
+
+def _map_slurm(state: str, restart_job: str | None, resumed: bool, retries_failed: bool = False) -> tuple[str, str | None]:
+    """retries_failed: the chain's successor also reruns a FAILED job (nel-next's infra retries, cluster.max_retries),
+    where NEL 0.2.6's restart job only continues after walltime."""
+    if state == "FAILED" and retries_failed and restart_job:
+        return "resuming", f"failed; nel-next's auto-resume job {restart_job} retries it (cluster.max_retries)"
+    if state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+        return "running", "resumed after walltime by NEL's restart job" if resumed else None
+    if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
+        return ("resuming", "restart job queued after walltime") if resumed else ("pending", None)
+    if state == "COMPLETED":
+        return "succeeded", None
+    if state in ("TIMEOUT", "PREEMPTED", "NODE_FAIL"):
+        if restart_job:
+            return "resuming", f"{state.lower()}; NEL's paired restart job {restart_job} continues the run"
+        return "failed", f"{state.lower()} and no restart job queued (max_walltime reached?); resume_run restarts it"
+    if state == "CANCELLED":
+        return "killed", "cancelled (scancel or kill_run)"
+    if state == "UNKNOWN":
+        return "unknown", "SLURM no longer knows this job and accounting has no record of it"
+    return "failed", f"SLURM state {state}"
+
+
+LOCAL = LocalExecutor()
+SLURM = SlurmExecutor()
+# Every executor by the name stored in run records; a record without one ran here.
+EXECUTORS: dict[str, Executor] = {executor.name: executor for executor in (LOCAL, SLURM)}
+
+
+def for_name(name: str | None) -> Executor:
+    """The executor a config or record names (a record without one ran here)."""
+    return EXECUTORS.get(name or LOCAL.name) or EngineManagedExecutor(name or "")
+
+
+def slurm(name: str | None) -> SlurmExecutor | None:
+    """The SLURM executor when `name` is it, else None: for the steps only a cluster has (job chains, remote logs)."""
+    executor = for_name(name)
+    return executor if isinstance(executor, SlurmExecutor) else None
