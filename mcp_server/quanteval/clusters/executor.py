@@ -235,6 +235,11 @@ def for_name(name: str | None) -> Executor:
     return EXECUTORS.get(name or LOCAL.name) or EngineManagedExecutor(name or "")
 
 
+def is_this_machine(host: str | None) -> bool:
+    """A deployment host that names this machine: none given, or the word "local"."""
+    return host in (None, LOCAL.name)
+
+
 def slurm(name: str | None) -> SlurmExecutor | None:
     """The SLURM executor when `name` is it, else None: for the steps only a cluster has (job chains, remote logs)."""
     executor = for_name(name)

@@ -10,6 +10,7 @@ shape and in the ledger record of each run, and never compared as a string in th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -151,6 +152,8 @@ class Engine(ABC):
     """One evaluation engine. Subclasses live in their own package and are registered in engines/__init__.py."""
 
     name: ClassVar[EngineName]
+    # The result tools read a run at its location (results_location: a path or host:path), not from results_dir.
+    results_by_location: ClassVar[bool] = False
 
     @abstractmethod
     def owns(self, doc: Any) -> bool:
@@ -194,6 +197,11 @@ class Engine(ABC):
     @abstractmethod
     def results_location(self, record: ledger.Record) -> str:
         """Where validate_run and the result tools find the run's results (a path, host:path, or the record id)."""
+
+    @abstractmethod
+    def results_dir(self, record: ledger.Record) -> Path | None:
+        """A local directory holding the run's results in this engine's own layout (fetched from a cluster where they
+        lie there), or None where the result tools read the run by its location (results_location)."""
 
     @abstractmethod
     def poll_interval_s(self, record: ledger.Record) -> float:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import ledger
+from quanteval.clusters import executor as executors
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.envvars import state_dir
@@ -156,7 +157,7 @@ def _require_pass(record: ledger.Record, what: str) -> None:
 
 def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[deploy.LaunchDeploymentResult, dict]:
     # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile.
-    port = free_port() if request.host in (None, "local") else None
+    port = free_port() if executors.is_this_machine(request.host) else None
     plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework,
                                                              host=request.host, port=port))
     errors = [w.message for w in plan.warnings if w.level == "error"]
@@ -180,7 +181,7 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     if config_path.exists():
         config_path.unlink()  # our own file from an earlier, unfinished call: its endpoint is gone
     built = nelconfig.build_config(nelconfig.BuildConfigInput(
-        engine="nel-next", execution=request.execution, deployment="none", model_type="chat_reasoning",
+        engine=request.engine, execution=request.execution, deployment="none", model_type="chat_reasoning",
         benchmarks=[_benchmark_ref(b) for b in request.benchmarks], config_path=str(config_path)))
     context = served.get("max_model_len")
     budget = request.max_tokens or (min(DEFAULT_MAX_TOKENS, context // 2) if isinstance(context, int) else DEFAULT_MAX_TOKENS)
@@ -283,7 +284,7 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     report); with a `nel gate` policy, also the release gate (GO / NO-GO / INCONCLUSIVE). Resumable: finished runs
     are reused. Takes minutes; progress is reported.
     """
-    if request.host not in (None, "local"):
+    if not executors.is_this_machine(request.host):
         raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "
                         "use the step-by-step tools (launch_deployment with host, launch_canary, launch_full_run).")
     if Path(request.baseline_checkpoint).expanduser().resolve() == Path(request.candidate_checkpoint).expanduser().resolve():

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from quanteval import ledger
+from quanteval import engines, ledger
 from quanteval.engines.nel_next import nextresults
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow.results import ScoreValue, TaskScores, locate_run, next_run_dir, per_sample_scores, tasks_by_name
@@ -668,7 +668,7 @@ def _nel_tasks(value: str) -> dict[str, tuple[Path, TaskScores]] | None:
     if path.is_file() or (path.is_dir() and (any(path.glob("eval-*.json")) or any(path.glob("*/eval-*.json")))):
         return None  # nel-next's bundles
     try:
-        if ledger.get(value.strip()).details.get("engine") == "nel-next":
+        if not engines.for_record(ledger.get(value.strip())).results_by_location:
             return None
     except ToolError:
         pass  # not a ledger id

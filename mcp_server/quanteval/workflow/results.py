@@ -31,8 +31,9 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quanteval import engines, failures, ledger
+from quanteval.clusters import executor as executors
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
-from quanteval.engines.nel_next import nelnext, nextresults
+from quanteval.engines.nel_next import nextresults
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -189,7 +190,8 @@ def _output_dir_from_ledger(run: str) -> str | None:
         return None
     output_dir = record.details.get("output_dir")
     if output_dir:
-        return f"{record.host}:{output_dir}" if record.host and record.executor == "slurm" else str(output_dir)
+        here = executors.for_name(record.executor).on_this_machine
+        return str(output_dir) if here or not record.host else f"{record.host}:{output_dir}"
     return _nel_output_dir(record.invocation_id) if record.invocation_id else None
 
 
@@ -774,11 +776,7 @@ def next_run_dir(run: str) -> Path | None:
         record = ledger.get(run.strip())
     except ToolError:
         return None
-    if record.details.get("engine") != "nel-next":
-        return None
-    if record.executor == "slurm":  # its results are on the cluster: a fresh local copy, shards merged
-        return nelnext.fetch_results(record.details)
-    return Path(record.details["run_dir"])
+    return engines.for_record(record).results_dir(record)
 
 
 def next_task_scores(bundle: nextresults.Bundle) -> TaskScores:

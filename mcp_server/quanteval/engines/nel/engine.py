@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 from quanteval import ledger
@@ -24,6 +25,7 @@ from quanteval.models import ProgressFn
 
 class NelEngine(Engine):
     name: ClassVar[EngineName] = "nel"
+    results_by_location: ClassVar[bool] = True
     sections: ClassVar[frozenset[str]] = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
 
     def owns(self, doc: Any) -> bool:
@@ -60,6 +62,9 @@ class NelEngine(Engine):
 
     def results_location(self, record: ledger.Record) -> str:
         return runs.results_location(record)
+
+    def results_dir(self, record: ledger.Record) -> Path | None:
+        return None  # the result tools read NEL's invocation directory at results_location
 
     def poll_interval_s(self, record: ledger.Record) -> float:
         return runs.poll_interval_s(record)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 from quanteval import ledger
@@ -69,6 +70,9 @@ class NelNextEngine(Engine):
 
     def results_location(self, record: ledger.Record) -> str:
         return record.id  # the result tools read a local run, or fetch a SLURM run's results from the cluster
+
+    def results_dir(self, record: ledger.Record) -> Path | None:
+        return runs.results_dir(record)
 
     def poll_interval_s(self, record: ledger.Record) -> float:
         return runs.poll_interval_s(record)

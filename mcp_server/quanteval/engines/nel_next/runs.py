@@ -205,6 +205,13 @@ def refresh(record: ledger.Record) -> Refreshed:
     return _cluster_refresh(cluster, record) if cluster else _local_refresh(record)
 
 
+def results_dir(record: ledger.Record) -> Path:
+    """The run's directory here; a SLURM run's results are on the cluster: a fresh local copy, shards merged."""
+    if executors.slurm(record.executor):
+        return nelnext.fetch_results(record.details)
+    return Path(record.details["run_dir"])
+
+
 def poll_interval_s(record: ledger.Record) -> float:
     return executors.for_name(record.executor).poll_interval_s
 
