@@ -115,6 +115,29 @@ def test_every_tool_a_skill_names_is_registered(path: Path):
     assert not wrong, "\n".join(sorted(set(wrong)))
 
 
+def _inline_arguments(path: Path) -> list[tuple[str, str]]:
+    """(tool, arguments span) for each `tool` followed closely by an inline `{...}` of its arguments."""
+    found = []
+    for unit in _units(path):
+        if not unit.fenced:
+            found += re.findall(r"`([a-z][a-z0-9_]*)`[^`]{0,20}`(\{[^`]*\})`", unit.text)
+    return [(tool, span) for tool, span in found if tool in registry.TOOLS]
+
+
+def test_the_skills_show_inline_arguments():
+    assert len([pair for path in SKILL_FILES for pair in _inline_arguments(path)]) >= 3
+
+
+@pytest.mark.parametrize("path", SKILL_FILES, ids=_rel)
+def test_every_inline_argument_is_a_field_of_its_tool(path: Path):
+    wrong = []
+    for tool, span in _inline_arguments(path):
+        fields = registry.get_tool(tool).input_model.model_fields
+        wrong += [f"{_rel(path)}: `{span}` gives {tool} '{key}', which is not one of its arguments ({', '.join(fields)})"
+                  for key in re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"\s*:', span) if key not in fields]
+    assert not wrong, "\n".join(wrong)
+
+
 # ---------------------------------------------------------------- commands and flags
 
 
@@ -316,7 +339,8 @@ def _expected_codes(claim: ExitClaim, monkeypatch: pytest.MonkeyPatch) -> dict[s
 @pytest.mark.parametrize("claim", EXIT_CLAIMS, ids=lambda c: f"{c.source}: {c.command or 'cli'} {c.code} {c.label}")
 def test_every_exit_code_the_docs_state_is_the_code_s(claim: ExitClaim, monkeypatch: pytest.MonkeyPatch):
     for outcome, codes in _expected_codes(claim, monkeypatch).items():
-        where = f"`quanteval {claim.command}`" + (" with --policy" if claim.policy else "") if claim.command else "quanteval"
+        where = f"`quanteval {claim.command}`" if claim.command else "quanteval"
+        where += " with --policy" if claim.policy and claim.command == "evaluate" else ""
         assert codes == {claim.code}, (
             f"{claim.source}: says {where} exits {claim.code} for {outcome} (\"{claim.text}\"), "
             f"but the CLI exits {', '.join(map(str, sorted(codes)))}"
