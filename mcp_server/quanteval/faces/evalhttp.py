@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -87,124 +87,6 @@ class _Server(ThreadingHTTPServer):
         log.exception("error while handling a request from %s", client_address[0])
 
 
-def make_handler(service: EvalService, token: str | None, inflight: Inflight) -> type[BaseHTTPRequestHandler]:  # noqa: C901
-    settings = service.settings
-
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "quanteval-eval/2"
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # to logging (stderr), not stdout
-            log.info("%s %s", self.address_string(), fmt % args)
-
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except CLIENT_GONE as exc:
-                log.warning("client %s went away before the %d answer to %s: %s", self.address_string(), status,
-                         self.path, type(exc).__name__)
-                self.close_connection = True
-
-        def _client_gone(self) -> bool:
-            """Whether the client closed its connection while we were working (a retry may attach again)."""
-            try:
-                readable, _, _ = select.select([self.connection], [], [], 0)
-                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                return True
-
-        def _authorized(self) -> bool:
-            if token is None:
-                return True
-            sent = self.headers.get("Authorization", "")
-            if sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].strip().encode(), token.encode()):
-                return True
-            self._send(401, {"error": f"missing or wrong bearer token (Authorization: Bearer <${settings.token_env}>)"})
-            return False
-
-        def _payload(self) -> EvalRequest | None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > MAX_BODY_BYTES:
-                self._send(400, {"error": f"a JSON body of 1..{MAX_BODY_BYTES} bytes is required"})
-                return None
-            try:
-                raw = json.loads(self.rfile.read(length))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                self._send(400, {"error": f"body is not valid JSON: {exc}"})
-                return None
-            if not isinstance(raw, dict):
-                self._send(400, {"error": "body must be a JSON object"})
-                return None
-            try:
-                request = EvalRequest.model_validate(raw)
-            except ValidationError as exc:
-                self._send(400, {"error": payload_errors(exc)})
-                return None
-            reason = service.refuse(request)
-            if reason:
-                self._send(400, {"error": reason})
-                return None
-            return request
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                backend = service.backend_status()
-                if service.stopping:
-                    status, code = "stopping", 503
-                else:
-                    status, code = ("ok", 200) if backend["backend_ready"] else ("not_ready", 503)
-                self._send(code, {"status": status, **backend, "jobs": service.counts()})
-            elif not self._authorized():
-                return
-            elif self.path.startswith("/jobs/"):
-                job = service.get(self.path.removeprefix("/jobs/"))
-                if job is None:
-                    self._send(404, {"error": "no such job"})
-                else:
-                    self._send(200, job.response())
-            else:
-                self._send(404, {"error": f"no route GET {self.path}"})
-
-        def do_POST(self) -> None:
-            if self.path not in ("/evaluate", "/jobs"):
-                self._send(404, {"error": f"no route POST {self.path}"})
-                return
-            if not self._authorized():
-                return
-            request = self._payload()
-            if request is None:
-                return
-            key = self.headers.get("Idempotency-Key")
-            with inflight:
-                try:
-                    job, attached = service.submit(request, key=f"key-{key}" if key else None,
-                                                   detached=self.path == "/jobs")
-                except ShuttingDown as exc:
-                    self._send(503, {"error": f"the eval server is shutting down ({exc}); retry against its successor"})
-                    return
-                if attached:
-                    log.info("rollout %s: request attached to job %s (%s)", request.rollout_id, job.id, job.status)
-                if self.path == "/jobs":
-                    self._send(202, {"job_id": job.id, "status": job.status, "attached": attached})
-                    return
-                if not service.wait(job, self._client_gone):
-                    log.warning("rollout %s: client went away while job %s ran; it is cancelled unless a retry attaches "
-                             "within %.0f s", request.rollout_id, job.id, settings.orphan_grace_s)
-                    self.close_connection = True
-                    return
-                body = job.response()
-                code = job_http_status(job, settings)
-                if code != 200:
-                    body["error"] = "; ".join(body["errors"]) or job.status
-                self._send(code, body)
-
-    return Handler
-
-
 class Inflight:
     """Counts requests that hold a job, so shutdown can let them answer before the process exits."""
 
@@ -224,6 +106,155 @@ class Inflight:
     def drain(self, timeout_s: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self._count == 0, timeout=timeout_s)
+
+
+class EvalHandler(BaseHTTPRequestHandler):
+    """slime's eval-delegate API on one connection; make_handler binds a subclass to one server's job service,
+    bearer token and in-flight counter (the server builds a handler per request from the class alone)."""
+
+    server_version = "quanteval-eval/2"
+    eval_service: ClassVar[EvalService]
+    bearer_token: ClassVar[str | None]
+    inflight: ClassVar[Inflight]
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # to logging (stderr), not stdout
+        log.info("%s %s", self.address_string(), fmt % args)
+
+    # --- Routes ---
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._health()
+        elif not self._authorized():
+            return
+        elif self.path.startswith("/jobs/"):
+            job = self.eval_service.get(self.path.removeprefix("/jobs/"))
+            if job is None:
+                self._send(404, {"error": "no such job"})
+            else:
+                self._send(200, job.response())
+        else:
+            self._send(404, {"error": f"no route GET {self.path}"})
+
+    def do_POST(self) -> None:
+        if self.path not in ("/evaluate", "/jobs"):
+            self._send(404, {"error": f"no route POST {self.path}"})
+            return
+        if not self._authorized():
+            return
+        request = self._payload()
+        if request is None:
+            return
+        with self.inflight:
+            self._submit(request)
+
+    def _health(self) -> None:
+        service = self.eval_service
+        backend = service.backend_status()
+        if service.stopping:
+            status, code = "stopping", 503
+        else:
+            status, code = ("ok", 200) if backend["backend_ready"] else ("not_ready", 503)
+        self._send(code, {"status": status, **backend, "jobs": service.counts()})
+
+    def _submit(self, request: EvalRequest) -> None:
+        """Start the job (or attach to the one with the same key); /jobs answers at once, /evaluate when it ends."""
+        key = self.headers.get("Idempotency-Key")
+        try:
+            job, attached = self.eval_service.submit(request, key=f"key-{key}" if key else None, detached=self.path == "/jobs")
+        except ShuttingDown as exc:
+            self._send(503, {"error": f"the eval server is shutting down ({exc}); retry against its successor"})
+            return
+        if attached:
+            log.info("rollout %s: request attached to job %s (%s)", request.rollout_id, job.id, job.status)
+        if self.path == "/jobs":
+            self._send(202, {"job_id": job.id, "status": job.status, "attached": attached})
+        else:
+            self._wait_and_answer(request, job)
+
+    def _wait_and_answer(self, request: EvalRequest, job: Job) -> None:
+        settings = self.eval_service.settings
+        if not self.eval_service.wait(job, self._client_gone):
+            log.warning("rollout %s: client went away while job %s ran; it is cancelled unless a retry attaches "
+                        "within %.0f s", request.rollout_id, job.id, settings.orphan_grace_s)
+            self.close_connection = True
+            return
+        body = job.response()
+        code = job_http_status(job, settings)
+        if code != 200:
+            body["error"] = "; ".join(body["errors"]) or job.status
+        self._send(code, body)
+
+    # --- Request checks ---
+
+    def _authorized(self) -> bool:
+        if self.bearer_token is None:
+            return True
+        sent = self.headers.get("Authorization", "")
+        if sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].strip().encode(), self.bearer_token.encode()):
+            return True
+        self._send(401, {"error": f"missing or wrong bearer token (Authorization: Bearer <${self.eval_service.settings.token_env}>)"})
+        return False
+
+    def _json_body(self) -> dict[str, Any] | None:
+        """The body as a JSON object, or None once a 400 has been sent (no body, too large, not JSON, not an object)."""
+        length = int(self.headers.get("Content-Length") or 0)
+        if length <= 0 or length > MAX_BODY_BYTES:
+            self._send(400, {"error": f"a JSON body of 1..{MAX_BODY_BYTES} bytes is required"})
+            return None
+        try:
+            raw = json.loads(self.rfile.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            self._send(400, {"error": f"body is not valid JSON: {exc}"})
+            return None
+        if not isinstance(raw, dict):
+            self._send(400, {"error": "body must be a JSON object"})
+            return None
+        return raw
+
+    def _payload(self) -> EvalRequest | None:
+        """slime's payload, or None once a 400 has been sent (bad body, invalid fields, or one the service refuses)."""
+        raw = self._json_body()
+        if raw is None:
+            return None
+        try:
+            request = EvalRequest.model_validate(raw)
+        except ValidationError as exc:
+            self._send(400, {"error": payload_errors(exc)})
+            return None
+        reason = self.eval_service.refuse(request)
+        if reason:
+            self._send(400, {"error": reason})
+            return None
+        return request
+
+    # --- The connection ---
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except CLIENT_GONE as exc:
+            log.warning("client %s went away before the %d answer to %s: %s", self.address_string(), status,
+                        self.path, type(exc).__name__)
+            self.close_connection = True
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection while we were working (a retry may attach again)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+
+def make_handler(service: EvalService, token: str | None, inflight: Inflight) -> type[EvalHandler]:
+    """The handler class for one server: EvalHandler bound to its job service, bearer token and in-flight counter."""
+    return type("Handler", (EvalHandler,), {"eval_service": service, "bearer_token": token, "inflight": inflight})
 
 
 def serve(settings: ServerSettings, ready: threading.Event | None = None,

@@ -36,15 +36,9 @@ from quanteval.envvars import engine_venv, state_dir
 from quanteval.localproc import free_port, group_members, port_free, stop_group
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import frameworks
-from quanteval.serving.checkpoint import (
-    WEIGHT_MEMORY_FRACTION,
-    CheckpointReport,
-    InspectCheckpointInput,
-    algo_label,
-    framework_verdict,
-    inspect_checkpoint,
-)
+from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
 from quanteval.serving.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
+from quanteval.serving.quantformat import algo_label, framework_verdict
 
 # Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.serving.frameworks.
 

@@ -32,7 +32,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from quanteval import envvars
 from quanteval.engines import NEL_SECTIONS, EngineName, is_nel_next
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import checkpoint, frameworks
+from quanteval.serving import checkpoint, frameworks, quantformat
 from quanteval.serving.frameworks import Execution
 from quanteval.serving.frameworks import NelDeployment as Deployment
 from quanteval.workflow import tasks
@@ -1150,7 +1150,7 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
 
     diff = edit_config(config_path, mutate)
     # this framework's own verdict on the format (flags.notes) replaces the checkpoint's summary across frameworks
-    summary = set(checkpoint.format_warnings(report.quantization)) if flags else set()
+    summary = set(quantformat.format_warnings(report.quantization)) if flags else set()
     warnings = [warning for warning in report.warnings if warning not in summary]
     notes = list(dict.fromkeys(warnings + (list(flags.notes) if flags else []) + notes))
     missing = missing_value_paths(load_config(config_path))

@@ -65,7 +65,7 @@ def _format_warnings(report: Any, framework: str, gpu: str | None, partition: st
                      better: remote.PartitionInfo | None) -> list[str]:
     """The checkpoint's format on the partition's GPU, as `framework` serves it (facts from quanteval.serving.frameworks)."""
     from quanteval.serving import frameworks
-    from quanteval.serving.checkpoint import algo_label, framework_verdict
+    from quanteval.serving.quantformat import algo_label, framework_verdict
 
     if report is None or framework not in frameworks.FRAMEWORKS or not report.quantization.detected:
         return []

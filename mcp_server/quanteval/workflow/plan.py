@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel, Field
 from quanteval import registry
 from quanteval.models import ProgressFn, ToolError, no_progress
 from quanteval.serving.frameworks import Execution
-from quanteval.workflow import tasks
+from quanteval.workflow import nelconfig, tasks
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples=10"
 
@@ -28,6 +29,9 @@ LISTED_AS_MISSING = {"missing_value", "unset_env_var"}
 
 # Benchmark bundle used to build the base config when --tasks replaces its tasks anyway.
 DEFAULT_BUNDLE = {"chat_reasoning": "core_reasoning", "base": "general_knowledge"}
+
+# Progress is reported as step n of this many.
+TOTAL_STEPS = 7
 
 
 class PlanRequest(BaseModel):
@@ -96,108 +100,31 @@ def default_config_path(model: str, execution: str, deployment: str) -> Path:
 
 def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanReport:
     """Run the whole chain; a ToolError from any step stops it (nothing is launched either way)."""
-    from quanteval.workflow import nelconfig
-
-    config_path = Path(request.config).expanduser().resolve() if request.config else default_config_path(
-        request.model, request.execution, request.deployment
-    )
-    if config_path.exists() and not request.force:
-        raise ToolError(f"{config_path}: already exists. Pass --force to replace it, or --config to write another file.")
-    for name in request.tasks:  # a misspelled task fails here, before any file is written
-        tasks.resolve(name)
-    steps: list[PlanStep] = []
-    total = 7
-
-    progress(0, total, "inspecting the checkpoint")
+    chain = _Chain(config_path=_checked_config_path(request), progress=progress)
+    progress(0, TOTAL_STEPS, "inspecting the checkpoint")
     report = _call("inspect_checkpoint", {"checkpoint": request.model})
     quant = report.quantization
     quant_text = f"{quant.method or '?'} {quant.quant_algo or ''}".strip() if quant.detected else "none (unquantized)"
-    steps.append(PlanStep(tool="inspect_checkpoint", summary=f"{report.architecture.architecture}, quantization {quant_text}"))
+    chain.step("inspect_checkpoint", f"{report.architecture.architecture}, quantization {quant_text}")
 
-    progress(1, total, "building the base config")
-    if config_path.exists():  # --force: build_config never overwrites, so the old file goes first
-        config_path.unlink()
-    built = _call(
-        "build_config",
-        {
-            "execution": request.execution,
-            "deployment": request.deployment,
-            "model_type": request.model_type,
-            "benchmarks": [DEFAULT_BUNDLE[request.model_type]],
-            "config_path": str(config_path),
-        },
-    )
-    steps.append(PlanStep(tool="build_config", summary=f"wrote {built.config_path}"))
-
-    def call_on_config(name: str, arguments: dict[str, Any]) -> BaseModel:
-        try:
-            return _call(name, arguments)
-        except ToolError as exc:  # the file exists now: say where, so the person can finish it by hand
-            raise ToolError(f"{name}: {exc} The config written so far is {config_path}.") from None
-
-    skipped: list[str] = []
-    if request.tasks:
-        progress(2, total, "adding tasks")
-
-        added = call_on_config("add_tasks", {"config_path": str(config_path), "tasks": request.tasks, "replace": True})
-        skipped = [f"{item.requested} ({item.reason})" for item in added.skipped]
-        steps.append(PlanStep(tool="add_tasks", summary=f"added {', '.join(a.task for a in added.added)}"))
+    _build_base_config(request, chain)
+    skipped = _add_tasks(request, chain)
     if request.output_dir:
-        output_dir = request.output_dir if request.execution == "slurm" else str(Path(request.output_dir).expanduser().resolve())
-
-        def set_output_dir(doc: Any) -> None:
-            nelconfig.set_path(doc, "execution.output_dir", output_dir)
-
-        nelconfig.edit_config(config_path, set_output_dir)
-
-    notes: list[str] = []
-    warnings = report.warnings
-    if request.deployment == "none":
-        notes.append("deployment none: point target.api_endpoint.url and model_id at your running server (set_config_value).")
-    else:
-        # apply_checkpoint after add_tasks: it also sets per-task keys (the NeMo-Skills api_key_name).
-        progress(3, total, "applying the checkpoint")
-        applied = call_on_config("apply_checkpoint", {"config_path": str(config_path), "checkpoint": request.model})
-        notes += applied.notes
-        warnings = []  # apply_checkpoint's notes hold the checkpoint's warnings, with this framework's own verdict
-        steps.append(PlanStep(tool="apply_checkpoint", summary=f"{len(applied.changes)} change(s)"))
-
+        _set_output_dir(request.output_dir, request.execution, chain.config_path)
+    warnings = _apply_checkpoint(request, chain, report.warnings)
     for key, value in request.set_values.items():  # the user's own values win over every default above
-        call_on_config("set_config_value", {"config_path": str(config_path), "key": key, "yaml_value": value})
-        steps.append(PlanStep(tool="set_config_value", summary=f"{key} = {value}"))
-
+        chain.call("set_config_value", {"config_path": str(chain.config_path), "key": key, "yaml_value": value})
+        chain.step("set_config_value", f"{key} = {value}")
     cluster_unknowns: list[str] = []
     if request.execution == "slurm":
-        progress(3, total, "asking the cluster")
-        cluster_unknowns = _place_on_cluster(request, config_path, call_on_config, steps, notes)
+        progress(3, TOTAL_STEPS, "asking the cluster")
+        cluster_unknowns = _place_on_cluster(request, chain)
+    missing_values = _missing_values(chain)
+    problems = _validation_problems(chain)
+    dry_ok, dry_detail = _dry_run(chain, missing_values)
+    progress(TOTAL_STEPS, TOTAL_STEPS, "done")
 
-    progress(4, total, "listing missing values")
-    missing = call_on_config("list_missing_values", {"config_path": str(config_path)})
-    missing_values = list(missing.missing_values) + [f"env {item.name}" for item in missing.unset_env_vars]
-    steps.append(PlanStep(tool="list_missing_values", summary=f"{len(missing_values)} missing"))
-
-    progress(5, total, "validating")
-    validation = call_on_config("validate_config", {"config_path": str(config_path)})
-    problems = [
-        f"{p.severity} {p.key}: {p.message} Fix: {p.fix}" for p in validation.problems if p.rule not in LISTED_AS_MISSING
-    ]
-    steps.append(PlanStep(tool="validate_config", summary=f"{len(problems)} problem(s)"))
-
-    progress(6, total, "NEL dry-run")
-    dry = call_on_config("dry_run", {"config_path": str(config_path)})
-    first_error = (dry.error or "failed").strip().splitlines()[0] if not dry.ok else ""
-    # NEL stops on the first missing value, which the list above already names: say so once, not twice.
-    names = [item.removeprefix("env ") for item in missing_values]
-    if first_error and any(name in first_error for name in names):
-        first_error = "stopped on a value listed under 'still needs a value'"
-    dry_detail = (
-        f"{len(dry.scripts)} script(s) rendered" + (f" in {dry.invocation_dir}" if dry.invocation_dir else "")
-        if dry.ok
-        else first_error
-    )
-    steps.append(PlanStep(tool="dry_run", summary="ok" if dry.ok else "failed"))
-    progress(total, total, "done")
-
+    config_path = chain.config_path
     config_doc = nelconfig.load_config(config_path)
     task_names = [str(task.get("name")) for task in (config_doc.get("evaluation") or {}).get("tasks") or []]
     tensor_parallel = (config_doc.get("deployment") or {}).get("tensor_parallel_size")
@@ -209,20 +136,140 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         quantization=quant_text,
         context_length=report.context_length,
         tensor_parallel_size=int(tensor_parallel) if isinstance(tensor_parallel, int) else None,
-        notes=list(dict.fromkeys([*warnings, *notes])),
+        notes=list(dict.fromkeys([*warnings, *chain.notes])),
         tasks=task_names,
         skipped_tasks=skipped,
         missing_values=missing_values,
         validation_problems=problems,
         cluster_unknowns=cluster_unknowns,
-        dry_run_ok=dry.ok,
+        dry_run_ok=dry_ok,
         dry_run_detail=dry_detail,
         canary_command="quanteval call launch_canary --json " + shlex.quote(json.dumps({"config_path": str(config_path), "limit_samples": 10})),
         canary_nel_command=f"nel run --config {quoted} -o {LIMIT_SAMPLES_OVERRIDE}",
         full_run_command="quanteval call launch_full_run --json " + shlex.quote(json.dumps({"config_path": str(config_path)})),
         full_run_nel_command=f"nel run --config {quoted}",
-        steps=steps,
+        steps=chain.steps,
     )
+
+
+# --- The chain's steps: each a tool call (or two), its outcome recorded on the _Chain ----------------------------
+
+
+@dataclass
+class _Chain:
+    """The config being planned, and what the tools said about it so far."""
+
+    config_path: Path
+    progress: ProgressFn
+    steps: list[PlanStep] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def step(self, tool: str, summary: str) -> None:
+        self.steps.append(PlanStep(tool=tool, summary=summary))
+
+    def call(self, name: str, arguments: dict[str, Any]) -> BaseModel:
+        """A tool call on the written config."""
+        try:
+            return _call(name, arguments)
+        except ToolError as exc:  # the file exists now: say where, so the person can finish it by hand
+            raise ToolError(f"{name}: {exc} The config written so far is {self.config_path}.") from None
+
+
+def _checked_config_path(request: PlanRequest) -> Path:
+    """The config file to write, refused before anything is written when it exists (without --force) or a task is misspelled."""
+    config_path = Path(request.config).expanduser().resolve() if request.config else default_config_path(
+        request.model, request.execution, request.deployment
+    )
+    if config_path.exists() and not request.force:
+        raise ToolError(f"{config_path}: already exists. Pass --force to replace it, or --config to write another file.")
+    for name in request.tasks:  # a misspelled task fails here, before any file is written
+        tasks.resolve(name)
+    return config_path
+
+
+def _build_base_config(request: PlanRequest, chain: _Chain) -> None:
+    chain.progress(1, TOTAL_STEPS, "building the base config")
+    if chain.config_path.exists():  # --force: build_config never overwrites, so the old file goes first
+        chain.config_path.unlink()
+    built = _call(
+        "build_config",
+        {
+            "execution": request.execution,
+            "deployment": request.deployment,
+            "model_type": request.model_type,
+            "benchmarks": [DEFAULT_BUNDLE[request.model_type]],
+            "config_path": str(chain.config_path),
+        },
+    )
+    chain.step("build_config", f"wrote {built.config_path}")
+
+
+def _add_tasks(request: PlanRequest, chain: _Chain) -> list[str]:
+    """The requested tasks in place of the bundle's; returns the ones add_tasks skipped, with why."""
+    if not request.tasks:
+        return []
+    chain.progress(2, TOTAL_STEPS, "adding tasks")
+    added = chain.call("add_tasks", {"config_path": str(chain.config_path), "tasks": request.tasks, "replace": True})
+    chain.step("add_tasks", f"added {', '.join(a.task for a in added.added)}")
+    return [f"{item.requested} ({item.reason})" for item in added.skipped]
+
+
+def _set_output_dir(output_dir: str, execution: str, config_path: Path) -> None:
+    value = output_dir if execution == "slurm" else str(Path(output_dir).expanduser().resolve())
+
+    def set_output_dir(doc: Any) -> None:
+        nelconfig.set_path(doc, "execution.output_dir", value)
+
+    nelconfig.edit_config(config_path, set_output_dir)
+
+
+def _apply_checkpoint(request: PlanRequest, chain: _Chain, checkpoint_warnings: list[str]) -> list[str]:
+    """Serve the checkpoint as the deployment needs; returns the checkpoint warnings still to show on their own."""
+    if request.deployment == "none":
+        chain.notes.append("deployment none: point target.api_endpoint.url and model_id at your running server (set_config_value).")
+        return checkpoint_warnings
+    # apply_checkpoint after add_tasks: it also sets per-task keys (the NeMo-Skills api_key_name).
+    chain.progress(3, TOTAL_STEPS, "applying the checkpoint")
+    applied = chain.call("apply_checkpoint", {"config_path": str(chain.config_path), "checkpoint": request.model})
+    chain.notes += applied.notes
+    chain.step("apply_checkpoint", f"{len(applied.changes)} change(s)")
+    return []  # apply_checkpoint's notes hold the checkpoint's warnings, with this framework's own verdict
+
+
+def _missing_values(chain: _Chain) -> list[str]:
+    chain.progress(4, TOTAL_STEPS, "listing missing values")
+    missing = chain.call("list_missing_values", {"config_path": str(chain.config_path)})
+    missing_values = list(missing.missing_values) + [f"env {item.name}" for item in missing.unset_env_vars]
+    chain.step("list_missing_values", f"{len(missing_values)} missing")
+    return missing_values
+
+
+def _validation_problems(chain: _Chain) -> list[str]:
+    chain.progress(5, TOTAL_STEPS, "validating")
+    validation = chain.call("validate_config", {"config_path": str(chain.config_path)})
+    problems = [
+        f"{p.severity} {p.key}: {p.message} Fix: {p.fix}" for p in validation.problems if p.rule not in LISTED_AS_MISSING
+    ]
+    chain.step("validate_config", f"{len(problems)} problem(s)")
+    return problems
+
+
+def _dry_run(chain: _Chain, missing_values: list[str]) -> tuple[bool, str]:
+    """NEL's dry-run: whether it passed, and what it rendered or the first line of why not."""
+    chain.progress(6, TOTAL_STEPS, "NEL dry-run")
+    dry = chain.call("dry_run", {"config_path": str(chain.config_path)})
+    first_error = (dry.error or "failed").strip().splitlines()[0] if not dry.ok else ""
+    # NEL stops on the first missing value, which the list above already names: say so once, not twice.
+    names = [item.removeprefix("env ") for item in missing_values]
+    if first_error and any(name in first_error for name in names):
+        first_error = "stopped on a value listed under 'still needs a value'"
+    dry_detail = (
+        f"{len(dry.scripts)} script(s) rendered" + (f" in {dry.invocation_dir}" if dry.invocation_dir else "")
+        if dry.ok
+        else first_error
+    )
+    chain.step("dry_run", "ok" if dry.ok else "failed")
+    return dry.ok, dry_detail
 
 
 # What a SLURM job needs that only the cluster can tell, and what NEL does when no one says (its packaged defaults).
@@ -231,25 +278,24 @@ CLUSTER_FACTS = ("execution.partition (none set: sbatch picks the cluster's defa
                  "execution.walltime (NEL's default 01:00:00, whatever the partition allows)")
 
 
-def _place_on_cluster(request: PlanRequest, config_path: Path, call_on_config: Any, steps: list[PlanStep],
-                      notes: list[str]) -> list[str]:
+def _place_on_cluster(request: PlanRequest, chain: _Chain) -> list[str]:
     """With a login host, ask the cluster as the skill does (apply_cluster writes partition, gres, walltime, a lone
     account and the ssh config's user); without one, or when it does not answer, what stays unknown."""
     host = request.host or (request.set_values.get("execution.hostname") or "").strip("'\" ") or None
     if not host:
         return [f"{fact}: re-run with --host YOUR_LOGIN_ALIAS and the plan asks the cluster" for fact in CLUSTER_FACTS]
     if request.host:
-        call_on_config("set_config_value", {"config_path": str(config_path), "key": "execution.hostname", "value": host})
+        chain.call("set_config_value", {"config_path": str(chain.config_path), "key": "execution.hostname", "value": host})
     try:
-        placed = _call("apply_cluster", {"config_path": str(config_path), "host": host})
+        placed = _call("apply_cluster", {"config_path": str(chain.config_path), "host": host})
     except ToolError as exc:
-        steps.append(PlanStep(tool="apply_cluster", summary=f"{host} did not answer"))
+        chain.step("apply_cluster", f"{host} did not answer")
         return [f"{fact}: {host} could not be asked ({exc}); check it with quanteval call ssh_check, then re-run"
                 for fact in CLUSTER_FACTS]
     placement = placed.placement
     written = ", ".join(f"{key.removeprefix('execution.')} {value}" for key, value in placement.values.items())
-    steps.append(PlanStep(tool="apply_cluster", summary=f"{host}: {written or 'nothing to change'}"))
-    notes += placement.warnings + placement.notes
+    chain.step("apply_cluster", f"{host}: {written or 'nothing to change'}")
+    chain.notes += placement.warnings + placement.notes
     if placement.partition is None:
         return [f"execution.partition: no partition of {host} fits this model ({'; '.join(placement.warnings) or 'see cluster_info'})"]
     return []
