@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from quanteval import envvars, failures, ledger
-from quanteval.clusters import remote
+from quanteval.clusters import slurm, ssh
 from quanteval.engines import engine_of
 from quanteval.engines.nel import nelexec
 from quanteval.engines.nel_next import nelnext, nextresults
@@ -110,7 +110,7 @@ def _login(data: dict) -> str:
 def _on_cluster(data: dict, command: str, timeout: float = SSH_TIMEOUT_S) -> str:
     """Run a command on a job's cluster login node over quanteval's pooled SSH connection; stdout comes back."""
     try:
-        return remote.run_remote(_login(data), command, timeout=timeout).stdout
+        return ssh.run_remote(_login(data), command, timeout=timeout).stdout
     except ToolError as exc:
         raise _Unreachable(f"ssh {data['hostname']} failed: {exc}") from None
 
@@ -553,10 +553,10 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
         latest_ids = {job["job_id"]: max([*chains.get(job["job_id"], []), str(job["data"]["slurm_job_id"])],
                                          key=lambda i: int(i) if i.isdigit() else -1) for job in host_jobs}
         try:
-            queue = {entry.job_id: entry for entry in remote.squeue(login, user=data["username"], all_states=True)}
+            queue = {entry.job_id: entry for entry in slurm.squeue(login, user=data["username"], all_states=True)}
             purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
             if purged:
-                _, finished, _ = remote.sacct(login, job_ids=purged)
+                _, finished, _ = slurm.sacct(login, job_ids=purged)
                 queue.update({entry.job_id: entry for entry in finished if entry.job_id in purged})
         except ToolError as exc:
             raise _Unreachable(f"ssh {data['hostname']}: {exc}") from None
@@ -572,7 +572,7 @@ def _slurm_job_statuses(jobs: list[dict]) -> list[JobStatus]:
     return statuses
 
 
-def _restart_job(latest: str, queue: dict[str, remote.SlurmJob]) -> str | None:
+def _restart_job(latest: str, queue: dict[str, slurm.SlurmJob]) -> str | None:
     """NEL's paired restart job behind `latest`: it depends on it (afternotok:<latest>) while `latest` runs, and keeps
     the job name once SLURM has cleared the satisfied dependency and starts it."""
     latest_name = queue[latest].name if latest in queue else None
@@ -812,7 +812,7 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
                 leftovers = [job_id for job_id in (job.current_slurm_job_id, job.restart_job_id) if job_id]
                 if leftovers and job.status in ACTIVE:
                     try:
-                        remote.scancel(_login(data_by_job[job.job_id]), leftovers)
+                        slurm.scancel(_login(data_by_job[job.job_id]), leftovers)
                     except ToolError as exc:
                         raise _Unreachable(str(exc)) from None
         except _Unreachable as exc:
@@ -993,7 +993,7 @@ def _next_launch(kind: RunKind, config_path: str, overrides: list[str], max_prob
 def _next_slurm_jobs(record: ledger.Record) -> list[dict]:
     """A nel-next SLURM record's jobs in the shape the SLURM status code reads (as NEL 0.2.6's execution DB has them)."""
     return [{"job_id": f"shard {index}" if len(record.details["slurm_jobs"]) > 1 else "nel eval run",
-             "data": {"hostname": job["hostname"], "username": job["username"] or remote.ssh_user(job["hostname"]),
+             "data": {"hostname": job["hostname"], "username": job["username"] or ssh.ssh_user(job["hostname"]),
                       "remote_rundir_path": job["remote_dir"], "slurm_job_id": job["job_id"], "chain_file": nelnext.CHAIN_FILE,
                       "retries_failed": True}}
             for index, job in enumerate(record.details["slurm_jobs"])]
