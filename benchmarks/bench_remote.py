@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from infra.slurm_cluster import SlurmCluster, free_port  # noqa: E402
 
-from quanteval.clusters.remote import (  # noqa: E402
+from quanteval.clusters.tools import (  # noqa: E402
     ClusterInfoInput,
     RemoteGrepInput,
     SlurmQueueInput,

@@ -14,15 +14,15 @@ import pytest
 from infra.slurm_cluster import SlurmCluster, free_port
 
 from quanteval import failures
-from quanteval.clusters import remote
-from quanteval.clusters.remote import (
+from quanteval.clusters import slurm, ssh, tools
+from quanteval.clusters.ssh import run_remote
+from quanteval.clusters.tools import (
     CheckRegistryCredentialsInput,
     RemoteGrepInput,
     SlurmQueueInput,
     SshCheckInput,
     check_registry_credentials,
     remote_grep,
-    run_remote,
     slurm_queue,
     ssh_check,
 )
@@ -171,7 +171,7 @@ def test_proxy_jump_chain_takes_every_hop(slurm_cluster, tmp_path, monkeypatch):
     chain = f"{slurm_cluster.ssh_alias},root@{slurm_cluster.ssh_alias}:{slurm_cluster.port}"
     write_config(slurm_cluster, tmp_path, monkeypatch, "two-hops", known_hosts=slurm_cluster.host_key_line(),
                  extra=f"  ProxyJump {chain}\n")
-    conn = remote.open_connection("two-hops")
+    conn = ssh.open_connection("two-hops")
     try:
         hops = 0
         hop = conn.jump
@@ -309,7 +309,7 @@ def test_slurmctld_restart_during_polling_gives_clear_errors_then_answers(slurm_
 
 def test_dropped_ssh_connection_mid_command_is_a_clear_error_and_the_next_call_works(slurm_cluster):
     slurm_queue(SlurmQueueInput(host=slurm_cluster.ssh_alias))  # the pooled connection the next calls reuse
-    client_port = remote._pooled(slurm_cluster.ssh_alias).client.get_transport().sock.getsockname()[1]
+    client_port = ssh._pooled(slurm_cluster.ssh_alias).client.get_transport().sock.getsockname()[1]
     errors: list[Exception] = []
 
     def long_poll():
@@ -444,13 +444,13 @@ def test_tail_and_fetch_tree_bring_back_what_was_asked(slurm_cluster, tmp_path):
     (run / "task" / "artifacts" / "results.yml").write_text("results: {}\n")
     (run / "task" / "logs.txt").write_text("\n".join(f"line {i}" for i in range(100)) + "\n")
     (run / "task" / "artifacts" / "big.bin").write_bytes(b"\0" * 1000)
-    assert remote.tail_remote(slurm_cluster.ssh_alias, str(run / "task" / "logs.txt"), 2) == "line 98\nline 99\n"
-    written = remote.fetch_tree(slurm_cluster.ssh_alias, str(run), tmp_path / "copy", ["*.yml", "*.txt"])
+    assert ssh.tail_remote(slurm_cluster.ssh_alias, str(run / "task" / "logs.txt"), 2) == "line 98\nline 99\n"
+    written = ssh.fetch_tree(slurm_cluster.ssh_alias, str(run), tmp_path / "copy", ["*.yml", "*.txt"])
     assert sorted(p.relative_to(tmp_path / "copy").as_posix() for p in written) == [
         "task/artifacts/results.yml", "task/logs.txt"]
     assert (tmp_path / "copy" / "task" / "artifacts" / "results.yml").read_text() == "results: {}\n"
     with pytest.raises(ToolError, match="cannot read"):
-        remote.tail_remote(slurm_cluster.ssh_alias, str(run / "nope.txt"), 5)
+        ssh.tail_remote(slurm_cluster.ssh_alias, str(run / "nope.txt"), 5)
 
 
 def test_keys_from_a_running_ssh_agent_are_used(slurm_cluster, tmp_path, monkeypatch):
@@ -469,7 +469,7 @@ def test_keys_from_a_running_ssh_agent_are_used(slurm_cluster, tmp_path, monkeyp
         monkeypatch.setenv("SSH_AUTH_SOCK", str(agent_socket))
         monkeypatch.setenv("HOME", str(tmp_path))  # no default keys in ~/.ssh to fall back on
         assert ssh_check(SshCheckInput(host="via-agent")).user == "root"
-        remote._drop("via-agent")
+        ssh._drop("via-agent")
         monkeypatch.delenv("SSH_AUTH_SOCK")
         with pytest.raises(ToolError, match="authentication failed"):
             ssh_check(SshCheckInput(host="via-agent"))
@@ -515,10 +515,10 @@ def test_cluster_info_reads_partitions_gpus_limits_and_node_states(slurm_cluster
 
     assert slurm_cluster.ssh_alias in ssh_config_hosts()
 
-    one = remote.cluster_info(remote.ClusterInfoInput(host=slurm_cluster.ssh_alias, partition="blackwell"))
+    one = tools.cluster_info(tools.ClusterInfoInput(host=slurm_cluster.ssh_alias, partition="blackwell"))
     assert [p.name for p in one.partitions] == ["blackwell"]
     with pytest.raises(ToolError, match="'batch' does not exist.*debug, hopper, blackwell"):
-        remote.cluster_info(remote.ClusterInfoInput(host=slurm_cluster.ssh_alias, partition="batch"))
+        tools.cluster_info(tools.ClusterInfoInput(host=slurm_cluster.ssh_alias, partition="batch"))
 
 
 def sbatch_accepts(cluster: SlurmCluster, config: Path) -> subprocess.CompletedProcess[str]:
@@ -596,9 +596,9 @@ def test_apply_cluster_needs_a_slurm_config_and_a_host(tmp_path: Path):
 @pytest.mark.parametrize(("text", "seconds"), [("30", 1800), ("5:30", 330), ("04:00:00", 14400), ("2-00:00:00", 172800),
                                                ("1-02", 93600), ("UNLIMITED", None), ("INFINITE", None)])
 def test_slurm_time_formats(text: str, seconds: int | None):
-    assert remote.slurm_seconds(text) == seconds
+    assert slurm.slurm_seconds(text) == seconds
     if seconds:
-        assert remote.slurm_seconds(remote.slurm_time(seconds)) == seconds
+        assert slurm.slurm_seconds(slurm.slurm_time(seconds)) == seconds
 
 
 def test_gres_as_big_clusters_print_it_is_read():
@@ -608,11 +608,11 @@ def test_gres_as_big_clusters_print_it_is_read():
              "gpu|16|idle~|gpu:nvidia_h100_80gb_hbm3:8(S:0-1)|hopper,ib",
              "old|10|idle|gpu:4|a100", "mixed|2|idle|gpu:a100:4|(null)", "mixed|2|alloc|gpu:b200:8|(null)",
              "cpu|50|idle|(null)|(null)"]
-    groups = [remote._NodeGroup.parse(line) for line in lines]
+    groups = [slurm._NodeGroup.parse(line) for line in lines]
 
-    def partition(name: str) -> remote.PartitionInfo:
+    def partition(name: str) -> slurm.PartitionInfo:
         fields = {"PartitionName": name, "MaxTime": "1-00:00:00", "State": "UP"}
-        return remote._partition(fields, [g for g in groups if g.partition == name])
+        return slurm._partition(fields, [g for g in groups if g.partition == name])
 
     gpu = partition("gpu")
     assert (gpu.gpu_model, gpu.gpus_per_node, gpu.nodes, gpu.usable_nodes) == ("H100", 8, 140, 120)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from quanteval import failures, ledger
-from quanteval.clusters import remote
+from quanteval.clusters import ssh
 from quanteval.engines.base import FINISHED
 from quanteval.models import ToolError
 from quanteval.workflow import results, runs
@@ -102,7 +102,7 @@ def sshd_session_pids(listener: int) -> list[int]:
 
 def cut_pooled_connections(cluster) -> None:
     """Kill the sshd sessions behind quanteval's pooled SSH connections (sessions outlive a stopped sshd listener)."""
-    for conn in list(remote._pool.values()):
+    for conn in list(ssh._pool.values()):
         transport = conn.client.get_transport()
         if transport is None or not transport.is_active():
             continue

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from infra.slurm_cluster import SlurmCluster
 
-from quanteval.clusters import remote
-from quanteval.clusters.remote import ClusterInfoInput, SshCheckInput, cluster_info, ssh_check
+from quanteval.clusters import ssh
+from quanteval.clusters.tools import ClusterInfoInput, SshCheckInput, cluster_info, ssh_check
 from quanteval.models import ToolError
 from quanteval.workflow import nelconfig, placement, validation
 
@@ -69,14 +69,14 @@ def ssh_config(slurm_cluster: SlurmCluster, cluster_user: str, tmp_path: Path, m
             f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking {strict}\n  ConnectTimeout 5\n  LogLevel ERROR\n"
         )
         monkeypatch.setenv("QUANTEVAL_SSH_CONFIG", str(config))
-        remote._drop(ALIAS)
+        ssh._drop(ALIAS)
         return config
 
     monkeypatch.setenv("USER", "alice")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     yield write
-    remote._drop(ALIAS)
+    ssh._drop(ALIAS)
 
 
 def other_host_key(tmp_path: Path, cluster: SlurmCluster) -> str:
@@ -89,12 +89,12 @@ def other_host_key(tmp_path: Path, cluster: SlurmCluster) -> str:
 
 def test_the_host_is_resolved_by_openssh_include_and_match_included(ssh_config, cluster_user, slurm_cluster):
     config = ssh_config()
-    settings = remote.resolve_host(ALIAS)
+    settings = ssh.resolve_host(ALIAS)
     assert settings.resolved_by == "ssh -G"
     assert (settings.user, settings.hostname, settings.port) == (cluster_user, "127.0.0.1", slurm_cluster.port)
     assert settings.strict_host_key_checking == "no" and settings.known_hosts_files == (Path("/dev/null"),)
     assert not settings.persists_host_keys
-    assert remote.resolve_host(f"root@{ALIAS}").user == "root"  # user@alias overrides, as with ssh
+    assert ssh.resolve_host(f"root@{ALIAS}").user == "root"  # user@alias overrides, as with ssh
     # The real ssh client logs in as that user too; as $USER (what NEL's template passes) it cannot.
     whoami = subprocess.run(["/usr/bin/ssh", "-F", str(config), "-o", "BatchMode=yes", ALIAS, "whoami"],
                             capture_output=True, text=True, timeout=30)
@@ -115,7 +115,7 @@ def test_ssh_check_and_cluster_info_get_through_and_store_no_host_key(ssh_config
     assert checked.host_key_added is False and checked.known_hosts_file == "/dev/null"
     assert any("not stored" in note and "/dev/null" in note for note in checked.notes), checked.notes
 
-    remote._drop(ALIAS)  # cluster_info opens its own connection
+    ssh._drop(ALIAS)  # cluster_info opens its own connection
     info = cluster_info(ClusterInfoInput(host=ALIAS))
     assert info.user == cluster_user and {p.name for p in info.partitions} == {"debug", "hopper", "blackwell"}
 
@@ -140,11 +140,11 @@ def test_accept_new_stores_an_unknown_key_and_refuses_a_changed_one(ssh_config, 
     ssh_config(strict="accept-new", known_hosts=str(known))
     first = ssh_check(SshCheckInput(host=ALIAS))
     assert first.host_key_added is True and slurm_cluster.host_key_line().split()[2] in known.read_text()
-    remote._drop(ALIAS)
+    ssh._drop(ALIAS)
     assert ssh_check(SshCheckInput(host=ALIAS)).host_key_added is False  # known now
 
     known.write_text(other_host_key(tmp_path, slurm_cluster))
-    remote._drop(ALIAS)
+    ssh._drop(ALIAS)
     with pytest.raises(ToolError, match="HOST KEY CHANGED"):
         ssh_check(SshCheckInput(host=ALIAS))
 

@@ -4,7 +4,7 @@ Started once per test session by `slurm-cluster-up` (munged, slurmctld, `slurmd 
 sshd), all state in a fresh temp directory, stopped by PID by `slurm-cluster-down`.
 
 Clients find the cluster under the Host alias `quanteval-test-cluster`:
-- paramiko (quanteval.clusters.remote) reads the ssh config named by QUANTEVAL_SSH_CONFIG, which the fixture
+- paramiko (quanteval.clusters.ssh) reads the ssh config named by QUANTEVAL_SSH_CONFIG, which the fixture
   sets for the session;
 - OpenSSH reads ~/.ssh/config of the passwd home, ignoring $HOME, and NEL's SLURM executor runs
   plain `ssh user@host` and `rsync`, and nel-next `ssh` and `scp`, so the fixture puts `ssh` and `scp` wrappers

@@ -15,7 +15,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field
 
-from quanteval.clusters import remote
+from quanteval.clusters import slurm as slurm_client
+from quanteval.clusters import ssh
 from quanteval.models import ToolError
 
 SSH_TIMEOUT_S = 60.0
@@ -103,7 +104,7 @@ class SlurmExecutor(Executor):
     def run(self, job: ClusterJob, command: str, timeout: float = SSH_TIMEOUT_S) -> str:
         """Run a command on the job's login node; stdout comes back, Unreachable when ssh fails."""
         try:
-            return remote.run_remote(job.login, command, timeout=timeout).stdout
+            return ssh.run_remote(job.login, command, timeout=timeout).stdout
         except ToolError as exc:
             raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
 
@@ -119,17 +120,11 @@ class SlurmExecutor(Executor):
         return [status for host_jobs in by_login.values() for status in self._login_states(host_jobs)]
 
     def _chains(self, host_jobs: list[ClusterJob]) -> dict[str, list[str]]:
-        chain_cmds = "; ".join(f"echo @@CHAIN {job.job_id}; cat {shlex.quote(job.remote_dir)}/{job.chain_file} "
-                               "2>/dev/null; echo" for job in host_jobs)
-        chains: dict[str, list[str]] = {}
-        current = None
-        for line in self.run(host_jobs[0], chain_cmds).splitlines():
-            if line.startswith("@@CHAIN "):
-                current = line.split()[1]
-                chains[current] = []
-            elif current and line.strip():
-                chains[current].extend(line.split())
-        return chains
+        try:
+            return slurm_client.job_chains(host_jobs[0].login, {job.job_id: f"{job.remote_dir}/{job.chain_file}"
+                                                                for job in host_jobs}, timeout=SSH_TIMEOUT_S)
+        except ToolError as exc:
+            raise Unreachable(f"ssh {host_jobs[0].hostname} failed: {exc}") from None
 
     def _login_states(self, host_jobs: list[ClusterJob]) -> list[JobStatus]:
         first = host_jobs[0]
@@ -138,10 +133,10 @@ class SlurmExecutor(Executor):
         latest_ids = {job.job_id: max([*chains.get(job.job_id, []), job.slurm_job_id],
                                       key=lambda i: int(i) if i.isdigit() else -1) for job in host_jobs}
         try:
-            queue = {entry.job_id: entry for entry in remote.squeue(first.login, user=first.username, all_states=True)}
+            queue = {entry.job_id: entry for entry in slurm_client.squeue(first.login, user=first.username, all_states=True)}
             purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
             if purged:
-                _, finished, _ = remote.sacct(first.login, job_ids=purged)
+                _, finished, _ = slurm_client.sacct(first.login, job_ids=purged)
                 queue.update({entry.job_id: entry for entry in finished if entry.job_id in purged})
         except ToolError as exc:
             raise Unreachable(f"ssh {first.hostname}: {exc}") from None
@@ -158,17 +153,17 @@ class SlurmExecutor(Executor):
 
     def cancel(self, job: ClusterJob, slurm_job_ids: list[str]) -> None:
         try:
-            remote.scancel(job.login, slurm_job_ids)
+            slurm_client.scancel(job.login, slurm_job_ids)
         except ToolError as exc:
             raise Unreachable(str(exc)) from None
 
     def cancel_chain(self, job: ClusterJob) -> None:
         """scancel every job of the job's chain and the auto-resume successors queued behind them (afternotok)."""
-        chain = f"{shlex.quote(job.remote_dir)}/{job.chain_file}"
-        ids = f"$( (cat {chain} 2>/dev/null; echo {job.slurm_job_id}) | sort -u)"
-        successors = (f"$(squeue -h -u {shlex.quote(job.username)} -o '%i %E' | "
-                      f"grep -E \"afternotok:($(echo {ids} | tr ' ' '|'))\" | cut -d' ' -f1)")
-        self.run(job, f"scancel {ids} {successors}")
+        try:
+            slurm_client.cancel_chain(job.login, job.username, f"{job.remote_dir}/{job.chain_file}", job.slurm_job_id,
+                                      timeout=SSH_TIMEOUT_S)
+        except ToolError as exc:
+            raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
 
     def cat_each(self, job: ClusterJob, pattern: str) -> list[str]:
         """The text of every file matching `pattern` (a glob under the job's run directory)."""
@@ -189,7 +184,7 @@ def _slurm_state(state_field: str) -> str:
     return state_field.split()[0].rstrip("+") if state_field.strip() else "UNKNOWN"
 
 
-def _restart_job(latest: str, queue: dict[str, remote.SlurmJob]) -> str | None:
+def _restart_job(latest: str, queue: dict[str, slurm_client.SlurmJob]) -> str | None:
     """NEL's paired restart job behind `latest`: it depends on it (afternotok:<latest>) while `latest` runs, and keeps
     the job name once SLURM has cleared the satisfied dependency and starts it."""
     latest_name = queue[latest].name if latest in queue else None

@@ -9,13 +9,13 @@ run a specific Python or a container wrapper; the test suite uses it to run a st
 through exactly the same launch path. The launcher runs where the server runs (this machine, or the
 SLURM node).
 
-Local servers run in their own process group with their log under the state directory; SLURM
-servers are sbatch jobs submitted over SSH. Both are ledger records of kind "deployment".
+Local servers run in their own process group with their log under the state directory (serving.deploy_local);
+SLURM servers are sbatch jobs submitted over SSH (serving.deploy_slurm). Both are ledger records of kind
+"deployment"; the tools here pick the executor once, by host at launch and by the record's executor after.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -31,22 +31,27 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import ledger
-from quanteval.clusters import remote
-from quanteval.envvars import engine_venv, state_dir
-from quanteval.localproc import free_port, group_members, port_free, stop_group
+from quanteval.clusters.ssh import LOCAL
+from quanteval.envvars import engine_venv
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import frameworks
+from quanteval.serving import deploy_local, deploy_slurm, frameworks
 from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
+from quanteval.serving.deployment import (
+    DeploymentPlan,
+    Executor,
+    LaunchDeploymentInput,
+    LaunchDeploymentResult,
+    ParserCheck,
+    PlanWarning,
+)
 from quanteval.serving.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
 from quanteval.serving.quantformat import algo_label, framework_verdict
 
 # Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.serving.frameworks.
 
 LOG_TAIL_LINES = 30
-LOG_SCAN_BYTES = 512 * 1024
-# Over SSH the probe's output is capped (remote.OUTPUT_LIMIT keeps the tail): the log part stays well
-# below it so the probe sections before it are never cut off.
-REMOTE_LOG_SCAN_BYTES = 128 * 1024
+# Where a server runs, by the executor name its ledger record keeps: the one place a deployment picks its executor.
+EXECUTORS: dict[str, Executor] = {deploy_local.NAME: deploy_local, deploy_slurm.NAME: deploy_slurm}
 
 
 # --- plan_deployment ----------------------------------------------------------------------------
@@ -75,38 +80,7 @@ class PlanDeploymentInput(StrictModel):
     )
 
 
-class PlanWarning(BaseModel):
-    level: Literal["error", "warning"] = Field(description="'error': the server will not start or serve correctly this way.")
-    message: str
 
-
-class ParserCheck(BaseModel):
-    checked: bool = Field(description="Whether the framework's own argument parser was run on the server arguments.")
-    ok: bool | None = Field(None, description="The parser accepted the arguments (None when not checked).")
-    message: str
-    resolved: dict[str, Any] = Field(default_factory=dict, description=(
-        "What the framework's own config code resolves for a local checkpoint (vLLM: quantization, max_model_len, "
-        "head_size, dtype, served_model_name); empty when not run."))
-
-
-class DeploymentPlan(BaseModel):
-    framework: Framework
-    host: str | None = Field(None, description="The SLURM host alias the plan is for; null for this machine.")
-    device: Literal["gpu", "cpu"] = Field("gpu", description="cpu: vLLM's CPU backend on this machine (no GPU here).")
-    checkpoint: str = Field(description="What the server loads: the resolved checkpoint directory, or the HF handle.")
-    served_model_name: str
-    bind_address: str = Field(description="Address the server listens on.")
-    port: int
-    tensor_parallel_size: int
-    gpu_type: str | None = None
-    launcher: list[str] = Field(description="argv prefix that starts the server (replaceable via QUANTEVAL_<FRAMEWORK>_LAUNCHER).")
-    server_args: list[str] = Field(description="Arguments after the launcher.")
-    argv: list[str] = Field(description="The whole command: launcher + server_args.")
-    command: str = Field(description="argv as one shell-quoted line.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment variables (no secrets) to set for the server.")
-    warnings: list[PlanWarning] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    parser_check: ParserCheck
 
 
 def vllm_venv() -> Path:
@@ -125,7 +99,12 @@ def _launcher(framework: str, local: bool = True) -> list[str]:
 
 
 def _is_local(host: str | None) -> bool:
-    return host in (None, remote.LOCAL)
+    return host in (None, LOCAL)
+
+
+def _executor_for(host: str | None) -> Executor:
+    """The executor a new deployment on `host` uses: this machine for no host or 'local', SLURM for any other."""
+    return deploy_local if _is_local(host) else deploy_slurm
 
 
 def _cpu_here(framework: str, gpu_type: str | None, local: bool) -> bool:
@@ -350,62 +329,9 @@ def _resolution_warnings(check: ParserCheck, report: CheckpointReport, name: str
                 "measured is that of what vLLM runs.")))
     return warnings
 
-
 # --- launch_deployment --------------------------------------------------------------------------
 
 
-class LaunchDeploymentInput(StrictModel):
-    plan: DeploymentPlan | None = Field(None, description="A plan from plan_deployment, as returned; or give checkpoint.")
-    checkpoint: str | None = Field(None, description="Checkpoint to plan and launch in one step.")
-    framework: Framework = Field("sglang", description="Framework when launching from checkpoint.")
-    host: str | None = Field(
-        None, description="SLURM login host alias for an sbatch job; omit (or 'local'): this machine."
-    )
-    port: int | None = Field(
-        None, ge=1, le=65535,
-        description="Port instead of the plan's; a busy explicit port is an error.",
-    )
-    startup_timeout_s: float = Field(
-        1800, gt=0, description="Loading time before status 'timed_out'."
-    )
-    force: bool = Field(False, description="Launch even though the plan has error-level warnings.")
-    # Patterns keep these single #SBATCH words: a newline would add lines to the job script.
-    partition: str | None = Field(None, pattern=r"^[\w.,-]+$", description="SLURM partition (SLURM only).")
-    account: str | None = Field(None, pattern=r"^[\w.-]+$", description="SLURM account (SLURM only).")
-    time_limit: str = Field("04:00:00", pattern=r"^[\d:-]+$", description="SLURM time limit HH:MM:SS or D-HH:MM:SS (SLURM only).")
-    remote_workdir: str = Field(
-        ".quanteval/deployments", description="Directory on the host (relative to home) for job scripts and logs."
-    )
-    gpus_per_node: int | None = Field(
-        None, ge=0, description="GPUs to request; default the plan's tensor_parallel_size."
-    )
-
-
-class LaunchDeploymentResult(BaseModel):
-    record_id: str = Field(description="Ledger id; pass it to deployment_status and stop_deployment.")
-    host: str | None = Field(None, description="The SLURM host alias; null for this machine.")
-    status: str
-    port: int
-    endpoint_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (SLURM: known once the job runs).")
-    served_model_name: str
-    command: str
-    log_path: str = Field(description="Server log (on the SLURM host for SLURM jobs).")
-    pid: int | None = None
-    job_id: str | None = None
-    notes: list[str] = Field(default_factory=list)
-
-
-# Local children we started in this process, so their exit is reaped (no zombies) and their code known.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _with_option(args: list[str], flag: str, value: str) -> list[str]:
-    args = list(args)
-    if flag in args:
-        args[args.index(flag) + 1] = value
-    else:
-        args += [flag, value]
-    return args
 
 
 def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_progress) -> LaunchDeploymentResult:
@@ -428,99 +354,7 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
-    if local:  # 'local' means this machine, as in every tool that takes a host
-        return _launch_local(plan, request)
-    return _launch_slurm(plan, request)
-
-
-def _launch_local(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
-    notes: list[str] = []
-    port = request.port or plan.port
-    if not port_free(port):
-        if request.port:
-            raise ToolError(f"port: {port} is already in use on 127.0.0.1. Stop what uses it, or leave port unset to get a free one.")
-        port = free_port()
-        notes.append(f"Port {plan.port} was busy; using free port {port}.")
-    server_args = _with_option(_with_option(plan.server_args, "--host", "127.0.0.1"), "--port", str(port))
-    argv = [*plan.launcher, *server_args]
-    record = ledger.add("deployment", status="starting", executor="local", config_path=plan.checkpoint,
-                        details={"framework": plan.framework, "served_model_name": plan.served_model_name})
-    run_dir = state_dir() / "deployments" / record.id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
-    # A shell wrapper records the exit code, so any later process (CLI, restarted MCP server) can report it.
-    wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-deploy", str(rc_path), *argv]
-    # A launcher that cannot start shows up as exit code 127 with the shell's message in the log.
-    with open(log_path, "ab") as log_file:
-        child = subprocess.Popen(
-            wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
-        )
-    _CHILDREN[child.pid] = child
-    endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"
-    ledger.update(record.id, status="loading", details={
-        "pid": child.pid, "pgid": child.pid, "port": port, "log_path": str(log_path),
-        "exit_code_path": str(rc_path), "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
-        "startup_timeout_s": request.startup_timeout_s,
-    })
-    return LaunchDeploymentResult(
-        record_id=record.id, host=None, status="loading", port=port, endpoint_url=endpoint,
-        served_model_name=plan.served_model_name, command=shlex.join(argv), log_path=str(log_path), pid=child.pid, notes=notes,
-    )
-
-
-def _check_scriptable(plan: DeploymentPlan) -> None:
-    """A plan comes from the client: nothing in it may add lines to the job script."""
-    unsafe = [item for item in [*plan.launcher, *plan.server_args, *plan.env.values()] if "\n" in item or "\r" in item]
-    unsafe += [key for key in plan.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)]
-    if unsafe:
-        raise ToolError(f"plan: {unsafe[0]!r} cannot go into a job script (line break or bad variable name). Remove it from the plan.")
-
-
-def _sbatch_script(plan: DeploymentPlan, request: LaunchDeploymentInput, deployment_id: str, port: int) -> str:
-    server_args = _with_option(_with_option(plan.server_args, "--host", "0.0.0.0"), "--port", str(port))
-    gpus = plan.tensor_parallel_size if request.gpus_per_node is None else request.gpus_per_node
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name=quanteval-{deployment_id}",
-        "#SBATCH --output=server.log",
-        "#SBATCH --nodes=1",
-        "#SBATCH --ntasks=1",
-        f"#SBATCH --time={request.time_limit}",
-    ]
-    lines += [f"#SBATCH --gpus-per-node={gpus}"] if gpus else []
-    lines += [f"#SBATCH --partition={request.partition}"] if request.partition else []
-    lines += [f"#SBATCH --account={request.account}"] if request.account else []
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in plan.env.items()]
-    lines += [
-        # The login node reaches the server through the node's name; written before the server starts.
-        'echo "${SLURMD_NODENAME:-$(hostname)}" > endpoint_host',
-        f"exec {shlex.join([*plan.launcher, *server_args])}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _launch_slurm(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
-    _check_scriptable(plan)
-    port = request.port or plan.port
-    record = ledger.add("deployment", status="submitting", executor="slurm", host=request.host, config_path=plan.checkpoint,
-                        details={"framework": plan.framework, "served_model_name": plan.served_model_name})
-    script = _sbatch_script(plan, request, record.id, port)
-    try:
-        job_id, absolute_dir = remote.sbatch(request.host, f"{request.remote_workdir.rstrip('/')}/{record.id}", script)
-    except ToolError as exc:
-        ledger.update(record.id, status="failed", message=str(exc)[-500:])
-        raise ToolError(f"{exc}. Check partition/account/gpus_per_node against cluster_info.") from None
-    ledger.update(record.id, status="loading", details={
-        "job_id": job_id, "remote_dir": absolute_dir, "port": port, "log_path": f"{absolute_dir}/server.log",
-        "argv": [*plan.launcher, *plan.server_args], "started_at": time.time(), "startup_timeout_s": request.startup_timeout_s,
-    })
-    return LaunchDeploymentResult(
-        record_id=record.id, host=request.host, status="loading", port=port, served_model_name=plan.served_model_name,
-        command=f"sbatch {absolute_dir}/job.sbatch", log_path=f"{absolute_dir}/server.log", job_id=job_id,
-        notes=[f"SLURM job {job_id} on {request.host}; the endpoint is known once the job runs.",
-               f"The node loads {plan.checkpoint}: it must be at that path on the cluster (shared filesystem)."],
-    )
+    return _executor_for(request.host).launch(plan, request)  # 'local' means this machine, as in every tool with a host
 
 
 # --- deployment_status --------------------------------------------------------------------------
@@ -568,49 +402,6 @@ class DeploymentStatus(BaseModel):
     log_tail: list[str] = Field(default_factory=list, description=f"Last {LOG_TAIL_LINES} log lines.")
 
 
-class _Probe(BaseModel):
-    health: int | None = None
-    models: list[str] = Field(default_factory=list)
-    max_model_len: int | None = None
-    chat_latency_s: float | None = None
-    chat_reply: str | None = None
-    chat_error: str | None = None
-
-
-def _chat_body(name: str) -> dict[str, Any]:
-    return {"model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
-
-
-def _probe_local(base: str, name: str, chat: bool) -> _Probe:
-    import httpx
-
-    probe = _Probe()
-    with httpx.Client(trust_env=False) as client:  # loopback: never through a proxy from the environment
-        try:
-            probe.health = client.get(f"{base}/health", timeout=3).status_code
-        except httpx.HTTPError:
-            return probe
-        if probe.health != 200:
-            return probe
-        try:
-            _read_models(probe, client.get(f"{base}/v1/models", timeout=5).json())
-            if chat:
-                started = time.monotonic()
-                reply = client.post(f"{base}/v1/chat/completions", json=_chat_body(name), timeout=60)
-                probe.chat_latency_s = round(time.monotonic() - started, 3)
-                _read_chat(probe, reply.status_code, reply.text)
-        except (httpx.HTTPError, ValueError) as exc:
-            probe.chat_error = str(exc)[:300]
-    return probe
-
-
-def _read_models(probe: _Probe, models: dict[str, Any]) -> None:
-    data = [m for m in models.get("data", []) if isinstance(m, dict)]
-    probe.models = [m.get("id") for m in data]
-    lengths = [m["max_model_len"] for m in data if isinstance(m.get("max_model_len"), int)]
-    probe.max_model_len = lengths[0] if lengths else None
-
-
 # vLLM logs its engine config once at startup: "... quantization=compressed-tensors, ..." (None when unquantized).
 _LOGGED_QUANTIZATION = re.compile(r"\bquantization=([\w.-]+)")
 
@@ -618,20 +409,6 @@ _LOGGED_QUANTIZATION = re.compile(r"\bquantization=([\w.-]+)")
 def _served_quantization(log_text: str) -> str | None:
     found = _LOGGED_QUANTIZATION.findall(log_text)
     return found[-1] if found and found[-1] != "None" else None
-
-
-def _read_chat(probe: _Probe, status: int, text: str) -> None:
-    try:
-        body = json.loads(text)
-    except ValueError:
-        body = {}
-    if status == 200 and body.get("choices"):
-        message = body["choices"][0].get("message") or {}
-        # a reasoning model may spend 8 tokens thinking: its reply is then only reasoning_content
-        probe.chat_reply = str(message.get("content") or message.get("reasoning_content") or "")[:200]
-    else:
-        probe.chat_error = f"HTTP {status}: {text[:300]}"
-
 
 def _scan_log(text: str) -> list[KnownFailure]:
     found: list[KnownFailure] = []
@@ -656,91 +433,12 @@ def _why(failures: list[KnownFailure], log_text: str) -> str:
               and "EngineDeadError" not in m.group(1) and "See stack trace" not in m.group(1)]
     return f"The log says: {causes[-1][:300]}" if causes else "See log_tail."
 
-
-def _read_log_tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, path.stat().st_size - LOG_SCAN_BYTES))
-            return handle.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
-
-
-def _local_process(details: dict[str, Any]) -> tuple[bool, int | None]:
-    """(running, exit code when known)."""
-    child = _CHILDREN.get(details["pid"])
-    if child is not None and child.poll() is not None:  # reaped: no zombie left behind
-        del _CHILDREN[details["pid"]]
-    running = bool(group_members(details["pgid"]))
-    rc_path = Path(details["exit_code_path"])
-    code = int(rc_path.read_text().strip() or -1) if rc_path.is_file() else None
-    return running, code
-
-
-_REMOTE_PROBE = """
-cd {dir} 2>/dev/null || exit 3
-echo @@host; cat endpoint_host 2>/dev/null
-h=$(cat endpoint_host 2>/dev/null)
-echo @@health
-if [ -n "$h" ]; then code=$(curl -s --noproxy '*' -o /dev/null -w '%{{http_code}}' -m 3 http://$h:{port}/health); echo "$code"; fi
-echo @@models
-if [ "$code" = 200 ]; then curl -s --noproxy '*' -m 5 http://$h:{port}/v1/models; fi
-echo; echo @@chat
-if [ "$code" = 200 ] && [ {chat} = 1 ]; then
-  curl -s --noproxy '*' -m 60 -w '\\n%{{http_code}} %{{time_total}}' -H 'Content-Type: application/json' -d {body} http://$h:{port}/v1/chat/completions
-fi
-echo; echo @@log; tail -c {scan} server.log 2>/dev/null
-"""
-
-
-def _sections(text: str) -> dict[str, str]:
-    parts = re.split(r"^@@(\w+)\n?", text, flags=re.M)
-    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-
-
-def _status_slurm(record: ledger.Record, chat: bool) -> tuple[str, bool, _Probe, str, str | None]:
-    """(process description, running, probe, log text, endpoint host)."""
-    details = record.details
-    name = details["served_model_name"]
-    host = record.host or ""
-    job = remote.job_states(host, [details["job_id"]]).get(details["job_id"])
-    job_state = job.state if job else ""
-    script = _REMOTE_PROBE.format(dir=shlex.quote(details["remote_dir"]), port=details["port"],
-                                  chat=int(chat), body=shlex.quote(json.dumps(_chat_body(name))), scan=REMOTE_LOG_SCAN_BYTES)
-    result = remote.run_remote(host, script, timeout=120)
-    if result.exit_code == 3:
-        raise ToolError(f"{record.host}:{details['remote_dir']}: deployment directory is gone.")
-    out = _sections(result.stdout)
-    running = job_state in remote.ACTIVE_JOB_STATES
-    probe = _Probe()
-    if out.get("health", "").isdigit():
-        probe.health = int(out["health"]) or None
-    if out.get("models"):
-        with contextlib.suppress(ValueError, AttributeError):
-            _read_models(probe, json.loads(out["models"]))
-    if out.get("chat"):
-        body, _, tail = out["chat"].rpartition("\n")
-        status_code, _, seconds = tail.partition(" ")
-        probe.chat_latency_s = round(float(seconds), 3) if seconds else None
-        _read_chat(probe, int(status_code) if status_code.isdigit() else 0, body)
-    process = f"SLURM job {details['job_id']}: {job_state or 'no longer in the queue'}"
-    return process, running, probe, out.get("log", ""), out.get("host") or None
-
-
 def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     details = record.details
     name = details["served_model_name"]
     elapsed = time.time() - details.get("started_at", record.created_at)
-    if record.executor == "slurm":
-        process, running, probe, log_text, node = _status_slurm(record, chat)
-        endpoint = f"http://{node}:{details['port']}/v1/chat/completions" if node else None
-        code = None  # a job's exit code needs accounting; the log says why it ended
-    else:
-        running, code = _local_process(details)
-        process = "running" if running else f"exited with code {code}" if code is not None else "exited"
-        probe = _probe_local(f"http://127.0.0.1:{details['port']}", name, chat) if running else _Probe()
-        log_text = _read_log_tail(Path(details["log_path"]))
-        endpoint = details["endpoint_url"]
+    seen = EXECUTORS[record.executor].observe(record, chat)
+    probe, log_text, endpoint, process = seen.probe, seen.log_text, seen.endpoint, seen.process
     failures = _scan_log(log_text)
     ready = probe.health == 200 and name in probe.models
     if record.status == "stopped":
@@ -757,8 +455,8 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     elif probe.health == 200:
         state, message = "failed", (f"Port {details['port']} answers, but /v1/models lists {probe.models}, not '{name}': another "
                                     "server holds the port, or --served-model-name differs. Stop it, or launch on another port.")
-    elif not running:
-        state = "failed" if failures or (code not in (None, 0)) else "exited"
+    elif not seen.running:
+        state = "failed" if failures or (seen.exit_code not in (None, 0)) else "exited"
         message = f"The server is not running ({process}). {_why(failures, log_text)}"
     elif process.endswith("PENDING"):
         state, message = "loading", f"{process}: queued; the server starts loading when the job runs."
@@ -822,35 +520,13 @@ class StopDeploymentResult(BaseModel):
     how: str = Field(description="What was done: SIGTERM, SIGKILL, scancel, or already stopped.")
     remaining_pids: list[int] = Field(default_factory=list, description="Processes still alive (local), if any.")
 
-
-def _stop_local(details: dict[str, Any], grace_s: float) -> tuple[bool, str, list[int]]:
-    return stop_group(details["pgid"], grace_s, on_wait=lambda: _local_process(details))  # reaps our own child
-
-
-def _stop_slurm(record: ledger.Record, grace_s: float) -> tuple[bool, str]:
-    job, host = record.details["job_id"], record.host or ""
-    remote.scancel(host, [job])
-    deadline = time.monotonic() + grace_s
-    while True:
-        entry = remote.job_states(host, [job]).get(job)
-        if entry is None or entry.state not in remote.ACTIVE_JOB_STATES:
-            return True, f"scancel {job}"
-        if time.monotonic() >= deadline:
-            return False, f"scancel {job} (job still {entry.state})"
-        time.sleep(0.5)
-
-
 def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_progress) -> StopDeploymentResult:
     """Use when an evaluation is done or a deployment failed or hangs: stops the server's whole process group or
     cancels its SLURM job. Safe to repeat.
     """
     record = _deployment(request.record_id)
     progress(0, 1, f"stopping {record.id} (up to {request.grace_s:.0f} s grace)")
-    if record.executor == "slurm":
-        stopped, how = _stop_slurm(record, request.grace_s)
-        remaining: list[int] = []
-    else:
-        stopped, how, remaining = _stop_local(record.details, request.grace_s)
+    stopped, how, remaining = EXECUTORS[record.executor].stop(record, request.grace_s)
     if stopped:
         ledger.update(record.id, status="stopped", message=how)
     return StopDeploymentResult(record_id=record.id, stopped=stopped, how=how, remaining_pids=remaining)

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from quanteval import __version__
+from quanteval.clusters.ssh import ssh_config_path
 from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
 from quanteval.models import StrictModel
 
@@ -126,8 +127,6 @@ def _gpus(probe: bool) -> tuple[list[GpuInfo], str]:
 
 def ssh_config_hosts(config_path: Path | None = None) -> list[str]:
     """Host aliases of the ssh config the remote tools read (~/.ssh/config, or QUANTEVAL_SSH_CONFIG)."""
-    from quanteval.clusters.remote import ssh_config_path
-
     path = config_path or ssh_config_path()
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()

@@ -1,7 +1,7 @@
 """Where a NEL SLURM config runs: partition, GPUs per node and walltime checked against what the cluster offers.
 
 NEL's SLURM defaults (`partition: batch`, `gres: gpu:8`, `walltime: 01:00:00`) fit some clusters and fail at
-sbatch on others. `plan_placement` compares a config with the cluster as `remote.describe_cluster` read it
+sbatch on others. `plan_placement` compares a config with the cluster as `slurm.describe_cluster` read it
 (partitions, GPUs per node and type, time limits, accounts) and says what to write; `apply_cluster` asks the
 cluster over SSH and writes it. GPUs per node are the model's: tensor x data x pipeline parallel size of the
 deployment (spread over execution.num_nodes), not a blanket 8. It also warns when the partition's GPUs cannot
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval.clusters import remote
+from quanteval.clusters import slurm, ssh
 from quanteval.engines.nel import nelfacts
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import nelconfig
@@ -62,7 +62,7 @@ def _positive(value: Any) -> int:
 
 
 def _format_warnings(report: Any, framework: str, gpu: str | None, partition: str,
-                     better: remote.PartitionInfo | None) -> list[str]:
+                     better: slurm.PartitionInfo | None) -> list[str]:
     """The checkpoint's format on the partition's GPU, as `framework` serves it (facts from quanteval.serving.frameworks)."""
     from quanteval.serving import frameworks
     from quanteval.serving.quantformat import algo_label, framework_verdict
@@ -96,7 +96,7 @@ def _native(report: Any, gpu: str | None, framework: str) -> bool:
     return native is None or frameworks.GPUS[gpu].capability >= native
 
 
-def _choose_partition(doc: Any, info: remote.ClusterInfo, partition: str | None, needed: int, report: Any,
+def _choose_partition(doc: Any, info: slurm.ClusterInfo, partition: str | None, needed: int, report: Any,
                       warnings: list[str]) -> str | None:
     """The asked partition, else the config's when it exists, else the first that is up with enough GPUs per node,
     preferring GPUs that run the format as it ships, then the cluster's default partition."""
@@ -118,23 +118,23 @@ def _choose_partition(doc: Any, info: remote.ClusterInfo, partition: str | None,
     return chosen
 
 
-def _walltime(doc: Any, chosen: remote.PartitionInfo, walltime: str | None, values: dict[str, Any],
+def _walltime(doc: Any, chosen: slurm.PartitionInfo, walltime: str | None, values: dict[str, Any],
               notes: list[str]) -> None:
     """The asked walltime (or the config's, or NEL's default), capped at the partition's limit, written explicitly."""
     wanted = walltime or _value(doc, "execution.walltime") or nelfacts.packaged_defaults("execution/slurm/default").get("walltime")
     try:
-        wanted_s = remote.slurm_seconds(str(wanted)) if wanted is not None else None
+        wanted_s = slurm.slurm_seconds(str(wanted)) if wanted is not None else None
     except ValueError:
         raise ToolError(f"walltime: '{wanted}' is not a SLURM time. Use HH:MM:SS or D-HH:MM:SS.") from None
     if chosen.max_time_s is not None and (wanted_s is None or wanted_s > chosen.max_time_s):
-        values["execution.walltime"] = remote.slurm_time(chosen.max_time_s)
+        values["execution.walltime"] = slurm.slurm_time(chosen.max_time_s)
         notes.append(f"execution.walltime capped at partition {chosen.name}'s limit {chosen.max_time}; NEL's "
                      "auto-resume continues a run past it (up to execution.max_walltime).")
     elif wanted_s is not None:  # written even when it is NEL's default: the config says what sbatch will be asked
-        values["execution.walltime"] = remote.slurm_time(wanted_s)
+        values["execution.walltime"] = slurm.slurm_time(wanted_s)
 
 
-def _account(doc: Any, info: remote.ClusterInfo, chosen: remote.PartitionInfo, values: dict[str, Any],
+def _account(doc: Any, info: slurm.ClusterInfo, chosen: slurm.PartitionInfo, values: dict[str, Any],
              warnings: list[str]) -> None:
     """Fill the account when exactly one is visible; warn when the config's is not the user's or not allowed here."""
     account = _value(doc, "execution.account")
@@ -149,7 +149,7 @@ def _account(doc: Any, info: remote.ClusterInfo, chosen: remote.PartitionInfo, v
                         f"not '{account}'.")
 
 
-def plan_placement(doc: Any, info: remote.ClusterInfo, partition: str | None = None, report: Any = None,
+def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = None, report: Any = None,
                    walltime: str | None = None) -> Placement:
     """What a SLURM config should say for this cluster: partition, GPUs per node, walltime (and account when only
     one is visible), with warnings. `report` is the checkpoint's inspect_checkpoint report, for the format check."""
@@ -209,7 +209,7 @@ class ApplyClusterOutput(BaseModel):
     placement: Placement
     changes: list[str] = Field(description="One line per key written: key: old -> new.")
     diff: str = Field(description="Unified diff of the config file (empty when nothing changed).")
-    partition_info: remote.PartitionInfo | None = Field(description="What the cluster says about the chosen partition.")
+    partition_info: slurm.PartitionInfo | None = Field(description="What the cluster says about the chosen partition.")
     query_s: float = Field(description="Seconds the cluster took to answer.")
 
 
@@ -279,17 +279,17 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     else:
         placement_host = {}
     progress(0, 3, f"asking {host} for its partitions")
-    info = remote.describe_cluster(host)
+    info = slurm.describe_cluster(host)
     progress(1, 3, "checking the checkpoint's format")
     report, problem = _checkpoint_report(doc, request.checkpoint)
     placement = plan_placement(doc, info, request.partition, report, request.walltime)
     if problem:
         placement.notes.append(problem)
     placement.values.update(placement_host)
-    if host != remote.LOCAL:
+    if host != ssh.LOCAL:
         # NEL logs in as `execution.username@execution.hostname`, which overrides the ssh config's User (NEL's
         # template says ${oc.env:USER}); write the user OpenSSH resolves for the host, the one just logged in as.
-        placement.values["execution.username"] = remote.ssh_user(host)
+        placement.values["execution.username"] = ssh.ssh_user(host)
     progress(2, 3, "writing the config")
     changes: list[str] = []
 

@@ -149,13 +149,13 @@ def _nel_output_dir(invocation_id: str) -> str | None:
 
 
 def _fetch_remote(label: str, host: str, remote_root: str) -> RunTree:
-    from quanteval.clusters import remote
+    from quanteval.clusters import ssh
 
     digest = hashlib.sha256(f"{host}:{remote_root}".encode()).hexdigest()[:16]
     local_root = state_dir() / "results-cache" / host / digest
     shutil.rmtree(local_root, ignore_errors=True)  # our own cache: a fresh copy, no files the cluster has since removed
     local_root.mkdir(parents=True)
-    remote.fetch_tree(host, remote_root, local_root, REMOTE_ARTIFACT_PATTERNS)
+    ssh.fetch_tree(host, remote_root, local_root, REMOTE_ARTIFACT_PATTERNS)
     tasks = _task_dirs(local_root, f"{host}:{remote_root}")
     return RunTree(label=label, root=local_root, task_dirs=tasks, host=host, remote_root=remote_root)
 
@@ -474,14 +474,14 @@ def _clip(text: str) -> str:
 
 def _scan_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
     """grep where the logs are (here, or on the cluster): they are often GBs of server output, never read whole."""
-    from quanteval.clusters import remote
+    from quanteval.clusters import ssh
 
     hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
-    host = tree.host or remote.LOCAL
+    host = tree.host or ssh.LOCAL
     logs = tree.remote_path(task_dir / "logs") if tree.host else str(task_dir / "logs")
     command = (f"cd {shlex.quote(logs)} 2>/dev/null && grep -n -i -E -H -m {GREP_MAX_PER_FILE} "
                f"{shlex.quote(GREP_PATTERN)} -- *.log")
-    result = remote.run_remote(host, command, timeout=300)
+    result = ssh.run_remote(host, command, timeout=300)
     for raw in result.stdout.splitlines():
         name, _, rest = raw.partition(":")
         number, _, line = rest.partition(":")
@@ -605,10 +605,10 @@ def _failure_finding(diagnosis: Diagnosis) -> Finding:
 
 def _diagnose(tree: RunTree, task_dir: Path) -> Diagnosis:
     """Why a task failed, from its logs where they are (here or on the cluster)."""
-    from quanteval.clusters import remote
+    from quanteval.clusters import ssh
 
     logs = tree.remote_path(task_dir / "logs") if tree.host else str(task_dir / "logs")
-    result = remote.run_remote(tree.host or remote.LOCAL, failures.grep_command(logs, 200, tail_lines=40), timeout=120)
+    result = ssh.run_remote(tree.host or ssh.LOCAL, failures.grep_command(logs, 200, tail_lines=40), timeout=120)
     shown = f"{tree.host}:{logs}" if tree.host else logs
     tails, hits = failures.parse_grep(result.stdout, shown)
     # The task's own client log ends the story; NEL's slurm-*.log holds the job script around it.

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from quanteval.clusters import ssh
 from quanteval.engines import engine_of
 from quanteval.engines.nel import nelfacts
 from quanteval.models import StrictModel, ToolError
@@ -559,8 +560,6 @@ def _check_ssh_user(ctx: _Context, execution: dict) -> None:
     """NEL logs in as `execution.username@execution.hostname`, so username overrides the ssh config's User for that
     host (NEL's template: ${oc.env:USER}). A username other than the User the ssh config names (as OpenSSH resolves
     it, `ssh -G`) fails the launch while ssh_check and cluster_info, which log in as that User, succeed."""
-    from quanteval.clusters import remote
-
     hostname = execution.get("hostname")
     if not isinstance(hostname, str) or not hostname.strip() or _is_unresolved(hostname) or "@" in hostname:
         return
@@ -571,11 +570,11 @@ def _check_ssh_user(ctx: _Context, execution: dict) -> None:
     if not isinstance(configured, str) or not configured or _is_unresolved(configured):
         return  # unset env var or another interpolation: reported elsewhere, or known only at run time
     try:
-        ssh_user = remote.ssh_user(hostname.strip())
+        ssh_user = ssh.ssh_user(hostname.strip())
     except ToolError:
         return  # an unreadable ssh config: ssh_check says what is wrong with it
     # The local login name is also OpenSSH's default when the config names no User: then nothing says which is right.
-    if ssh_user == configured or ssh_user == remote.local_user():
+    if ssh_user == configured or ssh_user == ssh.local_user():
         return
     ctx.add("execution.username", "error", "ssh_user_mismatch",
             f"execution.username is '{configured}' ({source}), but the ssh config names User {ssh_user} for Host {hostname}. "

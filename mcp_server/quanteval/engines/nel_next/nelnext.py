@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from quanteval import envvars, ledger
+from quanteval.clusters import ssh
 from quanteval.localproc import group_members, stop_group
 from quanteval.models import ToolError
 
@@ -373,7 +374,6 @@ def fetch_results(details: dict[str, Any]) -> Path:
     to finish merges them into RUN/<benchmark>/ (nel-next's own merge, on the node). The small files are copied
     (bundles, per-problem results, checkpoints; not logs or trajectories); where the shards are there but no merged
     bundle is (the merging job died), nel-next's `nel eval merge` is run here on the copy, as a user would."""
-    from quanteval.clusters import remote
     from quanteval.engines.nel_next import nextresults
 
     jobs = details["slurm_jobs"]
@@ -384,7 +384,7 @@ def fetch_results(details: dict[str, Any]) -> Path:
     sharded = len(jobs) > 1 or first.rsplit("/", 1)[-1].startswith("shard_")
     top = first.rsplit("/", 1)[0] if sharded else first
     with contextlib.suppress(ToolError):  # no directory yet: the job has not started, and the run has no results
-        remote.fetch_tree(jobs[0]["hostname"], top, local, RESULT_FILES)
+        ssh.fetch_tree(jobs[0]["hostname"], top, local, RESULT_FILES)
     if sharded:
         for job in jobs:  # a shard whose job never started has no directory: it counts as unfinished
             (local / job["remote_dir"].rstrip("/").rsplit("/", 1)[-1]).mkdir(exist_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from quanteval import failures, ledger
 from quanteval.clusters import executor as executors
-from quanteval.clusters import remote
+from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, JobStatus, Unreachable
 from quanteval.engines.base import (
     ACTIVE,
@@ -131,7 +131,7 @@ def _cluster_jobs(record: ledger.Record) -> list[ClusterJob]:
     """A nel-next SLURM record's jobs (one per shard) as the SLURM executor finds them again."""
     jobs = record.details["slurm_jobs"]
     return [ClusterJob(job_id=f"shard {index}" if len(jobs) > 1 else "nel eval run", hostname=job["hostname"],
-                       username=job["username"] or remote.ssh_user(job["hostname"]), remote_dir=job["remote_dir"],
+                       username=job["username"] or ssh.ssh_user(job["hostname"]), remote_dir=job["remote_dir"],
                        slurm_job_id=str(job["job_id"]), chain_file=nelnext.CHAIN_FILE, retries_failed=True)
             for index, job in enumerate(jobs)]
 
