@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import registry
+from quanteval import configfile, engines, registry
 from quanteval.models import ProgressFn, ToolError, no_progress
 from quanteval.serving.frameworks import Execution
 from quanteval.workflow import tasks
@@ -96,7 +96,6 @@ def default_config_path(model: str, execution: str, deployment: str) -> Path:
 
 def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanReport:
     """Run the whole chain; a ToolError from any step stops it (nothing is launched either way)."""
-    from quanteval.workflow import nelconfig
 
     config_path = Path(request.config).expanduser().resolve() if request.config else default_config_path(
         request.model, request.execution, request.deployment
@@ -146,9 +145,9 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         output_dir = request.output_dir if request.execution == "slurm" else str(Path(request.output_dir).expanduser().resolve())
 
         def set_output_dir(doc: Any) -> None:
-            nelconfig.set_path(doc, "execution.output_dir", output_dir)
+            configfile.set_path(doc, "execution.output_dir", output_dir)
 
-        nelconfig.edit_config(config_path, set_output_dir)
+        engines.edit_config(config_path, set_output_dir)
 
     notes: list[str] = []
     warnings = report.warnings
@@ -198,7 +197,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     steps.append(PlanStep(tool="dry_run", summary="ok" if dry.ok else "failed"))
     progress(total, total, "done")
 
-    config_doc = nelconfig.load_config(config_path)
+    config_doc = engines.load_config(config_path)
     task_names = [str(task.get("name")) for task in (config_doc.get("evaluation") or {}).get("tasks") or []]
     tensor_parallel = (config_doc.get("deployment") or {}).get("tensor_parallel_size")
     quoted = shlex.quote(str(config_path))
