@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quanteval.engines.nel import catalogue, recipes
+from quanteval.engines.nel import catalogue
+from quanteval.engines.nel import recipes as recipe_files
 from quanteval.models import ToolError
 from quanteval.workflow import tasks
 
@@ -180,10 +181,10 @@ def test_list_tasks_marks_tasks_with_recipes(recipes: Path) -> None:
 
 
 def test_recipe_is_parsed(recipes: Path) -> None:
-    recipe = recipes.load_recipe("gpqa")
+    recipe = recipe_files.load_recipe("gpqa")
     assert (recipe.nel_task, recipe.harness, recipe.repeats, recipe.env_vars) == ("ns_gpqa", "nemo_skills", 8, ["HF_TOKEN"])
     assert recipe.score_path == "results.tasks.ns_gpqa.metrics.pass@1.scores.accuracy.value"
-    assert set(recipes.RECIPE_SECTIONS) <= set(recipe.sections)
+    assert set(recipe_files.RECIPE_SECTIONS) <= set(recipe.sections)
     assert yaml.safe_load(recipe.yaml_fragment)[0]["nemo_evaluator_config"]["config"]["params"]["extra"]["num_repeats"] == 8
     assert [r.name for r in tasks.list_recipes()] == ["gpqa"]
 
@@ -202,7 +203,7 @@ def test_recipe_is_parsed(recipes: Path) -> None:
 def test_broken_recipes_name_the_file_and_problem(recipes: Path, broken: str, message: str) -> None:
     (recipes / "gpqa.md").write_text(broken, encoding="utf-8")
     with pytest.raises(ToolError, match=message) as error:
-        recipes.load_recipe("gpqa")
+        recipe_files.load_recipe("gpqa")
     assert "gpqa.md" in str(error.value)
 
 
