@@ -134,8 +134,8 @@ def served_argv(config: Path) -> tuple[str, list[str]]:
 
 def enforced_checks(config: Path, checkpoint: Path) -> dict[str, Any]:
     """What the server and NEL would enforce, checked on the written config: each entry (ok, detail)."""
+    from quanteval.engines.nel.config import CONTEXT_LENGTH_FLAGS, config_tasks, task_generation
     from quanteval.serving.deploy import check_server_args
-    from quanteval.workflow.nelconfig import CONTEXT_LENGTH_FLAGS, config_tasks, task_generation
 
     doc = yaml.safe_load(config.read_text())
     framework, argv = served_argv(config)

@@ -15,6 +15,7 @@ from factories import make_checkpoint
 from mcp import Client
 from results_factory import DEPLOYMENT, EXAMPLES, make_invocation, make_task
 
+from quanteval import configfile, engines
 from quanteval.faces.server import build_server
 from quanteval.workflow import compare, nelconfig, validation
 from quanteval.workflow.compare import CompareResultsInput
@@ -78,19 +79,19 @@ def test_apply_checkpoint_sets_a_budget_that_fits_the_serving_context(tmp_path: 
 
 def test_a_task_budget_above_the_context_is_lowered_and_an_ns_override_is_flagged(tmp_path: Path) -> None:
     config = built(tmp_path, "q.yaml")
-    nelconfig.edit_config(config, lambda doc: nelconfig.set_path(doc, "evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.max_new_tokens", 65536))
+    engines.edit_config(config, lambda doc: configfile.set_path(doc, "evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.max_new_tokens", 65536))
     apply(config, NVFP4)
     gpqa = next(task for task in at(config, "evaluation", "tasks") if task["name"] == "ns_gpqa")
     assert gpqa["nemo_evaluator_config"]["config"]["params"]["max_new_tokens"] == 32768
     args_key = "evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.extra.args"
-    nelconfig.edit_config(config, lambda doc: nelconfig.set_path(doc, args_key, "++prompt_config=eval/aai/mcq-4choices ++inference.tokens_to_generate=50000"))
+    engines.edit_config(config, lambda doc: configfile.set_path(doc, args_key, "++prompt_config=eval/aai/mcq-4choices ++inference.tokens_to_generate=50000"))
     assert ("error", "budget_exceeds_context", args_key) in problems(config)
 
 
 def test_a_smaller_context_flag_is_what_the_budget_must_fit(tmp_path: Path) -> None:
     config = built(tmp_path, "q.yaml")
     apply(config, NVFP4)
-    nelconfig.edit_config(config, lambda doc: nelconfig.set_path(doc, "deployment.extra_args", "--context-length 16384 --reasoning-parser qwen3"))
+    engines.edit_config(config, lambda doc: configfile.set_path(doc, "deployment.extra_args", "--context-length 16384 --reasoning-parser qwen3"))
     found = [p for p in validation.validate_config(ValidateConfigInput(config_path=str(config))).problems if p.rule == "budget_exceeds_context"]
     assert [p.key for p in found] == ["evaluation.nemo_evaluator_config.config.params.max_new_tokens"]
     assert "--context-length" in found[0].message and "12288" in found[0].fix
@@ -115,7 +116,7 @@ def test_checkpoint_sampling_replaces_template_values_and_says_so(tmp_path: Path
 
 def test_a_users_sampling_is_kept_noted_and_warned_about(tmp_path: Path) -> None:
     config = built(tmp_path, "q.yaml")
-    nelconfig.edit_config(config, lambda doc: nelconfig.set_path(doc, "evaluation.nemo_evaluator_config.config.params.temperature", 0.2))
+    engines.edit_config(config, lambda doc: configfile.set_path(doc, "evaluation.nemo_evaluator_config.config.params.temperature", 0.2))
     result = apply(config, NVFP4)
     assert at(config, *PARAMS, "temperature") == 0.2
     assert any("Kept evaluation.nemo_evaluator_config.config.params.temperature = 0.2" in note and "0.6" in note for note in result.notes)
@@ -164,7 +165,7 @@ def test_switching_to_a_model_without_thinking_removes_every_qwen3_setting(tmp_p
 def test_a_stale_thinking_toggle_is_flagged(tmp_path: Path) -> None:
     config = built(tmp_path, "q.yaml")
     apply(config, NVFP4)
-    nelconfig.edit_config(config, lambda doc: nelconfig.set_path(doc, "deployment.checkpoint_path", str(EXAMPLES / "llama-tiny-bf16")))
+    engines.edit_config(config, lambda doc: configfile.set_path(doc, "deployment.checkpoint_path", str(EXAMPLES / "llama-tiny-bf16")))
     found = problems(config)
     toggle = "evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config.params_to_add.chat_template_kwargs.enable_thinking"
     assert ("warning", "thinking_without_toggle", toggle) in found

@@ -9,6 +9,7 @@ import anyio
 import pytest
 from factories import make_checkpoint
 
+from quanteval.configfile import walk
 from quanteval.models import ToolError
 from quanteval.workflow.convert import ConvertConfigInput, convert_config
 from quanteval.workflow.nelconfig import (
@@ -20,7 +21,6 @@ from quanteval.workflow.nelconfig import (
     load_config,
     set_config_value,
     to_plain,
-    walk,
 )
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from results_factory import DEPLOYMENT, make_invocation, make_task
 
+from quanteval.engines.base import unpinned_image
 from quanteval.workflow import validation
 from quanteval.workflow.compare import CompareResultsInput, compare_results
 from quanteval.workflow.validation import ValidateConfigInput
@@ -30,7 +31,7 @@ CHECKPOINT = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"
     ("${oc.env:SGLANG_IMAGE}", False),
 ])
 def test_unpinned_image(image: str, unpinned: bool) -> None:
-    assert validation.unpinned_image(image) is unpinned
+    assert unpinned_image(image) is unpinned
 
 
 def _config(tmp_path: Path, image: str | None, container: str | None) -> Path:

@@ -12,6 +12,7 @@ import yaml
 from factories import make_checkpoint
 
 from quanteval import registry
+from quanteval.engines.nel import config as nel_config
 from quanteval.models import ToolError
 from quanteval.workflow import nelconfig
 from quanteval.workflow.nelconfig import (
@@ -41,7 +42,7 @@ def nel_reference(execution: str, deployment: str, model_type: str, benchmarks: 
     from nemo_evaluator_launcher.common.build_config import deep_merge
 
     def template(part: str) -> dict:
-        return yaml.safe_load((nelconfig._templates_dir() / part).read_text()) or {}
+        return yaml.safe_load((nel_config._templates_dir() / part).read_text()) or {}
 
     config: dict = {}
     for part in [f"execution/{execution}.yaml", f"export/{export}.yaml", f"evaluation/{model_type}/default.yaml"]:
@@ -57,7 +58,7 @@ def nel_reference(execution: str, deployment: str, model_type: str, benchmarks: 
 
 
 def test_bundles_are_nels_own() -> None:
-    assert nelconfig.benchmark_bundles() == {key: sorted(value) for key, value in BUNDLES.items()}
+    assert nel_config.benchmark_bundles() == {key: sorted(value) for key, value in BUNDLES.items()}
 
 
 @pytest.mark.parametrize("execution,deployment,model_type,export", COMBINATIONS)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from quanteval import envvars
+from quanteval.engines.nel import recipes
 from quanteval.workflow import tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def test_every_required_recipe_is_there():
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_follows_the_agreed_format(path: Path):
-    recipe = tasks.parse_recipe(path)
+    recipe = recipes.parse_recipe(path)
     assert recipe.name == path.stem
     assert recipe.run_time in {"short", "medium", "long"}
     assert recipe.scale in {"fraction", "percent"}
@@ -92,14 +93,14 @@ def test_recipe_follows_the_agreed_format(path: Path):
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_names_one_real_nel_task(path: Path):
-    recipe = tasks.parse_recipe(path)
+    recipe = recipes.parse_recipe(path)
     matches = tasks.lookup(recipe.nel_task)
     assert [entry.harness for entry in matches] == [recipe.harness], f"{recipe.nel_task} must be unambiguous in NEL"
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_env_vars_are_known_and_documented(path: Path):
-    recipe = tasks.parse_recipe(path)
+    recipe = recipes.parse_recipe(path)
     documented = (REPO / "env.example").read_text()
     for name in recipe.env_vars:
         assert name in envvars.KNOWN_ENV_VARS
@@ -114,10 +115,10 @@ def nel_dry_run(tmp_path_factory) -> subprocess.CompletedProcess:
     """One `nel run --dry-run` of the base config holding every recipe's fragment (one run costs ~8 s of CPU)."""
     workdir = tmp_path_factory.mktemp("dry-run")
     base = yaml.safe_load(BASE_CONFIG.read_text())
-    base["evaluation"]["tasks"] = [yaml.safe_load(tasks.parse_recipe(path).yaml_fragment)[0] for path in RECIPES]
+    base["evaluation"]["tasks"] = [yaml.safe_load(recipes.parse_recipe(path).yaml_fragment)[0] for path in RECIPES]
     config = workdir / "all_recipes.yaml"
     config.write_text(yaml.safe_dump(_fill_missing(base), sort_keys=False))
-    names = {name for path in RECIPES for name in tasks.parse_recipe(path).env_vars}
+    names = {name for path in RECIPES for name in recipes.parse_recipe(path).env_vars}
     return subprocess.run(
         [str(NEL), "run", "--config", str(config), "--dry-run"],
         cwd=workdir, env=_dummy_secrets([*names, "HF_TOKEN", "DUMMY_API_KEY"]),
@@ -128,7 +129,7 @@ def nel_dry_run(tmp_path_factory) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("index_and_path", list(enumerate(RECIPES)), ids=lambda item: item[1].stem)
 def test_recipe_in_base_config_passes_nel_dry_run(index_and_path, nel_dry_run):
     index, path = index_and_path
-    recipe = tasks.parse_recipe(path)
+    recipe = recipes.parse_recipe(path)
     assert nel_dry_run.returncode == 0, nel_dry_run.stdout[-2000:] + nel_dry_run.stderr[-2000:]
     assert "Job submission failed" not in nel_dry_run.stdout
     # NEL renders one job script per task, under <task>.<position>/; the recipe's task must be among them.
@@ -139,7 +140,7 @@ def test_recipe_in_base_config_passes_nel_dry_run(index_and_path, nel_dry_run):
 def test_recipe_in_base_config_passes_validate_config(path: Path, tmp_path: Path, monkeypatch):
     from quanteval import registry
 
-    recipe = tasks.parse_recipe(path)
+    recipe = recipes.parse_recipe(path)
     config = _recipe_config(recipe, tmp_path)
     for name, value in _dummy_secrets([*recipe.env_vars, "HF_TOKEN", "DUMMY_API_KEY"]).items():
         monkeypatch.setenv(name, value)

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 from results_factory import make_invocation, make_task
 
+from quanteval.engines.nel import recipes
 from quanteval.workflow import tasks, validation
 from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
 from quanteval.workflow.validation import ValidateConfigInput
@@ -20,7 +21,7 @@ ADVICE = "Keep the response_stats interceptor on"
 
 
 def test_aime2025_recipe_path_is_read_where_nel_writes_a_second_task(tmp_path: Path) -> None:
-    recipe = tasks.load_recipe("aime2025")
+    recipe = recipes.load_recipe("aime2025")
     invocation = make_invocation(tmp_path / "results", "a2025001")
     # Config order: ns_gpqa first, ns_aime2025 second -> NEL writes ns_gpqa.0 and ns_aime2025.1.
     make_task(invocation, "ns_gpqa", 0)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from quanteval.engines.nel import catalogue
+from quanteval.engines.nel import recipes as recipe_files
 from quanteval.models import ToolError
 from quanteval.workflow import tasks
 
@@ -81,7 +83,7 @@ def config(tmp_path: Path) -> Path:
 
 
 def test_catalogue_matches_nel_packaged_task_list() -> None:
-    source = yaml.load(tasks.nel_tasks_file().read_bytes(), Loader=yaml.CSafeLoader)
+    source = yaml.load(catalogue.nel_tasks_file().read_bytes(), Loader=yaml.CSafeLoader)
     entries = tasks.catalogue()
     assert len(entries) == source["metadata"]["num_tasks"] == 421
     gpqa = tasks.lookup("ns_gpqa")
@@ -117,12 +119,12 @@ def test_unknown_name_is_empty_and_suggestions_are_usable() -> None:
 
 def test_cache_is_written_reused_and_invalidated_when_the_file_changes(tmp_path: Path, isolated_state: Path) -> None:
     source = tmp_path / "all_tasks_irs.yaml"
-    shutil.copy(tasks.nel_tasks_file(), source)
+    shutil.copy(catalogue.nel_tasks_file(), source)
     assert len(tasks.catalogue(source)) == 421
     cache_files = list(isolated_state.glob("tasks-catalogue-nel-*.json"))
     assert len(cache_files) == 1
 
-    tasks._memo.clear()  # a new process: only the JSON cache is left
+    catalogue._memo.clear()  # a new process: only the JSON cache is left
     started = time.perf_counter()
     assert len(tasks.catalogue(source)) == 421
     assert time.perf_counter() - started < 0.1
@@ -138,7 +140,7 @@ def test_corrupt_cache_is_rebuilt(isolated_state: Path) -> None:
     tasks.catalogue()
     (cache,) = isolated_state.glob("tasks-catalogue-nel-*.json")
     cache.write_text("{not json", encoding="utf-8")
-    tasks._memo.clear()
+    catalogue._memo.clear()
     assert len(tasks.catalogue()) == 421
     assert json.loads(cache.read_text(encoding="utf-8"))["tasks"]
 
@@ -179,10 +181,10 @@ def test_list_tasks_marks_tasks_with_recipes(recipes: Path) -> None:
 
 
 def test_recipe_is_parsed(recipes: Path) -> None:
-    recipe = tasks.load_recipe("gpqa")
+    recipe = recipe_files.load_recipe("gpqa")
     assert (recipe.nel_task, recipe.harness, recipe.repeats, recipe.env_vars) == ("ns_gpqa", "nemo_skills", 8, ["HF_TOKEN"])
     assert recipe.score_path == "results.tasks.ns_gpqa.metrics.pass@1.scores.accuracy.value"
-    assert set(tasks.RECIPE_SECTIONS) <= set(recipe.sections)
+    assert set(recipe_files.RECIPE_SECTIONS) <= set(recipe.sections)
     assert yaml.safe_load(recipe.yaml_fragment)[0]["nemo_evaluator_config"]["config"]["params"]["extra"]["num_repeats"] == 8
     assert [r.name for r in tasks.list_recipes()] == ["gpqa"]
 
@@ -201,7 +203,7 @@ def test_recipe_is_parsed(recipes: Path) -> None:
 def test_broken_recipes_name_the_file_and_problem(recipes: Path, broken: str, message: str) -> None:
     (recipes / "gpqa.md").write_text(broken, encoding="utf-8")
     with pytest.raises(ToolError, match=message) as error:
-        tasks.load_recipe("gpqa")
+        recipe_files.load_recipe("gpqa")
     assert "gpqa.md" in str(error.value)
 
 

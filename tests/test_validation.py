@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from quanteval.engines.nel import config as nel_config
 from quanteval.serving import frameworks
 from quanteval.workflow import nelconfig, validation
 from quanteval.workflow.nelconfig import ApplyCheckpointInput, BuildConfigInput, SetConfigValueInput
@@ -257,11 +258,11 @@ def test_framework_flag_tables_agree_with_sglangs_parser() -> None:
     tables = frameworks.FRAMEWORK_FLAGS
     assert set(tables["sglang"]) <= sglang
     assert {spelled["sglang"] for table in tables.values() for spelled in table.values() if "sglang" in spelled} <= sglang
-    assert set(nelconfig.NEL_COMMAND_FLAGS["sglang"]) <= sglang
+    assert set(nel_config.NEL_COMMAND_FLAGS["sglang"]) <= sglang
     # flags called "rejected by SGLang" really are unknown to it
     others = {flag for name, table in tables.items() if name != "sglang" for flag in table}
-    assert others - frameworks.SHARED_FLAGS - set(nelconfig.NEL_COMMAND_FLAGS["sglang"]) - set(tables["sglang"]) <= others - sglang
-    assert nelconfig.CONTEXT_LENGTH_FLAGS["sglang"] in sglang
+    assert others - frameworks.SHARED_FLAGS - set(nel_config.NEL_COMMAND_FLAGS["sglang"]) - set(tables["sglang"]) <= others - sglang
+    assert nel_config.CONTEXT_LENGTH_FLAGS["sglang"] in sglang
     assert sglang >= frameworks.SHARED_FLAGS
 
 

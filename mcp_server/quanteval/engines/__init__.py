@@ -10,10 +10,14 @@ A new engine is one package under engines/ with a subclass of `base.Engine`, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from quanteval import ledger
-from quanteval.engines.base import Engine, EngineName
+from ruamel.yaml.comments import CommentedMap
+
+from quanteval import configfile, ledger
+from quanteval.engines.base import Engine, EngineName, config_check
 from quanteval.engines.nel.engine import NelEngine
 from quanteval.engines.nel_next.engine import NelNextEngine
 
@@ -47,6 +51,20 @@ def known_config(doc: Any) -> bool:
     return any(engine.owns(doc) for engine in ENGINES)
 
 
+# Refuses YAML that is not a config of any engine (a docker-compose file, a policy): config tools never touch those.
+check_config = config_check(known_config)
+
+
+def load_config(path: str | Path) -> CommentedMap:
+    """An evaluation config of any engine, round-trip (comments and order kept)."""
+    return configfile.load_config(path, check_config)
+
+
+def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None]) -> str:
+    """configfile.edit_config for an evaluation config of any engine: atomic, returns the diff."""
+    return configfile.edit_config(path, mutate, check_config)
+
+
 def is_nel_next(doc: Any) -> bool:
     return for_config(doc).name == "nel-next"
 
@@ -55,4 +73,5 @@ def engine_of(doc: Any) -> EngineName:
     return for_config(doc).name
 
 
-__all__ = ["ENGINES", "Engine", "EngineName", "by_name", "engine_of", "for_config", "for_record", "is_nel_next", "known_config"]
+__all__ = ["ENGINES", "Engine", "EngineName", "by_name", "check_config", "edit_config", "engine_of", "for_config", "for_record",
+           "is_nel_next", "known_config", "load_config"]

@@ -10,15 +10,17 @@ shape and in the ledger record of each run, and never compared as a string in th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
+from ruamel.yaml.comments import CommentedMap
 
-from quanteval import failures, ledger
+from quanteval import configfile, failures, ledger
 from quanteval.clusters.executor import JobStatus
 from quanteval.failures import Diagnosis
-from quanteval.models import ProgressFn
+from quanteval.models import ProgressFn, StrictModel, ToolError
 
 EngineName = Literal["nel", "nel-next"]
 RunKind = Literal["dry_run", "canary", "full_run"]
@@ -145,6 +147,73 @@ def overall_status(job_states: list[str]) -> str:
     return "succeeded" if job_states else "unknown"
 
 
+# ---------------------------------------------------------------- neutral types: config files
+
+
+Severity = Literal["error", "warning"]
+
+
+class Problem(BaseModel):
+    """One finding of validate_config: the key, how bad, which rule, and the fix."""
+    key: str = Field(description="Dotted path of the offending key (tasks by name), or the override / flag concerned.")
+    severity: Severity = Field(description="error: NEL or the server will fail or silently do the wrong thing; warning: worth a look.")
+    rule: str = Field(description="Short rule id, e.g. missing_value, unknown_key, unknown_task, wrong_framework_flag.")
+    message: str
+    fix: str = Field(description="What to change, concretely.")
+
+
+class ApplyCheckpointInput(StrictModel):
+    config_path: str = Field(description="NEL config whose deployment is vllm, sglang or trtllm, or a nel-next config with one vllm, sglang or api service.")
+    checkpoint: str = Field(description="Checkpoint directory, or HF handle (org/name) in the local cache.")
+    served_model_name: str | None = Field(None, description="Default: the HF handle or checkpoint folder name.")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, description="GPUs per replica. Default: smallest fit on H100."
+    )
+    cluster_checkpoint_path: str | None = Field(
+        None,
+        description="Checkpoint path on the machine running the job, if not the local copy.",
+    )
+
+
+class ApplyCheckpointOutput(BaseModel):
+    config_path: str
+    changes: list[str] = Field(description="One line per key written or removed: `key: old -> new`.")
+    diff: str = Field(description="Unified diff of the config file.")
+    missing_values: list[str] = Field(description="Paths still set to ??? afterwards.")
+    notes: list[str] = Field(description="Checkpoint warnings, framework notes and the defaults taken from the checkpoint, each once.")
+
+
+def config_check(owns: Callable[[Any], bool]) -> configfile.Check:
+    """A configfile.Check that refuses YAML `owns` does not accept, so config tools never read or rewrite other files."""
+    def check(doc: CommentedMap, path: Path) -> None:
+        if path.suffix not in (".yaml", ".yml") or (doc and not owns(doc)):
+            raise ToolError(
+                f"{path}: not an evaluation config (a .yaml/.yml file with NEL 0.2.6 sections execution:, deployment:, "
+                "evaluation: or nel-next sections services:, benchmarks:, cluster:). Create one with build_config."
+            )
+    return check
+
+
+def unpinned_image(image: Any) -> bool:
+    """A container image that names no fixed build: tagged `latest`, or with neither tag nor digest (Docker reads it
+    as `latest`). A digest (@sha256:...), a local image file (.sqsh) or an unresolved value is not flagged."""
+    if not isinstance(image, str) or not image.strip() or image == configfile.MISSING or "${" in image:
+        return False
+    image = image.strip()
+    if "@" in image or image.startswith(("/", "./", "../", "~")) or image.endswith(".sqsh"):
+        return False
+    name = image.rsplit("/", 1)[-1]  # a registry port (host:5000/...) is not a tag
+    return ":" not in name or name.split(":", 1)[1] in ("", "latest")
+
+
+def unpinned_image_problem(path: str, image: str, inherited: str = "") -> Problem:
+    repository = image.strip().removesuffix(":").removesuffix(":latest")
+    return Problem(key=path, severity="warning", rule="unpinned_image", message=(
+        f"'{image}'{inherited} is not pinned (tag latest or no tag): it can change between the baseline and the quantized "
+        "run, which then compare different builds."),
+        fix=f"Pin it: {repository}:<version> (the tag the model card recommends) or {repository}@sha256:<digest>.")
+
+
 # ---------------------------------------------------------------- the interface
 
 
@@ -158,6 +227,41 @@ class Engine(ABC):
     @abstractmethod
     def owns(self, doc: Any) -> bool:
         """Is this parsed config written for this engine (by its sections)?"""
+
+    # -- config (engines/<engine>/config.py)
+
+    @abstractmethod
+    def build_problem(self, deployment: str, model_type: str, benchmarks: list[str]) -> str | None:
+        """Why build_config cannot write this engine's config from these choices, or None."""
+
+    @abstractmethod
+    def config_stem(self, execution: str, deployment: str, model_type: str, benchmarks: list[str]) -> str:
+        """The file name (no suffix) build_config gives a new config of this engine."""
+
+    @abstractmethod
+    def skeleton(self, execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str,
+                 directory: Path) -> tuple[CommentedMap, list[str]]:
+        """A new config (its ??? values still to fill) and the tasks it runs; `directory` is where it is written."""
+
+    @abstractmethod
+    def apply_checkpoint(self, request: ApplyCheckpointInput, progress: ProgressFn) -> ApplyCheckpointOutput:
+        """Write into the config what it takes from the checkpoint (model, TP, server flags, budget, sampling, ...)."""
+
+    @abstractmethod
+    def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
+        """Every problem in a parsed config: the engine's schema and rules, and the chain rules on top."""
+
+    @abstractmethod
+    def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
+        """Environment variables the config (or its tasks' recipes) reads from the host, with the keys that read each."""
+
+    @abstractmethod
+    def execution_type(self, doc: Any) -> str:
+        """Where the config runs: local or slurm (or another executor the engine knows)."""
+
+    @abstractmethod
+    def deployment_type(self, doc: Any) -> str:
+        """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
 
     # -- the run lifecycle (engines/<engine>/runs.py)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quanteval.models import ToolError
-from quanteval.workflow.tasks import pack_dir
+from quanteval.engines.nel.recipes import pack_dir
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer

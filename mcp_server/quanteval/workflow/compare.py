@@ -28,6 +28,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval.envvars import state_dir
+from quanteval.engines.base import unpinned_image
+from quanteval.engines.nel import config as nel_config
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import anomaly
 from quanteval.workflow.results import (
@@ -192,13 +194,11 @@ def resolved_config(task_dir: Path) -> dict[str, Any] | None:
 
 
 def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
-    from quanteval.workflow import nelconfig
-
     deployment = (resolved or {}).get("deployment")
     if not isinstance(deployment, dict) or not deployment.get("type"):
         return None
     try:
-        flags = dict(nelconfig.parse_extra_args(str(deployment.get("extra_args") or "")))
+        flags = dict(nel_config.parse_extra_args(str(deployment.get("extra_args") or "")))
     except ToolError:
         flags = {}
     # the served context is compared with the model family (model.served_context)
@@ -208,23 +208,19 @@ def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
 def model_family(resolved: dict[str, Any] | None, checkpoint: str | None) -> dict[str, Any] | None:
     """Architecture, shapes, vocabulary and served context of the run's checkpoint, or None when it is not readable here."""
     from quanteval.serving import checkpoint as checkpoints
-    from quanteval.workflow import nelconfig
-
     if checkpoint:
         report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
     else:
-        report = nelconfig.model_source_report(resolved, Path.cwd()) if resolved else None
+        report = nel_config.model_source_report(resolved, Path.cwd()) if resolved else None
     if report is None:
         return None
-    context, _ = nelconfig.serving_context(resolved or {}, report)
+    context, _ = nel_config.serving_context(resolved or {}, report)
     facts = report.architecture.model_dump()
     return {key: facts[key] for key in MODEL_FACTS} | {"reasoning_template": report.reasoning, "served_context": context}
 
 
 def _facets(task_dir: Path, scores: TaskScores, checkpoint: str | None = None) -> dict[str, Any] | None:
     """What must match between two runs of one task, read from the saved run configs and results. None: unknown."""
-    from quanteval.workflow import nelconfig
-
     config = run_config(task_dir)
     if not config:
         return None
@@ -232,7 +228,7 @@ def _facets(task_dir: Path, scores: TaskScores, checkpoint: str | None = None) -
     extra = params.get("extra") or {}
     adapter = _adapter_settings(config)
     added = adapter["params_to_add"]
-    overrides = nelconfig.ns_generation_overrides(extra.get("args"))
+    overrides = nel_config.ns_generation_overrides(extra.get("args"))
     versioning = ((load_yaml(task_dir / "artifacts" / RESULTS_FILE) or {}).get("metadata") or {}).get("versioning")
     counts = sorted({s.count for s in scores.scores if s.count is not None})
     resolved = resolved_config(task_dir)
@@ -294,8 +290,6 @@ def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, A
 
 def _unpinned_serving(serving: Any) -> bool:
     """Both runs name the same serving image, but `latest` (or no tag): the image may have moved between the runs."""
-    from quanteval.workflow.validation import unpinned_image
-
     return isinstance(serving, dict) and unpinned_image(serving.get("image"))
 
 

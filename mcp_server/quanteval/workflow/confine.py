@@ -21,8 +21,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from quanteval import paths
-from quanteval.engines import is_nel_next
+from quanteval import configfile, engines, paths
+from quanteval.engines.nel import config as nel_config
 from quanteval.models import ToolError
 
 LAUNCHING_TOOLS = frozenset({"dry_run", "launch_canary", "launch_full_run"})
@@ -40,10 +40,9 @@ def check_launch(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> 
     config_path = arguments.get("config_path")
     if tool not in LAUNCHING_TOOLS or not isinstance(config_path, str):
         return
-    from quanteval.workflow import nelconfig
 
     config = paths.local_path(config_path, "config_path", policy)
-    doc = nelconfig.to_plain(nelconfig.load_config(config))
+    doc = configfile.to_plain(engines.load_config(config))
     overrides = [o for o in arguments.get("overrides") or [] if isinstance(o, str)]
     for key, value in [*launch_paths(doc), *_override_paths(doc, overrides)]:
         _check(key, value, config.parent, policy)
@@ -52,7 +51,7 @@ def check_launch(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> 
 def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, path) for every local path a launch of this config writes, mounts or runs; none for a SLURM run."""
     found: list[tuple[str, Any]] = []
-    if is_nel_next(doc):
+    if engines.is_nel_next(doc):
         if (doc.get("cluster") or {}).get("type", "local") != "local":
             return []
         found.append(("output.dir", (doc.get("output") or {}).get("dir")))
@@ -66,9 +65,8 @@ def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
             if isinstance(name, str) and name.endswith(".py"):
                 found.append((f"benchmarks[{index}].name", name))
         return [(key, value) for key, value in found if isinstance(value, str)]
-    from quanteval.workflow import nelconfig
 
-    if nelconfig.execution_type(doc) != "local":
+    if nel_config.execution_type(doc) != "local":
         return []
     execution, deployment = doc.get("execution") or {}, doc.get("deployment") or {}
     found += [("execution.output_dir", execution.get("output_dir")), ("deployment.checkpoint_path", deployment.get("checkpoint_path")),
@@ -76,7 +74,7 @@ def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
     for role, mounts in (execution.get("mounts") or {}).items():
         if isinstance(mounts, dict):
             found += [(f"execution.mounts.{role}", source) for source in mounts]
-    for path, task in nelconfig.config_tasks(doc):
+    for path, task in nel_config.config_tasks(doc):
         if isinstance(task, dict):
             found.append((f"{path}.dataset_dir", task.get("dataset_dir")))
     docker_args = execution.get("extra_docker_args")

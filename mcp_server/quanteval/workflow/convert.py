@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval.engines import is_nel_next
+from quanteval import configfile, engines
+from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import StrictModel, ToolError
-from quanteval.workflow import nelconfig
 
 SERVICE = "services.model"
 PARAMS = "nemo_evaluator_config.config.params"
@@ -100,13 +100,13 @@ class _Conversion:
         self.reasons: dict[str, str] = {}  # a source key's own reason for not being carried over, before UNMAPPED_REASONS
 
     def put(self, target: str, value: Any, source: str | None = None) -> None:
-        nelconfig.set_path(self.out, target, _env_syntax(value))
+        configfile.set_path(self.out, target, _env_syntax(value))
         if source is not None:
             self.mapped.append(MappedField(source=source, target=target))
             self.consumed.add(source)
 
     def source(self, path: str) -> Any:
-        return nelconfig.value_at(self.doc, path)
+        return configfile.value_at(self.doc, path)
 
 
 def convert_config(request: ConvertConfigInput) -> ConvertConfigOutput:
@@ -114,8 +114,8 @@ def convert_config(request: ConvertConfigInput) -> ConvertConfigOutput:
     config, lists every field mapped and every field not carried over with why, and validates the result."""
     from quanteval.workflow.validation import ValidateConfigInput, validate_config
 
-    doc = nelconfig.to_plain(nelconfig.load_config(request.config_path))
-    if is_nel_next(doc):
+    doc = configfile.to_plain(engines.load_config(request.config_path))
+    if engines.is_nel_next(doc):
         raise ToolError(f"{request.config_path}: already a nel-next config (services/benchmarks); nothing to convert.")
     target = Path(request.output_path).expanduser()
     if target.suffix not in (".yaml", ".yml"):
@@ -125,7 +125,7 @@ def convert_config(request: ConvertConfigInput) -> ConvertConfigOutput:
     _benchmarks(conversion, framework)
     _cluster(conversion)
     unmapped = _unmapped(conversion)
-    text = nelconfig.dump_config(nelconfig.as_round_trip(conversion.out))
+    text = configfile.dump_config(configfile.as_round_trip(conversion.out))
     header = f"# nel-next config converted by quanteval convert_config from {Path(request.config_path).name}.\n"
     try:
         with open(target, "x", encoding="utf-8") as handle:
@@ -135,36 +135,36 @@ def convert_config(request: ConvertConfigInput) -> ConvertConfigOutput:
     report = validate_config(ValidateConfigInput(config_path=str(target)))
     return ConvertConfigOutput(output_path=str(target.resolve()), mapped=conversion.mapped, unmapped=unmapped, valid=report.valid,
                                problems=[p.model_dump(mode="json") for p in report.problems],
-                               missing_values=nelconfig.missing_value_paths(conversion.out))
+                               missing_values=configfile.missing_value_paths(conversion.out))
 
 
 def _service(c: _Conversion) -> str:
     """deployment (+ target.api_endpoint for an existing endpoint) -> services.model."""
-    framework = nelconfig.deployment_type(c.doc)
+    framework = nel_config.deployment_type(c.doc)
     service_type = SERVICE_TYPES.get(framework)
     if service_type is None:
         c.put(f"{SERVICE}.type", "api")
-        c.put(f"{SERVICE}.url", nelconfig.MISSING)
+        c.put(f"{SERVICE}.url", configfile.MISSING)
         return framework
     c.put(f"{SERVICE}.type", service_type, "deployment.type" if c.source("deployment.type") is not None else None)
     c.consumed.add("deployment.type")
-    endpoint_types = {str(task.get("endpoint_type") or "chat") for _, task in nelconfig.config_tasks(c.doc) if isinstance(task, dict)}
+    endpoint_types = {str(task.get("endpoint_type") or "chat") for _, task in nel_config.config_tasks(c.doc) if isinstance(task, dict)}
     protocol = "completions" if endpoint_types == {"completions"} else "chat_completions"
     if service_type == "api":
         url = c.source("target.api_endpoint.url")
-        c.put(f"{SERVICE}.url", url if isinstance(url, str) else nelconfig.MISSING, "target.api_endpoint.url" if url else None)
+        c.put(f"{SERVICE}.url", url if isinstance(url, str) else configfile.MISSING, "target.api_endpoint.url" if url else None)
         model = c.source("target.api_endpoint.model_id")
-        c.put(f"{SERVICE}.model", model if model else nelconfig.MISSING, "target.api_endpoint.model_id" if model else None)
+        c.put(f"{SERVICE}.model", model if model else configfile.MISSING, "target.api_endpoint.model_id" if model else None)
         key_name = c.source("target.api_endpoint.api_key_name")
         if key_name:
             c.put(f"{SERVICE}.api_key", f"${{{key_name}}}", "target.api_endpoint.api_key_name")
     else:
         for key, field in DEPLOYMENT_KEYS.items():
             value = c.source(f"deployment.{key}")
-            if value not in (None, nelconfig.MISSING):
+            if value not in (None, configfile.MISSING):
                 c.put(f"{SERVICE}.{field}", value, f"deployment.{key}")
-        if nelconfig.value_at(c.out, f"{SERVICE}.model") is None:
-            c.put(f"{SERVICE}.model", nelconfig.MISSING)
+        if configfile.value_at(c.out, f"{SERVICE}.model") is None:
+            c.put(f"{SERVICE}.model", configfile.MISSING)
         args = shlex.split(str(c.source("deployment.extra_args") or ""))
         c.consumed.add("deployment.extra_args")
         memory = c.source("deployment.gpu_memory_utilization")
@@ -198,7 +198,7 @@ def _benchmarks(c: _Conversion, framework: str) -> None:
     from quanteval.workflow import tasks
 
     benchmarks: list[dict[str, Any]] = []
-    for path, task in nelconfig.config_tasks(c.doc):
+    for path, task in nel_config.config_tasks(c.doc):
         if not isinstance(task, dict) or not isinstance(task.get("name"), str):
             continue
         name, why = tasks.nel_next_benchmark(task["name"])
@@ -236,9 +236,9 @@ def _benchmarks(c: _Conversion, framework: str) -> None:
 
 def _cluster(c: _Conversion) -> None:
     """execution -> cluster (local or slurm with one node pool) and output.dir."""
-    execution = nelconfig.execution_type(c.doc)
+    execution = nel_config.execution_type(c.doc)
     output_dir = c.source("execution.output_dir")
-    c.put("output.dir", output_dir if output_dir not in (None, "") else nelconfig.MISSING, "execution.output_dir" if output_dir else None)
+    c.put("output.dir", output_dir if output_dir not in (None, "") else configfile.MISSING, "execution.output_dir" if output_dir else None)
     c.put("output.timestamped", False)  # as build_config writes it: quanteval names each run's directory
     if execution != "slurm":
         c.put("cluster.type", "local")
@@ -248,18 +248,18 @@ def _cluster(c: _Conversion) -> None:
     c.put("cluster.type", "slurm", "execution.type" if c.source("execution.type") else None)
     for key, target in SLURM_KEYS.items():
         value = c.source(f"execution.{key}")
-        if value not in (None, nelconfig.MISSING):
+        if value not in (None, configfile.MISSING):
             c.put(target, value, f"execution.{key}")
     pool: dict[str, Any] = {}
     for key, field in POOL_KEYS.items():
         value = c.source(f"execution.{key}")
-        if value not in (None, nelconfig.MISSING):
+        if value not in (None, configfile.MISSING):
             pool[field] = value
             c.mapped.append(MappedField(source=f"execution.{key}", target=f"cluster.node_pools.default.{field}"))
             c.consumed.add(f"execution.{key}")
-    pool.setdefault("partition", nelconfig.MISSING)
+    pool.setdefault("partition", configfile.MISSING)
     c.put("cluster.node_pools.default", pool)
-    if nelconfig.value_at(c.out, f"{SERVICE}.type") != "api":
+    if configfile.value_at(c.out, f"{SERVICE}.type") != "api":
         c.put(f"{SERVICE}.node_pool", "default")
     mounts = []
     for role, pairs in (c.source("execution.mounts") or {}).items():
@@ -275,13 +275,13 @@ def _cluster(c: _Conversion) -> None:
 def _unmapped(c: _Conversion) -> list[UnmappedField]:
     """Every leaf of the NEL file that no mapping consumed, with the first matching reason."""
     found = []
-    for path, value in nelconfig.walk(c.doc):
+    for path, value in configfile.walk(c.doc):
         if (isinstance(value, dict | list) and value) or value is None:  # containers are walked into; null carries nothing
             continue
         if any(path == done or path.startswith(done + ".") or path.startswith(done + "[") for done in c.consumed):
             continue
         owner = next((key for key in c.reasons if path == key or path.startswith((key + ".", key + "["))), None)
-        if value == nelconfig.MISSING and owner is None:
+        if value == configfile.MISSING and owner is None:
             reason = "??? in the NEL config: no value to carry over."
         else:
             reason = c.reasons[owner] if owner else next(why for pattern, why in UNMAPPED_REASONS if re.search(pattern, path))

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from quanteval import ledger
 from quanteval.clusters import executor as executors
 from quanteval.engines.base import ACTIVE
+from quanteval.engines.nel_next import config as next_config
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.envvars import state_dir
 from quanteval.localproc import free_port
@@ -171,7 +172,7 @@ def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[de
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
         raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): "
                         f"{status.message} Log: {status.log_path}")
-    served = validation.served_facts(launched.endpoint_url or "") or {}
+    served = next_config.served_facts(launched.endpoint_url or "") or {}
     return launched, served
 
 
@@ -295,7 +296,7 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     # what would fail or measure nothing is refused now, not after minutes of serving
     if request.policy:
         load_policy(Path(request.policy).expanduser())
-    if refused := [p for p in validation.skills_benchmark_problems([{"name": name} for name in request.benchmarks])
+    if refused := [p for p in next_config.skills_benchmark_problems([{"name": name} for name in request.benchmarks])
                    if p.severity == "error"]:
         raise ToolError(" ".join(f"{p.key}: {p.message} {p.fix}" for p in refused))
     nelnext.nel_binary()

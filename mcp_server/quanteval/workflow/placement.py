@@ -15,10 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from quanteval import configfile, engines
 from quanteval.clusters import slurm, ssh
+from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel import nelfacts
+from quanteval.engines.nel_next import config as next_config
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.workflow import nelconfig
 
 PARALLEL_KEYS = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
 
@@ -33,12 +35,12 @@ class Placement(BaseModel):
 
 
 def _value(doc: Any, key: str, default: Any = None) -> Any:
-    return nelconfig.to_plain(nelconfig.get_path(doc, key)) if nelconfig.has_path(doc, key) else default
+    return configfile.to_plain(configfile.get_path(doc, key)) if configfile.has_path(doc, key) else default
 
 
 def gpus_needed(doc: Any) -> tuple[int, list[str]]:
     """GPUs per node the config's deployment needs, and notes on where the numbers came from."""
-    framework = nelconfig.deployment_type(doc)
+    framework = nel_config.deployment_type(doc)
     if framework == "none":
         return 0, []
     defaults = nelfacts.packaged_defaults(f"deployment/{framework}")
@@ -109,10 +111,10 @@ def _choose_partition(doc: Any, info: slurm.ClusterInfo, partition: str | None, 
     if isinstance(current, str) and current in by_name:
         return current
     fits = [p for p in info.partitions if p.state == "UP" and p.usable_nodes and p.gpus_per_node >= needed]
-    framework = nelconfig.deployment_type(doc)
+    framework = nel_config.deployment_type(doc)
     fits.sort(key=lambda p: (not _native(report, p.gpu_model, framework), not p.default, p.name))
     chosen = fits[0].name if fits else None
-    if isinstance(current, str) and current != nelconfig.MISSING:
+    if isinstance(current, str) and current != configfile.MISSING:
         warnings.append(f"execution.partition '{current}' does not exist on {info.host} (sbatch would refuse the job)"
                         + (f"; using {chosen}." if chosen else "."))
     return chosen
@@ -139,9 +141,9 @@ def _account(doc: Any, info: slurm.ClusterInfo, chosen: slurm.PartitionInfo, val
     """Fill the account when exactly one is visible; warn when the config's is not the user's or not allowed here."""
     account = _value(doc, "execution.account")
     if info.accounts is not None:
-        if account in (None, nelconfig.MISSING) and len(info.accounts) == 1:
+        if account in (None, configfile.MISSING) and len(info.accounts) == 1:
             values["execution.account"] = info.accounts[0]
-        elif isinstance(account, str) and account != nelconfig.MISSING and account not in info.accounts:
+        elif isinstance(account, str) and account != configfile.MISSING and account not in info.accounts:
             warnings.append(f"execution.account '{account}' is not one of your accounts on {info.host}: "
                             f"{', '.join(info.accounts) or 'none'}.")
     if chosen.allowed_accounts and isinstance(account, str) and account not in chosen.allowed_accounts:
@@ -183,9 +185,9 @@ def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = No
     _account(doc, info, chosen, values, warnings)
     if report is not None:
         better = next((p for p in info.partitions if p.state == "UP" and p.gpus_per_node >= needed
-                       and p.gpu_model and _native(report, p.gpu_model, nelconfig.deployment_type(doc)) and p.name != partition), None)
-        warnings += _format_warnings(report, nelconfig.deployment_type(doc), chosen.gpu_model, partition, better)
-    elif nelconfig.deployment_type(doc) != "none":
+                       and p.gpu_model and _native(report, p.gpu_model, nel_config.deployment_type(doc)) and p.name != partition), None)
+        warnings += _format_warnings(report, nel_config.deployment_type(doc), chosen.gpu_model, partition, better)
+    elif nel_config.deployment_type(doc) != "none":
         notes.append("The checkpoint was not inspected here, so its format was not checked against the GPUs: pass "
                      "checkpoint (a local copy or an HF handle).")
     return Placement(partition=partition, gpu_model=chosen.gpu_model, gpus_per_node=needed, values=values,
@@ -217,7 +219,7 @@ def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | Non
     from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 
     candidate = checkpoint or _value(doc, "deployment.hf_model_handle") or _value(doc, "deployment.checkpoint_path")
-    if not isinstance(candidate, str) or candidate == nelconfig.MISSING:
+    if not isinstance(candidate, str) or candidate == configfile.MISSING:
         return None, None
     try:
         return inspect_checkpoint(InspectCheckpointInput(checkpoint=candidate)), None
@@ -239,12 +241,11 @@ def _next_view(doc: Any) -> dict[str, Any]:
     """A nel-next SLURM config seen as NEL 0.2.6's keys, so one placement serves both engines: its cluster and node
     pool as `execution`, its managed model server (vllm/sglang, with its parallelism and checkpoint) as `deployment`;
     an api service is `deployment: none` (the model is served elsewhere, the job needs no GPU)."""
-    from quanteval.workflow import nextconfig
 
     execution = {"type": "slurm"} | {nel.split(".", 1)[1]: _value(doc, nxt) for nel, nxt in NEXT_KEYS.items()
                                      if _value(doc, nxt) is not None}
     deployment: dict[str, Any] = {"type": "none"}
-    managed = [s for s in (doc.get("services") or {}).values() if isinstance(s, dict) and s.get("type") in nextconfig.MANAGED]
+    managed = [s for s in (doc.get("services") or {}).values() if isinstance(s, dict) and s.get("type") in next_config.MANAGED]
     if managed:
         service = managed[0]
         deployment = {"type": service["type"], "checkpoint_path": service.get("model"), **{
@@ -258,19 +259,18 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     gres (gpu:<TP x DP x PP>), walltime, a lone visible account and username (the ssh config's User for the host);
     warns when the partition's GPUs cannot run the format as it ships.
     """
-    from quanteval.engines import is_nel_next
 
-    written = nelconfig.load_config(request.config_path)
-    next_engine = is_nel_next(written)
-    doc = _next_view(nelconfig.to_plain(written)) if next_engine else written
+    written = engines.load_config(request.config_path)
+    next_engine = engines.is_nel_next(written)
+    doc = _next_view(configfile.to_plain(written)) if next_engine else written
     if next_engine and (written.get("cluster") or {}).get("type") != "slurm":
         raise ToolError(f"{request.config_path}: cluster.type is not slurm; apply_cluster fits SLURM configs. "
                         "Build one with build_config engine='nel-next' execution='slurm'.")
-    if nelconfig.execution_type(doc) != "slurm":
-        raise ToolError(f"{request.config_path}: execution is '{nelconfig.execution_type(doc)}', not slurm; apply_cluster "
+    if nel_config.execution_type(doc) != "slurm":
+        raise ToolError(f"{request.config_path}: execution is '{nel_config.execution_type(doc)}', not slurm; apply_cluster "
                         "fits SLURM configs. Build one with build_config execution='slurm'.")
     host = request.host or _value(doc, "execution.hostname")
-    if not isinstance(host, str) or host in ("", nelconfig.MISSING):
+    if not isinstance(host, str) or host in ("", configfile.MISSING):
         key = NEXT_KEYS["execution.hostname"] if next_engine else "execution.hostname"
         raise ToolError(f"{request.config_path}: {key} is not set. Pass host, or set {key} "
                         "to the login node's alias in ~/.ssh/config.")
@@ -300,11 +300,11 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
             if next_engine and value is None:  # nel-next forbids nulls where NEL takes them as "unset"
                 continue
             old = _value(target, key)
-            if old != value or not nelconfig.has_path(target, key):
-                nelconfig.set_path(target, key, value)
+            if old != value or not configfile.has_path(target, key):
+                configfile.set_path(target, key, value)
                 changes.append(f"{key}: {old!r} -> {value!r}")
 
-    diff = nelconfig.edit_config(request.config_path, mutate) if placement.values else ""
+    diff = engines.edit_config(request.config_path, mutate) if placement.values else ""
     progress(3, 3, "done")
     chosen = next((p for p in info.partitions if p.name == placement.partition), None)
     return ApplyClusterOutput(config_path=request.config_path, host=host, placement=placement, changes=changes,

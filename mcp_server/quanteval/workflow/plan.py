@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import registry
+from quanteval import configfile, engines, registry
 from quanteval.models import ProgressFn, ToolError, no_progress
 from quanteval.serving.frameworks import Execution
 from quanteval.workflow import nelconfig, tasks
@@ -125,7 +125,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
     progress(TOTAL_STEPS, TOTAL_STEPS, "done")
 
     config_path = chain.config_path
-    config_doc = nelconfig.load_config(config_path)
+    config_doc = engines.load_config(config_path)
     task_names = [str(task.get("name")) for task in (config_doc.get("evaluation") or {}).get("tasks") or []]
     tensor_parallel = (config_doc.get("deployment") or {}).get("tensor_parallel_size")
     quoted = shlex.quote(str(config_path))
@@ -218,9 +218,9 @@ def _set_output_dir(output_dir: str, execution: str, config_path: Path) -> None:
     value = output_dir if execution == "slurm" else str(Path(output_dir).expanduser().resolve())
 
     def set_output_dir(doc: Any) -> None:
-        nelconfig.set_path(doc, "execution.output_dir", value)
+        configfile.set_path(doc, "execution.output_dir", value)
 
-    nelconfig.edit_config(config_path, set_output_dir)
+    engines.edit_config(config_path, set_output_dir)
 
 
 def _apply_checkpoint(request: PlanRequest, chain: _Chain, checkpoint_warnings: list[str]) -> list[str]:

@@ -36,6 +36,7 @@ from quanteval.engines.nel.nelfacts import REPEAT_KEYS
 from quanteval.engines.nel_next import nextresults
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.failures import Diagnosis
+from quanteval.engines.nel.config import EVALUATION_CHECKPOINT_MOUNT
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 log = logging.getLogger(__name__)
@@ -561,8 +562,6 @@ def deployment_mounts(task_dir: Path) -> list[tuple[str, str]]:
     """(host path, container path) of the deployment's mounts, rendered the way NEL 0.2.6's local and SLURM executors
     do (deployment.checkpoint_path -> /checkpoint, cache_path -> /cache, then execution.mounts.deployment), from the
     resolved config NEL stores in artifacts/metadata.yaml. Empty when the run did not record it."""
-    from quanteval.workflow.nelconfig import EVALUATION_CHECKPOINT_MOUNT
-
     resolved = (load_yaml(task_dir / "artifacts" / METADATA_FILE) or {}).get("launcher_resolved_config") or {}
     deployment = resolved.get("deployment") or {}
     if not isinstance(deployment, dict) or deployment.get("type") in (None, "none"):
@@ -580,8 +579,6 @@ def deployment_mounts(task_dir: Path) -> list[tuple[str, str]]:
 def host_path(container_path: str, mounts: list[tuple[str, str]]) -> str | None:
     """The host path behind a path inside the server's container; the path itself when no mount covers it (an HF
     handle or a path the server sees as is); None for NEL's checkpoint mount point when nothing says what is there."""
-    from quanteval.workflow.nelconfig import EVALUATION_CHECKPOINT_MOUNT
-
     path = _normal(container_path)
     for source, target in sorted(mounts, key=lambda mount: -len(mount[1])):
         target = _normal(target)

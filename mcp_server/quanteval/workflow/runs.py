@@ -14,10 +14,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from quanteval import engines, ledger
+from quanteval import configfile, engines, ledger
 from quanteval.engines.base import ACTIVE, CanarySpec, DryRunOutput, JobStatus, KillRunOutput, LaunchOutput, Refreshed, ResumeRunOutput, RunKind, RunLogsOutput
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.workflow import nelconfig, results
+from quanteval.workflow import results
 
 
 def _config_file(config_path: str) -> str:
@@ -28,7 +28,7 @@ def _config_file(config_path: str) -> str:
 
 
 def _engine(config_path: str) -> engines.Engine:
-    return engines.for_config(nelconfig.to_plain(nelconfig.load_config(config_path)))
+    return engines.for_config(configfile.to_plain(engines.load_config(config_path)))
 
 
 def config_hash(path: str, overrides: list[str] | None = None) -> str:

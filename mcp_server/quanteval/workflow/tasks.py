@@ -1,348 +1,20 @@
-"""The NEL task catalogue (cached), the task recipes under recipes/tasks/, and adding tasks to a config.
+"""The task tools: list NEL's tasks and the reviewed recipes, show a recipe, add tasks to a config.
 
-The catalogue is NEL's own packaged task list (`resources/all_tasks_irs.yaml`, the file
-`nel ls tasks` reads). Parsing that 1.3 MB file takes a few hundred milliseconds, so the
-parsed entries are cached as JSON in the state directory, keyed by NEL version and the
-file's size and mtime; a warm call reads only the small JSON file.
+The catalogue lives in engines/nel/catalogue.py, the recipes in engines/nel/recipes.py: the engines' rules read them too.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
-import importlib.metadata
-import importlib.util
-import json
-import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval import envvars
+from quanteval import configfile, engines
+from quanteval.engines.nel.catalogue import TaskEntry, catalogue, load_yaml, lookup, nel_version, suggest
+from quanteval.engines.nel.recipes import Recipe, list_recipes, recipe_error, recipes_dir
 from quanteval.models import StrictModel, ToolError
-
-log = logging.getLogger(__name__)
-
-NEL_DISTRIBUTION = "nemo-evaluator-launcher"
-CATALOGUE_CACHE_SCHEMA = 3
-
-
-class TaskEntry(BaseModel):
-    name: str = Field(description="Task name as NEL lists it, e.g. ns_gpqa.")
-    harness: str = Field(description="Harness (evaluation framework) the task belongs to, e.g. nemo_skills.")
-    qualified_name: str = Field(description="`harness.name`: unambiguous in a config's evaluation.tasks[].name.")
-    container: str = Field(description="Container image NEL runs the task in.")
-    description: str = Field(description="NEL's description of the task.")
-    endpoint_types: list[str] = Field(description="Endpoint types the task supports (chat, completions, ...).")
-    harness_task: str | None = Field(None, description="The harness's own name for the task (config.params.task), e.g. gpqa for ns_gpqa.")
-    reads_tokenizer: bool = Field(False, description="The task's command reads config.params.extra.tokenizer (lm-evaluation-harness, ruler, ...).")
-
-
-def nel_tasks_file() -> Path:
-    """The task list packaged with the installed NEL, found without importing NEL (that takes seconds)."""
-    spec = importlib.util.find_spec("nemo_evaluator_launcher")
-    if spec is None or not spec.submodule_search_locations:
-        raise ToolError(
-            "nemo_evaluator_launcher is not installed in this Python. "
-            "Install it with `pip install nemo-evaluator-launcher==0.2.6` (scripts/setup does)."
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "resources" / "all_tasks_irs.yaml"
-
-
-@functools.cache  # a reinstall also changes the task file's mtime, which the cache key catches
-def _nel_version() -> str:
-    try:
-        return importlib.metadata.version(NEL_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _load_yaml(text: str | bytes) -> Any:
-    """PyYAML's C loader where available: about ten times faster than the pure-Python one."""
-    import yaml
-
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-def _parse_tasks_file(source: Path) -> list[TaskEntry]:
-    document = _load_yaml(source.read_bytes())
-    containers = {harness["name"]: harness.get("container", "") for harness in document.get("harnesses") or []}
-    entries: list[TaskEntry] = []
-    seen: set[str] = set()
-    for task in document.get("tasks") or []:
-        qualified = f"{task['harness']}.{task['name']}"
-        if qualified in seen:  # NEL keeps the first occurrence too
-            continue
-        seen.add(qualified)
-        config = (task.get("defaults") or {}).get("config") or {}
-        entries.append(
-            TaskEntry(
-                name=task["name"],
-                harness=task["harness"],
-                qualified_name=qualified,
-                container=containers.get(task["harness"], ""),
-                description=" ".join(str(task.get("description") or "").split()),
-                endpoint_types=list(config.get("supported_endpoint_types") or ["chat"]),
-                harness_task=(config.get("params") or {}).get("task"),
-                reads_tokenizer="config.params.extra.tokenizer" in str((task.get("defaults") or {}).get("command") or ""),
-            )
-        )
-    return entries
-
-
-_memo: dict[tuple[str, str, int, int], list[TaskEntry]] = {}
-
-
-def catalogue(source: Path | None = None) -> list[TaskEntry]:
-    """Every task NEL knows, in NEL's order. Cached per NEL version and task-file size/mtime."""
-    source = source or nel_tasks_file()
-    try:
-        stat = source.stat()
-    except OSError as exc:
-        raise ToolError(f"{source}: cannot read NEL's task list ({exc.strerror}). Reinstall nemo-evaluator-launcher.") from None
-    version = _nel_version()
-    key = (str(source), version, stat.st_size, stat.st_mtime_ns)
-    if key in _memo:
-        return _memo[key]
-
-    cache_file = envvars.state_dir() / f"tasks-catalogue-nel-{version}.json"
-    entries = _read_cache(cache_file, key)
-    if entries is None:
-        entries = _parse_tasks_file(source)
-        _write_cache(cache_file, key, entries)
-    _memo.clear()
-    _memo[key] = entries
-    return entries
-
-
-def _read_cache(cache_file: Path, key: tuple[str, str, int, int]) -> list[TaskEntry] | None:
-    try:
-        cached = json.loads(cache_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if cached.get("schema") != CATALOGUE_CACHE_SCHEMA or tuple(cached.get("key") or ()) != key:
-        return None
-    return [TaskEntry.model_construct(**task) for task in cached["tasks"]]
-
-
-def _write_cache(cache_file: Path, key: tuple[str, str, int, int], entries: list[TaskEntry]) -> None:
-    payload = {"schema": CATALOGUE_CACHE_SCHEMA, "key": list(key), "tasks": [entry.model_dump() for entry in entries]}
-    temporary = cache_file.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(payload), encoding="utf-8")
-        os.replace(temporary, cache_file)
-    except OSError as exc:  # a read-only state dir only costs speed
-        log.warning("could not write the task catalogue cache %s: %s", cache_file, exc)
-        temporary.unlink(missing_ok=True)
-
-
-def lookup(name: str, source: Path | None = None) -> list[TaskEntry]:
-    """Entries matching `name` or `harness.name`: none = unknown, one = found, several = ambiguous."""
-    name = name.strip()
-    if "." in name:
-        return [entry for entry in catalogue(source) if entry.qualified_name == name]
-    return [entry for entry in catalogue(source) if entry.name == name]
-
-
-def suggest(name: str, n: int = 3, source: Path | None = None) -> list[str]:
-    """Closest task names (bare where unique, qualified where the bare name is ambiguous)."""
-    entries = catalogue(source)
-    counts: dict[str, int] = {}
-    for entry in entries:
-        counts[entry.name] = counts.get(entry.name, 0) + 1
-    candidates = list(dict.fromkeys(entry.name for entry in entries)) + [entry.qualified_name for entry in entries]
-    suggestions: list[str] = []
-    for match in difflib.get_close_matches(name.strip(), candidates, n=n * 3, cutoff=0.6):
-        if counts.get(match, 0) > 1:  # an ambiguous bare name is no use in a config: offer the qualified ones
-            suggestions.extend(entry.qualified_name for entry in entries if entry.name == match)
-        else:
-            suggestions.append(match)
-    return list(dict.fromkeys(suggestions))[:n]
-
-
-# --- recipes: recipes/tasks/<name>.md, reviewed by people, one per benchmark ------------------
-
-RECIPE_SECTIONS = ("Task Details", "Params", "YAML", "Score Extraction")
-
-
-def pack_dir() -> Path:
-    """Root of the skill pack's files (recipes/, skills/, references/).
-
-    In a source checkout (editable install) that is the repository root next to
-    mcp_server/; an installed wheel carries a copy under the package as `_pack/`.
-    """
-    package = Path(__file__).resolve().parents[1]  # quanteval/, this module lives in quanteval/workflow/
-    checkout = package.parent.parent
-    if (checkout / "recipes").is_dir():
-        return checkout
-    return package / "_pack"
-
-
-def recipes_dir() -> Path:
-    explicit = os.environ.get("QUANTEVAL_RECIPES_DIR")
-    return Path(explicit).expanduser() if explicit else pack_dir() / "recipes" / "tasks"
-
-
-class Recipe(BaseModel):
-    name: str = Field(description="Recipe name (the file stem), e.g. gpqa.")
-    nel_task: str = Field(description="The task name as NEL lists it, e.g. ns_gpqa.")
-    harness: str = Field(description="Harness of the task, e.g. nemo_skills.")
-    run_time: str = Field(description="Rough run time: short, medium or long.")
-    metric: str = Field(description="Metric holding the headline score in results.yml.")
-    score: str = Field(description="Score name under that metric.")
-    scale: str = Field(description="fraction (0-1) or percent (0-100).")
-    env_vars: list[str] = Field(default_factory=list, description="Environment variable names the task needs.")
-    judge: bool = Field(default=False, description="Whether an LLM judge scores the task.")
-    repeats: int = Field(default=1, description="How many times the recipe repeats each sample.")
-    samples: int | None = Field(
-        default=None, description="Questions in the full dataset, one repeat (validate_run's expected count); null when unknown.")
-    prompt_tokens: int | None = Field(
-        default=None, description="Longest prompt of the benchmark in tokens, its template included (approximate); null when unknown.")
-    answer_tokens: int | None = Field(
-        default=None, description="Smallest generation budget that does not truncate the answers; null when unknown.")
-    score_path: str = Field(description="Dotted path of the headline score in artifacts/results.yml.")
-    sections: dict[str, str] = Field(description="The recipe's Markdown sections by heading (Task Details, Params, ...).")
-    yaml_fragment: str = Field(description="The evaluation.tasks list item, as YAML text.")
-    path: str = Field(description="The recipe file.")
-
-
-def _recipe_error(path: Path, problem: str) -> ToolError:
-    return ToolError(f"{path}: {problem}. Fix the recipe file.")
-
-
-def parse_recipe(path: Path) -> Recipe:
-    """Parse one recipe file; every format problem is a ToolError naming the file."""
-    import yaml
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _recipe_error(path, f"cannot read ({exc.strerror})") from None
-    lines = text.splitlines()
-    if not lines or lines[0].strip() != "---" or "---" not in (line.strip() for line in lines[1:]):
-        raise _recipe_error(path, "no YAML frontmatter between '---' lines at the top")
-    end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
-    try:
-        front = _load_yaml("\n".join(lines[1:end])) or {}
-    except yaml.YAMLError as exc:
-        raise _recipe_error(path, f"frontmatter is not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(front, dict):
-        raise _recipe_error(path, "frontmatter must be a mapping of keys")
-    missing = [key for key in ("name", "nel_task", "harness", "run_time", "metric", "score", "scale") if not front.get(key)]
-    if missing:
-        raise _recipe_error(path, f"frontmatter lacks {', '.join(missing)}")
-    if front["name"] != path.stem:
-        raise _recipe_error(path, f"frontmatter name '{front['name']}' differs from the file name '{path.stem}'")
-
-    sections: dict[str, str] = {}
-    heading: str | None = None
-    for line in lines[end + 1 :]:
-        if line.startswith("## "):
-            heading = line[3:].strip()
-            sections[heading] = ""
-        elif heading is not None:
-            sections[heading] += line + "\n"
-    sections = {key: value.strip("\n") for key, value in sections.items()}
-    absent = [name for name in RECIPE_SECTIONS if name not in sections]
-    if absent:
-        raise _recipe_error(path, f"missing section(s) {', '.join('## ' + name for name in absent)}")
-
-    fragment = _single_yaml_block(path, sections["YAML"])
-    try:
-        items = _load_yaml(fragment)
-    except yaml.YAMLError as exc:
-        raise _recipe_error(path, f"the ```yaml block is not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not (isinstance(items, list) and len(items) == 1 and isinstance(items[0], dict)):
-        raise _recipe_error(path, "the ```yaml block must be exactly one evaluation.tasks list item ('- name: <task>')")
-    fragment_task = str(items[0].get("name", ""))
-    if fragment_task.split(".")[-1] != str(front["nel_task"]).split(".")[-1]:
-        raise _recipe_error(path, f"the YAML item's name '{fragment_task}' differs from nel_task '{front['nel_task']}'")
-
-    try:
-        return Recipe(
-            name=front["name"],
-            nel_task=str(front["nel_task"]),
-            harness=str(front["harness"]),
-            run_time=str(front["run_time"]),
-            metric=str(front["metric"]),
-            score=str(front["score"]),
-            scale=str(front["scale"]),
-            env_vars=[str(name) for name in front.get("env_vars") or []],
-            judge=bool(front.get("judge", False)),
-            repeats=int(front.get("repeats") or 1),
-            samples=int(front["samples"]) if front.get("samples") is not None else None,
-            prompt_tokens=int(front["prompt_tokens"]) if front.get("prompt_tokens") is not None else None,
-            answer_tokens=int(front["answer_tokens"]) if front.get("answer_tokens") is not None else None,
-            score_path=f"results.tasks.{fragment_task.split('.')[-1]}.metrics.{front['metric']}.scores.{front['score']}.value",
-            sections=sections,
-            yaml_fragment=fragment,
-            path=str(path),
-        )
-    except (TypeError, ValueError) as exc:
-        raise _recipe_error(path, f"a frontmatter value has the wrong type ({exc})") from None
-
-
-def _single_yaml_block(path: Path, section: str) -> str:
-    blocks: list[str] = []
-    current: list[str] | None = None
-    for line in section.splitlines():
-        stripped = line.strip()
-        if current is None and stripped.startswith("```yaml"):
-            current = []
-        elif current is not None and stripped.startswith("```"):
-            blocks.append("\n".join(current) + "\n")
-            current = None
-        elif current is not None:
-            current.append(line)
-    if len(blocks) != 1:
-        raise _recipe_error(path, f"'## YAML' must hold exactly one ```yaml block (found {len(blocks)})")
-    return blocks[0]
-
-
-_recipe_memo: dict[Path, tuple[tuple[int, int], Recipe]] = {}
-
-
-def _cached_recipe(path: Path) -> Recipe:
-    """parse_recipe, remembered until the file's size or mtime changes (list_tasks reads every recipe)."""
-    stat = path.stat()
-    key = (stat.st_size, stat.st_mtime_ns)
-    cached = _recipe_memo.get(path)
-    if cached is None or cached[0] != key:
-        cached = _recipe_memo[path] = (key, parse_recipe(path))
-    return cached[1]
-
-
-def list_recipes() -> list[Recipe]:
-    """Every recipe in recipes_dir(), sorted by name."""
-    directory = recipes_dir()
-    if not directory.is_dir():
-        return []
-    return [_cached_recipe(path) for path in sorted(directory.glob("*.md")) if path.stem.lower() != "readme"]
-
-
-def recipe_for_benchmark(name: str) -> Recipe | None:
-    """The recipe of a nel-next `skills://NAME` benchmark: the one whose NEL task runs the same NeMo-Skills benchmark."""
-    if not name.startswith("skills://"):
-        return None
-    wanted = name.removeprefix("skills://")
-    for recipe in list_recipes():
-        entries = lookup(recipe.nel_task if "." in recipe.nel_task else f"{recipe.harness}.{recipe.nel_task}")
-        if len(entries) == 1 and entries[0].harness_task == wanted:
-            return recipe
-    return None
-
-
-def load_recipe(name: str) -> Recipe:
-    path = recipes_dir() / f"{name}.md"
-    if not path.is_file():
-        known = [recipe.name for recipe in list_recipes()]
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f" Did you mean: {', '.join(close)}?" if close else f" Known recipes: {', '.join(known) or 'none'}."
-        raise ToolError(f"{path}: no recipe named '{name}'.{hint}")
-    return _cached_recipe(path)
-
 
 # --- resolving a requested name to a recipe or a catalogue task -------------------------------
 
@@ -375,8 +47,8 @@ def resolve(name: str, recipes: list[Recipe] | None = None) -> ResolvedTask:
     if recipe is not None:
         entries = lookup(recipe.nel_task if "." in recipe.nel_task else f"{recipe.harness}.{recipe.nel_task}")
         if not entries:
-            raise _recipe_error(Path(recipe.path), f"nel_task '{recipe.nel_task}' (harness {recipe.harness}) is not in NEL {_nel_version()}'s task list")
-        config_name = str(_load_yaml(recipe.yaml_fragment)[0]["name"])
+            raise recipe_error(Path(recipe.path), f"nel_task '{recipe.nel_task}' (harness {recipe.harness}) is not in NEL {nel_version()}'s task list")
+        config_name = str(load_yaml(recipe.yaml_fragment)[0]["name"])
         return ResolvedTask(requested=name, recipe=recipe, entry=entries[0], config_name=config_name)
     entries = lookup(name)
     if not entries:
@@ -468,7 +140,7 @@ def list_tasks(request: ListTasksInput) -> ListTasksOutput:
         offset=request.offset,
         limit=request.limit,
         next_offset=end if end < len(entries) else None,
-        nel_version=_nel_version(),
+        nel_version=nel_version(),
         tasks=[
             TaskSummary(
                 name=entry.name,
@@ -618,9 +290,6 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-    # nelconfig's validator imports this module, so import it here, not at the top.
-    from quanteval.workflow import nelconfig
-
     recipes = list_recipes()
     resolved = [resolve(name, recipes) for name in request.tasks]
     added: list[AddedTask] = []
@@ -657,7 +326,7 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
                 )
             )
 
-    diff = nelconfig.edit_config(request.config_path, insert)
+    diff = configfile.edit_config(request.config_path, insert, engines.check_config)
     used = [task.recipe for task in resolved if task.recipe and task.recipe.name in {a.recipe for a in added}]
     return AddTasksOutput(
         config_path=request.config_path,

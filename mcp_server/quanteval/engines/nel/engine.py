@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ruamel.yaml.comments import CommentedMap
+
 from quanteval import ledger
 from quanteval.engines.base import (
+    ApplyCheckpointInput,
+    ApplyCheckpointOutput,
     CanarySpec,
     Composed,
     DryRunOutput,
@@ -14,12 +18,14 @@ from quanteval.engines.base import (
     EngineName,
     KillRunOutput,
     LaunchOutput,
+    Problem,
     Refreshed,
     ResumeRunOutput,
     RunKind,
     RunLogsOutput,
+    config_check,
 )
-from quanteval.engines.nel import runs
+from quanteval.engines.nel import apply, config, rules, runs
 from quanteval.models import ProgressFn
 
 
@@ -32,6 +38,31 @@ class NelEngine(Engine):
         return isinstance(doc, dict) and bool(self.sections & set(doc))
 
     # -- config
+
+    def build_problem(self, deployment: str, model_type: str, benchmarks: list[str]) -> str | None:
+        return config.build_problem(deployment, model_type, benchmarks)
+
+    def config_stem(self, execution: str, deployment: str, model_type: str, benchmarks: list[str]) -> str:
+        return config.config_stem(execution, deployment, model_type, benchmarks)
+
+    def skeleton(self, execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str,
+                 directory: Path) -> tuple[CommentedMap, list[str]]:
+        return config.skeleton(execution, deployment, model_type, benchmarks, export)
+
+    def apply_checkpoint(self, request: ApplyCheckpointInput, progress: ProgressFn) -> ApplyCheckpointOutput:
+        return apply.apply_checkpoint(request, progress, config_check(self.owns))
+
+    def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
+        return rules.validate_document(doc, config_path, overrides, check_env)
+
+    def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
+        return config.env_var_needs(doc)
+
+    def execution_type(self, doc: Any) -> str:
+        return config.execution_type(doc)
+
+    def deployment_type(self, doc: Any) -> str:
+        return config.deployment_type(doc)
 
     # -- the run lifecycle
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from quanteval import failures, ledger
+from quanteval import configfile, failures, ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters.executor import ClusterJob, JobStatus, Unreachable
 from quanteval.engines.base import (
@@ -33,7 +33,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
     overall_status,
 )
-from quanteval.engines.nel import nelexec
+from quanteval.engines.nel import config, nelexec
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
 from quanteval.engines.rendering import protect_secrets_files, rendered_script, scrub, secret_values
 from quanteval.models import ProgressFn, ToolError
@@ -55,9 +55,7 @@ def _nel(op: str, timeout: float, **args: object) -> dict:
 
 
 def _plain_config(config_path: str) -> dict:
-    from quanteval.workflow import nelconfig  # MERGE-FIX: the config-file layer
-
-    doc = nelconfig.to_plain(nelconfig.load_config(config_path))
+    doc = configfile.to_plain(configfile.load_config(config_path))
     return doc if isinstance(doc, dict) else {}
 
 
@@ -73,9 +71,7 @@ def compose(config_path: str, overrides: list[str]) -> Composed:
 
 def check_launchable(config_path: str) -> None:
     """Refuse a launch before NEL runs when this machine lacks what the config's executor runs here."""
-    from quanteval.workflow import nelconfig  # MERGE-FIX: the config-file layer
-
-    problem = executors.for_name(nelconfig.execution_type(_plain_config(config_path))).launch_blocker()
+    problem = executors.for_name(config.execution_type(_plain_config(config_path))).launch_blocker()
     if problem:
         raise ToolError(f"{config_path}: not launched. {problem} Then launch again (check_environment lists them).")
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ruamel.yaml.comments import CommentedMap
+
 from quanteval import ledger
 from quanteval.engines.base import (
+    ApplyCheckpointInput,
+    ApplyCheckpointOutput,
     CanarySpec,
     Composed,
     DryRunOutput,
@@ -14,12 +18,15 @@ from quanteval.engines.base import (
     EngineName,
     KillRunOutput,
     LaunchOutput,
+    Problem,
     Refreshed,
     ResumeRunOutput,
     RunKind,
     RunLogsOutput,
+    config_check,
 )
-from quanteval.engines.nel_next import runs
+from quanteval.engines.nel import config as nel_config
+from quanteval.engines.nel_next import config, runs
 from quanteval.models import ProgressFn
 
 
@@ -40,6 +47,32 @@ class NelNextEngine(Engine):
         return "benchmarks" in doc or typed
 
     # -- config
+
+    def build_problem(self, deployment: str, model_type: str, benchmarks: list[str]) -> str | None:
+        return config.build_problem(deployment)
+
+    def config_stem(self, execution: str, deployment: str, model_type: str, benchmarks: list[str]) -> str:
+        return config.config_stem(execution, deployment, model_type, benchmarks)
+
+    def skeleton(self, execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str,
+                 directory: Path) -> tuple[CommentedMap, list[str]]:
+        return config.skeleton(execution, deployment, model_type, benchmarks, directory)
+
+    def apply_checkpoint(self, request: ApplyCheckpointInput, progress: ProgressFn) -> ApplyCheckpointOutput:
+        return config.apply_checkpoint(request, progress, config_check(self.owns))
+
+    def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
+        return config.validate_document(doc, config_path, overrides)
+
+    def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
+        # `host:` and `${oc.env:}` references read the same in either engine's config (no task recipes here)
+        return {name: paths for name, paths in nel_config.env_var_needs(doc).items()}
+
+    def execution_type(self, doc: Any) -> str:
+        return config.execution_type(doc)
+
+    def deployment_type(self, doc: Any) -> str:
+        return config.deployment_type(doc)
 
     # -- the run lifecycle
 

@@ -10,7 +10,7 @@ import shlex
 import time
 from pathlib import Path
 
-from quanteval import failures, ledger
+from quanteval import configfile, failures, ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, JobStatus, Unreachable
@@ -32,7 +32,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
     overall_status,
 )
-from quanteval.engines.nel_next import nelnext, nextresults
+from quanteval.engines.nel_next import config, nelnext, nextresults
 from quanteval.engines.rendering import rendered_script, scrub, secret_values
 from quanteval.models import ProgressFn, ToolError
 
@@ -86,13 +86,11 @@ def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
 def _model_facts(config_path: str) -> dict:
     """The checkpoint and served facts behind the config's model service, recorded with the run: compare_results
     checks from them that baseline and candidate are one model family served alike."""
-    from quanteval.workflow import nelconfig, nextconfig, validation  # MERGE-FIX: the config layer
-
     try:
-        _, service = nextconfig.model_service(nelconfig.load_config(config_path), config_path)
+        _, service = config.model_service(configfile.load_config(config_path), config_path)
     except ToolError:
         return {}
-    directory, served = validation.service_model(service)
+    directory, served = config.service_model(service)
     return {"checkpoint": directory, "served": served or {}}
 
 

@@ -1,0 +1,355 @@
+"""nel-next's config knowledge: its skeleton, what its model service takes from a checkpoint, and its validation
+(nel-next's own EvalConfig as the schema oracle, our chain rules on top).
+
+nel-next's service (`services.<name>`) holds what NEL 0.2.6 spreads over deployment and evaluation params:
+the model path and served name, TP and server flags for a server nel-next starts (vllm, sglang), the protocol,
+and `generation` (max_tokens, temperature, top_p). nel-next has no top_k field: it reaches the server through the
+service's adapter proxy (`proxy.extra_body`), which merges it into every request (measured with vLLM's request log).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml.comments import CommentedMap
+
+from quanteval import configfile
+from quanteval.configfile import MISSING, has_path, set_path, to_plain, value_at, walk
+from quanteval.engines.base import ApplyCheckpointInput, ApplyCheckpointOutput, Problem, unpinned_image, unpinned_image_problem
+from quanteval.engines.nel.config import generation_budget, owned_flags, parse_extra_args
+from quanteval.engines.nel.recipes import recipe_for_benchmark
+from quanteval.engines.nel.rules import task_context_problem
+from quanteval.engines.nel_next import nelnext
+from quanteval.models import ProgressFn, ToolError
+from quanteval.serving import checkpoint, frameworks
+
+MANAGED = ("vllm", "sglang")  # servers nel-next starts from a model path, with flags quanteval knows
+WriteFn = Callable[[CommentedMap, str, Any], None]
+
+
+# ---------------------------------------------------------------------------
+# The skeleton
+
+
+def build_problem(deployment: str) -> str | None:
+    if deployment not in ("none", *MANAGED):
+        return f"deployment '{deployment}': nel-next configs here take none (an existing endpoint), vllm or sglang"
+    return None
+
+
+def config_stem(execution: str, deployment: str, model_type: str, benchmarks: list[str]) -> str:
+    """Told apart from NEL configs by a prefix; a benchmark file by its stem, skills://NAME as skills_NAME."""
+    names = sorted(Path(name).stem.replace("://", "_") for name in benchmarks)
+    return f"nelnext_{execution}_{deployment}_{model_type}_{'_'.join(names)}"[:120]
+
+
+def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[str], directory: Path) -> tuple[CommentedMap, list[str]]:
+    """One model service (an existing endpoint, or a vLLM/SGLang server nel-next starts), a simple solver per
+    benchmark, the local or SLURM cluster, output without a timestamp (quanteval names each run's directory).
+    A BYOB file given by a relative path is written as an absolute one: nel-next resolves it against its own cwd."""
+    benchmarks = [str(Path(name).expanduser().resolve()) if name.endswith(".py") else name for name in benchmarks]
+    protocol = "completions" if model_type == "base" else "chat_completions"
+    # on SLURM the results go to a directory on the cluster, which only the person knows
+    output_dir = str(directory / "results") if execution == "local" else MISSING
+    plain = nelnext.config_document(benchmarks=benchmarks, protocol=protocol, execution=execution, output_dir=output_dir)
+    if deployment != "none":
+        plain["services"]["model"] = {"type": deployment, "model": MISSING, "protocol": protocol,
+                                      "served_model_name": MISSING, "generation": plain["services"]["model"]["generation"]}
+    doc = configfile.as_round_trip(plain)
+    doc.yaml_set_start_comment("nel-next (nemo-evaluator >= 0.3) config, written by quanteval build_config.\n"
+                               "??? marks values to fill: apply_checkpoint, deployment_status's config_values, set_config_value.")
+    return doc, benchmarks
+
+
+def execution_type(doc: Any) -> str:
+    cluster = doc.get("cluster") if isinstance(doc, dict) else None
+    return str(cluster.get("type") or "local") if isinstance(cluster, dict) else "local"
+
+
+def deployment_type(doc: Any) -> str:
+    """The server nel-next starts for the model service (vllm, sglang), or none for an endpoint (type api)."""
+    services = doc.get("services") if isinstance(doc, dict) else None
+    types = [s.get("type") for s in (services or {}).values() if isinstance(s, dict)] if isinstance(services, dict) else []
+    return next((str(t) for t in types if t in MANAGED), "none")
+
+
+# ---------------------------------------------------------------------------
+# apply_checkpoint
+
+
+
+def model_service(doc: Any, config_path: str) -> tuple[str, dict[str, Any]]:
+    """The one model service a quanteval-built config has (a judge service would be a second one)."""
+    services = doc.get("services") if isinstance(doc, dict) else None
+    models = {name: s for name, s in (services or {}).items() if isinstance(s, dict) and (s.get("type") in (*MANAGED, "api"))}
+    if len(models) != 1:
+        found = ", ".join(f"{name} ({s.get('type')})" for name, s in (services or {}).items() if isinstance(s, dict)) or "none"
+        raise ToolError(f"{config_path}: apply_checkpoint needs exactly one vllm, sglang or api service under services:, found {found}. "
+                        "Set the service's values with set_config_value instead.")
+    return next(iter(models.items()))
+
+
+def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn, check: configfile.Check) -> ApplyCheckpointOutput:
+    """nel-next: the service's model, served name, TP and server flags (managed servers), protocol by the chat template,
+    max_tokens within the context, and the checkpoint's sampling where the config has none of its own."""
+    config_path = Path(request.config_path).expanduser()
+    name, service = model_service(configfile.load_config(config_path, check), request.config_path)
+    progress(0, 2, "inspecting checkpoint")
+    report = checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=request.checkpoint))
+    progress(1, 2, "writing config")
+    framework = service.get("type")
+    prefix = f"services.{name}"
+    old = _previous_checkpoint(service.get("model"), config_path) if framework in MANAGED else None
+    changes: list[str] = []
+    notes: list[str] = []
+
+    def write(doc: CommentedMap, path: str, value: Any) -> None:
+        before = value_at(doc, path)
+        if before != value or not has_path(doc, path):
+            set_path(doc, path, value)
+            changes.append(f"{path}: {to_plain(before)!r} -> {to_plain(value)!r}")
+
+    def mutate(doc: CommentedMap) -> None:
+        changes.clear()
+        notes.clear()
+        if framework in MANAGED:
+            _apply_server(doc, prefix, framework, report, request, write)
+        protocol = "chat_completions" if report.chat_template else "completions"
+        if value_at(doc, f"{prefix}.protocol") != protocol:
+            write(doc, f"{prefix}.protocol", protocol)
+            if framework == "api" and isinstance(service.get("url"), str) and service["url"] != MISSING:
+                write(doc, f"{prefix}.url", nelnext.endpoint_url(service["url"], protocol))
+            if protocol == "completions":
+                notes.append(f"{report.checkpoint} has no chat template: the service uses the completions endpoint (prompts go to the model as they are).")
+        _apply_generation(doc, prefix, report, old, write, notes)
+
+    diff = configfile.edit_config(config_path, mutate, check)
+    flags = report.deployment_flags.get(framework) if framework in MANAGED else None
+    notes = list(dict.fromkeys(list(report.warnings) + (list(flags.notes) if flags else []) + notes))
+    missing = configfile.missing_value_paths(configfile.load_config(config_path, check))
+    return ApplyCheckpointOutput(config_path=request.config_path, changes=changes, diff=diff, missing_values=missing, notes=notes)
+
+
+def _apply_server(doc: CommentedMap, prefix: str, framework: str, report: checkpoint.CheckpointReport,
+                  request: ApplyCheckpointInput, write: WriteFn) -> None:
+    """What nel-next's vllm/sglang service starts: the model, its served name, TP, and the checkpoint's server flags."""
+    write(doc, f"{prefix}.model", request.cluster_checkpoint_path or report.hf_handle or report.checkpoint)
+    write(doc, f"{prefix}.served_model_name", request.served_model_name or report.hf_handle or Path(report.checkpoint).name)
+    tp = request.tensor_parallel_size or (report.gpu_fit[0].tensor_parallel_size if report.gpu_fit else None)
+    if tp:
+        write(doc, f"{prefix}.tensor_parallel_size", tp)
+    flags = report.deployment_flags.get(framework)
+    additions = parse_extra_args(" ".join(shlex.quote(arg) for arg in flags.args)) if flags else []
+    parser = frameworks.REASONING_PARSERS.get(report.architecture.model_type or "", {}).get(framework) if report.reasoning else None
+    if parser:
+        additions.append(("--reasoning-parser", parser))
+    current = value_at(doc, f"{prefix}.extra_args") or []
+    kept = parse_extra_args(" ".join(shlex.quote(str(arg)) for arg in current))
+    needed = {flag for flag, _ in additions}
+    owned = owned_flags(framework)
+    merged = [option for option in kept if option[0] not in needed and option[0] not in owned] + additions
+    argv = [part for flag, value in merged for part in ((flag,) if value is None else (flag, value))]
+    if argv != list(current):
+        write(doc, f"{prefix}.extra_args", argv)
+
+
+def _apply_generation(doc: CommentedMap, prefix: str, report: checkpoint.CheckpointReport,
+                      old: checkpoint.CheckpointReport | None, write: WriteFn, notes: list[str]) -> None:
+    """max_tokens inside the context; temperature/top_p/top_k from generation_config.json where the config has none,
+    or has the previous checkpoint's. build_config's greedy temperature 0.0 is a choice and is kept, with a note."""
+    context = report.context_length
+    path = f"{prefix}.generation.max_tokens"
+    current = value_at(doc, path)
+    if context:
+        budget = generation_budget(context)
+        old_budget = generation_budget(old.context_length) if old and old.context_length else None
+        if current in (MISSING, None, old_budget) or (isinstance(current, int) and current >= context):
+            if isinstance(current, int) and current >= context:
+                notes.append(f"{path} was {current}, not below the context {context}: every request would be refused. Now {budget}.")
+            write(doc, path, budget)
+    wanted = report.generation_defaults
+    previous = old.generation_defaults if old else {}
+    for key, target in (("temperature", f"{prefix}.generation.temperature"), ("top_p", f"{prefix}.generation.top_p"),
+                        ("top_k", f"{prefix}.proxy.extra_body.top_k")):
+        want, have = wanted.get(key), value_at(doc, target)
+        if want is None or have == want:
+            continue
+        if have is None or (key in previous and have == previous[key]):
+            write(doc, target, want)
+        else:
+            notes.append(f"Kept {target} = {have}; the checkpoint's generation_config.json recommends {want}.")
+
+
+def _previous_checkpoint(model: Any, config_path: Path) -> checkpoint.CheckpointReport | None:
+    """The checkpoint the service pointed at before, when it is a local directory: its values are ours to replace."""
+    if not isinstance(model, str) or model == MISSING:
+        return None
+    path = Path(model).expanduser()
+    if not path.is_absolute():
+        path = config_path.parent / path
+    if not (path / "config.json").is_file():
+        return None
+    try:
+        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=str(path)))
+    except ToolError:
+        return None
+
+# ---------------------------------------------------------------------------
+# validation
+
+SERVED_FACTS_TIMEOUT_S = 3.0
+
+
+def served_facts(url: str) -> dict[str, Any] | None:
+    """What an OpenAI-compatible server says it serves (/v1/models): id, root (vLLM: the model directory) and
+    max_model_len. None when it does not answer: the rules that need it are then skipped, not guessed."""
+    import httpx  # only here: the server starts without it
+
+    models_url = nelnext.endpoint_url(url, "chat_completions").rsplit("/chat/completions", 1)[0] + "/models"
+    try:
+        answer = httpx.get(models_url, timeout=SERVED_FACTS_TIMEOUT_S)
+        data = answer.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return data[0] if data and isinstance(data[0], dict) else None
+
+
+def service_model(service: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """The checkpoint directory behind a nel-next service and what its server says it serves: a managed server's
+    model path, or for an endpoint (type api) the model root vLLM reports in /v1/models. None where unknown."""
+    url = service.get("url")
+    served = served_facts(url) if service.get("type") == "api" and isinstance(url, str) and "???" not in url else None
+    candidate = service.get("model") if service.get("type") in ("vllm", "sglang") else (served or {}).get("root")
+    found = isinstance(candidate, str) and Path(candidate).expanduser().is_dir()
+    return (str(Path(candidate).expanduser().resolve()) if found else None), served
+
+
+def _next_checkpoint(directory: str | None) -> checkpoint.CheckpointReport | None:
+    if directory is None:
+        return None
+    try:
+        return checkpoint.inspect_checkpoint(checkpoint.InspectCheckpointInput(checkpoint=directory))
+    except ToolError:
+        return None
+
+
+def _next_service_rules(name: str, service: dict[str, Any], problems: list[Problem]) -> int | None:
+    """The service's own rules; returns its served context (the server's max_model_len, else the checkpoint's)."""
+    prefix = f"services.{name}"
+    directory, served = service_model(service)
+    report = _next_checkpoint(directory)
+    generation = service.get("generation") or {}
+    context = (served or {}).get("max_model_len") or (report.context_length if report else None)
+    budget = generation.get("max_tokens")
+    if isinstance(budget, str) and budget.isdigit():
+        budget = int(budget)
+    if isinstance(context, int) and isinstance(budget, int) and budget >= context:
+        source = "the server's max_model_len" if served and served.get("max_model_len") else "the checkpoint's context"
+        problems.append(Problem(key=f"{prefix}.generation.max_tokens", severity="error", rule="budget_exceeds_context",
+                                message=f"max_tokens {budget} is not below {source} ({context}): the server answers 400 to every request.",
+                                fix=f"Set max_tokens below {context} minus the longest prompt (e.g. {max(1, context // 2)})."))
+    protocol = service.get("protocol")
+    if report is not None and protocol == "chat_completions" and not report.chat_template:
+        problems.append(Problem(key=f"{prefix}.protocol", severity="error", rule="no_chat_template",
+                                message=f"{report.checkpoint} has no chat template, so the chat endpoint refuses requests.",
+                                fix="Use protocol: completions (a base model) with benchmarks that take plain prompts, or add a chat template to the checkpoint."))
+    if report is not None and report.generation_defaults.get("temperature") not in (None, 0, 0.0) and generation.get("temperature") is None:
+        problems.append(Problem(key=f"{prefix}.generation.temperature", severity="warning", rule="sampling_unset",
+                                message=f"temperature is unset; the checkpoint's generation_config.json uses {report.generation_defaults['temperature']}.",
+                                fix="Set it explicitly (0.0 for a greedy, reproducible comparison), the same for baseline and candidate."))
+    if served is not None and isinstance(service.get("model"), str) and service["model"] not in ("???", served.get("id")):
+        problems.append(Problem(key=f"{prefix}.model", severity="error", rule="served_name_mismatch",
+                                message=f"the server at {service['url']} serves '{served.get('id')}', not '{service['model']}': every request gets 404.",
+                                fix=f"Set {prefix}.model to {served.get('id')}."))
+    return context if isinstance(context, int) else None
+
+
+NEXT_PROTOCOL_PATHS = {"chat_completions": "/chat/completions", "completions": "/completions", "responses": "/responses"}
+
+
+def _next_slurm_url_rule(name: str, service: dict[str, Any], problems: list[Problem]) -> None:
+    """nel-next 0.3.0 on SLURM appends the protocol's path to an api service's url (slurm_gen: ${URL}/chat/completions),
+    while its local runs strip it: a url that already ends with it works here and 404s on every request there."""
+    url, suffix = str(service.get("url") or ""), NEXT_PROTOCOL_PATHS.get(str(service.get("protocol") or "chat_completions"), "")
+    if service.get("type") == "api" and suffix and url.rstrip("/").endswith(suffix):
+        base = url.rstrip("/")[: -len(suffix)]
+        problems.append(Problem(key=f"services.{name}.url", severity="error", rule="url_path_doubled_on_slurm",
+                                message=f"nel-next's SLURM job appends {suffix} to {url}: every request goes to {url.rstrip('/')}{suffix} and fails.",
+                                fix=f"Set it to the base URL {base} (local runs take it too)."))
+
+
+def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
+    """What stops nel-next's skills:// benchmarks from measuring anything: a NeMo-Skills that does not fit nel-next,
+    or a METRICS_TYPE nel-next does not grade. Shared by validate_config and evaluate_quantization's pre-flight."""
+    problems: list[Problem] = []
+    skills = [i for i, bench in enumerate(benchmarks) if str((bench or {}).get("name", "")).startswith("skills://")]
+    if skills and (why := nelnext.skills_problem()):
+        problems.append(Problem(key=f"benchmarks[{skills[0]}]", severity="error", rule="skills_unavailable",
+                                message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {why}: the benchmark fails at start.",
+                                fix="Install the NeMo-Skills release your nel-next names into its venv (QUANTEVAL_NEL_NEXT_VENV), "
+                                    "or run the benchmark with NEL 0.2.6's ns_* task (its container brings NeMo-Skills)."))
+    names = {i: str(benchmarks[i]["name"])[len("skills://"):] for i in skills}
+    types = nelnext.skills_metrics_types(sorted(set(names.values()))) if skills else {}
+    for index, name in names.items():
+        params = (benchmarks[index] or {}).get("params") or {}
+        metrics_type = params.get("eval_type") if isinstance(params, dict) and params.get("eval_type") else types.get(name)
+        if why := nelnext.skills_grading_problem(name, metrics_type):
+            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_not_graded",
+                                    message=f"{why}: the comparison would say nothing was lost while measuring nothing.",
+                                    fix=f"Run it with NEL 0.2.6's NeMo-Skills task (its container runs `ns eval`, which grades "
+                                        f"'{metrics_type}'), or use a nel-next benchmark that grades its own answers."))
+    return problems
+
+
+def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None) -> list[Problem]:
+    """A nel-next config: values still ???, nel-next's own schema (its pydantic EvalConfig, run in its venv), then
+    the chain rules a schema cannot know: budget vs served context, chat endpoint vs chat template, sampling,
+    the served model name."""
+    problems = [Problem(key=key, severity="error", rule="missing_value", message=f"{key} is still ???.",
+                        fix="Fill it: apply_checkpoint, the values deployment_status gives, or set_config_value.")
+                for key, value in walk(doc) if value == nelnext.MISSING]
+    if problems:
+        return problems  # nel-next's schema would only repeat them, less clearly
+    for key, value in walk(doc):  # e.g. NEL's `username: ${oc.env:USER}` pasted into a nel-next config
+        if isinstance(value, str) and "${oc." in value:
+            problems.append(Problem(key=key, severity="error", rule="omegaconf_interpolation", message=(
+                f"{key}: {value!r} is OmegaConf syntax (NEL's); nel-next expands only ${{VAR}} and ${{VAR:-default}} and "
+                "would use the text as it is."), fix="Write ${VAR} (or ${VAR:-default}) for an environment variable, or the value itself."))
+    checked = nelnext.check_schema(str(config_path), overrides)
+    for problem in checked.get("problems", []):
+        problems.append(Problem(key=problem["path"] or "(config)", severity="error", rule="nel_next_schema",
+                                message=f"nel-next rejects it: {problem['message']}",
+                                fix="Correct the key or value as nel-next's schema says (extra keys are forbidden)."))
+    contexts: dict[str, int | None] = {}
+    on_slurm = isinstance(doc.get("cluster"), dict) and doc["cluster"].get("type") == "slurm"
+    for name, service in (doc.get("services") or {}).items():
+        if isinstance(service, dict):
+            contexts[str(name)] = _next_service_rules(str(name), service, problems)
+            if on_slurm:
+                _next_slurm_url_rule(str(name), service, problems)
+    cluster = doc.get("cluster") if isinstance(doc.get("cluster"), dict) else {}
+    images = [("cluster.eval_image", cluster.get("eval_image"))]  # the container nel-next's SLURM job evaluates in
+    images += [(f"services.{name}.image", service.get("image")) for name, service in (doc.get("services") or {}).items()
+               if isinstance(service, dict)]
+    problems += [unpinned_image_problem(path, image) for path, image in images if unpinned_image(image)]
+    for index, bench in enumerate(doc.get("benchmarks") or []):
+        solver = (bench or {}).get("solver") or {}
+        service = (doc.get("services") or {}).get(solver.get("service"), {}) if isinstance(doc.get("services"), dict) else {}
+        budget = ((solver.get("generation") or {}).get("max_tokens") or (service.get("generation") or {}).get("max_tokens")) if isinstance(service, dict) else None
+        found = task_context_problem(str((bench or {}).get("name")), recipe_for_benchmark(str((bench or {}).get("name", ""))),
+                                     contexts.get(str(solver.get("service"))), budget if isinstance(budget, int) else None,
+                                     "--max-model-len for vLLM, --context-length for SGLang")
+        if found:
+            severity, rule, message, fix = found
+            problems.append(Problem(key=f"benchmarks[{index}]", severity=severity, rule=rule, message=message, fix=fix))
+    problems += skills_benchmark_problems(doc.get("benchmarks") or [])
+    for index, bench in enumerate(doc.get("benchmarks") or []):
+        bench_name = str((bench or {}).get("name", ""))
+        if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():
+            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="benchmark_file_missing",
+                                    message=f"{bench_name}: nel-next resolves a BYOB file against the directory it runs in; no such file here.",
+                                    fix="Give the file's absolute path."))
+    return problems
