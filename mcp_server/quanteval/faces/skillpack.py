@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quanteval.models import ToolError
 from quanteval.engines.nel.recipes import pack_dir
+from quanteval.models import ToolError
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer

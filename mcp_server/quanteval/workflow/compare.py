@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval.envvars import state_dir
 from quanteval.engines.base import unpinned_image
 from quanteval.engines.nel import config as nel_config
+from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import anomaly
 from quanteval.workflow.results import (

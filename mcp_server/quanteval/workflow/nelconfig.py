@@ -16,7 +16,6 @@ from quanteval import configfile, engines, envvars
 from quanteval.configfile import MISSING, as_round_trip, delete_path, get_path, missing_value_paths, set_path, to_plain
 from quanteval.engines import EngineName, load_config
 from quanteval.engines.base import ApplyCheckpointInput, ApplyCheckpointOutput
-
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving.frameworks import Execution
 from quanteval.serving.frameworks import NelDeployment as Deployment

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from quanteval import configfile, engines, registry
 from quanteval.models import ProgressFn, ToolError, no_progress
 from quanteval.serving.frameworks import Execution
-from quanteval.workflow import nelconfig, tasks
+from quanteval.workflow import tasks
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples=10"
 

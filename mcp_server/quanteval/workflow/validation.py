@@ -12,7 +12,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
-
 from quanteval.engines.base import Problem
 from quanteval.models import StrictModel
 
