@@ -15,7 +15,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from quanteval import registry
+from quanteval import registry, toolsets
 from quanteval.faces import skillpack
 from quanteval.faces.server import build_server
 
@@ -308,8 +308,8 @@ def test_toolsets_and_read_only_select_what_is_served():
 
 
 def test_every_tool_belongs_to_a_declared_toolset():
-    assert set(registry.TOOLSETS) == {"setup", "config", "runs", "results", "deploy", "cluster", "evalserver"}
-    assert {spec.toolset for spec in registry.TOOLS.values()} == set(registry.TOOLSETS)
+    assert set(toolsets.TOOLSETS) == {"setup", "config", "runs", "results", "deploy", "cluster", "evalserver"}
+    assert {spec.toolset for spec in registry.TOOLS.values()} == set(toolsets.TOOLSETS)
 
 
 def test_unknown_toolset_is_a_usage_error(cli_env):
@@ -365,7 +365,7 @@ def test_second_start_answers_initialize_and_tools_list_as_the_sdk_did(cli_env, 
     second = _stdio_session(cli_env, calls_before_list)  # initialize and tools/list come from the recording
     assert second[0] == first[0]
     assert second[1]["result"] == first[1]["result"] == second[3]["result"]  # the SDK's own later answer agrees
-    assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.select(list(registry.DEFAULT_TOOLSETS)))
+    assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
     assert second[2]["result"]["structuredContent"]["quanteval"]  # the SDK took over the session
 
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from quanteval import registry
+from quanteval import registry, toolsets
 from quanteval.faces.server import build_server
 
 CONTRACT = """check_environment inspect_checkpoint build_config get_config_value set_config_value
@@ -151,7 +151,7 @@ def test_stdio_server_speaks_only_protocol_on_stdout(cli_env, tmp_path):
     rest = proc.stdout.read()
     assert all(json.loads(line)["jsonrpc"] == "2.0" for line in rest.splitlines() if line.strip())
     # by default the evaluation workflow's toolsets: everything but the eval server's tools
-    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.select(list(registry.DEFAULT_TOOLSETS)))
+    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
     assert "start_eval_server" not in {tool["name"] for tool in answers[2]["result"]["tools"]}
     assert answers[3]["result"]["structuredContent"]["quanteval"]
     assert answers[4]["result"]["isError"] is True
