@@ -120,7 +120,7 @@ def test_internal_errors_name_only_their_type(monkeypatch):
         raise RuntimeError("secret-token-123")
 
     list_runs.__annotations__ = {"request": spec.input_model, "return": spec.output_model}
-    monkeypatch.setitem(registry.TOOLS, "list_runs", registry.ToolSpec(list_runs, read_only=True))
+    monkeypatch.setitem(registry.TOOLS, "list_runs", registry.ToolSpec(list_runs, "runs", read_only=True))
     result = call("list_runs", {})
     assert result.is_error
     assert "internal error (RuntimeError)" in result.content[0].text
