@@ -791,8 +791,8 @@ def _int(value: Any) -> int | None:
 
 
 def inspect_checkpoint(request: InspectCheckpointInput, progress: ProgressFn = no_progress) -> CheckpointReport:
-    """Use before build_config or plan_deployment: from configs and safetensors headers, a checkpoint's
-    architecture, size, quantization, context length, GPU fit and framework flags.
+    """Use before build_config or plan_deployment: a checkpoint's architecture, size, quantization, context length, GPU fit
+    and framework flags.
     """
     root, hf_handle = _locate(request.checkpoint)
     try:
