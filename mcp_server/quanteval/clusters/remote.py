@@ -904,8 +904,8 @@ def sbatch(host: str, directory: str, script: str, file_name: str = "job.sbatch"
 
 class SlurmQueueInput(StrictModel):
     host: str = Field(description="SLURM login host (ssh alias), or 'local'.")
-    user: str | None = Field(None, description="Only this user's jobs (default: everyone's).")
-    job_ids: list[str] = Field(default_factory=list, description="Only these job ids (e.g. ['1234', '1235_7']); empty = all.")
+    user: str | None = Field(None, description="Only this user's jobs.")
+    job_ids: list[str] = Field(default_factory=list, description="Only these job ids, e.g. ['1234', '1235_7'].")
     include_finished: bool = Field(
         False, description="Also finished jobs (sacct)."
     )
@@ -1287,8 +1287,8 @@ class RegistryCredentialsResult(BaseModel):
 
 
 def check_registry_credentials(request: CheckRegistryCredentialsInput) -> RegistryCredentialsResult:
-    """Use before a SLURM run pulling from nvcr.io or another private registry: lists the registries in the
-    host's enroot credentials (names only).
+    """Use before a SLURM run pulls from nvcr.io or another private registry: the registries in the host's enroot
+    credentials (names only).
     """
     if request.registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?", request.registry):
         raise ToolError(f"registry: '{request.registry}' is not a registry host name. Use e.g. 'nvcr.io'.")

@@ -72,7 +72,7 @@ class CompareResultsInput(StrictModel):
         None, description="For the chart and report; default under the state dir."
     )
     baseline_checkpoint: str | None = Field(
-        None, description="The baseline's checkpoint (local or cached HF handle) if its run's is not readable here.",
+        None, description="The baseline's checkpoint (local or cached HF handle) if its run's is unreadable here.",
     )
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
     reference_scores: dict[str, float] = Field(default_factory=dict, description=(

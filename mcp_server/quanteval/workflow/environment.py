@@ -170,8 +170,8 @@ def missing_binaries_message(executor: str) -> str | None:
 
 
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
-    """Use first: versions, nel, Docker, GPUs, ssh hosts, the executor's binaries and which known env vars are set (names
-    only); says what is missing and how to install it.
+    """Use first: versions, nel, Docker, GPUs, ssh hosts, executor binaries, which known env vars are set (names only);
+    what is missing and how to install it.
     """
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)

@@ -55,7 +55,7 @@ class EvaluateQuantizationInput(StrictModel):
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
     threshold: float = Field(0.05, ge=0, le=1, description="Largest acceptable drop (0.05 = 5 points).")
     policy: str | None = Field(None, description=(
-        "A `nel gate --policy` YAML: also gate the two full runs as gate_results does (GO / NO-GO / INCONCLUSIVE). Checked before serving."))
+        "A `nel gate --policy` YAML: also gate the two full runs, as gate_results does. Checked before serving."))
     startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to become ready.")
     run_timeout_s: float = Field(3600, gt=0, description="Seconds one canary or full run may take.")
 

@@ -326,8 +326,8 @@ def _clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int
 
 
 class GateResultsInput(StrictModel):
-    baseline: str = Field(description="Reference run: a nel-next run folder (`nel eval run -o DIR`), eval-*.json bundle or record id; a NEL 0.2.6 "
-                                      "run's directory, host:path, record id or invocation id.")
+    baseline: str = Field(description="Reference run: nel-next run folder (`nel eval run -o DIR`), eval-*.json bundle or record id; NEL 0.2.6 "
+                                      "directory, host:path, record id or invocation id.")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
     policy: str = Field(description="Policy YAML (`nel gate --policy` format): version: 1, defaults, benchmarks.<name>.{tier: "
                                     "critical|supporting|advisory, metric: pass@1|mean_reward, max_drop, max_relative_drop, relative_guard_below, "

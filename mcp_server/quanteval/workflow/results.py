@@ -739,8 +739,8 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
 
 
 def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) -> ValidateRunOutput:
-    """Use before extract_scores or compare_results: checks each task of a finished run (samples, HTTP errors, truncation,
-    leaked reasoning, judge, served checkpoint), with evidence.
+    """Use before extract_scores or compare_results: checks each task of a finished run (samples, errors, truncation,
+    leaked reasoning, judge, served checkpoint).
     """
     if (next_dir := next_run_dir(request.run)) is not None:
         return _validate_next_run(request, next_dir)

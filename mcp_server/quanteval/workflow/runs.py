@@ -329,7 +329,7 @@ class LaunchCanaryInput(StrictModel):
     overrides: list[str] = Field(default_factory=list, description=(
         "Overrides as for `nel run -o` (new key: '++'); give launch_full_run the same ones."))
     repeats: int | None = Field(1, ge=1, le=1000, description=(
-        "Repeats per sample where the config repeats (num_repeats, n_samples); null: the config's, as the full run always uses."))
+        "Repeats per sample where the config repeats (num_repeats, n_samples); null: the config's, as in the full run."))
 
 
 REPEAT_OVERRIDE = "++{prefix}.nemo_evaluator_config.config.params.extra.{key}={value}"
