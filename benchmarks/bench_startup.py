@@ -6,8 +6,9 @@
   notifications/initialized, tools/list) and times until the tools/list answer arrives.
   Target: at most 0.6x `nel --help`.
 - The size of that tools/list answer, and of what a model reads from it (names, descriptions,
-  input schemas), with --output-schemas, --read-only and one toolset. Target: what the model
-  reads under ~24 KB (~6k tokens at ~4 bytes a token).
+  input schemas, in characters of compact JSON as sent), for the default toolsets, --toolsets all,
+  --no-output-schemas, --read-only and one toolset. Target: the default under 24,000 characters
+  (~6k tokens at ~4 a token; tests/test_surface.py holds it to that budget).
 - A cold `quanteval call validate_config` on the packaged example config (NEL facts already
   cached, as after the first use). Target: 0.5 s.
 Wall times inflate on a loaded machine; CPU times (user+sys of the child) do not, so both are printed.
@@ -84,10 +85,11 @@ def spawn_to_tools_list(*options: str, first_call: bool = False) -> tuple[float,
 
 
 def listing_sizes(tools: list[dict]) -> tuple[int, int]:
-    """Bytes of the tools/list result as sent (compact JSON), and of what a model reads from it."""
-    whole = len(json.dumps({"tools": tools}, separators=(",", ":")).encode())
+    """Characters of the tools/list result as sent (compact JSON), and of what a model reads from it
+    (tests/test_surface.py's model_visible_characters)."""
+    whole = len(json.dumps({"tools": tools}, ensure_ascii=False, separators=(",", ":")))
     seen = [{key: tool[key] for key in ("name", "description", "inputSchema") if key in tool} for tool in tools]
-    return whole, len(json.dumps(seen, separators=(",", ":")).encode())
+    return whole, len(json.dumps(seen, ensure_ascii=False, separators=(",", ":")))
 
 
 def timed(argv: list[str]) -> tuple[float, float]:
@@ -152,12 +154,13 @@ def main() -> None:
           f"= {check_wall / nel_wall:.2f}x nel --help (target <= 500 ms)")  # fmt: skip
     print(f"python -c pass:                      wall {python_pass * 1000:5.0f} ms")
     print(f"heavy modules imported by the server (quanteval.faces.mcpapp): {imported or 'none'}")
-    for label, options in (("default", ()), ("--output-schemas", ("--output-schemas",)), ("--read-only", ("--read-only",)),
-                           ("--toolsets config", ("--toolsets", "config"))):
+    for label, options in (("default", ()), ("--toolsets all", ("--toolsets", "all")),
+                           ("--no-output-schemas", ("--no-output-schemas",)), ("--read-only", ("--read-only",)),
+                           ("--toolsets config", ("--toolsets", "config"))):  # fmt: skip
         tools = spawn_to_tools_list(*options)[2]
         whole, seen = listing_sizes(tools)
-        print(f"tools/list {label:<18} {len(tools):2d} tools: {whole:6d} B (~{whole // 4} tokens); "
-              f"model reads {seen:6d} B (~{seen // 4} tokens)")
+        print(f"tools/list {label:<20} {len(tools):2d} tools: {whole:6d} characters sent; "
+              f"model reads {seen:6d} (~{seen // 4} tokens)")
 
 
 if __name__ == "__main__":

@@ -88,8 +88,8 @@ def _config_args(config: Path, key: str, **more: Any) -> dict[str, Any]:
 
 
 CHECKS = [
-    ("tools/list: every tool, additionalProperties false, polling read-only",
-     lambda r: len(r["tools"]) == _tool_count() and all(t["inputSchema"].get("additionalProperties") is False for t in r["tools"])
+    ("tools/list: every default tool, additionalProperties false, polling read-only",
+     lambda r: _default_tools() <= {t["name"] for t in r["tools"]} and all(t["inputSchema"].get("additionalProperties") is False for t in r["tools"])
      and all(t.get("annotations", {}).get("readOnlyHint") for t in r["tools"] if t["name"] in ("run_status", "deployment_status"))),
     ("unknown argument key is an error naming it", lambda r: r.get("is_error") and "unknown argument 'output_path'" in r["text"]),
     ("set_config_value with yaml_value works", lambda r: r.get("is_error") is False),
@@ -102,10 +102,10 @@ CHECKS = [
 ]
 
 
-def _tool_count() -> int:
-    from quanteval import registry
+def _default_tools() -> set[str]:
+    from quanteval import registry, toolsets
 
-    return len(registry.TOOLS)
+    return set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
 
 
 # ---------------------------------------------------------------- clients

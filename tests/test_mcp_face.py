@@ -15,7 +15,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from quanteval import registry
+from quanteval import registry, toolsets
 from quanteval.faces import skillpack
 from quanteval.faces.server import build_server
 
@@ -120,7 +120,7 @@ def test_internal_errors_name_only_their_type(monkeypatch):
         raise RuntimeError("secret-token-123")
 
     list_runs.__annotations__ = {"request": spec.input_model, "return": spec.output_model}
-    monkeypatch.setitem(registry.TOOLS, "list_runs", registry.ToolSpec(list_runs, read_only=True))
+    monkeypatch.setitem(registry.TOOLS, "list_runs", registry.ToolSpec(list_runs, "runs", read_only=True))
     result = call("list_runs", {})
     assert result.is_error
     assert "internal error (RuntimeError)" in result.content[0].text
@@ -308,8 +308,25 @@ def test_toolsets_and_read_only_select_what_is_served():
 
 
 def test_every_tool_belongs_to_a_declared_toolset():
-    assert set(registry.TOOLSETS) == {"setup", "config", "runs", "results", "deploy", "cluster", "evalserver"}
-    assert {spec.toolset for spec in registry.TOOLS.values()} == set(registry.TOOLSETS)
+    assert set(toolsets.TOOLSETS) == {"setup", "config", "runs", "results", "deploy", "cluster", "evalserver"}
+    assert {spec.toolset for spec in registry.TOOLS.values()} == set(toolsets.TOOLSETS)
+    assert all(toolset.description and "\n" not in toolset.description for toolset in toolsets.TOOLSETS.values())
+    # the evaluation workflow by default; serving a checkpoint alone and the training loop's eval server on request
+    assert toolsets.DEFAULT_TOOLSETS == ("setup", "config", "runs", "results", "cluster")
+
+
+def test_the_tools_the_workflow_skills_call_are_served_by_default(repo):
+    """Every tool the evaluation, monitor and compare skills name is in the default tools/list; the deployment skill
+    says it needs the deploy toolset."""
+    import re
+
+    skills = repo / "skills"
+    texts = [path.read_text() for path in [*skills.glob("*/SKILL.md"), *skills.glob("common/*.md")]
+             if path.parent.name != "deployment"]
+    named = {word for text in texts for word in re.findall(r"[a-z]+(?:_[a-z]+)+", text)} & set(registry.TOOLS)
+    served = set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
+    assert named and named <= served, sorted(named - served)
+    assert "deploy toolset" in (skills / "deployment" / "SKILL.md").read_text()
 
 
 def test_unknown_toolset_is_a_usage_error(cli_env):
@@ -318,13 +335,15 @@ def test_unknown_toolset_is_a_usage_error(cli_env):
 
 
 def test_eval_server_tools_are_served_on_request(cli_env):
-    """The default serves the evaluation workflow; `--toolsets all` (or naming evalserver) adds the eval server's tools."""
+    """The default serves the evaluation workflow; `--toolsets all` (or naming evalserver, deploy) adds the rest."""
     async def names(*args: str) -> set[str]:
         async with Client(StdioServerParameters(command="quanteval-mcp", args=list(args), env=cli_env)) as client:
             return {tool.name for tool in (await client.list_tools()).tools}
 
     assert anyio.run(names, "--toolsets", "all") == set(registry.TOOLS)
     assert anyio.run(names, "--toolsets", "evalserver") == {"start_eval_server", "eval_server_status", "stop_eval_server"}
+    deploy = {"plan_deployment", "launch_deployment", "deployment_status", "stop_deployment"}
+    assert anyio.run(names, "--toolsets", "default,deploy") == set(registry.select(list(toolsets.DEFAULT_TOOLSETS))) | deploy
 
 
 # ---------------------------------------------------------------- fast start over stdio
@@ -365,7 +384,7 @@ def test_second_start_answers_initialize_and_tools_list_as_the_sdk_did(cli_env, 
     second = _stdio_session(cli_env, calls_before_list)  # initialize and tools/list come from the recording
     assert second[0] == first[0]
     assert second[1]["result"] == first[1]["result"] == second[3]["result"]  # the SDK's own later answer agrees
-    assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.select(list(registry.DEFAULT_TOOLSETS)))
+    assert {tool["name"] for tool in second[1]["result"]["tools"]} == set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
     assert second[2]["result"]["structuredContent"]["quanteval"]  # the SDK took over the session
 
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from quanteval import registry
+from quanteval import registry, toolsets
 from quanteval.faces.server import build_server
 
 CONTRACT = """check_environment inspect_checkpoint build_config get_config_value set_config_value
@@ -107,6 +107,26 @@ def test_cli_exit_codes(cli_env, argv, code, stderr_part):
     assert "Traceback" not in out.stderr
 
 
+def test_cli_flags_that_mirror_a_tool_field_take_its_default_and_help():
+    """`quanteval evaluate --threshold` and friends: one default and one description, the input model's."""
+    from quanteval.faces.cli import build_parser
+    from quanteval.workflow.evaluate import EvaluateQuantizationInput
+    from quanteval.workflow.gate import GateResultsInput
+
+    parser = build_parser()
+    args = parser.parse_args(["evaluate", "/a", "/b", "--benchmarks", "x.py,y.py"])
+    fields = EvaluateQuantizationInput.model_fields
+    assert args.benchmarks == ["x.py", "y.py"]
+    for name in ("threshold", "canary_problems"):
+        assert getattr(args, name) == fields[name].default
+    subcommands = parser._subparsers._group_actions[0].choices
+    for command, model in (("evaluate", EvaluateQuantizationInput), ("gate", GateResultsInput)):
+        text = " ".join(subcommands[command].format_help().split())
+        for name in ("policy", "output_dir"):
+            assert " ".join(model.model_fields[name].description.split()) in text, (command, name)
+    assert "Default: 0.05." in " ".join(subcommands["evaluate"].format_help().split())
+
+
 def test_cli_call_prints_only_json(cli_env):
     out = subprocess.run(
         ["quanteval", "call", "check_environment", "--json", '{"probe_gpus": false}'],
@@ -151,10 +171,54 @@ def test_stdio_server_speaks_only_protocol_on_stdout(cli_env, tmp_path):
     rest = proc.stdout.read()
     assert all(json.loads(line)["jsonrpc"] == "2.0" for line in rest.splitlines() if line.strip())
     # by default the evaluation workflow's toolsets: everything but the eval server's tools
-    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.select(list(registry.DEFAULT_TOOLSETS)))
+    assert {tool["name"] for tool in answers[2]["result"]["tools"]} == set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
     assert "start_eval_server" not in {tool["name"] for tool in answers[2]["result"]["tools"]}
     assert answers[3]["result"]["structuredContent"]["quanteval"]
     assert answers[4]["result"]["isError"] is True
+
+
+# What the model reads of tools/list over stdio: names, descriptions and input schemas, as compact JSON (as sent).
+# A size budget, not a speed claim: every tool the default serves costs context in every session of every client.
+DEFAULT_LISTING_BUDGET = 24_000
+
+
+def model_visible_characters(tools: list[dict]) -> int:
+    """Characters of the tools' names, descriptions and input schemas as the server sends them (compact JSON);
+    benchmarks/bench_startup.py prints the same figure."""
+    seen = [{key: tool[key] for key in ("name", "description", "inputSchema") if key in tool} for tool in tools]
+    return len(json.dumps(seen, ensure_ascii=False, separators=(",", ":")))
+
+
+def _stdio_tools_list(cli_env, *options: str) -> list[dict]:
+    """tools/list over a real stdio session, as the client receives it."""
+    proc = subprocess.Popen(["quanteval-mcp", *options], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=cli_env, text=True)
+    try:
+        for request in ({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+                        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}):
+            proc.stdin.write(json.dumps(request) + "\n")
+        proc.stdin.flush()
+        while True:
+            message = json.loads(proc.stdout.readline())
+            if message.get("id") == 2:
+                return message["result"]["tools"]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=20)
+
+
+def test_default_tools_list_stays_within_its_size_budget(cli_env):
+    """The default toolsets fit the budget the README states; the rest are one flag away (`--toolsets all`)."""
+    default = _stdio_tools_list(cli_env)
+    everything = _stdio_tools_list(cli_env, "--toolsets", "all")
+    assert {tool["name"] for tool in default} == set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
+    assert {tool["name"] for tool in everything} == set(registry.TOOLS)
+    size = model_visible_characters(default)
+    assert size < DEFAULT_LISTING_BUDGET, (
+        f"the default tools/list is {size} model-visible characters, over the {DEFAULT_LISTING_BUDGET} budget: "
+        "tighten descriptions, or serve a toolset only on request (quanteval/toolsets.py)")
 
 
 def _free_port() -> int:
@@ -206,7 +270,8 @@ def test_stdio_and_http_transports_give_identical_results(cli_env, repo):
 # ---------------------------------------------------------------- the surface, snapshotted
 
 SURFACE_SNAPSHOT = Path(__file__).parent / "data" / "tool_surface.json"
-UPDATE_HINT = "QUANTEVAL_UPDATE_SURFACE=1 .venv/bin/python -m pytest tests/test_surface.py -k surface_snapshot"
+UPDATE_HINT = ("QUANTEVAL_UPDATE_SURFACE=1 .venv/bin/python -m pytest tests/test_surface.py -k surface_snapshot, "
+               "then read `git diff tests/data/tool_surface.json`")
 
 
 def _schema_type(schema: dict, defs: dict) -> str:
@@ -214,8 +279,9 @@ def _schema_type(schema: dict, defs: dict) -> str:
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[-1]
         return _schema_type(defs[name], defs) if "enum" in defs.get(name, {}) else name
-    if "enum" in schema:
-        return "enum[" + ",".join(str(value) for value in schema["enum"]) + "]"
+    if "enum" in schema:  # an optional enum lists null among its values
+        values = [value for value in schema["enum"] if value is not None]
+        return "enum[" + ",".join(str(value) for value in values) + "]" + ("|null" if None in schema["enum"] else "")
     if "anyOf" in schema:
         return "|".join(_schema_type(option, defs) for option in schema["anyOf"])
     kind = schema.get("type", "any")
@@ -227,7 +293,8 @@ def _schema_type(schema: dict, defs: dict) -> str:
 
 
 def tool_surface() -> dict:
-    """Names, argument names/types/required, output fields and annotations, as an MCP client sees them."""
+    """What a model reads (description, each argument's type and description) and what a client checks (required,
+    output fields, annotations), as an MCP client sees them, with the toolset that serves each tool."""
     surface = {}
     for tool in list_tools(output_schemas=True):
         inputs, outputs = tool.input_schema, tool.output_schema or {}
@@ -235,7 +302,10 @@ def tool_surface() -> dict:
         defs = {**inputs.get("$defs", {}), **outputs.get("$defs", {})}
         annotations = tool.annotations
         surface[tool.name] = {
-            "arguments": {name: ("" if name in required else "?") + _schema_type(schema, defs)
+            "toolset": registry.TOOLS[tool.name].toolset,
+            "description": tool.description,
+            "arguments": {name: {"type": ("" if name in required else "?") + _schema_type(schema, defs),
+                                 "description": schema.get("description", "")}
                           for name, schema in inputs.get("properties", {}).items()},
             "returns": sorted(outputs.get("properties", {})),
             "annotations": [hint for hint, on in (("read_only", annotations.read_only_hint),
@@ -247,7 +317,8 @@ def tool_surface() -> dict:
 
 
 def test_tool_surface_snapshot():
-    """A rename, a new argument or a changed annotation is a deliberate, reviewed diff of tool_surface.json."""
+    """A rename, a new argument, a changed annotation or toolset, and any change to the text a model reads (a tool's or
+    an argument's description) is a deliberate, reviewed diff of tool_surface.json."""
     surface = tool_surface()
     if os.environ.get("QUANTEVAL_UPDATE_SURFACE"):
         SURFACE_SNAPSHOT.write_text(json.dumps(surface, indent=1) + "\n")

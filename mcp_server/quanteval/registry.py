@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from quanteval import paths
 from quanteval.models import ProgressFn, ToolError, no_progress
+from quanteval.toolsets import TOOLSETS
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ToolSpec:
     # "folder.module.function" inside the quanteval package, imported on first use: the CLI running one tool
     # and the MCP server answering tools/list from its cache import only what they need.
     fn: Callable[..., BaseModel] | str
+    toolset: str  # a name in toolsets.TOOLSETS, declared here so that moving the function does not move the tool
     read_only: bool
     destructive: bool = False
     idempotent: bool = False
@@ -70,11 +72,6 @@ class ToolSpec:
         return inspect.getdoc(self.function) or ""
 
     @property
-    def toolset(self) -> str:
-        basename = self.module.rsplit(".", 1)[-1]
-        return TOOLSET_OF_MODULE.get(basename, basename)
-
-    @property
     def wants_progress(self) -> bool:
         return "progress" in inspect.signature(self.function).parameters
 
@@ -82,84 +79,62 @@ class ToolSpec:
         return hash(self.name)
 
 
-# Toolsets a client can load alone (`quanteval-mcp --toolsets config,runs`), by the module a tool lives in.
-TOOLSET_OF_MODULE = {
-    "environment": "setup",
-    "checkpoint": "setup",
-    "nelconfig": "config",
-    "convert": "config",
-    "validation": "config",
-    "tasks": "config",
-    "runs": "runs",
-    "results": "results",
-    "compare": "results",
-    "gate": "results",
-    "deploy": "deploy",
-    "tools": "cluster",
-    "placement": "cluster",
-    "evalserver": "evalserver",
-    "evaluate": "results",
-}
-
-
 def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
     by_name: dict[str, ToolSpec] = {}
     for spec in specs:
         if spec.name in by_name:
             raise RuntimeError(f"tool {spec.name} registered twice")
+        if spec.toolset not in TOOLSETS:
+            raise RuntimeError(f"tool {spec.name}: toolset {spec.toolset!r} is not declared in toolsets.TOOLSETS")
         by_name[spec.name] = spec
     return by_name
 
 
 TOOLS: dict[str, ToolSpec] = _tools(
-    ToolSpec("workflow.environment.check_environment", read_only=True, idempotent=True),
-    ToolSpec("serving.checkpoint.inspect_checkpoint", read_only=True, idempotent=True),
-    ToolSpec("workflow.nelconfig.build_config", read_only=False),
-    ToolSpec("workflow.nelconfig.get_config_value", read_only=True, idempotent=True),
-    ToolSpec("workflow.nelconfig.set_config_value", read_only=False, destructive=True, idempotent=True),
-    ToolSpec("workflow.nelconfig.delete_config_value", read_only=False, destructive=True),
-    ToolSpec("workflow.nelconfig.list_missing_values", read_only=True, idempotent=True),
-    ToolSpec("workflow.nelconfig.apply_checkpoint", read_only=False, destructive=True, idempotent=True),
-    ToolSpec("workflow.convert.convert_config", read_only=False),
-    ToolSpec("workflow.validation.validate_config", read_only=True, idempotent=True),
-    ToolSpec("workflow.tasks.list_tasks", read_only=True, idempotent=True),
-    ToolSpec("workflow.tasks.get_task_recipe", read_only=True, idempotent=True),
-    ToolSpec("workflow.tasks.add_tasks", read_only=False, idempotent=True),
-    ToolSpec("faces.evalserver.start_eval_server", read_only=False),
-    ToolSpec("faces.evalserver.eval_server_status", read_only=True, idempotent=True),
-    ToolSpec("faces.evalserver.stop_eval_server", read_only=False, destructive=True, idempotent=True),
-    ToolSpec("workflow.runs.dry_run", read_only=False),
-    ToolSpec("workflow.runs.launch_canary", read_only=False, open_world=True),
-    ToolSpec("workflow.runs.launch_full_run", read_only=False, open_world=True),
+    ToolSpec("workflow.environment.check_environment", "setup", read_only=True, idempotent=True),
+    ToolSpec("serving.checkpoint.inspect_checkpoint", "setup", read_only=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.build_config", "config", read_only=False),
+    ToolSpec("workflow.nelconfig.get_config_value", "config", read_only=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.set_config_value", "config", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.delete_config_value", "config", read_only=False, destructive=True),
+    ToolSpec("workflow.nelconfig.list_missing_values", "config", read_only=True, idempotent=True),
+    ToolSpec("workflow.nelconfig.apply_checkpoint", "config", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("workflow.convert.convert_config", "config", read_only=False),
+    ToolSpec("workflow.validation.validate_config", "config", read_only=True, idempotent=True),
+    ToolSpec("workflow.tasks.list_tasks", "config", read_only=True, idempotent=True),
+    ToolSpec("workflow.tasks.get_task_recipe", "config", read_only=True, idempotent=True),
+    ToolSpec("workflow.tasks.add_tasks", "config", read_only=False, idempotent=True),
+    ToolSpec("faces.evalserver.start_eval_server", "evalserver", read_only=False),
+    ToolSpec("faces.evalserver.eval_server_status", "evalserver", read_only=True, idempotent=True),
+    ToolSpec("faces.evalserver.stop_eval_server", "evalserver", read_only=False, destructive=True, idempotent=True),
+    ToolSpec("workflow.runs.dry_run", "runs", read_only=False),
+    ToolSpec("workflow.runs.launch_canary", "runs", read_only=False, open_world=True),
+    ToolSpec("workflow.runs.launch_full_run", "runs", read_only=False, open_world=True),
     # Polling reads, as the user sees it (it may refresh the ledger's record of the run): read-only.
-    ToolSpec("workflow.runs.run_status", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.runs.wait_for_run", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.runs.run_logs", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.runs.kill_run", read_only=False, destructive=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.runs.resume_run", read_only=False, open_world=True),
-    ToolSpec("workflow.runs.list_runs", read_only=True, idempotent=True),
-    ToolSpec("clusters.tools.ssh_check", read_only=False, idempotent=True, open_world=True),  # writes known_hosts only when trusted
-    ToolSpec("clusters.tools.slurm_queue", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("clusters.tools.remote_grep", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("clusters.tools.check_registry_credentials", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("clusters.tools.cluster_info", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.placement.apply_cluster", read_only=False, destructive=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.results.validate_run", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.results.extract_scores", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.compare.compare_results", read_only=False, open_world=True),
-    ToolSpec("workflow.gate.gate_results", read_only=True, idempotent=True),  # writes only the report asked for with output_dir
-    ToolSpec("serving.deploy.plan_deployment", read_only=True, idempotent=True),
-    ToolSpec("serving.deploy.launch_deployment", read_only=False, open_world=True),
-    ToolSpec("serving.deploy.deployment_status", read_only=True, idempotent=True, open_world=True),
-    ToolSpec("serving.deploy.stop_deployment", read_only=False, destructive=True, idempotent=True, open_world=True),
-    ToolSpec("workflow.evaluate.evaluate_quantization", read_only=False, open_world=True),
+    ToolSpec("workflow.runs.run_status", "runs", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.wait_for_run", "runs", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.run_logs", "runs", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.kill_run", "runs", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.runs.resume_run", "runs", read_only=False, open_world=True),
+    ToolSpec("workflow.runs.list_runs", "runs", read_only=True, idempotent=True),
+    ToolSpec("clusters.tools.ssh_check", "cluster", read_only=False, idempotent=True, open_world=True),  # writes known_hosts only when trusted
+    ToolSpec("clusters.tools.slurm_queue", "cluster", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("clusters.tools.remote_grep", "cluster", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("clusters.tools.check_registry_credentials", "cluster", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("clusters.tools.cluster_info", "cluster", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.placement.apply_cluster", "cluster", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.results.validate_run", "results", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.results.extract_scores", "results", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.compare.compare_results", "results", read_only=False, open_world=True),
+    ToolSpec("workflow.gate.gate_results", "results", read_only=True, idempotent=True),  # writes only the report asked for with output_dir
+    ToolSpec("serving.deploy.plan_deployment", "deploy", read_only=True, idempotent=True),
+    ToolSpec("serving.deploy.launch_deployment", "deploy", read_only=False, open_world=True),
+    ToolSpec("serving.deploy.deployment_status", "deploy", read_only=True, idempotent=True, open_world=True),
+    ToolSpec("serving.deploy.stop_deployment", "deploy", read_only=False, destructive=True, idempotent=True, open_world=True),
+    ToolSpec("workflow.evaluate.evaluate_quantization", "results", read_only=False, open_world=True),
 )
 
 
-TOOLSETS: tuple[str, ...] = tuple(dict.fromkeys(spec.toolset for spec in TOOLS.values()))
-# What `quanteval-mcp` serves unless told otherwise: the evaluation workflow. The eval server's tools serve whoever
-# runs a training loop (its start options alone are a tenth of tools/list); `--toolsets all` or `...,evalserver` adds them.
-DEFAULT_TOOLSETS: tuple[str, ...] = tuple(name for name in TOOLSETS if name != "evalserver")
 MAX_RESULT_BYTES = 80_000  # ~20k tokens: the most one answer may put in a model's context
 
 

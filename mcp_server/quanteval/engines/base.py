@@ -163,7 +163,7 @@ class Problem(BaseModel):
 
 
 class ApplyCheckpointInput(StrictModel):
-    config_path: str = Field(description="NEL config whose deployment is vllm, sglang or trtllm, or a nel-next config with one vllm, sglang or api service.")
+    config_path: str = Field(description="Config deploying with vllm, sglang or trtllm (nel-next: one vllm, sglang or api service).")
     checkpoint: str = Field(description="Checkpoint directory, or HF handle (org/name) in the local cache.")
     served_model_name: str | None = Field(None, description="Default: the HF handle or checkpoint folder name.")
     tensor_parallel_size: int | None = Field(
@@ -171,7 +171,7 @@ class ApplyCheckpointInput(StrictModel):
     )
     cluster_checkpoint_path: str | None = Field(
         None,
-        description="Checkpoint path on the machine running the job, if not the local copy.",
+        description="Checkpoint path where the job runs, if not this copy's.",
     )
 
 

@@ -9,6 +9,9 @@ import argparse
 import json
 import os
 import sys
+import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +79,14 @@ def _load_json_arguments(text: str) -> dict[str, Any]:
 
 def cmd_tools(args: argparse.Namespace) -> int:
     from quanteval import registry
+    from quanteval.toolsets import TOOLSETS
 
     if args.json:
         emit_json(
             [
                 {
                     "name": spec.name,
+                    "toolset": spec.toolset,
                     "description": spec.description,
                     "input_schema": spec.input_model.model_json_schema(),
                     "output_schema": spec.output_model.model_json_schema(),
@@ -97,9 +102,12 @@ def cmd_tools(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     width = max(len(name) for name in registry.TOOLS)
-    for spec in registry.TOOLS.values():
-        summary = spec.description.replace("\n", " ").split(". ", 1)[0].rstrip(".") + "."
-        sys.stdout.write(f"{spec.name:<{width}}  {summary}\n")
+    for number, (name, toolset) in enumerate(TOOLSETS.items()):
+        served = "served by default" if toolset.default else "not served by default: quanteval-mcp --toolsets default," + name
+        sys.stdout.write(f"{'' if number == 0 else chr(10)}{name}: {toolset.description} ({served})\n")
+        for spec in (spec for spec in registry.TOOLS.values() if spec.toolset == name):
+            summary = spec.description.replace("\n", " ").split(". ", 1)[0].rstrip(".") + "."
+            sys.stdout.write(f"  {spec.name:<{width}}  {summary}\n")
     return EXIT_OK
 
 
@@ -116,7 +124,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     with stdout_to_stderr():
-        report = run_tool("inspect_checkpoint", {"checkpoint": args.path})
+        report = run_tool("inspect_checkpoint", {"checkpoint": args.checkpoint})
     if args.json:
         emit_json(report.model_dump(mode="json"))
     else:
@@ -140,18 +148,7 @@ def _key_values(items: list[str]) -> dict[str, str]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from quanteval.workflow.plan import PlanRequest, format_plan, make_plan
 
-    request = PlanRequest(
-        model=args.model,
-        tasks=[name.strip() for name in (args.tasks or "").split(",") if name.strip()],
-        execution=args.execution,
-        deployment=args.deployment,
-        model_type=args.model_type,
-        output_dir=args.output_dir,
-        host=args.host,
-        config=args.config,
-        force=args.force,
-        set_values=_key_values(args.set or []),
-    )
+    request = PlanRequest.model_validate(field_values(args, PlanRequest) | {"set_values": _key_values(args.set or [])})
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
         print(f"[plan {done:g}/{total:g}] {message or ''}".rstrip(), file=sys.stderr)
@@ -175,14 +172,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers stopped, the run in flight cancelled
 
     signal.signal(signal.SIGTERM, terminate)
-    arguments: dict[str, Any] = {"baseline_checkpoint": args.baseline, "candidate_checkpoint": args.candidate,
-                                 "benchmarks": [b.strip() for b in args.benchmarks.split(",") if b.strip()],
-                                 "canary_problems": args.canary_problems, "threshold": args.threshold}
-    for name in ("output_dir", "max_problems", "max_tokens", "policy"):
-        if getattr(args, name) is not None:
-            arguments[name] = getattr(args, name)
     try:
-        request = EvaluateQuantizationInput.model_validate(arguments)
+        request = EvaluateQuantizationInput.model_validate(field_values(args, EvaluateQuantizationInput))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -227,11 +218,10 @@ def format_evaluation(result: Any) -> str:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """Release gate (tool gate_results): nel gate's policy on two nel-next runs; the verdict is the exit code too."""
-    arguments: dict[str, Any] = {"baseline": args.baseline, "candidate": args.candidate, "policy": args.policy}
-    if args.output_dir is not None:
-        arguments["output_dir"] = args.output_dir
+    from quanteval.workflow.gate import GateResultsInput
+
     with stdout_to_stderr():
-        result: Any = run_tool("gate_results", arguments)
+        result: Any = run_tool("gate_results", field_values(args, GateResultsInput))
     if args.json:
         emit_json(result.model_dump(mode="json"))
     else:
@@ -284,9 +274,8 @@ def cmd_serve_eval(args: argparse.Namespace) -> int:
     from quanteval.faces.evalserver import ServerSettings, serve
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    given = {name: getattr(args, name) for name in ServerSettings.model_fields}
     try:
-        settings = ServerSettings.model_validate(given)
+        settings = ServerSettings.model_validate(field_values(args, ServerSettings))
     except ValidationError as exc:
         print(f"quanteval serve-eval: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}", file=sys.stderr)
         return EXIT_USAGE
@@ -298,30 +287,123 @@ def cmd_serve_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- flags that mirror an input model's fields
+
+
+def field_argument(parser: argparse.ArgumentParser, model: type[BaseModel], name: str, *flags: str, **options: Any) -> None:
+    """An argument for one field of a tool's input model: type, choices, default and help come from the field.
+
+    No flags: a positional argument. A list field takes comma-separated values. `options` override (metavar, help).
+    """
+    field = model.model_fields[name]
+    kind = _unwrap_optional(field.annotation)
+    settings: dict[str, Any] = {"help": (field.description or "").replace("%", "%%")}
+    if kind is bool:
+        settings["action"] = "store_true"
+    elif typing.get_origin(kind) is typing.Literal:
+        settings["choices"] = list(typing.get_args(kind))
+    elif typing.get_origin(kind) is list:
+        settings["type"] = _comma_separated
+        settings["help"] += " Comma-separated."
+    elif kind in (int, float):
+        settings["type"] = kind
+    if flags:
+        settings["dest"] = name
+        if field.is_required():
+            settings["required"] = True
+        elif kind is not bool:
+            settings["default"] = field.get_default(call_default_factory=True)
+            if settings["default"] not in (None, [], {}):
+                settings["help"] += f" Default: {settings['default']}."
+    parser.add_argument(*(flags or [name]), **(settings | options))
+
+
+def field_values(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
+    """The model's fields the command line set (None: not given, so the model's own default applies)."""
+    return {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    options = [option for option in typing.get_args(annotation) if option is not type(None)]
+    return options[0] if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(options) == 1 else annotation
+
+
+def _comma_separated(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+class _FieldParser(argparse.ArgumentParser):
+    """A subcommand parser whose field arguments are added when it parses or prints help, not when `quanteval` starts.
+
+    Their input models live in modules that take up to a quarter second to import; `quanteval call` should not pay that.
+    """
+
+    def __init__(self, *args: Any, add_fields: Callable[[argparse.ArgumentParser], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_fields = add_fields
+
+    def _fill(self) -> None:
+        if self._add_fields is not None:
+            add, self._add_fields = self._add_fields, None
+            add(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._fill()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._fill()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._fill()
+        return super().format_usage()
+
+
 def add_serve_eval_options(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerSettings field (the same list start_eval_server takes), so the two cannot drift."""
-    import typing
-
     from quanteval.workflow.evaljobs import ServerSettings
 
-    for name, field in ServerSettings.model_fields.items():
-        flag = ServerSettings.cli_flag(name)
-        help_text = (field.description or "").replace("%", "%%")
-        if field.annotation is bool:
-            parser.add_argument(flag, dest=name, action="store_true", help=help_text)
-            continue
-        choices = None
-        kind: typing.Any = str
-        if typing.get_origin(field.annotation) is typing.Literal:
-            choices = list(typing.get_args(field.annotation))
-        elif field.annotation is int:
-            kind = int
-        elif field.annotation is float:
-            kind = float
-        required = name == "output_root"
-        default = None if required else field.default
-        parser.add_argument(flag, dest=name, type=kind, choices=choices, default=default, required=required,
-                            help=f"{help_text} (default {default})" if not required else help_text)
+    for name in ServerSettings.model_fields:
+        field_argument(parser, ServerSettings, name, ServerSettings.cli_flag(name), required=name == "output_root")
+
+
+def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    from quanteval.serving.checkpoint import InspectCheckpointInput
+
+    field_argument(parser, InspectCheckpointInput, "checkpoint", metavar="path")
+    parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    from quanteval.workflow.plan import PlanRequest
+
+    field_argument(parser, PlanRequest, "model")
+    for name in ("tasks", "execution", "deployment", "model_type", "output_dir", "host", "config", "force"):
+        field_argument(parser, PlanRequest, name, "--" + name.replace("_", "-"))
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config key after the checkpoint is applied "
+                        "(repeatable; VALUE is YAML), e.g. --set execution.account=llm_eval")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    from quanteval.workflow.evaluate import EvaluateQuantizationInput
+
+    field_argument(parser, EvaluateQuantizationInput, "baseline_checkpoint", metavar="baseline")
+    field_argument(parser, EvaluateQuantizationInput, "candidate_checkpoint", metavar="candidate")
+    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "threshold", "policy"):
+        field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
+    parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
+
+
+def _gate_arguments(parser: argparse.ArgumentParser) -> None:
+    from quanteval.workflow.gate import GateResultsInput
+
+    field_argument(parser, GateResultsInput, "baseline")
+    field_argument(parser, GateResultsInput, "candidate")
+    field_argument(parser, GateResultsInput, "policy", "--policy")
+    field_argument(parser, GateResultsInput, "output_dir", "--output-dir")
+    parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,10 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evaluate quantized LLM checkpoints with NeMo Evaluator Launcher.",
     )
     parser.add_argument("--version", action="version", version=f"quanteval {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_FieldParser)
 
-    tools = sub.add_parser("tools", help="list the tools with their descriptions (and schemas with --json)")
-    tools.add_argument("--json", action="store_true", help="names, descriptions, schemas and annotations as JSON")
+    tools = sub.add_parser("tools", help="list the tools by toolset with their descriptions (and schemas with --json)")
+    tools.add_argument("--json", action="store_true", help="names, toolsets, descriptions, schemas and annotations as JSON")
     tools.set_defaults(func=cmd_tools)
 
     call = sub.add_parser("call", help="run one tool: quanteval call <tool> --json '<arguments object>'")
@@ -341,66 +423,29 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--json", default="{}", help="arguments as a JSON object, '-' for stdin, or @file")
     call.set_defaults(func=cmd_call)
 
-    insp = sub.add_parser("inspect", help="inspect a checkpoint directory or a cached HF handle")
-    insp.add_argument("path", help="checkpoint directory or Hugging Face handle (org/name) already in the local cache")
-    insp.add_argument("--json", action="store_true", help="print the full report as JSON")
-    insp.set_defaults(func=cmd_inspect)
-
-    plan = sub.add_parser(
-        "plan",
+    sub.add_parser("inspect", help="inspect a checkpoint directory or a cached HF handle", add_fields=_inspect_arguments,
+                   ).set_defaults(func=cmd_inspect)  # fmt: skip
+    sub.add_parser(
+        "plan", add_fields=_plan_arguments,
         help="the main job: checkpoint + benchmarks -> a checked NEL config and the canary/full-run commands",
         description="Inspect the checkpoint, build a NEL config, add the tasks, apply the checkpoint, list what is "
         "missing, validate, and dry-run with NEL; prints a summary and the commands to launch. Launches nothing.",
-    )
-    plan.add_argument("model", help="checkpoint directory or Hugging Face handle (org/name) already in the local cache")
-    plan.add_argument("--tasks", help="comma-separated recipe or NEL task names, e.g. gpqa,aime2025 (default: the model type's core bundle)")
-    plan.add_argument("--execution", choices=["local", "slurm"], default="local", help="where NEL runs the jobs (default local)")
-    plan.add_argument("--deployment", choices=["vllm", "sglang", "none"], default="vllm", help="who serves the model (default vllm)")
-    plan.add_argument("--model-type", choices=["chat_reasoning", "base"], default="chat_reasoning", help="default chat_reasoning")
-    plan.add_argument("--output-dir", help="execution.output_dir for results (absolute on SLURM)")
-    plan.add_argument("--host", help="SLURM login host (ssh config alias): the plan asks the cluster for partition, GPUs, walltime, account")
-    plan.add_argument("--config", help="config file to write (default <model>-<execution>-<deployment>.yaml here)")
-    plan.add_argument("--force", action="store_true", help="replace an existing config file")
-    plan.add_argument(
-        "--set", action="append", metavar="KEY=VALUE",
-        help="set a config key after the checkpoint is applied (repeatable; VALUE is YAML), e.g. --set execution.account=llm_eval",
-    )
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.set_defaults(func=cmd_plan)
-
-    evaluate = sub.add_parser(
-        "evaluate",
+    ).set_defaults(func=cmd_plan)
+    sub.add_parser(
+        "evaluate", add_fields=_evaluate_arguments,
         help="the whole question: how much accuracy did CANDIDATE lose against BASELINE? (serves, evaluates, compares)",
         description="Tool evaluate_quantization: serves each checkpoint with vLLM here, runs a canary then the full run "
         "of each benchmark with nel-next, validates both runs and compares them (delta, CI, McNemar p, flips, verdict). "
-        "Resumable: a second call reuses finished runs.",
-    )
-    evaluate.add_argument("baseline", help="reference checkpoint directory (e.g. BF16)")
-    evaluate.add_argument("candidate", help="quantized checkpoint directory")
-    evaluate.add_argument("--benchmarks", required=True, help="comma-separated nel-next benchmarks: BYOB .py files, skills://NAME, built-ins")
-    evaluate.add_argument("--output-dir", help="directory for configs, runs and the report (default under the state dir)")
-    evaluate.add_argument("--canary-problems", type=int, default=10, help="problems per benchmark in each canary (default 10)")
-    evaluate.add_argument("--max-problems", type=int, help="problems per benchmark in the full runs (default all)")
-    evaluate.add_argument("--max-tokens", type=int, help="generation budget (default min(1024, half the served context))")
-    evaluate.add_argument("--threshold", type=float, default=0.05, help="largest acceptable drop, 0.05 = 5 points (default)")
-    evaluate.add_argument("--policy", help="a `nel gate --policy` YAML: also gate the two runs (GO / NO-GO / INCONCLUSIVE); "
-                          "the exit code follows the gate")
-    evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    evaluate.set_defaults(func=cmd_evaluate)
-
-    gate = sub.add_parser(
-        "gate",
+        "Resumable: a second call reuses finished runs. Exit 0 acceptable, 3 not acceptable, 4 inconclusive or suspect; "
+        "with --policy the gate decides: 0 GO, 3 NO-GO, 4 INCONCLUSIVE.",
+    ).set_defaults(func=cmd_evaluate)
+    sub.add_parser(
+        "gate", add_fields=_gate_arguments,
         help="release gate: GO / NO-GO / INCONCLUSIVE for CANDIDATE against BASELINE under a `nel gate` policy",
         description="Tool gate_results: applies a `nel gate --policy` YAML (tiers, max_drop on the paired 95% CI, "
         "relative guardrail) to two nel-next run folders, with nel gate's rules. Exit 0 GO, 1 NO-GO, 2 INCONCLUSIVE, as nel gate; "
         "an error also exits non-zero (1, or 2 for bad usage), so a release never passes on one.",
-    )
-    gate.add_argument("baseline", help="reference nel-next run folder (`nel eval run -o DIR`) or eval-*.json bundle")
-    gate.add_argument("candidate", help="nel-next run folder to judge")
-    gate.add_argument("--policy", required=True, help="gate policy YAML in `nel gate --policy` format")
-    gate.add_argument("--output-dir", help="also write the JSON report there (gate-report.json)")
-    gate.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    gate.set_defaults(func=cmd_gate)
+    ).set_defaults(func=cmd_gate)
 
     serve_eval = sub.add_parser(
         "serve-eval",

@@ -39,7 +39,7 @@ def compact_schema(node: Any) -> Any:
     """A pydantic JSON schema without what a model does not need: titles, null defaults, anyOf-with-null.
 
     Same meaning, about half the bytes: `{"anyOf": [{"type": "string"}, {"type": "null"}]}` becomes
-    `{"type": ["string", "null"]}`; pydantic's generated "title" of every field repeats its name.
+    `{"type": ["string", "null"]}` (an enum gets null among its values); pydantic's "title" of every field repeats its name.
     """
     if isinstance(node, list):
         return [compact_schema(item) for item in node]
@@ -58,9 +58,11 @@ def compact_schema(node: Any) -> Any:
     options = out.get("anyOf")
     if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
         other = next(option for option in options if option != {"type": "null"})
-        if isinstance(other.get("type"), str) and "enum" not in other and "const" not in other:  # an enum would refuse null
+        if isinstance(other.get("type"), str) and "const" not in other:
             del out["anyOf"]
             out = {**other, **out, "type": [other["type"], "null"]}
+            if "enum" in other:  # an enum without null would refuse it
+                out["enum"] = [*other["enum"], None]
     return out
 
 

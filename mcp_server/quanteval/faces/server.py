@@ -260,7 +260,12 @@ def _root(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="quanteval-mcp", description="quanteval MCP server (stdio by default).")
+    from quanteval import toolsets
+
+    parser = argparse.ArgumentParser(
+        prog="quanteval-mcp", description="quanteval MCP server (stdio by default).", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"toolsets (on: served by default):\n{toolsets.described()}",
+    )
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (with --http; default 8765)")
     parser.add_argument(
@@ -268,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         help="workspace root: every file the tools read or write must lie inside it "
         "(default: no restriction over stdio, the working directory over --http)",
     )
-    parser.add_argument("--toolsets", help="comma-separated toolsets to serve, or 'all' (default: all but evalserver): "
-                        "setup, config, runs, results, deploy, cluster, evalserver")  # fmt: skip
+    parser.add_argument("--toolsets", help="comma-separated toolsets to serve (listed below): names, 'default' for "
+                        "those on by default, or 'all'; e.g. default,deploy")  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
     # Clients validate structured results against them; models do not read them, so they cost no tokens.
     parser.add_argument("--output-schemas", action=argparse.BooleanOptionalAction, default=True,
@@ -283,27 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     root = _root(args, parser)
     if root is not None:
         os.chdir(root)  # anything a tool still resolves relative to the working directory lands inside the root
-    # "default" is resolved by the registry in build(), off the stdio fast path (which must not import pydantic)
-    requested = args.toolsets or "default"
-    toolsets = None if requested in ("all", "default") else [name.strip() for name in requested.split(",") if name.strip()]
-    if toolsets:
-        from quanteval import registry
-
-        unknown = sorted(set(toolsets) - set(registry.TOOLSETS))
-        if unknown:
-            parser.error(f"unknown toolset(s) {', '.join(unknown)}; choose from all, {', '.join(registry.TOOLSETS)}")
+    try:
+        chosen = toolsets.parse(args.toolsets)  # None: every tool
+    except ValueError as exc:
+        parser.error(str(exc))
 
     def build() -> Any:
-        from quanteval import registry
         from quanteval.faces import mcpapp
 
-        chosen = list(registry.DEFAULT_TOOLSETS) if requested == "default" else toolsets
         return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas)
 
     if args.http:
         build().run("streamable-http", host="127.0.0.1", port=args.port)
     else:
-        serve_stdio(build, [*(sorted(toolsets) if toolsets else [requested]), str(args.read_only), str(args.output_schemas)])
+        serve_stdio(build, [*(sorted(chosen) if chosen is not None else ["all"]), str(args.read_only), str(args.output_schemas)])
     return 0
 
 

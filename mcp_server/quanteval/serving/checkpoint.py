@@ -279,8 +279,8 @@ def _quant_warnings(quant: QuantizationInfo, weights: WeightsInfo) -> list[str]:
 
 
 def inspect_checkpoint(request: InspectCheckpointInput, progress: ProgressFn = no_progress) -> CheckpointReport:
-    """Use before build_config or plan_deployment: from configs and safetensors headers, a checkpoint's
-    architecture, size, quantization, context length, GPU fit and framework flags.
+    """Use before build_config or plan_deployment: a checkpoint's architecture, size, quantization, context length, GPU fit
+    and framework flags.
     """
     root, hf_handle = _locate(request.checkpoint)
     try:

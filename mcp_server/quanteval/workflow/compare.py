@@ -71,16 +71,14 @@ class CompareResultsInput(StrictModel):
         description="Largest acceptable drop, absolute fraction (0.01 = one point).",
     )
     output_dir: str | None = Field(
-        None, description="Directory for the chart and report. Default: under the state dir."
+        None, description="For the chart and report; default under the state dir."
     )
     baseline_checkpoint: str | None = Field(
-        None, description="Local copy or cached HF handle of the baseline's checkpoint when its run's is not readable here. "
-        "Default: from the run's NEL config.",
+        None, description="The baseline's checkpoint (local or cached HF handle) if its run's is unreadable here.",
     )
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
     reference_scores: dict[str, float] = Field(default_factory=dict, description=(
-        "Scores the baseline should reach, per task/benchmark name, as fractions (e.g. from the model card): a baseline "
-        "far below is reported as suspect serving, not compared as if it were right."))
+        "Per-task scores the baseline should reach (fractions, e.g. the model card's); far below: suspect serving."))
 
 
 class ChecklistItem(BaseModel):
@@ -519,8 +517,8 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
 
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Use once both runs passed validate_run: checks the runs are comparable (model family, serving, prompts,
-    sampling, thinking, repeats, samples, judge), then per-task deltas with 95% CI, verdicts, chart and report.
+    """Use once both runs passed validate_run: checks they are comparable, then per-task deltas with 95% CI, verdicts, a
+    chart and a report.
     """
     progress(0, 3, "reading both runs")
     base_next, cand_next = next_run_dir(request.baseline), next_run_dir(request.candidate)

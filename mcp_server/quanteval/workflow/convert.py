@@ -68,7 +68,7 @@ UNMAPPED_REASONS: list[tuple[str, str]] = [
 
 class ConvertConfigInput(StrictModel):
     config_path: str = Field(description="The NEL 0.2.6 config (.yaml) to convert.")
-    output_path: str = Field(description="New nel-next config file to write (.yaml); never overwritten.")
+    output_path: str = Field(description="New nel-next config file (.yaml); never overwritten.")
 
 
 class MappedField(BaseModel):
@@ -110,8 +110,9 @@ class _Conversion:
 
 
 def convert_config(request: ConvertConfigInput) -> ConvertConfigOutput:
-    """Use to move a NEL 0.2.6 config to nel-next (in-process benchmarks, nel compare / nel gate): writes a new nel-next
-    config, lists every field mapped and every field not carried over with why, and validates the result."""
+    """Use to move a NEL 0.2.6 config to nel-next: writes a new config, lists each field mapped or not carried over (with
+    why) and validates it.
+    """
     from quanteval.workflow.validation import ValidateConfigInput, validate_config
 
     doc = configfile.to_plain(engines.load_config(request.config_path))

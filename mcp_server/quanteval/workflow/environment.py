@@ -35,8 +35,7 @@ DEBIAN_PACKAGES = {"ssh": "openssh-client", "rsync": "rsync", "docker": "docker.
 class CheckEnvironmentInput(StrictModel):
     probe_gpus: bool = Field(True, description="Run nvidia-smi (up to 5 s) to list GPUs.")
     executor: Literal["local", "slurm"] | None = Field(None, description=(
-        "The NEL executor you will use (the config's execution type): only its local binaries are checked. "
-        "Null checks both."))
+        "The config's execution type; null checks both."))
 
 
 class LocalBinary(BaseModel):
@@ -170,9 +169,8 @@ def missing_binaries_message(executor: str) -> str | None:
 
 
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
-    """Use first: reports package versions, nel on PATH, Docker, GPUs, ssh hosts, the local binaries NEL's executor
-    runs (slurm: ssh, rsync; local: docker, bash), which known env vars are set (names only). Never fails for something
-    missing; says what is, with the Debian package to install.
+    """Use first: versions, nel, Docker, GPUs, ssh hosts, executor binaries, which known env vars are set (names only);
+    what is missing and how to install it.
     """
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)

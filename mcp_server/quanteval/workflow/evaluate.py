@@ -43,24 +43,22 @@ STEPS_PER_CHECKPOINT = 8
 
 
 class EvaluateQuantizationInput(StrictModel):
-    baseline_checkpoint: str = Field(description="The reference checkpoint (e.g. BF16) directory.")
-    candidate_checkpoint: str = Field(description="The quantized checkpoint directory to judge against it.")
+    baseline_checkpoint: str = Field(description="Reference checkpoint directory (e.g. BF16).")
+    candidate_checkpoint: str = Field(description="Quantized checkpoint directory to judge.")
     benchmarks: list[str] = Field(min_length=1, description=(
-        "nel-next benchmarks: a BYOB .py file (absolute or relative to the working directory), skills://NAME, or a built-in name."))
+        "nel-next benchmarks: BYOB .py files, skills://NAME or built-in names."))
     engine: Literal["nel-next"] = Field("nel-next", description=(
-        "Evaluation engine. nel-next runs benchmarks in-process against the deployment; NEL 0.2.6 runs need containers: "
-        "use the step-by-step tools for them."))
-    execution: Literal["local"] = Field("local", description="Where the evaluation runs: this machine.")
-    host: str | None = Field(None, description="Where the servers run: omit or 'local' for this machine.")
-    framework: Literal["vllm"] = Field("vllm", description="Serving framework for both checkpoints.")
-    output_dir: str | None = Field(None, description="Directory for configs, runs and the report; default under the state dir.")
+        "nel-next only (NEL 0.2.6: use the step-by-step tools)."))
+    execution: Literal["local"] = Field("local", description="Only this machine.")
+    host: str | None = Field(None, description="Where the servers run: omit or 'local'.")
+    framework: Literal["vllm"] = Field("vllm", description="Serves both checkpoints.")
+    output_dir: str | None = Field(None, description="For configs, runs and the report; default under the state dir.")
     canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
-    threshold: float = Field(0.05, ge=0, le=1, description="Largest acceptable drop (0.05 = 5 points), as nel compare's --max-drop.")
+    threshold: float = Field(0.05, ge=0, le=1, description="Largest acceptable drop (0.05 = 5 points).")
     policy: str | None = Field(None, description=(
-        "A `nel gate --policy` YAML (tiers, max_drop, relative guardrail per benchmark): the two full runs are also gated "
-        "as gate_results gates them, for a release decision. Checked before anything is served."))
+        "A `nel gate --policy` YAML: also gate the two full runs, as gate_results does. Checked before serving."))
     startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to become ready.")
     run_timeout_s: float = Field(3600, gt=0, description="Seconds one canary or full run may take.")
 
@@ -280,10 +278,9 @@ def _cancel(record_id: str) -> None:
 
 
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
-    """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves each checkpoint,
-    runs canary then full run on the benchmarks, validates both and compares them (verdict, CI, McNemar, flips,
-    report); with a `nel gate` policy, also the release gate (GO / NO-GO / INCONCLUSIVE). Resumable: finished runs
-    are reused. Takes minutes; progress is reported.
+    """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
+    canary and full run, validates and compares them (verdict, CI, flips, report); with a `nel gate` policy, also the
+    release gate. Resumable; takes minutes.
     """
     if not executors.is_this_machine(request.host):
         raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "

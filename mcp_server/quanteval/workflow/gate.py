@@ -326,13 +326,12 @@ def _clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int
 
 
 class GateResultsInput(StrictModel):
-    baseline: str = Field(description="Reference run. nel-next: the folder `nel eval run -o DIR` wrote (one sub-folder "
-                          "per benchmark), one eval-*.json bundle, or its record id (a SLURM run is fetched, shards merged). "
-                          "NEL 0.2.6: its directory, host:path, record id or invocation id (benchmarks are its task names).")
+    baseline: str = Field(description="Reference run: nel-next run folder (`nel eval run -o DIR`), eval-*.json bundle or record id; NEL 0.2.6 "
+                                      "directory, host:path, record id or invocation id.")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
-    policy: str = Field(description="Gate policy YAML in `nel gate --policy` format: version: 1, defaults, "
-                        "benchmarks.<name>.{tier: critical|supporting|advisory, metric: pass@1|mean_reward, max_drop, "
-                        "max_relative_drop, relative_guard_below, direction}.")
+    policy: str = Field(description="Policy YAML (`nel gate --policy` format): version: 1, defaults, benchmarks.<name>.{tier: "
+                                    "critical|supporting|advisory, metric: pass@1|mean_reward, max_drop, max_relative_drop, relative_guard_below, "
+                                    "direction}.")
     output_dir: str | None = Field(None, description=f"Write the report there as {REPORT_NAME} (nel gate's "
                                    "--output JSON). Default: write nothing.")
 
@@ -608,11 +607,10 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
 
 
 def gate_results(request: GateResultsInput) -> GateResultsOutput:
-    """Release gate: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline, under a `nel gate --policy`
-    YAML (tiers critical/supporting/advisory, absolute max_drop judged on the 95% CI of paired per-problem deltas,
-    relative guardrail, MISSING and INSUFFICIENT_EVIDENCE), with the reason per benchmark. Same rules as `nel gate`,
-    so CI can block a release on it. Takes two nel-next runs, or two NEL 0.2.6 runs (their tasks paired by sample).
-    Use after both runs finished; compare_results explains one benchmark's flips in depth."""
+    """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline under a policy,
+    with the reason per benchmark. Takes two finished nel-next runs or two NEL 0.2.6 runs; compare_results explains
+    flips in depth.
+    """
     policy_path = Path(request.policy).expanduser()
     policy = load_policy(policy_path)
     base_nel, cand_nel = _nel_tasks(request.baseline), _nel_tasks(request.candidate)

@@ -29,22 +29,21 @@ Export = Literal["none", "mlflow", "wandb"]
 
 class BuildConfigInput(StrictModel):
     engine: EngineName = Field("nel", description=(
-        "'nel' (NEL 0.2.6: container tasks, ModelOpt-tested) or 'nel-next' (nemo-evaluator >= 0.3: in-process "
-        "benchmarks: BYOB .py files, skills://NAME, built-ins)."))
+        "'nel' (NEL 0.2.6, container tasks) or 'nel-next' (BYOB .py files, skills://NAME, built-ins)."))
     execution: Execution = Field(description="'local' (Docker here) or 'slurm' (a cluster over SSH).")
     deployment: Deployment = Field(
-        description="Server NEL starts, or 'none' for an existing endpoint (target.api_endpoint)."
+        description="Server NEL starts; 'none': an existing endpoint (target.api_endpoint)."
     )
-    model_type: ModelType = Field(description="'chat_reasoning' (instruct/reasoning, chat endpoint) or 'base' (pretrained, completions).")
+    model_type: ModelType = Field(description="Chat or reasoning model (chat endpoint) or base model (completions).")
     benchmarks: list[str] = Field(
         min_length=1,
-        description="nel: bundles (base: general_knowledge, coding, long_context, multilingual; chat_reasoning: core_reasoning, "
-        "agentic, long_context, multilingual). nel-next: benchmark names (a BYOB .py file, skills://NAME, a built-in).",
+        description="nel bundles (base: general_knowledge, coding, long_context, multilingual; chat_reasoning: core_reasoning, agentic, "
+                    "long_context, multilingual) or nel-next benchmarks (BYOB .py file, skills://NAME, built-in).",
     )
     export: Export = Field("none", description="Automatic export after the run.")
     config_path: str | None = Field(
         None,
-        description="New .yaml file to write (absolute over MCP; must not exist).",
+        description="New .yaml file to write (must not exist).",
     )
 
     @model_validator(mode="after")
@@ -81,8 +80,8 @@ def _output_path(request: BuildConfigInput) -> Path:
 
 
 def build_config(request: BuildConfigInput) -> BuildConfigOutput:
-    """Use when there is no config yet: writes a new NEL config from NEL's templates (never overwrites). Then
-    fill missing_values (apply_checkpoint, set_config_value) and validate_config.
+    """Use when there is no config yet: writes a new NEL config (never overwrites). Then fill its missing_values
+    (apply_checkpoint, set_config_value) and validate_config.
     """
     path = _output_path(request)
     doc, tasks = engines.by_name(request.engine).skeleton(request.execution, request.deployment, request.model_type,
@@ -114,16 +113,14 @@ class GetConfigValueOutput(BaseModel):
 
 
 def get_config_value(request: GetConfigValueInput) -> GetConfigValueOutput:
-    """Use to read what a NEL config says before changing it: one value or section by dotted key; tasks
-    addressable by name, e.g. evaluation.tasks[ns_gpqa].nemo_evaluator_config.
-    """
+    """Use to read a NEL config before changing it: one value or section by dotted key."""
     value = get_path(load_config(request.config_path), request.key)
     return GetConfigValueOutput(key=request.key, value=to_plain(value), missing=value == MISSING)
 
 
 class SetConfigValueInput(StrictModel):
     config_path: str = Field(description=_CONFIG_FIELD)
-    key: str = Field(description=_KEY_FIELD + " Missing parents are created.")
+    key: str = Field(description="Dotted key, as in get_config_value; missing parents are created.")
     value: Any = Field(
         None,
         description="New value as JSON (objects become mappings). Give value or yaml_value.",
@@ -149,8 +146,7 @@ class ConfigEditOutput(BaseModel):
 
 
 def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
-    """Use to fill a ??? or change a setting: sets one dotted key in a NEL config, keeping comments and order;
-    atomic, returns a diff.
+    """Use to fill a ??? or change a setting: sets one dotted key, keeping comments and order; atomic, returns a diff.
     """
     value = configfile.parse_yaml_value(request.yaml_value) if request.yaml_value is not None else as_round_trip(request.value)
     diff = engines.edit_config(request.config_path, lambda doc: set_path(doc, request.key, value))
@@ -159,13 +155,11 @@ def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:
 
 class DeleteConfigValueInput(StrictModel):
     config_path: str = Field(description=_CONFIG_FIELD)
-    key: str = Field(description=_KEY_FIELD + " evaluation.tasks[ns_gpqa] removes that task.")
+    key: str = Field(description="Dotted key, as in get_config_value; evaluation.tasks[ns_gpqa] removes that task.")
 
 
 def delete_config_value(request: DeleteConfigValueInput) -> ConfigEditOutput:
-    """Use to drop a task, a stray or misspelled key: removes one dotted key or list entry from a NEL config;
-    returns a diff.
-    """
+    """Use to drop a task or a stray key: removes one dotted key or list entry; returns a diff."""
     diff = engines.edit_config(request.config_path, lambda doc: delete_path(doc, request.key))
     return ConfigEditOutput(config_path=request.config_path, key=request.key, changed=bool(diff), diff=diff)
 
@@ -192,8 +186,7 @@ class ListMissingValuesOutput(BaseModel):
 
 
 def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOutput:
-    """Use after build_config/apply_checkpoint: everything a NEL config still needs (??? values, unset env vars
-    it or its recipes need), names only.
+    """Use after build_config/apply_checkpoint: what a NEL config still needs (??? values, unset env vars), names only.
     """
     doc = load_config(request.config_path)
     needed = engines.for_config(doc).env_var_needs(doc)
@@ -211,7 +204,7 @@ def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOut
 
 
 def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:
-    """Use after add_tasks, and again when the checkpoint changes (baseline into a copy of the quantized config):
-    recomputes all the config takes from it (model, TP, server flags, token budget, sampling, thinking, tokenizer).
+    """Use after add_tasks, and again whenever the checkpoint changes: sets all the config takes from it (model, TP, server
+    flags, token budget, sampling, thinking, tokenizer).
     """
     return engines.for_config(load_config(request.config_path)).apply_checkpoint(request, progress)

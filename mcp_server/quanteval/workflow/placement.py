@@ -195,14 +195,14 @@ def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = No
 
 
 class ApplyClusterInput(StrictModel):
-    config_path: str = Field(description="Path of the NEL config YAML; its execution must be slurm.")
-    host: str | None = Field(None, description="SLURM login host (alias from ~/.ssh/config). Default: the config's execution.hostname.")
+    config_path: str = Field(description="The config (.yaml); its execution must be slurm.")
+    host: str | None = Field(None, description="SLURM login host (ssh alias). Default: the config's execution.hostname.")
     partition: str | None = Field(None, pattern=r"^[\w.-]+$", description=(
-        "Default: the config's if it exists, else one that is up with enough GPUs (native format GPUs first)."))
+        "Default: the config's if it exists, else one that is up with enough GPUs."))
     checkpoint: str | None = Field(None, description=(
-        "Checkpoint whose format is checked against the GPUs. Default: the config's, when readable here."))
+        "Checkpoint whose format is checked against the GPUs. Default: the config's."))
     walltime: str | None = Field(None, pattern=r"^[\d:-]+$", description=(
-        "Walltime to ask for ([D-]HH:MM:SS); default the config's, capped at the partition's limit."))
+        "[D-]HH:MM:SS. Default: the config's, capped at the partition's limit."))
 
 
 class ApplyClusterOutput(BaseModel):
@@ -255,9 +255,8 @@ def _next_view(doc: Any) -> dict[str, Any]:
 
 
 def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress) -> ApplyClusterOutput:
-    """Use after apply_checkpoint for a SLURM config (NEL 0.2.6 or nel-next): asks the cluster, writes partition,
-    gres (gpu:<TP x DP x PP>), walltime, a lone visible account and username (the ssh config's User for the host);
-    warns when the partition's GPUs cannot run the format as it ships.
+    """Use after apply_checkpoint for a SLURM config: asks the cluster, writes partition, gres, walltime, user and a lone
+    visible account; warns if its GPUs cannot run the checkpoint's format.
     """
 
     written = engines.load_config(request.config_path)

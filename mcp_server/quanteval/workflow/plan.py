@@ -37,10 +37,11 @@ TOTAL_STEPS = 7
 class PlanRequest(BaseModel):
     model: str = Field(description="Checkpoint directory or Hugging Face handle already in the local HF cache.")
     tasks: list[str] = Field(default_factory=list, description="Recipe or NEL task names; empty keeps the bundle's tasks.")
-    execution: Execution = "local"
-    deployment: Literal["vllm", "sglang", "none"] = "vllm"  # the deployments `quanteval plan` offers
-    model_type: Literal["chat_reasoning", "base"] = "chat_reasoning"
-    output_dir: str | None = Field(None, description="execution.output_dir for the results.")
+    execution: Execution = Field("local", description="Where NEL runs the jobs.")
+    # the deployments `quanteval plan` offers
+    deployment: Literal["vllm", "sglang", "none"] = Field("vllm", description="Who serves the model.")
+    model_type: Literal["chat_reasoning", "base"] = Field("chat_reasoning", description="chat_reasoning (chat endpoint) or base (completions).")
+    output_dir: str | None = Field(None, description="execution.output_dir for the results (absolute on SLURM).")
     config: str | None = Field(None, description="Config file to write; default <model>-<execution>-<deployment>.yaml here.")
     force: bool = Field(False, description="Replace an existing config file.")
     host: str | None = Field(None, description=(

@@ -391,9 +391,7 @@ def task_scores(tree: RunTree, task_dir: Path) -> TaskScores:
 
 
 def extract_scores(request: ExtractScoresInput) -> ExtractScoresOutput:
-    """Use after validate_run passes: every task's headline score and standard error from a finished run, with
-    its scale.
-    """
+    """Use after validate_run passes: each task's headline score, standard error and scale."""
     if (next_dir := next_run_dir(request.run)) is not None:
         return ExtractScoresOutput(run=request.run, tasks=[next_task_scores(bundle) for bundle in nextresults.bundles(next_dir).values()])
     tree = locate_run(request.run)
@@ -416,7 +414,7 @@ class ValidateRunInput(StrictModel):
         None, description="Checkpoint the server must have loaded."
     )
     max_error_share: float = Field(
-        0.01, ge=0, le=1, description="Largest acceptable share of non-2xx HTTP responses (0.01 = 1%)."
+        0.01, ge=0, le=1, description="Largest acceptable share of non-2xx responses."
     )
     max_truncated_share: float = Field(
         0.02, ge=0, le=1, description="Largest acceptable share of length-truncated responses."
@@ -740,8 +738,8 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
 
 
 def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) -> ValidateRunOutput:
-    """Use before extract_scores or compare_results: checks each task of a finished run (samples, HTTP errors,
-    truncation, leaked reasoning, judge, served checkpoint): pass/fail/inconclusive with evidence.
+    """Use before extract_scores or compare_results: checks each task of a finished run (samples, errors, truncation,
+    leaked reasoning, judge, served checkpoint).
     """
     if (next_dir := next_run_dir(request.run)) is not None:
         return _validate_next_run(request, next_dir)

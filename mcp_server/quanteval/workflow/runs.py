@@ -41,14 +41,14 @@ def config_hash(path: str, overrides: list[str] | None = None) -> str:
 
 
 class DryRunInput(StrictModel):
-    config_path: str = Field(description="Path of the NEL run config YAML to dry-run.")
+    config_path: str = Field(description="The NEL config file (.yaml).")
     overrides: list[str] = Field(default_factory=list, description=(
         "Overrides as for `nel run -o`; a new key needs '++'."))
 
 
 def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunOutput:
-    """Use after validate_config, before launch_canary: NEL's own dry-run; returns ok, the rendered scripts
-    and NEL's error. Secrets never appear.
+    """Use after validate_config, before launch_canary: NEL's own dry-run: ok, the rendered scripts (secrets masked) and
+    NEL's error.
     """
     config_path = _config_file(request.config_path)
     return _engine(config_path).dry_run(config_path, request.overrides, progress)
@@ -59,19 +59,18 @@ def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunO
 
 class LaunchCanaryInput(StrictModel):
     config_path: str = Field(description="The NEL config (the full run uses the same).")
-    limit_samples: int = Field(10, ge=1, le=100000, description="Samples per task for the canary (default 10).")
+    limit_samples: int = Field(10, ge=1, le=100000, description="Samples per task.")
     tasks: list[str] = Field(default_factory=list, description=(
         "Only these tasks of the config; empty = all."))
     overrides: list[str] = Field(default_factory=list, description=(
         "Overrides as for `nel run -o` (new key: '++'); give launch_full_run the same ones."))
     repeats: int | None = Field(1, ge=1, le=1000, description=(
-        "Repeats per sample where the config repeats samples (num_repeats, n_samples); null keeps the config's. "
-        "The full run always uses the config's."))
+        "Repeats per sample where the config repeats (num_repeats, n_samples); null: the config's, as in the full run."))
 
 
 def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Use after a passing dry_run: launches a canary (limit_samples per task, one repeat) and returns its record_id
-    at once; launch_full_run needs a passing canary of the same config. Poll with run_status.
+    """Use after a passing dry_run: launches a small canary (limit_samples per task) and returns its record_id at once;
+    launch_full_run needs it to pass. Poll with wait_for_run.
     """
     config_path = _config_file(request.config_path)
     engine = _engine(config_path)
@@ -81,9 +80,9 @@ def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress
 
 
 class LaunchFullRunInput(StrictModel):
-    config_path: str = Field(description="Path of the NEL run config YAML whose canary passed.")
-    overrides: list[str] = Field(default_factory=list, description="The same Hydra overrides the canary was launched with.")
-    tasks: list[str] = Field(default_factory=list, description="Only these tasks of the config; empty = all tasks.")
+    config_path: str = Field(description="The NEL config whose canary passed.")
+    overrides: list[str] = Field(default_factory=list, description="The same overrides the canary was launched with.")
+    tasks: list[str] = Field(default_factory=list, description="Only these tasks of the config; empty = all.")
     force: bool = Field(False, description=(
         "Skip the canary gate; only if the person asks. Needs reason."))
     reason: str | None = Field(None, description="Why the gate is skipped (with force; recorded).")
@@ -130,8 +129,8 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn) -> str
 
 
 def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Use last, after the canary passed: launches the full evaluation of the same config (refused without a
-    passing canary unless force with a reason). Returns record_id at once.
+    """Use after the canary passed: launches the full run of the same config (refused without a passing canary unless
+    force). Returns its record_id at once.
     """
     config_path = _config_file(request.config_path)
     if request.force and not (request.reason and request.reason.strip()):
@@ -152,7 +151,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
 
 
 class RunRef(StrictModel):
-    record_id: str = Field(description="record_id (from a launch or list_runs) or NEL invocation id.")
+    record_id: str = Field(description="The run's record_id or NEL invocation id.")
 
 
 class RunStatusOutput(BaseModel):
@@ -180,9 +179,7 @@ def _refresh(record: ledger.Record) -> Refreshed:
 
 
 def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatusOutput:
-    """Use to poll a canary or full run: per-job status (pending, running, resuming, succeeded, failed, killed)
-    from NEL or SLURM, with the ledger's history.
-    """
+    """Use to poll a canary or full run: each job's status, with the ledger's history."""
     progress(0, 1, "asking the executor")
     refreshed = _refresh(_record(request.record_id))
     record = refreshed.record
@@ -194,14 +191,12 @@ def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatus
 
 
 class WaitForRunInput(StrictModel):
-    record_id: str = Field(description="record_id (from a launch or list_runs) or NEL invocation id.")
-    timeout_s: float = Field(300, ge=0, le=3600, description="Longest wait in seconds; it returns as soon as the status changes.")
+    record_id: str = Field(description="The run's record_id or NEL invocation id.")
+    timeout_s: float = Field(300, ge=0, le=3600, description="Longest wait, in seconds.")
 
 
 def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -> RunStatusOutput:
-    """Use instead of polling run_status: blocks until the run's status changes (e.g. running -> succeeded) or
-    timeout_s passes, then answers as run_status does.
-    """
+    """Use instead of polling run_status: answers as run_status does once the status changes or timeout_s passes."""
     status = run_status(RunRef(record_id=request.record_id))
     if status.status not in ACTIVE:
         return status
@@ -221,14 +216,14 @@ def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -
 
 
 class RunLogsInput(StrictModel):
-    record_id: str = Field(description="Ledger record id or NEL invocation id.")
-    lines: int = Field(50, ge=1, le=500, description="How many last lines of each log file to return.")
-    job: str | None = Field(None, description="Only this NEL job id (<invocation>.<index>); default: every job.")
+    record_id: str = Field(description="The run's record_id or NEL invocation id.")
+    lines: int = Field(50, ge=1, le=500, description="Last lines of each log file.")
+    job: str | None = Field(None, description="Only this NEL job id (<invocation>.<index>).")
 
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
-    """Use when run_status says failed, or to watch a canary: each log's tail, lines of known failure classes
-    with file:line, and for a failed run a diagnosis with its usual fix. Secrets masked.
+    """Use when a run failed or to watch a canary: log tails, known failure lines (file:line) and, for a failed run, a
+    diagnosis with its usual fix. Secrets masked.
     """
     record = _record(request.record_id)
     return engines.for_record(record).logs(record, request.lines, request.job, progress)
@@ -238,9 +233,7 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
 
 
 def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutput:
-    """Use when a run is wrong or stuck: stops a canary or full run through NEL (including its restart job) and
-    records it as killed.
-    """
+    """Use when a run is wrong or stuck: stops it through NEL (with its restart job) and records it as killed."""
     record = _record(request.record_id)
     if record.kind == "dry_run":
         raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
@@ -248,8 +241,8 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
 
 
 def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRunOutput:
-    """Use after a kill or a transient failure: re-runs a run's rendered scripts under the same invocation id
-    (config edits need a new canary).
+    """Use after a kill or a transient failure: re-runs the run's scripts under the same invocation id (config edits need a
+    new canary).
     """
     record = _record(request.record_id)
     if record.kind == "dry_run" or not record.invocation_id:
@@ -261,10 +254,10 @@ def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRun
 
 
 class ListRunsInput(StrictModel):
-    kind: RunKind | None = Field(None, description="Only dry_run, canary or full_run records.")
-    status: str | None = Field(None, description="Only records in this status, e.g. running, failed, succeeded.")
-    offset: int = Field(0, ge=0, description="Skip this many records (newest first).")
-    limit: int = Field(20, ge=1, le=100, description="At most this many records.")
+    kind: RunKind | None = Field(None, description="Only this kind.")
+    status: str | None = Field(None, description="Only this status, e.g. running, failed.")
+    offset: int = Field(0, ge=0, description="Records to skip (newest first).")
+    limit: int = Field(20, ge=1, le=100, description="Page size.")
 
 
 class RunSummary(BaseModel):
@@ -289,8 +282,8 @@ class ListRunsOutput(BaseModel):
 
 
 def list_runs(request: ListRunsInput) -> ListRunsOutput:
-    """Use to find a record_id: dry-runs, canaries, full runs and eval servers in the ledger, newest first,
-    filtered by kind and status. Paginated.
+    """Use to find a record_id: dry-runs, canaries, full runs and eval servers, newest first, by kind and status.
+    Paginated.
     """
     kinds: list[ledger.RecordKind] = [request.kind] if request.kind else ["dry_run", "canary", "full_run"]
     page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)

@@ -75,7 +75,7 @@ class ListTasksInput(StrictModel):
         default=None, description="Only this harness, e.g. 'nemo_skills'."
     )
     offset: int = Field(default=0, ge=0, description="Matches to skip (next_offset of the last page).")
-    limit: int = Field(default=30, ge=1, le=200, description="Page size, 1-200.")
+    limit: int = Field(default=30, ge=1, le=200, description="Page size.")
 
 
 class TaskSummary(BaseModel):
@@ -101,8 +101,8 @@ def _shorten(text: str, width: int = 200) -> str:
 
 
 def list_tasks(request: ListTasksInput) -> ListTasksOutput:
-    """Use to find the exact NEL task name for a benchmark before add_tasks: searches NEL's task catalogue; shows
-    harness, ambiguity and whether a reviewed recipe exists. Paginated.
+    """Use before add_tasks to find a benchmark's exact NEL task name in NEL's catalogue, with harness and whether a
+    reviewed recipe exists. Paginated.
     """
     entries = catalogue()
     if request.harness is not None:
@@ -209,8 +209,8 @@ class GetTaskRecipeOutput(BaseModel):
 
 
 def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
-    """Use before adding a task: one benchmark's reviewed recipe (params, repeats, judge, env vars, score path),
-    or NEL's catalogue entry when none exists.
+    """Use before adding a task: its reviewed recipe (params, repeats, judge, env vars, score path), or NEL's catalogue
+    entry if none exists.
     """
     resolved = resolve(request.name)
     if resolved.recipe is not None:
@@ -244,13 +244,13 @@ def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
 
 
 class AddTasksInput(StrictModel):
-    config_path: str = Field(description="Path of the NEL config YAML to edit (from build_config).")
+    config_path: str = Field(description="The NEL config file (.yaml).")
     tasks: list[str] = Field(
         min_length=1,
         description="Recipe names ('gpqa', 'aime2025') or NEL task names, bare or 'harness.task'.",
     )
     replace: bool = Field(
-        False, description="Replace the config's tasks (the bundle build_config wrote) instead of adding to them.",
+        False, description="Replace the tasks build_config wrote instead of adding to them.",
     )
 
 
@@ -284,8 +284,8 @@ def _task_key(config_name: str) -> str:
 
 
 def add_tasks(request: AddTasksInput) -> AddTasksOutput:
-    """Use after build_config to put benchmarks (recipe or NEL task names, checked first) into evaluation.tasks;
-    replace drops the bundle's tasks first. Returns a diff.
+    """Use after build_config: adds benchmarks (recipe or NEL task names, checked first) to evaluation.tasks; returns a
+    diff.
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap, CommentedSeq

@@ -17,10 +17,10 @@ from quanteval.models import StrictModel
 
 
 class ValidateConfigInput(StrictModel):
-    config_path: str = Field(description="Path of the NEL config YAML file to check.")
+    config_path: str = Field(description="The NEL config file (.yaml).")
     overrides: list[str] = Field(
         default_factory=list,
-        description="Overrides you will pass to `nel run -o`; checked for syntax and missing ++.",
+        description="Overrides you will pass to `nel run -o`, checked too.",
     )
     check_env: bool = Field(
         True, description="Report needed env vars unset here (false if the run starts elsewhere)."
@@ -39,8 +39,8 @@ class ValidateConfigOutput(BaseModel):
 MAX_PROBLEMS = 200
 
 def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
-    """Use after every edit and before dry_run: checks a NEL config offline in milliseconds (missing values, tasks,
-    keys, types, flags, env vars, budget vs context, sampling, thinking, NEL's known issues), each with key and fix.
+    """Use after every edit and before dry_run: checks a NEL config offline in milliseconds; each finding with its key and
+    fix.
     """
     started = time.perf_counter()
     path = Path(request.config_path).expanduser()
