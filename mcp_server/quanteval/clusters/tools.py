@@ -22,7 +22,7 @@ PROBED_COMMANDS = ["sbatch", "squeue", "sacct", "srun", "enroot", "docker", "rsy
 
 
 class SshCheckInput(StrictModel):
-    host: str = Field(description="Alias from ~/.ssh/config (or user@alias); 'local': this machine.")
+    host: str = Field(description="ssh config alias (or user@alias); 'local': this machine.")
     trust_host_key: bool = Field(
         False,
         description="Trust an unknown or changed host key; only after the person confirmed its fingerprint.",
@@ -45,8 +45,8 @@ class SshCheckResult(BaseModel):
 
 
 def ssh_check(request: SshCheckInput, progress: ProgressFn = no_progress) -> SshCheckResult:
-    """Use first for any cluster host, and when a remote tool cannot connect: reports identity, SLURM and
-    container commands, latency, or what is wrong (unreachable, auth, host key).
+    """Use first for a cluster host, and when a remote tool cannot connect: identity, SLURM and container commands,
+    latency, or what is wrong.
     """
     progress(0, 3, f"connecting to {request.host}")
     probe = "whoami; hostname; " + "".join(
@@ -99,14 +99,14 @@ def ssh_check(request: SshCheckInput, progress: ProgressFn = no_progress) -> Ssh
 
 
 class SlurmQueueInput(StrictModel):
-    host: str = Field(description="SLURM login host alias, or 'local'.")
-    user: str | None = Field(None, description="Only jobs of this user (default: every user's jobs).")
-    job_ids: list[str] = Field(default_factory=list, description="Only these job ids (e.g. ['1234', '1235_7']); empty = all.")
+    host: str = Field(description="SLURM login host (ssh alias), or 'local'.")
+    user: str | None = Field(None, description="Only this user's jobs.")
+    job_ids: list[str] = Field(default_factory=list, description="Only these job ids, e.g. ['1234', '1235_7'].")
     include_finished: bool = Field(
-        False, description="Also list finished jobs (squeue, sacct)."
+        False, description="Also finished jobs (sacct)."
     )
     limit: int = Field(50, ge=1, le=500, description="Jobs per page.")
-    offset: int = Field(0, ge=0, description="Jobs to skip (use next_offset from the previous page).")
+    offset: int = Field(0, ge=0, description="Jobs to skip (next_offset of the last page).")
 
 
 class SlurmQueueResult(BaseModel):
@@ -120,9 +120,7 @@ class SlurmQueueResult(BaseModel):
 
 
 def slurm_queue(request: SlurmQueueInput, progress: ProgressFn = no_progress) -> SlurmQueueResult:
-    """Use to see the whole SLURM queue on a host: jobs filtered by user and ids, with state, pending reason and
-    exit code. Paginated.
-    """
+    """Use to see a host's SLURM queue: jobs by user and ids, with state, pending reason and exit code. Paginated."""
     check_job_ids(request.job_ids)
     check_user(request.user)
     progress(0, 2, f"squeue on {request.host}")
@@ -159,13 +157,13 @@ def _job_sort_key(job_id: str) -> tuple[int, int]:
 
 
 class ClusterInfoInput(StrictModel):
-    host: str = Field(description="SLURM login host: alias from ~/.ssh/config, or 'local' for this machine.")
+    host: str = Field(description="SLURM login host (ssh alias), or 'local'.")
     partition: str | None = Field(None, pattern=r"^[\w.-]+$", description="Only this partition (default: all).")
 
 
 def cluster_info(request: ClusterInfoInput, progress: ProgressFn = no_progress) -> ClusterInfo:
-    """Use before filling a SLURM config, or when sbatch refuses a job: partitions (state, time limit, usable nodes,
-    GPUs per node and type) and your accounts when visible.
+    """Use before filling a SLURM config, or when sbatch refuses a job: partitions (state, time limit, nodes, GPUs per
+    node and type) and your accounts.
     """
     progress(0, 1, f"scontrol on {request.host}")
     info = describe_cluster(request.host)
@@ -184,14 +182,14 @@ def cluster_info(request: ClusterInfoInput, progress: ProgressFn = no_progress) 
 
 
 class RemoteGrepInput(StrictModel):
-    host: str = Field(description="Host alias from ~/.ssh/config, or 'local' for this machine.")
+    host: str = Field(description="ssh alias, or 'local'.")
     path: str = Field(description="File or directory (recursive) on that host.")
     patterns: list[str] = Field(
         min_length=1,
         description="grep -E patterns; a line matching any is reported.",
     )
     ignore_case: bool = Field(True, description="Match regardless of case.")
-    max_lines: int = Field(50, ge=1, le=1000, description="Most matching lines to return; the rest are counted as truncated.")
+    max_lines: int = Field(50, ge=1, le=1000, description="Most matching lines to return; the rest are counted.")
 
 
 class GrepMatch(BaseModel):
@@ -209,8 +207,8 @@ class RemoteGrepResult(BaseModel):
 
 
 def remote_grep(request: RemoteGrepInput, progress: ProgressFn = no_progress) -> RemoteGrepResult:
-    """Use to find errors in files on a host without copying them: grep -E over a file or directory, matching
-    lines with file and line number.
+    """Use to find errors in a host's files without copying them: grep -E over a file or folder; matches with
+    file:line.
     """
     if any("\n" in p or "\0" in p for p in request.patterns):
         raise ToolError("patterns: a pattern contains a newline or NUL. Pass one line per pattern.")
@@ -266,7 +264,7 @@ awk '
 
 
 class CheckRegistryCredentialsInput(StrictModel):
-    host: str = Field(description="Host alias from ~/.ssh/config, or 'local'.")
+    host: str = Field(description="ssh alias, or 'local'.")
     registry: str | None = Field(
         None, description="Registry that must have an entry, e.g. 'nvcr.io'."
     )
@@ -289,8 +287,8 @@ class RegistryCredentialsResult(BaseModel):
 
 
 def check_registry_credentials(request: CheckRegistryCredentialsInput) -> RegistryCredentialsResult:
-    """Use before a SLURM run pulling from nvcr.io or another private registry: lists the registries in the
-    host's enroot credentials (names only).
+    """Use before a SLURM run pulls from nvcr.io or another private registry: the registries in the host's enroot
+    credentials (names only).
     """
     if request.registry is not None and not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?", request.registry):
         raise ToolError(f"registry: '{request.registry}' is not a registry host name. Use e.g. 'nvcr.io'.")
