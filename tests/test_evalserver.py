@@ -27,7 +27,7 @@ from quanteval.faces import evalhttp, evalserver
 from quanteval.faces.evalserver import ServerSettings
 from quanteval.localproc import free_port, group_members
 from quanteval.models import ToolError
-from quanteval.workflow import eval_nel, evaljobs
+from quanteval.workflow import eval_nel, evalbackend, evaljobs
 
 STANDINS = Path(__file__).parent / "standins"
 sys.path.insert(0, str(STANDINS))
@@ -466,7 +466,7 @@ def test_nel_backend_maps_benchmarks_to_ns_tasks_and_reads_results_yml(make_serv
 
 def test_nel_backend_config_passes_nels_own_dry_run(tmp_path, router):
     settings = ServerSettings(output_root=tmp_path, backend="nel")
-    request = evaljobs.EvalRequest(rollout_id=1, router_url=router.url,
+    request = evalbackend.EvalRequest(rollout_id=1, router_url=router.url,
                                               benchmarks=[{"name": "gpqa", "n_samples_per_eval_prompt": 2}])
     config = eval_nel.nel_config(settings, request, request.benchmarks[0], tmp_path / "out")
     path = tmp_path / "config.yaml"

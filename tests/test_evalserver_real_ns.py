@@ -25,7 +25,7 @@ import pytest
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
 from quanteval.workflow import tasks
-from quanteval.workflow.evaljobs import ServerSettings
+from quanteval.workflow.evalbackend import ServerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 NS_VENV = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills")

@@ -28,14 +28,8 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from quanteval.models import ToolError
-from quanteval.workflow.evaljobs import (
-    EvalRequest,
-    EvalService,
-    Job,
-    ServerSettings,
-    ShuttingDown,
-    payload_errors,
-)
+from quanteval.workflow.evalbackend import EvalRequest, ServerSettings, payload_errors
+from quanteval.workflow.evaljobs import EvalService, Job, ShuttingDown
 
 log = logging.getLogger("quanteval.faces.evalserver")
 

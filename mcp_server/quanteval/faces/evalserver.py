@@ -1,9 +1,9 @@
 """The eval server for training loops: NeMo-Skills benchmarks behind slime's eval-delegate API.
 
 This module holds the three tools (start_eval_server, eval_server_status, stop_eval_server) and the
-one list of serve-eval options (`ServerSettings`, from which the CLI's flags are made). The server
-itself is split: the HTTP layer (evalhttp), the job queue (evaljobs) and one module per backend
-(eval_nemo_skills: `ns eval`; eval_nel: NEL's nemo_skills tasks).
+one list of serve-eval options (`ServerSettings` in evalbackend, from which the CLI's flags are made). The server
+itself is split: the HTTP layer (evalhttp), the job queue (evaljobs), what the queue and its backends share
+(evalbackend) and one module per backend (eval_nemo_skills: `ns eval`; eval_nel: NEL's nemo_skills tasks).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from quanteval.envvars import state_dir
 from quanteval.faces.evalhttp import is_loopback, required_token, serve
 from quanteval.localproc import group_members, port_free, stop_group
 from quanteval.models import StrictModel, ToolError
-from quanteval.workflow.evaljobs import ServerSettings, tail_lines
+from quanteval.workflow.evalbackend import ServerSettings, tail_lines
 
 __all__ = ["ServerSettings", "eval_server_status", "option_argv", "serve", "start_eval_server", "stop_eval_server"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from quanteval.models import ToolError
-from quanteval.workflow.evaljobs import (
+from quanteval.workflow.evalbackend import (
     BenchmarkSpec,
     EvalRequest,
     ServerSettings,

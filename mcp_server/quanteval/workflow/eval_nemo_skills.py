@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from quanteval.models import ToolError
-from quanteval.workflow.evaljobs import (
+from quanteval.workflow.evalbackend import (
     BenchmarkSpec,
     EvalRequest,
     ServerSettings,

@@ -1,0 +1,174 @@
+"""What the eval server and its benchmark backends share: slime's payload, the server's settings, the backend
+interface and the shard commands a backend returns.
+
+evaljobs (the job queue) picks a backend from its registry; the backends (eval_nemo_skills, eval_nel) import only
+this module, so neither side imports the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from quanteval.models import StrictModel
+from quanteval.serving.frameworks import Execution
+
+BackendName = Literal["nemo-skills", "nel"]
+LOG_TAIL_LINES = 40
+
+
+
+# --------------------------------------------------------------------------------------------
+# The payload (slime's eval-delegate API)
+# --------------------------------------------------------------------------------------------
+
+
+class BenchmarkSpec(BaseModel):
+    """One benchmark of a delegate request; unset generation params fall back to `defaults`."""
+
+    model_config = ConfigDict(extra="ignore")  # slime may send dataset fields this server does not use
+
+    name: str
+    n_samples_per_eval_prompt: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
+    max_response_len: int | None = Field(None, ge=1)
+    max_problems: int | None = Field(None, ge=1, description="Evaluate only the first N problems (quick checks).")
+    shards: int | None = Field(None, ge=1, le=64, description="Split this benchmark across N workers.")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        name = name.strip()
+        if not name:
+            raise ValueError("benchmark name must not be empty")
+        if ":" in name:
+            raise ValueError(f"benchmark name '{name}' must not contain ':' (repeats go in n_samples_per_eval_prompt)")
+        if "/" in name or any(c.isspace() for c in name) or name.startswith((".", "-")):
+            raise ValueError(f"benchmark name '{name}' must be a plain name (no '/', spaces or leading '.'/'-')")
+        return name
+
+
+class EvalRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rollout_id: int
+    router_url: str
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    benchmarks: list[BenchmarkSpec] = Field(min_length=1)
+
+    @field_validator("router_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"router_url '{url}' must be an http(s) URL such as http://127.0.0.1:30000")
+        return url.rstrip("/")
+
+    def idempotency_key(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return f"rollout-{self.rollout_id}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+
+
+def generation_value(bench: BenchmarkSpec, defaults: dict[str, Any], key: str) -> Any:
+    value = getattr(bench, key)
+    return defaults.get(key) if value is None else value
+
+
+def payload_errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in exc.errors())
+
+
+# --------------------------------------------------------------------------------------------
+# Settings and the backend interface
+# --------------------------------------------------------------------------------------------
+
+
+DEFAULT_PORT = 9050
+TOKEN_ENV_DEFAULT = "QUANTEVAL_EVAL_TOKEN"
+
+
+class ServerSettings(StrictModel):
+    """Every serve-eval option, in one place: the CLI's flags and start_eval_server's arguments are made from it."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    bind_host: str = Field("127.0.0.1", description="Address to bind (CLI: --host). Beyond loopback (0.0.0.0, a "
+                           "container's address) the server requires a bearer token from the env var token_env names.")
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="TCP port.")
+    output_root: Path | None = Field(None, description="Where evaluations write; start_eval_server defaults it to "
+                                     "<state dir>/eval-server/<port>.")
+    backend: BackendName = Field("nemo-skills", description="nemo-skills runs `ns eval`; nel runs NEL nemo_skills tasks.")
+    max_concurrent_requests: int = Field(512, ge=1, description="Concurrent requests each benchmark sends to the router.")
+    max_concurrent_jobs: int = Field(2, ge=1, le=32, description="Evaluations (rollouts) that run at once; more queue.")
+    model_name: str = Field("slime-openai-model", description="Model name sent to the router's OpenAI API.")
+    ns_command: str = Field("ns", description="The NeMo-Skills `ns` executable (name on PATH or path).")
+    cluster: str | None = Field(None, description="NeMo-Skills cluster config name (`ns eval --cluster`); default: an "
+                                "`executor: none` config the server writes under output_root.")
+    config_dir: str | None = Field(None, description="Directory of NeMo-Skills cluster configs (`--config_dir`).")
+    data_dir: str | None = Field(None, description="NeMo-Skills data dir (`--data_dir`); default: the installed "
+                                 "package's nemo_skills/dataset, where `ns prepare_data` writes.")
+    server_type: Literal["sglang", "vllm", "openai"] = Field(
+        "sglang", description="NeMo-Skills server type for the router: sglang/vllm send top_k, openai cannot "
+        "(a top_k then gets a 400).")
+    nel_command: str = Field("nel", description="The `nel` executable for the nel backend.")
+    nel_execution: Execution = Field("local", description="NEL executor for the nel backend.")
+    job_timeout_s: float = Field(6 * 3600, gt=0, description="Seconds before a benchmark's processes are killed.")
+    results_wait_s: float = Field(600, ge=0, description="nel backend: seconds to wait for results.yml after NEL returns.")
+    orphan_grace_s: float = Field(600, ge=0, description="A POST /evaluate job that no client waits for any more is "
+                                  "cancelled after this many seconds (POST /jobs jobs never are).")
+    allow_partial: bool = Field(False, description="Answer 200 when some benchmarks failed and others succeeded "
+                                "(default: 502, with the good benchmarks' metrics still in the body).")
+    token_env: str = Field(TOKEN_ENV_DEFAULT, description="Env var holding the bearer token clients must send "
+                           "(Authorization: Bearer ...); required when bind_host is not loopback.")
+
+    @staticmethod
+    def cli_flag(field: str) -> str:
+        """The serve-eval flag of a field: `--host` for bind_host (as slime's reference server spells it)."""
+        return "--host" if field == "bind_host" else "--" + field.replace("_", "-")
+
+    @property
+    def root(self) -> Path:
+        assert self.output_root is not None, "output_root is set before the service starts"
+        return self.output_root
+
+
+@dataclass
+class ShardCommand:
+    argv: list[str]
+    env: dict[str, str]
+    output_dir: Path
+    log_path: Path
+    cwd: Path | None = None
+
+
+class Backend(Protocol):
+    def readiness(self, settings: ServerSettings) -> dict[str, Any]: ...
+
+    def refuse(self, settings: ServerSettings, request: EvalRequest) -> str | None: ...
+
+    def commands(self, settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpec, bench_dir: Path,
+                 expname: str) -> list[ShardCommand]: ...
+
+    def metrics(self, settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
+                commands: list[ShardCommand]) -> dict[str, Any]: ...
+
+
+
+def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000) -> list[str]:
+    """The last lines of a log, reading at most max_bytes from its end."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
