@@ -184,6 +184,7 @@ def test_every_command_the_docs_show_is_accepted_by_the_cli_parser(command: Unit
                   f"(choose from {', '.join(_subparsers(parser))})"
     if argv == words:
         return  # a subcommand named in prose, e.g. `quanteval tools`
+    current.format_help()  # a subcommand adds the flags mirrored from its tool's input model when first used
     known = set(current._option_string_actions)
     for flag in [arg.split("=", 1)[0] for arg in argv if arg.startswith("--")]:
         assert flag in known, f"{command.source}: `{command.text}`: `quanteval {' '.join(words)}` has no option {flag}"
