@@ -20,6 +20,10 @@ from quanteval.clusters import ssh
 from quanteval.models import ToolError
 
 SSH_TIMEOUT_S = 60.0
+# The local programs NEL 0.2.6's executors run here (read from its source): the slurm executor opens an ssh
+# ControlMaster and submits with `ssh ... sbatch` (executors/slurm/executor.py, common/ssh_utils.py) and uploads the run
+# directories with `rsync -qcaz` over ssh (common/ssh_utils.rsync_upload); it never calls scp. The local executor needs
+# `docker` on PATH and starts each task's run.sh with bash (executors/local/executor.py).
 # The Debian package that provides each binary an executor runs on this machine.
 DEBIAN_PACKAGES = {"ssh": "openssh-client", "rsync": "rsync", "docker": "docker.io", "bash": "bash"}
 
@@ -222,7 +226,7 @@ def _map_slurm(state: str, restart_job: str | None, resumed: bool, retries_faile
 LOCAL = LocalExecutor()
 SLURM = SlurmExecutor()
 # Every executor by the name stored in run records; a record without one ran here.
-EXECUTORS: dict[str, Executor] = {executor.name: executor for executor in (LOCAL, SLURM)}
+EXECUTORS: dict[str, Executor] = {executor.name: executor for executor in (SLURM, LOCAL)}
 
 
 def for_name(name: str | None) -> Executor:

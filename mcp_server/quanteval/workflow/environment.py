@@ -15,21 +15,13 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from quanteval import __version__
+from quanteval.clusters import executor as executors
 from quanteval.clusters.ssh import ssh_config_path
 from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
 from quanteval.models import StrictModel
 
 PACKAGES = ["quanteval", "nemo-evaluator-launcher", "nemo-evaluator", "mcp", "pydantic", "paramiko",
             "safetensors", "torch", "sglang", "vllm", "nemo-skills"]
-
-
-# The local programs NEL 0.2.6's executors run here (read from its source): the slurm executor opens an ssh
-# ControlMaster and submits with `ssh ... sbatch` (executors/slurm/executor.py, common/ssh_utils.py) and uploads the run
-# directories with `rsync -qcaz` over ssh (common/ssh_utils.rsync_upload); it never calls scp. The local executor needs
-# `docker` on PATH and starts each task's run.sh with bash (executors/local/executor.py).
-EXECUTOR_BINARIES: dict[str, tuple[str, ...]] = {"slurm": ("ssh", "rsync"), "local": ("docker", "bash")}
-# The Debian package that provides each binary.
-DEBIAN_PACKAGES = {"ssh": "openssh-client", "rsync": "rsync", "docker": "docker.io", "bash": "bash"}
 
 
 class CheckEnvironmentInput(StrictModel):
@@ -152,20 +144,10 @@ def _workspaces(root: str | None) -> list[Workspace]:
 
 def executor_binaries(executor: str | None = None) -> list[LocalBinary]:
     """The local binaries NEL's executor (both when None) runs, each with where PATH has it."""
-    executors = [executor] if executor else list(EXECUTOR_BINARIES)
-    return [LocalBinary(executor=name, binary=binary, path=shutil.which(binary), debian_package=DEBIAN_PACKAGES[binary])
-            for name in executors for binary in EXECUTOR_BINARIES.get(name, ())]
-
-
-def missing_binaries_message(executor: str) -> str | None:
-    """One sentence naming the binaries NEL's `executor` needs and PATH lacks, with their packages; None if all are there."""
-    missing = [item for item in executor_binaries(executor) if item.path is None]
-    if not missing:
-        return None
-    names = ", ".join(item.binary for item in missing)
-    packages = " ".join(sorted({item.debian_package for item in missing}))
-    return (f"NEL's {executor} executor runs {', '.join(EXECUTOR_BINARIES[executor])} on this machine, and {names} "
-            f"{'is' if len(missing) == 1 else 'are'} not on PATH: install {packages} (apt-get install {packages}).")
+    chosen = [executors.for_name(executor)] if executor else list(executors.EXECUTORS.values())
+    return [LocalBinary(executor=item.name, binary=binary, path=shutil.which(binary),
+                        debian_package=executors.DEBIAN_PACKAGES[binary])
+            for item in chosen for binary in item.binaries]
 
 
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
@@ -182,9 +164,8 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
     if not nel:
         notes.append("`nel` is not on PATH: install nemo-evaluator-launcher==0.2.6 (quanteval uses its Python API).")
     binaries = executor_binaries(request.executor)
-    for name in [request.executor] if request.executor else list(EXECUTOR_BINARIES):
-        message = missing_binaries_message(name)
-        if message:
+    for executor in [executors.for_name(request.executor)] if request.executor else executors.EXECUTORS.values():
+        if message := executor.missing_binaries():
             notes.append(message)
     if not docker_ok:
         notes.append("No Docker daemon: NEL's local executor cannot run here; use execution: slurm or a remote host.")
