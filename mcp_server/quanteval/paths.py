@@ -57,6 +57,11 @@ class Policy:
 ANY_PATH = Policy()  # the CLI's: paths relative to the shell's directory, anywhere
 
 
+def looks_local(value: Any) -> bool:
+    """A path rather than a Hugging Face handle (org/name) or a registry name."""
+    return isinstance(value, str) and value.startswith(("/", "~", "./", "../"))
+
+
 def check_arguments(tool: str, arguments: dict[str, Any], policy: Policy = ANY_PATH) -> None:
     """Raise ToolError if any path-like argument breaks the policy or cannot be a path at all."""
     local_host = arguments.get("host") in (None, "local")

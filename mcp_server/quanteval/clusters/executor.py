@@ -235,8 +235,8 @@ def for_name(name: str | None) -> Executor:
 
 
 def is_this_machine(host: str | None) -> bool:
-    """A deployment host that names this machine: none given, or the word "local"."""
-    return host in (None, LOCAL.name)
+    """A deployment host that names this machine: none given, or ssh's LOCAL ("local")."""
+    return host in (None, ssh.LOCAL)
 
 
 def slurm(name: str | None) -> SlurmExecutor | None:

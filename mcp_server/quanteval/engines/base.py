@@ -263,6 +263,10 @@ class Engine(ABC):
     def deployment_type(self, doc: Any) -> str:
         """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
 
+    @abstractmethod
+    def launch_paths(self, doc: dict[str, Any]) -> list[tuple[str, str]]:
+        """(key, path) for every local path a run of this config on this machine writes, mounts, loads or runs."""
+
     # -- the run lifecycle (engines/<engine>/runs.py)
 
     @abstractmethod

@@ -5,29 +5,23 @@ the tools that launch would write there, mount it into a container or run it. Be
 launch_full_run (and launch_deployment's plan) run, every such local path, from the file and from the overrides, must
 resolve inside the root, or the call is refused naming the key. Paths of a SLURM run are on the cluster: not ours.
 
-Which keys each engine reads (measured in their code):
-- NEL 0.2.6's local executor: execution.output_dir (scripts and results are written there), deployment.checkpoint_path
-  and deployment.cache_path (mounted into the server container), execution.mounts.{deployment,evaluation} (host paths,
-  the mapping's keys), evaluation.tasks[].dataset_dir (mounted), execution.extra_docker_args (-v/--volume/--mount
-  would mount anything: refused under a root).
-- nel-next's local cluster: output.dir, a managed service's model (vllm, sglang: the server loads it) and
-  container_mounts, a benchmark given as a BYOB .py file (imported and run).
+Which keys a launch reads is each engine's knowledge (`Engine.launch_paths`: engines/nel/config.py,
+engines/nel_next/config.py), measured in their code; overrides of those keys are checked here too.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 from quanteval import configfile, engines, paths
+from quanteval.clusters import executor as executors
 from quanteval.engines.nel import config as nel_config
 from quanteval.models import ToolError
 
 LAUNCHING_TOOLS = frozenset({"dry_run", "launch_canary", "launch_full_run"})
 _OVERRIDE = re.compile(r"^[+~]*(?P<key>[\w.\[\]-]+)=(?P<value>.*)$")
-_DOCKER_MOUNT_FLAGS = ("-v", "--volume", "--mount")
 
 
 def check_launch(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> None:
@@ -49,39 +43,11 @@ def check_launch(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> 
 
 
 def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, path) for every local path a launch of this config writes, mounts or runs; none for a SLURM run."""
-    found: list[tuple[str, Any]] = []
-    if engines.is_nel_next(doc):
-        if (doc.get("cluster") or {}).get("type", "local") != "local":
-            return []
-        found.append(("output.dir", (doc.get("output") or {}).get("dir")))
-        for name, service in (doc.get("services") or {}).items():
-            if isinstance(service, dict) and service.get("type") in ("vllm", "sglang"):
-                if _looks_local(service.get("model")):
-                    found.append((f"services.{name}.model", service["model"]))
-                found += [(f"services.{name}.container_mounts", str(m).split(":")[0]) for m in service.get("container_mounts") or []]
-        for index, benchmark in enumerate(doc.get("benchmarks") or []):
-            name = benchmark.get("name") if isinstance(benchmark, dict) else None
-            if isinstance(name, str) and name.endswith(".py"):
-                found.append((f"benchmarks[{index}].name", name))
-        return [(key, value) for key, value in found if isinstance(value, str)]
-
-    if nel_config.execution_type(doc) != "local":
+    """(key, path) for every local path a launch of this config writes, mounts or runs; none for a run elsewhere."""
+    engine = engines.for_config(doc)
+    if not executors.for_name(engine.execution_type(doc)).on_this_machine:
         return []
-    execution, deployment = doc.get("execution") or {}, doc.get("deployment") or {}
-    found += [("execution.output_dir", execution.get("output_dir")), ("deployment.checkpoint_path", deployment.get("checkpoint_path")),
-              ("deployment.cache_path", deployment.get("cache_path"))]
-    for role, mounts in (execution.get("mounts") or {}).items():
-        if isinstance(mounts, dict):
-            found += [(f"execution.mounts.{role}", source) for source in mounts]
-    for path, task in nel_config.config_tasks(doc):
-        if isinstance(task, dict):
-            found.append((f"{path}.dataset_dir", task.get("dataset_dir")))
-    docker_args = execution.get("extra_docker_args")
-    if isinstance(docker_args, str) and any(word.split("=")[0] in _DOCKER_MOUNT_FLAGS for word in _split(docker_args)):
-        raise ToolError("execution.extra_docker_args: mounts a host path (-v/--volume/--mount), which this server's workspace root (--root) "
-                        "cannot check. Use execution.mounts (checked) or deployment.checkpoint_path instead.")
-    return [(key, value) for key, value in found if isinstance(value, str) and value not in ("???", "")]
+    return engine.launch_paths(doc)
 
 
 def _override_paths(doc: dict[str, Any], overrides: list[str]) -> list[tuple[str, str]]:
@@ -93,10 +59,10 @@ def _override_paths(doc: dict[str, Any], overrides: list[str]) -> list[tuple[str
             continue
         key, value = match["key"], match["value"].strip("'\"")
         if key.endswith(("output_dir", "output.dir", "checkpoint_path", "cache_path", "dataset_dir", ".model", ".name")) or ".mounts." in key:
-            if key.endswith((".model", ".name")) and not (_looks_local(value) and (key.endswith(".model") or value.endswith(".py"))):
+            if key.endswith((".model", ".name")) and not (paths.looks_local(value) and (key.endswith(".model") or value.endswith(".py"))):
                 continue
             found.append((key, value))
-        elif key.endswith("extra_docker_args") and any(word.split("=")[0] in _DOCKER_MOUNT_FLAGS for word in _split(value)):
+        elif key.endswith("extra_docker_args") and nel_config.mounts_host_path(value):
             raise ToolError(f"override {override!r}: mounts a host path (-v/--volume/--mount), which this server's workspace root (--root) cannot check.")
     return found
 
@@ -104,9 +70,9 @@ def _override_paths(doc: dict[str, Any], overrides: list[str]) -> list[tuple[str
 def _check_plan(plan: Any, host: Any, policy: paths.Policy) -> None:
     """launch_deployment's plan (sent whole by the client): its checkpoint and every absolute path among the server
     arguments (model, chat template, download dir ...) must be inside the root when it runs here."""
-    if not isinstance(plan, dict) or (host not in (None, "local")) or (plan.get("host") not in (None, "local")):
+    if not isinstance(plan, dict) or not executors.is_this_machine(host) or not executors.is_this_machine(plan.get("host")):
         return
-    if isinstance(plan.get("checkpoint"), str) and _looks_local(plan["checkpoint"]):
+    if isinstance(plan.get("checkpoint"), str) and paths.looks_local(plan["checkpoint"]):
         paths.local_path(plan["checkpoint"], "plan.checkpoint", policy)
     for index, arg in enumerate(plan.get("server_args") or []):
         value = str(arg).split("=", 1)[-1]
@@ -121,13 +87,3 @@ def _check(key: str, value: str, base: Path, policy: paths.Policy) -> None:
     paths.local_path(str(path), key, paths.Policy(root=policy.root))
 
 
-def _looks_local(value: Any) -> bool:
-    """A path rather than a Hugging Face handle (org/name) or a registry name."""
-    return isinstance(value, str) and value.startswith(("/", "~", "./", "../"))
-
-
-def _split(text: str) -> list[str]:
-    try:
-        return shlex.split(text)
-    except ValueError:
-        return text.split()

@@ -465,3 +465,38 @@ def sibling(path: str, key: str) -> str:
 def reads_tokenizer(name: str) -> bool:
     return any(entry.reads_tokenizer for entry in catalogue.lookup(name))
 
+
+
+# ---------------------------------------------------------------------------
+# what a local launch touches (`quanteval-mcp --root` confines it)
+
+DOCKER_MOUNT_FLAGS = ("-v", "--volume", "--mount")
+
+
+def mounts_host_path(docker_args: str) -> bool:
+    """Do these extra docker arguments mount a host path (-v/--volume/--mount), which no key of the config names?"""
+    try:
+        words = shlex.split(docker_args)
+    except ValueError:
+        words = docker_args.split()
+    return any(word.split("=")[0] in DOCKER_MOUNT_FLAGS for word in words)
+
+
+def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, path) for every local path a run of this config on this machine writes, mounts or runs: the output
+    directory (scripts and results), the checkpoint and cache (mounted into the server container), execution.mounts
+    (the mapping's keys are host paths) and each task's dataset_dir."""
+    execution, deployment = doc.get("execution") or {}, doc.get("deployment") or {}
+    found = [("execution.output_dir", execution.get("output_dir")), ("deployment.checkpoint_path", deployment.get("checkpoint_path")),
+             ("deployment.cache_path", deployment.get("cache_path"))]
+    for role, mounts in (execution.get("mounts") or {}).items():
+        if isinstance(mounts, dict):
+            found += [(f"execution.mounts.{role}", source) for source in mounts]
+    for path, task in config_tasks(doc):
+        if isinstance(task, dict):
+            found.append((f"{path}.dataset_dir", task.get("dataset_dir")))
+    docker_args = execution.get("extra_docker_args")
+    if isinstance(docker_args, str) and mounts_host_path(docker_args):
+        raise ToolError("execution.extra_docker_args: mounts a host path (-v/--volume/--mount), which this server's workspace root (--root) "
+                        "cannot check. Use execution.mounts (checked) or deployment.checkpoint_path instead.")
+    return [(key, value) for key, value in found if isinstance(value, str) and value not in (MISSING, "")]

@@ -64,6 +64,9 @@ class NelEngine(Engine):
     def deployment_type(self, doc: Any) -> str:
         return config.deployment_type(doc)
 
+    def launch_paths(self, doc: dict[str, Any]) -> list[tuple[str, str]]:
+        return config.launch_paths(doc)
+
     # -- the run lifecycle
 
     def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:

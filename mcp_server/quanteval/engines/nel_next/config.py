@@ -24,6 +24,7 @@ from quanteval.engines.nel.recipes import recipe_for_benchmark
 from quanteval.engines.nel.rules import task_context_problem
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import ProgressFn, ToolError
+from quanteval.paths import looks_local
 from quanteval.serving import checkpoint, frameworks
 
 MANAGED = ("vllm", "sglang")  # servers nel-next starts from a model path, with flags quanteval knows
@@ -353,3 +354,20 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
                                     message=f"{bench_name}: nel-next resolves a BYOB file against the directory it runs in; no such file here.",
                                     fix="Give the file's absolute path."))
     return problems
+
+
+def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, path) for every local path a run of this config on this machine writes, loads or runs: output.dir, a
+    managed service's model (the server loads it) and container_mounts, and a benchmark given as a BYOB .py file
+    (imported and run)."""
+    found: list[tuple[str, Any]] = [("output.dir", (doc.get("output") or {}).get("dir"))]
+    for name, service in (doc.get("services") or {}).items():
+        if isinstance(service, dict) and service.get("type") in ("vllm", "sglang"):
+            if looks_local(service.get("model")):
+                found.append((f"services.{name}.model", service["model"]))
+            found += [(f"services.{name}.container_mounts", str(m).split(":")[0]) for m in service.get("container_mounts") or []]
+    for index, benchmark in enumerate(doc.get("benchmarks") or []):
+        name = benchmark.get("name") if isinstance(benchmark, dict) else None
+        if isinstance(name, str) and name.endswith(".py"):
+            found.append((f"benchmarks[{index}].name", name))
+    return [(key, value) for key, value in found if isinstance(value, str)]

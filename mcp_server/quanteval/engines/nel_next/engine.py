@@ -66,13 +66,16 @@ class NelNextEngine(Engine):
 
     def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
         # `host:` and `${oc.env:}` references read the same in either engine's config (no task recipes here)
-        return {name: paths for name, paths in nel_config.env_var_needs(doc).items()}
+        return nel_config.env_var_needs(doc)
 
     def execution_type(self, doc: Any) -> str:
         return config.execution_type(doc)
 
     def deployment_type(self, doc: Any) -> str:
         return config.deployment_type(doc)
+
+    def launch_paths(self, doc: dict[str, Any]) -> list[tuple[str, str]]:
+        return config.launch_paths(doc)
 
     # -- the run lifecycle
 
