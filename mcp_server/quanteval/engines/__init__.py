@@ -25,9 +25,6 @@ from quanteval.engines.nel_next.engine import NelNextEngine
 ENGINES: tuple[Engine, ...] = (NelNextEngine(), NelEngine())
 DEFAULT = ENGINES[-1]
 
-NEL_SECTIONS = NelEngine.sections
-
-
 def by_name(name: str | None) -> Engine:
     """The engine a stored name stands for; a record made before engines were recorded is NEL 0.2.6's."""
     for engine in ENGINES:
@@ -69,9 +66,5 @@ def is_nel_next(doc: Any) -> bool:
     return for_config(doc).name == "nel-next"
 
 
-def engine_of(doc: Any) -> EngineName:
-    return for_config(doc).name
-
-
-__all__ = ["ENGINES", "Engine", "EngineName", "by_name", "check_config", "edit_config", "engine_of", "for_config", "for_record",
+__all__ = ["ENGINES", "Engine", "EngineName", "by_name", "check_config", "edit_config", "for_config", "for_record",
            "is_nel_next", "known_config", "load_config"]

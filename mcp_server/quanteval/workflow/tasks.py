@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval import configfile, engines
+from quanteval import engines
 from quanteval.engines.nel.catalogue import TaskEntry, catalogue, load_yaml, lookup, nel_version, suggest
 from quanteval.engines.nel.recipes import Recipe, list_recipes, recipe_error, recipes_dir
 from quanteval.models import StrictModel, ToolError
@@ -326,7 +326,7 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
                 )
             )
 
-    diff = configfile.edit_config(request.config_path, insert, engines.check_config)
+    diff = engines.edit_config(request.config_path, insert)
     used = [task.recipe for task in resolved if task.recipe and task.recipe.name in {a.recipe for a in added}]
     return AddTasksOutput(
         config_path=request.config_path,
