@@ -39,8 +39,10 @@ from quanteval.models import ProgressFn, ToolError
 NOT_FINISHED = "nel eval run ended (exit {code}) without finishing it"
 
 
-def _cluster(checked: dict) -> executors.Executor:
-    return executors.for_name(checked.get("cluster"))
+def _on_cluster(checked: dict) -> bool:
+    """Does the checked config submit to a SLURM cluster (its paths are the cluster's)? Its other cluster types (local,
+    docker) run here."""
+    return executors.slurm(checked.get("cluster")) is not None
 
 
 def compose(config_path: str, overrides: list[str]) -> Composed:
@@ -60,7 +62,7 @@ def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
                         details={"engine": "nel-next", "error": error, "overrides": overrides}, message=error)
     text = shlex.join(command)
     scripts = [RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])]
-    if error is None and not _cluster(checked).on_this_machine:
+    if error is None and _on_cluster(checked):
         rendered, error = nelnext.render_sbatch(config_path, overrides)
         secrets = secret_values([])
         scripts += [rendered_script(path.name, path, body, secrets) for path, body in rendered[:MAX_SCRIPTS]]
@@ -78,7 +80,7 @@ def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
         first = checked["problems"][0]
         raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
     base = Path(checked["output_dir"])
-    if _cluster(checked).on_this_machine:  # a SLURM output.dir is a path on the cluster, taken as written
+    if not _on_cluster(checked):  # a SLURM output.dir is a path on the cluster, taken as written
         base = base.expanduser() if base.expanduser().is_absolute() else Path(config_path).parent / base.expanduser()
     return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
 
@@ -106,7 +108,7 @@ def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[st
         notes.append(f"The canary runs max_problems={canary.limit}" + (f" and repeats={canary.repeats}" if canary.repeats else "")
                      + " per benchmark; the full run uses the config's.")
     run_dir = _run_dir(config_path, checked, kind)
-    if not _cluster(checked).on_this_machine:  # each run in its own directory on the cluster
+    if _on_cluster(checked):  # each run in its own directory on the cluster
         extra.append(f"output.dir={run_dir.as_posix()}")
     if not details.get("checkpoint"):
         details = {**details, **_model_facts(config_path)}
