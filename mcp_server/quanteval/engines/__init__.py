@@ -5,12 +5,13 @@
 - engines/nel_next: NeMo Evaluator >= 0.3 (`nel eval run`, benchmarks in-process; configs with services/benchmarks/
   cluster/output), driven through its CLI from its own Python 3.12 venv.
 
-A new engine is one package under engines/ with a subclass of `base.Engine`, and one line in ENGINES below.
+A new engine is one package under engines/ with a subclass of `base.Engine`, and one line in registered() below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +19,28 @@ from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile, ledger
 from quanteval.engines.base import Engine, EngineName, config_check
-from quanteval.engines.nel.engine import NelEngine
-from quanteval.engines.nel_next.engine import NelNextEngine
 
-# Asked in this order: the first engine that owns a config's shape is its engine; the last one is the default.
-ENGINES: tuple[Engine, ...] = (NelNextEngine(), NelEngine())
-DEFAULT = ENGINES[-1]
+
+@cache
+def registered() -> tuple[Engine, ...]:
+    """Every engine, asked in this order: the first that owns a config's shape is its engine; the last is the default.
+
+    Imported on first use: an engine's package brings its config rules and run code (~120 ms), which a tool that reads
+    a results folder (quanteval gate, extract_scores) never needs."""
+    from quanteval.engines.nel.engine import NelEngine
+    from quanteval.engines.nel_next.engine import NelNextEngine
+
+    return (NelNextEngine(), NelEngine())
+
 
 def by_name(name: str | None) -> Engine:
     """The engine a stored name stands for; a record made before engines were recorded is NEL 0.2.6's."""
-    for engine in ENGINES:
-        if engine.name == name:
-            return engine
-    return DEFAULT
+    return next((engine for engine in registered() if engine.name == name), registered()[-1])
 
 
 def for_config(doc: Any) -> Engine:
     """The engine a parsed config is written for: the first that owns its sections."""
-    return next((engine for engine in ENGINES if engine.owns(doc)), DEFAULT)
+    return next((engine for engine in registered() if engine.owns(doc)), registered()[-1])
 
 
 def for_record(record: ledger.Record) -> Engine:
@@ -45,7 +50,7 @@ def for_record(record: ledger.Record) -> Engine:
 
 def known_config(doc: Any) -> bool:
     """Is this parsed YAML a config of any engine (and not some other YAML file)?"""
-    return any(engine.owns(doc) for engine in ENGINES)
+    return any(engine.owns(doc) for engine in registered())
 
 
 # Refuses YAML that is not a config of any engine (a docker-compose file, a policy): config tools never touch those.
@@ -66,5 +71,5 @@ def is_nel_next(doc: Any) -> bool:
     return for_config(doc).name == "nel-next"
 
 
-__all__ = ["ENGINES", "Engine", "EngineName", "by_name", "check_config", "edit_config", "for_config", "for_record",
+__all__ = ["Engine", "registered", "EngineName", "by_name", "check_config", "edit_config", "for_config", "for_record",
            "is_nel_next", "known_config", "load_config"]

@@ -32,8 +32,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import engines, failures, ledger
 from quanteval.clusters import executor as executors
-from quanteval.engines.nel.config import EVALUATION_CHECKPOINT_MOUNT
-from quanteval.engines.nel.nelfacts import REPEAT_KEYS
+from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT, REPEAT_KEYS
 from quanteval.engines.nel_next import nextresults
 from quanteval.envvars import KNOWN_ENV_VARS, state_dir
 from quanteval.failures import Diagnosis

@@ -20,7 +20,6 @@ from quanteval.engines.base import ApplyCheckpointInput, ApplyCheckpointOutput, 
 from quanteval.engines.nel.config import (
     CONTEXT_LENGTH_FLAGS,
     DUMMY_KEY_VALUE,
-    EVALUATION_CHECKPOINT_MOUNT,
     GLOBAL_ADAPTER,
     GLOBAL_PARAMS,
     GLOBAL_TOKENIZER,
@@ -43,6 +42,7 @@ from quanteval.engines.nel.config import (
     template_params,
     thinking_setting,
 )
+from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT
 from quanteval.models import ProgressFn, ToolError
 from quanteval.serving import checkpoint, frameworks, quantformat
 

@@ -16,6 +16,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from quanteval.configfile import MISSING, parse_config_text, to_plain, value_at, walk
 from quanteval.engines.nel import catalogue
+from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT
 from quanteval.engines.nel.recipes import recipes_by_task
 from quanteval.models import ToolError
 from quanteval.serving import checkpoint, frameworks
@@ -273,7 +274,6 @@ def merge_extra_args(current: str, additions: list[tuple[str, str | None]]) -> s
 # ---------------------------------------------------------------------------
 # Generation settings and the checkpoint behind a config
 
-EVALUATION_CHECKPOINT_MOUNT = "/checkpoint"
 GLOBAL_PARAMS = "evaluation.nemo_evaluator_config.config.params"
 GLOBAL_ADAPTER = "evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config"
 GLOBAL_TOKENIZER = f"{GLOBAL_PARAMS}.extra.tokenizer"

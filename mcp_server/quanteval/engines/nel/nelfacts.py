@@ -34,6 +34,7 @@ MODELS = {
     "TaskModel": "nemo_evaluator_launcher.common.config_models",
 }
 
+EVALUATION_CHECKPOINT_MOUNT = "/checkpoint"  # where a local checkpoint is mounted in the evaluation container
 REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys NEL's harnesses use for repeats
 
 
