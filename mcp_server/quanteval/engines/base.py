@@ -183,6 +183,10 @@ class ApplyCheckpointOutput(BaseModel):
     notes: list[str] = Field(description="Checkpoint warnings, framework notes and the defaults taken from the checkpoint, each once.")
 
 
+# The deployment's parallelism: GPUs a model server takes = their product (NEL 0.2.6's deployment keys).
+PARALLEL_KEYS = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
+
+
 def config_check(owns: Callable[[Any], bool]) -> configfile.Check:
     """A configfile.Check that refuses YAML `owns` does not accept, so config tools never read or rewrite other files."""
     def check(doc: CommentedMap, path: Path) -> None:
@@ -223,6 +227,8 @@ class Engine(ABC):
     name: ClassVar[EngineName]
     # The result tools read a run at its location (results_location: a path or host:path), not from results_dir.
     results_by_location: ClassVar[bool] = False
+    # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
+    writes_placement_host: ClassVar[bool] = False
 
     @abstractmethod
     def owns(self, doc: Any) -> bool:
@@ -266,6 +272,20 @@ class Engine(ABC):
     @abstractmethod
     def launch_paths(self, doc: dict[str, Any]) -> list[tuple[str, str]]:
         """(key, path) for every local path a run of this config on this machine writes, mounts, loads or runs."""
+
+    # -- cluster placement: apply_cluster reads and writes NEL 0.2.6's execution/deployment keys, the neutral form
+
+    def placement_view(self, doc: Any) -> Any:
+        """The config seen as NEL 0.2.6's `execution` (SLURM cluster) and `deployment` (server, parallelism) keys."""
+        return doc
+
+    def placement_key(self, key: str) -> str:
+        """Where this engine's config keeps a placement key written in NEL 0.2.6's form (execution.partition, ...)."""
+        return key
+
+    def placement_edits(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The keys and values apply_cluster writes into this engine's config for a placement's `values`."""
+        return values
 
     # -- the run lifecycle (engines/<engine>/runs.py)
 

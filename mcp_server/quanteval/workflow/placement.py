@@ -16,13 +16,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
+from quanteval.clusters import executor as executors
 from quanteval.clusters import slurm, ssh
+from quanteval.engines.base import PARALLEL_KEYS
 from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel import nelfacts
-from quanteval.engines.nel_next import config as next_config
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-
-PARALLEL_KEYS = ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size")
 
 
 class Placement(BaseModel):
@@ -229,54 +228,24 @@ def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | Non
         return None, f"{candidate} is not readable here ({str(exc)[:120]}), so its format was not checked: pass checkpoint."
 
 
-# nel-next's SLURM cluster keys for the NEL 0.2.6 ones placement works in (one node pool, "default").
-NEXT_POOL = "cluster.node_pools.default"
-NEXT_KEYS = {"execution.hostname": "cluster.hostname", "execution.username": "cluster.username",
-             "execution.account": "cluster.account", "execution.walltime": "cluster.walltime",
-             "execution.partition": f"{NEXT_POOL}.partition", "execution.gres": f"{NEXT_POOL}.gres",
-             "execution.gpus_per_node": f"{NEXT_POOL}.gpus_per_node", "execution.num_nodes": f"{NEXT_POOL}.nodes"}
-
-
-def _next_view(doc: Any) -> dict[str, Any]:
-    """A nel-next SLURM config seen as NEL 0.2.6's keys, so one placement serves both engines: its cluster and node
-    pool as `execution`, its managed model server (vllm/sglang, with its parallelism and checkpoint) as `deployment`;
-    an api service is `deployment: none` (the model is served elsewhere, the job needs no GPU)."""
-
-    execution = {"type": "slurm"} | {nel.split(".", 1)[1]: _value(doc, nxt) for nel, nxt in NEXT_KEYS.items()
-                                     if _value(doc, nxt) is not None}
-    deployment: dict[str, Any] = {"type": "none"}
-    managed = [s for s in (doc.get("services") or {}).values() if isinstance(s, dict) and s.get("type") in next_config.MANAGED]
-    if managed:
-        service = managed[0]
-        deployment = {"type": service["type"], "checkpoint_path": service.get("model"), **{
-            key: service[key] for key in PARALLEL_KEYS if service.get(key) is not None}}
-        deployment.setdefault("tensor_parallel_size", 1)  # nel-next starts one GPU's server unless told otherwise
-    return {"execution": execution, "deployment": deployment}
-
-
 def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress) -> ApplyClusterOutput:
     """Use after apply_checkpoint for a SLURM config: asks the cluster, writes partition, gres, walltime, user and a lone
     visible account; warns if its GPUs cannot run the checkpoint's format.
     """
 
     written = engines.load_config(request.config_path)
-    next_engine = engines.is_nel_next(written)
-    doc = _next_view(configfile.to_plain(written)) if next_engine else written
-    if next_engine and (written.get("cluster") or {}).get("type") != "slurm":
-        raise ToolError(f"{request.config_path}: cluster.type is not slurm; apply_cluster fits SLURM configs. "
-                        "Build one with build_config engine='nel-next' execution='slurm'.")
-    if nel_config.execution_type(doc) != "slurm":
-        raise ToolError(f"{request.config_path}: execution is '{nel_config.execution_type(doc)}', not slurm; apply_cluster "
-                        "fits SLURM configs. Build one with build_config execution='slurm'.")
+    engine = engines.for_config(written)
+    doc = engine.placement_view(written)
+    execution = engine.execution_type(written)
+    if executors.slurm(execution) is None:
+        raise ToolError(f"{request.config_path}: execution is '{execution}', not slurm ({engine.placement_key('execution.type')}); "
+                        f"apply_cluster fits SLURM configs. Build one with build_config engine='{engine.name}' "
+                        "execution='slurm'.")
     host = request.host or _value(doc, "execution.hostname")
     if not isinstance(host, str) or host in ("", configfile.MISSING):
-        key = NEXT_KEYS["execution.hostname"] if next_engine else "execution.hostname"
+        key = engine.placement_key("execution.hostname")
         raise ToolError(f"{request.config_path}: {key} is not set. Pass host, or set {key} "
                         "to the login node's alias in ~/.ssh/config.")
-    if next_engine and request.host:  # nel-next submits to the host its config names
-        placement_host = {"execution.hostname": host}
-    else:
-        placement_host = {}
     progress(0, 3, f"asking {host} for its partitions")
     info = slurm.describe_cluster(host)
     progress(1, 3, "checking the checkpoint's format")
@@ -284,7 +253,8 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     placement = plan_placement(doc, info, request.partition, report, request.walltime)
     if problem:
         placement.notes.append(problem)
-    placement.values.update(placement_host)
+    if request.host and engine.writes_placement_host:
+        placement.values["execution.hostname"] = host
     if host != ssh.LOCAL:
         # NEL logs in as `execution.username@execution.hostname`, which overrides the ssh config's User (NEL's
         # template says ${oc.env:USER}); write the user OpenSSH resolves for the host, the one just logged in as.
@@ -294,10 +264,7 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
 
     def mutate(target: Any) -> None:
         changes.clear()
-        for nel_key, value in placement.values.items():
-            key = NEXT_KEYS.get(nel_key, nel_key) if next_engine else nel_key
-            if next_engine and value is None:  # nel-next forbids nulls where NEL takes them as "unset"
-                continue
+        for key, value in engine.placement_edits(placement.values).items():
             old = _value(target, key)
             if old != value or not configfile.has_path(target, key):
                 configfile.set_path(target, key, value)

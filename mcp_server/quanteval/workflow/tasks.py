@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
 from quanteval import engines
 from quanteval.engines.nel.catalogue import TaskEntry, catalogue, load_yaml, lookup, nel_version, suggest
 from quanteval.engines.nel.recipes import Recipe, list_recipes, recipe_error, recipes_dir
+from quanteval.engines.nel_next import convert
 from quanteval.models import StrictModel, ToolError
 
 # --- resolving a requested name to a recipe or a catalogue task -------------------------------
@@ -155,43 +155,6 @@ def list_tasks(request: ListTasksInput) -> ListTasksOutput:
     )
 
 
-def nel_next_benchmark(nel_task: str) -> tuple[str | None, str]:
-    """The nel-next benchmark that runs this NEL task in-process (`skills://NAME` for a NeMo-Skills task whose
-    metrics nel-next grades), or None; and why. convert_config and the recipes' nel-next form both come from here."""
-    from quanteval.engines.nel_next import nelnext
-
-    entries = lookup(nel_task)
-    entry = entries[0] if len(entries) == 1 else None
-    if entry is None or entry.harness != "nemo_skills" or not entry.harness_task:
-        harness = entry.harness if entry else "unknown"
-        return None, (f"no nel-next benchmark runs {nel_task} (harness {harness}) in-process: only NeMo-Skills tasks map, "
-                      "to skills://NAME. Keep it on NEL 0.2.6, or write it as a BYOB benchmark.")
-    name = entry.harness_task
-    metrics_type = nelnext.skills_metrics_types([name])[name]
-    if why := nelnext.skills_grading_problem(name, metrics_type):
-        return None, f"{why}. Keep it on NEL 0.2.6."
-    graded = f"graded as '{metrics_type}' by NeMo-Skills' grader" if metrics_type else "metrics type unknown: no NeMo-Skills here to ask"
-    return f"skills://{name}", (f"skills://{name} runs NeMo-Skills' {name} data in-process, {graded}; nel-next sends the bare "
-                                "problem (no NeMo-Skills prompt_config), so its scores are not NEL's: compare nel-next runs only with nel-next runs.")
-
-
-class NelNextForm(BaseModel):
-    benchmark: dict[str, Any] | None = Field(description="The nel-next `benchmarks` list item, or null when no nel-next benchmark runs the task.")
-    note: str = Field(description="What the nel-next form scores, or why there is none.")
-
-
-def nel_next_form(nel_task: str, repeats: int = 1) -> NelNextForm:
-    from quanteval.engines.nel_next import nelnext
-
-    name, note = nel_next_benchmark(nel_task)
-    if name is None:
-        return NelNextForm(benchmark=None, note=note)
-    benchmark = nelnext.benchmark_item(name)
-    if repeats > 1:
-        benchmark["repeats"] = repeats
-    return NelNextForm(benchmark=benchmark, note=note)
-
-
 class GetTaskRecipeInput(StrictModel):
     name: str = Field(
         description="Recipe name ('gpqa') or NEL task name, bare or 'harness.task'."
@@ -204,7 +167,7 @@ class GetTaskRecipeOutput(BaseModel):
     recipe: Recipe | None = Field(description="The recipe: frontmatter fields, Markdown sections and YAML fragment.")
     task: TaskEntry = Field(description="The NEL catalogue entry of the task.")
     yaml_fragment: str = Field(description="The evaluation.tasks list item add_tasks would insert.")
-    nel_next: NelNextForm = Field(description="The task's nel-next (nemo-evaluator >= 0.3) form, or why it has none.")
+    nel_next: convert.NelNextForm = Field(description="The task's nel-next (nemo-evaluator >= 0.3) form, or why it has none.")
     note: str = Field(description="What to keep in mind about this task.")
 
 
@@ -226,7 +189,7 @@ def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
             recipe=recipe,
             task=resolved.entry,
             yaml_fragment=recipe.yaml_fragment,
-            nel_next=nel_next_form(resolved.entry.qualified_name, recipe.repeats),
+            nel_next=convert.nel_next_form(resolved.entry.qualified_name, recipe.repeats),
             note=" ".join(notes),
         )
     return GetTaskRecipeOutput(
@@ -235,7 +198,7 @@ def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
         recipe=None,
         task=resolved.entry,
         yaml_fragment=generic_fragment(resolved.config_name),
-        nel_next=nel_next_form(resolved.entry.qualified_name),
+        nel_next=convert.nel_next_form(resolved.entry.qualified_name),
         note=(
             f"No reviewed recipe for {resolved.entry.qualified_name}: the fragment uses NEL's defaults "
             "(params, repeats and score path unchecked). Check the task's docs before a full run."

@@ -18,7 +18,14 @@ from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile
 from quanteval.configfile import MISSING, has_path, set_path, to_plain, value_at, walk
-from quanteval.engines.base import ApplyCheckpointInput, ApplyCheckpointOutput, Problem, unpinned_image, unpinned_image_problem
+from quanteval.engines.base import (
+    PARALLEL_KEYS,
+    ApplyCheckpointInput,
+    ApplyCheckpointOutput,
+    Problem,
+    unpinned_image,
+    unpinned_image_problem,
+)
 from quanteval.engines.nel.config import generation_budget, owned_flags, parse_extra_args
 from quanteval.engines.nel.recipes import recipe_for_benchmark
 from quanteval.engines.nel.rules import task_context_problem
@@ -371,3 +378,34 @@ def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
         if isinstance(name, str) and name.endswith(".py"):
             found.append((f"benchmarks[{index}].name", name))
     return [(key, value) for key, value in found if isinstance(value, str)]
+
+
+# nel-next's SLURM cluster keys for the NEL 0.2.6 ones placement works in (one node pool, "default").
+NEXT_POOL = "cluster.node_pools.default"
+PLACEMENT_KEYS = {"execution.type": "cluster.type", "execution.hostname": "cluster.hostname",
+                  "execution.username": "cluster.username", "execution.account": "cluster.account",
+                  "execution.walltime": "cluster.walltime", "execution.partition": f"{NEXT_POOL}.partition",
+                  "execution.gres": f"{NEXT_POOL}.gres", "execution.gpus_per_node": f"{NEXT_POOL}.gpus_per_node",
+                  "execution.num_nodes": f"{NEXT_POOL}.nodes"}
+
+
+def placement_view(doc: Any) -> dict[str, Any]:
+    """A nel-next SLURM config seen as NEL 0.2.6's keys, so one placement serves both engines: its cluster and node
+    pool as `execution`, its managed model server (vllm/sglang, with its parallelism and checkpoint) as `deployment`;
+    an api service is `deployment: none` (the model is served elsewhere, the job needs no GPU)."""
+    doc = configfile.to_plain(doc)
+    execution = {nel.split(".", 1)[1]: value_at(doc, nxt) for nel, nxt in PLACEMENT_KEYS.items()
+                 if value_at(doc, nxt) is not None}
+    deployment: dict[str, Any] = {"type": "none"}
+    managed = [s for s in (doc.get("services") or {}).values() if isinstance(s, dict) and s.get("type") in MANAGED]
+    if managed:
+        service = managed[0]
+        deployment = {"type": service["type"], "checkpoint_path": service.get("model"), **{
+            key: service[key] for key in PARALLEL_KEYS if service.get(key) is not None}}
+        deployment.setdefault("tensor_parallel_size", 1)  # nel-next starts one GPU's server unless told otherwise
+    return {"execution": execution, "deployment": deployment}
+
+
+def placement_edits(values: dict[str, Any]) -> dict[str, Any]:
+    """Placement values at nel-next's keys; nulls dropped (nel-next's schema forbids them where NEL reads "unset")."""
+    return {PLACEMENT_KEYS.get(key, key): value for key, value in values.items() if value is not None}

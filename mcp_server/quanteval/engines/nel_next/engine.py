@@ -77,6 +77,19 @@ class NelNextEngine(Engine):
     def launch_paths(self, doc: dict[str, Any]) -> list[tuple[str, str]]:
         return config.launch_paths(doc)
 
+    # -- cluster placement
+
+    writes_placement_host: ClassVar[bool] = True
+
+    def placement_view(self, doc: Any) -> Any:
+        return config.placement_view(doc)
+
+    def placement_key(self, key: str) -> str:
+        return config.PLACEMENT_KEYS.get(key, key)
+
+    def placement_edits(self, values: dict[str, Any]) -> dict[str, Any]:
+        return config.placement_edits(values)
+
     # -- the run lifecycle
 
     def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
