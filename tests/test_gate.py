@@ -257,7 +257,8 @@ def test_gate_results_over_a_real_mcp_session(real_run, tmp_path):
 def test_a_folder_holding_two_local_runs_is_not_read_as_one_run(real_run, tmp_path):
     """Sub-directories are parts of one run only in nel-next's SLURM layout (nel_eval.sbatch, shard_<i>/): a folder
     of two local runs of the same benchmark must not have one silently stand for both."""
-    from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, next_run_dir, validate_run
+    from quanteval.engines.nel_next.results import next_run_dir
+    from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
 
     folder = tmp_path / "runs"
     for name in ("monday", "tuesday"):

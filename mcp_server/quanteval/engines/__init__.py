@@ -10,6 +10,7 @@ A new engine is one package under engines/ with a subclass of `base.Engine`, and
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -19,18 +20,49 @@ from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile, ledger
 from quanteval.engines.base import Engine, EngineName, config_check
+from quanteval.engines.runresults import ResultsReader
+from quanteval.models import ToolError
+
+# One line per engine, asked in this order (the last is the default): its Engine and its ResultsReader. Both load on
+# first use: an engine brings its config rules and run code (~120 ms, more with ruamel), which a tool that reads a
+# results folder (quanteval gate, extract_scores) never needs; its reader is light.
+ENGINES = (
+    ("quanteval.engines.nel_next.engine:NelNextEngine", "quanteval.engines.nel_next.results:NelNextResults"),
+    ("quanteval.engines.nel.engine:NelEngine", "quanteval.engines.nel.results:NelResults"),
+)
+
+
+def _instance(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)()
 
 
 @cache
 def registered() -> tuple[Engine, ...]:
-    """Every engine, asked in this order: the first that owns a config's shape is its engine; the last is the default.
+    """Every engine, in ENGINES' order: the first that owns a config's shape is its engine; the last is the default."""
+    return tuple(_instance(engine) for engine, _ in ENGINES)
 
-    Imported on first use: an engine's package brings its config rules and run code (~120 ms), which a tool that reads
-    a results folder (quanteval gate, extract_scores) never needs."""
-    from quanteval.engines.nel.engine import NelEngine
-    from quanteval.engines.nel_next.engine import NelNextEngine
 
-    return (NelNextEngine(), NelEngine())
+@cache
+def readers() -> tuple[ResultsReader, ...]:
+    """Every engine's results reader, in ENGINES' order."""
+    return tuple(_instance(reader) for _, reader in ENGINES)
+
+
+def results_for(run: str) -> ResultsReader:
+    """The reader of a run named by a local directory (by its layout), a ledger id (the engine that made it), or
+    anything else (host:path, an invocation id): the reader that reads runs by location."""
+    run = run.strip()
+    by_location = next(reader for reader in readers() if reader.reads_by_location)
+    local = Path(run).expanduser()
+    if run and local.is_dir():
+        return next((reader for reader in readers() if reader.is_run_dir(local)), by_location)
+    try:
+        record = ledger.get(run)
+    except ToolError:
+        return by_location
+    name = record.details.get("engine") or readers()[-1].name  # records made before engines were recorded: NEL's
+    return next((reader for reader in readers() if reader.name == name), by_location)
 
 
 def by_name(name: str | None) -> Engine:

@@ -29,24 +29,22 @@ from pydantic import BaseModel, Field
 
 from quanteval.engines.base import unpinned_image
 from quanteval.engines.nel import config as nel_config
-from quanteval.envvars import state_dir
-from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.workflow import anomaly
-from quanteval.workflow.results import (
+from quanteval.engines.nel.nelfacts import REPEAT_KEYS
+from quanteval.engines.nel.results import (
     METADATA_FILE,
-    REPEAT_KEYS,
     RESULTS_FILE,
-    ScoreValue,
-    TaskScores,
     load_yaml,
     locate_run,
-    next_run_dir,
-    next_task_scores,
     per_sample_scores,
     repeats,
     run_config,
     tasks_by_name,
 )
+from quanteval.engines.nel_next.results import next_run_dir, next_task_scores
+from quanteval.engines.runresults import ScoreValue, TaskScores
+from quanteval.envvars import state_dir
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.workflow import anomaly
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 BOOTSTRAP_RESAMPLES = 10_000

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from quanteval.engines.nel import results as nel_results
+from quanteval.engines.nel.catalogue import catalogue
 from quanteval.models import ToolError
 from quanteval.workflow.evalbackend import (
     BenchmarkSpec,
@@ -40,10 +42,8 @@ def refuse(settings: ServerSettings, request: EvalRequest) -> str | None:
 
 def task_map() -> dict[str, str]:
     """NeMo-Skills benchmark name -> NEL task name, from the catalogue (first task wins, as in NEL's list)."""
-    from quanteval.workflow import tasks
-
     mapping: dict[str, str] = {}
-    for entry in tasks.catalogue():
+    for entry in catalogue():
         if entry.harness == "nemo_skills" and entry.harness_task:
             mapping.setdefault(entry.harness_task, entry.name)
     return mapping
@@ -117,16 +117,14 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
 
 def _scores(output_dir: Path, wait_s: float) -> tuple[dict[str, Any], int | None]:
     """Scores of one NEL output dir as {metric: {score: value}}, read by quanteval.workflow.results."""
-    from quanteval.workflow import results
-
     deadline = time.monotonic() + wait_s
-    while not any(output_dir.glob(f"**/artifacts/{results.RESULTS_FILE}")) and time.monotonic() < deadline:
+    while not any(output_dir.glob(f"**/artifacts/{nel_results.RESULTS_FILE}")) and time.monotonic() < deadline:
         time.sleep(2)  # NEL's executors return at submission; results.yml comes later
     try:
-        tree = results.locate_run(str(output_dir))
+        tree = nel_results.locate_run(str(output_dir))
     except ToolError:
         tree = None
-    found = [results.task_scores(tree, task_dir) for task_dir in tree.task_dirs] if tree else []
+    found = [nel_results.task_scores(tree, task_dir) for task_dir in tree.task_dirs] if tree else []
     scores = [score for task in found for score in task.scores]
     if not scores:
         problems = "; ".join(task.problem for task in found if task.problem)

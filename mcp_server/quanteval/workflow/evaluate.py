@@ -28,6 +28,7 @@ from quanteval.clusters import executor as executors
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.nel_next import config as next_config
 from quanteval.engines.nel_next import nelnext, nextresults
+from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
 from quanteval.localproc import free_port
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -149,7 +150,7 @@ def _require_pass(record: ledger.Record, what: str) -> None:
         why = (f"{diagnosis.failure_class}: {diagnosis.line or ' / '.join(diagnosis.last_lines[-3:])} ({diagnosis.advice})"
                if diagnosis else record.details.get("error") or record.status)
         raise ToolError(f"{what} {record.id} {record.status}: {why}. Logs: {record.details.get('log_path')}")
-    report = results.validate_run(results.ValidateRunInput(run=record.id))
+    report = results.validate_run(ValidateRunInput(run=record.id))
     if report.verdict != "pass":
         raise ToolError(f"{what} {record.id} did not pass validate_run ({report.verdict}): {'; '.join(report.reasons[:3])}")
 

@@ -44,9 +44,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quanteval import engines, ledger
+from quanteval.engines.nel.results import locate_run, per_sample_scores, tasks_by_name
 from quanteval.engines.nel_next import nextresults
+from quanteval.engines.nel_next.results import next_run_dir
+from quanteval.engines.runresults import ScoreValue, TaskScores
 from quanteval.models import StrictModel, ToolError
-from quanteval.workflow.results import ScoreValue, TaskScores, locate_run, next_run_dir, per_sample_scores, tasks_by_name
 
 MIN_PAIRED_ITEMS = 10  # nel gate's _MIN_PAIRED_ITEMS
 GATED_METRICS = ("mean_reward", "pass@1")  # nel gate's _SUPPORTED_GATED_METRICS

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, ledger
 from quanteval.engines.base import ACTIVE, CanarySpec, DryRunOutput, JobStatus, KillRunOutput, LaunchOutput, Refreshed, ResumeRunOutput, RunKind, RunLogsOutput
+from quanteval.engines.runresults import ValidateRunInput
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import results
 
@@ -91,7 +92,7 @@ class LaunchFullRunInput(StrictModel):
 def _canary_verdict(canary: ledger.Record) -> tuple[bool, str]:
     """Did this finished canary pass? results.validate_run decides (scores present, errors and truncation low)."""
     try:
-        report = results.validate_run(results.ValidateRunInput(run=engines.for_record(canary).results_location(canary)))
+        report = results.validate_run(ValidateRunInput(run=engines.for_record(canary).results_location(canary)))
     except ToolError as exc:
         return False, f"validate_run could not read it: {exc}"
     reasons = f" ({'; '.join(report.reasons[:3])})" if report.reasons else ""
