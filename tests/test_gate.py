@@ -380,3 +380,30 @@ def test_a_nel_026_run_against_a_nel_next_run_is_refused(real_run, tmp_path):
     nxt = make_run(real_run, tmp_path / "next", {"alpha": half_right()})
     with pytest.raises(ToolError, match="different engines"):
         gate_results(GateResultsInput(baseline=str(nel), candidate=str(nxt), policy=str(policy)))
+
+
+def test_validate_run_says_which_checkpoint_a_nel_next_run_served_or_that_it_went_unchecked(real_run, tmp_path):
+    """nel-next records only the served model name. validate_run reads what quanteval recorded at launch (the server's
+    model path) and checks it against expected_checkpoint; where nothing was recorded it says the checkpoint went
+    unchecked instead of passing in silence (issue 29 item 6)."""
+    from quanteval.engines.nel_next import nelnext
+    from quanteval.workflow.results import ValidateRunInput, validate_run
+
+    run = tmp_path / "run"
+    shutil.copytree(real_run.parent, run)
+    unknown = validate_run(ValidateRunInput(run=str(run)))
+    assert unknown.verdict == "pass" and unknown.tasks[0].served_checkpoint is None
+    assert any(f.check == "checkpoint" and f.severity == "warning" and "went unchecked" in f.message for f in unknown.tasks[0].findings)
+    asked = validate_run(ValidateRunInput(run=str(run), expected_checkpoint=str(tmp_path / "model")))
+    assert asked.verdict == "inconclusive" and any("checkpoint" in reason for reason in asked.reasons)
+
+    served, other = tmp_path / "model", tmp_path / "other-model"
+    served.mkdir()
+    other.mkdir()
+    (tmp_path / "link").symlink_to(served)
+    nelnext.write_run_facts(run, {"services": {}}, str(served), {"id": "m", "root": str(served), "max_model_len": 256})
+    right = validate_run(ValidateRunInput(run=str(run), expected_checkpoint=str(tmp_path / "link")))
+    assert right.verdict == "pass"
+    assert (right.tasks[0].loaded_checkpoint, right.tasks[0].served_checkpoint) == (str(served), str(served))
+    wrong = validate_run(ValidateRunInput(run=str(run), expected_checkpoint=str(other)))
+    assert wrong.verdict == "fail" and any(f"served {served}, not {other}" in reason for reason in wrong.reasons)

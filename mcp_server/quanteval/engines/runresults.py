@@ -105,9 +105,10 @@ class TaskValidation(BaseModel):
     error_share: float | None = None
     truncated_share: float | None = Field(None, description="Share of successful responses with finish_reason=length.")
     leaked_reasoning: int | None = Field(None, description="Final answers that still contain <think> or </think>.")
-    loaded_checkpoint: str | None = Field(None, description="The model path the server logs say it loaded (inside its container).")
-    served_checkpoint: str | None = Field(
-        None, description="loaded_checkpoint mapped back through the deployment's mounts (as NEL renders them) to the host path.")
+    loaded_checkpoint: str | None = Field(None, description=(
+        "The model path the server says it loaded: its log (NEL, inside its container) or its /v1/models root (nel-next)."))
+    served_checkpoint: str | None = Field(None, description=(
+        "That checkpoint on the host: mapped back through NEL's mounts, or the directory nel-next's run served."))
     diagnosis: Diagnosis | None = Field(None, description="For a task that failed: the failure class, its log line and the usual fix.")
     findings: list[Finding] = Field(default_factory=list)
 

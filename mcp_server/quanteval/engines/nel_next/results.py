@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from quanteval import engines, ledger
 from quanteval.engines.base import EngineName
-from quanteval.engines.nel_next import nextresults
+from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import (
     Evidence,
     ExtractScoresOutput,
@@ -84,10 +84,33 @@ def _validate_next_bundle(bundle: nextresults.Bundle, request: ValidateRunInput)
         task.findings.append(Finding(severity="fail", check="truncation", message=(
             f"{truncated_share:.1%} of answers were cut at max_tokens (finish_reason=length), over {request.max_truncated_share:.1%}: "
             "raise services.<model>.generation.max_tokens within the served context"), evidence=[shown]))
-    if request.expected_checkpoint:
-        task.findings.append(Finding(severity="info", check="served_checkpoint", message=(
-            "nel-next records the served model name, not the checkpoint path: check the deployment (deployment_status)."), evidence=[]))
     return task
+
+
+def _check_checkpoint(task: TaskValidation, facts: dict | None, facts_file: str, request: ValidateRunInput) -> None:
+    """Which checkpoint was served: nel-next records only the served model name, so quanteval records at launch what
+    the server reported (a managed server's model path, or an endpoint's /v1/models root) in the run's facts."""
+    facts = facts or {}
+    task.loaded_checkpoint = (facts.get("served") or {}).get("root") or None
+    task.served_checkpoint = facts.get("checkpoint") or None
+    served = task.served_checkpoint or task.loaded_checkpoint
+    evidence = [Evidence(file=facts_file, text=json.dumps({"checkpoint": task.served_checkpoint, "root": task.loaded_checkpoint}))]
+    if served is None:
+        task.findings.append(Finding(
+            severity="unknown" if request.expected_checkpoint else "warning", check="checkpoint", message=(
+                "which checkpoint was served is not known (the run's server reported no model path when it started): "
+                "the checkpoint went unchecked. Check the deployment (deployment_status)."), evidence=[]))
+    elif request.expected_checkpoint and not _same_path(served, request.expected_checkpoint):
+        task.findings.append(Finding(severity="fail", check="checkpoint",
+                                     message=f"The server served {served}, not {request.expected_checkpoint}.", evidence=evidence))
+
+
+def _same_path(served: str, expected: str) -> bool:
+    """Do two checkpoint paths name one directory (symlinks resolved; compared as written where neither is one here)?"""
+    left, right = Path(served).expanduser(), Path(expected).expanduser()
+    if left.is_dir() or right.is_dir():
+        return left.resolve() == right.resolve()
+    return served.rstrip("/") == expected.rstrip("/")
 
 
 def _next_failure(run: str) -> Diagnosis | None:
@@ -106,6 +129,9 @@ def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunO
     outcome = nextresults.run_outcome(run_dir)
     found = nextresults.bundles(run_dir)
     tasks = [_validate_next_bundle(bundle, request) for bundle in found.values()]
+    facts = nelnext.read_run_facts(run_dir)
+    for task in tasks:
+        _check_checkpoint(task, facts, str(run_dir / nelnext.RUN_FACTS_NAME), request)
     for name, error in outcome.failed.items():
         tasks.append(TaskValidation(task_dir=str(run_dir), task=name, finished=False, findings=[Finding(
             severity="fail", check="finished", message=f"nel-next failed the benchmark: {error[:300]}",
