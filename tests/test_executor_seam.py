@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from quanteval import ledger
 from quanteval.clusters import executor as executors
+from quanteval.engines.nel import runtree as results
 from quanteval.engines.nel_next import runs as next_runs
-from quanteval.engines.nel import results
 
 
 def test_executors_by_name():

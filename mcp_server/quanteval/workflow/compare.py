@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from quanteval.engines.base import unpinned_image
 from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
-from quanteval.engines.nel.results import (
+from quanteval.engines.nel.runtree import (
     METADATA_FILE,
     RESULTS_FILE,
     load_yaml,

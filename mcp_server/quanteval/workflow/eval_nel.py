@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from quanteval.engines.nel import results as nel_results
+from quanteval.engines.nel import runtree as nel_results
 from quanteval.engines.nel.catalogue import catalogue
 from quanteval.models import ToolError
 from quanteval.workflow.evalbackend import (

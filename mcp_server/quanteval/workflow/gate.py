@@ -44,7 +44,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quanteval import engines, ledger
-from quanteval.engines.nel.results import locate_run, per_sample_scores, tasks_by_name
+from quanteval.engines.nel.runtree import locate_run, per_sample_scores, tasks_by_name
 from quanteval.engines.nel_next import nextresults
 from quanteval.engines.nel_next.results import next_run_dir
 from quanteval.engines.runresults import ScoreValue, TaskScores

@@ -1,7 +1,7 @@
 """validate_run and extract_scores: is a finished run trustworthy, and what did it score.
 
 The run's engine reads it (engines.results_for picks its ResultsReader: NEL 0.2.6's invocation directories in
-engines/nel/results.py and runcheck.py, nel-next's bundles in engines/nel_next/results.py); the answers are the
+engines/nel/results.py over runtree.py, nel-next's bundles in engines/nel_next/results.py); the answers are the
 neutral types of engines/runresults.py.
 """
 

@@ -1,400 +1,296 @@
-"""validate_run and extract_scores: is a finished NEL run trustworthy, and what did it score.
-
-NEL writes one directory per invocation, one sub-directory per task:
-
-    <output_dir>/<ts>-<invocation>/<task>.<i>/artifacts/{results.yml, eval_factory_metrics.json,
-                                                         run_config.yml, metadata.yaml,
-                                                         nemo-evaluator-per-sample-outputs/*.jsonl}
-                                              logs/{stage.exit, client-*.log, slurm-*.log, server-*.log}
-
-A run is named by that directory, by `host:path` on a cluster (only the small artifacts are
-copied; logs are grepped on the host), or by an invocation id (quanteval's ledger, then NEL's
-own execution records). Logs are always streamed or grepped, never read whole.
-"""
+"""NEL 0.2.6's results reader: scores (runtree.py locates and reads its runs) and validate_run's checks per task:
+finished or not, samples, HTTP errors, truncation, reasoning, judge and sandbox failures, and which checkpoint the
+server loaded. Logs are grepped where they are (here, or on the cluster), never read whole."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-import math
-import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
+import shlex
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import yaml
-
-from quanteval import ledger
-from quanteval.clusters import executor as executors
+from quanteval import failures
 from quanteval.clusters import ssh
 from quanteval.engines.base import EngineName
-from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT, REPEAT_KEYS
-from quanteval.engines.nel.recipes import list_recipes
+from quanteval.engines.nel.runtree import (
+    METADATA_FILE,
+    METRICS_FILE,
+    RESULTS_FILE,
+    RUN_CONFIG_FILE,
+    SAMPLE_OUTPUTS_DIR,
+    RunTree,
+    dataset_size,
+    deployment_mounts,
+    host_path,
+    is_task_dir,
+    load_json,
+    locate_run,
+    normal,
+    repeats,
+    run_config,
+    task_scores,
+)
 from quanteval.engines.runresults import (
+    Evidence,
     ExtractScoresOutput,
+    Finding,
     ResultsReader,
-    Scale,
-    ScoreValue,
     TaskScores,
+    TaskValidation,
     ValidateRunInput,
     ValidateRunOutput,
-    infer_scale,
+    clip,
+    failure_finding,
+    run_verdict,
 )
-from quanteval.envvars import state_dir
-from quanteval.models import ProgressFn, ToolError
+from quanteval.failures import Diagnosis
+from quanteval.models import ProgressFn
 
-log = logging.getLogger(__name__)
+MAX_EVIDENCE_PER_CHECK = 5
 
-RESULTS_FILE = "results.yml"
-METRICS_FILE = "eval_factory_metrics.json"
-RUN_CONFIG_FILE = "run_config.yml"
-METADATA_FILE = "metadata.yaml"
-SAMPLE_OUTPUTS_DIR = "nemo-evaluator-per-sample-outputs"  # nemo_evaluator.api.api_dataclasses.SAMPLE_OUTPUTS_DIR
-# The small files worth copying from a cluster; logs stay there and are grepped in place.
-# The leading * matches nothing (a task directory given itself) or "<task>.<i>/" (an invocation directory).
-REMOTE_ARTIFACT_PATTERNS = [
-    f"*artifacts/{RESULTS_FILE}",
-    f"*artifacts/{METRICS_FILE}",
-    f"*artifacts/{RUN_CONFIG_FILE}",
-    f"*artifacts/{METADATA_FILE}",
-    f"*artifacts/{SAMPLE_OUTPUTS_DIR}/*.jsonl",
-    "*logs/stage.exit",
-]
-
-# ---------------------------------------------------------------------------------------------
-# Locating a run
-# ---------------------------------------------------------------------------------------------
+# Log lines that matter, one pattern per check, written in the regex dialect Python and POSIX ERE
+# (grep -E) share: grep finds the candidate lines (locally or on the cluster), Python sorts them into checks.
+LOG_PATTERNS: dict[str, re.Pattern[str]] = {
+    name: re.compile(pattern, re.IGNORECASE)
+    for name, pattern in {
+        "slurm_timeout": r"DUE TO TIME LIMIT|DUE TO PREEMPTION|NODE_FAIL",
+        "resumed": r"RESUMING\.\.\.",
+        "judge_failure": r"judge.{0,80}(error|fail|exception|timed? ?out)",
+        "sandbox_failure": r"sandbox.{0,80}(error|fail|exception|refused|timed? ?out)",
+        "loaded_checkpoint": r"model_path='|Starting to load model |'model': '",
+    }.items()
+}
+GREP_PATTERN = "|".join(f"({pattern.pattern})" for pattern in LOG_PATTERNS.values())
+GREP_MAX_PER_FILE = 100  # candidate lines per log file; evidence keeps MAX_EVIDENCE_PER_CHECK of them
+# Which checkpoint: SGLang prints its server_args, vLLM its load line or its non-default args.
+CHECKPOINT_PATH = re.compile(r"model_path='([^']+)'|Starting to load model (\S+)|'model': '([^']+)'")
 
 
-@dataclass
-class RunTree:
-    """A run's task directories on this machine (a fetched copy when the run lives on a cluster)."""
 
-    label: str
-    root: Path
-    task_dirs: list[Path]
-    host: str | None = None
-    remote_root: str | None = None
-
-    def display(self, path: Path) -> str:
-        """The path as the person knows it: on the cluster for remote runs."""
-        if self.host and self.remote_root:
-            return f"{self.host}:{self.remote_root.rstrip('/')}/{path.relative_to(self.root)}"
-        return str(path)
-
-    def remote_path(self, path: Path) -> str:
-        assert self.remote_root is not None
-        return f"{self.remote_root.rstrip('/')}/{path.relative_to(self.root)}"
+def _scan_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
+    """grep where the logs are (here, or on the cluster): they are often GBs of server output, never read whole."""
+    hits: dict[str, list[Evidence]] = {name: [] for name in LOG_PATTERNS}
+    host = tree.host or ssh.LOCAL
+    logs = tree.remote_path(task_dir / "logs") if tree.host else str(task_dir / "logs")
+    command = (f"cd {shlex.quote(logs)} 2>/dev/null && grep -n -i -E -H -m {GREP_MAX_PER_FILE} "
+               f"{shlex.quote(GREP_PATTERN)} -- *.log")
+    result = ssh.run_remote(host, command, timeout=300)
+    for raw in result.stdout.splitlines():
+        name, _, rest = raw.partition(":")
+        number, _, line = rest.partition(":")
+        if number.isdigit():
+            shown = f"{tree.host}:{logs}/{name}" if tree.host else str(Path(logs) / name)
+            _classify(line, shown, int(number), hits)
+    return hits
 
 
-def _is_task_dir(path: Path) -> bool:
-    return (path / "artifacts").is_dir() or (path / "logs").is_dir()
+
+def _classify(line: str, file: str, number: int, hits: dict[str, list[Evidence]]) -> None:
+    for name, pattern in LOG_PATTERNS.items():
+        if len(hits[name]) < MAX_EVIDENCE_PER_CHECK and pattern.search(line):
+            hits[name].append(Evidence(file=file, line=number, text=clip(line)))
 
 
-def _task_dirs(root: Path, shown: str) -> list[Path]:
-    """The task directories of a task dir, an invocation dir, or an output_dir holding exactly one invocation."""
-    if _is_task_dir(root):
-        return [root]
-    children = sorted(child for child in root.iterdir() if child.is_dir())
-    tasks = [child for child in children if _is_task_dir(child)]
-    if tasks:
-        return tasks
-    invocations = [child for child in children if any(_is_task_dir(grandchild) for grandchild in child.iterdir() if grandchild.is_dir())]
-    if len(invocations) == 1:
-        return _task_dirs(invocations[0], shown)
-    if invocations:
-        names = ", ".join(child.name for child in invocations[-5:])
-        raise ToolError(f"{shown}: holds {len(invocations)} invocations ({names}); pass one of them, e.g. {shown.rstrip('/')}/{invocations[-1].name}.")
-    raise ToolError(
-        f"{shown}: no NEL task directories (<task>.<i>/artifacts or logs) inside. "
-        "Give the invocation directory <output_dir>/<ts>-<invocation> or one task directory inside it."
-    )
 
-
-def _remote_spec(run: str) -> tuple[str, str] | None:
-    host, sep, path = run.partition(":")
-    if sep and host and path and "/" not in host and not Path(run).exists():
-        return host, path
+def _loaded_checkpoint(evidence: list[Evidence]) -> str | None:
+    for item in evidence:
+        match = CHECKPOINT_PATH.search(item.text)
+        if match:
+            return next(value for value in match.groups() if value)
     return None
 
 
-def _nel_output_dir(invocation_id: str) -> str | None:
-    """Where NEL's own execution records say the invocation wrote its results (local dir or host:path). Asked in a
-    child process (quanteval.engines.nel.nelexec): NEL pins its execution database path when it is imported."""
-    from quanteval.engines.nel import nelexec
 
-    answer = nelexec.call("results_dirs", 120, invocation_id=invocation_id)
-    if not answer.get("ok"):  # e.g. a partial id that matches several invocations
-        raise ToolError(f"run '{invocation_id}': {answer.get('error')}. Give the full invocation id.")
-    for task_dir in answer["dirs"]:
-        if task_dir:  # a task directory, local or host:path; the invocation directory is its parent
-            host, path = _remote_spec(task_dir) or ("", task_dir)
-            parent = str(Path(path).parent)
-            return f"{host}:{parent}" if host else parent
-    return None
-
-
-def _fetch_remote(label: str, host: str, remote_root: str) -> RunTree:
-    digest = hashlib.sha256(f"{host}:{remote_root}".encode()).hexdigest()[:16]
-    local_root = state_dir() / "results-cache" / host / digest
-    shutil.rmtree(local_root, ignore_errors=True)  # our own cache: a fresh copy, no files the cluster has since removed
-    local_root.mkdir(parents=True)
-    ssh.fetch_tree(host, remote_root, local_root, REMOTE_ARTIFACT_PATTERNS)
-    tasks = _task_dirs(local_root, f"{host}:{remote_root}")
-    return RunTree(label=label, root=local_root, task_dirs=tasks, host=host, remote_root=remote_root)
-
-
-def locate_run(run: str) -> RunTree:
-    """Resolve a run reference: a local directory, `host:path`, a ledger id or a NEL invocation id."""
-    run = run.strip()
-    if not run:
-        raise ToolError("run: empty. Give a run directory, host:path on a cluster, or an invocation id.")
-    local = Path(run).expanduser()
-    if local.is_dir():
-        return RunTree(label=run, root=local, task_dirs=_task_dirs(local, str(local)))
-    if remote := _remote_spec(run):
-        return _fetch_remote(run, *remote)
-    if local.is_absolute() or run.startswith("."):
-        raise ToolError(f"{run}: no such directory. Check the path, or pass host:path for a run on a cluster.")
-    output_dir = _output_dir_from_ledger(run) or _nel_output_dir(run)
-    if not output_dir:
-        raise ToolError(
-            f"run '{run}': not a directory, and neither the ledger nor NEL's records know this id. "
-            "list_runs shows known runs; or pass the results directory (local or host:path)."
-        )
-    tree = locate_run(output_dir)
-    tree.label = run
-    return tree
-
-
-def _output_dir_from_ledger(run: str) -> str | None:
-    try:
-        record = ledger.get(run)
-    except ToolError:
+def _exit_code(task_dir: Path) -> int | None:
+    stage_exit = task_dir / "logs" / "stage.exit"
+    if not stage_exit.is_file():
         return None
-    output_dir = record.details.get("output_dir")
-    if output_dir:
-        return f"{record.host}:{output_dir}" if record.host and executors.slurm(record.executor) else str(output_dir)
-    return _nel_output_dir(record.invocation_id) if record.invocation_id else None
+    _, _, code = stage_exit.read_text(encoding="utf-8", errors="replace").strip().rpartition(" ")
+    return int(code) if code.lstrip("-").isdigit() else None
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading artifacts
-# ---------------------------------------------------------------------------------------------
 
-
-def load_yaml(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
+def _leaked_reasoning(task_dir: Path) -> int | None:
+    files = sorted((task_dir / "artifacts" / SAMPLE_OUTPUTS_DIR).glob("*.jsonl"))
+    if not files:
         return None
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        log.warning("unreadable %s: %s", path, exc)
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def load_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        log.warning("unreadable %s: %s", path, exc)
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def run_config(task_dir: Path) -> dict[str, Any]:
-    """The nemo-evaluator run config NEL saved for this task (config.type, config.params, target), or {}."""
-    return load_yaml(task_dir / "artifacts" / RUN_CONFIG_FILE) or {}
-
-
-def repeats(params: dict[str, Any]) -> int:
-    extra = params.get("extra") or {}
-    for key in REPEAT_KEYS:
-        if isinstance(extra.get(key), int) and extra[key] > 0:
-            return extra[key]
-    return 1
-
-
-def tasks_by_name(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
-    """A NEL 0.2.6 run's tasks by the name results.yml gives them, with their directory and scores."""
-    found: dict[str, tuple[Path, TaskScores]] = {}
-    for task_dir in tree.task_dirs:
-        scores = task_scores(tree, task_dir)
-        name = scores.task or task_dir.name
-        # the same task twice in one run (e.g. two prompt variants): tell them apart by directory
-        found[name if name not in found else f"{name} ({task_dir.name})"] = (task_dir, scores)
-    return found
-
-
-def per_sample_scores(task_dir: Path) -> dict[str, list[float]]:
-    """Scores per sample id (one per repeat) from the per-sample outputs, streamed line by line."""
-    scores: dict[str, list[float]] = {}
-    for path in sorted((task_dir / "artifacts" / SAMPLE_OUTPUTS_DIR).glob("*.jsonl")):
+    leaked = 0
+    for path in files:
         with path.open(encoding="utf-8", errors="replace") as lines:
             for line in lines:
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
+                    generation = json.loads(line).get("generation")
+                except (json.JSONDecodeError, AttributeError):
                     continue
-                if isinstance(row, dict) and row.get("id") is not None and isinstance(row.get("score"), (int, float)):
-                    scores.setdefault(str(row["id"]), []).append(float(row["score"]))
-    return scores
-
-
-def _recipe_scale(recipe: Any) -> Scale:
-    return recipe.scale if recipe.scale in ("fraction", "percent") else "unknown"
+                if isinstance(generation, str) and ("<think>" in generation or "</think>" in generation):
+                    leaked += 1
+    return leaked
 
 
 
-def _stderr(stats: dict[str, Any]) -> float | None:
-    if isinstance(stats.get("stderr"), (int, float)):
-        return float(stats["stderr"])
-    # NEL's stddev is the population one: stderr = stddev * sqrt(n/(n-1)) / sqrt(n) = stddev / sqrt(n-1).
-    count, stddev = stats.get("count"), stats.get("stddev")
-    if isinstance(count, int) and count > 1 and isinstance(stddev, (int, float)):
-        return float(stddev) / math.sqrt(count - 1)
-    return None
+def _diagnose(tree: RunTree, task_dir: Path) -> Diagnosis:
+    """Why a task failed, from its logs where they are (here or on the cluster)."""
+    logs = tree.remote_path(task_dir / "logs") if tree.host else str(task_dir / "logs")
+    result = ssh.run_remote(tree.host or ssh.LOCAL, failures.grep_command(logs, 200, tail_lines=40), timeout=120)
+    shown = f"{tree.host}:{logs}" if tree.host else logs
+    tails, hits = failures.parse_grep(result.stdout, shown)
+    # The task's own client log ends the story; NEL's slurm-*.log holds the job script around it.
+    last = [line for _, lines in sorted(tails, key=lambda tail: "client" in tail[0]) for line in lines]
+    return failures.diagnose(hits, last)
 
 
 
-def _walk_scores(name: str, data: dict[str, Any], prefix: str) -> Iterator[tuple[str, str, str, dict[str, Any], str]]:
-    for metric, metric_data in (data.get("metrics") or {}).items():
-        for score, score_data in ((metric_data or {}).get("scores") or {}).items():
-            if isinstance(score_data, dict) and isinstance(score_data.get("value"), (int, float)):
-                path = f"{prefix}.metrics.{metric}.scores.{score}"
-                yield name, metric, score, score_data, path
-    for group, group_data in (data.get("groups") or {}).items():
-        yield from _walk_scores(f"{name}/{group}", group_data or {}, f"{prefix}.groups.{group}")
+def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> TaskValidation:
+    scores = task_scores(tree, task_dir)
+    report = TaskValidation(task_dir=tree.display(task_dir), task=scores.task)
+    logs = _scan_logs(tree, task_dir)
+    _check_finished(tree, task_dir, scores, logs, report)
+    _check_samples(tree, task_dir, scores, report)
+    _check_responses(tree, task_dir, request, report)
+    _check_reasoning(tree, task_dir, report)
+    for check in ("judge_failure", "sandbox_failure"):
+        if logs[check]:
+            report.findings.append(Finding(severity="fail", check=check,
+                                           message=f"{check.replace('_', ' ')} lines in the logs: the scores of the affected samples are not the model's.",
+                                           evidence=logs[check]))
+    _check_checkpoint(tree, task_dir, request, logs["loaded_checkpoint"], report)
+    return report
 
 
-
-def _recipe_for(task: str | None) -> Any | None:
-    """The task recipe (recipes/tasks/*.md) whose nel_task is this task, if one exists."""
-    if not task:
-        return None
-    for recipe in list_recipes():
-        if recipe.nel_task.split(".")[-1] == task:
-            return recipe
-    return None
-
-
-
-def task_scores(tree: RunTree, task_dir: Path) -> TaskScores:
-    results_path = task_dir / "artifacts" / RESULTS_FILE
-    shown = tree.display(task_dir)
-    nel_task = (run_config(task_dir).get("config") or {}).get("type")
-    data = load_yaml(results_path)
-    if data is None or not isinstance(data.get("results"), dict):
-        reason = "missing" if not results_path.exists() else "unreadable or without a results section"
-        return TaskScores(task_dir=shown, task=nel_task, problem=f"{tree.display(results_path)}: {reason}")
-    recipe = _recipe_for(nel_task)
-    found: list[ScoreValue] = []
-    for section in ("tasks", "groups"):
-        for name, entry in (data["results"].get(section) or {}).items():
-            for task, metric, score, score_data, path in _walk_scores(name, entry or {}, f"results.{section}.{name}"):
-                value = float(score_data["value"])
-                # the recipe vouches for the scale of its own score only; every other score's scale is inferred
-                named_by_recipe = recipe is not None and (metric, score) == (recipe.metric, recipe.score)
-                found.append(
-                    ScoreValue(
-                        task=task, metric=metric, score=score, value=value,
-                        stderr=_stderr(score_data.get("stats") or {}),
-                        count=(score_data.get("stats") or {}).get("count"),
-                        scale=_recipe_scale(recipe) if named_by_recipe else infer_scale(value),
-                        scale_from="recipe" if named_by_recipe else "inferred",
-                        path=path,
-                    )
-                )
-    headline = None
-    if recipe:
-        headline = next((s for s in found if s.metric == recipe.metric and s.score == recipe.score), None)
-    elif len(found) == 1:
-        headline = found[0]
-    problem = None
-    if not found:
-        problem = f"{tree.display(results_path)}: no scores under results.tasks or results.groups"
-    elif recipe and headline is None:
-        problem = (
-            f"{tree.display(results_path)}: recipe {recipe.name} names metric {recipe.metric}, score {recipe.score}, "
-            "which this results.yml lacks; fix the recipe's Score Extraction or see `scores` for what is there."
-        )
-    return TaskScores(
-        task_dir=shown, task=nel_task or (found[0].task if found else None), recipe=recipe.name if recipe else None,
-        headline=headline, scores=found[:50], problem=problem,
-    )
+def _check_finished(tree: RunTree, task_dir: Path, scores: TaskScores, logs: dict[str, list[Evidence]], report: TaskValidation) -> None:
+    """Finished or not. A SLURM timeout is fine when the paired restart job resumed and finished the task."""
+    findings = report.findings
+    exit_code = _exit_code(task_dir)
+    has_results = scores.problem is None or bool(scores.scores)
+    report.resumed_after_timeout = bool(logs["slurm_timeout"]) and has_results
+    if logs["slurm_timeout"] and has_results:
+        findings.append(Finding(severity="info", check="finished", message="SLURM stopped the job (time limit/preemption) and the restart job resumed and finished it.",
+                                evidence=logs["slurm_timeout"][:2] + logs["resumed"][:2]))
+    if exit_code not in (None, 0):
+        report.finished = False
+        findings.append(Finding(severity="fail", check="finished", message=f"The task failed: it exited with code {exit_code}.",
+                                evidence=[Evidence(file=tree.display(task_dir / "logs" / "stage.exit"), line=1, text=str(exit_code))]))
+    elif not has_results:
+        report.finished = False
+        cause = " SLURM stopped it and no resume finished it: resume_run." if logs["slurm_timeout"] else ""
+        findings.append(Finding(severity="fail", check="finished", message=f"The task failed or never finished: {scores.problem}.{cause}",
+                                evidence=logs["slurm_timeout"][:2]))
+    if report.finished is False:
+        report.diagnosis = _diagnose(tree, task_dir)
+        findings.append(failure_finding(report.diagnosis))
+    else:
+        report.finished = True
+        if scores.problem:
+            findings.append(Finding(severity="warning", check="score", message=scores.problem))
 
 
-
-def dataset_size(config: dict[str, Any]) -> tuple[int | None, str | None]:
-    """Questions one repeat of this task covers, and who says so: limit_samples, the task's recipe, or NEL's own
-    table of dataset sizes (nemo_evaluator_launcher.common.helpers). (None, None) when nobody knows."""
-    task_config = config.get("config") or {}
-    params = task_config.get("params") or {}
-    if params.get("limit_samples") is not None:
-        return int(params["limit_samples"]), "limit_samples"
-    extra = params.get("extra") or {}
-    recipe = _recipe_for(task_config.get("type"))
-    if recipe is not None and recipe.samples:
-        ratio = extra.get("downsampling_ratio")
-        size = int(round(recipe.samples * ratio)) if isinstance(ratio, (int, float)) else recipe.samples
-        return size, f"recipe {recipe.name}"
-    if not task_config:
-        return None, None
-    from nemo_evaluator_launcher.common.helpers import get_eval_factory_dataset_size_from_run_config
-
-    # NEL multiplies by extra.n_samples itself; repeats are counted once, by the caller.
-    one_repeat = {**params, "extra": {key: value for key, value in extra.items() if key != "n_samples"}}
-    try:
-        size = get_eval_factory_dataset_size_from_run_config(
-            {"framework_name": config.get("framework_name"), "config": {**task_config, "params": one_repeat}})
-    except (KeyError, TypeError, ValueError):
-        return None, None
-    return (None, None) if size is None else (int(size), "NEL's dataset sizes")
-
-
-
-def deployment_mounts(task_dir: Path) -> list[tuple[str, str]]:
-    """(host path, container path) of the deployment's mounts, rendered the way NEL 0.2.6's local and SLURM executors
-    do (deployment.checkpoint_path -> /checkpoint, cache_path -> /cache, then execution.mounts.deployment), from the
-    resolved config NEL stores in artifacts/metadata.yaml. Empty when the run did not record it."""
-    resolved = (load_yaml(task_dir / "artifacts" / METADATA_FILE) or {}).get("launcher_resolved_config") or {}
-    deployment = resolved.get("deployment") or {}
-    if not isinstance(deployment, dict) or deployment.get("type") in (None, "none"):
-        return []
-    mounts = []
-    if deployment.get("checkpoint_path"):
-        mounts.append((str(deployment["checkpoint_path"]), EVALUATION_CHECKPOINT_MOUNT))
-    if deployment.get("cache_path"):
-        mounts.append((str(deployment["cache_path"]), "/cache"))
-    extra = ((resolved.get("execution") or {}).get("mounts") or {}).get("deployment") or {}
-    mounts += [(str(source), str(target).split(":")[0]) for source, target in extra.items()] if isinstance(extra, dict) else []
-    return mounts
+def _check_samples(tree: RunTree, task_dir: Path, scores: TaskScores, report: TaskValidation) -> None:
+    """Samples scored against samples expected (limit_samples, the recipe or NEL's dataset sizes, times repeats)."""
+    artifacts = task_dir / "artifacts"
+    config = run_config(task_dir)
+    counts = [s.count for s in scores.scores if isinstance(s.count, int)]
+    report.evaluated_samples = max(counts) if counts else None
+    params = ((config.get("config") or {}).get("params")) or {}
+    size, size_source = dataset_size(config)
+    report.expected_samples = None if size is None else size * repeats(params)
+    report.expected_samples_from = size_source
+    if not report.finished:
+        return
+    if report.expected_samples is None:
+        report.findings.append(Finding(severity="unknown", check="samples", message=(
+            f"{tree.display(artifacts / RUN_CONFIG_FILE)}: no limit_samples, and neither a recipe (samples:) nor NEL "
+            f"knows the size of {scores.task or 'this task'}, so dropped samples cannot be counted.")))
+    elif report.evaluated_samples is None:
+        report.findings.append(Finding(severity="unknown", check="samples", message=f"{tree.display(artifacts / RESULTS_FILE)}: scores carry no stats.count, so dropped samples cannot be counted."))
+    elif report.evaluated_samples not in (report.expected_samples, report.expected_samples // repeats(params)):
+        policy = (params.get("extra") or {}).get("failed_samples_policy")
+        dropped = report.expected_samples - report.evaluated_samples
+        accounting = f"{dropped} dropped or failed" if dropped > 0 else f"{-dropped} more than requested"
+        report.findings.append(Finding(
+            severity="fail", check="samples",
+            message=f"{report.evaluated_samples} samples scored, {report.expected_samples} expected ({accounting}"
+            + (f"; failed_samples_policy={policy}" if policy else "") + "). The score covers a different set than the baseline's.",
+            evidence=[Evidence(file=tree.display(artifacts / RESULTS_FILE), text=f"stats.count={report.evaluated_samples}")]))
 
 
+def _check_responses(tree: RunTree, task_dir: Path, request: ValidateRunInput, report: TaskValidation) -> None:
+    """HTTP errors and truncation from the response-stats interceptor's statistics."""
+    metrics_path = task_dir / "artifacts" / METRICS_FILE
+    metrics = load_json(metrics_path)
+    metrics_file = tree.display(metrics_path)
+    stats = (metrics or {}).get("response_stats")
+    if not stats:
+        # The advice fits a job that ran; one that never got going (unfinished, no metrics file) is explained above.
+        if report.finished or metrics is not None:
+            report.findings.append(Finding(severity="unknown", check="responses", message=f"{metrics_file}: no response_stats; HTTP errors and truncation cannot be checked. Keep the response_stats interceptor on."))
+        return
+    codes = {str(code): int(n) for code, n in (stats.get("status_codes") or {}).items()}
+    report.responses = int(stats.get("count") or sum(codes.values()))
+    errors = sum(n for code, n in codes.items() if not code.startswith("2"))
+    if report.responses:
+        report.error_share = errors / report.responses
+        if errors:
+            report.findings.append(Finding(
+                severity="fail" if report.error_share > request.max_error_share else "warning", check="http_errors",
+                message=f"{errors} of {report.responses} responses were HTTP errors ({report.error_share:.1%}; limit {request.max_error_share:.1%}).",
+                evidence=[Evidence(file=metrics_file, text=f"status_codes={json.dumps(codes)}")]))
+    reasons = {str(k): int(v) for k, v in (stats.get("finish_reason") or {}).items()}
+    if sum(reasons.values()):
+        report.truncated_share = reasons.get("length", 0) / sum(reasons.values())
+        if reasons.get("length"):
+            report.findings.append(Finding(
+                severity="fail" if report.truncated_share > request.max_truncated_share else "warning", check="truncation",
+                message=f"{reasons['length']} of {sum(reasons.values())} responses hit the token limit ({report.truncated_share:.1%}; limit {request.max_truncated_share:.1%}): raise max_new_tokens.",
+                evidence=[Evidence(file=metrics_file, text=f"finish_reason={json.dumps(reasons)}")]))
 
-def host_path(container_path: str, mounts: list[tuple[str, str]]) -> str | None:
-    """The host path behind a path inside the server's container; the path itself when no mount covers it (an HF
-    handle or a path the server sees as is); None for NEL's checkpoint mount point when nothing says what is there."""
-    path = normal(container_path)
-    for source, target in sorted(mounts, key=lambda mount: -len(mount[1])):
-        target = normal(target)
-        if path == target or path.startswith(target + "/"):
-            return normal(source) + path[len(target):]
-    if path == EVALUATION_CHECKPOINT_MOUNT or path.startswith(EVALUATION_CHECKPOINT_MOUNT + "/"):
-        return None
-    return container_path
+
+def _check_reasoning(tree: RunTree, task_dir: Path, report: TaskValidation) -> None:
+    """Reasoning never closed (the interceptor's count) and <think> tags left in final answers."""
+    metrics_path = task_dir / "artifacts" / METRICS_FILE
+    reasoning = (load_json(metrics_path) or {}).get("reasoning") or {}
+    if reasoning.get("reasoning_unfinished_count"):
+        report.findings.append(Finding(
+            severity="warning", check="reasoning",
+            message=f"{reasoning['reasoning_unfinished_count']} responses started reasoning and never closed it (answer lost in the thinking).",
+            evidence=[Evidence(file=tree.display(metrics_path), text=f"reasoning_unfinished_count={reasoning['reasoning_unfinished_count']}")]))
+    report.leaked_reasoning = _leaked_reasoning(task_dir)
+    if report.leaked_reasoning:
+        report.findings.append(Finding(
+            severity="fail", check="reasoning",
+            message=f"{report.leaked_reasoning} final answers still contain <think> tags: reasoning is not stripped (add the reasoning interceptor or fix the chat template).",
+            evidence=[Evidence(file=tree.display(task_dir / "artifacts" / SAMPLE_OUTPUTS_DIR), text="<think> in generation")]))
 
 
+def _check_checkpoint(tree: RunTree, task_dir: Path, request: ValidateRunInput, evidence: list[Evidence], report: TaskValidation) -> None:
+    """What the server really loaded (its log), mapped back through the deployment's mounts to the host."""
+    report.loaded_checkpoint = _loaded_checkpoint(evidence)
+    if report.loaded_checkpoint:
+        report.served_checkpoint = host_path(report.loaded_checkpoint, deployment_mounts(task_dir))
+    if not request.expected_checkpoint:
+        return
+    if not report.loaded_checkpoint:
+        report.findings.append(Finding(severity="unknown", check="checkpoint",
+                                       message="No deployment log says which checkpoint was loaded (no server-*.log with the model path)."))
+    elif report.served_checkpoint is None:
+        report.findings.append(Finding(severity="unknown", check="checkpoint", message=(
+            f"The server loaded {report.loaded_checkpoint}, a mount point inside its container, and "
+            f"{tree.display(task_dir / 'artifacts' / METADATA_FILE)} does not say what NEL mounted there.")))
+    elif normal(report.served_checkpoint) != normal(request.expected_checkpoint):
+        shown = report.loaded_checkpoint + (f" (= {report.served_checkpoint} on the host)"
+                                            if report.served_checkpoint != report.loaded_checkpoint else "")
+        report.findings.append(Finding(severity="fail", check="checkpoint",
+                                       message=f"The server loaded {shown}, not {request.expected_checkpoint}.",
+                                       evidence=evidence[:1]))
 
-def normal(path: str) -> str:
-    return Path(path).as_posix().rstrip("/") or "/"
 
-
+def validate_run(request: ValidateRunInput, progress: ProgressFn) -> ValidateRunOutput:
+    tree = locate_run(request.run)
+    tasks = []
+    for index, task_dir in enumerate(tree.task_dirs):
+        progress(index, len(tree.task_dirs), f"validating {task_dir.name}")
+        tasks.append(validate_task(tree, task_dir, request))
+    return run_verdict(tree.label, tasks)
 
 
 class NelResults(ResultsReader):
@@ -404,13 +300,11 @@ class NelResults(ResultsReader):
     reads_by_location: ClassVar[bool] = True
 
     def is_run_dir(self, path: Path) -> bool:
-        return _is_task_dir(path) or any(_is_task_dir(child) for child in path.iterdir() if child.is_dir())
+        return is_task_dir(path) or any(is_task_dir(child) for child in path.iterdir() if child.is_dir())
 
     def extract_scores(self, run: str) -> ExtractScoresOutput:
         tree = locate_run(run)
         return ExtractScoresOutput(run=tree.label, tasks=[task_scores(tree, task_dir) for task_dir in tree.task_dirs])
 
     def validate_run(self, request: ValidateRunInput, progress: ProgressFn) -> ValidateRunOutput:
-        from quanteval.engines.nel import runcheck  # log scanning and the checks: only validate_run needs them
-
-        return runcheck.validate_run(request, progress)
+        return validate_run(request, progress)
