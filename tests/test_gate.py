@@ -390,3 +390,47 @@ def test_a_nel_026_run_against_a_nel_next_run_is_refused(real_run, tmp_path):
     nxt = make_run(real_run, tmp_path / "next", {"alpha": half_right()})
     with pytest.raises(ToolError, match="different engines"):
         gate_results(GateResultsInput(baseline=str(nel), candidate=str(nxt), policy=str(policy)))
+
+
+def _widened(template: Path, folder: Path, problems: int) -> Path:
+    """The real run's folder with `problems` problems (its first row repeated under new problem ids)."""
+    shutil.copytree(template, folder)
+    first = json.loads((folder / "results.jsonl").read_text().splitlines()[0])
+    (folder / "results.jsonl").write_text("".join(json.dumps({**first, "problem_idx": i}) + "\n" for i in range(problems)))
+    return folder
+
+
+def test_one_interval_per_comparison_in_compare_results_gate_results_and_the_report(real_run, tmp_path):
+    """The issue's runs (200 problems, 4 flipped to wrong, 3 to right): compare_results said [-3.00, +2.00] points and
+    gate_results [-3.11, +2.11]. Now both (and evaluate_quantization, which calls them) give nel gate's interval,
+    also where problems carry categories (clustered SE), and the same advice."""
+    from quanteval.workflow.compare import CompareResultsInput, compare_results
+    from quanteval.workflow.gate import write_rule_policy
+
+    template = _widened(real_run, tmp_path / "template", 200)
+    base = [1.0] * 150 + [0.0] * 50
+    cand = [0.0] * 4 + [1.0] * 146 + [1.0] * 3 + [0.0] * 47
+    baseline = make_run(template, tmp_path / "base", {"tiny_add": base, "clustered": base}, categories={"clustered": 5})
+    candidate = make_run(template, tmp_path / "cand", {"tiny_add": cand, "clustered": cand}, categories={"clustered": 5})
+    for run in (baseline, candidate):
+        shutil.copy(real_run.parent / "checkpoint.json", run / "checkpoint.json")  # a run, as compare_results reads it
+    policy = write_rule_policy(tmp_path / "rule" / "nel-gate-policy.yaml", ["clustered", "tiny_add"], 2, 0.95)
+    gate = gate_results(GateResultsInput(baseline=str(baseline), candidate=str(candidate), policy=str(policy)))
+    compared = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(candidate), max_drop=2,
+                                                   output_dir=str(tmp_path / "report")))
+    oracle = nel_gate(baseline, candidate, policy)
+    rows = {row.task: row for row in compared.comparisons}
+    for ours, theirs in zip(gate.benchmarks, oracle["benchmarks"], strict=True):
+        row = rows[ours.benchmark]
+        assert (row.ci_low, row.ci_high) == (ours.delta_ci_lower, ours.delta_ci_upper), ours.benchmark
+        assert ours.delta_ci_lower == pytest.approx(theirs["delta_ci_lower"], abs=2e-6)
+        assert ours.delta_ci_upper == pytest.approx(theirs["delta_ci_upper"], abs=2e-6)
+        assert ours.status == theirs["status"]
+        assert row.verdict == {"PASS": "acceptable", "BREACH": "not acceptable", "INSUFFICIENT_EVIDENCE": "inconclusive"}[ours.status]
+        assert ours.advice is None if ours.status == "PASS" else ours.advice in row.why  # one piece of advice too
+    assert rows["tiny_add"].verdict == "inconclusive" and rows["clustered"].verdict == "acceptable"
+    assert (round(100 * rows["tiny_add"].ci_low, 2), round(100 * rows["tiny_add"].ci_high, 2)) == (-3.11, 2.11)
+    assert rows["clustered"].ci_low != rows["tiny_add"].ci_low  # the categories were used, in both tools
+    assert "[-3.11, +2.11]" in Path(compared.report_markdown).read_text()
+    assert gate.verdict == oracle["verdict"] == "INCONCLUSIVE"
+    assert any(r.startswith("Action: tiny_add: ~1221 paired problems would decide") for r in gate.verdict_reasons)

@@ -385,8 +385,9 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
 
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Use once both runs passed validate_run: checks they are comparable, then per-task deltas with 95% CI, verdicts, a
-    chart and a report.
+    """Use once both runs passed validate_run: checks they are comparable, then per-task deltas with their paired CI
+    (gate_results' interval), a verdict against max_drop (points), how many problems would decide an inconclusive one,
+    a chart and a report.
     """
     progress(0, 3, "reading both runs")
     base_next, cand_next = next_run_dir(request.baseline), next_run_dir(request.candidate)

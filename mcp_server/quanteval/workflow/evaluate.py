@@ -317,8 +317,9 @@ def _cancel(record_id: str) -> None:
 
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
     """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
-    canary and full run, validates and compares them (verdict, CI, flips, report); with a `nel gate` policy, also the
-    release gate. Resumable; takes minutes.
+    canary and full run, validates and compares them (CI, flips, report) and judges the rule: max_drop points at
+    confidence, gated as nel gate gates it (the policy is written next to the report), or a `nel gate` policy.
+    ANOMALOUS when the candidate fails the canary its baseline passed. Resumable; takes minutes.
     """
     if not executors.is_this_machine(request.host):
         raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "
