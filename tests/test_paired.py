@@ -135,3 +135,18 @@ def test_the_cli_refuses_it_as_bad_usage(tmp_path, capsys):
 
     code = cli.main(["evaluate", str(tmp_path / "a"), str(tmp_path / "b"), "--benchmarks", "x.py", "--max-drop", "0.05"])
     assert code == cli.EXIT_USAGE and "did you mean 0.05 points or 5 points" in capsys.readouterr().err
+
+
+def test_a_margin_and_a_policy_together_are_refused_before_anything_is_served(tmp_path):
+    from pathlib import Path
+
+    from quanteval.workflow.evaluate import evaluate_quantization
+
+    repo = Path(__file__).resolve().parents[1]
+    request = EvaluateQuantizationInput(
+        baseline_checkpoint=str(repo / "examples/checkpoints/tiny-add-bf16"), candidate_checkpoint=str(repo / "examples/checkpoints/tiny-add-w8a8"),
+        benchmarks=[str(repo / "examples/benchmarks/tiny_add.py")], max_drop=2,
+        policy=str(repo / "examples/policies/tiny_add_release.yaml"), output_dir=str(tmp_path / "out"))
+    with pytest.raises(ToolError, match="max_drop and policy both given"):
+        evaluate_quantization(request)
+    assert not (tmp_path / "out").exists()
