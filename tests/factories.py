@@ -403,3 +403,22 @@ def make_modelopt_mix(root: Path, *, attention: str = "FP8", mlp: str = "NVFP4_A
         tensors.update(_linear(name, out_features, in_features, algo))
     write_safetensors(root / "model.safetensors", tensors, {"format": "pt"})
     return root
+
+
+def noise_checkpoint(source: Path, root: Path, seed: int = 0) -> Path:
+    """`source` (a real BF16 checkpoint) with every linear layer's weight replaced by Gaussian noise of the same
+    shape, dtype and standard deviation: a quantization gone wrong. Embeddings, norms and configs are kept."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, root)
+    tensors = load_file(str(source / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    for name, tensor in tensors.items():
+        if tensor.ndim == 2 and "embed" not in name:  # every linear layer, lm_head included
+            noise = torch.randn(tensor.shape, generator=generator) * tensor.float().std()
+            tensors[name] = noise.to(tensor.dtype)
+    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
+    return root

@@ -183,7 +183,7 @@ def pair(tmp_path: Path, base: dict, cand: dict, task: str = "ns_gpqa") -> tuple
 
 
 def compared(tmp_path: Path, base_dir: Path, cand_dir: Path, **extra: object) -> compare.CompareResultsOutput:
-    return compare.compare_results(CompareResultsInput(baseline=str(base_dir), candidate=str(cand_dir), threshold=0.05,
+    return compare.compare_results(CompareResultsInput(baseline=str(base_dir), candidate=str(cand_dir), max_drop=5,
                                                        output_dir=str(tmp_path / "report"), **extra))
 
 
@@ -259,7 +259,7 @@ def test_a_run_without_nels_resolved_config_is_inconclusive_on_serving(tmp_path:
 def test_compare_over_mcp_takes_local_checkpoint_copies(tmp_path: Path) -> None:
     on_cluster = DEPLOYMENT | {"checkpoint_path": "/lustre/models/llama"}
     base_dir, cand_dir = pair(tmp_path, {"deployment": on_cluster}, {"deployment": on_cluster})
-    arguments = {"baseline": str(base_dir), "candidate": str(cand_dir), "threshold": 0.05, "output_dir": str(tmp_path / "mcp"),
+    arguments = {"baseline": str(base_dir), "candidate": str(cand_dir), "max_drop": 5, "output_dir": str(tmp_path / "mcp"),
                  "baseline_checkpoint": str(EXAMPLES / "llama-tiny-bf16"), "candidate_checkpoint": str(NVFP4)}
 
     async def go():

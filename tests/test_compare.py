@@ -48,8 +48,8 @@ def runs(tmp_path: Path) -> tuple[Path, Path]:
     return make_invocation(tmp_path / "bf16", "b0000001"), make_invocation(tmp_path / "fp8", "c0000001")
 
 
-def compare(baseline: Path, candidate: Path, tmp_path: Path, threshold: float | None = None):
-    return compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(candidate), threshold=threshold,
+def compare(baseline: Path, candidate: Path, tmp_path: Path, max_drop: float | None = None):
+    return compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(candidate), max_drop=max_drop,
                                                output_dir=str(tmp_path / "report")))
 
 
@@ -57,14 +57,14 @@ def test_unpaired_delta_stderr_and_interval(tmp_path: Path) -> None:
     base, cand = runs(tmp_path)
     make_task(base, value=0.80, stderr=0.02)
     make_task(cand, value=0.78, stderr=0.015)
-    result = compare(base, cand, tmp_path, threshold=0.10)
+    result = compare(base, cand, tmp_path, max_drop=10)
     [row] = result.comparisons
     # delta = 0.78 - 0.80 = -0.02; se = sqrt(0.02^2 + 0.015^2) = sqrt(0.000625) = 0.025
     # CI = -0.02 +/- 1.959964 * 0.025 = -0.02 +/- 0.0489991 = [-0.0689991, 0.0289991]
     assert row.delta == pytest.approx(-0.02)
     assert row.delta_stderr == pytest.approx(0.025)
     assert (row.ci_low, row.ci_high) == (pytest.approx(-0.0689991), pytest.approx(0.0289991))
-    # threshold 0.10: the low end -0.069 >= -0.10, so the drop is acceptable
+    # max_drop 10 points: the low end -0.069 >= -0.10, so the drop is acceptable
     assert row.verdict == "acceptable"
     assert (result.comparability, result.acceptability) == ("comparable", "acceptable")
     assert "unpaired" in row.method
@@ -74,18 +74,18 @@ def test_interval_straddling_the_threshold_is_inconclusive(tmp_path: Path) -> No
     base, cand = runs(tmp_path)
     make_task(base, value=0.80, stderr=0.02)
     make_task(cand, value=0.78, stderr=0.015)
-    # same numbers, threshold 0.01: -0.01 lies inside [-0.069, +0.029]
-    result = compare(base, cand, tmp_path, threshold=0.01)
+    # same numbers, max_drop 1 point: -0.01 lies inside [-0.069, +0.029]
+    result = compare(base, cand, tmp_path, max_drop=1)
     assert result.comparisons[0].verdict == "inconclusive"
     assert result.acceptability == "inconclusive"
-    assert "straddles -0.01" in result.comparisons[0].why
+    assert "[-6.90, +2.90] points straddles -1" in result.comparisons[0].why
 
 
 def test_a_clear_drop_is_not_acceptable(tmp_path: Path) -> None:
     base, cand = runs(tmp_path)
     make_task(base, value=0.80, stderr=0.005)
     make_task(cand, value=0.70, stderr=0.005)
-    result = compare(base, cand, tmp_path, threshold=0.02)
+    result = compare(base, cand, tmp_path, max_drop=2)
     [row] = result.comparisons
     # delta = -0.10; se = sqrt(2 * 0.005^2) = 0.0070711; CI = -0.10 +/- 0.0138590 = [-0.113859, -0.086141]
     # the high end -0.086 < -0.02: not acceptable
@@ -95,13 +95,15 @@ def test_a_clear_drop_is_not_acceptable(tmp_path: Path) -> None:
     assert result.acceptability == "not acceptable"
 
 
-def test_without_threshold_acceptability_is_inconclusive(tmp_path: Path) -> None:
+def test_without_max_drop_acceptability_is_inconclusive(tmp_path: Path) -> None:
+    """No margin is ever chosen for the user (evaluate_quantization neither): the interval, and no verdict."""
     base, cand = runs(tmp_path)
     make_task(base, value=0.80, stderr=0.005)
     make_task(cand, value=0.70, stderr=0.005)
     result = compare(base, cand, tmp_path)
     assert result.comparisons[0].verdict == "inconclusive"
-    assert result.comparisons[0].why == "no threshold given"
+    assert result.comparisons[0].why == ("the 95% CI is [-11.39, -8.61] points; no max_drop given, so no verdict on "
+                                         "acceptability")
     assert result.acceptability == "inconclusive"
 
 
@@ -109,40 +111,39 @@ def test_percent_scores_are_compared_as_fractions(tmp_path: Path) -> None:
     base, cand = runs(tmp_path)
     make_task(base, "ns_aime2025", metric="pass@1", score="symbolic_correct", value=80.0, stderr=2.0, limit_samples=30, count=30)
     make_task(cand, "ns_aime2025", metric="pass@1", score="symbolic_correct", value=78.0, stderr=1.5, limit_samples=30, count=30)
-    [row] = compare(base, cand, tmp_path, threshold=0.10).comparisons
+    [row] = compare(base, cand, tmp_path, max_drop=10).comparisons
     # 80.0 +/- 2.0 and 78.0 +/- 1.5 percent = 0.80 +/- 0.02 and 0.78 +/- 0.015: same as the unpaired test
     assert row.scale == "percent"
     assert (row.baseline, row.candidate, row.delta_stderr) == (pytest.approx(0.80), pytest.approx(0.78), pytest.approx(0.025))
     assert row.verdict == "acceptable"
 
 
-def test_paired_bootstrap_when_both_runs_kept_per_sample_outputs(tmp_path: Path) -> None:
+def test_paired_interval_when_both_runs_kept_per_sample_outputs(tmp_path: Path) -> None:
     base, cand = runs(tmp_path)
     baseline_correct = [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]  # 0.8
     candidate_correct = [1, 1, 1, 1, 1, 1, 0, 1, 0, 0]  # 0.7: only sample 6 flipped
     make_task(base, value=0.8, stderr=0.1265, count=10, limit_samples=10, samples=binary_samples(baseline_correct))
     make_task(cand, value=0.7, stderr=0.1449, count=10, limit_samples=10, samples=binary_samples(candidate_correct))
-    result = compare(base, cand, tmp_path, threshold=0.35)
+    result = compare(base, cand, tmp_path, max_drop=35)
     [row] = result.comparisons
     # d = nine 0s and one -1: mean -0.1; sd = sqrt((9 * 0.1^2 + 0.9^2) / 9) = sqrt(0.1) = 0.316228; se = 0.316228 / sqrt(10) = 0.1
     assert row.delta == pytest.approx(-0.1)
     assert row.delta_stderr == pytest.approx(0.1)
-    # bootstrap mean = -K/10 with K ~ Binomial(10, 0.1): P(K=0) = 0.349 > 2.5%, so the 97.5th percentile is 0.0;
-    # P(K>=3) = 0.070 > 2.5% > P(K>=4) = 0.013, so the 2.5th percentile is -0.3. CI = [-0.3, 0.0]
-    assert (row.ci_low, row.ci_high) == (pytest.approx(-0.3), pytest.approx(0.0))
-    assert row.method.startswith("paired bootstrap over 10 shared samples")
-    assert row.verdict == "acceptable"  # -0.3 >= -0.35
+    # Student t on the deltas, as nel gate (and gate_results): -0.1 +/- t(0.975, 9) * 0.1 = -0.1 +/- 0.2262157
+    assert (row.ci_low, row.ci_high) == (pytest.approx(-0.326216), pytest.approx(0.126216))
+    assert row.method.startswith("paired over 10 shared samples")
+    assert row.verdict == "acceptable"  # -0.326 >= -0.35
     # the unpaired interval would have been -0.1 +/- 1.96 * sqrt(0.1265^2 + 0.1449^2) = [-0.477, +0.277]: pairing is much tighter
-    again = compare(base, cand, tmp_path, threshold=0.05).comparisons[0]
-    assert (again.ci_low, again.ci_high) == (row.ci_low, row.ci_high)  # fixed seed: same interval every time
-    assert again.verdict == "inconclusive"
+    again = compare(base, cand, tmp_path, max_drop=5).comparisons[0]
+    assert (again.ci_low, again.ci_high) == (row.ci_low, row.ci_high)
+    assert again.verdict == "inconclusive" and "paired problems would decide the 5-point margin" in again.why
 
 
 def test_per_sample_outputs_that_do_not_match_the_headline_are_not_paired(tmp_path: Path) -> None:
     base, cand = runs(tmp_path)
     make_task(base, value=0.8, stderr=0.02, samples=binary_samples([1, 0, 0, 0]))  # samples mean 0.25, headline 0.8
     make_task(cand, value=0.7, stderr=0.02, samples=binary_samples([0, 0, 0, 0]))
-    [row] = compare(base, cand, tmp_path, threshold=0.2).comparisons
+    [row] = compare(base, cand, tmp_path, max_drop=20).comparisons
     assert row.method.startswith("unpaired")
     assert "do not reproduce both headline scores" in row.method
 
@@ -151,7 +152,7 @@ def test_mismatched_generation_params_are_not_comparable(tmp_path: Path) -> None
     base, cand = runs(tmp_path)
     make_task(base, value=0.80, stderr=0.005, temperature=0.6)
     make_task(cand, value=0.80, stderr=0.005, temperature=0.0, max_new_tokens=4096)
-    result = compare(base, cand, tmp_path, threshold=0.02)
+    result = compare(base, cand, tmp_path, max_drop=2)
     different = {item.item for item in result.checklist if item.status == "different"}
     assert different == {"generation"}
     assert result.comparability == "not comparable"
@@ -167,7 +168,7 @@ def test_checklist_catches_repeats_samples_judge_reasoning_and_container(tmp_pat
     make_task(cand, limit_samples=50, count=50, extra={"n_samples": 1, "judge": {"model_id": "judge-b"}},
               interceptors=[{"name": "response_stats"}],
               versioning={"nemo_evaluator": "0.2.8", "container": "nvcr.io/nvidia/eval-factory/nemo_skills:25.11"})
-    result = compare(base, cand, tmp_path, threshold=0.02)
+    result = compare(base, cand, tmp_path, max_drop=2)
     statuses = {item.item: item.status for item in result.checklist}
     assert statuses == {"model": "same", "serving": "same", "task": "same", "container": "different", "prompts": "same",
                         "extra_args": "same", "generation": "same",
@@ -182,7 +183,7 @@ def test_missing_run_config_makes_comparability_inconclusive(tmp_path: Path) -> 
     base, cand = runs(tmp_path)
     make_task(base)
     make_task(cand, write_run_config=False)
-    result = compare(base, cand, tmp_path, threshold=0.02)
+    result = compare(base, cand, tmp_path, max_drop=2)
     assert result.comparability == "inconclusive"
     assert {item.candidate for item in result.checklist} == {"no run_config.yml"}
 
@@ -192,7 +193,7 @@ def test_a_task_only_one_run_has_is_reported_not_compared(tmp_path: Path) -> Non
     make_task(base, "ns_gpqa")
     make_task(base, "ns_aime2025", metric="pass@1", score="symbolic_correct", value=50.0, stderr=5.0)
     make_task(cand, "ns_gpqa")
-    result = compare(base, cand, tmp_path, threshold=0.02)
+    result = compare(base, cand, tmp_path, max_drop=2)
     assert [row.task for row in result.comparisons] == ["ns_gpqa"]
     assert "ns_aime2025: only one run has it (missing in the candidate); it is not compared." in result.reasons
 
@@ -202,7 +203,7 @@ def test_chart_table_and_html_report_are_written(tmp_path: Path) -> None:
     for task, (b, c) in {"ns_gpqa": (0.80, 0.78), "ns_mmlu_pro": (0.70, 0.60)}.items():
         make_task(base, task, value=b, stderr=0.01)
         make_task(cand, task, value=c, stderr=0.01)
-    result = compare(base, cand, tmp_path, threshold=0.02)
+    result = compare(base, cand, tmp_path, max_drop=2)
     png, report = Path(result.chart_png), Path(result.report_html)
     assert png.parent == report.parent == tmp_path / "report"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -235,7 +236,7 @@ def test_scores_without_stderr_cannot_be_judged(tmp_path: Path) -> None:
     base, cand = runs(tmp_path)
     make_task(base, value=0.8, stderr=None, count=None)
     make_task(cand, value=0.8, stderr=None, count=None)
-    [row] = compare(base, cand, tmp_path, threshold=0.02).comparisons
+    [row] = compare(base, cand, tmp_path, max_drop=2).comparisons
     assert row.delta == 0.0 and row.delta_stderr is None and row.ci_low is None
     assert row.verdict == "inconclusive"
     assert math.isclose(row.baseline, 0.8)
@@ -246,5 +247,5 @@ def test_the_same_task_twice_in_a_run_is_compared_twice_not_overwritten(tmp_path
     for index, (b, c) in enumerate([(0.80, 0.79), (0.60, 0.50)]):
         make_task(base, "ns_gpqa", index, value=b, stderr=0.01)
         make_task(cand, "ns_gpqa", index, value=c, stderr=0.01)
-    rows = compare(base, cand, tmp_path, threshold=0.02).comparisons
+    rows = compare(base, cand, tmp_path, max_drop=2).comparisons
     assert [(row.task, round(row.delta, 4)) for row in rows] == [("ns_gpqa", -0.01), ("ns_gpqa (ns_gpqa.1)", -0.1)]

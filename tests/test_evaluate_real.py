@@ -3,9 +3,10 @@
 (CPU build) serving the embedded model and its llm-compressor variants and the real nel-next evaluating.
 Every verdict is checked against `nel compare` (nel-next's own) on the same run folders.
 
-Three vLLM starts in all (~50 s each): BF16 and int2 RTN for the first verdict, W8A8 for the second (the BF16
-run is reused from the ledger). Each call also gates the two runs under the demo's release policy (NVFP4-release
-shaped: critical, max_drop 0.015), and the release verdict is checked against the real `nel gate` on the same folders.
+Four vLLM starts in all (~50 s each): BF16 and int2 RTN for the first verdict, W8A8 for the second, and a BF16 copy
+with noise for weights whose canary fails (the BF16 run is reused from the ledger). The first call takes the user's
+rule (at most 1.5 points lost at 95%) and writes it as a `nel gate` policy; the others gate under the demo's release
+policy (the same rule, NVFP4-release shaped); each release verdict is checked against the real `nel gate`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from factories import noise_checkpoint
 from mcp import Client, StdioServerParameters
 from processes import running_with
 
@@ -79,7 +81,7 @@ def lossy(state) -> dict:
             return await client.call_tool("evaluate_quantization", {
                 "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"),
                 "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w2-rtn"),
-                "benchmarks": [str(BENCH)], "output_dir": str(Path(state["root"]) / "lossy"), "policy": state["policy"],
+                "benchmarks": [str(BENCH)], "output_dir": str(Path(state["root"]) / "lossy"), "max_drop": 1.5, "confidence": 0.95,
             }, progress_callback=on_progress)
 
     result = anyio.run(go)
@@ -109,14 +111,29 @@ def test_the_lossy_variant_is_a_regression_and_nel_compare_agrees(lossy):
     assert any("canary passed" in m for m in lossy["progress"]) and any("comparing" in m for m in lossy["progress"])
 
 
-def test_the_release_gate_says_no_go_as_nel_gate_does_and_a_rerun_exits_3(lossy, state):
+def test_the_users_rule_is_written_as_a_nel_gate_policy_and_nel_gate_on_it_says_no_go_too(lossy, state):
+    result = lossy["result"]
+    gate, policy = result["gate"], Path(result["policy_path"])
+    assert policy.parent == Path(result["report_markdown"]).parent  # next to the report
+    assert "max_drop: 0.015" in policy.read_text()  # nel gate's unit: a fraction of the 0-1 score
+    for rule in (policy, state["policy"]):  # the written rule, and the demo's hand-written policy saying the same
+        oracle = _nel_gate(result["baseline"]["run_dir"], result["candidate"]["run_dir"], rule)
+        assert gate["verdict"] == oracle["verdict"] == "NO-GO"
+        ((ours,), (theirs,)) = (gate["benchmarks"], oracle["benchmarks"])
+        assert (ours["status"], ours["tier"], ours["n_paired"]) == (theirs["status"], theirs["tier"], theirs["n_paired"]) == (
+            "BREACH", "critical", 1000)
+        assert ours["delta_ci_upper"] == pytest.approx(theirs["delta_ci_upper"], abs=1e-4) and ours["delta_ci_upper"] < -0.015
+    # one interval: the report's row, the gate's, and compare_results' on the same two runs
+    (row,) = result["comparisons"]
+    again = compare_results(CompareResultsInput(baseline=result["baseline"]["run_dir"], candidate=result["candidate"]["run_dir"],
+                                                max_drop=1.5, output_dir=str(Path(state["root"]) / "again")))
+    assert (row["ci_low"], row["ci_high"]) == (ours["delta_ci_lower"], ours["delta_ci_upper"]) == (
+        again.comparisons[0].ci_low, again.comparisons[0].ci_high)
+    assert f"[{100 * row['ci_low']:+.2f}, {100 * row['ci_high']:+.2f}]" in Path(result["report_markdown"]).read_text()
+
+
+def test_the_release_gate_under_a_policy_file_exits_3_on_a_rerun(lossy, state):
     gate = lossy["result"]["gate"]
-    oracle = _nel_gate(lossy["result"]["baseline"]["run_dir"], lossy["result"]["candidate"]["run_dir"], state["policy"])
-    assert gate["verdict"] == oracle["verdict"] == "NO-GO"
-    ((ours,), (theirs,)) = (gate["benchmarks"], oracle["benchmarks"])
-    assert (ours["status"], ours["tier"], ours["n_paired"]) == (theirs["status"], theirs["tier"], theirs["n_paired"]) == (
-        "BREACH", "critical", 1000)
-    assert ours["delta_ci_upper"] == pytest.approx(theirs["delta_ci_upper"], abs=1e-4) and ours["delta_ci_upper"] < -0.015
     assert json.loads(Path(gate["report_path"]).read_text())["verdict"] == "NO-GO"
     # the same question again from the CLI: both runs reused, nothing served, and the gate is the exit code
     done = subprocess.run(
@@ -126,6 +143,29 @@ def test_the_release_gate_says_no_go_as_nel_gate_does_and_a_rerun_exits_3(lossy,
     assert done.returncode == 3, done.stderr[-2000:]  # NO-GO
     assert "(reused)" in done.stdout and "release gate" in done.stdout and "verdict: NO-GO" in done.stdout
     assert "BREACH: tiny_add [critical]" in done.stdout
+
+
+def test_a_candidate_with_noise_for_weights_fails_its_canary_and_that_is_the_answer(lossy, state, tmp_path):
+    """The BF16 model with every linear weight replaced by noise: its canary fails where the baseline's passed with
+    the same max_tokens. That is the verdict, anomalous (exit 5), with its answers, not "raise max_tokens"."""
+    noise = noise_checkpoint(CHECKPOINTS / "tiny-add-bf16", tmp_path / "tiny-add-noise")
+    done = subprocess.run(
+        ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(noise), "--benchmarks", str(BENCH),
+         "--output-dir", str(Path(state["root"]) / "lossy"), "--max-drop", "1.5", "--json"],
+        capture_output=True, text=True, env=json.loads(state["env"]), timeout=900, check=False)
+    assert done.returncode == 5, (done.returncode, done.stderr[-3000:])
+    result = json.loads(done.stdout)
+    assert result["verdict"] == "anomalous" and result["baseline"]["reused"]
+    (why,) = result["reasons"]
+    assert "broken quantization or a serving bug" in why and "same settings (max_tokens 128" in why, why
+    assert len(result["responses"]) == 3 and any(r["response"] for r in result["responses"])
+    assert result["candidate"]["canary_record_id"] and result["candidate"]["full_run_record_id"] is None  # no full run
+    assert _processes_serving(noise) == []
+    text = subprocess.run(
+        ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(noise), "--benchmarks", str(BENCH),
+         "--output-dir", str(Path(state["root"]) / "lossy"), "--max-drop", "1.5"],
+        capture_output=True, text=True, env=json.loads(state["env"]), timeout=900, check=False)
+    assert text.returncode == 5 and "verdict: anomalous" in text.stdout and "candidate answer #" in text.stdout
 
 
 def test_a_broken_policy_is_refused_before_anything_is_served(state, tmp_path):

@@ -19,7 +19,8 @@ from next_runs import NEL, make_run, real_nel_run, write_policy
 from results_factory import binary_samples, make_invocation, make_task
 
 from quanteval.models import ToolError
-from quanteval.workflow.gate import GateResultsInput, gate_results, t_quantile_975
+from quanteval.workflow.gate import GateResultsInput, gate_results
+from quanteval.workflow.paired import t_quantile_975
 
 N_PROBLEMS = 40
 
@@ -45,12 +46,22 @@ COMPARED = ("benchmark", "tier", "status", "metric", "n_paired", "max_drop_thres
 NUMBERS = ("baseline_score", "candidate_score", "delta", "relative_drop_pct", "delta_ci_lower", "delta_ci_upper")
 
 
+def same_reasons(ours: list[str], theirs: list[str]) -> bool:
+    """nel gate's reasons, but for its action line ("re-run with more items, add repeats, ..."): ours says how many
+    problems would decide, and never repeats (they add nothing at temperature 0)."""
+    def kept(reasons: list[str]) -> list[str]:
+        return [r for r in reasons if not r.startswith("Action:")]
+
+    assert not any("repeats" in r for r in ours if r.startswith("Action:")), ours
+    return kept(ours) == kept(theirs) and any(r.startswith("Action:") for r in ours) == any(r.startswith("Action:") for r in theirs)
+
+
 def assert_same_as_nel_gate(baseline: Path, candidate: Path, policy: Path) -> dict:
     ours = gate_results(GateResultsInput(baseline=str(baseline), candidate=str(candidate), policy=str(policy)))
     theirs = nel_gate(baseline, candidate, policy)
     mine = ours.model_dump(mode="json")
     assert mine["verdict"] == theirs["verdict"]
-    assert mine["verdict_reasons"] == theirs["verdict_reasons"]
+    assert same_reasons(mine["verdict_reasons"], theirs["verdict_reasons"]), (mine["verdict_reasons"], theirs["verdict_reasons"])
     assert mine["missing"] == theirs["missing"]
     assert mine["warnings"] == theirs["warnings"]
     assert [b["benchmark"] for b in mine["benchmarks"]] == [b["benchmark"] for b in theirs["benchmarks"]]
@@ -288,12 +299,12 @@ def test_a_drop_made_of_requests_the_candidates_server_never_answered_is_not_a_q
     dead = run("dead", [0.0] * 6 + [1.0] * (N_PROBLEMS - 6), unanswered=6)  # 15 points: below the anomaly threshold
     worse = run("worse", [0.0] * 6 + [1.0] * (N_PROBLEMS - 6))
     for candidate, expected in ((dead, "inconclusive"), (worse, "not acceptable")):
-        result = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(candidate), threshold=0.05,
+        result = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(candidate), max_drop=2,
                                                      output_dir=str(tmp_path / f"report-{candidate.name}")))
         row = result.comparisons[0]
         assert row.nel_verdict == "BLOCK" and row.n_regressions == 6  # nel compare's own numbers are kept
         assert row.verdict == expected, row.why
-    dead_result = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(dead), threshold=0.05,
+    dead_result = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(dead), max_drop=2,
                                                       output_dir=str(tmp_path / "report-again")))
     assert "6 problem(s) in the candidate and 0 in the baseline" in dead_result.comparisons[0].why
     assert any("never answered" in reason for reason in dead_result.reasons)
@@ -345,7 +356,7 @@ def test_nel_026_runs_are_gated_as_nel_gate_gates_the_same_rewards(real_run, tmp
                                          candidate=str(_nel_run(tmp_path / "nel", "c0000001", cand_rewards)),
                                          policy=str(policy))).model_dump(mode="json")
     assert ours["verdict"] == oracle["verdict"] == verdict
-    assert ours["verdict_reasons"] == oracle["verdict_reasons"] and ours["missing"] == oracle["missing"]
+    assert same_reasons(ours["verdict_reasons"], oracle["verdict_reasons"]) and ours["missing"] == oracle["missing"]
     assert any("NEL 0.2.6" in w for w in ours["warnings"])
     assert [w for w in ours["warnings"] if "NEL 0.2.6" not in w] == oracle["warnings"]
     for our, their in zip(ours["benchmarks"], oracle["benchmarks"], strict=True):
@@ -407,3 +418,47 @@ def test_validate_run_says_which_checkpoint_a_nel_next_run_served_or_that_it_wen
     assert (right.tasks[0].loaded_checkpoint, right.tasks[0].served_checkpoint) == (str(served), str(served))
     wrong = validate_run(ValidateRunInput(run=str(run), expected_checkpoint=str(other)))
     assert wrong.verdict == "fail" and any(f"served {served}, not {other}" in reason for reason in wrong.reasons)
+
+
+def _widened(template: Path, folder: Path, problems: int) -> Path:
+    """The real run's folder with `problems` problems (its first row repeated under new problem ids)."""
+    shutil.copytree(template, folder)
+    first = json.loads((folder / "results.jsonl").read_text().splitlines()[0])
+    (folder / "results.jsonl").write_text("".join(json.dumps({**first, "problem_idx": i}) + "\n" for i in range(problems)))
+    return folder
+
+
+def test_one_interval_per_comparison_in_compare_results_gate_results_and_the_report(real_run, tmp_path):
+    """The issue's runs (200 problems, 4 flipped to wrong, 3 to right): compare_results said [-3.00, +2.00] points and
+    gate_results [-3.11, +2.11]. Now both (and evaluate_quantization, which calls them) give nel gate's interval,
+    also where problems carry categories (clustered SE), and the same advice."""
+    from quanteval.workflow.compare import CompareResultsInput, compare_results
+    from quanteval.workflow.gate import write_rule_policy
+
+    template = _widened(real_run, tmp_path / "template", 200)
+    base = [1.0] * 150 + [0.0] * 50
+    cand = [0.0] * 4 + [1.0] * 146 + [1.0] * 3 + [0.0] * 47
+    baseline = make_run(template, tmp_path / "base", {"tiny_add": base, "clustered": base}, categories={"clustered": 5})
+    candidate = make_run(template, tmp_path / "cand", {"tiny_add": cand, "clustered": cand}, categories={"clustered": 5})
+    for run in (baseline, candidate):
+        shutil.copy(real_run.parent / "checkpoint.json", run / "checkpoint.json")  # a run, as compare_results reads it
+    policy = write_rule_policy(tmp_path / "rule" / "nel-gate-policy.yaml", ["clustered", "tiny_add"], 2, 0.95)
+    gate = gate_results(GateResultsInput(baseline=str(baseline), candidate=str(candidate), policy=str(policy)))
+    compared = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(candidate), max_drop=2,
+                                                   output_dir=str(tmp_path / "report")))
+    oracle = nel_gate(baseline, candidate, policy)
+    rows = {row.task: row for row in compared.comparisons}
+    for ours, theirs in zip(gate.benchmarks, oracle["benchmarks"], strict=True):
+        row = rows[ours.benchmark]
+        assert (row.ci_low, row.ci_high) == (ours.delta_ci_lower, ours.delta_ci_upper), ours.benchmark
+        assert ours.delta_ci_lower == pytest.approx(theirs["delta_ci_lower"], abs=2e-6)
+        assert ours.delta_ci_upper == pytest.approx(theirs["delta_ci_upper"], abs=2e-6)
+        assert ours.status == theirs["status"]
+        assert row.verdict == {"PASS": "acceptable", "BREACH": "not acceptable", "INSUFFICIENT_EVIDENCE": "inconclusive"}[ours.status]
+        assert ours.advice is None if ours.status == "PASS" else ours.advice in row.why  # one piece of advice too
+    assert rows["tiny_add"].verdict == "inconclusive" and rows["clustered"].verdict == "acceptable"
+    assert (round(100 * rows["tiny_add"].ci_low, 2), round(100 * rows["tiny_add"].ci_high, 2)) == (-3.11, 2.11)
+    assert rows["clustered"].ci_low != rows["tiny_add"].ci_low  # the categories were used, in both tools
+    assert "[-3.11, +2.11]" in Path(compared.report_markdown).read_text()
+    assert gate.verdict == oracle["verdict"] == "INCONCLUSIVE"
+    assert any(r.startswith("Action: tiny_add: ~1221 paired problems would decide") for r in gate.verdict_reasons)

@@ -90,7 +90,7 @@ def test_two_runs_on_the_same_latest_image_are_not_provably_the_same_serving(tmp
     latest = DEPLOYMENT | {"type": "sglang", "image": "lmsysorg/sglang:latest", "extra_args": "--context-length 4096"}
     make_task(base, value=0.80, stderr=0.02, deployment=latest)
     make_task(cand, value=0.79, stderr=0.02, deployment=latest)
-    result = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), threshold=0.1,
+    result = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), max_drop=10,
                                                  output_dir=str(tmp_path / "report")))
     item = _serving_item(result)
     assert item.status == "unknown"
@@ -104,7 +104,7 @@ def test_two_runs_on_the_same_pinned_image_are_the_same_serving(tmp_path: Path) 
     cand = make_invocation(tmp_path / "fp8", "c0000003")
     make_task(base, value=0.80, stderr=0.02)  # vllm/vllm-openai:v0.11.0
     make_task(cand, value=0.79, stderr=0.02)
-    result = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), threshold=0.1,
+    result = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), max_drop=10,
                                                  output_dir=str(tmp_path / "report")))
     assert _serving_item(result).status == "same"
     assert result.comparability == "comparable"

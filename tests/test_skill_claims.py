@@ -223,9 +223,9 @@ def _literal_values(tool: str, field: str) -> list[str]:
     return values
 
 
-ACCEPTABILITY = _literal_values("compare_results", "acceptability")  # evaluate_quantization's verdict is compare's
+ACCEPTABILITY = _literal_values("evaluate_quantization", "verdict")  # compare's acceptability, and anomalous
 GATE_VERDICTS = _literal_values("gate_results", "verdict")
-SUSPECT = "suspect"
+SUSPECT, ANOMALOUS = "suspect", "anomalous"  # anomalous: the candidate's canary failed, so no run was gated
 
 
 def _evaluate_code(verdict: str, gate: str | None) -> int:
@@ -318,9 +318,11 @@ def _expected_codes(claim: ExitClaim, monkeypatch: pytest.MonkeyPatch) -> dict[s
         outcome = outcome.strip()
         if claim.command == "evaluate" and not claim.policy and outcome in ACCEPTABILITY:
             expected[outcome] = {_evaluate_code(outcome, None)}
+        elif claim.command == "evaluate" and claim.policy and outcome == ANOMALOUS:
+            expected[outcome] = {_evaluate_code(ANOMALOUS, None)}
         elif claim.command == "evaluate" and claim.policy and outcome in GATE_VERDICTS:
-            # the gate's verdict, the comparison's verdict being anything but suspect
-            expected[outcome] = {_evaluate_code(v, outcome) for v in ACCEPTABILITY if v != SUSPECT}
+            # the gate's verdict, the comparison's verdict being anything but suspect (or anomalous: no gate then)
+            expected[outcome] = {_evaluate_code(v, outcome) for v in ACCEPTABILITY if v not in (SUSPECT, ANOMALOUS)}
         elif claim.command == "evaluate" and claim.policy and (
             found := re.fullmatch(r"an? (\S+) over a suspect serving", outcome)
         ) and found.group(1) in GATE_VERDICTS:

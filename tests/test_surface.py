@@ -108,7 +108,7 @@ def test_cli_exit_codes(cli_env, argv, code, stderr_part):
 
 
 def test_cli_flags_that_mirror_a_tool_field_take_its_default_and_help():
-    """`quanteval evaluate --threshold` and friends: one default and one description, the input model's."""
+    """`quanteval evaluate --max-drop` and friends: one default and one description, the input model's."""
     from quanteval.faces.cli import build_parser
     from quanteval.workflow.evaluate import EvaluateQuantizationInput
     from quanteval.workflow.gate import GateResultsInput
@@ -117,14 +117,15 @@ def test_cli_flags_that_mirror_a_tool_field_take_its_default_and_help():
     args = parser.parse_args(["evaluate", "/a", "/b", "--benchmarks", "x.py,y.py"])
     fields = EvaluateQuantizationInput.model_fields
     assert args.benchmarks == ["x.py", "y.py"]
-    for name in ("threshold", "canary_problems"):
+    for name in ("max_drop", "confidence", "canary_problems"):
         assert getattr(args, name) == fields[name].default
     subcommands = parser._subparsers._group_actions[0].choices
     for command, model in (("evaluate", EvaluateQuantizationInput), ("gate", GateResultsInput)):
         text = " ".join(subcommands[command].format_help().split())
         for name in ("policy", "output_dir"):
             assert " ".join(model.model_fields[name].description.split()) in text, (command, name)
-    assert "Default: 0.05." in " ".join(subcommands["evaluate"].format_help().split())
+    evaluate = " ".join(subcommands["evaluate"].format_help().split())
+    assert "Default: 0.95." in evaluate and " ".join(fields["max_drop"].description.split()) in evaluate
 
 
 def test_cli_call_prints_only_json(cli_env):

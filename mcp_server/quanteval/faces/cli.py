@@ -22,9 +22,10 @@ from quanteval.models import ToolError
 from quanteval.stdio_guard import stdout_to_stderr
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
-# `quanteval evaluate` answers with its exit code too, for CI: 0 acceptable, 3 not acceptable, 4 inconclusive.
-# With --policy the release gate decides it: 0 GO, 3 NO-GO, 4 INCONCLUSIVE (and 4 for a GO over a suspect serving).
-EXIT_NOT_ACCEPTABLE, EXIT_INCONCLUSIVE = 3, 4
+# `quanteval evaluate` answers with its exit code too, for CI: 0 acceptable, 3 not acceptable, 4 inconclusive,
+# 5 anomalous (the candidate failed the canary its baseline passed). With --max-drop or --policy the release gate
+# decides it: 0 GO, 3 NO-GO, 4 INCONCLUSIVE (and 4 for a GO over a suspect serving).
+EXIT_NOT_ACCEPTABLE, EXIT_INCONCLUSIVE, EXIT_ANOMALOUS = 3, 4, 5
 # `quanteval gate` (tool gate_results), a release gate for CI, exits as `nel gate` does: 0 GO, 1 NO-GO, 2 INCONCLUSIVE.
 # A gate that cannot run exits 1 or 2 as well (message on stderr, nothing on stdout): a release never passes on an error.
 EXIT_GATE_NO_GO, EXIT_GATE_INCONCLUSIVE = 1, 2
@@ -191,6 +192,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def evaluation_exit_code(result: Any) -> int:
     # suspect (a drop too large to be quantization) is no verdict on the quantization either: 4, as inconclusive
+    if result.verdict == "anomalous":
+        return EXIT_ANOMALOUS
     if result.gate is not None:
         if result.gate.verdict == "NO-GO":
             return EXIT_NOT_ACCEPTABLE
@@ -205,14 +208,18 @@ def format_evaluation(result: Any) -> str:
              result.table_markdown, "",
              f"verdict: {result.verdict} (comparability: {result.comparability})"]
     lines += [f"  - {reason}" for reason in result.reasons[:8]]
+    lines += [f"  candidate answer #{r.problem_idx} (expected {r.expected}): {r.response!r}" for r in result.responses]
     for row in result.comparisons:
         for flip in row.regressed[:5]:
             lines.append(f"  regressed {row.task} #{flip.problem_idx}: expected {flip.expected}, "
                          f"baseline {flip.baseline_answer!r}, candidate {flip.candidate_answer!r}")
     if result.gate is not None:
         lines += ["", f"release gate ({result.gate.policy}):", format_gate(result.gate)]
-    lines += ["", f"report: {result.report_markdown}", f"        {result.report_html}",
-              "seconds: " + ", ".join(f"{stage} {value:g}" for stage, value in result.seconds.items())]
+    if result.report_markdown:
+        lines += ["", f"report: {result.report_markdown}", f"        {result.report_html}"]
+    if result.policy_path:
+        lines.append(f"policy: {result.policy_path} (nel gate's format: the rule as `nel gate --policy` reads it)")
+    lines.append("seconds: " + ", ".join(f"{stage} {value:g}" for stage, value in result.seconds.items()))
     return "\n".join(lines)
 
 
@@ -391,7 +398,7 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
     field_argument(parser, EvaluateQuantizationInput, "baseline_checkpoint", metavar="baseline")
     field_argument(parser, EvaluateQuantizationInput, "candidate_checkpoint", metavar="candidate")
-    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "threshold", "policy"):
+    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "max_drop", "confidence", "policy"):
         field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
@@ -436,8 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the whole question: how much accuracy did CANDIDATE lose against BASELINE? (serves, evaluates, compares)",
         description="Tool evaluate_quantization: serves each checkpoint with vLLM here, runs a canary then the full run "
         "of each benchmark with nel-next, validates both runs and compares them (delta, CI, McNemar p, flips, verdict). "
-        "Resumable: a second call reuses finished runs. Exit 0 acceptable, 3 not acceptable, 4 inconclusive or suspect; "
-        "with --policy the gate decides: 0 GO, 3 NO-GO, 4 INCONCLUSIVE.",
+        "Resumable: a second call reuses finished runs. Exit 0 acceptable, 3 not acceptable, 4 inconclusive or suspect, "
+        "5 anomalous (the candidate failed the canary its baseline passed: broken quantization or serving bug); "
+        "with --max-drop (points) or --policy the gate decides: 0 GO, 3 NO-GO, 4 INCONCLUSIVE.",
     ).set_defaults(func=cmd_evaluate)
     sub.add_parser(
         "gate", add_fields=_gate_arguments,

@@ -3,20 +3,17 @@
 First the comparability checklist from both runs' saved run configs, then per task the delta and
 its uncertainty:
 
-- unpaired: delta = c - b, se = sqrt(se_b^2 + se_c^2), 95% CI = delta +/- 1.96 se;
-- paired, when both runs kept per-sample outputs for the same samples and those reproduce the
-  headline scores: d_i = mean score of sample i in c minus in b, delta = mean(d_i),
-  se = sd(d_i) / sqrt(n), 95% CI from a paired bootstrap over samples with a fixed seed.
+- unpaired: delta = c - b, se = sqrt(se_b^2 + se_c^2), CI = delta +/- z se;
+- paired, when both runs kept per-problem results (nel-next's results.jsonl; NEL 0.2.6's per-sample outputs when
+  they reproduce the headline scores): paired.paired_interval, the same interval gate_results computes.
 
-Scores are compared as fractions (percent values are divided by 100), so the threshold is always
-"an absolute drop of 0.01 = one point". The table, a PNG chart and a self-contained HTML report
-are written to an output directory.
+The verdict is paired.decide's (nel gate's rule) against the user's max_drop, given in points; scores are compared
+as fractions (percent values are divided by 100). The table, a PNG chart and a self-contained HTML report are
+written to an output directory.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import re
@@ -44,11 +41,10 @@ from quanteval.engines.nel_next.results import next_run_dir, next_task_scores
 from quanteval.engines.runresults import ScoreValue, TaskScores
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.workflow import anomaly
+from quanteval.workflow import anomaly, paired
+from quanteval.workflow.comparison_report import next_table_markdown, render_chart, render_html, render_markdown, table_markdown
+from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
 
-Z95 = 1.959964  # two-sided 95% normal quantile
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 20240617  # fixed, so the same inputs give the same interval every time
 PAIRED_MATCH_TOLERANCE = 0.005  # per-sample means must reproduce the headline to within half a point
 PROMPT_KEYS = re.compile(r"prompt|template|system|few_?shot|chat", re.IGNORECASE)
 REASONING_KEYS = re.compile(r"reason|think", re.IGNORECASE)
@@ -64,10 +60,8 @@ class CompareResultsInput(StrictModel):
     candidate: str = Field(
         description="Run to judge (e.g. quantized), named like baseline."
     )
-    threshold: float | None = Field(
-        None, ge=0,
-        description="Largest acceptable drop, absolute fraction (0.01 = one point).",
-    )
+    max_drop: MaxDropPoints = None
+    confidence: Confidence = DEFAULT_CONFIDENCE
     output_dir: str | None = Field(
         None, description="For the chart and report; default under the state dir."
     )
@@ -105,7 +99,7 @@ class TaskComparison(BaseModel):
     candidate_stderr: float | None
     delta: float = Field(description="candidate - baseline, as a fraction.")
     delta_stderr: float | None
-    ci_low: float | None = Field(description="95% confidence interval of delta, low end.")
+    ci_low: float | None = Field(description="Confidence interval of delta (at the request's confidence), low end.")
     ci_high: float | None
     method: str = Field(description="How the interval was computed (unpaired from stderrs, or paired bootstrap over n samples).")
     verdict: Literal["acceptable", "not acceptable", "inconclusive", "suspect"]
@@ -116,7 +110,8 @@ class TaskComparison(BaseModel):
     n_paired: int | None = None
     n_regressions: int | None = Field(None, description="Problems right in the baseline, wrong in the candidate.")
     n_improvements: int | None = None
-    nel_verdict: str | None = Field(None, description="PASS / WARN / BLOCK / INCONCLUSIVE by nel compare's rule, with threshold as its --max-drop.")
+    nel_verdict: str | None = Field(None, description="PASS / WARN / BLOCK / INCONCLUSIVE by nel compare's rule (evidence; "
+                                    "max_drop as its --max-drop, else its default 5 points).")
     regressed: list[Flip] = Field(default_factory=list, description="First flips to wrong, with both answers.")
     improved: list[Flip] = Field(default_factory=list)
     anomaly: str | None = Field(None, description="Set when the drop (or the baseline) looks like a serving or kernel "
@@ -311,53 +306,42 @@ def _as_fraction(score: ScoreValue) -> tuple[float, float | None]:
     return score.value * factor, None if score.stderr is None else score.stderr * factor
 
 
-def paired_delta(baseline: dict[str, list[float]], candidate: dict[str, list[float]]) -> tuple[float, float, float, float, int] | None:
-    """(delta, se, ci_low, ci_high, n) over samples both runs scored; None when fewer than 2 are shared."""
-    import numpy as np
-
-    shared = sorted(set(baseline) & set(candidate))
-    if len(shared) < 2:
-        return None
-    differences = np.array([np.mean(candidate[i]) - np.mean(baseline[i]) for i in shared])
-    n = len(differences)
-    delta = float(differences.mean())
-    se = float(differences.std(ddof=1) / math.sqrt(n))
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    means = differences[rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return delta, se, float(low), float(high), n
+def margin(request: CompareResultsInput) -> float | None:
+    """The user's max_drop (points) as the fraction the statistics work on."""
+    return None if request.max_drop is None else request.max_drop / 100
 
 
-def judge(delta: float, low: float | None, high: float | None, threshold: float | None) -> tuple[str, str]:
-    if low is None or high is None:
-        return "inconclusive", "no standard error recorded for one of the scores, so no interval"
-    if threshold is None:
-        return "inconclusive", "no threshold given"
-    if low >= -threshold:
-        return "acceptable", f"the whole 95% CI [{low:+.4f}, {high:+.4f}] stays above -{threshold:g}"
-    if high < -threshold:
-        return "not acceptable", f"the whole 95% CI [{low:+.4f}, {high:+.4f}] lies below -{threshold:g}"
-    return "inconclusive", f"the 95% CI [{low:+.4f}, {high:+.4f}] straddles -{threshold:g}: more samples or repeats needed"
+def _verdict_and_advice(interval: paired.PairedInterval | None, low: float | None, high: float | None,
+                        request: CompareResultsInput) -> tuple[str, str]:
+    verdict, why = paired.decide(low, high, margin(request), request.confidence)
+    if verdict == "inconclusive" and interval is not None:
+        why += ". " + paired.advice(interval, margin(request))
+    return verdict, why
 
 
-def compare_task(task: str, base: ScoreValue, cand: ScoreValue, base_dir: Path, cand_dir: Path, threshold: float | None) -> TaskComparison:
+def compare_task(task: str, base: ScoreValue, cand: ScoreValue, base_dir: Path, cand_dir: Path,
+                 request: CompareResultsInput) -> TaskComparison:
     b, b_se = _as_fraction(base)
     c, c_se = _as_fraction(cand)
     delta = c - b
+    z = paired.normal_quantile(paired.two_sided(request.confidence))
     se = math.sqrt(b_se**2 + c_se**2) if b_se is not None and c_se is not None else None
-    low, high = (delta - Z95 * se, delta + Z95 * se) if se is not None else (None, None)
-    method = "unpaired: se = sqrt(se_b^2 + se_c^2), CI = delta +/- 1.96 se"
+    low, high = (delta - z * se, delta + z * se) if se is not None else (None, None)
+    method = f"unpaired: se = sqrt(se_b^2 + se_c^2), CI = delta +/- {z:.2f} se"
     base_samples, cand_samples = per_sample_scores(base_dir), per_sample_scores(cand_dir)
+    interval = None
     if base_samples and cand_samples:
-        paired = paired_delta(base_samples, cand_samples)
-        b_mean = sum(sum(v) / len(v) for v in base_samples.values()) / len(base_samples)
-        c_mean = sum(sum(v) / len(v) for v in cand_samples.values()) / len(cand_samples)
-        if paired and abs(b_mean - b) <= PAIRED_MATCH_TOLERANCE and abs(c_mean - c) <= PAIRED_MATCH_TOLERANCE:
-            delta, se, low, high, n = paired
-            method = f"paired bootstrap over {n} shared samples ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}); se = sd(d)/sqrt(n)"
+        base_means, cand_means = paired.problem_values(base_samples, "mean_reward"), paired.problem_values(cand_samples, "mean_reward")
+        interval = paired.paired_interval(base_means or {}, cand_means or {}, None, request.confidence)
+        b_mean, c_mean = sum(base_means.values()) / len(base_means), sum(cand_means.values()) / len(cand_means)
+        if interval and interval.n >= 2 and abs(b_mean - b) <= PAIRED_MATCH_TOLERANCE and abs(c_mean - c) <= PAIRED_MATCH_TOLERANCE:
+            delta, low, high = interval.delta, interval.low, interval.high
+            se = interval.spread * math.sqrt(interval.n / (interval.n - 1)) / math.sqrt(interval.n)
+            method = f"paired over {interval.n} shared samples: Student t on the per-sample deltas (as nel gate)"
         else:
+            interval = None
             method += " (per-sample outputs present but they do not reproduce both headline scores, so not paired)"
-    verdict, why = judge(delta, low, high, threshold)
+    verdict, why = _verdict_and_advice(interval, low, high, request)
     return TaskComparison(
         task=task, metric=base.metric, score=base.score, scale=base.scale, baseline=b, candidate=c,
         baseline_stderr=b_se, candidate_stderr=c_se, delta=delta, delta_stderr=se, ci_low=low, ci_high=high,
@@ -371,122 +355,6 @@ def _pairs(base: TaskScores, cand: TaskScores) -> list[tuple[ScoreValue, ScoreVa
         return [(base.headline, cand.headline)]
     cand_by_path = {s.path: s for s in cand.scores}
     return [(s, cand_by_path[s.path]) for s in base.scores if s.path in cand_by_path][:20]
-
-
-# ---------------------------------------------------------------------------------------------
-# Table, chart, report
-# ---------------------------------------------------------------------------------------------
-
-
-def _points(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f}"
-
-
-def table_markdown(rows: list[TaskComparison]) -> str:
-    lines = [
-        "| task | metric | baseline | candidate | delta (pts) | 95% CI (pts) | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        base = f"{_points(r.baseline)} ± {_points(r.baseline_stderr)}"
-        cand = f"{_points(r.candidate)} ± {_points(r.candidate_stderr)}"
-        ci = "n/a" if r.ci_low is None else f"[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]"
-        lines.append(f"| {r.task} | {r.metric}.{r.score} | {base} | {cand} | {100 * r.delta:+.2f} | {ci} | {r.verdict} |")
-    return "\n".join(lines)
-
-
-def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path) -> None:
-    """Left: both runs' scores with 95% error bars. Right: deltas with 95% CIs, zero and -threshold lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    labels = [r.task if r.score == r.metric else f"{r.task}\n{r.metric}.{r.score}" for r in rows]
-    y = np.arange(len(rows))
-    height = max(2.8, 0.7 * len(rows) + 1.6)
-    fig, (scores_ax, delta_ax) = plt.subplots(1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [3, 2]}, sharey=True)
-
-    def err(values: list[float | None]) -> list[float]:
-        # NaN draws no error bar at all: a zero-width bar would claim a precision nobody measured
-        return [math.nan if v is None else 100 * Z95 * v for v in values]
-
-    bar = 0.38
-    scores_ax.barh(y - bar / 2, [100 * r.baseline for r in rows], bar, xerr=err([r.baseline_stderr for r in rows]),
-                   label="baseline", color="#4c72b0", capsize=4)
-    scores_ax.barh(y + bar / 2, [100 * r.candidate for r in rows], bar, xerr=err([r.candidate_stderr for r in rows]),
-                   label="candidate", color="#dd8452", capsize=4)
-    for row, pos in zip(rows, y, strict=True):
-        for value, stderr, offset in ((row.baseline, row.baseline_stderr, -bar / 2), (row.candidate, row.candidate_stderr, bar / 2)):
-            # the label sits past the error bar so the two never overlap
-            scores_ax.text(100 * value + (0 if stderr is None else err([stderr])[0]) + 1, pos + offset, f"{100 * value:.1f}", va="center", fontsize=8)
-    scores_ax.set_yticks(y, labels)
-    scores_ax.invert_yaxis()
-    scores_ax.set_xlim(0, max(100.0, max(100 * max(r.baseline, r.candidate) for r in rows)) * 1.12)
-    scores_ax.set_xlabel("score (points, 0-100) with 95% error bars")
-    scores_ax.set_title("Scores", loc="left")
-    scores_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
-    scores_ax.grid(axis="x", alpha=0.3)
-
-    colours = {"acceptable": "#55a868", "not acceptable": "#c44e52", "inconclusive": "#8c8c8c", "suspect": "#dd8452"}
-    for row, pos in zip(rows, y, strict=True):
-        lower = None if row.ci_low is None else 100 * (row.delta - row.ci_low)
-        upper = None if row.ci_high is None else 100 * (row.ci_high - row.delta)
-        xerr = None if lower is None else [[lower], [upper]]
-        delta_ax.errorbar([100 * row.delta], [pos], xerr=xerr, fmt="o", color=colours[row.verdict], capsize=5, markersize=7)
-        note = ", paired" if row.method.startswith("paired") else ", no stderr: no CI" if row.ci_low is None else ""
-        delta_ax.annotate(f"{100 * row.delta:+.2f} ({row.verdict}{note})", (100 * row.delta, pos), textcoords="offset points",
-                          xytext=(0, 9), ha="center", fontsize=8, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
-    delta_ax.axvline(0, color="black", linewidth=0.8)
-    if threshold is not None:
-        delta_ax.axvline(-100 * threshold, color="#c44e52", linestyle="--", linewidth=1, label=f"-threshold ({-100 * threshold:.2f})")
-        delta_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    span = [abs(100 * v) for r in rows for v in (r.delta, r.ci_low, r.ci_high) if v is not None]
-    limit = max(span + [100 * threshold if threshold else 0.5]) * 1.6
-    delta_ax.set_xlim(-limit, limit)
-    delta_ax.set_ylim(len(rows) - 0.5, -0.5)
-    delta_ax.set_xlabel("candidate - baseline (points) with 95% CI")
-    delta_ax.set_title("Delta", loc="left")
-    delta_ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def render_html(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
-    image = ""
-    if png is not None:
-        image = f'<img alt="scores and deltas" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}">'
-    rows = "".join(
-        f"<tr><td>{html.escape(r.task)}</td><td>{html.escape(r.metric)}.{html.escape(r.score)}</td>"
-        f"<td>{_points(r.baseline)} ± {_points(r.baseline_stderr)}</td><td>{_points(r.candidate)} ± {_points(r.candidate_stderr)}</td>"
-        f"<td>{100 * r.delta:+.2f}</td><td>{'n/a' if r.ci_low is None else f'[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]'}</td>"
-        f"<td>{html.escape(r.verdict)}</td><td>{html.escape(r.method)}</td></tr>"
-        for r in output.comparisons
-    )
-    checks = "".join(
-        f"<tr class='{c.status}'><td>{html.escape(c.task)}</td><td>{c.item}</td><td>{c.status}</td>"
-        f"<td><code>{html.escape(c.baseline)}</code></td><td><code>{html.escape(c.candidate)}</code></td></tr>"
-        for c in output.checklist
-    )
-    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in output.reasons)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>quanteval comparison</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}tr.different{{background:#fde2e2}}
-tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</style></head><body>
-<h1>Baseline vs candidate</h1>
-<p>baseline: <code>{html.escape(baseline)}</code><br>candidate: <code>{html.escape(candidate)}</code></p>
-<p><b>Comparability:</b> {output.comparability} &nbsp; <b>Acceptability:</b> {output.acceptability}</p>
-<ul>{reasons}</ul>
-{image}
-<h2>Scores (points, ± standard error)</h2>
-<table><tr><th>task</th><th>metric</th><th>baseline</th><th>candidate</th><th>delta</th><th>95% CI</th><th>verdict</th><th>method</th></tr>{rows}</table>
-<h2>Comparability checklist</h2>
-<table><tr><th>task</th><th>item</th><th>status</th><th>baseline</th><th>candidate</th></tr>{checks}</table>
-</body></html>
-"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,8 +383,9 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
 
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Use once both runs passed validate_run: checks they are comparable, then per-task deltas with 95% CI, verdicts, a
-    chart and a report.
+    """Use once both runs passed validate_run: checks they are comparable, then per-task deltas with their paired CI
+    (gate_results' interval), a verdict against max_drop (points), how many problems would decide an inconclusive one,
+    a chart and a report.
     """
     progress(0, 3, "reading both runs")
     base_next, cand_next = next_run_dir(request.baseline), next_run_dir(request.candidate)
@@ -545,7 +414,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
             if base.scale != cand.scale:
                 reasons.append(f"{task}: {base.metric}.{base.score} is {base.scale} in the baseline and {cand.scale} in the candidate; not compared.")
                 continue
-            rows.append(compare_task(task, base, cand, base_dir, cand_dir, request.threshold))
+            rows.append(compare_task(task, base, cand, base_dir, cand_dir, request))
     progress(1, 3, "statistics done")
     _flag_anomalies(rows, request, None)
 
@@ -557,7 +426,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     output_dir = _output_dir(request)
     png = output_dir / "comparison.png" if rows else None
     if png is not None:
-        render_chart(rows, request.threshold, png)
+        render_chart(rows, margin(request), png)
     progress(2, 3, "chart written")
     output = CompareResultsOutput(
         comparability=comparability, acceptability=acceptability, reasons=reasons, checklist=items, comparisons=rows,
@@ -585,9 +454,6 @@ def _acceptability(comparability: str, rows: list[TaskComparison], reasons: list
 # nel-next runs: paired per problem, as nel compare pairs them
 # ---------------------------------------------------------------------------------------------
 
-ACCEPTABILITY_OF_NEL_VERDICT = {"PASS": "acceptable", "WARN": "acceptable", "BLOCK": "not acceptable", "INCONCLUSIVE": "inconclusive"}
-
-
 def _next_facets(bundle: Any, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
     from quanteval.engines.nel_next import nelnext
 
@@ -614,10 +480,57 @@ def _next_facets(bundle: Any, run_dir: Path, checkpoint: str | None) -> dict[str
     }
 
 
+def _next_interval(base: Any, cand: Any, confidence: float) -> paired.PairedInterval | None:
+    """The paired interval gate_results computes for this benchmark (pass@1 per problem, clustered by category)."""
+    from quanteval.engines.nel_next import nextresults
+
+    base_records, cand_records = nextresults.paired_records(base.directory), nextresults.paired_records(cand.directory)
+    base_values = paired.problem_values(nextresults.per_problem_rewards(base_records), nextresults.PRIMARY_METRIC)
+    cand_values = paired.problem_values(nextresults.per_problem_rewards(cand_records), nextresults.PRIMARY_METRIC)
+    return paired.paired_interval(base_values or {}, cand_values or {},
+                                  lambda shared: paired.category_clusters(base_records, shared), confidence)
+
+
+def _next_row(name: str, base: Any, cand: Any, request: CompareResultsInput, nel_max_drop: float,
+              reasons: list[str]) -> TaskComparison:
+    """One benchmark of two nel-next runs: the shared interval and rule decide; nel compare's test is evidence."""
+    from quanteval.engines.nel_next import nextresults
+
+    evidence = nextresults.compare_bundles(base, cand, nel_max_drop)
+    interval = _next_interval(base, cand, request.confidence)
+    base_score, cand_score = next_task_scores(base).headline, next_task_scores(cand).headline
+    low, high = (interval.low, interval.high) if interval else (None, None)
+    verdict, why = _verdict_and_advice(interval, low, high, request)
+    why += f"; nel compare: {evidence.verdict} ({evidence.test} p={evidence.p_value:.3g})" if evidence.p_value is not None else ""
+    # nel compare counts an unanswered request as a wrong answer; a serving failure is not a quantization loss.
+    lost_base, lost_cand = evidence.unanswered_baseline, evidence.unanswered_candidate
+    if lost_base or lost_cand:
+        only_cand = len(lost_cand - lost_base)
+        why += (f"; {len(lost_cand)} problem(s) in the candidate and {len(lost_base)} in the baseline had requests that got "
+                "no answer (infra_error), counted as wrong: resume_run re-runs them (nel-next retries infra errors on resume)")
+        if verdict == "not acceptable" and only_cand:
+            verdict = "inconclusive"
+            reasons.append(f"{name}: the drop includes {only_cand} problem(s) the candidate's server never answered; "
+                           "inconclusive until they are re-run (resume_run), as a serving failure is not a quantization loss.")
+    level = f"{100 * request.confidence:g}%"
+    return TaskComparison(
+        task=name, metric=evidence.metric, score="value", scale="fraction",
+        baseline=interval.baseline if interval else evidence.baseline_score,
+        candidate=interval.candidate if interval else evidence.candidate_score,
+        baseline_stderr=base_score.stderr if base_score else None, candidate_stderr=cand_score.stderr if cand_score else None,
+        delta=interval.delta if interval else evidence.delta, delta_stderr=None, ci_low=low, ci_high=high,
+        method=f"paired per problem over {evidence.n_paired} problems: {level} CI by Student t on the per-problem deltas "
+               f"(as nel gate); {evidence.test} exact test as nel compare",
+        verdict=verdict, why=why, test=evidence.test, p_value=evidence.p_value,
+        n_paired=evidence.n_paired, n_regressions=evidence.n_regressions, n_improvements=evidence.n_improvements,
+        nel_verdict=evidence.verdict,
+        regressed=[_flip(f) for f in evidence.regressed], improved=[_flip(f) for f in evidence.improved])
+
+
 def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, progress: ProgressFn) -> CompareResultsOutput:
     from quanteval.engines.nel_next import nextresults
 
-    threshold = nextresults.DEFAULT_MAX_DROP if request.threshold is None else request.threshold
+    nel_max_drop = nextresults.DEFAULT_MAX_DROP if request.max_drop is None else margin(request)
     base_bundles, cand_bundles = nextresults.bundles(base_dir), nextresults.bundles(cand_dir)
     reasons: list[str] = []
     items: list[ChecklistItem] = []
@@ -629,31 +542,7 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
         base, cand = base_bundles[name], cand_bundles[name]
         items += checklist(name, _next_facets(base, base_dir, request.baseline_checkpoint),
                            _next_facets(cand, cand_dir, request.candidate_checkpoint))
-        paired = nextresults.compare_bundles(base, cand, threshold)
-        base_score, cand_score = next_task_scores(base).headline, next_task_scores(cand).headline
-        why = "; ".join(paired.reasons)
-        verdict = ACCEPTABILITY_OF_NEL_VERDICT[paired.verdict]
-        # nel compare counts an unanswered request as a wrong answer; a serving failure is not a quantization loss.
-        lost_base, lost_cand = paired.unanswered_baseline, paired.unanswered_candidate
-        if lost_base or lost_cand:
-            only_cand = len(lost_cand - lost_base)
-            why += (f"; {len(lost_cand)} problem(s) in the candidate and {len(lost_base)} in the baseline had requests that got "
-                    "no answer (infra_error), counted as wrong: resume_run re-runs them (nel-next retries infra errors on resume)")
-            if verdict == "not acceptable" and only_cand:
-                verdict = "inconclusive"
-                reasons.append(f"{name}: the drop includes {only_cand} problem(s) the candidate's server never answered; "
-                               "inconclusive until they are re-run (resume_run), as a serving failure is not a quantization loss.")
-        rows.append(TaskComparison(
-            task=name, metric=paired.metric, score="value", scale="fraction", baseline=paired.baseline_score,
-            candidate=paired.candidate_score, baseline_stderr=base_score.stderr if base_score else None,
-            candidate_stderr=cand_score.stderr if cand_score else None, delta=paired.delta, delta_stderr=None,
-            ci_low=paired.ci_low, ci_high=paired.ci_high,
-            method=f"paired per problem over {paired.n_paired} problems: {paired.test} exact test; 95% CI by paired bootstrap "
-                   f"({nextresults.BOOTSTRAP_RESAMPLES} resamples, seed 0)",
-            verdict=verdict, why=why, test=paired.test, p_value=paired.p_value,
-            n_paired=paired.n_paired, n_regressions=paired.n_regressions, n_improvements=paired.n_improvements,
-            nel_verdict=paired.verdict,
-            regressed=[_flip(f) for f in paired.regressed], improved=[_flip(f) for f in paired.improved]))
+        rows.append(_next_row(name, base, cand, request, nel_max_drop, reasons))
     progress(1, 3, "statistics done")
     _flag_anomalies(rows, request, cand_dir)
     comparability, why_not = comparability_verdict(items)
@@ -663,7 +552,7 @@ def _compare_next(request: CompareResultsInput, base_dir: Path, cand_dir: Path, 
     output_dir = _output_dir(request)
     png = output_dir / "comparison.png" if rows else None
     if png is not None:
-        render_chart(rows, threshold, png)
+        render_chart(rows, margin(request), png)
     progress(2, 3, "chart written")
     output = CompareResultsOutput(comparability=comparability, acceptability=acceptability, reasons=reasons, checklist=items,
                                   comparisons=rows, table_markdown=next_table_markdown(rows), chart_png=str(png) if png else None,
@@ -705,31 +594,6 @@ def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, ca
 def _flip(flip: Any) -> Flip:
     return Flip(problem_idx=flip.problem_idx, expected=flip.expected_answer, baseline_answer=flip.baseline_answer,
                 candidate_answer=flip.candidate_answer)
-
-
-def next_table_markdown(rows: list[TaskComparison]) -> str:
-    lines = ["| benchmark | baseline | candidate | delta (pts) | 95% CI (pts) | p (one-sided) | flips -/+ | nel verdict |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        ci = "n/a" if r.ci_low is None else f"[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]"
-        p = "n/a" if r.p_value is None else f"{r.p_value:.2g}"
-        lines.append(f"| {r.task} | {_points(r.baseline)} | {_points(r.candidate)} | {100 * r.delta:+.2f} | {ci} | {p} "
-                     f"| {r.n_regressions}/{r.n_improvements} | {r.nel_verdict} |")
-    return "\n".join(lines)
-
-
-def render_markdown(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
-    flips = []
-    for r in output.comparisons:
-        for label, entries in (("regressed", r.regressed), ("improved", r.improved)):
-            if entries:
-                flips.append(f"\n**{r.task}: {label}** (first {len(entries)})\n\n| problem | expected | baseline | candidate |\n|---|---|---|---|")
-                flips += [f"| {f.problem_idx} | {f.expected} | {f.baseline_answer} | {f.candidate_answer} |" for f in entries]
-    chart = f"\n![scores and deltas]({png.name})\n" if png else ""
-    reasons = "\n".join(f"- {reason}" for reason in output.reasons)
-    return (f"# Baseline vs candidate\n\nbaseline: `{baseline}`  \ncandidate: `{candidate}`\n\n"
-            f"**Comparability:** {output.comparability} — **Acceptability:** {output.acceptability}\n\n{reasons}\n{chart}\n"
-            f"{output.table_markdown}\n" + "\n".join(flips) + "\n")
 
 
 def _output_dir(request: CompareResultsInput) -> Path:

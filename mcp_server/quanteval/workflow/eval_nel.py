@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from quanteval.engines.nel import runtree as nel_results
+from quanteval.engines.nel import runtree
 from quanteval.engines.nel.catalogue import catalogue
 from quanteval.models import ToolError
 from quanteval.workflow.evalbackend import (
@@ -118,13 +118,13 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
 def _scores(output_dir: Path, wait_s: float) -> tuple[dict[str, Any], int | None]:
     """Scores of one NEL output dir as {metric: {score: value}}, read by quanteval.workflow.results."""
     deadline = time.monotonic() + wait_s
-    while not any(output_dir.glob(f"**/artifacts/{nel_results.RESULTS_FILE}")) and time.monotonic() < deadline:
+    while not any(output_dir.glob(f"**/artifacts/{runtree.RESULTS_FILE}")) and time.monotonic() < deadline:
         time.sleep(2)  # NEL's executors return at submission; results.yml comes later
     try:
-        tree = nel_results.locate_run(str(output_dir))
+        tree = runtree.locate_run(str(output_dir))
     except ToolError:
         tree = None
-    found = [nel_results.task_scores(tree, task_dir) for task_dir in tree.task_dirs] if tree else []
+    found = [runtree.task_scores(tree, task_dir) for task_dir in tree.task_dirs] if tree else []
     scores = [score for task in found for score in task.scores]
     if not scores:
         problems = "; ".join(task.problem for task in found if task.problem)

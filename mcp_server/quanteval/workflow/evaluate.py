@@ -4,8 +4,12 @@ It runs the workflow's own tools in the skill's order, for the baseline and then
 plan_deployment (refuses what the framework cannot serve here) -> launch_deployment -> deployment_status (ready, what
 is really served) -> build_config (nel-next, the served endpoint) -> set_config_value -> validate_config -> dry_run ->
 launch_canary -> wait_for_run -> validate_run -> launch_full_run (gated by that canary) -> wait_for_run ->
-validate_run -> stop_deployment; then compare_results on the two full runs and, given a `nel gate` policy,
-gate_results on them: the release verdict (GO / NO-GO / INCONCLUSIVE) with the reason per benchmark.
+validate_run -> stop_deployment; then compare_results on the two full runs and gate_results on them, under the
+user's rule (max_drop in points at a confidence: the `nel gate` policy for it is written next to the report) or a
+given `nel gate` policy: the release verdict (GO / NO-GO / INCONCLUSIVE) with the reason per benchmark.
+
+A candidate whose canary fails where the baseline's passed with the same settings is the answer, not a config fix:
+ANOMALOUS (a broken quantization or a serving bug), with a few of its responses.
 
 Resumable: every finished full run is a ledger record carrying its evaluation key (checkpoint contents, benchmarks,
 limits), so a second call reuses what finished — the baseline of one candidate is the baseline of the next.
@@ -35,9 +39,14 @@ from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 from quanteval.workflow import compare, nelconfig, results, runs, validation
-from quanteval.workflow.gate import GateResultsInput, GateResultsOutput, gate_results, load_policy
+from quanteval.workflow.gate import GateResultsInput, GateResultsOutput, gate_results, load_policy, write_rule_policy
+from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
 
 Role = Literal["baseline", "candidate"]
+Verdict = Literal["acceptable", "not acceptable", "inconclusive", "suspect", "anomalous"]
+VERDICT_OF_GATE = {"GO": "acceptable", "NO-GO": "not acceptable", "INCONCLUSIVE": "inconclusive"}
+POLICY_NAME = "nel-gate-policy.yaml"
+RESPONSES_SHOWN = 3
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
 DEFAULT_MAX_TOKENS = 1024
 STEPS_PER_CHECKPOINT = 8
@@ -57,9 +66,10 @@ class EvaluateQuantizationInput(StrictModel):
     canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
-    threshold: float = Field(0.05, ge=0, le=1, description="Largest acceptable drop (0.05 = 5 points).")
+    max_drop: MaxDropPoints = None
+    confidence: Confidence = DEFAULT_CONFIDENCE
     policy: str | None = Field(None, description=(
-        "A `nel gate --policy` YAML: also gate the two full runs, as gate_results does. Checked before serving."))
+        "Instead of max_drop: a `nel gate --policy` YAML (tiers per benchmark) to gate the runs. Checked before serving."))
     startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to become ready.")
     run_timeout_s: float = Field(3600, gt=0, description="Seconds one canary or full run may take.")
 
@@ -73,13 +83,21 @@ class CheckpointEvaluation(BaseModel):
     served_context: int | None = Field(None, description="max_model_len the server reported.")
     config_path: str | None = None
     canary_record_id: str | None = None
-    full_run_record_id: str
-    run_dir: str
+    full_run_record_id: str | None = Field(None, description="None when the candidate's canary failed (verdict anomalous).")
+    run_dir: str | None = None
     seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per stage: serve, config, canary, full_run.")
 
 
+class Response(BaseModel):
+    problem_idx: int | None
+    expected: str | None
+    response: str | None = Field(description="The model's answer, at most 300 characters.")
+
+
 class EvaluateQuantizationOutput(BaseModel):
-    verdict: str = Field(description="compare_results' acceptability: acceptable / not acceptable / inconclusive / suspect (check the serving).")
+    verdict: Verdict = Field(description="By the gate under max_drop (or policy); without either, compare_results' "
+                             "acceptability. suspect: check the serving; anomalous: the candidate failed the canary "
+                             "its baseline passed (broken quantization or serving bug).")
     comparability: str
     table_markdown: str
     comparisons: list[compare.TaskComparison]
@@ -89,7 +107,10 @@ class EvaluateQuantizationOutput(BaseModel):
     report_html: str | None
     report_markdown: str | None
     chart_png: str | None
-    gate: GateResultsOutput | None = Field(None, description="gate_results on the two full runs under the given policy.")
+    gate: GateResultsOutput | None = Field(None, description="gate_results on the two full runs under the rule or policy.")
+    policy_path: str | None = Field(None, description=f"The `nel gate` policy ({POLICY_NAME}) that states max_drop, "
+                                    "written next to the report: `nel gate --policy` on it agrees (at 95%).")
+    responses: list[Response] = Field(default_factory=list, description="anomalous: a few of the candidate canary's answers.")
     seconds: dict[str, float] = Field(description="Wall time per stage across both checkpoints, and in total.")
 
 
@@ -153,6 +174,23 @@ def _require_pass(record: ledger.Record, what: str) -> None:
     report = results.validate_run(ValidateRunInput(run=record.id))
     if report.verdict != "pass":
         raise ToolError(f"{what} {record.id} did not pass validate_run ({report.verdict}): {'; '.join(report.reasons[:3])}")
+
+
+class CanaryFailed(ToolError):
+    """A canary that ran and failed validate_run: for the candidate, the answer when the baseline's passed."""
+
+    def __init__(self, message: str, record: ledger.Record, config_path: str):
+        super().__init__(message)
+        self.record, self.config_path = record, config_path
+
+
+def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> None:
+    try:
+        _require_pass(record, what)
+    except ToolError as exc:
+        if record.status in ("succeeded", "failed"):  # it ran to its end: not killed, timed out or cancelled
+            raise CanaryFailed(str(exc), record, config_path) from None
+        raise
 
 
 def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[deploy.LaunchDeploymentResult, dict]:
@@ -239,7 +277,7 @@ def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInpu
         canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config_path, limit_samples=request.canary_problems))
         active = canary.record_id
         finished = _wait(canary.record_id, request.run_timeout_s, f"{role} canary", progress, offset + 3, total)
-        _require_pass(finished, f"{role} canary")
+        _require_canary_pass(finished, f"{role} canary", config_path)
         seconds["canary"] = time.monotonic() - mark
         progress(offset + 4, total, f"{role}: canary passed, launching the full run")
         mark = time.monotonic()
@@ -280,8 +318,9 @@ def _cancel(record_id: str) -> None:
 
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
     """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
-    canary and full run, validates and compares them (verdict, CI, flips, report); with a `nel gate` policy, also the
-    release gate. Resumable; takes minutes.
+    canary and full run, validates and compares them (CI, flips, report) and judges the rule: max_drop points at
+    confidence, gated as nel gate gates it (the policy is written next to the report), or a `nel gate` policy.
+    ANOMALOUS when the candidate fails the canary its baseline passed. Resumable; takes minutes.
     """
     if not executors.is_this_machine(request.host):
         raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "
@@ -292,6 +331,9 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
         if name.endswith(".py") and not Path(name).expanduser().is_file():
             raise ToolError(f"benchmarks: {name}: no such BYOB file.")
     # what would fail or measure nothing is refused now, not after minutes of serving
+    if request.policy and request.max_drop is not None:
+        raise ToolError("max_drop and policy both given: give max_drop (points, with confidence) for one rule on every "
+                        "benchmark, or a `nel gate` policy for tiers per benchmark, not both.")
     if request.policy:
         load_policy(Path(request.policy).expanduser())
     if refused := [p for p in next_config.skills_benchmark_problems([{"name": name} for name in request.benchmarks])
@@ -305,21 +347,71 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
         raise ToolError(f"output_dir: cannot create {root} ({exc.strerror}). Choose a writable directory.") from None
     started = time.monotonic()
     baseline = _evaluate_one("baseline", request.baseline_checkpoint, request, root, progress, 0)
-    candidate = _evaluate_one("candidate", request.candidate_checkpoint, request, root, progress, STEPS_PER_CHECKPOINT)
+    try:
+        candidate = _evaluate_one("candidate", request.candidate_checkpoint, request, root, progress, STEPS_PER_CHECKPOINT)
+    except CanaryFailed as failed:
+        return _anomalous(baseline, failed, request, started)
     progress(2 * STEPS_PER_CHECKPOINT, 2 * STEPS_PER_CHECKPOINT + 1, "comparing")
     mark = time.monotonic()
-    report_dir = root / f"compare-{Path(baseline.run_dir).parent.parent.name}-vs-{Path(candidate.run_dir).parent.parent.name}"
+    report_dir = root / f"compare-{Path(baseline.run_dir or '').parent.parent.name}-vs-{Path(candidate.run_dir or '').parent.parent.name}"
     compared = compare.compare_results(compare.CompareResultsInput(
-        baseline=baseline.full_run_record_id, candidate=candidate.full_run_record_id, threshold=request.threshold,
-        output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint, candidate_checkpoint=candidate.checkpoint))
+        baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", max_drop=request.max_drop,
+        confidence=request.confidence, output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint,
+        candidate_checkpoint=candidate.checkpoint))
+    policy_path = request.policy
+    if request.max_drop is not None:
+        policy_path = str(write_rule_policy(report_dir / POLICY_NAME, [row.task for row in compared.comparisons],
+                                            request.max_drop, request.confidence))
     gated = gate_results(GateResultsInput(
-        baseline=baseline.full_run_record_id, candidate=candidate.full_run_record_id, policy=request.policy,
-        output_dir=str(report_dir))) if request.policy else None
+        baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", policy=policy_path,
+        output_dir=str(report_dir)), request.confidence) if policy_path else None
     seconds = {stage: round(baseline.seconds.get(stage, 0) + candidate.seconds.get(stage, 0), 1)
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
     seconds["total"] = round(time.monotonic() - started, 1)
     return EvaluateQuantizationOutput(
-        verdict=compared.acceptability, comparability=compared.comparability, table_markdown=compared.table_markdown,
+        verdict=_verdict(compared, gated), comparability=compared.comparability, table_markdown=compared.table_markdown,
         comparisons=compared.comparisons, reasons=compared.reasons, baseline=baseline, candidate=candidate,
-        report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, gate=gated, seconds=seconds)
+        report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, gate=gated,
+        policy_path=str(policy_path) if request.max_drop is not None else None, seconds=seconds)
+
+
+def _verdict(compared: compare.CompareResultsOutput, gated: GateResultsOutput | None) -> Verdict:
+    """The gate decides under the rule; a suspect serving or runs not known comparable keep compare's verdict."""
+    if gated is None or compared.acceptability == "suspect" or compared.comparability != "comparable":
+        return compared.acceptability
+    return VERDICT_OF_GATE[gated.verdict]  # type: ignore[return-value]
+
+
+def _max_tokens(config_path: str | None) -> Any:
+    config = results.load_yaml(Path(config_path)) if config_path else None
+    return (((config or {}).get("services") or {}).get("model") or {}).get("generation", {}).get("max_tokens")
+
+
+def _canary_responses(run_dir: Path) -> list[Response]:
+    shown: list[Response] = []
+    for bundle in nextresults.bundles(run_dir).values():
+        for (problem, _repeat), record in sorted(nextresults.paired_records(bundle.directory).items())[:RESPONSES_SHOWN]:
+            text = record.get("model_response")
+            shown.append(Response(problem_idx=problem, expected=None if record.get("expected_answer") is None else str(record["expected_answer"]),
+                                  response=text[:300] if isinstance(text, str) else None))
+    return shown[:RESPONSES_SHOWN]
+
+
+def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: EvaluateQuantizationInput,
+               started: float) -> EvaluateQuantizationOutput:
+    """The candidate failed a canary the baseline passed with the same generation budget: that is the verdict."""
+    budget = _max_tokens(failed.config_path)
+    if budget != _max_tokens(baseline.config_path):
+        raise failed  # not the same settings: the failure may be the settings', so it stays an error to fix
+    run_dir = failed.record.details.get("run_dir")
+    why = (f"ANOMALOUS: the candidate's canary failed ({failed}) where the baseline's passed with the same settings "
+           f"(max_tokens {budget}, same benchmarks and server flags): a broken quantization or a serving bug, not a "
+           "setting to raise. Its answers are below; check the checkpoint (inspect_checkpoint) and its serving.")
+    candidate = CheckpointEvaluation(role="candidate", checkpoint=str(Path(request.candidate_checkpoint).expanduser().resolve()),
+                                     reused=False, config_path=failed.config_path, canary_record_id=failed.record.id,
+                                     run_dir=run_dir)
+    return EvaluateQuantizationOutput(
+        verdict="anomalous", comparability="inconclusive", table_markdown="", comparisons=[], reasons=[why],
+        baseline=baseline, candidate=candidate, report_html=None, report_markdown=None, chart_png=None,
+        responses=_canary_responses(Path(run_dir)) if run_dir else [], seconds={"total": round(time.monotonic() - started, 1)})

@@ -35,8 +35,6 @@ Without per-sample outputs the headline scores decide, their CI the unpaired sum
 from __future__ import annotations
 
 import json
-import math
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -49,12 +47,12 @@ from quanteval.engines.nel_next import nextresults
 from quanteval.engines.nel_next.results import next_run_dir
 from quanteval.engines.runresults import ScoreValue, TaskScores
 from quanteval.models import StrictModel, ToolError
+from quanteval.workflow import paired
+from quanteval.workflow.paired import MIN_PAIRED_ITEMS, problem_values
 
-MIN_PAIRED_ITEMS = 10  # nel gate's _MIN_PAIRED_ITEMS
 GATED_METRICS = ("mean_reward", "pass@1")  # nel gate's _SUPPORTED_GATED_METRICS
 REPORT_VERSION = 1
 REPORT_NAME = "gate-report.json"
-_Z_975 = 1.959963984540054  # the standard normal's 97.5% quantile (clustered CI)
 
 Tier = Literal["critical", "supporting", "advisory"]
 Direction = Literal["higher_is_better", "lower_is_better"]
@@ -112,6 +110,7 @@ class ResolvedPolicy(BaseModel):
     relative_guard_below: float | None
     metric: str | None
     direction: Direction
+    confidence: float = paired.DEFAULT_CONFIDENCE  # not in nel gate's YAML: nel gate always judges at 95%
 
 
 class GatePolicy(BaseModel):
@@ -128,8 +127,8 @@ class GatePolicy(BaseModel):
             raise ValueError(f"Unsupported gate policy version: {value}")
         return value
 
-    def resolve(self, benchmark: str) -> ResolvedPolicy:
-        fields = self.defaults.model_dump()
+    def resolve(self, benchmark: str, confidence: float = paired.DEFAULT_CONFIDENCE) -> ResolvedPolicy:
+        fields = self.defaults.model_dump() | {"confidence": confidence}
         entry = self.benchmarks.get(benchmark)
         if entry is not None:
             fields.update({key: value for key, value in entry.model_dump().items() if value is not None})
@@ -138,6 +137,13 @@ class GatePolicy(BaseModel):
     def required_benchmarks(self) -> set[str]:
         """Listed benchmarks that are not advisory: they must be in both runs."""
         return {name for name in self.benchmarks if self.resolve(name).tier != "advisory"}
+
+    def drops_in_points(self) -> list[str]:
+        """max_drop values above 1: nel gate reads them as fractions of the 0-1 score, so 2 would allow 200 points."""
+        entries = {"defaults": self.defaults, **{f"benchmarks.{name}": entry for name, entry in self.benchmarks.items()}}
+        return [f"{where}.max_drop: {entry.max_drop:g} → did you mean {entry.max_drop:g} points (max_drop: "
+                f"{entry.max_drop / 100:g})? nel gate's max_drop is a fraction of the 0-1 score"
+                for where, entry in entries.items() if entry.max_drop is not None and entry.max_drop > 1]
 
     def problems(self) -> list[str]:
         """What keeps the required benchmarks from being gated deterministically (nel gate's validate_for_gate)."""
@@ -170,10 +176,11 @@ def load_policy(path: Path) -> GatePolicy:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors())
         raise ToolError(f"policy {path}: not a valid nel gate policy: {problems}. Keys are version (1), defaults and "
                         "benchmarks.<name>.{tier, max_drop, max_relative_drop, relative_guard_below, metric, direction}.") from None
-    problems = policy.problems()
+    problems = policy.problems() + policy.drops_in_points()
     if problems:
         raise ToolError(f"policy {path}: invalid gate policy: {'; '.join(problems)}. Give each required (critical or "
-                        f"supporting) benchmark `metric: pass@1` or `metric: mean_reward`.")
+                        f"supporting) benchmark `metric: pass@1` or `metric: mean_reward`, and max_drop as a fraction "
+                        f"(0.02 = two points).")
     return policy
 
 
@@ -233,97 +240,6 @@ def discover(directory: Path, side: str) -> tuple[dict[str, Path], list[str]]:
     return found, warnings
 
 
-# ---------------------------------------------------------------- statistics
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1 - x) / b
-
-
-def t_quantile_975(df: int) -> float:
-    """Student t's 97.5% quantile (scipy.stats.t.ppf(0.975, df)), by bisection on its tail probability."""
-    low, high = 0.0, 1e4
-    for _ in range(200):
-        mid = (low + high) / 2
-        upper_tail = 0.5 * _betainc(df / 2, 0.5, df / (df + mid * mid))
-        low, high = (mid, high) if upper_tail > 0.025 else (low, mid)
-    return (low + high) / 2
-
-
-def paired_delta_ci(deltas: list[float], clusters: list[str] | None = None) -> tuple[float | None, float | None]:
-    """95% CI of the mean paired delta: clustered SE when problems carry categories, else Student t (nel gate's)."""
-    import numpy as np
-
-    n = len(deltas)
-    if n < 2:
-        return None, None
-    values = np.asarray(deltas, dtype=np.float64)
-    mean = float(values.mean())
-    if clusters and len(set(clusters)) > 1:
-        sums: dict[str, float] = defaultdict(float)
-        for residual, cluster in zip(values - mean, clusters, strict=True):
-            sums[cluster] += float(residual)
-        groups = len(sums)
-        se = math.sqrt((groups / (groups - 1)) * sum(s * s for s in sums.values()) / n**2)
-        return round(mean - _Z_975 * se, 6), round(mean + _Z_975 * se, 6)
-    se = float(values.std(ddof=1) / math.sqrt(n))
-    z = t_quantile_975(n - 1)
-    return round(mean - z * se, 6), round(mean + z * se, 6)
-
-
-def problem_values(rewards: dict[Any, list[float]], metric: str) -> dict[Any, float] | None:
-    """Per-problem values of a gated metric from each problem's rewards (one per repeat): pass@1 (share of repeats
-    with reward > 0) or mean_reward. nel-next's come from nextresults.per_problem_rewards, NEL 0.2.6's from
-    results.per_sample_scores."""
-    if metric == "mean_reward":
-        return {p: sum(r) / len(r) for p, r in rewards.items()}
-    if metric == "pass@1":
-        return {p: sum(1 for v in r if v > 0) / len(r) for p, r in rewards.items()}
-    return None
-
-
-def _clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int]) -> list[str] | None:
-    first: dict[int, dict[str, Any]] = {}
-    for (problem, _repeat), record in records.items():
-        first.setdefault(problem, record)
-    labels = []
-    for problem in problems:
-        record = first.get(problem)
-        if record is None:
-            return None
-        category = (record.get("metadata") or {}).get("category") or (record.get("scoring_details") or {}).get("category")
-        if category is None:
-            return None
-        labels.append(str(category))
-    return labels
-
-
 # ---------------------------------------------------------------- the tool's models
 
 
@@ -332,8 +248,8 @@ class GateResultsInput(StrictModel):
                                       "directory, host:path, record id or invocation id.")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
     policy: str = Field(description="Policy YAML (`nel gate --policy` format): version: 1, defaults, benchmarks.<name>.{tier: "
-                                    "critical|supporting|advisory, metric: pass@1|mean_reward, max_drop, max_relative_drop, relative_guard_below, "
-                                    "direction}.")
+                                    "critical|supporting|advisory, metric: pass@1|mean_reward, max_drop (a fraction: 0.02 = two points), "
+                                    "max_relative_drop, relative_guard_below, direction}.")
     output_dir: str | None = Field(None, description=f"Write the report there as {REPORT_NAME} (nel gate's "
                                    "--output JSON). Default: write nothing.")
 
@@ -367,6 +283,8 @@ class BenchmarkGate(BaseModel):
     absolute_breached: bool = False
     relative_breached: bool = False
     reasons: list[str] = Field(default_factory=list)
+    advice: str | None = Field(None, description="When the evidence is insufficient: how many paired problems would decide "
+                               "max_drop at the discordance observed.")
     compare: CompareEvidence | None = None
 
 
@@ -519,7 +437,7 @@ def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: Resolved
     result.metric = policy.metric or _auto_metric(base_path, cand_path)
     base_values = problem_values(nextresults.per_problem_rewards(base_records), result.metric)
     cand_values = problem_values(nextresults.per_problem_rewards(cand_records), result.metric)
-    if not _gate_paired(result, base_values, cand_values, lambda shared: _clusters(base_records, shared), policy):
+    if not _gate_paired(result, base_values, cand_values, lambda shared: paired.category_clusters(base_records, shared), policy):
         _from_bundle_scores(result, base_path, cand_path, policy)
     return result
 
@@ -531,22 +449,22 @@ def _gate_paired(result: BenchmarkGate, base_values: dict[Any, float] | None, ca
         result.status = "INSUFFICIENT_EVIDENCE"
         result.reasons.append(f"Metric {result.metric!r} is not supported for paired gating")
         return False
-    shared = sorted(set(base_values) & set(cand_values))
-    result.n_paired = len(shared)
-    if len(shared) < MIN_PAIRED_ITEMS:
+    interval = paired.paired_interval(base_values, cand_values, clusters, policy.confidence)
+    result.n_paired = interval.n if interval else 0
+    if interval is None or interval.n < MIN_PAIRED_ITEMS:
         result.status = "INSUFFICIENT_EVIDENCE"
-        result.reasons.append(f"Only {len(shared)} paired items (minimum {MIN_PAIRED_ITEMS})")
+        result.reasons.append(f"Only {result.n_paired} paired items (minimum {MIN_PAIRED_ITEMS})")
+        if interval is not None and policy.direction == "higher_is_better":
+            result.advice = paired.advice(interval, policy.max_drop)
         return False
-    base_scores, cand_scores = [base_values[p] for p in shared], [cand_values[p] for p in shared]
-    result.baseline_score = round(sum(base_scores) / len(shared), 6)
-    result.candidate_score = round(sum(cand_scores) / len(shared), 6)
-    deltas = [c - b for b, c in zip(base_scores, cand_scores, strict=True)]
-    mean_delta = sum(deltas) / len(deltas)
-    result.delta = round(mean_delta, 6)
+    result.baseline_score, result.candidate_score = round(interval.baseline, 6), round(interval.candidate, 6)
+    result.delta = round(interval.delta, 6)
     if result.baseline_score != 0:
-        result.relative_drop_pct = round(100 * mean_delta / result.baseline_score, 2)
-    result.delta_ci_lower, result.delta_ci_upper = paired_delta_ci(deltas, clusters(shared))
+        result.relative_drop_pct = round(100 * interval.delta / result.baseline_score, 2)
+    result.delta_ci_lower, result.delta_ci_upper = interval.low, interval.high
     apply_thresholds(result, policy, allow_point_estimate=False)
+    if result.status == "INSUFFICIENT_EVIDENCE" and policy.direction == "higher_is_better":
+        result.advice = paired.advice(interval, policy.max_drop)
     return True
 
 
@@ -567,8 +485,8 @@ def gate_nel_task(name: str, base: tuple[Path, TaskScores], cand: tuple[Path, Ta
     result = BenchmarkGate(benchmark=name, tier=policy.tier, direction=policy.direction, max_drop_threshold=policy.max_drop,
                            max_relative_drop_threshold=policy.max_relative_drop, metric=policy.metric or "pass@1")
     base_samples, cand_samples = per_sample_scores(base[0]), per_sample_scores(cand[0])
-    paired = bool(base_samples and cand_samples)
-    if paired:
+    has_samples = bool(base_samples and cand_samples)
+    if has_samples:
         if _gate_paired(result, problem_values(base_samples, result.metric), problem_values(cand_samples, result.metric),
                         lambda shared: None, policy):
             return result
@@ -582,9 +500,9 @@ def gate_nel_task(name: str, base: tuple[Path, TaskScores], cand: tuple[Path, Ta
         return result
     (base_value, base_se), (cand_value, cand_se) = base_score, cand_score
     bounds = None
-    if not paired and base_se is not None and cand_se is not None:
-        bounds = [base_value - _Z_975 * base_se, base_value + _Z_975 * base_se,
-                  cand_value - _Z_975 * cand_se, cand_value + _Z_975 * cand_se]
+    if not has_samples and base_se is not None and cand_se is not None:
+        z = paired.normal_quantile(paired.two_sided(policy.confidence))
+        bounds = [base_value - z * base_se, base_value + z * base_se, cand_value - z * cand_se, cand_value + z * cand_se]
     _decide_on_scores(result, policy, round(base_value, 6), round(cand_value, 6), bounds)
     return result
 
@@ -602,13 +520,16 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
         reasons += [f"MISSING: {', '.join(missing)}"] if missing else []
         return "NO-GO", reasons
     if insufficient:
+        # nel gate's own action line says "add repeats" whatever the temperature; this one says how many problems
+        actions = [f"Action: {b.benchmark}: {b.advice}" for b in gated if b.status == "INSUFFICIENT_EVIDENCE" and b.advice]
         return "INCONCLUSIVE", [f"INSUFFICIENT_EVIDENCE: {', '.join(insufficient)}",
-                                "Action: re-run with more items, add repeats, or relax thresholds for these benchmarks."]
+                                *(actions or ["Action: re-run these benchmarks with more problems (per-problem results "
+                                              "make a paired interval), or relax their max_drop."])]
     passed = sum(1 for b in gated if b.status == "PASS")
     return "GO", [f"All {passed} gated benchmark(s) passed" if passed else "No gated benchmarks evaluated"]
 
 
-def gate_results(request: GateResultsInput) -> GateResultsOutput:
+def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_CONFIDENCE) -> GateResultsOutput:
     """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline under a policy,
     with the reason per benchmark. Takes two finished nel-next runs or two NEL 0.2.6 runs; compare_results explains
     flips in depth.
@@ -627,7 +548,7 @@ def gate_results(request: GateResultsInput) -> GateResultsOutput:
                         "tasks' per-sample outputs, paired by sample id (headline scores where a task kept none).")
 
         def gate_one(name: str) -> BenchmarkGate:
-            return gate_nel_task(name, base_nel[name], cand_nel[name], policy.resolve(name))
+            return gate_nel_task(name, base_nel[name], cand_nel[name], policy.resolve(name, confidence))
     else:
         base_dir, cand_dir = results_dir(request.baseline, "baseline"), results_dir(request.candidate, "candidate")
         base_bundles, base_warnings = discover(base_dir, "baseline")
@@ -643,7 +564,7 @@ def gate_results(request: GateResultsInput) -> GateResultsOutput:
                     warnings.append(f"{side} {name}: {len(lost)} problem(s) had requests that got no answer (infra_error); "
                                     "nel gate counts them as wrong, as this verdict does: resume_run re-runs them before a "
                                     "release decision.")
-            return gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name),
+            return gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name, confidence),
                                   records["baseline"], records["candidate"])
 
     missing = sorted(policy.required_benchmarks() - (base_names & cand_names))
@@ -690,4 +611,25 @@ def write_report(output: GateResultsOutput, directory: Path) -> Path:
         tmp.replace(path)
     except OSError as exc:
         raise ToolError(f"output_dir {directory}: cannot write {REPORT_NAME} ({exc.strerror or exc}).") from None
+    return path
+
+
+def write_rule_policy(path: Path, benchmarks: list[str], max_drop_points: float, confidence: float) -> Path:
+    """The user's rule ("at most max_drop points lost, at this confidence") as a `nel gate --policy` file: every
+    benchmark critical on pass@1, max_drop as nel gate reads it (a fraction of the 0-1 score). nel gate judges at 95%
+    only; the comment says when the rule's confidence is another."""
+    import yaml
+
+    policy = {"version": 1, "defaults": {"tier": "critical", "metric": "pass@1", "max_drop": round(max_drop_points / 100, 6)},
+              "benchmarks": {name: {} for name in benchmarks}}
+    GatePolicy.model_validate(policy)  # nel gate's schema, so `nel gate --policy` reads it
+    note = "" if confidence == paired.DEFAULT_CONFIDENCE else (
+        f"\n# nel gate judges at 95% only: the rule's {100 * confidence:g}% was applied by quanteval, not by this file")
+    text = (f"# quanteval evaluate: at most {max_drop_points:g} accuracy points lost, at {100 * confidence:g}% confidence"
+            f"{note}\n# check: nel gate BASELINE_RUN CANDIDATE_RUN --policy {path.name}\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
+    except OSError as exc:
+        raise ToolError(f"{path}: cannot write the gate policy ({exc.strerror or exc}).") from None
     return path

@@ -261,10 +261,10 @@ def _verdict(n_paired: int, regressions: int, improvements: int, p_value: float,
         return "WARN", [f"{test} p={p_value:.4f} (significant) but effect {effect:.4f} is within the allowed drop {max_drop}"]
     detectable = POWER_80_FACTOR / math.sqrt(discordant)
     if detectable > 2 * max_drop:
-        needed = max(1, int((POWER_80_FACTOR / max_drop) ** 2))
-        return "INCONCLUSIVE", [
-            f"underpowered: {discordant} discordant pairs can detect a ~{detectable * 100:.1f}% regression at 80% power, "
-            f"the allowed drop is {max_drop * 100:.1f}%; ~{needed} discordant pairs would be needed. More problems or repeats."]
+        # nel compare's rule; its message quotes a detectable effect that can exceed 100% and a count of discordant pairs,
+        # which is no number of problems: workflow.paired.advice says how many problems would decide
+        return "INCONCLUSIVE", [f"underpowered by nel compare's rule: {discordant} discordant pairs cannot show a "
+                                f"{max_drop * 100:g}-point regression at 80% power"]
     return "PASS", [f"{test} p={p_value:.4f} (not significant)"]
 
 

@@ -1,0 +1,150 @@
+"""compare_results' table, chart and reports (HTML, markdown), from the rows compare.py computed."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quanteval.workflow.compare import CompareResultsOutput, TaskComparison
+
+Z95 = 1.959964  # two-sided 95% normal quantile: the scores' error bars in the chart
+
+
+def _points(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}"
+
+
+def table_markdown(rows: list[TaskComparison]) -> str:
+    lines = [
+        "| task | metric | baseline | candidate | delta (pts) | CI (pts) | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        base = f"{_points(r.baseline)} ± {_points(r.baseline_stderr)}"
+        cand = f"{_points(r.candidate)} ± {_points(r.candidate_stderr)}"
+        ci = "n/a" if r.ci_low is None else f"[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]"
+        lines.append(f"| {r.task} | {r.metric}.{r.score} | {base} | {cand} | {100 * r.delta:+.2f} | {ci} | {r.verdict} |")
+    return "\n".join(lines)
+
+
+def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path) -> None:
+    """Left: both runs' scores with 95% error bars. Right: deltas with their CIs, zero and -max_drop lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [r.task if r.score == r.metric else f"{r.task}\n{r.metric}.{r.score}" for r in rows]
+    y = np.arange(len(rows))
+    height = max(2.8, 0.7 * len(rows) + 1.6)
+    fig, (scores_ax, delta_ax) = plt.subplots(1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [3, 2]}, sharey=True)
+
+    def err(values: list[float | None]) -> list[float]:
+        # NaN draws no error bar at all: a zero-width bar would claim a precision nobody measured
+        return [math.nan if v is None else 100 * Z95 * v for v in values]
+
+    bar = 0.38
+    scores_ax.barh(y - bar / 2, [100 * r.baseline for r in rows], bar, xerr=err([r.baseline_stderr for r in rows]),
+                   label="baseline", color="#4c72b0", capsize=4)
+    scores_ax.barh(y + bar / 2, [100 * r.candidate for r in rows], bar, xerr=err([r.candidate_stderr for r in rows]),
+                   label="candidate", color="#dd8452", capsize=4)
+    for row, pos in zip(rows, y, strict=True):
+        for value, stderr, offset in ((row.baseline, row.baseline_stderr, -bar / 2), (row.candidate, row.candidate_stderr, bar / 2)):
+            # the label sits past the error bar so the two never overlap
+            scores_ax.text(100 * value + (0 if stderr is None else err([stderr])[0]) + 1, pos + offset, f"{100 * value:.1f}", va="center", fontsize=8)
+    scores_ax.set_yticks(y, labels)
+    scores_ax.invert_yaxis()
+    scores_ax.set_xlim(0, max(100.0, max(100 * max(r.baseline, r.candidate) for r in rows)) * 1.12)
+    scores_ax.set_xlabel("score (points, 0-100) with 95% error bars")
+    scores_ax.set_title("Scores", loc="left")
+    scores_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
+    scores_ax.grid(axis="x", alpha=0.3)
+
+    colours = {"acceptable": "#55a868", "not acceptable": "#c44e52", "inconclusive": "#8c8c8c", "suspect": "#dd8452"}
+    for row, pos in zip(rows, y, strict=True):
+        lower = None if row.ci_low is None else 100 * (row.delta - row.ci_low)
+        upper = None if row.ci_high is None else 100 * (row.ci_high - row.delta)
+        xerr = None if lower is None else [[lower], [upper]]
+        delta_ax.errorbar([100 * row.delta], [pos], xerr=xerr, fmt="o", color=colours[row.verdict], capsize=5, markersize=7)
+        note = ", paired" if row.method.startswith("paired") else ", no stderr: no CI" if row.ci_low is None else ""
+        delta_ax.annotate(f"{100 * row.delta:+.2f} ({row.verdict}{note})", (100 * row.delta, pos), textcoords="offset points",
+                          xytext=(0, 9), ha="center", fontsize=8, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+    delta_ax.axvline(0, color="black", linewidth=0.8)
+    if threshold is not None:
+        delta_ax.axvline(-100 * threshold, color="#c44e52", linestyle="--", linewidth=1, label=f"-max_drop ({-100 * threshold:.2f})")
+        delta_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    span = [abs(100 * v) for r in rows for v in (r.delta, r.ci_low, r.ci_high) if v is not None]
+    limit = max(span + [100 * threshold if threshold else 0.5]) * 1.6
+    delta_ax.set_xlim(-limit, limit)
+    delta_ax.set_ylim(len(rows) - 0.5, -0.5)
+    delta_ax.set_xlabel("candidate - baseline (points) with its CI")
+    delta_ax.set_title("Delta", loc="left")
+    delta_ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render_html(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
+    image = ""
+    if png is not None:
+        image = f'<img alt="scores and deltas" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}">'
+    rows = "".join(
+        f"<tr><td>{html.escape(r.task)}</td><td>{html.escape(r.metric)}.{html.escape(r.score)}</td>"
+        f"<td>{_points(r.baseline)} ± {_points(r.baseline_stderr)}</td><td>{_points(r.candidate)} ± {_points(r.candidate_stderr)}</td>"
+        f"<td>{100 * r.delta:+.2f}</td><td>{'n/a' if r.ci_low is None else f'[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]'}</td>"
+        f"<td>{html.escape(r.verdict)}</td><td>{html.escape(r.method)}</td></tr>"
+        for r in output.comparisons
+    )
+    checks = "".join(
+        f"<tr class='{c.status}'><td>{html.escape(c.task)}</td><td>{c.item}</td><td>{c.status}</td>"
+        f"<td><code>{html.escape(c.baseline)}</code></td><td><code>{html.escape(c.candidate)}</code></td></tr>"
+        for c in output.checklist
+    )
+    reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in output.reasons)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>quanteval comparison</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}}tr.different{{background:#fde2e2}}
+tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</style></head><body>
+<h1>Baseline vs candidate</h1>
+<p>baseline: <code>{html.escape(baseline)}</code><br>candidate: <code>{html.escape(candidate)}</code></p>
+<p><b>Comparability:</b> {output.comparability} &nbsp; <b>Acceptability:</b> {output.acceptability}</p>
+<ul>{reasons}</ul>
+{image}
+<h2>Scores (points, ± standard error)</h2>
+<table><tr><th>task</th><th>metric</th><th>baseline</th><th>candidate</th><th>delta</th><th>CI</th><th>verdict</th><th>method</th></tr>{rows}</table>
+<h2>Comparability checklist</h2>
+<table><tr><th>task</th><th>item</th><th>status</th><th>baseline</th><th>candidate</th></tr>{checks}</table>
+</body></html>
+"""
+
+
+def next_table_markdown(rows: list[TaskComparison]) -> str:
+    lines = ["| benchmark | baseline | candidate | delta (pts) | CI (pts) | p (one-sided) | flips -/+ | nel verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = "n/a" if r.ci_low is None else f"[{100 * r.ci_low:+.2f}, {100 * r.ci_high:+.2f}]"
+        p = "n/a" if r.p_value is None else f"{r.p_value:.2g}"
+        lines.append(f"| {r.task} | {_points(r.baseline)} | {_points(r.candidate)} | {100 * r.delta:+.2f} | {ci} | {p} "
+                     f"| {r.n_regressions}/{r.n_improvements} | {r.nel_verdict} |")
+    return "\n".join(lines)
+
+
+def render_markdown(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
+    flips = []
+    for r in output.comparisons:
+        for label, entries in (("regressed", r.regressed), ("improved", r.improved)):
+            if entries:
+                flips.append(f"\n**{r.task}: {label}** (first {len(entries)})\n\n| problem | expected | baseline | candidate |\n|---|---|---|---|")
+                flips += [f"| {f.problem_idx} | {f.expected} | {f.baseline_answer} | {f.candidate_answer} |" for f in entries]
+    chart = f"\n![scores and deltas]({png.name})\n" if png else ""
+    reasons = "\n".join(f"- {reason}" for reason in output.reasons)
+    return (f"# Baseline vs candidate\n\nbaseline: `{baseline}`  \ncandidate: `{candidate}`\n\n"
+            f"**Comparability:** {output.comparability} — **Acceptability:** {output.acceptability}\n\n{reasons}\n{chart}\n"
+            f"{output.table_markdown}\n" + "\n".join(flips) + "\n")

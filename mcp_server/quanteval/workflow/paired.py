@@ -1,0 +1,251 @@
+"""The paired statistics every verdict uses, in one place: compare_results, gate_results and evaluate_quantization
+call these functions, so one comparison has one confidence interval, one rule and one piece of advice.
+
+- The interval: the mean of the per-problem deltas (candidate - baseline) with a two-sided CI at the chosen
+  confidence, Student t on the deltas, or a clustered SE when every problem carries a category (nel gate's
+  _paired_delta_ci, which uses 95%).
+- The rule (nel gate's on damage = the drop): the whole CI above -max_drop is acceptable, the whole CI below it is
+  not acceptable, a CI across it is inconclusive.
+- The advice, when inconclusive: how many paired problems would decide the margin, at the observed per-problem
+  spread (for 0/1 rewards: discordance d and mean delta δ give variance d - δ²), if the true delta is the observed
+  one. The CI decides when |δ + m| exceeds z_c·σ/√N; that happens in a share `power` of runs when
+  N = ((z_c + z_power)·σ / |δ + m|)². tests/test_paired.py checks it against simulated paired outcomes.
+
+The user's margin is given in accuracy points (2 = two points); the statistics work on fractions (0.02).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field
+
+DEFAULT_CONFIDENCE = 0.95  # nel gate's, and the one its policy cannot change
+DEFAULT_POWER = 0.80  # the advised number of problems decides the margin in this share of runs
+MIN_PAIRED_ITEMS = 10  # nel gate's _MIN_PAIRED_ITEMS: fewer paired problems decide nothing
+# A margin in points below this looks like a fraction (0.02 for two points); above 100 no accuracy can drop.
+SMALLEST_POINTS = 0.2
+MOST_PROBLEMS_ADVISED = 10_000_000
+
+
+def _points(value: float | None) -> float | None:
+    """max_drop in accuracy points; a value that reads as a fraction is refused, never guessed."""
+    if value is None:
+        return None
+    if value < 0 or value > 100:
+        raise ValueError(f"max_drop {value:g} is not an accuracy drop in points (0 to 100): 2 means two points.")
+    if 0 < value < SMALLEST_POINTS:
+        raise ValueError(f"max_drop {value:g} → did you mean {value:g} points or {100 * value:g} points ({value:g} as a "
+                         f"fraction)? max_drop is in accuracy points: give {100 * value:g} for {100 * value:g} points.")
+    return value
+
+
+def _confidence(value: float) -> float:
+    if not 0.5 <= value < 1:
+        raise ValueError(f"confidence {value:g} must be a probability in [0.5, 1), e.g. 0.95; "
+                         f"{value / 100:g} if you meant {value:g}%." if value > 1 else
+                         f"confidence {value:g} must be a probability in [0.5, 1), e.g. 0.95.")
+    return value
+
+
+# The user's rule, as compare_results and evaluate_quantization take it. No margin given: no verdict on
+# acceptability (inconclusive, naming the measured drop), never a margin chosen for the user.
+MaxDropPoints = Annotated[float | None, AfterValidator(_points), Field(description=(
+    "Largest acceptable accuracy drop in points (2 = two points lost; not a fraction). Omitted: the drop and its "
+    "interval are measured, acceptability stays inconclusive."))]
+Confidence = Annotated[float, AfterValidator(_confidence), Field(description=(
+    "Confidence of the paired interval the verdict uses (0.95: nel gate's; it cannot set another)."))]
+
+
+# ---------------------------------------------------------------- quantiles
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1 - x) / b
+
+
+@functools.cache
+def t_quantile(p: float, df: int) -> float:
+    """Student t's p quantile for p > 0.5 (scipy.stats.t.ppf(p, df)), by bisection on its upper tail."""
+    low, high = 0.0, 1e4
+    for _ in range(200):
+        mid = (low + high) / 2
+        upper_tail = 0.5 * _betainc(df / 2, 0.5, df / (df + mid * mid))
+        low, high = (mid, high) if upper_tail > 1 - p else (low, mid)
+    return (low + high) / 2
+
+
+def t_quantile_975(df: int) -> float:
+    return t_quantile(0.975, df)
+
+
+def normal_quantile(p: float) -> float:
+    return NormalDist().inv_cdf(p)
+
+
+def two_sided(confidence: float) -> float:
+    """The upper quantile level of a two-sided interval (0.975 for 95%)."""
+    return 1 - (1 - confidence) / 2
+
+
+# ---------------------------------------------------------------- the interval
+
+
+def paired_delta_ci(deltas: list[float], clusters: list[str] | None = None,
+                    confidence: float = DEFAULT_CONFIDENCE) -> tuple[float | None, float | None]:
+    """CI of the mean paired delta: clustered SE when problems carry categories, else Student t (nel gate's)."""
+    import numpy as np
+
+    n = len(deltas)
+    if n < 2:
+        return None, None
+    values = np.asarray(deltas, dtype=np.float64)
+    mean = float(values.mean())
+    if clusters and len(set(clusters)) > 1:
+        sums: dict[str, float] = defaultdict(float)
+        for residual, cluster in zip(values - mean, clusters, strict=True):
+            sums[cluster] += float(residual)
+        groups = len(sums)
+        se = math.sqrt((groups / (groups - 1)) * sum(s * s for s in sums.values()) / n**2)
+        z = normal_quantile(two_sided(confidence))
+        return round(mean - z * se, 6), round(mean + z * se, 6)
+    se = float(values.std(ddof=1) / math.sqrt(n))
+    z = t_quantile(two_sided(confidence), n - 1)
+    return round(mean - z * se, 6), round(mean + z * se, 6)
+
+
+def problem_values(rewards: dict[Any, list[float]], metric: str) -> dict[Any, float] | None:
+    """Per-problem values of a gated metric from each problem's rewards (one per repeat): pass@1 (share of repeats
+    with reward > 0) or mean_reward. nel-next's come from nextresults.per_problem_rewards, NEL 0.2.6's from
+    runtree.per_sample_scores."""
+    if metric == "mean_reward":
+        return {p: sum(r) / len(r) for p, r in rewards.items()}
+    if metric == "pass@1":
+        return {p: sum(1 for v in r if v > 0) / len(r) for p, r in rewards.items()}
+    return None
+
+
+def category_clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int]) -> list[str] | None:
+    """Each problem's category (nel-next's results.jsonl metadata), or None unless every problem has one."""
+    first: dict[int, dict[str, Any]] = {}
+    for (problem, _repeat), record in records.items():
+        first.setdefault(problem, record)
+    labels = []
+    for problem in problems:
+        record = first.get(problem)
+        if record is None:
+            return None
+        category = (record.get("metadata") or {}).get("category") or (record.get("scoring_details") or {}).get("category")
+        if category is None:
+            return None
+        labels.append(str(category))
+    return labels
+
+
+@dataclass
+class PairedInterval:
+    n: int
+    baseline: float  # mean per-problem value, fraction
+    candidate: float
+    delta: float
+    low: float | None
+    high: float | None
+    spread: float  # population sd of the per-problem deltas
+    discordant: int  # problems whose value differs between the runs
+    confidence: float
+
+
+def paired_interval(base_values: dict[Any, float], cand_values: dict[Any, float],
+                    clusters: Callable[[list[Any]], list[str] | None] | None = None,
+                    confidence: float = DEFAULT_CONFIDENCE) -> PairedInterval | None:
+    """The one interval of a comparison, over the problems both runs scored; None when they share none."""
+    shared = sorted(set(base_values) & set(cand_values))
+    if not shared:
+        return None
+    deltas = [cand_values[p] - base_values[p] for p in shared]
+    n = len(shared)
+    mean = sum(deltas) / n
+    low, high = paired_delta_ci(deltas, clusters(shared) if clusters else None, confidence)
+    return PairedInterval(
+        n=n, baseline=sum(base_values[p] for p in shared) / n, candidate=sum(cand_values[p] for p in shared) / n,
+        delta=mean, low=low, high=high, spread=math.sqrt(sum((d - mean) ** 2 for d in deltas) / n),
+        discordant=sum(1 for d in deltas if d != 0), confidence=confidence)
+
+
+# ---------------------------------------------------------------- the rule and the advice
+
+
+def decide(low: float | None, high: float | None, max_drop: float | None, confidence: float) -> tuple[str, str]:
+    """acceptable / not acceptable / inconclusive by the CI against -max_drop (fractions), nel gate's rule."""
+    level = f"{100 * confidence:g}%"
+    if low is None or high is None:
+        return "inconclusive", "no interval (no standard error recorded, or fewer than 2 paired problems)"
+    span = f"[{100 * low:+.2f}, {100 * high:+.2f}] points"
+    if max_drop is None:
+        return "inconclusive", f"the {level} CI is {span}; no max_drop given, so no verdict on acceptability"
+    if low >= -max_drop:
+        return "acceptable", f"the whole {level} CI {span} stays above -{100 * max_drop:g}"
+    if high < -max_drop:
+        return "not acceptable", f"the whole {level} CI {span} lies below -{100 * max_drop:g}"
+    return "inconclusive", f"the {level} CI {span} straddles -{100 * max_drop:g}"
+
+
+def problems_to_decide(spread: float, delta: float, max_drop: float, confidence: float,
+                       power: float = DEFAULT_POWER) -> int | None:
+    """Paired problems for the CI to decide the margin in a share `power` of runs, if the true delta is `delta`
+    and the per-problem spread is `spread`; None when no number can (the delta sits on the margin)."""
+    gap = abs(delta + max_drop)
+    if spread == 0:
+        return MIN_PAIRED_ITEMS
+    if gap == 0:
+        return None
+    needed = ((normal_quantile(two_sided(confidence)) + normal_quantile(power)) * spread / gap) ** 2
+    return None if needed > MOST_PROBLEMS_ADVISED else max(MIN_PAIRED_ITEMS, math.ceil(needed))
+
+
+def advice(interval: PairedInterval, max_drop: float | None, power: float = DEFAULT_POWER) -> str:
+    """What would decide an inconclusive comparison: the number of problems, at the discordance observed."""
+    observed = (f"{interval.discordant} of {interval.n} paired problems changed ({100 * interval.discordant / interval.n:.1f}%), "
+                f"delta {100 * interval.delta:+.2f} points")
+    if max_drop is None:
+        return f"Give max_drop (points) to judge: {observed}."
+    needed = problems_to_decide(interval.spread, interval.delta, max_drop, interval.confidence, power)
+    level = f"{100 * interval.confidence:g}%"
+    if needed is None:
+        return (f"{observed}: the measured drop sits at the {100 * max_drop:g}-point margin, so no feasible number of "
+                f"problems decides it at {level}; the drop is about the margin itself.")
+    return (f"~{needed} paired problems would decide the {100 * max_drop:g}-point margin at {level} confidence in "
+            f"{100 * power:g}% of runs, if the true delta is the observed one ({observed}). Run more problems "
+            f"(max_problems, or a larger benchmark).")
