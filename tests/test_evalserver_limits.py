@@ -112,7 +112,9 @@ def test_a_body_over_the_limit_is_413_unread(serve_eval):
         sock.sendall(b"POST /evaluate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {size}\r\n\r\n".encode() + b"[" * 65536)
         sock.settimeout(10)
-        answer = sock.recv(4096)
+        answer = b""
+        while chunk := sock.recv(4096):  # the server ends its side after the answer
+            answer += chunk
     assert answer.startswith(b"HTTP/1.0 413") and b"over the limit" in answer
 
 
@@ -154,3 +156,24 @@ def test_a_read_only_ledger_is_reported_as_read_only(serve_eval, router, tmp_pat
         assert "unreadable" not in text and "move it aside" not in text
     finally:
         subprocess.run(["chattr", "-i", str(ledger_file)], check=False)
+
+
+def test_headers_trickled_byte_by_byte_do_not_hold_a_worker_past_the_timeout(serve_eval):
+    server = serve_eval("--idle-timeout-s", "2")
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        started = time.monotonic()
+        ended = False
+        while time.monotonic() - started < 10 and not ended:
+            try:
+                sock.sendall(b"X")  # one header byte a second: each read is within the timeout, the request never is
+                time.sleep(1)
+                sock.settimeout(0.05)
+                ended = sock.recv(4096) is not None  # the server answered (400) or closed
+            except TimeoutError:
+                continue
+            except OSError:
+                ended = True
+        waited = time.monotonic() - started
+    assert ended and waited < 5, waited
+    assert _up(server.url)

@@ -17,6 +17,7 @@ and body, is closed. Thousands of idle sockets cost file descriptors, not thread
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
@@ -88,6 +89,10 @@ class _Server(HTTPServer):
         self._arrivals: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
         self._wake_read, self._wake_write = socket.socketpair()
         self._closed = threading.Event()
+        # Connections a worker is still reading a request from, with the moment they must be done by: the waiting
+        # room shuts those that are late, so a client trickling its headers cannot hold a worker.
+        self._reading: dict[socket.socket, float] = {}
+        self._reading_lock = threading.Lock()
         self._waiting_room = threading.Thread(target=self._watch_idle, name="eval-http-idle", daemon=True)
         self._waiting_room.start()
 
@@ -118,8 +123,27 @@ class _Server(HTTPServer):
                     selector.unregister(connection)
                     del deadlines[connection]
                     self.shutdown_request(connection)
+                self._cut_slow_readers(now)
             for connection in deadlines:
                 self.shutdown_request(connection)
+
+    def reading(self, connection: socket.socket, deadline: float | None) -> None:
+        """Mark a connection as being read until `deadline` (None: its request is in)."""
+        with self._reading_lock:
+            if deadline is None:
+                self._reading.pop(connection, None)
+            else:
+                self._reading[connection] = deadline
+
+    def _cut_slow_readers(self, now: float) -> None:
+        with self._reading_lock:
+            late = [connection for connection, deadline in self._reading.items() if deadline <= now]
+            for connection in late:
+                del self._reading[connection]
+        for connection in late:
+            log.warning("a client did not send its request within %.0f s; closing it", self.idle_timeout_s)
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RD)  # the worker's blocked read returns at once; it closes the socket
 
     def _work(self, connection: socket.socket) -> None:
         try:
@@ -187,10 +211,24 @@ class EvalHandler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), fmt % args)
 
     def setup(self) -> None:
-        """Every read and write on the connection times out after the idle timeout; the body also has a deadline."""
+        """Each read and write on the connection times out after the idle timeout, and the whole request (headers
+        and body) must be in within it from its first byte."""
         self.timeout = self.server.idle_timeout_s  # type: ignore[attr-defined]
         self.request_deadline = time.monotonic() + self.timeout
+        self.server.reading(self.request, self.request_deadline)  # type: ignore[attr-defined]
         super().setup()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        # The headers are in. No body to wait for, or _read_body enforces the deadline itself (and answers 408): the
+        # waiting room's cut stays only as a backstop.
+        backstop = None if self.command != "POST" else self.request_deadline + 2
+        self.server.reading(self.request, backstop)  # type: ignore[attr-defined]
+        return parsed
+
+    def finish(self) -> None:
+        self.server.reading(self.request, None)  # type: ignore[attr-defined]
+        super().finish()
 
     # --- Routes ---
 
@@ -279,6 +317,7 @@ class EvalHandler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             self.close_connection = True  # the body stays unread
             self._send(413, {"error": f"the body ({length} bytes) is over the limit of {MAX_BODY_BYTES} bytes"})
+            self._discard_what_is_in_flight()
             return None
         if length <= 0:
             self._send(400, {"error": f"a JSON body of 1..{MAX_BODY_BYTES} bytes is required (with Content-Length)"})
@@ -295,6 +334,17 @@ class EvalHandler(BaseHTTPRequestHandler):
             self._send(400, {"error": "body must be a JSON object"})
             return None
         return raw
+
+    def _discard_what_is_in_flight(self, seconds: float = 1.0) -> None:
+        """After an early answer: end our side, then drop what the client is still sending for a moment, so closing
+        with unread data does not reset the connection before the client has read the answer."""
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + seconds
+            while (remaining := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(remaining)
+                if not self.connection.recv(65536):
+                    break
 
     def _read_body(self, length: int) -> bytes | None:
         """`length` bytes, unless the client takes longer than the idle timeout from its first byte (then 408)."""
@@ -318,6 +368,7 @@ class EvalHandler(BaseHTTPRequestHandler):
                 return None
             chunks.append(chunk)
             left -= len(chunk)
+        self.server.reading(self.request, None)  # type: ignore[attr-defined]
         self.connection.settimeout(self.timeout)
         return b"".join(chunks)
 
