@@ -351,15 +351,15 @@ def test_binding_beyond_loopback_without_a_token_is_refused(tmp_path, commands, 
 
 
 def test_with_a_token_every_route_but_health_needs_it(make_server, router, monkeypatch):
-    monkeypatch.setenv("EVAL_TOKEN_FOR_TEST", "s3cret")
+    monkeypatch.setenv("EVAL_TOKEN_FOR_TEST", "s3cret-token-0123456789")
     server = make_server(bind_host="0.0.0.0", token_env="EVAL_TOKEN_FOR_TEST")
     body = payload(router.url, {"name": "gsm8k"})
     status, answer = server.request("POST", "/evaluate", body)
-    assert status == 401 and "EVAL_TOKEN_FOR_TEST" in answer["error"] and "s3cret" not in answer["error"]
+    assert status == 401 and "EVAL_TOKEN_FOR_TEST" in answer["error"] and "s3cret-token-0123456789" not in answer["error"]
     assert server.request("POST", "/evaluate", body, headers={"Authorization": "Bearer wrong"})[0] == 401
     assert server.request("GET", "/jobs/x")[0] == 401
     assert server.request("GET", "/health")[0] == 503  # open for probes; the stand-in `ns` has no version
-    status, answer = server.request("POST", "/evaluate", body, headers={"Authorization": "Bearer s3cret"})
+    status, answer = server.request("POST", "/evaluate", body, headers={"Authorization": "Bearer s3cret-token-0123456789"})
     assert status == 200 and router.requests
 
 

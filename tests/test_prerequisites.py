@@ -108,3 +108,68 @@ def test_prerequisite_check_passes_with_ssh_and_rsync_and_ignores_local_configs(
     local.write_text(config.read_text().replace("slurm/default", "local"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     check_launchable(str(local))  # the local executor's docker check stays with NEL's launch
+
+
+# ---------------------------------------------------------------- where a model can be served (issue 29, item 5)
+
+
+def _check_environment_over_mcp() -> dict:
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("check_environment", {"probe_gpus": True})
+
+    result = anyio.run(go)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+def test_check_environment_says_vllm_serves_on_this_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """evaluate_quantization serves on this CPU with the vLLM scripts/setup built: check_environment must say so, with
+    its version, instead of `vllm: null` and "deployments must run on a cluster"."""
+    from quanteval.serving.frameworks import vllm_venv, vllm_venv_version
+
+    monkeypatch.delenv("QUANTEVAL_VLLM_LAUNCHER", raising=False)
+    if not vllm_venv_version():
+        pytest.skip(f"no vLLM venv at {vllm_venv()} (scripts/setup builds it)")
+    report = _check_environment_over_mcp()
+    serving = {option["where"]: option for option in report["serving"]}
+    assert set(serving) == {"vllm", "gpu", "docker", "slurm", "endpoint"}
+    assert serving["vllm"]["available"] and str(vllm_venv()) in serving["vllm"]["detail"]
+    assert vllm_venv_version() in serving["vllm"]["detail"] and "0.32" in serving["vllm"]["detail"]
+    assert report["packages"]["vllm"] == vllm_venv_version()
+    assert not any("must run on a cluster" in note for note in report["notes"])
+    [summary] = [note for note in report["notes"] if note.startswith("Can serve here:")]
+    assert "vllm" in summary
+    # the other options say what is true here, each with the fix when it is not there
+    assert serving["docker"]["available"] == report["docker_daemon"]
+    assert serving["gpu"]["available"] == bool(report["gpus"])
+    assert serving["slurm"]["available"] == bool(shutil.which("sbatch") or report["ssh_hosts"])
+    assert all(option["how_to_get"] for option in serving.values() if not option["available"])
+
+
+def test_check_environment_without_the_vllm_venv_says_how_to_get_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTEVAL_VLLM_VENV", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("QUANTEVAL_VLLM_LAUNCHER", raising=False)
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, set())))  # no `vllm` on PATH either
+    report = _check_environment_over_mcp()
+    [vllm] = [option for option in report["serving"] if option["where"] == "vllm"]
+    assert not vllm["available"] and str(tmp_path / "nowhere") in vllm["detail"]
+    assert "scripts/setup" in vllm["how_to_get"] and "QUANTEVAL_VLLM_VENV" in vllm["how_to_get"]
+    assert report["packages"]["vllm"] is None
+    assert any(note.startswith("No vLLM on this machine") and "scripts/setup" in note for note in report["notes"])
+    [summary] = [note for note in report["notes"] if note.startswith("Can serve here:")]
+    assert "vllm" not in summary
+
+
+def test_a_deployment_recorded_ready_is_listed_as_an_endpoint() -> None:
+    record = ledger.add("deployment", status="ready", executor="local",
+                        details={"endpoint_url": "http://127.0.0.1:8123/v1/chat/completions"})
+    report = _check_environment_over_mcp()
+    [endpoint] = [option for option in report["serving"] if option["where"] == "endpoint"]
+    assert endpoint["available"] and record.id in endpoint["detail"] and "127.0.0.1:8123" in endpoint["detail"]

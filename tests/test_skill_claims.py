@@ -348,3 +348,17 @@ def test_every_exit_code_the_docs_state_is_the_code_s(claim: ExitClaim, monkeypa
             f"{claim.source}: says {where} exits {claim.code} for {outcome} (\"{claim.text}\"), "
             f"but the CLI exits {', '.join(map(str, sorted(codes)))}"
         )
+
+
+def test_the_readme_shows_every_way_to_install_the_skills():
+    """Installing into the current project (`--project`) was only in --help: the README shows each option of
+    `quanteval skills install` (its commands are parsed by the test above)."""
+    install = _subparsers(_subparsers(cli.build_parser())["skills"])["install"]
+    flags = {flag for action in install._actions for flag in action.option_strings if flag.startswith("--")} - {"--help"}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    # the paragraph, commands and notes around the README's `quanteval skills install` commands
+    start = readme.find("quanteval skills install --claude --project")
+    assert start >= 0, "README.md does not show how to install the skills into the current project (--project)"
+    shown = readme[readme.rfind("\n\n", 0, start - 400):readme.find("\n\n", start + 200)]
+    missing = sorted(flag for flag in flags if not re.search(rf"(?<![\w-]){flag}(?![\w-])", shown))
+    assert not missing, f"README.md does not show these skills install options: {missing}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -220,6 +221,30 @@ def test_default_tools_list_stays_within_its_size_budget(cli_env):
     assert size < DEFAULT_LISTING_BUDGET, (
         f"the default tools/list is {size} model-visible characters, over the {DEFAULT_LISTING_BUDGET} budget: "
         "tighten descriptions, or serve a toolset only on request (quanteval/toolsets.py)")
+    assert_readme_states(len(default), size, len(everything), model_visible_characters(everything))
+
+
+# The README's figures for the two listings: "33 tools of which a model reads about 23k characters" (default) and
+# "--toolsets all` for all 40 tools (~32k characters". Tool counts must be exact; characters within README_K_SLACK.
+README_DEFAULT = re.compile(r"(\d+) tools of which a model reads about (\d+)k characters")
+README_ALL = re.compile(r"`--toolsets all` for all (\d+) tools \(~(\d+)k characters")
+README_K_SLACK = 1_000  # a figure rounded to thousands, plus ~500 characters of drift before it must be restated
+
+
+def assert_readme_states(default_tools: int, default_chars: int, all_tools: int, all_chars: int) -> None:
+    """The README states what tools/list measures (the figures benchmarks/bench_startup.py also prints)."""
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+    stated = {}
+    for label, pattern in (("default", README_DEFAULT), ("all", README_ALL)):
+        match = pattern.search(readme)
+        assert match, f"README.md no longer states the {label} tools/list figure in the form {pattern.pattern!r}"
+        stated[label] = (int(match[1]), int(match[2]) * 1000)
+    measured = {"default": (default_tools, default_chars), "all": (all_tools, all_chars)}
+    for label, (tools, chars) in measured.items():
+        said_tools, said_chars = stated[label]
+        assert said_tools == tools and abs(said_chars - chars) <= README_K_SLACK, (
+            f"README.md says the {label} tools/list has {said_tools} tools and ~{said_chars // 1000}k model-visible "
+            f"characters; measured {tools} tools, {chars} characters: restate it ({round(chars / 1000)}k)")
 
 
 def _free_port() -> int:

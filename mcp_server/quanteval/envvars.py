@@ -38,11 +38,13 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "DUMMY_API_KEY": "Placeholder key NeMo-Skills tasks send to a self-deployed endpoint (api_key_name: DUMMY_API_KEY).",
     "WANDB_API_KEY": "Weights & Biases key, for export: wandb.",
     "MLFLOW_TRACKING_URI": "MLflow server, for export: mlflow.",
-    "QUANTEVAL_EVAL_TOKEN": "Bearer token the eval server requires when bound beyond loopback (serve-eval --token-env names another).",
+    "QUANTEVAL_EVAL_TOKEN": "Bearer token (at least 16 characters) the eval server requires when bound beyond loopback (serve-eval --token-env names another).",
     "QUANTEVAL_NEMO_SKILLS_SRC": "NeMo-Skills source (tree or .tar.gz) scripts/setup --dev builds .venv-nemo-skills from, instead of ../shared/vendor/.",
     "QUANTEVAL_VLLM_VENV": "The vLLM for CPU venv local vLLM deployments start from when no `vllm` is on PATH (default .venv-vllm, built by scripts/setup).",
     "QUANTEVAL_NEL_NEXT_VENV": "The nel-next (nemo-evaluator >= 0.3, Python 3.12) venv quanteval drives (default .venv-nel-next, built by scripts/setup).",
     "QUANTEVAL_NEL_NEXT_PYTHON": "Python 3.12/3.13 scripts/setup-nel-next builds .venv-nel-next with (default: python3.12, python3.13, or pyenv's).",
+    "QUANTEVAL_SETUP_LOG": "Where scripts/setup and scripts/setup-* write pip's output (default .venv-setup.log; progress goes to stderr).",
+    "QUANTEVAL_SETUP_HEARTBEAT_S": "Seconds between scripts/setup's 'still installing' lines while a step runs (default 15).",
     "QUANTEVAL_NS_VENV": "The NeMo-Skills venv scripts/setup-nemo-skills builds and the real-ns tests use (default .venv-nemo-skills).",
 }
 

@@ -86,9 +86,16 @@ def connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
         conn.executescript(SCHEMA)
         yield conn
     except sqlite3.DatabaseError as exc:
-        raise ToolError(f"The ledger {path} is unreadable ({exc}); move it aside to start a fresh one.") from None
+        raise ToolError(_unusable(path, exc)) from None
     finally:
         conn.close()
+
+
+def _unusable(path: Path, exc: sqlite3.DatabaseError) -> str:
+    if "readonly" in str(exc):  # SQLite's "attempt to write a readonly database": the file is fine, keep it
+        return (f"The ledger {path} is read-only ({exc}): make it and its directory writable, or set QUANTEVAL_LEDGER "
+                "to a writable file.")
+    return f"The ledger {path} is unreadable ({exc}); move it aside to start a fresh one."
 
 
 def _record(row: sqlite3.Row) -> Record:

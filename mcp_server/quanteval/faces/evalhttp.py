@@ -6,34 +6,46 @@
     GET  /jobs/<id>     status, runs and metrics of one job
 
 Status codes: 400 for a payload that can never succeed (slime's client retries these too, pointlessly);
-401 without the bearer token when one is required; 502 when a benchmark failed (the good benchmarks'
+401 without the bearer token when one is required; 413 for a body over MAX_BODY_BYTES; 502 when a benchmark failed (the good benchmarks'
 metrics are still in the body; `allow_partial` answers 200 when at least one succeeded); 503 while
 shutting down (in-flight requests get it with the reason).
+
+Connections: a fixed pool of HTTP_WORKERS threads handles requests. A new connection waits in a selector (no thread)
+until it sends something; one that stays silent for `idle_timeout_s`, or takes longer than that to send its request
+and body, is closed. Thousands of idle sockets cost file descriptors, not threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
 import logging
 import os
+import queue
 import select
+import selectors
 import signal
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
 from quanteval.models import ToolError
-from quanteval.workflow.evalbackend import EvalRequest, ServerSettings, payload_errors
+from quanteval.workflow.evalbackend import EvalRequest, ServerSettings, payload_errors, token_refusal
 from quanteval.workflow.evaljobs import EvalService, Job, ShuttingDown
 
 log = logging.getLogger("quanteval.faces.evalserver")
 
 MAX_BODY_BYTES = 1_000_000
+# Requests handled at once. A POST /evaluate holds its worker while its job runs (max_concurrent_jobs <= 32 run, the
+# rest queue), so this leaves room for pollers and retries; beyond it, ready connections wait for a free worker.
+HTTP_WORKERS = 64
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)
 
 
@@ -47,13 +59,11 @@ def is_loopback(host: str) -> bool:
 
 
 def required_token(settings: ServerSettings) -> str | None:
-    """The bearer token clients must send; refuses to serve beyond loopback without one (it runs commands)."""
+    """The bearer token clients must send; refuses to serve beyond loopback without one (it runs commands), or with
+    one short enough to guess."""
     token = os.environ.get(settings.token_env, "").strip()
-    if not token and not is_loopback(settings.bind_host):
-        raise ToolError(
-            f"refusing to bind {settings.bind_host}: beyond loopback the eval server (which runs commands on this machine) "
-            f"requires a shared token. Set {settings.token_env} to a secret and send it as `Authorization: Bearer ...` "
-            "(slime: the eval config's `headers`), or bind 127.0.0.1.")
+    if refusal := token_refusal(token, settings.token_env, loopback=is_loopback(settings.bind_host)):
+        raise ToolError(f"refusing to bind {settings.bind_host}: {refusal}")
     return token or None
 
 
@@ -66,9 +76,95 @@ def job_http_status(job: Job, settings: ServerSettings) -> int:
     return 200 if settings.allow_partial and succeeded else 502
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(HTTPServer):
+    """HTTPServer with a bounded worker pool: accepted connections wait in a selector, without a thread, until they
+    send something; silent ones are closed after the idle timeout (see the module docstring)."""
+
     request_queue_size = 128  # the default listen backlog of 5 resets clients when many connect at once
+
+    def __init__(self, address: tuple[str, int], handler: type[EvalHandler], idle_timeout_s: float) -> None:
+        super().__init__(address, handler)
+        self.idle_timeout_s = idle_timeout_s
+        self._workers = ThreadPoolExecutor(HTTP_WORKERS, thread_name_prefix="eval-http")
+        self._arrivals: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._closed = threading.Event()
+        # Connections a worker is still reading a request from, with the moment they must be done by: the waiting
+        # room shuts those that are late, so a client trickling its headers cannot hold a worker.
+        self._reading: dict[socket.socket, float] = {}
+        self._reading_lock = threading.Lock()
+        self._waiting_room = threading.Thread(target=self._watch_idle, name="eval-http-idle", daemon=True)
+        self._waiting_room.start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Hand the new connection to the waiting room (the accept loop never blocks on a client)."""
+        self._arrivals.put(request)
+        self._wake_write.send(b"\0")
+
+    def _watch_idle(self) -> None:
+        """Wait for each connection's first bytes; then give it to a worker. Close those silent past the timeout."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            deadlines: dict[socket.socket, float] = {}
+            while not self._closed.is_set():
+                for key, _ in selector.select(timeout=0.5):
+                    if key.fileobj is self._wake_read:
+                        self._wake_read.recv(4096)
+                        continue
+                    selector.unregister(key.fileobj)
+                    del deadlines[key.fileobj]  # type: ignore[arg-type]
+                    self._workers.submit(self._work, key.fileobj)
+                while not self._arrivals.empty():
+                    connection = self._arrivals.get()
+                    deadlines[connection] = time.monotonic() + self.idle_timeout_s
+                    selector.register(connection, selectors.EVENT_READ)
+                now = time.monotonic()
+                for connection in [c for c, deadline in deadlines.items() if deadline <= now]:
+                    selector.unregister(connection)
+                    del deadlines[connection]
+                    self.shutdown_request(connection)
+                self._cut_slow_readers(now)
+            for connection in deadlines:
+                self.shutdown_request(connection)
+
+    def reading(self, connection: socket.socket, deadline: float | None) -> None:
+        """Mark a connection as being read until `deadline` (None: its request is in)."""
+        with self._reading_lock:
+            if deadline is None:
+                self._reading.pop(connection, None)
+            else:
+                self._reading[connection] = deadline
+
+    def _cut_slow_readers(self, now: float) -> None:
+        with self._reading_lock:
+            late = [connection for connection, deadline in self._reading.items() if deadline <= now]
+            for connection in late:
+                del self._reading[connection]
+        for connection in late:
+            log.warning("a client did not send its request within %.0f s; closing it", self.idle_timeout_s)
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RD)  # the worker's blocked read returns at once; it closes the socket
+
+    def _work(self, connection: socket.socket) -> None:
+        try:
+            address = connection.getpeername()
+        except OSError:
+            address = ("?", 0)
+        try:
+            self.finish_request(connection, address)
+        except Exception:
+            self.handle_error(connection, address)
+        finally:
+            self.shutdown_request(connection)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._closed.set()
+        self._wake_write.send(b"\0")
+        self._waiting_room.join(5)
+        self._workers.shutdown(wait=False, cancel_futures=True)
+        self._wake_read.close()
+        self._wake_write.close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up is one log line, not a BrokenPipe traceback."""
@@ -113,6 +209,26 @@ class EvalHandler(BaseHTTPRequestHandler):
 
     def log_message(self, fmt: str, *args: Any) -> None:  # to logging (stderr), not stdout
         log.info("%s %s", self.address_string(), fmt % args)
+
+    def setup(self) -> None:
+        """Each read and write on the connection times out after the idle timeout, and the whole request (headers
+        and body) must be in within it from its first byte."""
+        self.timeout = self.server.idle_timeout_s  # type: ignore[attr-defined]
+        self.request_deadline = time.monotonic() + self.timeout
+        self.server.reading(self.request, self.request_deadline)  # type: ignore[attr-defined]
+        super().setup()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        # The headers are in. No body to wait for, or _read_body enforces the deadline itself (and answers 408): the
+        # waiting room's cut stays only as a backstop.
+        backstop = None if self.command != "POST" else self.request_deadline + 2
+        self.server.reading(self.request, backstop)  # type: ignore[attr-defined]
+        return parsed
+
+    def finish(self) -> None:
+        self.server.reading(self.request, None)  # type: ignore[attr-defined]
+        super().finish()
 
     # --- Routes ---
 
@@ -184,20 +300,33 @@ class EvalHandler(BaseHTTPRequestHandler):
     def _authorized(self) -> bool:
         if self.bearer_token is None:
             return True
-        sent = self.headers.get("Authorization", "")
-        if sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].strip().encode(), self.bearer_token.encode()):
+        # RFC 7235: the scheme is case-insensitive (`bearer`, `BEARER`).
+        scheme, _, sent = self.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), self.bearer_token.encode()):
             return True
         self._send(401, {"error": f"missing or wrong bearer token (Authorization: Bearer <${self.eval_service.settings.token_env}>)"})
         return False
 
     def _json_body(self) -> dict[str, Any] | None:
-        """The body as a JSON object, or None once a 400 has been sent (no body, too large, not JSON, not an object)."""
-        length = int(self.headers.get("Content-Length") or 0)
-        if length <= 0 or length > MAX_BODY_BYTES:
-            self._send(400, {"error": f"a JSON body of 1..{MAX_BODY_BYTES} bytes is required"})
+        """The body as a JSON object, or None once an error has been sent: 400 (no body, not JSON, not an object),
+        413 (over MAX_BODY_BYTES, not read), 408 (not sent within the idle timeout)."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body stays unread
+            self._send(413, {"error": f"the body ({length} bytes) is over the limit of {MAX_BODY_BYTES} bytes"})
+            self._discard_what_is_in_flight()
+            return None
+        if length <= 0:
+            self._send(400, {"error": f"a JSON body of 1..{MAX_BODY_BYTES} bytes is required (with Content-Length)"})
+            return None
+        body = self._read_body(length)
+        if body is None:
             return None
         try:
-            raw = json.loads(self.rfile.read(length))
+            raw = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self._send(400, {"error": f"body is not valid JSON: {exc}"})
             return None
@@ -205,6 +334,43 @@ class EvalHandler(BaseHTTPRequestHandler):
             self._send(400, {"error": "body must be a JSON object"})
             return None
         return raw
+
+    def _discard_what_is_in_flight(self, seconds: float = 1.0) -> None:
+        """After an early answer: end our side, then drop what the client is still sending for a moment, so closing
+        with unread data does not reset the connection before the client has read the answer."""
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + seconds
+            while (remaining := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(remaining)
+                if not self.connection.recv(65536):
+                    break
+
+    def _read_body(self, length: int) -> bytes | None:
+        """`length` bytes, unless the client takes longer than the idle timeout from its first byte (then 408)."""
+        chunks: list[bytes] = []
+        left = length
+        while left:
+            remaining = self.request_deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                self.connection.settimeout(remaining)
+                chunk = self.rfile.read1(min(left, 65536))
+            except TimeoutError:
+                log.warning("client %s did not send its %d-byte body within %.0f s", self.address_string(), length,
+                            self.timeout)
+                self.close_connection = True
+                self._send(408, {"error": f"the body was not sent within {self.timeout:.0f} s"})
+                return None
+            if not chunk:
+                self.close_connection = True
+                return None
+            chunks.append(chunk)
+            left -= len(chunk)
+        self.server.reading(self.request, None)  # type: ignore[attr-defined]
+        self.connection.settimeout(self.timeout)
+        return b"".join(chunks)
 
     def _payload(self) -> EvalRequest | None:
         """slime's payload, or None once a 400 has been sent (bad body, invalid fields, or one the service refuses)."""
@@ -258,7 +424,7 @@ def serve(settings: ServerSettings, ready: threading.Event | None = None,
     token = required_token(settings)
     service = EvalService(settings)
     inflight = Inflight()
-    httpd = _Server((settings.bind_host, settings.port), make_handler(service, token, inflight))
+    httpd = _Server((settings.bind_host, settings.port), make_handler(service, token, inflight), settings.idle_timeout_s)
     stopping = threading.Event()
 
     def shut(reason: str) -> None:

@@ -32,7 +32,6 @@ from pydantic import BaseModel, Field
 
 from quanteval import ledger
 from quanteval.clusters.ssh import LOCAL
-from quanteval.envvars import engine_venv
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy_local, deploy_slurm, frameworks
 from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
@@ -44,7 +43,7 @@ from quanteval.serving.deployment import (
     ParserCheck,
     PlanWarning,
 )
-from quanteval.serving.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework
+from quanteval.serving.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework, vllm_venv
 from quanteval.serving.quantformat import algo_label, framework_verdict
 
 # Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.serving.frameworks.
@@ -80,11 +79,6 @@ class PlanDeploymentInput(StrictModel):
     )
 
 
-
-
-
-def vllm_venv() -> Path:
-    return engine_venv("QUANTEVAL_VLLM_VENV", ".venv-vllm")
 
 
 def _launcher(framework: str, local: bool = True) -> list[str]:

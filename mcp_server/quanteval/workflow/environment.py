@@ -14,11 +14,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import __version__
+from quanteval import __version__, ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters.ssh import ssh_config_path
 from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
-from quanteval.models import StrictModel
+from quanteval.models import StrictModel, ToolError
+from quanteval.serving.frameworks import FRAMEWORK_INFO, VLLM_VENV_DEFAULT, VLLM_VENV_ENV, vllm_venv, vllm_venv_version
 
 PACKAGES = ["quanteval", "nemo-evaluator-launcher", "nemo-evaluator", "mcp", "pydantic", "paramiko",
             "safetensors", "torch", "sglang", "vllm", "nemo-skills"]
@@ -48,11 +49,23 @@ class Workspace(BaseModel):
     has_checkpoints: bool = Field(description="Contains a config.json somewhere within two levels.")
 
 
+class ServingOption(BaseModel):
+    where: Literal["vllm", "gpu", "docker", "slurm", "endpoint"] = Field(description=(
+        "vllm: vLLM on this machine, without a GPU its CPU build (what evaluate_quantization and a local vllm "
+        "launch_deployment start); gpu: servers on this machine's GPUs; docker: NEL's local executor; slurm: a "
+        "cluster; endpoint: a server already running."))
+    available: bool
+    detail: str = Field(description="What was found (versions, paths, hosts, URLs).")
+    how_to_get: str | None = Field(None, description="When not available: what makes it available.")
+
+
 class EnvironmentReport(BaseModel):
     python: str
     platform: str
     quanteval: str
-    packages: dict[str, str | None] = Field(description="Installed version per package; null when not installed.")
+    packages: dict[str, str | None] = Field(description=(
+        "Installed version per package in this Python (vllm: the vLLM local deployments start, from its own venv); "
+        "null when not installed."))
     nel_on_path: str | None = Field(description="Path of the `nel` executable, or null.")
     docker_daemon: bool = Field(description="A Docker daemon answers on its socket (NEL's local executor needs one).")
     docker_detail: str
@@ -65,6 +78,7 @@ class EnvironmentReport(BaseModel):
     env_vars_unset: list[str]
     workspace_root: str | None = Field(description="MODELOPT_WORKSPACE_ROOT, when set.")
     workspaces: list[Workspace]
+    serving: list[ServingOption] = Field(description="Where a model can be served from here, and how to get the rest.")
     notes: list[str]
 
 
@@ -142,6 +156,67 @@ def _workspaces(root: str | None) -> list[Workspace]:
     return found
 
 
+def _local_vllm() -> ServingOption:
+    """The vLLM a local deployment starts (deploy's launcher: QUANTEVAL_VLLM_LAUNCHER, `vllm` on PATH, else the venv)."""
+    launcher_env = FRAMEWORK_INFO["vllm"].launcher_env
+    if os.environ.get(launcher_env, "").strip():
+        return ServingOption(where="vllm", available=True, detail=f"${launcher_env} replaces the vLLM launcher")
+    on_path = shutil.which("vllm")
+    if on_path:
+        return ServingOption(where="vllm", available=True, detail=f"`vllm` on PATH: {on_path}")
+    venv = vllm_venv()
+    version = vllm_venv_version(venv)
+    if version:
+        return ServingOption(where="vllm", available=True, detail=(
+            f"{version} in {venv}: serves small models on this CPU (plan_deployment checks a checkpoint against its "
+            "CPU kernels)"))
+    return ServingOption(
+        where="vllm", available=False, detail=f"no `vllm` on PATH and no vLLM in {venv}",
+        how_to_get=f"run scripts/setup in the quanteval checkout: it builds vLLM's CPU build into {venv} "
+                   f"(${VLLM_VENV_ENV}, default {VLLM_VENV_DEFAULT})")
+
+
+def _slurm_option() -> ServingOption:
+    executor = executors.SLURM
+    sbatch = shutil.which("sbatch")
+    hosts = ssh_config_hosts()
+    missing = executor.missing_binaries()
+    reach = (f"ssh hosts: {', '.join(hosts[:10])}" if hosts else "no ssh host configured") + (
+        "; runs go over ssh to the config's execution.hostname (ssh_check tests a host)")
+    if missing:
+        return ServingOption(where="slurm", available=False, detail=f"sbatch: {sbatch or 'not on PATH'}; {reach}",
+                             how_to_get=missing)
+    if sbatch or hosts:
+        return ServingOption(where="slurm", available=True, detail=(
+            f"sbatch on PATH ({sbatch}): a SLURM client is installed here; {reach}" if sbatch else f"no sbatch here; {reach}"))
+    return ServingOption(where="slurm", available=False, detail=f"no sbatch on PATH; {reach}",
+                         how_to_get=f"add the cluster's login node to {ssh_config_path()}, then ssh_check")
+
+
+def _endpoints() -> ServingOption:
+    try:
+        ready = [record for record in ledger.find(kind="deployment", status="ready", limit=20)]
+    except ToolError as exc:
+        return ServingOption(where="endpoint", available=False, detail=f"the ledger could not be read: {exc}")
+    urls = [f"{record.id}: {record.details.get('endpoint_url') or record.host}" for record in ready]
+    if urls:
+        return ServingOption(where="endpoint", available=True, detail=(
+            "deployments recorded ready (deployment_status confirms): " + "; ".join(urls)))
+    return ServingOption(where="endpoint", available=False, detail="no deployment recorded ready in the ledger",
+                         how_to_get="launch_deployment, or give a config the URL of a server you run (target.api_endpoint)")
+
+
+def serving_options(gpus: list[GpuInfo], gpu_detail: str, docker_ok: bool, docker_detail: str) -> list[ServingOption]:
+    """Where a model can be served from this machine: vLLM on the CPU, GPUs, Docker, SLURM, endpoints already up."""
+    gpu = ServingOption(where="gpu", available=bool(gpus), detail=gpu_detail if not gpus else ", ".join(
+        f"{g.index}: {g.name}" for g in gpus[:16]), how_to_get=None if gpus else (
+        "no GPU here: vLLM's CPU build serves small models; larger or FP8/FP4 ones need a SLURM cluster or an endpoint"))
+    docker = ServingOption(where="docker", available=docker_ok, detail=docker_detail, how_to_get=None if docker_ok else (
+        "start a Docker daemon (apt-get install docker.io) for NEL's local executor; nel-next and vLLM's CPU build "
+        "do not need one"))
+    return [_local_vllm(), gpu, docker, _slurm_option(), _endpoints()]
+
+
 def executor_binaries(executor: str | None = None) -> list[LocalBinary]:
     """The local binaries NEL's executor (both when None) runs, each with where PATH has it."""
     chosen = [executors.for_name(executor)] if executor else list(executors.EXECUTORS.values())
@@ -151,8 +226,8 @@ def executor_binaries(executor: str | None = None) -> list[LocalBinary]:
 
 
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
-    """Use first: versions, nel, Docker, GPUs, ssh hosts, executor binaries, which known env vars are set (names only);
-    what is missing and how to install it.
+    """Use first: where a model can be served here (vLLM on this CPU, GPUs, Docker, SLURM, running endpoints), versions,
+    nel, ssh hosts, executor binaries, which known env vars are set (names only); what is missing and how to get it.
     """
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)
@@ -169,15 +244,18 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
             notes.append(message)
     if not docker_ok:
         notes.append("No Docker daemon: NEL's local executor cannot run here; use execution: slurm or a remote host.")
-    if not gpus:
-        notes.append("No GPU visible: deployments must run on a cluster (SLURM) or an existing endpoint.")
+    serving = serving_options(gpus, gpu_detail, docker_ok, docker_detail)
+    available = [option.where for option in serving if option.available]
+    notes.append(f"Can serve here: {', '.join(available) or 'nothing yet'} (see serving).")
+    notes += [f"No vLLM on this machine: {option.how_to_get}." for option in serving
+              if option.where == "vllm" and option.how_to_get]
     if root and not Path(root).is_dir():
         notes.append(f"MODELOPT_WORKSPACE_ROOT={root} is not a directory.")
     return EnvironmentReport(
         python=sys.version.split()[0],
         platform=f"{platform.system()} {platform.machine()}",
         quanteval=__version__,
-        packages={name: _version(name) for name in PACKAGES},
+        packages={name: _version(name) for name in PACKAGES} | {"vllm": _version("vllm") or vllm_venv_version()},
         nel_on_path=nel,
         docker_daemon=docker_ok,
         docker_detail=docker_detail,
@@ -189,5 +267,6 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
         env_vars_unset=sorted(set(KNOWN_ENV_VARS) - set(set_names)),
         workspace_root=root,
         workspaces=_workspaces(root),
+        serving=serving,
         notes=notes,
     )

