@@ -101,7 +101,7 @@ class TaskComparison(BaseModel):
     delta_stderr: float | None
     ci_low: float | None = Field(description="Confidence interval of delta (at the request's confidence), low end.")
     ci_high: float | None
-    method: str = Field(description="How the interval was computed (unpaired from stderrs, or paired bootstrap over n samples).")
+    method: str = Field(description="How the interval was computed (paired per problem as nel gate does, or unpaired from stderrs).")
     verdict: Literal["acceptable", "not acceptable", "inconclusive", "suspect"]
     why: str
     # Per-problem pairing (nel-next runs keep every problem's reward): what `nel compare` reports on the same runs.
