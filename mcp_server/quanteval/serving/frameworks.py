@@ -18,7 +18,6 @@ compressed-tensors schemes whose kernels differ.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -183,46 +182,7 @@ def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None
 
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line
 
-# Known server failures, matched against the log: (regex, what it means, the fix).
-KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
-    (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
-     "SGLang left no room for the KV cache after loading the weights.",
-     "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length, or use more GPUs (--tp-size)."),
-    (re.compile(r"Capture cuda graph failed"),
-     "SGLang ran out of memory or hit a kernel error while capturing CUDA graphs.",
-     "Lower --mem-fraction-static (e.g. 0.8), or lower the CUDA-graph batch size (--cuda-graph-max-bs-decode; "
-     "--cuda-graph-max-bs in older SGLang), or add --disable-cuda-graph (slower)."),
-    (re.compile(r"(?i)(nvfp4|fp4)[^\n]*(blackwell|sm_?100|sm ?10\d|not supported on|requires? .*capability)"),
-     "A native NVFP4 kernel was selected on a GPU older than Blackwell.",
-     "Run on B200 (Blackwell), or let SGLang pick Marlin on SM80-SM90 (--fp4-gemm-backend auto, --moe-runner-backend "
-     "marlin): it serves weight-only, so the accuracy measured is not the Blackwell accuracy."),
-    (re.compile(r"quantization method \S+ is not supported for the current GPU"),
-     "The GPU's compute capability is below what this quantization format's kernels need (SGLang's get_min_capability).",
-     "Run on a newer GPU (MXFP8 needs Blackwell in SGLang), or use vLLM, or a format this GPU serves (FP8 on Hopper)."),
-    (re.compile(r"ModelOpt(Fp8Config)? (currently )?only supports"),
-     "The server's ModelOpt loader does not know this quant_algo (W4A16_AWQ, W4A8_AWQ, W8A8_SQ, FP8_PB_WO, "
-     "FP8_PER_CHANNEL_PER_TOKEN, MXFP4, W4A8_NVFP4_FP8 in SGLang 0.5.23).",
-     "Deploy with TensorRT-LLM (framework 'trtllm'), or re-export the checkpoint as FP8 or NVFP4."),
-    (re.compile(r"does not match the quantization method specified in the `?quantization`? argument"),
-     "--quantization disagrees with the checkpoint's own quantization config.",
-     "Drop --quantization (the server reads the checkpoint's config), or set the value the config names."),
-    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA"),
-     "The GPU ran out of memory.",
-     "Use more GPUs (tensor parallel), lower --context-length/--max-model-len, or lower "
-     "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)."),
-    (re.compile(r"requires you to execute the configuration file|trust_remote_code=True"),
-     "The model needs its own code from the checkpoint.",
-     "Add --trust-remote-code (only for checkpoints you trust)."),
-    (re.compile(r"has no attribute 'cpu_gemm_wna16'"),
-     "vLLM's CPU build has no 4-bit weight-only GEMM kernel (W4A16).",
-     "Serve this checkpoint on a GPU, or evaluate a W8A8 (int8) variant on the CPU."),
-    (re.compile(r"(?i)Unsupported CPU attention configuration: head_dim=\d+|head.?size \d+ is not supported|unsupported head.?(size|dim)"),
-     "vLLM's attention backend has no kernel for this model's head size.",
-     f"Serve it on a GPU; vLLM's CPU attention supports head_dim {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}."),
-    (re.compile(r"Address already in use|error while attempting to bind on address"),
-     "The port is taken by another process.",
-     "Stop the other server or launch with another port."),
-]  # fmt: skip
+# The failures a server states in its log, with their fixes, are in quanteval.failures (SERVER_FAILURES).
 
 
 # --- Per framework and format -------------------------------------------------------------------

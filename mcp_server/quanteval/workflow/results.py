@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import shlex
 import shutil
@@ -30,11 +29,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from quanteval import engines, failures, ledger
+from quanteval import engines, failures, ledger, redact
 from quanteval.clusters import executor as executors
 from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT, REPEAT_KEYS
 from quanteval.engines.nel_next import nextresults
-from quanteval.envvars import KNOWN_ENV_VARS, state_dir
+from quanteval.envvars import state_dir
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
@@ -59,13 +58,14 @@ MAX_EVIDENCE_PER_CHECK = 5
 
 # Log lines that matter, one pattern per check, written in the regex dialect Python and POSIX ERE
 # (grep -E) share: grep finds the candidate lines (locally or on the cluster), Python sorts them into checks.
+# The failures are failures.py's (its table is the one place for them); resumed and loaded_checkpoint are facts.
 LOG_PATTERNS: dict[str, re.Pattern[str]] = {
     name: re.compile(pattern, re.IGNORECASE)
     for name, pattern in {
-        "slurm_timeout": r"DUE TO TIME LIMIT|DUE TO PREEMPTION|NODE_FAIL",
+        "slurm_timeout": failures.SLURM_ENDED,
         "resumed": r"RESUMING\.\.\.",
-        "judge_failure": r"judge.{0,80}(error|fail|exception|timed? ?out)",
-        "sandbox_failure": r"sandbox.{0,80}(error|fail|exception|refused|timed? ?out)",
+        "judge_failure": failures.FAILURE_PATTERNS["judge"],
+        "sandbox_failure": failures.FAILURE_PATTERNS["sandbox"],
         "loaded_checkpoint": r"model_path='|Starting to load model |'model': '",
     }.items()
 }
@@ -459,16 +459,6 @@ class ValidateRunOutput(BaseModel):
     tasks: list[TaskValidation]
 
 
-def _clip(text: str) -> str:
-    """A log line fit to quote: secret values of known env vars replaced by their names, at most 300 characters."""
-    text = text.strip()
-    for name in KNOWN_ENV_VARS:
-        value = os.environ.get(name, "")
-        if len(value) >= 8 and value in text:
-            text = text.replace(value, f"<{name}>")
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def _scan_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
     """grep where the logs are (here, or on the cluster): they are often GBs of server output, never read whole."""
     from quanteval.clusters import ssh
@@ -491,7 +481,7 @@ def _scan_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
 def _classify(line: str, file: str, number: int, hits: dict[str, list[Evidence]]) -> None:
     for name, pattern in LOG_PATTERNS.items():
         if len(hits[name]) < MAX_EVIDENCE_PER_CHECK and pattern.search(line):
-            hits[name].append(Evidence(file=file, line=number, text=_clip(line)))
+            hits[name].append(Evidence(file=file, line=number, text=redact.shown_line(line)))
 
 
 def _loaded_checkpoint(evidence: list[Evidence]) -> str | None:
@@ -590,9 +580,9 @@ def _normal(path: str) -> str:
 
 
 def _failure_finding(diagnosis: Diagnosis) -> Finding:
-    evidence = [Evidence(file=diagnosis.file or "", line=diagnosis.line_number, text=_clip(diagnosis.line or ""))] if diagnosis.line else []
+    evidence = [Evidence(file=diagnosis.file or "", line=diagnosis.line_number, text=redact.shown_line(diagnosis.line or ""))] if diagnosis.line else []
     why = f"{diagnosis.line}" if diagnosis.line else "no known failure line; last lines: " + " | ".join(diagnosis.last_lines[-3:])
-    return Finding(severity="fail", check="failure", message=f"Why it failed ({diagnosis.failure_class}): {_clip(why)}. "
+    return Finding(severity="fail", check="failure", message=f"Why it failed ({diagnosis.failure_class}): {redact.shown_line(why)}. "
                    f"{diagnosis.advice}", evidence=evidence)
 
 
