@@ -61,7 +61,7 @@ EXECUTORS: dict[str, Executor] = {deploy_local.NAME: deploy_local, deploy_slurm.
 
 class PlanDeploymentInput(StrictModel):
     checkpoint: str = Field(description="Checkpoint directory, or HF handle in the local cache.")
-    framework: Framework = Field("sglang", description=f"Serving framework: {', '.join(map(repr, FRAMEWORKS))}.")
+    framework: Framework = Field("sglang", description=f"Serving framework: {frameworks.one_of(FRAMEWORKS, quote=True)}.")
     host: str | None = Field(
         None, description="Where it will run: omit (or 'local') for this machine, or the SLURM host alias."
     )

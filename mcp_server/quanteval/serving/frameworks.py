@@ -25,6 +25,14 @@ Framework = Literal["vllm", "sglang", "trtllm"]  # the order tool schemas list t
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 DISPLAY_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
 Execution = Literal["local", "slurm"]
+
+
+def one_of(names: tuple[str, ...] | list[str], quote: bool = False) -> str:
+    """Names as a message lists them: `vllm, sglang or trtllm`."""
+    shown = [repr(name) if quote else name for name in names]
+    return " or ".join(filter(None, [", ".join(shown[:-1]), shown[-1]]))
+
+
 # What NEL's build-config calls a deployment: a framework NEL starts, NIM, or none (an existing endpoint).
 NelDeployment = Literal["none", "vllm", "sglang", "nim", "trtllm"]
 
@@ -103,20 +111,30 @@ class FrameworkInfo:
     trust_remote_code_flag: str
     tp_flag: str
     kv_cache_flag: str | None
+    memory_flag: str | None = None  # the fraction of GPU memory the server may take
+    nel_next_service: bool = False  # nel-next starts it itself (a service of this type, from a model path)
 
 
 # The serving images apply_checkpoint pins when a config names none or a moving tag (NEL's defaults are `:latest`):
 # the releases the facts in this module were checked against (module docstring). TensorRT-LLM's NEL default is pinned.
 PINNED_IMAGES = {"sglang": "lmsysorg/sglang:v0.5.23", "vllm": "vllm/vllm-openai:v0.33.0"}
+# What `quanteval plan` offers: a framework whose image apply_checkpoint pins, or none (an existing endpoint).
+PLAN_DEPLOYMENTS: tuple[str, ...] = (*(name for name in FRAMEWORKS if name in PINNED_IMAGES), "none")
+PlanDeployment = Literal[PLAN_DEPLOYMENTS]  # type: ignore[valid-type]  # Literal["vllm", "sglang", "none"]
 
 FRAMEWORK_INFO: dict[str, FrameworkInfo] = {
     "sglang": FrameworkInfo(("python3", "-m", "sglang.launch_server"), "QUANTEVAL_SGLANG_LAUNCHER", 30000,
-                            "--context-length", "--trust-remote-code", "--tp-size", "--kv-cache-dtype"),
+                            "--context-length", "--trust-remote-code", "--tp-size", "--kv-cache-dtype",
+                            memory_flag="--mem-fraction-static", nel_next_service=True),
     "vllm": FrameworkInfo(("vllm", "serve"), "QUANTEVAL_VLLM_LAUNCHER", 8000,
-                          "--max-model-len", "--trust-remote-code", "--tensor-parallel-size", "--kv-cache-dtype"),
+                          "--max-model-len", "--trust-remote-code", "--tensor-parallel-size", "--kv-cache-dtype",
+                          memory_flag="--gpu-memory-utilization", nel_next_service=True),
     "trtllm": FrameworkInfo(("trtllm-serve",), "QUANTEVAL_TRTLLM_LAUNCHER", 8000,
                             "--max_seq_len", "--trust_remote_code", "--tp_size", None),
 }  # fmt: skip
+# The servers nel-next starts from a model path, with flags quanteval knows (vllm, sglang).
+NEL_NEXT_SERVICES: tuple[str, ...] = tuple(name for name in FRAMEWORKS if FRAMEWORK_INFO[name].nel_next_service)
+MEMORY_FLAGS = {name: info.memory_flag for name, info in FRAMEWORK_INFO.items() if info.memory_flag}
 
 # model_type -> parser name, per framework. Only used when the chat template shows reasoning /
 # tool calls. Names checked against SGLang's --reasoning-parser/--tool-call-parser choices and
