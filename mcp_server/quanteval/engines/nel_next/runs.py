@@ -35,7 +35,7 @@ from quanteval.engines.base import (
 from quanteval.engines.nel_next import config, nelnext, nextresults
 from quanteval.engines.rendering import rendered_script
 from quanteval.models import ProgressFn, ToolError
-from quanteval.redact import scrub, secret_values, shown_line, shown_lines
+from quanteval.redact import secret_values, shown_line, shown_lines
 
 NOT_FINISHED = "nel eval run ended (exit {code}) without finishing it"
 
@@ -144,7 +144,7 @@ def _cluster_failures(cluster: executors.SlurmExecutor, jobs: list[ClusterJob]) 
     for job in jobs:
         for chunk in cluster.cat_each(job, "*/checkpoint.json"):
             try:
-                failed.update({str(k): scrub(str(v))[:300] for k, v in (json.loads(chunk).get("failed_benchmarks") or {}).items()})
+                failed.update({str(k): shown_line(str(v)) for k, v in (json.loads(chunk).get("failed_benchmarks") or {}).items()})
             except (json.JSONDecodeError, AttributeError):
                 continue
     return failed
@@ -183,7 +183,7 @@ def _local_refresh(record: ledger.Record) -> Refreshed:
     jobs = []
     for name in benchmarks:
         if name in outcome.failed:
-            jobs.append(JobStatus(job_id=name, status="failed", note=scrub(outcome.failed[name])[:300]))
+            jobs.append(JobStatus(job_id=name, status="failed", note=shown_line(outcome.failed[name])))
         elif name in outcome.completed:
             jobs.append(JobStatus(job_id=name, status="succeeded"))
         else:
