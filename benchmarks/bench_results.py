@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from results_factory import make_invocation, make_task  # noqa: E402
 
-from quanteval.workflow.results import GREP_PATTERN, ValidateRunInput, validate_run  # noqa: E402
+from quanteval.engines.nel.results import GREP_PATTERN  # noqa: E402
+from quanteval.workflow.results import ValidateRunInput, validate_run  # noqa: E402
 
 LINE = "[2026-11-21 10:00:01 TP0] Decode batch. #running-req: 64, #token: 183211, token usage: 0.41, gen throughput (token/s): 5123.77\n"
 

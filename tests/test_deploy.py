@@ -376,6 +376,35 @@ def test_known_server_failures_in_a_log_map_to_fixes(standin, launched, log_line
     assert fix_words in status.failures[0].fix and fix_words in status.message
 
 
+def test_deployment_status_over_mcp_masks_secrets_in_the_log_and_names_the_fix(standin, launched, monkeypatch):
+    """The failure line and the log tail are quoted masked, and the fix comes from the one failure table."""
+    import anyio
+    from mcp import Client
+
+    from quanteval import failures
+    from quanteval.faces.server import build_server
+
+    monkeypatch.setenv("HF_TOKEN", "hf_planted_value_for_the_server")
+    line = ("torch.OutOfMemoryError: CUDA out of memory (request with Authorization: Bearer nvapi-PLANTEDkey0123456789, "
+            "HF_TOKEN hf_planted_value_for_the_server)")
+    standin("--fake-load-s", "0.1", "--fake-mode", "fail", "--fake-fail-line", line)
+    result = launched(port=free_port())
+
+    async def go():
+        async with Client(build_server(toolsets=["deploy"])) as client:
+            return await client.call_tool("deployment_status", {"record_id": result.record_id, "wait_s": 10})
+
+    status = anyio.run(go)
+    assert not status.is_error, status.content[0].text
+    shown = status.content[0].text + json.dumps(status.structured_content)
+    assert "nvapi-PLANTED" not in shown and "hf_planted_value_for_the_server" not in shown
+    found = status.structured_content["failures"]
+    assert len(found) == 1 and "Authorization: Bearer ***" in found[0]["line"] and "HF_TOKEN <HF_TOKEN>" in found[0]["line"]
+    known = failures.server_failure(line)
+    assert known is not None and (found[0]["meaning"], found[0]["fix"]) == (known.meaning, known.fix)
+    assert any("Authorization: Bearer ***" in tail for tail in status.structured_content["log_tail"])
+
+
 def test_nothing_from_the_client_can_add_lines_to_a_slurm_job_script():
     with pytest.raises(ValueError, match="partition"):
         LaunchDeploymentInput(checkpoint=str(LLAMA_BF16), host="cluster", partition="gpu\nrm -rf ~")

@@ -242,3 +242,35 @@ def test_every_format_inspect_can_name_has_facts_for_every_framework():
         if framework == "trtllm":  # TensorRT-LLM reads ModelOpt exports only
             missing = [k for k in missing if k.split(":")[0].upper() == k.split(":")[0]]
         assert missing == [], f"{framework}: {missing}"
+
+
+# Lists of framework names that are other facts than "the frameworks": NeMo-Skills' server types, pip packages,
+# and NEL 0.2.6 rules that hold for vLLM and SGLang only (a model source, --quantization).
+OTHER_FACTS = {
+    ("workflow/evalbackend.py", ("sglang", "vllm", "openai")),
+    ("workflow/eval_nemo_skills.py", ("sglang", "vllm")),
+    ("workflow/environment.py", ("quanteval", "nemo-evaluator-launcher", "nemo-evaluator", "mcp", "pydantic", "paramiko",
+                                 "safetensors", "torch", "sglang", "vllm", "nemo-skills")),
+    ("engines/nel/rules.py", ("vllm", "sglang")),
+}
+
+
+def test_the_framework_list_is_written_only_in_frameworks_py() -> None:
+    """A tuple, list, set or Literal naming two serving frameworks outside serving/frameworks.py is a copy of its list
+    (FRAMEWORKS, NEL_NEXT_SERVICES, PLAN_DEPLOYMENTS ...) that would miss the next framework."""
+    import ast
+
+    import quanteval
+
+    package = Path(quanteval.__file__).parent
+    copies = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where == "serving/frameworks.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else []
+            names = tuple(item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str))
+            if len(set(names) & set(frameworks.FRAMEWORKS)) >= 2 and (where, names) not in OTHER_FACTS:
+                copies.append(f"{where}:{node.lineno} {names}")
+    assert copies == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from infra.slurm_cluster import SlurmCluster, free_port
 
-from quanteval import failures
+from quanteval import redact
 from quanteval.clusters import slurm, ssh, tools
 from quanteval.clusters.ssh import run_remote
 from quanteval.clusters.tools import (
@@ -361,7 +361,7 @@ def test_remote_grep_caps_matches_and_line_length(slurm_cluster):
     result = remote_grep(RemoteGrepInput(host=slurm_cluster.ssh_alias, path=str(log), patterns=["traceback"], max_lines=10))
     assert len(result.matches) == 10 and result.truncated is True
     assert [m.line for m in result.matches] == list(range(1, 11))
-    assert all(len(m.text) <= failures.MAX_LINE_CHARS for m in result.matches)
+    assert all(len(m.text) <= redact.MAX_LINE_CHARS for m in result.matches)
 
 
 def test_remote_grep_arguments_cannot_become_options_or_shell(slurm_cluster):

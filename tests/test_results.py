@@ -199,6 +199,17 @@ def test_judge_and_sandbox_failures_are_found_with_their_lines(tmp_path: Path, m
     assert by_check["judge_failure"].evidence[0].file == str(task_dir / "logs" / "client-1001.log")
 
 
+def test_validate_run_evidence_masks_secrets_by_shape(tmp_path: Path) -> None:
+    """A judge's failure line can carry the request's headers: the evidence quotes the line, not the key."""
+    bearer = "nvapi-PLANTEDjudgeKey0123456789"
+    log = f"ERROR judge request failed: 401 for POST /v1/chat (Authorization: Bearer {bearer})\n"
+    task_dir = make_task(make_invocation(tmp_path), logs={"client-1002.log": log})
+    report = validate(task_dir)
+    assert bearer not in report.model_dump_json()
+    judge = next(f for f in report.tasks[0].findings if f.check == "judge_failure")
+    assert judge.evidence[0].text.endswith("(Authorization: Bearer ***)") and judge.evidence[0].line == 1
+
+
 SGLANG_LOG = "[2026-11-21 10:00:01] server_args=ServerArgs(model_path='/models/llama-fp8', quantization='modelopt_fp8', tp_size=1)\n"
 
 

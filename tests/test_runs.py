@@ -240,6 +240,42 @@ def test_run_logs_classifies_failures_with_file_and_line(tmp_path: Path, nel_env
     assert PLANTED not in result.model_dump_json()
 
 
+def test_run_logs_over_mcp_masks_secrets_by_value_and_by_shape(tmp_path: Path, nel_env: Path) -> None:
+    """A job's log echoes the requests it sent and the keys it used: what run_logs returns shows none of them."""
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    nvapi, hf, sk = "nvapi-PLANTEDs3cr3tKey9f8e7d", "hf_" + "PLANTEDaB3dE5gH7jK9mN1pQ3sT5vW7yZ9", "sk-PLANTED0123456789abcdefXYZ"
+    log = "\n".join([
+        f"POST http://judge:8000/v1/chat/completions headers={{'Authorization': 'Bearer {nvapi}'}}",
+        f"curl -H 'Authorization: Bearer {nvapi}' http://judge:8000/v1/models",
+        f"openai.AuthenticationError: Error code: 401 - Incorrect API key provided: {sk}",
+        f"huggingface_hub login with {hf} failed",
+        f"judge key from env: {PLANTED}",
+        "done",
+    ])
+    record = record_finished_local_run(tmp_path, nel_env, "cc11bb22cc33dd44", exit_code=1,
+                                       logs={"client-cc11bb22cc33dd44.0.log": log})
+
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("run_logs", {"record_id": record.id, "lines": 10})
+
+    result = anyio.run(go)
+    assert not result.is_error, result.content[0].text
+    shown = result.content[0].text + json.dumps(result.structured_content)
+    for secret in (nvapi, hf, sk, PLANTED):
+        assert secret not in shown
+    tail = next(t for t in result.structured_content["tails"] if t["file"].endswith(".0.log"))["lines"]
+    assert "Authorization: Bearer ***" in tail[1] and "'Bearer ***'" in tail[0]
+    assert tail[2].endswith("API key provided: ***") and "login with *** failed" in tail[3]
+    assert tail[4] == "judge key from env: <JUDGE_API_KEY>" and tail[5] == "done"
+    diagnosis = result.structured_content["diagnosis"]
+    assert diagnosis["failure_class"] == "missing_credentials" and diagnosis["line"].endswith("provided: ***")
+
+
 @pytest.mark.parametrize(("line", "failure_class"), [
     ("slurmstepd: error: Detected 1 oom_kill event in StepId=12.0", "oom"),
     ("slurmstepd: error: *** JOB 12 ON localhost CANCELLED AT 2026-11-21T10:00:00 DUE TO TIME LIMIT ***", "timeout"),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from quanteval import failures, ledger
+from quanteval import ledger, redact
 from quanteval.clusters import ssh
 from quanteval.engines.base import FINISHED
 from quanteval.models import ToolError
@@ -157,7 +157,7 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     verdict = results.validate_run(results.ValidateRunInput(run=canary.record_id))
     assert verdict.verdict == "fail" and verdict.tasks[0].diagnosis.failure_class == "container"
     assert any("container" in reason and "--container-image" in reason for reason in verdict.reasons)
-    assert all(len(line) <= failures.MAX_LINE_CHARS for tail in logs.tails for line in tail.lines)
+    assert all(len(line) <= redact.MAX_LINE_CHARS for tail in logs.tails for line in tail.lines)
     assert PLANTED not in logs.model_dump_json()
 
     # The full run is refused: the only canary of this config failed.

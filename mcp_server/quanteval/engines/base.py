@@ -21,6 +21,7 @@ from quanteval import configfile, failures, ledger
 from quanteval.clusters.executor import JobStatus
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError
+from quanteval.serving.frameworks import FRAMEWORKS, NEL_NEXT_SERVICES, one_of
 
 EngineName = Literal["nel", "nel-next"]
 RunKind = Literal["dry_run", "canary", "full_run"]
@@ -163,7 +164,7 @@ class Problem(BaseModel):
 
 
 class ApplyCheckpointInput(StrictModel):
-    config_path: str = Field(description="Config deploying with vllm, sglang or trtllm (nel-next: one vllm, sglang or api service).")
+    config_path: str = Field(description=f"Config deploying with {one_of(FRAMEWORKS)} (nel-next: one {one_of([*NEL_NEXT_SERVICES, 'api'])} service).")
     checkpoint: str = Field(description="Checkpoint directory, or HF handle (org/name) in the local cache.")
     served_model_name: str | None = Field(None, description="Default: the HF handle or checkpoint folder name.")
     tensor_parallel_size: int | None = Field(

@@ -1,44 +1,20 @@
-"""What both engines show of a rendered run: its scripts' heads and launch commands, secrets masked."""
+"""What both engines show of a rendered run: its scripts' heads and launch commands, secrets masked (quanteval.redact)."""
 
 from __future__ import annotations
 
 import base64
-import os
 import re
 import stat
 from pathlib import Path
 
-from quanteval import envvars
 from quanteval.engines.base import SCRIPT_HEAD_LINES, RenderedScript
+from quanteval.redact import Secrets, scrub
 
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")
-# Shell lines that carry secret values (NEL's `set -x` echoes its re-exports into the SLURM log).
-SECRET_ASSIGNMENT = re.compile(r"((?:export\s+'?)\w+=|\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=)(\"[^\"]*\"|'[^']*'|\S+)",
-                               re.IGNORECASE)
 # The commands that start servers and evaluation clients in NEL's scripts (SLURM and local executors).
 LAUNCH_COMMAND = re.compile(r"^(srun|docker run|vllm serve|python3? -m sglang\.launch_server|trtllm-serve|nel eval run)\s")
 BASE64_PAYLOAD = re.compile(r"[A-Za-z0-9+/]{100,}={0,2}")
 SHOWN_PAYLOAD_CHARS = 1000
 MAX_LAUNCH_COMMANDS, MAX_LAUNCH_CHARS = 6, 4000
-
-
-def secret_values(secrets_files: list[Path]) -> set[str]:
-    """Values that must never appear in a result: known env vars that are set, and what NEL wrote to .secrets.env."""
-    values = {value for name in envvars.set_env_var_names() if SECRET_NAME.search(name)
-              and len(value := os.environ[name]) >= 4}
-    for path in secrets_files:
-        for line in path.read_text(errors="replace").splitlines():
-            _, _, value = line.partition("=")
-            value = value.strip().strip("'\"")
-            if len(value) >= 4:
-                values.add(value)
-    return values
-
-
-def scrub(text: str, secrets: set[str]) -> str:
-    for value in sorted(secrets, key=len, reverse=True):
-        text = text.replace(value, "***")
-    return SECRET_ASSIGNMENT.sub(lambda match: f"{match.group(1)}***", text)
 
 
 def protect_secrets_files(root: Path) -> list[Path]:
@@ -73,7 +49,7 @@ def _logical_lines(script: str) -> list[str]:
     return logical
 
 
-def launch_commands(script: str, secrets: set[str]) -> list[str]:
+def launch_commands(script: str, secrets: Secrets) -> list[str]:
     """The script's launch commands, each whole: shell continuation lines joined, a quoted `bash -c` body kept with its
     command, long base64 payloads (the encoded eval config) replaced by their size, secrets masked. Helper lines
     (hostname lookups with srun) are left out."""
@@ -92,7 +68,7 @@ def launch_commands(script: str, secrets: set[str]) -> list[str]:
     return found[:MAX_LAUNCH_COMMANDS]
 
 
-def rendered_script(name: str, path: Path | None, body: str, secrets: set[str]) -> RenderedScript:
+def rendered_script(name: str, path: Path | None, body: str, secrets: Secrets) -> RenderedScript:
     return RenderedScript(name=name, path=str(path) if path else None, size_bytes=len(body.encode()),
                           head=scrub("\n".join(body.splitlines()[:SCRIPT_HEAD_LINES]), secrets).splitlines(),
                           launch_commands=launch_commands(body, secrets))

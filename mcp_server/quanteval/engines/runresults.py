@@ -6,15 +6,14 @@ and return these types whatever engine made the run; compare_results and gate_re
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from quanteval import redact
 from quanteval.engines.base import EngineName
-from quanteval.envvars import KNOWN_ENV_VARS
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel
 
@@ -122,21 +121,10 @@ class ValidateRunOutput(BaseModel):
 
 
 
-def clip(text: str) -> str:
-    """A log line fit to quote: secret values of known env vars replaced by their names, at most 300 characters."""
-    text = text.strip()
-    for name in KNOWN_ENV_VARS:
-        value = os.environ.get(name, "")
-        if len(value) >= 8 and value in text:
-            text = text.replace(value, f"<{name}>")
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-
 def failure_finding(diagnosis: Diagnosis) -> Finding:
-    evidence = [Evidence(file=diagnosis.file or "", line=diagnosis.line_number, text=clip(diagnosis.line or ""))] if diagnosis.line else []
+    evidence = [Evidence(file=diagnosis.file or "", line=diagnosis.line_number, text=redact.shown_line(diagnosis.line or ""))] if diagnosis.line else []
     why = f"{diagnosis.line}" if diagnosis.line else "no known failure line; last lines: " + " | ".join(diagnosis.last_lines[-3:])
-    return Finding(severity="fail", check="failure", message=f"Why it failed ({diagnosis.failure_class}): {clip(why)}. "
+    return Finding(severity="fail", check="failure", message=f"Why it failed ({diagnosis.failure_class}): {redact.shown_line(why)}. "
                    f"{diagnosis.advice}", evidence=evidence)
 
 

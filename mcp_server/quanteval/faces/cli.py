@@ -149,7 +149,7 @@ def _key_values(items: list[str]) -> dict[str, str]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from quanteval.workflow.plan import PlanRequest, format_plan, make_plan
 
-    request = PlanRequest.model_validate(field_values(args, PlanRequest) | {"set_values": _key_values(args.set or [])})
+    request = PlanRequest.model_validate(field_values(args, PlanRequest) | {"set_values": _key_values(args.set_values or [])})
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
         print(f"[plan {done:g}/{total:g}] {message or ''}".rstrip(), file=sys.stderr)
@@ -388,8 +388,10 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     field_argument(parser, PlanRequest, "model")
     for name in ("tasks", "execution", "deployment", "model_type", "output_dir", "host", "config", "force"):
         field_argument(parser, PlanRequest, name, "--" + name.replace("_", "-"))
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config key after the checkpoint is applied "
-                        "(repeatable; VALUE is YAML), e.g. --set execution.account=llm_eval")  # fmt: skip
+    # set_values is a mapping: on the command line one KEY=VALUE per --set, collected as a list (cmd_plan pairs them).
+    field_argument(parser, PlanRequest, "set_values", "--set", action="append", type=str, default=None, metavar="KEY=VALUE",
+                   help=f"{PlanRequest.model_fields['set_values'].description} Repeatable; VALUE is YAML, "
+                   "e.g. --set execution.account=llm_eval.")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 

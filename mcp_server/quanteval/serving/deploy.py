@@ -30,8 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import ledger
+from quanteval import ledger, redact
 from quanteval.clusters.ssh import LOCAL
+from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy_local, deploy_slurm, frameworks
 from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
@@ -43,10 +44,11 @@ from quanteval.serving.deployment import (
     ParserCheck,
     PlanWarning,
 )
-from quanteval.serving.frameworks import FRAMEWORK_INFO, GPUS, KNOWN_FAILURES, Framework, vllm_venv
+from quanteval.serving.frameworks import FRAMEWORK_INFO, FRAMEWORKS, GPUS, Framework, vllm_venv
 from quanteval.serving.quantformat import algo_label, framework_verdict
 
-# Serving-framework facts (launchers, ports, parsers, known failures, formats) live in quanteval.serving.frameworks.
+# Serving-framework facts (launchers, ports, parsers, formats) live in quanteval.serving.frameworks; the failures a
+# server's log states, with their fixes, in quanteval.failures (shared with run_logs and validate_run).
 
 LOG_TAIL_LINES = 30
 # Where a server runs, by the executor name its ledger record keeps: the one place a deployment picks its executor.
@@ -58,7 +60,7 @@ EXECUTORS: dict[str, Executor] = {deploy_local.NAME: deploy_local, deploy_slurm.
 
 class PlanDeploymentInput(StrictModel):
     checkpoint: str = Field(description="Checkpoint directory, or HF handle in the local cache.")
-    framework: Framework = Field("sglang", description="Serving framework: 'sglang', 'vllm' or 'trtllm'.")
+    framework: Framework = Field("sglang", description=f"Serving framework: {frameworks.one_of(FRAMEWORKS, quote=True)}.")
     host: str | None = Field(
         None, description="Where it will run: omit (or 'local') for this machine, or the SLURM host alias."
     )
@@ -407,11 +409,12 @@ def _served_quantization(log_text: str) -> str | None:
 def _scan_log(text: str) -> list[KnownFailure]:
     found: list[KnownFailure] = []
     seen: set[str] = set()
+    secrets = redact.secret_values()
     for line in text.splitlines():
-        for pattern, meaning, fix in KNOWN_FAILURES:
-            if meaning not in seen and pattern.search(line):
-                seen.add(meaning)
-                found.append(KnownFailure(line=line.strip()[:300], meaning=meaning, fix=fix))
+        for known, pattern in SERVER_COMPILED:
+            if known.meaning not in seen and pattern.search(line):
+                seen.add(known.meaning)
+                found.append(KnownFailure(line=redact.shown_line(line, secrets), meaning=known.meaning, fix=known.fix))
     return found
 
 
@@ -425,7 +428,7 @@ def _why(failures: list[KnownFailure], log_text: str) -> str:
         return f"{failures[0].meaning} Fix: {failures[0].fix}"
     causes = [m.group(1) for line in log_text.splitlines() if (m := _EXCEPTION_LINE.search(line.strip()))
               and "EngineDeadError" not in m.group(1) and "See stack trace" not in m.group(1)]
-    return f"The log says: {causes[-1][:300]}" if causes else "See log_tail."
+    return f"The log says: {redact.shown_line(causes[-1])}" if causes else "See log_tail."
 
 def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     details = record.details
@@ -461,7 +464,7 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     else:
         state = "loading"
         message = "Loading (/health answers 503 or nothing yet; that is normal while weights load)."
-    tail = [line[:500] for line in log_text.splitlines()[-LOG_TAIL_LINES:]]
+    tail = redact.shown_lines(log_text.splitlines()[-LOG_TAIL_LINES:])
     config_values = {"target.api_endpoint.url": endpoint, "target.api_endpoint.model_id": name} if endpoint and ready else {}
     return DeploymentStatus(
         record_id=record.id, host=record.host, status=state, process=process, elapsed_s=round(elapsed, 1),

@@ -19,7 +19,6 @@ compressed-tensors schemes whose kernels differ.
 from __future__ import annotations
 
 import importlib.metadata
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -30,6 +29,14 @@ Framework = Literal["vllm", "sglang", "trtllm"]  # the order tool schemas list t
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 DISPLAY_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
 Execution = Literal["local", "slurm"]
+
+
+def one_of(names: tuple[str, ...] | list[str], quote: bool = False) -> str:
+    """Names as a message lists them: `vllm, sglang or trtllm`."""
+    shown = [repr(name) if quote else name for name in names]
+    return " or ".join(filter(None, [", ".join(shown[:-1]), shown[-1]]))
+
+
 # What NEL's build-config calls a deployment: a framework NEL starts, NIM, or none (an existing endpoint).
 NelDeployment = Literal["none", "vllm", "sglang", "nim", "trtllm"]
 
@@ -108,20 +115,30 @@ class FrameworkInfo:
     trust_remote_code_flag: str
     tp_flag: str
     kv_cache_flag: str | None
+    memory_flag: str | None = None  # the fraction of GPU memory the server may take
+    nel_next_service: bool = False  # nel-next starts it itself (a service of this type, from a model path)
 
 
 # The serving images apply_checkpoint pins when a config names none or a moving tag (NEL's defaults are `:latest`):
 # the releases the facts in this module were checked against (module docstring). TensorRT-LLM's NEL default is pinned.
 PINNED_IMAGES = {"sglang": "lmsysorg/sglang:v0.5.23", "vllm": "vllm/vllm-openai:v0.33.0"}
+# What `quanteval plan` offers: a framework whose image apply_checkpoint pins, or none (an existing endpoint).
+PLAN_DEPLOYMENTS: tuple[str, ...] = (*(name for name in FRAMEWORKS if name in PINNED_IMAGES), "none")
+PlanDeployment = Literal[PLAN_DEPLOYMENTS]  # type: ignore[valid-type]  # Literal["vllm", "sglang", "none"]
 
 FRAMEWORK_INFO: dict[str, FrameworkInfo] = {
     "sglang": FrameworkInfo(("python3", "-m", "sglang.launch_server"), "QUANTEVAL_SGLANG_LAUNCHER", 30000,
-                            "--context-length", "--trust-remote-code", "--tp-size", "--kv-cache-dtype"),
+                            "--context-length", "--trust-remote-code", "--tp-size", "--kv-cache-dtype",
+                            memory_flag="--mem-fraction-static", nel_next_service=True),
     "vllm": FrameworkInfo(("vllm", "serve"), "QUANTEVAL_VLLM_LAUNCHER", 8000,
-                          "--max-model-len", "--trust-remote-code", "--tensor-parallel-size", "--kv-cache-dtype"),
+                          "--max-model-len", "--trust-remote-code", "--tensor-parallel-size", "--kv-cache-dtype",
+                          memory_flag="--gpu-memory-utilization", nel_next_service=True),
     "trtllm": FrameworkInfo(("trtllm-serve",), "QUANTEVAL_TRTLLM_LAUNCHER", 8000,
                             "--max_seq_len", "--trust_remote_code", "--tp_size", None),
 }  # fmt: skip
+# The servers nel-next starts from a model path, with flags quanteval knows (vllm, sglang).
+NEL_NEXT_SERVICES: tuple[str, ...] = tuple(name for name in FRAMEWORKS if FRAMEWORK_INFO[name].nel_next_service)
+MEMORY_FLAGS = {name: info.memory_flag for name, info in FRAMEWORK_INFO.items() if info.memory_flag}
 
 # model_type -> parser name, per framework. Only used when the chat template shows reasoning /
 # tool calls. Names checked against SGLang's --reasoning-parser/--tool-call-parser choices and
@@ -210,46 +227,7 @@ def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None
 
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang's ready line
 
-# Known server failures, matched against the log: (regex, what it means, the fix).
-KNOWN_FAILURES: list[tuple[re.Pattern[str], str, str]] = [
-    (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
-     "SGLang left no room for the KV cache after loading the weights.",
-     "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length, or use more GPUs (--tp-size)."),
-    (re.compile(r"Capture cuda graph failed"),
-     "SGLang ran out of memory or hit a kernel error while capturing CUDA graphs.",
-     "Lower --mem-fraction-static (e.g. 0.8), or lower the CUDA-graph batch size (--cuda-graph-max-bs-decode; "
-     "--cuda-graph-max-bs in older SGLang), or add --disable-cuda-graph (slower)."),
-    (re.compile(r"(?i)(nvfp4|fp4)[^\n]*(blackwell|sm_?100|sm ?10\d|not supported on|requires? .*capability)"),
-     "A native NVFP4 kernel was selected on a GPU older than Blackwell.",
-     "Run on B200 (Blackwell), or let SGLang pick Marlin on SM80-SM90 (--fp4-gemm-backend auto, --moe-runner-backend "
-     "marlin): it serves weight-only, so the accuracy measured is not the Blackwell accuracy."),
-    (re.compile(r"quantization method \S+ is not supported for the current GPU"),
-     "The GPU's compute capability is below what this quantization format's kernels need (SGLang's get_min_capability).",
-     "Run on a newer GPU (MXFP8 needs Blackwell in SGLang), or use vLLM, or a format this GPU serves (FP8 on Hopper)."),
-    (re.compile(r"ModelOpt(Fp8Config)? (currently )?only supports"),
-     "The server's ModelOpt loader does not know this quant_algo (W4A16_AWQ, W4A8_AWQ, W8A8_SQ, FP8_PB_WO, "
-     "FP8_PER_CHANNEL_PER_TOKEN, MXFP4, W4A8_NVFP4_FP8 in SGLang 0.5.23).",
-     "Deploy with TensorRT-LLM (framework 'trtllm'), or re-export the checkpoint as FP8 or NVFP4."),
-    (re.compile(r"does not match the quantization method specified in the `?quantization`? argument"),
-     "--quantization disagrees with the checkpoint's own quantization config.",
-     "Drop --quantization (the server reads the checkpoint's config), or set the value the config names."),
-    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA"),
-     "The GPU ran out of memory.",
-     "Use more GPUs (tensor parallel), lower --context-length/--max-model-len, or lower "
-     "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)."),
-    (re.compile(r"requires you to execute the configuration file|trust_remote_code=True"),
-     "The model needs its own code from the checkpoint.",
-     "Add --trust-remote-code (only for checkpoints you trust)."),
-    (re.compile(r"has no attribute 'cpu_gemm_wna16'"),
-     "vLLM's CPU build has no 4-bit weight-only GEMM kernel (W4A16).",
-     "Serve this checkpoint on a GPU, or evaluate a W8A8 (int8) variant on the CPU."),
-    (re.compile(r"(?i)Unsupported CPU attention configuration: head_dim=\d+|head.?size \d+ is not supported|unsupported head.?(size|dim)"),
-     "vLLM's attention backend has no kernel for this model's head size.",
-     f"Serve it on a GPU; vLLM's CPU attention supports head_dim {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}."),
-    (re.compile(r"Address already in use|error while attempting to bind on address"),
-     "The port is taken by another process.",
-     "Stop the other server or launch with another port."),
-]  # fmt: skip
+# The failures a server states in its log, with their fixes, are in quanteval.failures (SERVER_FAILURES).
 
 
 # --- Per framework and format -------------------------------------------------------------------

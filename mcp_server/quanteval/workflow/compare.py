@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from quanteval import redact
 from quanteval.engines.base import unpinned_image
 from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
@@ -49,8 +50,6 @@ PAIRED_MATCH_TOLERANCE = 0.005  # per-sample means must reproduce the headline t
 PROMPT_KEYS = re.compile(r"prompt|template|system|few_?shot|chat", re.IGNORECASE)
 REASONING_KEYS = re.compile(r"reason|think", re.IGNORECASE)
 JUDGE_KEYS = re.compile(r"judge", re.IGNORECASE)
-SECRET_KEYS = re.compile(r"key|token|secret|password", re.IGNORECASE)
-ENV_VAR_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 class CompareResultsInput(StrictModel):
@@ -136,21 +135,8 @@ class CompareResultsOutput(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _redacted(value: Any) -> Any:
-    """Config values under key-like names, unless they are env var names (which NEL configs should hold)."""
-    if isinstance(value, dict):
-        return {
-            key: "<redacted>" if SECRET_KEYS.search(str(key)) and isinstance(item, str) and not ENV_VAR_NAME.match(item)
-            else _redacted(item)
-            for key, item in value.items()
-        }
-    if isinstance(value, list):
-        return [_redacted(item) for item in value]
-    return value
-
-
 def _short(value: Any) -> str:
-    text = json.dumps(_redacted(value), sort_keys=True, default=str)
+    text = json.dumps(redact.redact_config(value), sort_keys=True, default=str)
     return text if len(text) <= 300 else text[:297] + "..."
 
 

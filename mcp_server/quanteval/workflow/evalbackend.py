@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from quanteval import redact
 from quanteval.models import StrictModel
 from quanteval.serving.frameworks import Execution
 
@@ -179,7 +180,7 @@ class Backend(Protocol):
 
 
 def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000) -> list[str]:
-    """The last lines of a log, reading at most max_bytes from its end."""
+    """The last lines of a log as tools show them (secrets masked, lines capped), reading at most max_bytes from its end."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -188,4 +189,4 @@ def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64_000)
             data = handle.read()
     except OSError:
         return []
-    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
+    return redact.shown_lines(data.decode("utf-8", errors="replace").splitlines()[-lines:])

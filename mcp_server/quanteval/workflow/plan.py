@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from quanteval import configfile, engines, registry
 from quanteval.clusters import executor as executors
 from quanteval.models import ProgressFn, ToolError, no_progress
-from quanteval.serving.frameworks import Execution
+from quanteval.serving.frameworks import Execution, PlanDeployment
 from quanteval.workflow import tasks
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples=10"
@@ -39,8 +39,7 @@ class PlanRequest(BaseModel):
     model: str = Field(description="Checkpoint directory or Hugging Face handle already in the local HF cache.")
     tasks: list[str] = Field(default_factory=list, description="Recipe or NEL task names; empty keeps the bundle's tasks.")
     execution: Execution = Field("local", description="Where NEL runs the jobs.")
-    # the deployments `quanteval plan` offers
-    deployment: Literal["vllm", "sglang", "none"] = Field("vllm", description="Who serves the model.")
+    deployment: PlanDeployment = Field("vllm", description="Who serves the model.")
     model_type: Literal["chat_reasoning", "base"] = Field("chat_reasoning", description="chat_reasoning (chat endpoint) or base (completions).")
     output_dir: str | None = Field(None, description="execution.output_dir for the results (absolute on SLURM).")
     config: str | None = Field(None, description="Config file to write; default <model>-<execution>-<deployment>.yaml here.")

@@ -83,7 +83,7 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn, check:
     framework = deployment_type(configfile.load_config(config_path, check))
     if framework not in CONTEXT_LENGTH_FLAGS:
         raise ToolError(
-            f"{request.config_path}: deployment is '{framework}'; apply_checkpoint configures a server NEL starts (vllm, sglang or trtllm). "
+            f"{request.config_path}: deployment is '{framework}'; apply_checkpoint configures a server NEL starts ({frameworks.one_of(frameworks.FRAMEWORKS)}). "
             "For an existing endpoint set target.api_endpoint.model_id/url with set_config_value; for NIM set deployment.image."
         )
     progress(0, 2, "inspecting checkpoint")

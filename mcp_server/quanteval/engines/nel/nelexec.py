@@ -24,6 +24,7 @@ import sys
 import tempfile
 from typing import Any
 
+from quanteval import redact
 from quanteval.models import ToolError
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -137,7 +138,7 @@ class _NelWarnings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.msg.get("event") if isinstance(record.msg, dict) else record.getMessage()
         # NEL appends every parameter the template reads; what is unused is the finding.
-        text = ANSI_ESCAPE.sub("", str(message)).split(" Valid params from command:")[0].strip()[:500]
+        text = redact.shown_line(ANSI_ESCAPE.sub("", str(message)).split(" Valid params from command:")[0])
         item = {"task": self.checking, "message": text}
         if item not in self.found and len(self.found) < MAX_WARNINGS:
             self.found.append(item)

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import ClassVar
 
-from quanteval import failures
+from quanteval import failures, redact
 from quanteval.clusters import ssh
 from quanteval.engines.base import EngineName
 from quanteval.engines.nel.runtree import (
@@ -40,7 +40,6 @@ from quanteval.engines.runresults import (
     TaskValidation,
     ValidateRunInput,
     ValidateRunOutput,
-    clip,
     failure_finding,
     run_verdict,
 )
@@ -51,13 +50,14 @@ MAX_EVIDENCE_PER_CHECK = 5
 
 # Log lines that matter, one pattern per check, written in the regex dialect Python and POSIX ERE
 # (grep -E) share: grep finds the candidate lines (locally or on the cluster), Python sorts them into checks.
+# The failures are failures.py's (its table is the one place for them); resumed and loaded_checkpoint are facts.
 LOG_PATTERNS: dict[str, re.Pattern[str]] = {
     name: re.compile(pattern, re.IGNORECASE)
     for name, pattern in {
-        "slurm_timeout": r"DUE TO TIME LIMIT|DUE TO PREEMPTION|NODE_FAIL",
+        "slurm_timeout": failures.SLURM_ENDED,
         "resumed": r"RESUMING\.\.\.",
-        "judge_failure": r"judge.{0,80}(error|fail|exception|timed? ?out)",
-        "sandbox_failure": r"sandbox.{0,80}(error|fail|exception|refused|timed? ?out)",
+        "judge_failure": failures.FAILURE_PATTERNS["judge"],
+        "sandbox_failure": failures.FAILURE_PATTERNS["sandbox"],
         "loaded_checkpoint": r"model_path='|Starting to load model |'model': '",
     }.items()
 }
@@ -89,7 +89,7 @@ def _scan_logs(tree: RunTree, task_dir: Path) -> dict[str, list[Evidence]]:
 def _classify(line: str, file: str, number: int, hits: dict[str, list[Evidence]]) -> None:
     for name, pattern in LOG_PATTERNS.items():
         if len(hits[name]) < MAX_EVIDENCE_PER_CHECK and pattern.search(line):
-            hits[name].append(Evidence(file=file, line=number, text=clip(line)))
+            hits[name].append(Evidence(file=file, line=number, text=redact.shown_line(line)))
 
 
 

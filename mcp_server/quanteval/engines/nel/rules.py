@@ -90,7 +90,7 @@ def _check_deployment(ctx: Context) -> None:  # noqa: C901
         ctx.add("deployment.hf_model_handle", "error", "both_model_sources", "Both checkpoint_path and hf_model_handle are set; NEL serves hf_model_handle and ignores the local checkpoint.", "Keep one: set hf_model_handle to null to serve the local checkpoint (or checkpoint_path to null).")
     if framework in ("vllm", "sglang") and not has_path and not has_handle and "???" not in (deployment.get("checkpoint_path"), deployment.get("hf_model_handle")):
         ctx.add("deployment.checkpoint_path", "error", "no_model_source", "Neither checkpoint_path nor hf_model_handle is set: the server has nothing to load.", "Run apply_checkpoint with the checkpoint directory or HF handle.")
-    if framework in ("vllm", "sglang", "trtllm"):
+    if framework in frameworks.FRAMEWORKS:
         _check_against_checkpoint(ctx, options)
 
 
@@ -161,7 +161,7 @@ def _check_execution(ctx: Context) -> None:
         ctx.add("execution.num_instances", "error", "num_instances", "num_instances > 1 replicates a deployment, but deployment is none.", "Set num_instances to 1, or let NEL deploy the model.")
     if nodes % instances:
         ctx.add("execution.num_instances", "error", "num_instances", f"num_nodes {nodes} is not a multiple of num_instances {instances}: every instance needs the same number of nodes.", f"Use num_nodes {instances * max(1, nodes // instances)} or a num_instances that divides {nodes}.")
-    if ctx.execution == "slurm" and ctx.deployment in ("vllm", "sglang", "trtllm"):
+    if ctx.execution == "slurm" and ctx.deployment in frameworks.FRAMEWORKS:
         _check_gpus_per_node(ctx, nodes // instances if nodes % instances == 0 else 1)
 
 
@@ -207,7 +207,7 @@ def _gpus_per_node(execution: dict) -> int | None:
 def _check_gpus_per_node(ctx: Context, nodes_per_instance: int) -> None:
     execution, deployment = ctx.section("execution"), ctx.section("deployment")
     gpus = _gpus_per_node(execution)
-    tp = _int_at(deployment, "tensor_parallel_size", 8 if ctx.deployment in ("vllm", "sglang", "trtllm") else 1)
+    tp = _int_at(deployment, "tensor_parallel_size", 8 if ctx.deployment in frameworks.FRAMEWORKS else 1)
     pp = _int_at(deployment, "pipeline_parallel_size", 1) or 1
     dp = _int_at(deployment, "data_parallel_size", 1) or 1
     if not gpus or not tp:
@@ -307,7 +307,7 @@ def _check_known_issues(ctx: Context) -> None:
 def _check_endpoint_vs_chat_template(ctx: Context) -> None:
     """A checkpoint without a chat template (a base model, many exports) cannot answer a chat endpoint: the server
     refuses the request. NEL sends a task to its `endpoint_type`, else the first endpoint type the task supports."""
-    if ctx.deployment not in ("vllm", "sglang", "trtllm"):
+    if ctx.deployment not in frameworks.FRAMEWORKS:
         return
     report = ctx.checkpoint_report()
     if report is None or report.chat_template:
@@ -370,7 +370,7 @@ def _check_task_budget(ctx: Context, task_path: str, task_name: str, budget: tup
 
 def _check_generation(ctx: Context) -> None:
     """Budget vs serving context, sampling vs the checkpoint's generation_config.json, thinking vs the chat template."""
-    if ctx.deployment not in ("vllm", "sglang", "trtllm"):
+    if ctx.deployment not in frameworks.FRAMEWORKS:
         return
     report = ctx.checkpoint_report()
     context, where = serving_context(ctx.doc, report)

@@ -35,8 +35,9 @@ from quanteval.engines.base import (
 )
 from quanteval.engines.nel import config, nelexec
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
-from quanteval.engines.rendering import protect_secrets_files, rendered_script, scrub, secret_values
+from quanteval.engines.rendering import protect_secrets_files, rendered_script
 from quanteval.models import ProgressFn, ToolError
+from quanteval.redact import scrub, secret_values, shown_line, shown_lines
 
 LIMIT_SAMPLES_OVERRIDE = "++evaluation.nemo_evaluator_config.config.params.limit_samples={}"
 REPEAT_OVERRIDE = "++{prefix}.nemo_evaluator_config.config.params.extra.{key}={value}"
@@ -50,7 +51,7 @@ NEL_CHAIN_FILE = ".slurm_job_id.list"  # NEL 0.2.6 lists a run's SLURM jobs (its
 def _nel(op: str, timeout: float, **args: object) -> dict:
     answer = nelexec.call(op, timeout, **args)
     if not answer.get("ok"):
-        raise ToolError(f"NEL: {scrub(answer.get('error', 'unknown error'), secret_values([]))}")
+        raise ToolError(f"NEL: {scrub(answer.get('error', 'unknown error'))}")
     return answer
 
 
@@ -170,7 +171,7 @@ def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[st
                           tasks=tasks, dry_run=False)
     details = {**details, "engine": "nel", "overrides": overrides}
     if not answer.get("ok"):
-        error = scrub(answer.get("error", "unknown error"), secret_values([]))
+        error = scrub(answer.get("error", "unknown error"))
         ledger.add(kind, status="failed", config_path=config_path, config_hash=answer.get("config_hash"),
                    executor=answer.get("executor"), host=answer.get("host"), details={**details, "error": error},
                    message=f"launch failed: {error}")
@@ -288,18 +289,16 @@ def logs(record: ledger.Record, lines: int, job_id: str | None, progress: Progre
         raise ToolError(f"job: {job_id} is not part of {record.invocation_id}. run_status lists its jobs.")
     tails: list[LogTail] = []
     hits: list[FailureHit] = []
-    secrets = secret_values([])
+    secrets = secret_values()
     for index, job in enumerate(jobs):
         progress(index, len(jobs), f"reading logs of {job['job_id']}")
         try:
             job_tails, job_hits = _read_logs(job, lines)
         except Unreachable as exc:
             raise ToolError(f"{record.host}: {exc}. Check the host with ssh_check and retry.") from None
-        tails.extend(LogTail(job_id=job["job_id"], file=file,
-                             lines=[line[:failures.MAX_LINE_CHARS] for line in scrub("\n".join(lines), secrets).splitlines()])
-                     for file, lines in job_tails)
+        tails.extend(LogTail(job_id=job["job_id"], file=file, lines=shown_lines(lines, secrets)) for file, lines in job_tails)
         hits.extend(FailureHit(failure_class=failures.classify(text) or "exception", file=file, line=number,
-                               text=scrub(text.strip(), secrets)[:failures.MAX_LINE_CHARS]) for file, number, text in job_hits)
+                               text=shown_line(text, secrets)) for file, number, text in job_hits)
     classes = [name for name in failures.FAILURE_ADVICE if any(hit.failure_class == name for hit in hits)]
     diagnosis = None
     if record.status in ACTIVE:  # the diagnosis is for a run that has failed: ask whether it has

@@ -34,7 +34,7 @@ from quanteval.models import ProgressFn, ToolError
 from quanteval.paths import looks_local
 from quanteval.serving import checkpoint, frameworks
 
-MANAGED = ("vllm", "sglang")  # servers nel-next starts from a model path, with flags quanteval knows
+MANAGED = frameworks.NEL_NEXT_SERVICES  # servers nel-next starts from a model path, with flags quanteval knows
 WriteFn = Callable[[CommentedMap, str, Any], None]
 
 
@@ -44,7 +44,7 @@ WriteFn = Callable[[CommentedMap, str, Any], None]
 
 def build_problem(deployment: str) -> str | None:
     if deployment not in ("none", *MANAGED):
-        return f"deployment '{deployment}': nel-next configs here take none (an existing endpoint), vllm or sglang"
+        return f"deployment '{deployment}': nel-next configs here take none (an existing endpoint), {frameworks.one_of(MANAGED)}"
     return None
 
 
@@ -95,7 +95,7 @@ def model_service(doc: Any, config_path: str) -> tuple[str, dict[str, Any]]:
     models = {name: s for name, s in (services or {}).items() if isinstance(s, dict) and (s.get("type") in (*MANAGED, "api"))}
     if len(models) != 1:
         found = ", ".join(f"{name} ({s.get('type')})" for name, s in (services or {}).items() if isinstance(s, dict)) or "none"
-        raise ToolError(f"{config_path}: apply_checkpoint needs exactly one vllm, sglang or api service under services:, found {found}. "
+        raise ToolError(f"{config_path}: apply_checkpoint needs exactly one {frameworks.one_of([*MANAGED, 'api'])} service under services:, found {found}. "
                         "Set the service's values with set_config_value instead.")
     return next(iter(models.items()))
 
@@ -230,7 +230,7 @@ def service_model(service: dict[str, Any]) -> tuple[str | None, dict[str, Any] |
     model path, or for an endpoint (type api) the model root vLLM reports in /v1/models. None where unknown."""
     url = service.get("url")
     served = served_facts(url) if service.get("type") == "api" and isinstance(url, str) and "???" not in url else None
-    candidate = service.get("model") if service.get("type") in ("vllm", "sglang") else (served or {}).get("root")
+    candidate = service.get("model") if service.get("type") in MANAGED else (served or {}).get("root")
     found = isinstance(candidate, str) and Path(candidate).expanduser().is_dir()
     return (str(Path(candidate).expanduser().resolve()) if found else None), served
 
@@ -369,7 +369,7 @@ def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
     (imported and run)."""
     found: list[tuple[str, Any]] = [("output.dir", (doc.get("output") or {}).get("dir"))]
     for name, service in (doc.get("services") or {}).items():
-        if isinstance(service, dict) and service.get("type") in ("vllm", "sglang"):
+        if isinstance(service, dict) and service.get("type") in MANAGED:
             if looks_local(service.get("model")):
                 found.append((f"services.{name}.model", service["model"]))
             found += [(f"services.{name}.container_mounts", str(m).split(":")[0]) for m in service.get("container_mounts") or []]

@@ -23,6 +23,7 @@ from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel.catalogue import lookup
 from quanteval.engines.nel_next import nelnext
 from quanteval.engines.nel_next.engine import NelNextEngine
+from quanteval.serving.frameworks import MEMORY_FLAGS, NEL_NEXT_SERVICES
 
 SERVICE = "services.model"
 PARAMS = "nemo_evaluator_config.config.params"
@@ -32,11 +33,11 @@ ADAPTER = "nemo_evaluator_config.target.api_endpoint.adapter_config"
 GENERATION_PARAMS = {"temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_tokens"}
 BENCHMARK_PARAMS = {"limit_samples": "max_problems", "parallelism": "max_concurrent", "request_timeout": "timeout"}
 REPEAT_PARAMS = ("extra.num_repeats", "extra.n_samples")  # NeMo-Skills and lm-eval's repeats -> benchmarks[i].repeats
-SERVICE_TYPES = {"vllm": "vllm", "sglang": "sglang", "nim": "nim", "none": "api"}
+# A NEL deployment -> the nel-next service that serves it: the servers nel-next starts itself keep their name.
+SERVICE_TYPES = {**{name: name for name in NEL_NEXT_SERVICES}, "nim": "nim", "none": "api"}
 DEPLOYMENT_KEYS = {"checkpoint_path": "model", "hf_model_handle": "model", "served_model_name": "served_model_name", "port": "port",
                    "image": "image", "tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size",
                    "data_parallel_size": "data_parallel_size"}
-MEMORY_FLAGS = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"}
 SLURM_KEYS = {"hostname": "cluster.hostname", "username": "cluster.username", "account": "cluster.account", "walltime": "cluster.walltime",
               "sbatch_comment": "cluster.sbatch_comment"}
 POOL_KEYS = {"partition": "partition", "num_nodes": "nodes", "gres": "gres", "gpus_per_node": "gpus_per_node", "ntasks_per_node": "ntasks_per_node"}

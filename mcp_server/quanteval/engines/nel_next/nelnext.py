@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quanteval import envvars, ledger
+from quanteval import envvars, ledger, redact
 from quanteval.clusters import ssh
 from quanteval.localproc import group_members, stop_group
 from quanteval.models import ToolError
@@ -191,7 +191,7 @@ def _ask_schema(config_path: str, overrides: list[str] | None) -> dict[str, Any]
         raise ToolError(f"nel-next did not read {config_path} within {CHECK_TIMEOUT_S:.0f} s.") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise ToolError(f"nel-next could not be asked about {config_path}: {(done.stderr.strip() or 'no output')[-400:]}")
+        raise ToolError(f"nel-next could not be asked about {config_path}: {redact.scrub(done.stderr.strip() or 'no output')[-400:]}")
     return json.loads(lines[-1])
 
 
@@ -284,21 +284,10 @@ def log_tail(details: dict[str, Any], lines: int) -> list[str]:
 
 
 RUN_FACTS_NAME = "quanteval-run.json"
-SECRET_KEY_WORDS = ("key", "token", "secret", "password")
-
-
-def _redact(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: "<redacted>" if any(w in k.lower() for w in SECRET_KEY_WORDS) and v else _redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_redact(v) for v in value]
-    return value
-
-
 def write_run_facts(run_dir: Path, config: dict[str, Any], checkpoint: str | None, served: dict[str, Any] | None) -> None:
     """What compare_results checks for comparability: the config as nel-next read it (secrets redacted), the
     checkpoint and what the server reported serving. nel-next itself keeps none of this in a local run."""
-    facts = {"config": _redact(config), "checkpoint": checkpoint, "served": served or {}}
+    facts = {"config": redact.redact_config(config), "checkpoint": checkpoint, "served": served or {}}
     (run_dir / RUN_FACTS_NAME).write_text(json.dumps(facts, indent=1), encoding="utf-8")
 
 
@@ -351,14 +340,14 @@ def submit(kind: ledger.RecordKind, config_path: str, overrides: list[str], chec
     job_ids = SUBMITTED.findall(done.stdout)
     if done.returncode != 0 or not job_ids:
         said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-4:]
-        raise ToolError(f"nel-next did not submit the {kind.replace('_', ' ')}: {' | '.join(said)[-800:]}")
+        raise ToolError(f"nel-next did not submit the {kind.replace('_', ' ')}: {redact.scrub(' | '.join(said))[-800:]}")
     jobs = []
     for job_id in job_ids:
         meta = json.loads((data_home() / "nel" / "jobs" / job_id / "slurm_job.json").read_text())
         jobs.append({"job_id": job_id, "hostname": meta["hostname"], "username": meta.get("username") or None,
                      "remote_dir": meta["remote_dir"]})
     results_dir = data_home() / "results" / f"{jobs[0]['hostname']}-{job_ids[0]}"
-    facts = {"config": _redact(checked["config"]), "checkpoint": details.get("checkpoint"), "served": details.get("served") or {}}
+    facts = {"config": redact.redact_config(checked["config"]), "checkpoint": details.get("checkpoint"), "served": details.get("served") or {}}
     return ledger.add(kind, status="submitted", config_path=config_path, config_hash=config_hash(config_path, overrides),
                       invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
                       details={**details, "engine": "nel-next", "overrides": overrides, "tasks": checked["benchmarks"],
@@ -393,7 +382,7 @@ def fetch_results(details: dict[str, Any]) -> Path:
                                   timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
             if done.returncode != 0:
                 said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
-                raise ToolError(f"nel eval merge of {local} failed: {' | '.join(said)[-600:]}")
+                raise ToolError(f"nel eval merge of {local} failed: {redact.scrub(' | '.join(said))[-600:]}")
     (local / RUN_FACTS_NAME).write_text(json.dumps(details.get("run_facts") or {}, indent=1), encoding="utf-8")
     return local
 
@@ -409,7 +398,7 @@ def resubmit(job: dict[str, Any]) -> dict[str, Any]:
     found = re.search(r"Resubmitted: .*?(\d+)", done.stdout)
     if done.returncode != 0 or not found:
         said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
-        raise ToolError(f"nel eval resume did not resubmit job {job['job_id']}: {' | '.join(said)[-600:]}")
+        raise ToolError(f"nel eval resume did not resubmit job {job['job_id']}: {redact.scrub(' | '.join(said))[-600:]}")
     return {**job, "job_id": found.group(1)}
 
 
@@ -425,7 +414,7 @@ def render_sbatch(config_path: str, overrides: list[str]) -> tuple[list[tuple[Pa
     paths = [Path(line.split(":", 1)[1].strip()) for line in done.stdout.splitlines() if line.startswith("Generated:")]
     if done.returncode != 0 or not paths:
         said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
-        return [], f"nel eval run --dry-run failed: {' | '.join(said)[-600:]}"
+        return [], f"nel eval run --dry-run failed: {redact.scrub(' | '.join(said))[-600:]}"
     return [(path, path.read_text(errors="replace")) for path in paths if path.is_file()], None
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import ClassVar
 
-from quanteval import engines, ledger
+from quanteval import engines, ledger, redact
 from quanteval.engines.base import EngineName
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import (
@@ -134,8 +134,8 @@ def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunO
         _check_checkpoint(task, facts, str(run_dir / nelnext.RUN_FACTS_NAME), request)
     for name, error in outcome.failed.items():
         tasks.append(TaskValidation(task_dir=str(run_dir), task=name, finished=False, findings=[Finding(
-            severity="fail", check="finished", message=f"nel-next failed the benchmark: {error[:300]}",
-            evidence=[Evidence(file=str(run_dir / "checkpoint.json"), text=error[:300])])]))
+            severity="fail", check="finished", message=f"nel-next failed the benchmark: {redact.shown_line(error)}",
+            evidence=[Evidence(file=str(run_dir / "checkpoint.json"), text=redact.shown_line(error))])]))
     if not found and not outcome.failed:
         unfinished = TaskValidation(task_dir=str(run_dir), finished=False, findings=[Finding(
             severity="fail", check="finished", message="no benchmark bundle (eval-*.json) in the run directory: the run did not finish")])

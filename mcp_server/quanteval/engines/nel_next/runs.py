@@ -33,8 +33,9 @@ from quanteval.engines.base import (
     overall_status,
 )
 from quanteval.engines.nel_next import config, nelnext, nextresults
-from quanteval.engines.rendering import rendered_script, scrub, secret_values
+from quanteval.engines.rendering import rendered_script
 from quanteval.models import ProgressFn, ToolError
+from quanteval.redact import secret_values, shown_line, shown_lines
 
 NOT_FINISHED = "nel eval run ended (exit {code}) without finishing it"
 
@@ -64,7 +65,7 @@ def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
     scripts = [RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])]
     if error is None and _on_cluster(checked):
         rendered, error = nelnext.render_sbatch(config_path, overrides)
-        secrets = secret_values([])
+        secrets = secret_values()
         scripts += [rendered_script(path.name, path, body, secrets) for path, body in rendered[:MAX_SCRIPTS]]
         if error:
             ledger.update(record.id, status="failed", details={"error": error}, message=error)
@@ -143,7 +144,7 @@ def _cluster_failures(cluster: executors.SlurmExecutor, jobs: list[ClusterJob]) 
     for job in jobs:
         for chunk in cluster.cat_each(job, "*/checkpoint.json"):
             try:
-                failed.update({str(k): str(v)[:300] for k, v in (json.loads(chunk).get("failed_benchmarks") or {}).items()})
+                failed.update({str(k): shown_line(str(v)) for k, v in (json.loads(chunk).get("failed_benchmarks") or {}).items()})
             except (json.JSONDecodeError, AttributeError):
                 continue
     return failed
@@ -182,7 +183,7 @@ def _local_refresh(record: ledger.Record) -> Refreshed:
     jobs = []
     for name in benchmarks:
         if name in outcome.failed:
-            jobs.append(JobStatus(job_id=name, status="failed", note=outcome.failed[name][:300]))
+            jobs.append(JobStatus(job_id=name, status="failed", note=shown_line(outcome.failed[name])))
         elif name in outcome.completed:
             jobs.append(JobStatus(job_id=name, status="succeeded"))
         else:
@@ -239,11 +240,11 @@ def _log_lines(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
 
 def logs(record: ledger.Record, lines: int) -> RunLogsOutput:
     path, content = _log_lines(record, lines)
-    secrets = secret_values([])
+    secrets = secret_values()
     hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=path, line=number,
-                       text=scrub(text.strip(), secrets)[:failures.MAX_LINE_CHARS])
+                       text=shown_line(text, secrets))
             for number, text in enumerate(content, 1) if failures.classify(text)]
-    tail = [line[:failures.MAX_LINE_CHARS] for line in scrub("\n".join(content[-lines:]), secrets).splitlines()]
+    tail = shown_lines(content[-lines:], secrets)
     record = refresh(record).record if record.status in ACTIVE else record
     diagnosis = None
     if record.status == "failed":

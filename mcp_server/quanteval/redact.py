@@ -1,0 +1,97 @@
+"""What a tool may show of text that can hold secrets: logs, rendered scripts, error messages and configs.
+
+The one scrubber for everything a tool returns (run logs, validate_run's evidence, deployment logs, remote_grep,
+the eval server's log tails, rendered scripts). It masks:
+- by value: the values of secret env vars that are set here, each shown as its var's name (`<HF_TOKEN>`): the known
+  ones (HF_TOKEN, NGC_API_KEY, JUDGE_API_KEY ...) and any other whose name ends in KEY, TOKEN, SECRET or PASSWORD
+  (such as the eval server's --token-env); and the values NEL wrote to the .secrets.env files the caller names (`***`);
+- by shape, wherever they appear, as `***`: `Authorization: Bearer …`, NVIDIA `nvapi-…` keys, Hugging Face `hf_…` tokens,
+  OpenAI-style `sk-…` keys, the password in a URL (`https://user:…@host`), the value of `NAME=value` whose name
+  says it is a secret, and of every `export NAME=value` (NEL's run.sub runs under `set -x`, so its SLURM log echoes
+  its re-exports with their real values).
+Configs are redacted by key instead (redact_config). A log line is shown scrubbed and cut to MAX_LINE_CHARS (shown_line).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from quanteval import envvars
+
+Secrets = dict[str, str]  # a secret value -> what shows in its place
+MASK = "***"
+MAX_LINE_CHARS = 400  # a log line as tools show it (NEL scripts echo base64 configs thousands of characters long)
+MIN_SECRET_CHARS = 4  # shorter values ("1", "no") would mask ordinary text
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")  # a known env var whose value is a secret
+# Any other env var whose name ends like a secret's (TOKENIZERS_PARALLELISM=false does not).
+SECRET_ENV_SUFFIX = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD)$")
+SECRET_KEY = re.compile(r"key|token|secret|password", re.IGNORECASE)  # config keys whose values are secrets
+ENV_VAR_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")  # what a config should hold instead of a secret: the env var's name
+# Shell lines that carry secret values (NEL's `set -x` echoes its re-exports into the SLURM log).
+SECRET_ASSIGNMENT = re.compile(r"((?:export\s+'?)\w+=|\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=)(\"[^\"]*\"|'[^']*'|\S+)",
+                               re.IGNORECASE)
+# Secrets by their shape; group 1, when set, is the part that stays (the header and scheme).
+SECRET_SHAPE = re.compile(
+    r"(\b(?:authorization:\s*(?:bearer|basic|token)|bearer)\s+)[A-Za-z0-9._~+/-]{8,}=*"
+    r"|\bnvapi-[A-Za-z0-9_-]{8,}"
+    r"|\bhf_[A-Za-z0-9]{30,}\b"
+    r"|\bsk-[A-Za-z0-9_-]{20,}"
+    r"|(\b[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^/\s@]{3,}(?=@)",  # the password in scheme://user:password@host
+    re.IGNORECASE,
+)
+
+
+def secret_values(secrets_files: Iterable[Path] = ()) -> Secrets:
+    """Values that must never appear in a result, each with what shows instead: a secret env var's value shows as its
+    name (`<HF_TOKEN>`; names may be shown, values never), what NEL wrote to the .secrets.env files given as `***`."""
+    values: Secrets = {}
+    for path in secrets_files:
+        for line in path.read_text(errors="replace").splitlines():
+            _, _, value = line.partition("=")
+            value = value.strip().strip("'\"")
+            if len(value) >= MIN_SECRET_CHARS:
+                values[value] = MASK
+    names = {name for name in envvars.set_env_var_names() if SECRET_NAME.search(name)}
+    names |= {name for name in os.environ if SECRET_ENV_SUFFIX.search(name.upper())}
+    for name in sorted(names):
+        if len(value := os.environ.get(name, "")) >= MIN_SECRET_CHARS:
+            values[value] = f"<{name}>"
+    return values
+
+
+def scrub(text: str, secrets: Secrets | None = None) -> str:
+    """text with every secret masked; `secrets` defaults to secret_values() (the env's, no .secrets.env files)."""
+    known = secret_values() if secrets is None else secrets
+    for value in sorted(known, key=len, reverse=True):
+        text = text.replace(value, known[value])
+    text = SECRET_ASSIGNMENT.sub(lambda match: f"{match.group(1)}{MASK}", text)
+    return SECRET_SHAPE.sub(lambda match: f"{match.group(1) or match.group(2) or ''}{MASK}", text)
+
+
+def shown_line(line: str, secrets: Secrets | None = None) -> str:
+    """One log line as a tool shows it: stripped, scrubbed, at most MAX_LINE_CHARS characters."""
+    return scrub(line.strip(), secrets)[:MAX_LINE_CHARS]
+
+
+def shown_lines(lines: Iterable[str], secrets: Secrets | None = None) -> list[str]:
+    """Log lines as a tool shows them, each scrubbed and capped but otherwise kept (not stripped, empty ones kept);
+    the env's secrets are read once for all of them."""
+    secrets = secret_values() if secrets is None else secrets
+    return [scrub(line, secrets)[:MAX_LINE_CHARS] for line in lines]
+
+
+def redact_config(value: Any, secret: bool = False) -> Any:
+    """A config with every string under a key-like name (api_key, token, password ..., at any depth below it) replaced
+    by `<redacted>`, unless it is an env var's name (what configs should hold instead of the secret)."""
+    if isinstance(value, dict):
+        return {key: redact_config(item, secret or bool(SECRET_KEY.search(str(key)))) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redact_config(item, secret) for item in value]
+    if secret and isinstance(value, str) and value and not ENV_VAR_NAME.match(value):
+        return "<redacted>"
+    return value

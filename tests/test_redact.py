@@ -1,0 +1,109 @@
+"""The one scrubber: what a tool shows of logs, scripts, errors and configs never holds a secret, by value or by shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from quanteval import redact
+from quanteval.faces.server import build_server
+from quanteval.workflow.evalbackend import tail_lines
+
+HF = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3f"  # the shape of a Hugging Face token (hf_ + 34)
+NVAPI = "nvapi-PLANTED-s3cr3t-9f8e7d"
+SK = "sk-live-0123456789abcdefghijKLMN"
+# Log lines a run, a server or a script prints with secrets in them, and what of each line may be shown.
+SECRET_LINES = [
+    (f"curl -H 'Authorization: Bearer {NVAPI}' http://judge:8000/v1", "Authorization: Bearer ***"),
+    ("authorization: bearer s3cretTokenValue", "authorization: bearer ***"),
+    ("sent Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig", "sent Bearer ***"),
+    (f"NGC key {NVAPI} rejected", "NGC key *** rejected"),
+    (f"login with {HF} failed", "login with *** failed"),
+    (f"openai.AuthenticationError: 401 invalid key {SK}", "invalid key ***"),
+    ("MLFLOW_TRACKING_URI is https://bob:hunter22pw@mlflow.internal/x", "https://bob:***@mlflow.internal/x"),
+    ("+ export 'JUDGE_API_KEY=planted-export-value'", "+ export 'JUDGE_API_KEY=***"),
+    ('NGC_API_KEY="planted quoted value" next', "NGC_API_KEY=*** next"),
+    ("password=hunter22", "password=***"),
+]
+PLANTED = [NVAPI, HF, SK, "s3cretTokenValue", "eyJhbGciOiJIUzI1NiJ9", "hunter22", "planted-export-value", "planted quoted"]
+
+
+@pytest.mark.parametrize(("line", "shown"), SECRET_LINES)
+def test_secrets_are_masked_by_shape_wherever_they_appear(line: str, shown: str) -> None:
+    scrubbed = redact.scrub(line, {})
+    assert shown in scrubbed
+    assert not any(secret in scrubbed for secret in PLANTED)
+
+
+@pytest.mark.parametrize("text", [
+    "reading hf_quant_config.json and deployment.hf_model_handle",
+    "the server requires a bearer token (Authorization: Bearer ...)",
+    "missing or wrong bearer token (Authorization: Bearer <$QUANTEVAL_EVAL_TOKEN>)",
+    "nvapi-dummy",
+    "max_tokens: 1024 for the judge, TOKENIZERS_PARALLELISM false",
+    "git clone https://github.com/NVIDIA/NeMo-Skills.git",
+])
+def test_ordinary_text_that_looks_a_little_like_a_secret_stays(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # not a secret: its name does not end like one
+    assert redact.scrub(text) == text
+
+
+def test_secret_env_values_show_as_their_names_and_secrets_files_as_stars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_planted_secret_value_123")
+    monkeypatch.setenv("RL_LOOP_EVAL_TOKEN", "planted-eval-server-token")  # serve-eval --token-env RL_LOOP_EVAL_TOKEN
+    secrets_env = tmp_path / ".secrets.env"
+    secrets_env.write_text("JUDGE_API_KEY='planted-judge-secret-9f8e7d'\nEMPTY=\nSHORT=abc\n")
+    secrets = redact.secret_values([secrets_env])
+    assert secrets["planted-judge-secret-9f8e7d"] == "***" and "abc" not in secrets
+    text = (f"token hf_planted_secret_value_123, planted-eval-server-token and planted-judge-secret-9f8e7d "
+            f"under {tmp_path}")
+    assert redact.scrub(text, secrets) == f"token <HF_TOKEN>, <RL_LOOP_EVAL_TOKEN> and *** under {tmp_path}"
+    assert redact.scrub("hf_planted_secret_value_123") == "<HF_TOKEN>"  # default: the env's secrets
+
+
+def test_a_shown_line_is_scrubbed_then_capped_at_the_one_line_cap() -> None:
+    line = f"  Authorization: Bearer {'x' * 40} " + "y" * 1000
+    shown = redact.shown_line(line, {})
+    assert len(shown) == redact.MAX_LINE_CHARS and shown.startswith("Authorization: Bearer *** y")
+    assert redact.shown_lines(["  a", "", "HF_TOKEN=zzzz", "z" * 1000], {}) == ["  a", "", "HF_TOKEN=***",
+                                                                               "z" * redact.MAX_LINE_CHARS]
+
+
+def test_configs_are_redacted_by_key_and_env_var_names_stay() -> None:
+    config = {"target": {"api_endpoint": {"api_key": "sk-live-1234", "api_key_name": "JUDGE_API_KEY", "url": "http://x"}},
+              "params": {"max_new_tokens": 1024, "extra": [{"token": "abc"}]}, "api_keys": ["k1", "k2"], "password": ""}
+    assert redact.redact_config(config) == {
+        "target": {"api_endpoint": {"api_key": "<redacted>", "api_key_name": "JUDGE_API_KEY", "url": "http://x"}},
+        "params": {"max_new_tokens": 1024, "extra": [{"token": "<redacted>"}]}, "api_keys": ["<redacted>", "<redacted>"],
+        "password": ""}
+
+
+def test_the_eval_server_log_tail_is_masked_and_capped(tmp_path: Path) -> None:
+    log = tmp_path / "eval.log"
+    log.write_text("\n".join(["start", *(line for line, _ in SECRET_LINES), "x" * 5000]) + "\n")
+    tail = tail_lines(log, lines=len(SECRET_LINES) + 2)
+    assert tail[0] == "start" and len(tail) == len(SECRET_LINES) + 2
+    assert all(shown in line for (_, shown), line in zip(SECRET_LINES, tail[1:], strict=False))
+    assert not any(secret in "\n".join(tail) for secret in PLANTED)
+    assert len(tail[-1]) == redact.MAX_LINE_CHARS
+
+
+def test_remote_grep_over_mcp_masks_what_it_matched(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(["loading", *(line for line, _ in SECRET_LINES), "ready"]) + "\n")
+
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("remote_grep", {"host": "local", "path": str(log),
+                                                          "patterns": ["bearer|key|login|password|MLFLOW"]})
+
+    result = anyio.run(go)
+    assert not result.is_error, result.content[0].text
+    texts = [match["text"] for match in result.structured_content["matches"]]
+    assert len(texts) == len(SECRET_LINES)
+    assert all(shown in text for (_, shown), text in zip(SECRET_LINES, texts, strict=True))
+    dumped = result.content[0].text + str(result.structured_content)
+    assert not any(secret in dumped for secret in PLANTED)
