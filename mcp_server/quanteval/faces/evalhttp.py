@@ -14,7 +14,6 @@ shutting down (in-flight requests get it with the reason).
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from quanteval.localproc import is_loopback
 from quanteval.models import ToolError
 from quanteval.workflow.evalbackend import EvalRequest, ServerSettings, payload_errors
 from quanteval.workflow.evaljobs import EvalService, Job, ShuttingDown
@@ -35,15 +35,6 @@ log = logging.getLogger("quanteval.faces.evalserver")
 
 MAX_BODY_BYTES = 1_000_000
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def required_token(settings: ServerSettings) -> str | None:
