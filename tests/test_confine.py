@@ -304,9 +304,11 @@ def test_run_logs_and_run_status_never_read_a_record_outside_the_root(workspace)
     inside, outside = workspace
     elsewhere = _nel_next_record(outside / "cli-run", "outside-log-line-7f3a")  # a CLI run, in the shared ledger
     here = _nel_next_record(inside / "results" / "mcp-run", "inside-log-line")
-    logs, status, kill, logs_here = calls(inside, ("run_logs", {"record_id": elsewhere.id}), ("run_status", {"record_id": elsewhere.id}),
-                                          ("kill_run", {"record_id": elsewhere.id}), ("run_logs", {"record_id": here.id}))
-    for result in (logs, status, kill):
+    logs, status, kill, validate, compare, logs_here = calls(
+        inside, ("run_logs", {"record_id": elsewhere.id}), ("run_status", {"record_id": elsewhere.id}),
+        ("kill_run", {"record_id": elsewhere.id}), ("validate_run", {"run": elsewhere.id}),
+        ("compare_results", {"baseline": here.id, "candidate": elsewhere.id}), ("run_logs", {"record_id": here.id}))
+    for result in (logs, status, kill, validate, compare):
         _refused(result, "run_dir")
         assert "outside-log-line" not in result.content[0].text
     assert not logs_here.is_error and "inside-log-line" in logs_here.content[0].text

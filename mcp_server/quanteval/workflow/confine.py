@@ -4,8 +4,9 @@ A config inside the root can still name an output directory, a checkpoint, a mou
 so many words or through an interpolation (`${oc.env:VAR,/elsewhere}`, `${VAR:-/elsewhere}`) or an override; the tools
 that launch would write there, mount it into a container or import it. Before dry_run, launch_canary and
 launch_full_run (and launch_deployment's plan) run, every such local path, as the engine itself reads the config, must
-resolve inside the root, or the call is refused naming the key. A run record (run_status, run_logs, resume_run, ...) is
-read only when its config, run directory and logs lie inside the root: the ledger is shared with the CLI. Paths of a
+resolve inside the root, or the call is refused naming the key. A run record (run_status, run_logs, resume_run, and
+the result tools given a record id) is read only when its config, run directory and logs lie inside the root: the
+ledger is shared with the CLI. Paths of a
 SLURM run are on the cluster: not ours.
 
 Which paths a launch or a record uses is each engine's knowledge (`Engine.launch_paths`, `Engine.record_paths`).
@@ -48,6 +49,9 @@ def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> di
         _check_config(arguments, policy)
     elif tool in RECORD_TOOLS:
         _check_record(arguments.get("record_id"), policy, resuming=tool == "resume_run")
+    for field, value in arguments.items():  # the result tools take a run by record id too (validate_run, compare ...)
+        if paths.PATH_FIELDS.get(field) == "run" and isinstance(value, str) and "/" not in value:
+            _check_record(value, policy, resuming=False)
     return _outputs_inside(tool, arguments, policy.root)
 
 
