@@ -225,6 +225,19 @@ def test_nel_next_output_dir_and_byob_files_are_checked_after_expansion_and_over
     assert not (outside / "imported").exists() and not (outside / "out").exists()
 
 
+def test_a_nel_next_playbook_outside_the_root_is_refused(workspace, next_config):
+    """nel-next's composer reads a benchmark's `playbook:` file and merges it in: a launch reads it too."""
+    inside, outside = workspace
+    config, steps = next_config
+    outside.mkdir()
+    (outside / "playbook.yaml").write_text("repeats: 1\n")
+    calls(inside, *steps)
+    text = Path(config).read_text()
+    Path(config).write_text(text.replace("  - name: ", f"  - playbook: {outside / 'playbook.yaml'}\n    name: ", 1))
+    (with_playbook,) = calls(inside, ("dry_run", {"config_path": config}))
+    _refused(with_playbook, "defaults/playbook file")
+
+
 def test_resume_run_checks_the_config_it_resumes(workspace, next_config):
     """A run recorded inside the root whose config now names a benchmark file outside: resume_run would import it."""
     from quanteval import ledger

@@ -372,22 +372,25 @@ def benchmark_file(name: str) -> str | None:
 def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
     """(key, absolute path) for every local path a run of this config on this machine writes, loads or runs: output.dir,
     a managed service's model (the server loads it) and container_mounts, and a benchmark given as a BYOB .py file in
-    any form nel-next takes (imported and run). Read from the config as nel-next itself reads it (check_schema: its
-    composer, `${VAR:-default}` expansion, the overrides), so an interpolation or override cannot hide a path; a config
-    nel-next cannot read is refused (a variable it cannot expand, a rejected key)."""
+    any form nel-next takes (imported and run); and the YAML files its composer reads (defaults:, playbook:). Read from
+    the config as nel-next itself reads it (check_schema: its composer, `${VAR:-default}` expansion, the overrides),
+    so an interpolation or override cannot hide a path; a config nel-next cannot read is refused."""
     checked = nelnext.check_schema(config_path, overrides)
+    read = [("defaults/playbook file", Path(file)) for file in checked.get("files_read") or []]
     doc = checked.get("config") or checked.get("expanded")  # a config its schema refuses is still checked (dry_run)
     if not isinstance(doc, dict):
         first = checked["problems"][0]
+        if read:  # a file it read may be why
+            return read
         raise ToolError(f"{config_path}: nel-next cannot read it ({first['path'] or 'config'}: {first['message']}), so the "
                         "paths it would use cannot be checked against this server's workspace root (--root). Run "
                         "validate_config and fix it.")
     if not executors.for_name(execution_type(doc)).on_this_machine:
-        return []
+        return read  # composed here, run on the cluster
     output = Path(str((doc.get("output") or {}).get("dir"))).expanduser()
     output = output if output.is_absolute() else Path(config_path).parent / output  # as runs._run_dir places it
     run_dir = output / "run"  # `nel eval run` works in <output.dir>/<run>: relative names resolve there
-    found: list[tuple[str, Path]] = [("output.dir", output)]
+    found: list[tuple[str, Path]] = [*read, ("output.dir", output)]
     for name, service in (doc.get("services") or {}).items():
         if isinstance(service, dict) and service.get("type") in MANAGED:
             model = str(service.get("model") or "")

@@ -134,8 +134,17 @@ from nemo_evaluator.config import parse_eval_config
 from nemo_evaluator.config.compose import _prune_nulls, compose_config
 from nemo_evaluator.config.eval_config import _expand_env, _resolve_playbooks
 from nemo_evaluator.config.output import OutputConfig
+import pathlib, nemo_evaluator
 path, overrides = sys.argv[1], json.loads(sys.argv[2])
 problems = []
+# the YAML files composing reads besides the config and nel-next's own (defaults: fragments, _base_, playbook:)
+files_read, package, read_text = [], pathlib.Path(nemo_evaluator.__file__).parent.resolve(), pathlib.Path.read_text
+def recording_read_text(self, *args, **kwargs):
+    resolved = self.resolve()
+    if resolved != pathlib.Path(path).resolve() and not resolved.is_relative_to(package) and str(resolved) not in files_read:
+        files_read.append(str(resolved))
+    return read_text(self, *args, **kwargs)
+pathlib.Path.read_text = recording_read_text
 expanded = None  # what nel-next reads before its schema check: composed, overridden, playbooks merged, ${VAR} expanded
 try:
     raw = compose_config(path)
@@ -158,6 +167,7 @@ except ValidationError as exc:
     out = {"ok": False, "problems": [{"path": where(e["loc"]), "message": e["msg"]} for e in exc.errors()], "expanded": expanded}
 except Exception as exc:
     out = {"ok": False, "problems": [{"path": "", "message": f"{type(exc).__name__}: {exc}"}]}
+out["files_read"] = files_read
 print(json.dumps(out, default=str))
 """
 
@@ -171,7 +181,7 @@ def check_schema(config_path: str, overrides: list[str] | None = None) -> dict[s
 
     Returns {"ok": True, "benchmarks", "cluster", "output_dir", "config"} or {"ok": False, "problems": [...]}, with
     "expanded" (the config as read before the schema check: composed, overridden, ${VAR} expanded) when only the
-    schema check failed.
+    schema check failed, and "files_read": the other YAML files composing it read (defaults fragments, playbooks).
     """
     try:
         stat = Path(config_path).stat()
