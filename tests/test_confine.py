@@ -361,6 +361,7 @@ def test_start_eval_server_over_mcp_stays_on_loopback_runs_ns_from_the_root_and_
     _refused(outside_ns, "ns_command")
     other_name = _start_eval_server(inside, False, {**base, "ns_command": "bash"})
     assert other_name.is_error and "ns_command" in other_name.content[0].text
+    _refused(_start_eval_server(inside, True, {**base, "data_dir": str(outside)}), "data_dir")
     open_bind = _start_eval_server(inside, False, {**base, "bind_host": "0.0.0.0"})
     assert open_bind.is_error and "--allow-open-eval-server" in open_bind.content[0].text
     home = _start_eval_server(inside, True, {**base, "bind_host": "0.0.0.0", "token_env": "HOME"})
