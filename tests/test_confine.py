@@ -4,6 +4,9 @@ written outside. Over a real MCP session (the SDK's in-process client), as an ID
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -11,7 +14,6 @@ import pytest
 from mcp import Client
 
 from quanteval.faces.server import build_server
-from quanteval.workflow import confine
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
@@ -109,8 +111,275 @@ def test_arguments_that_are_lists_of_benchmark_files_and_a_deployment_plan_are_c
     _refused(deploy, "plan.checkpoint")
 
 
-def test_slurm_paths_are_on_the_cluster_and_not_confined():
-    doc = {"defaults": [{"execution": "slurm/default"}], "execution": {"type": "slurm", "output_dir": "/lustre/me/results"},
-           "deployment": {"checkpoint_path": "/lustre/me/ckpt"}}
-    assert confine.launch_paths(doc) == []
-    assert confine.launch_paths({"benchmarks": [{"name": "/x/b.py"}], "cluster": {"type": "slurm"}, "output": {"dir": "/x"}}) == []
+def test_slurm_paths_are_on_the_cluster_and_not_confined(tmp_path):
+    from quanteval import engines
+
+    nel = tmp_path / "nel.yaml"
+    nel.write_text("defaults:\n  - execution: slurm/default\n  - deployment: none\n  - _self_\n"
+                   "execution:\n  output_dir: /lustre/me/results\n  hostname: login\n  account: a\n"
+                   "target:\n  api_endpoint:\n    url: http://x/v1/chat/completions\n    model_id: m\n"
+                   "evaluation:\n  tasks:\n    - name: ifeval\n")
+    assert engines.by_name("nel").launch_paths(str(nel), []) == []
+    nel_next = tmp_path / "next.yaml"
+    nel_next.write_text("services:\n  model:\n    type: api\n    url: http://x/v1/chat/completions\n    protocol: chat_completions\n"
+                        "benchmarks:\n  - name: /x/b.py\n    solver:\n      type: simple\n      service: model\n"
+                        "cluster:\n  type: slurm\n  hostname: login\n  account: a\noutput:\n  dir: /x\n")
+    assert engines.by_name("nel-next").launch_paths(str(nel_next), []) == []
+
+
+# ---------------------------------------------------------------- interpolations, overrides, BYOB forms (issue 28: 9, 10)
+
+
+def test_a_nel_interpolation_or_override_that_resolves_outside_is_refused_and_dry_run_writes_nothing_there(workspace, monkeypatch):
+    inside, outside = workspace
+    monkeypatch.delenv("QE_UNSET_DIR", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_confinement_test_value")
+    nel = _nel_config(inside, inside / "results")
+    config = nel["config"]
+    sneaky = f"${{oc.env:QE_UNSET_DIR,{outside}}}/x"
+    results = calls(
+        inside, *nel["steps"],
+        ("set_config_value", {"config_path": config, "key": "execution.output_dir", "value": sneaky}),
+        ("dry_run", {"config_path": config}),
+        ("set_config_value", {"config_path": config, "key": "execution.output_dir", "value": str(inside / "results")}),
+        ("set_config_value", {"config_path": config, "key": "deployment.checkpoint_path", "value": f"${{oc.env:QE_UNSET_DIR,{CHECKPOINT}}}"}),
+        ("dry_run", {"config_path": config}),
+        ("set_config_value", {"config_path": config, "key": "deployment.checkpoint_path", "value": str(inside)}),
+        ("dry_run", {"config_path": config, "overrides": [f"execution.output_dir={sneaky}"]}),
+        ("dry_run", {"config_path": config, "overrides": ["++deployment.cache_path=${oc.env:QE_UNSET_DIR}"]}),
+        ("set_config_value", {"config_path": config, "key": "deployment.checkpoint_path", "value": f"{inside}/$(touch {outside})"}),
+        ("dry_run", {"config_path": config}))
+    output_dir, checkpoint, override, unresolvable, shell = (results[i] for i in (3, 6, 8, 9, 11))
+    _refused(output_dir, "execution.output_dir")
+    _refused(checkpoint, "deployment.checkpoint_path")
+    _refused(override, "execution.output_dir")
+    assert unresolvable.is_error and "deployment.cache_path" in unresolvable.content[0].text and "cannot resolve" in unresolvable.content[0].text
+    assert shell.is_error and "deployment.checkpoint_path" in shell.content[0].text and "shell" in shell.content[0].text
+    assert not outside.exists()  # no scripts, no .secrets.env
+
+
+def test_nel_dry_run_over_the_root_renders_inside_when_the_interpolation_resolves_inside(workspace, monkeypatch):
+    inside, outside = workspace
+    monkeypatch.setenv("QE_RESULTS_DIR", str(inside / "results"))
+    monkeypatch.setenv("HF_TOKEN", "hf_confinement_test_value")
+    nel = _nel_config(inside, outside)
+    shutil.copytree(CHECKPOINT, inside / CHECKPOINT.name)
+    *_, missing, _, dry = calls(inside, *nel["steps"],
+                       ("apply_checkpoint", {"config_path": nel["config"], "checkpoint": str(inside / CHECKPOINT.name)}),
+                       ("set_config_value", {"config_path": nel["config"], "key": "evaluation.nemo_evaluator_config.config.params.extra.tokenizer",
+                                             "value": "/checkpoint"}),
+                       ("list_missing_values", {"config_path": nel["config"]}),
+                       ("set_config_value", {"config_path": nel["config"], "key": "execution.output_dir",
+                                             "value": f"${{oc.env:QE_RESULTS_DIR,{outside}}}"}),
+                       ("dry_run", {"config_path": nel["config"]}))
+    assert not dry.is_error, dry.content[0].text
+    assert dry.structured_content["ok"], (dry.structured_content["error"], missing.structured_content)
+    assert Path(dry.structured_content["invocation_dir"]).is_relative_to(inside)
+    assert not outside.exists()
+
+
+@pytest.fixture
+def next_config(workspace) -> tuple[str, list]:
+    """A nel-next config inside the root that nel-next accepts, with its benchmark file inside too."""
+    inside, _ = workspace
+    config = str(inside / "next.yaml")
+    bench = inside / "tiny_add.py"
+    bench.write_text(BENCH.read_text())
+    steps = [("build_config", {"engine": "nel-next", "execution": "local", "deployment": "none", "model_type": "base",
+                               "benchmarks": [str(bench)], "config_path": config}),
+             ("set_config_value", {"config_path": config, "key": "services.model.url", "value": "http://127.0.0.1:9/v1/chat/completions"}),
+             ("set_config_value", {"config_path": config, "key": "output.dir", "value": str(inside / "results")})]
+    return config, steps
+
+
+def _evil(outside: Path) -> Path:
+    """A benchmark file outside the root that leaves a mark when imported."""
+    outside.mkdir(exist_ok=True)
+    evil = outside / "evil.py"
+    evil.write_text(f"open({str(outside / 'imported')!r}, 'w').close()\n" + BENCH.read_text().replace('"tiny_add"', '"evil"'))
+    return evil
+
+
+def test_nel_next_output_dir_and_byob_files_are_checked_after_expansion_and_overrides(workspace, next_config, monkeypatch):
+    inside, outside = workspace
+    config, steps = next_config
+    evil = _evil(outside)
+    monkeypatch.delenv("QE_UNSET", raising=False)
+    results = calls(inside, *steps,
+                    ("set_config_value", {"config_path": config, "key": "output.dir", "value": f"${{QE_UNSET:-{outside}/out}}"}),
+                    ("dry_run", {"config_path": config}),
+                    ("set_config_value", {"config_path": config, "key": "output.dir", "value": str(inside / "results")}),
+                    ("set_config_value", {"config_path": config, "key": "benchmarks[0].name", "value": f"{evil}:evil"}),
+                    ("launch_canary", {"config_path": config}),
+                    ("set_config_value", {"config_path": config, "key": "benchmarks[0].name", "value": f"${{QE_UNSET:-{evil}}}"}),
+                    ("launch_canary", {"config_path": config}),
+                    ("set_config_value", {"config_path": config, "key": "benchmarks[0].name", "value": str(inside / "tiny_add.py")}),
+                    ("launch_canary", {"config_path": config, "overrides": [f"benchmarks.0.name={evil}:evil"]}),
+                    ("launch_canary", {"config_path": config, "overrides": ["output.dir=${QE_UNSET}"]}))
+    assert not any(result.is_error for result in results[:3]), [r.content[0].text for r in results[:3] if r.is_error]
+    _refused(results[4], "output.dir")
+    _refused(results[7], "benchmarks[0].name")
+    _refused(results[9], "benchmarks[0].name")
+    _refused(results[11], "benchmarks[0].name")
+    assert results[12].is_error and "QE_UNSET" in results[12].content[0].text and "--root" in results[12].content[0].text
+    assert not (outside / "imported").exists() and not (outside / "out").exists()
+
+
+def test_a_nel_next_playbook_outside_the_root_is_refused(workspace, next_config):
+    """nel-next's composer reads a benchmark's `playbook:` file and merges it in: a launch reads it too."""
+    inside, outside = workspace
+    config, steps = next_config
+    outside.mkdir()
+    (outside / "playbook.yaml").write_text("repeats: 1\n")
+    calls(inside, *steps)
+    text = Path(config).read_text()
+    Path(config).write_text(text.replace("  - name: ", f"  - playbook: {outside / 'playbook.yaml'}\n    name: ", 1))
+    (with_playbook,) = calls(inside, ("dry_run", {"config_path": config}))
+    _refused(with_playbook, "defaults/playbook file")
+
+
+def test_resume_run_checks_the_config_it_resumes(workspace, next_config):
+    """A run recorded inside the root whose config now names a benchmark file outside: resume_run would import it."""
+    from quanteval import ledger
+
+    inside, outside = workspace
+    config, steps = next_config
+    evil = _evil(outside)
+    run_dir = inside / "results" / "canary-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "exit_code").write_text("1\n")
+    calls(inside, *steps)
+    record = ledger.add("canary", status="failed", config_path=config, invocation_id="canary-1", executor="local",
+                        details={"engine": "nel-next", "pid": 2**22 + 7, "pgid": 2**22 + 7, "run_dir": str(run_dir),
+                                 "log_path": str(run_dir / "nel.log"), "tasks": ["tiny_add"], "run_overrides": []})
+    (resumed,) = calls(inside, ("set_config_value", {"config_path": config, "key": "benchmarks[0].name", "value": f"{evil}:evil"}),
+                       ("resume_run", {"record_id": record.id}))[1:]
+    _refused(resumed, "benchmarks[0].name")
+    assert not (outside / "imported").exists()
+
+
+# ---------------------------------------------------------------- a handle that is a path on disk (issue 28: 11)
+
+
+def test_a_relative_name_that_looks_like_a_handle_but_is_a_link_outside_is_checked_as_a_path(workspace, monkeypatch):
+    inside, outside = workspace
+    outside.mkdir()
+    shutil.copytree(CHECKPOINT, outside / CHECKPOINT.name)
+    (inside / "hflink").symlink_to(outside)
+    (inside / "models").mkdir()
+    shutil.copytree(CHECKPOINT, inside / "models" / CHECKPOINT.name)
+    monkeypatch.chdir(inside)  # as `quanteval-mcp --root` does
+    handle = f"hflink/{CHECKPOINT.name}"
+    inspect, evaluate, plan, fine = calls(
+        inside, ("inspect_checkpoint", {"checkpoint": handle}),
+        ("evaluate_quantization", {"baseline_checkpoint": handle, "candidate_checkpoint": str(inside / "models" / CHECKPOINT.name),
+                                   "benchmarks": [str(inside / "b.py")]}),
+        ("plan_deployment", {"checkpoint": handle, "framework": "vllm"}),
+        ("inspect_checkpoint", {"checkpoint": f"models/{CHECKPOINT.name}"}))
+    _refused(inspect, "checkpoint")
+    _refused(evaluate, "baseline_checkpoint")
+    _refused(plan, "checkpoint")
+    assert not fine.is_error, fine.content[0].text  # a relative name inside the root still works
+
+
+# ---------------------------------------------------------------- default outputs (issue 28: 12)
+
+
+def test_evaluate_quantization_without_output_dir_writes_inside_the_root(workspace, isolated_state):
+    inside, _ = workspace
+    bench = inside / "tiny_add.py"
+    bench.write_text(BENCH.read_text())
+    (inside / "baseline").mkdir()  # not a checkpoint: the call stops once it has made its working directory
+    (inside / "candidate").mkdir()
+    (result,) = calls(inside, ("evaluate_quantization", {"baseline_checkpoint": str(inside / "baseline"),
+                                                         "candidate_checkpoint": str(inside / "candidate"), "benchmarks": [str(bench)]}))
+    assert result.is_error
+    made = list((inside / ".quanteval" / "evaluations").iterdir())
+    assert [path.name.split("-")[0] for path in made] == ["baseline"]
+    assert not (isolated_state / "evaluations").exists()
+
+
+# ---------------------------------------------------------------- records read over the root (issue 28: 14)
+
+
+def _nel_next_record(run_dir: Path, log_line: str):
+    from quanteval import ledger
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "nel.log").write_text(f"starting\n{log_line}\nTraceback (most recent call last):\nRuntimeError: boom\n")
+    (run_dir / "exit_code").write_text("1\n")
+    return ledger.add("canary", status="failed", config_path=None, invocation_id=run_dir.name, executor="local",
+                      details={"engine": "nel-next", "pid": 2**22 + 9, "pgid": 2**22 + 9, "run_dir": str(run_dir),
+                               "log_path": str(run_dir / "nel.log"), "tasks": ["tiny_add"]})
+
+
+def test_run_logs_and_run_status_never_read_a_record_outside_the_root(workspace):
+    inside, outside = workspace
+    elsewhere = _nel_next_record(outside / "cli-run", "outside-log-line-7f3a")  # a CLI run, in the shared ledger
+    here = _nel_next_record(inside / "results" / "mcp-run", "inside-log-line")
+    logs, status, kill, validate, compare, logs_here = calls(
+        inside, ("run_logs", {"record_id": elsewhere.id}), ("run_status", {"record_id": elsewhere.id}),
+        ("kill_run", {"record_id": elsewhere.id}), ("validate_run", {"run": elsewhere.id}),
+        ("compare_results", {"baseline": here.id, "candidate": elsewhere.id}), ("run_logs", {"record_id": here.id}))
+    for result in (logs, status, kill, validate, compare):
+        _refused(result, "run_dir")
+        assert "outside-log-line" not in result.content[0].text
+    assert not logs_here.is_error and "inside-log-line" in logs_here.content[0].text
+
+
+# ---------------------------------------------------------------- start_eval_server over MCP (issue 28: 13)
+
+
+def _start_eval_server(root: Path, open_eval_server: bool, arguments: dict):
+    """start_eval_server over MCP; a server it started is stopped before returning."""
+    async def go():
+        async with Client(build_server(root=root, open_eval_server=open_eval_server)) as client:
+            started = await client.call_tool("start_eval_server", arguments)
+            if not started.is_error:
+                await client.call_tool("stop_eval_server", {"record_id": started.structured_content["record_id"]})
+            return started
+
+    return anyio.run(go)
+
+
+def _ns(directory: Path) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    ns = directory / "ns"
+    ns.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "tests" / "standins" / "fake_ns.py"}" "$@"\n')
+    ns.chmod(0o755)
+    return str(ns)
+
+
+def test_start_eval_server_over_mcp_stays_on_loopback_runs_ns_from_the_root_and_needs_a_real_token(workspace, monkeypatch):
+    from quanteval.localproc import free_port
+
+    inside, outside = workspace
+    monkeypatch.setenv("QUANTEVAL_EVAL_TOKEN", "t" * 24)
+    port = free_port()
+    base = {"port": port, "output_root": str(inside / "srv")}
+    outside_ns = _start_eval_server(inside, False, {**base, "ns_command": _ns(outside)})
+    _refused(outside_ns, "ns_command")
+    other_name = _start_eval_server(inside, False, {**base, "ns_command": "bash"})
+    assert other_name.is_error and "ns_command" in other_name.content[0].text
+    _refused(_start_eval_server(inside, True, {**base, "data_dir": str(outside)}), "data_dir")
+    open_bind = _start_eval_server(inside, False, {**base, "bind_host": "0.0.0.0"})
+    assert open_bind.is_error and "--allow-open-eval-server" in open_bind.content[0].text
+    home = _start_eval_server(inside, True, {**base, "bind_host": "0.0.0.0", "token_env": "HOME"})
+    assert home.is_error and "token_env" in home.content[0].text
+    monkeypatch.setenv("QUANTEVAL_EVAL_TOKEN", "short")
+    short = _start_eval_server(inside, True, {**base, "bind_host": "0.0.0.0"})
+    assert short.is_error and "at least 16" in short.content[0].text
+    # allowed: ns inside the root on loopback; and beyond loopback with a real token when the server allows it
+    monkeypatch.setenv("QUANTEVAL_EVAL_TOKEN", "t" * 24)
+    inside_ns = _start_eval_server(inside, False, {**base, "ns_command": _ns(inside / "bin")})
+    assert not inside_ns.is_error, inside_ns.content[0].text
+    opened = _start_eval_server(inside, True, {**base, "port": free_port(), "bind_host": "0.0.0.0", "ns_command": _ns(outside)})
+    assert not opened.is_error, opened.content[0].text
+    assert opened.structured_content["auth"] == "bearer token from $QUANTEVAL_EVAL_TOKEN"
+    default_root = _start_eval_server(inside, False, {"port": free_port(), "ns_command": _ns(inside / "bin")})
+    assert Path(default_root.structured_content["output_root"]).is_relative_to(inside)
+
+
+def test_quanteval_mcp_help_names_the_eval_server_option(cli_env):
+    shown = subprocess.run(["quanteval-mcp", "--help"], capture_output=True, text=True, env=cli_env, timeout=60)
+    assert "--allow-open-eval-server" in shown.stdout

@@ -7,12 +7,23 @@ must stop all of it, including workers the server forked, without leaving anythi
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+
+def is_loopback(host: str) -> bool:
+    """An address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

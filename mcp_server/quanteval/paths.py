@@ -8,6 +8,7 @@ path to DIR), the CLI with ANY_PATH (relative to the shell's directory). Same me
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ PATH_FIELDS: dict[str, Kind] = {
     "baseline_checkpoint": "checkpoint",  # evaluate_quantization
     "candidate_checkpoint": "checkpoint",
     "policy": "file",  # gate_results: a nel gate policy YAML
+    "data_dir": "dir",  # start_eval_server: NeMo-Skills data
+    "config_dir": "dir",  # start_eval_server: NeMo-Skills cluster configs
 }
 # List fields whose entries may be local files (a BYOB benchmark .py, a .jsonl); other entries are names (bundles,
 # built-in benchmarks, skills://NAME).
@@ -48,6 +51,8 @@ _HOST_PATH = re.compile(r"^[\w.@-]+:")
 class Policy:
     root: Path | None = None  # every local path must resolve inside it
     absolute_only: bool = False  # refuse relative paths (a server's working directory means nothing to its client)
+    open_eval_server: bool = False  # quanteval-mcp --allow-open-eval-server: start_eval_server may bind beyond
+    # loopback and run an ns/nel command outside the root
 
     def __post_init__(self) -> None:
         if self.root is not None:
@@ -62,6 +67,14 @@ def looks_local(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(("/", "~", "./", "../"))
 
 
+def on_disk(value: Any) -> bool:
+    """A name that exists here as a file, directory or link (a relative one in the working directory): the tools open
+    it as a path even when it also reads as a Hugging Face handle (org/name), so it is checked as one."""
+    if not isinstance(value, str) or "\0" in value or not value.strip() or len(value) > MAX_PATH_CHARS:
+        return False
+    return os.path.lexists(os.path.expanduser(value))
+
+
 def check_arguments(tool: str, arguments: dict[str, Any], policy: Policy = ANY_PATH) -> None:
     """Raise ToolError if any path-like argument breaks the policy or cannot be a path at all."""
     local_host = arguments.get("host") in (None, "local")
@@ -74,6 +87,9 @@ def check_arguments(tool: str, arguments: dict[str, Any], policy: Policy = ANY_P
         kind: Kind | None = "new_yaml" if (tool, field) in NEW_YAML else PATH_FIELDS.get(field)
         if (tool, field) in ON_HOST and local_host:
             kind = "file"
+        if kind == "checkpoint" and isinstance(value, str) and _HF_HANDLE.match(value) and on_disk(value):
+            local_path(value, field, Policy(root=policy.root))  # relative, as a handle is written: checked where it leads
+            continue
         if kind is None or not isinstance(value, str) or not _is_local(kind, value):
             continue
         path = local_path(value, field, policy)

@@ -271,8 +271,15 @@ class Engine(ABC):
         """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
 
     @abstractmethod
-    def launch_paths(self, doc: dict[str, Any]) -> list[tuple[str, str]]:
-        """(key, path) for every local path a run of this config on this machine writes, mounts, loads or runs."""
+    def launch_paths(self, config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
+        """(key, absolute path) for every local path a run of this config with these overrides on this machine writes,
+        mounts, loads or runs, read as the engine reads the config (its composition, overrides and interpolation); a
+        ToolError where a path cannot be resolved; none for a run elsewhere. `quanteval-mcp --root` confines them."""
+
+    @abstractmethod
+    def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
+        """(what, absolute path) for every local file or directory the run tools read or run for this record (its
+        config, run directory, logs; with `resuming`, all that resume_run starts again); none for a run elsewhere."""
 
     # -- cluster placement: apply_cluster reads and writes NEL 0.2.6's execution/deployment keys, the neutral form
 

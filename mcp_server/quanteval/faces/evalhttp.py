@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from quanteval.localproc import is_loopback
 from quanteval.models import ToolError
 from quanteval.workflow.evalbackend import EvalRequest, ServerSettings, payload_errors, token_refusal
 from quanteval.workflow.evaljobs import EvalService, Job, ShuttingDown
@@ -47,15 +47,6 @@ MAX_BODY_BYTES = 1_000_000
 # rest queue), so this leaves room for pollers and retries; beyond it, ready connections wait for a free worker.
 HTTP_WORKERS = 64
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def required_token(settings: ServerSettings) -> str | None:

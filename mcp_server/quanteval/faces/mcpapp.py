@@ -166,10 +166,9 @@ class QuantevalServer(MCPServer):
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
         try:
             spec = registry.get_tool(name, self._specs)
-            if self._policy.root is not None:
-                from quanteval.workflow import confine
+            from quanteval.workflow import confine  # cheap: what a check needs is imported by the check
 
-                confine.check_launch(name, arguments, self._policy)
+            arguments = confine.check_call(name, arguments, self._policy)
             result = await anyio.to_thread.run_sync(
                 functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
                 abandon_on_cancel=True,
@@ -210,10 +209,12 @@ def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
 
 
 def build_server(
-    toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = True
+    toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = True,
+    open_eval_server: bool = False,
 ) -> MCPServer:
-    """The server: relative paths refused (a client's paths mean nothing in the server's working directory)."""
-    policy = paths.Policy(root=root, absolute_only=True)
+    """The server: relative paths refused (a client's paths mean nothing in the server's working directory); with
+    `open_eval_server`, start_eval_server may bind beyond loopback and run an ns/nel command outside the root."""
+    policy = paths.Policy(root=root, absolute_only=True, open_eval_server=open_eval_server)
     server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas)
     _add_extras(server)
     return server

@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         help="workspace root: every file the tools read or write must lie inside it "
         "(default: no restriction over stdio, the working directory over --http)",
     )
+    parser.add_argument("--allow-open-eval-server", action="store_true",
+                        help="let start_eval_server bind beyond loopback (clients then need its bearer token) and run an "
+                        "ns_command/nel_command outside --root; refused by default")
     parser.add_argument("--toolsets", help="comma-separated toolsets to serve (listed below): names, 'default' for "
                         "those on by default, or 'all'; e.g. default,deploy")  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
@@ -296,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     def build() -> Any:
         from quanteval.faces import mcpapp
 
-        return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas)
+        return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas, args.allow_open_eval_server)
 
     if args.http:
         build().run("streamable-http", host="127.0.0.1", port=args.port)

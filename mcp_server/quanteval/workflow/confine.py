@@ -1,89 +1,142 @@
-"""`quanteval-mcp --root DIR` for what a config sends a launch to, not only for the arguments a tool is given.
+"""`quanteval-mcp --root DIR` for what a call reaches, not only for the path arguments a tool is given.
 
-A config inside the root can still name an output directory, a checkpoint, a mount or a benchmark file anywhere;
-the tools that launch would write there, mount it into a container or run it. Before dry_run, launch_canary and
-launch_full_run (and launch_deployment's plan) run, every such local path, from the file and from the overrides, must
-resolve inside the root, or the call is refused naming the key. Paths of a SLURM run are on the cluster: not ours.
+A config inside the root can still name an output directory, a checkpoint, a mount or a benchmark file anywhere, in
+so many words or through an interpolation (`${oc.env:VAR,/elsewhere}`, `${VAR:-/elsewhere}`) or an override; the tools
+that launch would write there, mount it into a container or import it. Before dry_run, launch_canary and
+launch_full_run (and launch_deployment's plan) run, every such local path, as the engine itself reads the config, must
+resolve inside the root, or the call is refused naming the key. A run record (run_status, run_logs, resume_run, and
+the result tools given a record id) is read only when its config, run directory and logs lie inside the root: the
+ledger is shared with the CLI. Paths of a
+SLURM run are on the cluster: not ours.
 
-Which keys a launch reads is each engine's knowledge (`Engine.launch_paths`: engines/nel/config.py,
-engines/nel_next/config.py), measured in their code; overrides of those keys are checked here too.
+Which paths a launch or a record uses is each engine's knowledge (`Engine.launch_paths`, `Engine.record_paths`).
+start_eval_server over MCP binds loopback and runs the ns/nel found on PATH or inside the root unless the server was
+started with --allow-open-eval-server, and its bearer token comes from a QUANTEVAL_...TOKEN variable of at least
+evalbackend.MIN_TOKEN_CHARS characters (evalbackend.token_refusal).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from quanteval import configfile, engines, paths
-from quanteval.clusters import executor as executors
-from quanteval.engines.nel import config as nel_config
+from quanteval import paths
+from quanteval.localproc import is_loopback
 from quanteval.models import ToolError
 
+# Every MCP call passes check_call: what only some tools need (engines, the ledger, the eval server's settings) is
+# imported when they are called.
+
 LAUNCHING_TOOLS = frozenset({"dry_run", "launch_canary", "launch_full_run"})
-_OVERRIDE = re.compile(r"^[+~]*(?P<key>[\w.\[\]-]+)=(?P<value>.*)$")
+RECORD_TOOLS = frozenset({"run_status", "wait_for_run", "run_logs", "kill_run", "resume_run"})
+RUN_KINDS = frozenset({"dry_run", "canary", "full_run"})
+STATE_IN_ROOT = ".quanteval"  # under --root, what a tool would write to its state dir by default goes here
+EVAL_SERVER_COMMANDS = ("ns_command", "nel_command")
 
 
-def check_launch(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> None:
-    """Refuse a launch whose config (or overrides, or deployment plan) sends it outside the policy's root."""
+def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> dict[str, Any]:
+    """Refuse a call that reaches beyond what the policy allows; returns the arguments the tool runs with (an output a
+    tool would put in the state dir by default is put inside the root)."""
+    if tool == "start_eval_server":
+        _check_eval_server(arguments, policy)
     if policy.root is None:
-        return
+        return arguments
     if tool == "launch_deployment":
         _check_plan(arguments.get("plan"), arguments.get("host"), policy)
-        return
+    elif tool in LAUNCHING_TOOLS:
+        _check_config(arguments, policy)
+    elif tool in RECORD_TOOLS:
+        _check_record(arguments.get("record_id"), policy, resuming=tool == "resume_run")
+    for field, value in arguments.items():  # the result tools take a run by record id too (validate_run, compare ...)
+        if paths.PATH_FIELDS.get(field) == "run" and isinstance(value, str) and "/" not in value:
+            _check_record(value, policy, resuming=False)
+    return _outputs_inside(tool, arguments, policy.root)
+
+
+def _check_config(arguments: dict[str, Any], policy: paths.Policy) -> None:
+    from quanteval import configfile, engines
+
     config_path = arguments.get("config_path")
-    if tool not in LAUNCHING_TOOLS or not isinstance(config_path, str):
+    if not isinstance(config_path, str):
         return
-
     config = paths.local_path(config_path, "config_path", policy)
-    doc = configfile.to_plain(engines.load_config(config))
+    engine = engines.for_config(configfile.to_plain(engines.load_config(config)))
     overrides = [o for o in arguments.get("overrides") or [] if isinstance(o, str)]
-    for key, value in [*launch_paths(doc), *_override_paths(doc, overrides)]:
-        _check(key, value, config.parent, policy)
+    for key, path in engine.launch_paths(str(config), overrides):
+        paths.local_path(str(path), key, paths.Policy(root=policy.root))
 
 
-def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, path) for every local path a launch of this config writes, mounts or runs; none for a run elsewhere."""
-    engine = engines.for_config(doc)
-    if not executors.for_name(engine.execution_type(doc)).on_this_machine:
-        return []
-    return engine.launch_paths(doc)
+def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
+    """A run record's config, run directory and logs (with `resuming`, all that resume starts again) inside the root."""
+    from quanteval import engines, ledger
+
+    if not isinstance(record_id, str):
+        return
+    try:
+        record = ledger.get(record_id.strip())
+    except ToolError:
+        return  # the tool says there is no such run
+    if record.kind not in RUN_KINDS:
+        return  # the tool refuses it
+    for what, path in engines.for_record(record).record_paths(record, resuming):
+        paths.local_path(str(path), f"{record.id} {what}", paths.Policy(root=policy.root))
 
 
-def _override_paths(doc: dict[str, Any], overrides: list[str]) -> list[tuple[str, str]]:
-    """Overrides that set one of the keys launch_paths checks (`-o execution.output_dir=/elsewhere`)."""
-    found = []
-    for override in overrides:
-        match = _OVERRIDE.match(override)
-        if not match:
-            continue
-        key, value = match["key"], match["value"].strip("'\"")
-        if key.endswith(("output_dir", "output.dir", "checkpoint_path", "cache_path", "dataset_dir", ".model", ".name")) or ".mounts." in key:
-            if key.endswith((".model", ".name")) and not (paths.looks_local(value) and (key.endswith(".model") or value.endswith(".py"))):
-                continue
-            found.append((key, value))
-        elif key.endswith("extra_docker_args") and nel_config.mounts_host_path(value):
-            raise ToolError(f"override {override!r}: mounts a host path (-v/--volume/--mount), which this server's workspace root (--root) cannot check.")
-    return found
+def _outputs_inside(tool: str, arguments: dict[str, Any], root: Path) -> dict[str, Any]:
+    """What evaluate_quantization and start_eval_server write by default to the state dir goes inside the root."""
+    if tool == "evaluate_quantization" and not arguments.get("output_dir"):
+        return {**arguments, "output_dir": str(root / STATE_IN_ROOT / "evaluations")}
+    if tool == "start_eval_server" and not arguments.get("output_root"):
+        from quanteval.workflow.evalbackend import DEFAULT_PORT
+
+        return {**arguments, "output_root": str(root / STATE_IN_ROOT / "eval-server" / str(arguments.get("port", DEFAULT_PORT)))}
+    return arguments
+
+
+def _check_eval_server(arguments: dict[str, Any], policy: paths.Policy) -> None:
+    """start_eval_server runs commands for anyone who can reach it: over MCP its token must be a real one, and unless
+    the server allows it, it binds loopback and runs ns/nel from PATH or the root."""
+    from quanteval.workflow.evalbackend import TOKEN_ENV_DEFAULT, TOKEN_ENV_PATTERN, ServerSettings, token_refusal
+
+    token_env = arguments.get("token_env", TOKEN_ENV_DEFAULT)
+    if not isinstance(token_env, str) or not re.match(TOKEN_ENV_PATTERN, token_env):
+        raise ToolError(f"token_env: {token_env!r} is not a token variable; over MCP it must be named QUANTEVAL_...TOKEN "
+                        f"(e.g. {TOKEN_ENV_DEFAULT}), so no other environment variable can become the token.")
+    if refusal := token_refusal(os.environ.get(token_env, "").strip(), token_env, loopback=True):
+        raise ToolError(refusal)
+    if policy.open_eval_server:
+        return
+    host = arguments.get("bind_host", ServerSettings.model_fields["bind_host"].default)
+    if not isinstance(host, str) or not is_loopback(host):
+        raise ToolError(f"bind_host: {host!r} is beyond loopback; this MCP server lets start_eval_server bind only 127.0.0.1 "
+                        "or ::1. Start quanteval-mcp with --allow-open-eval-server to allow it (with a token), or run "
+                        "`quanteval serve-eval --host ...` yourself.")
+    if policy.root is None:
+        return
+    for field in EVAL_SERVER_COMMANDS:
+        command = arguments.get(field)
+        default = ServerSettings.model_fields[field].default
+        if command is None or command == default:
+            continue  # the one installed on this machine's PATH
+        if not isinstance(command, str) or "/" not in command:
+            raise ToolError(f"{field}: {command!r}: over this MCP server it is {default!r} (found on PATH) or a path inside "
+                            f"the workspace root {policy.root}; start quanteval-mcp with --allow-open-eval-server for others.")
+        paths.local_path(command, field, policy)
 
 
 def _check_plan(plan: Any, host: Any, policy: paths.Policy) -> None:
     """launch_deployment's plan (sent whole by the client): its checkpoint and every absolute path among the server
     arguments (model, chat template, download dir ...) must be inside the root when it runs here."""
+    from quanteval.clusters import executor as executors
+
     if not isinstance(plan, dict) or not executors.is_this_machine(host) or not executors.is_this_machine(plan.get("host")):
         return
-    if isinstance(plan.get("checkpoint"), str) and paths.looks_local(plan["checkpoint"]):
-        paths.local_path(plan["checkpoint"], "plan.checkpoint", policy)
+    checkpoint = plan.get("checkpoint")
+    if isinstance(checkpoint, str) and (paths.looks_local(checkpoint) or paths.on_disk(checkpoint)):
+        paths.local_path(checkpoint, "plan.checkpoint", paths.Policy(root=policy.root))
     for index, arg in enumerate(plan.get("server_args") or []):
         value = str(arg).split("=", 1)[-1]
         if value.startswith(("/", "~")):
             paths.local_path(value, f"plan.server_args[{index}]", policy)
-
-
-def _check(key: str, value: str, base: Path, policy: paths.Policy) -> None:
-    path = Path(value).expanduser()
-    if not path.is_absolute():
-        path = base / path  # where quanteval resolves a config's relative paths: next to the config
-    paths.local_path(str(path), key, paths.Policy(root=policy.root))
-
-

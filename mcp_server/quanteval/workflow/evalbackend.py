@@ -93,6 +93,9 @@ def payload_errors(exc: ValidationError) -> str:
 
 DEFAULT_PORT = 9050
 TOKEN_ENV_DEFAULT = "QUANTEVAL_EVAL_TOKEN"
+# start_eval_server over MCP (workflow/confine.py): the token comes from a variable set for quanteval, never from
+# any other (HOME, PATH, HF_TOKEN ...).
+TOKEN_ENV_PATTERN = r"^QUANTEVAL_[A-Z0-9_]*TOKEN$"
 # The shortest bearer token the eval server accepts beyond loopback: it guards a server that runs commands.
 MIN_TOKEN_CHARS = 16
 
@@ -116,7 +119,8 @@ class ServerSettings(StrictModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     bind_host: str = Field("127.0.0.1", description="Address to bind (CLI: --host). Beyond loopback (0.0.0.0, a "
-                           "container's address) the server requires a bearer token from the env var token_env names.")
+                           "container's address) the server requires a bearer token from the env var token_env names; "
+                           "over MCP only if quanteval-mcp runs with --allow-open-eval-server.")
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="TCP port.")
     output_root: Path | None = Field(None, description="Where evaluations write; start_eval_server defaults it to "
                                      "<state dir>/eval-server/<port>.")
@@ -124,7 +128,8 @@ class ServerSettings(StrictModel):
     max_concurrent_requests: int = Field(512, ge=1, description="Concurrent requests each benchmark sends to the router.")
     max_concurrent_jobs: int = Field(2, ge=1, le=32, description="Evaluations (rollouts) that run at once; more queue.")
     model_name: str = Field("slime-openai-model", description="Model name sent to the router's OpenAI API.")
-    ns_command: str = Field("ns", description="The NeMo-Skills `ns` executable (name on PATH or path).")
+    ns_command: str = Field("ns", description="The NeMo-Skills `ns` executable (name on PATH or path); over MCP with "
+                            "--root: `ns` or a path inside the root (nel_command likewise) unless --allow-open-eval-server.")
     cluster: str | None = Field(None, description="NeMo-Skills cluster config name (`ns eval --cluster`); default: an "
                                 "`executor: none` config the server writes under output_root.")
     config_dir: str | None = Field(None, description="Directory of NeMo-Skills cluster configs (`--config_dir`).")
@@ -144,7 +149,8 @@ class ServerSettings(StrictModel):
     idle_timeout_s: float = Field(30, gt=0, le=3600, description="A connection silent this many seconds, or not done "
                                   "sending its request body within them, is closed.")
     token_env: str = Field(TOKEN_ENV_DEFAULT, description="Env var holding the bearer token clients must send "
-                           "(Authorization: Bearer ...); required when bind_host is not loopback.")
+                           "(Authorization: Bearer ...); required when bind_host is not loopback. Over MCP it must be "
+                           f"named QUANTEVAL_...TOKEN and hold at least {MIN_TOKEN_CHARS} characters.")
 
     @staticmethod
     def cli_flag(field: str) -> str:

@@ -16,6 +16,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from quanteval.configfile import MISSING, parse_config_text, to_plain, value_at, walk
 from quanteval.engines.nel import catalogue
+from quanteval.engines.nel.nelexec import UNRESOLVED
 from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT
 from quanteval.engines.nel.recipes import recipes_by_task
 from quanteval.models import ToolError
@@ -471,6 +472,8 @@ def reads_tokenizer(name: str) -> bool:
 # what a local launch touches (`quanteval-mcp --root` confines it)
 
 DOCKER_MOUNT_FLAGS = ("-v", "--volume", "--mount")
+# NEL writes mounted host paths into run.sh unquoted (`-v {{ mount }}`): the shell would expand or split anything else.
+_SHELL_PLAIN_PATH = re.compile(r"^[\w./@%+=:,~-]+$")
 
 
 def mounts_host_path(docker_args: str) -> bool:
@@ -485,7 +488,8 @@ def mounts_host_path(docker_args: str) -> bool:
 def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, path) for every local path a run of this config on this machine writes, mounts or runs: the output
     directory (scripts and results), the checkpoint and cache (mounted into the server container), execution.mounts
-    (the mapping's keys are host paths) and each task's dataset_dir."""
+    (the mapping's keys are host paths) and each task's dataset_dir. `doc` is the config as NEL composed and resolved
+    it (nelexec's `resolved`): a path NEL could not resolve is refused, since where it points cannot be known."""
     execution, deployment = doc.get("execution") or {}, doc.get("deployment") or {}
     found = [("execution.output_dir", execution.get("output_dir")), ("deployment.checkpoint_path", deployment.get("checkpoint_path")),
              ("deployment.cache_path", deployment.get("cache_path"))]
@@ -499,4 +503,13 @@ def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
     if isinstance(docker_args, str) and mounts_host_path(docker_args):
         raise ToolError("execution.extra_docker_args: mounts a host path (-v/--volume/--mount), which this server's workspace root (--root) "
                         "cannot check. Use execution.mounts (checked) or deployment.checkpoint_path instead.")
+    for key, value in found:
+        if isinstance(value, str) and value.startswith(UNRESOLVED):
+            reason = value[len(UNRESOLVED):].splitlines()[0]
+            raise ToolError(f"{key}: NEL cannot resolve it here ({reason}), so where it points cannot be checked against this "
+                            "server's workspace root (--root). Set the variable, or write the path itself.")
+        if isinstance(value, str) and value not in (MISSING, "") and not _SHELL_PLAIN_PATH.match(value):
+            raise ToolError(f"{key}: {value!r} holds characters the shell would expand or split in NEL's run.sh ($, quotes, "
+                            "spaces, ...), so where it points cannot be checked against this server's workspace root (--root). "
+                            "Write the plain path.")
     return [(key, value) for key, value in found if isinstance(value, str) and value not in (MISSING, "")]

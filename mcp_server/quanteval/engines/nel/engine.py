@@ -64,8 +64,11 @@ class NelEngine(Engine):
     def deployment_type(self, doc: Any) -> str:
         return config.deployment_type(doc)
 
-    def launch_paths(self, doc: dict[str, Any]) -> list[tuple[str, str]]:
-        return config.launch_paths(doc)
+    def launch_paths(self, config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
+        return runs.launch_paths(config_path, overrides)
+
+    def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
+        return runs.record_paths(record, resuming)
 
     # -- the run lifecycle
 

@@ -117,6 +117,35 @@ def _docker_daemon_problem() -> str | None:
     return None
 
 
+UNRESOLVED = "\0unresolved: "  # marks a value NEL could not resolve (the reason follows)
+
+
+def _resolved(node: Any) -> Any:
+    """A composed config as plain data, each value resolved as NEL resolves it when it reads that value
+    (`${oc.env:VAR,default}`, `${other.key}`, NEL's resolvers); a value that cannot be resolved becomes
+    UNRESOLVED + the reason, so one bad value elsewhere does not hide the others; ??? stays ???."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if not isinstance(node, (DictConfig, ListConfig)):
+        return node
+    keys = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
+    out = {}
+    for key in keys:
+        if OmegaConf.is_missing(node, key):
+            out[key] = "???"
+            continue
+        try:
+            out[key] = _resolved(node[key])
+        except Exception as exc:  # noqa: BLE001 - any resolution failure is reported with the value's key
+            out[key] = UNRESOLVED + error_message(exc)
+    return out if isinstance(node, DictConfig) else list(out.values())
+
+
+def op_resolved(config_path: str, overrides: list[str]) -> dict[str, Any]:
+    """The config as a launch with these overrides reads it: NEL's composition, overrides and interpolation."""
+    return {"config": _resolved(_compose(config_path, overrides))}
+
+
 def op_hash(config_path: str, overrides: list[str]) -> dict[str, Any]:
     cfg = _compose(config_path, overrides)
     return {"config_hash": content_hash(cfg), **_summary(cfg)}
@@ -243,7 +272,8 @@ def op_resume(invocation_id: str) -> dict[str, Any]:
     return {"invocation_id": resume_eval(invocation_id)}
 
 
-OPS = {"hash": op_hash, "run": op_run, "jobs": op_jobs, "results_dirs": op_results_dirs, "status": op_status, "kill": op_kill, "resume": op_resume}
+OPS = {"hash": op_hash, "resolved": op_resolved,
+       "run": op_run, "jobs": op_jobs, "results_dirs": op_results_dirs, "status": op_status, "kill": op_kill, "resume": op_resume}
 
 
 def main() -> None:

@@ -77,6 +77,15 @@ def check_launchable(config_path: str) -> None:
         raise ToolError(f"{config_path}: not launched. {problem} Then launch again (check_environment lists them).")
 
 
+def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
+    """Every local path a launch of the config with these overrides uses, as NEL composes and resolves them (NEL makes
+    a relative path absolute against its working directory, this process's); none for a run elsewhere."""
+    doc = _nel("resolved", QUERY_TIMEOUT_S, config_path=config_path, overrides=overrides)["config"]
+    if not executors.for_name(config.execution_type(doc)).on_this_machine:
+        return []
+    return [(key, Path(value).expanduser().absolute()) for key, value in config.launch_paths(doc)]
+
+
 # ---------------------------------------------------------------- dry-run
 
 
@@ -256,6 +265,17 @@ def results_location(record: ledger.Record) -> str:
 
 def poll_interval_s(record: ledger.Record) -> float:
     return executors.for_name(record.executor).poll_interval_s
+
+
+def record_paths(record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
+    """The run's config, the directory a dry-run rendered into and each job's output directory (its run.sh, which
+    resume re-runs, and its logs), as NEL recorded them; none for a run elsewhere."""
+    if not executors.for_name(record.executor).on_this_machine:
+        return []
+    found = [("config_path", record.config_path), ("invocation_dir", record.details.get("invocation_dir"))]
+    if record.invocation_id and record.kind != "dry_run":
+        found += [(f"job {job['job_id']} output_dir", job["data"].get("output_dir")) for job in _jobs(record)]
+    return [(what, Path(str(value)).expanduser().absolute()) for what, value in found if value]
 
 
 # ---------------------------------------------------------------- logs

@@ -9,6 +9,7 @@ service's adapter proxy (`proxy.extra_body`), which merges it into every request
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile
+from quanteval.clusters import executor as executors
 from quanteval.configfile import MISSING, has_path, set_path, to_plain, value_at, walk
 from quanteval.engines.base import (
     PARALLEL_KEYS,
@@ -363,21 +365,51 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
     return problems
 
 
-def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, path) for every local path a run of this config on this machine writes, loads or runs: output.dir, a
-    managed service's model (the server loads it) and container_mounts, and a benchmark given as a BYOB .py file
-    (imported and run)."""
-    found: list[tuple[str, Any]] = [("output.dir", (doc.get("output") or {}).get("dir"))]
+def benchmark_file(name: str) -> str | None:
+    """The Python file a benchmark name makes nel-next import (`path/file.py` or `path/file.py:bench`, as its
+    environments.registry._resolve_file_bench reads a name), or None for a built-in, skills://, lm-eval:// ... name."""
+    file_path = name
+    if ":" in name and not name.startswith(("http://", "https://")):
+        candidate = name.rsplit(":", 1)[0]
+        if candidate.endswith(".py"):
+            file_path = candidate
+    return file_path if file_path.endswith(".py") else None
+
+
+def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
+    """(key, absolute path) for every local path a run of this config on this machine writes, loads or runs: output.dir,
+    a managed service's model (the server loads it) and container_mounts, and a benchmark given as a BYOB .py file in
+    any form nel-next takes (imported and run); and the YAML files its composer reads (defaults:, playbook:). Read from
+    the config as nel-next itself reads it (check_schema: its composer, `${VAR:-default}` expansion, the overrides),
+    so an interpolation or override cannot hide a path; a config nel-next cannot read is refused."""
+    checked = nelnext.check_schema(config_path, overrides)
+    read = [("defaults/playbook file", Path(file)) for file in checked.get("files_read") or []]
+    doc = checked.get("config") or checked.get("expanded")  # a config its schema refuses is still checked (dry_run)
+    if not isinstance(doc, dict):
+        first = checked["problems"][0]
+        if read:  # a file it read may be why
+            return read
+        raise ToolError(f"{config_path}: nel-next cannot read it ({first['path'] or 'config'}: {first['message']}), so the "
+                        "paths it would use cannot be checked against this server's workspace root (--root). Run "
+                        "validate_config and fix it.")
+    if not executors.for_name(execution_type(doc)).on_this_machine:
+        return read  # composed here, run on the cluster
+    output = Path(str((doc.get("output") or {}).get("dir"))).expanduser()
+    output = output if output.is_absolute() else Path(config_path).parent / output  # as runs._run_dir places it
+    run_dir = output / "run"  # `nel eval run` works in <output.dir>/<run>: relative names resolve there
+    found: list[tuple[str, Path]] = [*read, ("output.dir", output)]
     for name, service in (doc.get("services") or {}).items():
         if isinstance(service, dict) and service.get("type") in MANAGED:
-            if looks_local(service.get("model")):
-                found.append((f"services.{name}.model", service["model"]))
-            found += [(f"services.{name}.container_mounts", str(m).split(":")[0]) for m in service.get("container_mounts") or []]
+            model = str(service.get("model") or "")
+            if looks_local(model) or (model and os.path.lexists(run_dir / Path(model).expanduser())):
+                found.append((f"services.{name}.model", run_dir / Path(model).expanduser()))
+            found += [(f"services.{name}.container_mounts", run_dir / Path(str(m).split(":")[0]).expanduser())
+                      for m in service.get("container_mounts") or []]
     for index, benchmark in enumerate(doc.get("benchmarks") or []):
-        name = benchmark.get("name") if isinstance(benchmark, dict) else None
-        if isinstance(name, str) and name.endswith(".py"):
-            found.append((f"benchmarks[{index}].name", name))
-    return [(key, value) for key, value in found if isinstance(value, str)]
+        file = benchmark_file(str(benchmark.get("name") or "")) if isinstance(benchmark, dict) else None
+        if file:
+            found.append((f"benchmarks[{index}].name", run_dir / Path(file).expanduser()))
+    return found
 
 
 # nel-next's SLURM cluster keys for the NEL 0.2.6 ones placement works in (one node pool, "default").

@@ -127,18 +127,33 @@ def endpoint_url(base_or_chat_url: str, protocol: str) -> str:
 
 
 _SCHEMA_CHECK = r"""
-import json, sys
+import copy, json, sys
 from pydantic import ValidationError
 from nemo_evaluator.cli.eval import _apply_override
 from nemo_evaluator.config import parse_eval_config
 from nemo_evaluator.config.compose import _prune_nulls, compose_config
+from nemo_evaluator.config.eval_config import _expand_env, _resolve_playbooks
+from nemo_evaluator.config.output import OutputConfig
+import pathlib, nemo_evaluator
 path, overrides = sys.argv[1], json.loads(sys.argv[2])
 problems = []
+# the YAML files composing reads besides the config and nel-next's own (defaults: fragments, _base_, playbook:)
+files_read, package, read_text = [], pathlib.Path(nemo_evaluator.__file__).parent.resolve(), pathlib.Path.read_text
+def recording_read_text(self, *args, **kwargs):
+    resolved = self.resolve()
+    if resolved != pathlib.Path(path).resolve() and not resolved.is_relative_to(package) and str(resolved) not in files_read:
+        files_read.append(str(resolved))
+    return read_text(self, *args, **kwargs)
+pathlib.Path.read_text = recording_read_text
+expanded = None  # what nel-next reads before its schema check: composed, overridden, playbooks merged, ${VAR} expanded
 try:
     raw = compose_config(path)
     for override in overrides:
         _apply_override(raw, override)
     _prune_nulls(raw)
+    expanded = _expand_env(_resolve_playbooks(copy.deepcopy(raw)))
+    if isinstance(expanded.get("output", {}), dict):
+        expanded.setdefault("output", {}).setdefault("dir", OutputConfig.model_fields["dir"].default)
     config = parse_eval_config(raw)
     out = {"ok": True, "benchmarks": [b.name for b in config.benchmarks], "cluster": config.cluster.type,
            "output_dir": config.output.dir, "config": config.model_dump(mode="json")}
@@ -149,10 +164,11 @@ except ValidationError as exc:
         return ".".join(kept)
     tags = {"api", "vllm", "sglang", "nim", "docker_model", "dynamo", "simple", "local", "slurm", "docker", "gym", "nat"}
     parents = set(raw.get("services") or {}) | {"solver", "cluster"}
-    out = {"ok": False, "problems": [{"path": where(e["loc"]), "message": e["msg"]} for e in exc.errors()]}
+    out = {"ok": False, "problems": [{"path": where(e["loc"]), "message": e["msg"]} for e in exc.errors()], "expanded": expanded}
 except Exception as exc:
     out = {"ok": False, "problems": [{"path": "", "message": f"{type(exc).__name__}: {exc}"}]}
-print(json.dumps(out))
+out["files_read"] = files_read
+print(json.dumps(out, default=str))
 """
 
 
@@ -163,7 +179,9 @@ _SCHEMA_CACHE: dict[tuple[str, int, int, tuple[str, ...]], dict[str, Any]] = {}
 def check_schema(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
     """nel-next's own reading of the config: its composer, override parser and pydantic EvalConfig (the oracle).
 
-    Returns {"ok": True, "benchmarks", "cluster", "output_dir", "config"} or {"ok": False, "problems": [...]}.
+    Returns {"ok": True, "benchmarks", "cluster", "output_dir", "config"} or {"ok": False, "problems": [...]}, with
+    "expanded" (the config as read before the schema check: composed, overridden, ${VAR} expanded) when only the
+    schema check failed, and "files_read": the other YAML files composing it read (defaults fragments, playbooks).
     """
     try:
         stat = Path(config_path).stat()

@@ -217,6 +217,18 @@ def poll_interval_s(record: ledger.Record) -> float:
     return executors.for_name(record.executor).poll_interval_s
 
 
+def record_paths(record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
+    """The run's config, run directory and log here; resuming re-reads the config with the run's overrides, so every
+    path that launch reads too. None for a run on a SLURM cluster."""
+    if executors.slurm(record.executor):
+        return []
+    found = [("config_path", record.config_path), *((key, record.details.get(key)) for key in ("run_dir", "log_path"))]
+    paths = [(what, Path(str(value)).expanduser().absolute()) for what, value in found if value]
+    if resuming and record.config_path:
+        paths += config.launch_paths(record.config_path, record.details.get("run_overrides") or record.details.get("overrides") or [])
+    return paths
+
+
 # ---------------------------------------------------------------- logs, kill, resume
 
 
