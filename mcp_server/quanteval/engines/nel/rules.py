@@ -47,9 +47,18 @@ def _int_at(section: dict, key: str, default: int | None = None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _check_deployment(ctx: Context) -> None:  # noqa: C901
+def _check_deployment(ctx: Context) -> None:
+    _check_deployment_values(ctx)
+    options = extra_args(ctx)
+    _check_extra_args_flags(ctx, [flag for flag, _ in options])
+    _check_model_source(ctx)
+    if ctx.deployment in frameworks.FRAMEWORKS:
+        _check_against_checkpoint(ctx, options)
+
+
+def _check_deployment_values(ctx: Context) -> None:
+    """Types and ranges NEL's templates take for granted: one extra_args string, positive sizes, a memory fraction."""
     deployment = ctx.section("deployment")
-    framework = ctx.deployment
     raw_args = deployment.get("extra_args")
     if raw_args is not None and not isinstance(raw_args, str):
         ctx.add("deployment.extra_args", "error", "wrong_type", f"extra_args must be one string of server flags, got {type(raw_args).__name__}.", 'Write it as a string: extra_args: "--max-model-len 8192".')
@@ -66,32 +75,37 @@ def _check_deployment(ctx: Context) -> None:  # noqa: C901
     if gpu_memory is not None and not is_unresolved(gpu_memory) and (not isinstance(gpu_memory, (int, float)) or not 0 < gpu_memory <= 1):
         ctx.add("deployment.gpu_memory_utilization", "error", "wrong_type", f"gpu_memory_utilization must be a fraction in (0, 1], got {gpu_memory!r}.", "Use e.g. 0.9.")
 
-    options = extra_args(ctx)
-    flags = [flag for flag, _ in options]
+
+def _check_extra_args_flags(ctx: Context, flags: list[str]) -> None:
+    """Flags given twice, flags NEL's command already sets, and another framework's flags."""
+    framework = ctx.deployment
     for flag in sorted({flag for flag in flags if flags.count(flag) > 1}):
         ctx.add("deployment.extra_args", "warning", "duplicate_flag", f"{flag} appears {flags.count(flag)} times; the server takes the last.", f"Keep one {flag}.")
-    if framework in NEL_COMMAND_FLAGS:
-        for flag in flags:
-            owner = NEL_COMMAND_FLAGS[framework].get(flag)
-            if owner:
-                ctx.add("deployment.extra_args", "error", "flag_set_by_nel", f"{flag} is already in NEL's {framework} command; passing it again conflicts.", f"Remove {flag} from extra_args" + (f" and set {owner}." if owner.startswith("deployment.") else "."))
+    if framework not in NEL_COMMAND_FLAGS:
+        return
+    for flag in flags:
+        owner = NEL_COMMAND_FLAGS[framework].get(flag)
+        if owner:
+            ctx.add("deployment.extra_args", "error", "flag_set_by_nel", f"{flag} is already in NEL's {framework} command; passing it again conflicts.", f"Remove {flag} from extra_args" + (f" and set {owner}." if owner.startswith("deployment.") else "."))
+            continue
+        for other, spelled in frameworks.FRAMEWORK_FLAGS.items():
+            if other == framework or flag not in spelled or flag in frameworks.SHARED_FLAGS or flag in frameworks.FRAMEWORK_FLAGS.get(framework, {}):
                 continue
-            for other, spelled in frameworks.FRAMEWORK_FLAGS.items():
-                if other == framework or flag not in spelled or flag in frameworks.SHARED_FLAGS or flag in frameworks.FRAMEWORK_FLAGS.get(framework, {}):
-                    continue
-                equivalent = spelled[flag].get(framework)
-                fix = f"Replace {flag} with {equivalent}." if equivalent else f"Remove {flag}; {framework} has no such flag."
-                ctx.add("deployment.extra_args", "error", "wrong_framework_flag", f"{flag} is a {other} flag; the {framework} server rejects it.", fix)
-                break
+            equivalent = spelled[flag].get(framework)
+            fix = f"Replace {flag} with {equivalent}." if equivalent else f"Remove {flag}; {framework} has no such flag."
+            ctx.add("deployment.extra_args", "error", "wrong_framework_flag", f"{flag} is a {other} flag; the {framework} server rejects it.", fix)
+            break
 
+
+def _check_model_source(ctx: Context) -> None:
+    """Exactly one of checkpoint_path and hf_model_handle for a server that loads a model."""
+    deployment = ctx.section("deployment")
     has_path = isinstance(deployment.get("checkpoint_path"), str) and deployment["checkpoint_path"] not in ("", MISSING)
     has_handle = isinstance(deployment.get("hf_model_handle"), str) and deployment["hf_model_handle"] not in ("", MISSING)
     if has_path and has_handle:
         ctx.add("deployment.hf_model_handle", "error", "both_model_sources", "Both checkpoint_path and hf_model_handle are set; NEL serves hf_model_handle and ignores the local checkpoint.", "Keep one: set hf_model_handle to null to serve the local checkpoint (or checkpoint_path to null).")
-    if framework in ("vllm", "sglang") and not has_path and not has_handle and "???" not in (deployment.get("checkpoint_path"), deployment.get("hf_model_handle")):
+    if ctx.deployment in ("vllm", "sglang") and not has_path and not has_handle and "???" not in (deployment.get("checkpoint_path"), deployment.get("hf_model_handle")):
         ctx.add("deployment.checkpoint_path", "error", "no_model_source", "Neither checkpoint_path nor hf_model_handle is set: the server has nothing to load.", "Run apply_checkpoint with the checkpoint directory or HF handle.")
-    if framework in frameworks.FRAMEWORKS:
-        _check_against_checkpoint(ctx, options)
 
 
 def _check_against_checkpoint(ctx: Context, options: list[tuple[str, str | None]]) -> None:
