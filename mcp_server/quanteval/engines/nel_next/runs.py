@@ -28,7 +28,6 @@ from quanteval.engines.base import (
     Refreshed,
     RenderedScript,
     ResumeRunOutput,
-    RunKind,
     RunLogsOutput,
     overall_status,
 )
@@ -96,9 +95,10 @@ def _model_facts(config_path: str) -> dict:
     return {"checkpoint": directory, "served": served or {}}
 
 
-def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
+def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
            details: dict, progress: ProgressFn) -> LaunchOutput:
     """nel-next runs every benchmark of the config: `tasks` narrows nothing here."""
+    kind = record.kind
     progress(1, 3, f"starting the nel-next {kind.replace('_', ' ')}")
     extra: list[str] = []
     notes: list[str] = []
@@ -112,7 +112,7 @@ def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[st
         extra.append(f"output.dir={run_dir.as_posix()}")
     if not details.get("checkpoint"):
         details = {**details, **_model_facts(config_path)}
-    record = nelnext.launch(kind, config_path, [*overrides, *extra], run_dir,
+    record = nelnext.launch(record, config_path, [*overrides, *extra], run_dir,
                             {**details, "canary_overrides": extra, "limit_samples": canary.limit if canary else None,
                              "repeats": canary.repeats if canary else None})
     record = ledger.update(record.id, details={"overrides": overrides, "run_overrides": [*overrides, *extra]})
