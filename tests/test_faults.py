@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from mcp import Client
 from processes import running_with
@@ -23,9 +26,11 @@ from processes import running_with
 from quanteval import ledger
 from quanteval.engines.nel_next import nelnext
 from quanteval.faces.server import build_server
+from quanteval.localproc import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+BF16, W8A8 = REPO / "examples" / "checkpoints" / "tiny-add-bf16", REPO / "examples" / "checkpoints" / "tiny-add-w8a8"
 PLANTED = "planted-hf-token-5c4b3a2d1e"
 
 
@@ -188,3 +193,74 @@ print(oct(stat.S_IMODE((target / "a" / ".secrets.env").stat().st_mode)), oct(sta
     opened, created = done.stdout.split("\n", 1)
     assert opened == "0o600"  # private while empty, before a byte of the secret is written
     assert created.split() == ["0o600", "0o644"]  # other files keep their modes
+
+
+# ---------------------------------------------------------------- 18: clear errors, and before anything is served
+
+
+@pytest.fixture
+def standin_vllm(monkeypatch) -> str:
+    """An OpenAI-compatible stand-in for vLLM (these tests are about what happens before or around serving)."""
+    launcher = shlex.join([sys.executable, str(REPO / "tests" / "standins" / "fake_inference_server.py"), "--fake-load-s", "0.2"])
+    monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", launcher)
+    return launcher
+
+
+def _evaluate_arguments(output_dir: Path, bench: Path = BENCH) -> dict:
+    return {"baseline_checkpoint": str(BF16), "candidate_checkpoint": str(W8A8), "benchmarks": [str(bench)],
+            "output_dir": str(output_dir)}
+
+
+@pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+def test_a_read_only_output_directory_is_a_clear_error_naming_it(tmp_path, standin_vllm):
+    shared = tmp_path / "shared"
+    with read_only(shared):
+        result = call("evaluate_quantization", _evaluate_arguments(shared))
+        built = call("build_config", {"engine": "nel-next", "execution": "local", "deployment": "none",
+                                      "model_type": "chat_reasoning", "benchmarks": [str(BENCH)],
+                                      "config_path": str(shared / "eval.yaml")})
+    for answer in (result, built):
+        text = answer.content[0].text
+        assert answer.is_error and str(shared) in text and "Read-only file system" in text, text
+        assert "internal error" not in text
+    assert ledger.find(kind="deployment") == []  # refused before anything was served
+
+
+@pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+def test_a_benchmark_file_with_a_syntax_error_is_refused_before_anything_is_served(tmp_path, standin_vllm):
+    bench = tmp_path / "typo.py"
+    bench.write_text(BENCH.read_text().replace("def ", "def def ", 1))
+    result = call("evaluate_quantization", _evaluate_arguments(tmp_path / "out", bench))
+    text = result.content[0].text
+    assert result.is_error and f"{bench}:" in text and "invalid syntax" in text, text
+    assert ledger.find(kind="deployment") == []
+    # validate_config says the same of a config naming it
+    config = _nel_next_config(tmp_path)
+    call("set_config_value", {"config_path": config, "key": "benchmarks[0].name", "value": str(bench)})
+    checked = call("validate_config", {"config_path": config}).structured_content
+    assert [p["rule"] for p in checked["problems"] if p["severity"] == "error"] == ["benchmark_syntax_error"]
+
+
+def test_serve_eval_health_with_a_binary_ns_command_says_what_is_wrong(tmp_path):
+    port = free_port()
+    log = tmp_path / "server.log"
+    with log.open("wb") as server_log:
+        server = subprocess.Popen([str(Path(sys.executable).parent / "quanteval"), "serve-eval", "--port", str(port),
+                                   "--output-root", str(tmp_path / "jobs"), "--ns-command", "/bin/false"],
+                                  stdout=subprocess.DEVNULL, stderr=server_log, start_new_session=True)
+    try:
+        answer = None
+        for _ in range(150):
+            with contextlib.suppress(httpx.HTTPError):
+                answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10, trust_env=False)
+                break
+            time.sleep(0.2)
+        assert answer is not None, log.read_text()[-2000:]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    assert answer.status_code == 503
+    body = answer.json()
+    assert body["status"] == "not_ready" and body["backend_ready"] is False
+    assert "/bin/false" in body["hint"] and "not a NeMo-Skills" in body["hint"]
+    assert "Traceback" not in log.read_text() and "UnicodeDecodeError" not in log.read_text()

@@ -1,4 +1,5 @@
-"""Local ports and process groups: the one place that decides whether a port is free and stops a server.
+"""Local ports, process groups and output directories: the one place that decides whether a port is free, stops a
+server, and finds out whether a directory can be written before anything is started that would write there.
 
 Deployments and the eval server both start servers in their own session (process group) and
 must stop all of it, including workers the server forked, without leaving anything behind.
@@ -13,6 +14,8 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from quanteval.models import ToolError
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -75,3 +78,15 @@ def stop_group(pgid: int, grace_s: float, on_wait: Callable[[], object] = lambda
     on_wait()
     remaining = group_members(pgid)
     return not remaining, how, remaining
+
+
+def require_writable_dir(directory: Path, key: str, fix: str) -> None:
+    """Create `directory` and write a file in it, or a ToolError naming `key`, the directory, why, and `fix` (a
+    read-only mount or a directory of another user says so here, not as a PermissionError minutes later)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".quanteval-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ToolError(f"{key}: cannot write {directory} ({exc.strerror or exc}). {fix}") from None

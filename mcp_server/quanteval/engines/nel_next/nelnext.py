@@ -38,7 +38,7 @@ from typing import Any
 
 from quanteval import envvars, ledger
 from quanteval.clusters import ssh
-from quanteval.localproc import group_members, stop_group
+from quanteval.localproc import group_members, require_writable_dir, stop_group
 from quanteval.models import ToolError
 
 LOG_NAME = "quanteval-run.log"
@@ -212,20 +212,9 @@ def canary_overrides(benchmark_count: int, max_problems: int, repeats: int | Non
 # ---------------------------------------------------------------- the run lifecycle
 
 
-def _check_output_dir(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".quanteval-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ToolError(f"output.dir: cannot write {run_dir} ({exc.strerror}). Choose a writable directory "
-                        "(set_config_value key output.dir).") from None
-
-
 def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Start `nel eval run` in a session of its own; returns the details a ledger record keeps."""
-    _check_output_dir(run_dir)
+    require_writable_dir(run_dir, "output.dir", "Choose a writable directory (set_config_value key output.dir).")
     argv = [str(nel_binary()), "eval", "run", config_path, "-o", str(run_dir)]
     argv += [item for override in overrides for item in ("-O", override)]
     argv += ["--resume"] if resume else []
