@@ -9,8 +9,10 @@ gate_results on them: the release verdict (GO / NO-GO / INCONCLUSIVE) with the r
 
 Resumable: every finished full run is a ledger record carrying its evaluation key (checkpoint contents, benchmarks,
 limits), so a second call reuses what finished — the baseline of one candidate is the baseline of the next.
-Interrupted (Ctrl-C, SIGTERM, a failure): the server it started is stopped, the run in flight is killed and
-recorded as cancelled, and the next call starts that checkpoint again.
+Interrupted (Ctrl-C, SIGTERM, a failure): the server it started is stopped (one still starting is recorded as
+cancelled), the run in flight is killed and recorded as cancelled, and the next call starts that checkpoint again.
+One call per output directory at a time: a second one is refused, naming the first (a kernel lock in the directory,
+gone with the call however it ends).
 """
 
 from __future__ import annotations
