@@ -11,8 +11,9 @@ import contextlib
 import os
 import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from quanteval.models import ToolError
@@ -78,6 +79,21 @@ def stop_group(pgid: int, grace_s: float, on_wait: Callable[[], object] = lambda
     on_wait()
     remaining = group_members(pgid)
     return not remaining, how, remaining
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Cleanup after an interrupt runs to its end: a second Ctrl-C or SIGTERM (people press Ctrl-C twice) while a
+    server is being stopped would otherwise leave it running. Only the main thread takes signals; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def require_writable_dir(directory: Path, key: str, fix: str) -> None:

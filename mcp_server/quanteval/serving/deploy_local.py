@@ -13,7 +13,7 @@ from typing import Any
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
-from quanteval.localproc import free_port, group_members, port_free, stop_group
+from quanteval.localproc import free_port, group_members, interrupts_held, port_free, stop_group
 from quanteval.models import ToolError
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -67,10 +67,10 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
             "startup_timeout_s": request.startup_timeout_s,
         })
     except BaseException as exc:  # interrupted or failed between the record and its process: neither is left behind
-        if child is not None:
-            stop_group(child.pid, 5, on_wait=child.poll)
         interrupted = not isinstance(exc, Exception)
-        with contextlib.suppress(ToolError):
+        with interrupts_held(), contextlib.suppress(ToolError):
+            if child is not None:
+                stop_group(child.pid, 5, on_wait=child.poll)
             ledger.update(record.id, status="cancelled" if interrupted else "failed",
                           message=f"launch {'interrupted' if interrupted else f'failed: {exc}'}"[:300])
         raise

@@ -35,7 +35,7 @@ from quanteval.engines.base import ACTIVE
 from quanteval.engines.nel_next import config as next_config
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.envvars import state_dir
-from quanteval.localproc import free_port, require_writable_dir
+from quanteval.localproc import free_port, interrupts_held, require_writable_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
@@ -175,9 +175,10 @@ def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[de
         status = deploy.deployment_status(deploy.DeploymentStatusInput(record_id=launched.record_id,
                                                                        wait_s=request.startup_timeout_s, chat_probe=False))
     except BaseException:  # Ctrl-C / SIGTERM while the server starts: nothing left running, the record says so
-        deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id, grace_s=10))
-        ledger.update(launched.record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted "
-                      "while the server started")
+        with interrupts_held():
+            deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id, grace_s=10))
+            ledger.update(launched.record_id, status="cancelled", message="cancelled: evaluate_quantization was "
+                          "interrupted while the server started")
         raise
     if status.status != "ready":
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
@@ -265,11 +266,13 @@ def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInpu
         nelnext.write_run_facts(Path(finished.details["run_dir"]), _run_config(finished), str(checkpoint_dir), served)
     except BaseException:
         if active is not None:
-            _cancel(active)
+            with interrupts_held():
+                _cancel(active)
         raise
     finally:
         progress(offset + 6, total, f"{role}: stopping the server")
-        deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
+        with interrupts_held():
+            deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
     return CheckpointEvaluation(role=role, checkpoint=str(checkpoint_dir), reused=False, deployment_record_id=launched.record_id,
                                 served_model_name=launched.served_model_name, served_context=served.get("max_model_len"),
                                 config_path=config_path, canary_record_id=canary.record_id, full_run_record_id=full.record_id,
