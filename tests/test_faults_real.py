@@ -25,6 +25,7 @@ from processes import running_with
 from quanteval import ledger
 from quanteval.engines.nel_next import nelnext
 from quanteval.localproc import group_members
+from quanteval.serving.deploy import DeploymentStatusInput, deployment_status
 from quanteval.workflow.evaluate import LOCK_NAME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +66,9 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
     (deployment,) = ledger.find(kind="deployment")
     assert deployment.status == "cancelled", [e.status for e in ledger.events(deployment.id)]
     assert group_members(deployment.details["pgid"]) == []
+    later = deployment_status(DeploymentStatusInput(record_id=deployment.id))  # a later poll keeps what happened
+    assert later.status == "stopped" and "Cancelled" in later.message
+    assert ledger.get(deployment.id).status == "cancelled"
     assert ledger.find(kind="canary") == []  # nothing was launched against a server that never came up
 
 

@@ -94,7 +94,9 @@ def _launch(engine: engines.Engine, kind: RunKind, config_path: str, overrides: 
         interrupted = not isinstance(exc, Exception)  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt), exit
         with contextlib.suppress(ToolError):
             if ledger.get(record.id).status == "launching":
-                error = "interrupted" if interrupted else str(exc)[:500] or type(exc).__name__
+                # a ToolError's message is written for the person; anything else may carry what it must not
+                error = "interrupted" if interrupted else str(exc)[:500] if isinstance(exc, ToolError) else \
+                    f"internal error ({type(exc).__name__})"
                 ledger.update(record.id, status="cancelled" if interrupted else "failed", details={"error": error},
                               message=f"launch {'cancelled' if interrupted else 'failed'}: {error}")
         raise
