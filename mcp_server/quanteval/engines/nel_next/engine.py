@@ -85,7 +85,7 @@ class NelNextEngine(Engine):
         return runs.compose(config_path, overrides)
 
     def check_launchable(self, config_path: str, overrides: list[str]) -> None:
-        return None
+        runs.check_launchable(config_path, overrides)
 
     def launch(self, record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str],
                canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:

@@ -299,13 +299,24 @@ def read_run_facts(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def launch_blocker(checked: dict[str, Any]) -> str | None:
+    """What this machine lacks to start a run of the (schema-checked) config: told before anything is recorded."""
+    if not checked["ok"]:
+        first = checked["problems"][0]
+        return f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config."
+    missing = [program for program in ("ssh", "scp") if shutil.which(program) is None]
+    if checked["cluster"] == "slurm" and missing:  # nel-next runs both on this machine; without them: a bare Errno 2
+        return (f"nel-next submits with ssh and scp from this machine, and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install openssh-client.")
+    return None
+
+
 def launch(record: ledger.Record, config_path: str, overrides: list[str], run_dir: Path,
            details: dict[str, Any]) -> ledger.Record:
     """Validate with nel-next's own schema, start the run and record it in `record` (written before the start)."""
     checked = check_schema(config_path, overrides)
-    if not checked["ok"]:
-        first = checked["problems"][0]
-        raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+    if problem := launch_blocker(checked):
+        raise ToolError(problem)
     if checked["cluster"] == "slurm":
         return submit(record, config_path, overrides, checked, details)
     if checked["cluster"] != "local":
@@ -330,10 +341,6 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], checke
     if not (checked["config"].get("cluster") or {}).get("hostname"):
         raise ToolError("cluster.hostname: nel-next submits over ssh to the login host it names; set it (the ssh config "
                         "alias, as for ssh_check), or run on this machine with cluster.type local.")
-    missing = [program for program in ("ssh", "scp") if shutil.which(program) is None]
-    if missing:  # nel-next runs both on this machine; without them it fails with a bare Errno 2
-        raise ToolError(f"nel-next submits with ssh and scp from this machine, and {', '.join(missing)} "
-                        f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install openssh-client.")
     argv = [str(nel_binary()), "eval", "run", str(Path(config_path).resolve()), "--submit"]
     argv += [item for override in overrides for item in ("-O", override)]
     try:

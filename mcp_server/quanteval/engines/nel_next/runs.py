@@ -74,10 +74,15 @@ def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
 # ---------------------------------------------------------------- launch
 
 
+def check_launchable(config_path: str, overrides: list[str]) -> None:
+    """Refuse before the run is recorded: a config nel-next rejects, or a machine without what the launch runs here."""
+    if problem := nelnext.launch_blocker(nelnext.check_schema(config_path, overrides)):
+        raise ToolError(problem)
+
+
 def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
-    if not checked["ok"]:
-        first = checked["problems"][0]
-        raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+    if problem := nelnext.launch_blocker(checked):
+        raise ToolError(problem)
     base = Path(checked["output_dir"])
     if not _on_cluster(checked):  # a SLURM output.dir is a path on the cluster, taken as written
         base = base.expanduser() if base.expanduser().is_absolute() else Path(config_path).parent / base.expanduser()
