@@ -294,8 +294,10 @@ def test_evaluate_quantization_without_output_dir_writes_inside_the_root(workspa
     (result,) = calls(inside, ("evaluate_quantization", {"baseline_checkpoint": str(inside / "baseline"),
                                                          "candidate_checkpoint": str(inside / "candidate"), "benchmarks": [str(bench)]}))
     assert result.is_error
-    made = list((inside / ".quanteval" / "evaluations").iterdir())
-    assert [path.name.split("-")[0] for path in made] == ["baseline"]
+    made = sorted((inside / ".quanteval" / "evaluations").iterdir())
+    # the call's working directory, and the lock that keeps a second call on this output_dir out (issue 28: 20)
+    assert [path.name.split("-")[0] for path in made] == [".quanteval", "baseline"]
+    assert made[0].name == ".quanteval-evaluate.lock"
     assert not (isolated_state / "evaluations").exists()
 
 

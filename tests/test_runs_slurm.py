@@ -130,7 +130,7 @@ def test_canary_on_slurm_fails_without_containers_and_the_gate_holds(slurm_clust
     finished = wait_for_status(canary.record_id, FINISHED)
     assert finished.status == "failed" and finished.jobs[0].slurm_state == "FAILED"
     history = [event.status for event in finished.history]
-    assert history[0] == "submitted" and history[-1] == "failed"
+    assert history[:2] == ["launching", "submitted"] and history[-1] == "failed"  # recorded, then submitted
 
     # The rendered run.sub carried the canary's limit; the remote .secrets.env is private.
     remote_dirs = list((slurm_cluster.jobs_dir / tmp_path.name).glob("*/lm-evaluation-harness.ifeval.0"))

@@ -138,8 +138,12 @@ def update(
     invocation_id: str | None = None,
     details: dict[str, Any] | None = None,
     message: str | None = None,
+    config_hash: str | None = None,
+    executor: str | None = None,
+    host: str | None = None,
 ) -> Record:
-    """Change a record; `details` is merged into the stored details. A status change is logged as an event."""
+    """Change a record; `details` is merged into the stored details. A status change is logged as an event. The
+    config hash, executor and host are set once a launch knows them (a record is written before its launch starts)."""
     now = time.time()
     with connect() as conn:
         conn.execute("BEGIN IMMEDIATE")
@@ -150,8 +154,10 @@ def update(
         current = _record(row)
         merged = {**current.details, **(details or {})}
         conn.execute(
-            "UPDATE records SET status = ?, invocation_id = ?, details = ?, updated_at = ? WHERE id = ?",
-            (status or current.status, invocation_id or current.invocation_id, json.dumps(merged), now, record_id),
+            "UPDATE records SET status = ?, invocation_id = ?, config_hash = ?, executor = ?, host = ?, details = ?,"
+            " updated_at = ? WHERE id = ?",
+            (status or current.status, invocation_id or current.invocation_id, config_hash or current.config_hash,
+             executor or current.executor, host or current.host, json.dumps(merged), now, record_id),
         )
         if (status and status != current.status) or message:
             conn.execute("INSERT INTO events VALUES (?,?,?,?)", (record_id, now, status or current.status, message))

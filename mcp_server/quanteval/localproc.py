@@ -1,4 +1,5 @@
-"""Local ports and process groups: the one place that decides whether a port is free and stops a server.
+"""Local ports, process groups and output directories: the one place that decides whether a port is free, stops a
+server, and finds out whether a directory can be written before anything is started that would write there.
 
 Deployments and the eval server both start servers in their own session (process group) and
 must stop all of it, including workers the server forked, without leaving anything behind.
@@ -11,9 +12,12 @@ import ipaddress
 import os
 import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from quanteval.models import ToolError
 
 
 def is_loopback(host: str) -> bool:
@@ -86,3 +90,30 @@ def stop_group(pgid: int, grace_s: float, on_wait: Callable[[], object] = lambda
     on_wait()
     remaining = group_members(pgid)
     return not remaining, how, remaining
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Cleanup after an interrupt runs to its end: a second Ctrl-C or SIGTERM (people press Ctrl-C twice) while a
+    server is being stopped would otherwise leave it running. Only the main thread takes signals; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def require_writable_dir(directory: Path, key: str, fix: str) -> None:
+    """Create `directory` and write a file in it, or a ToolError naming `key`, the directory, why, and `fix` (a
+    read-only mount or a directory of another user says so here, not as a PermissionError minutes later)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".quanteval-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ToolError(f"{key}: cannot write {directory} ({exc.strerror or exc}). {fix}") from None

@@ -12,6 +12,7 @@ Registering it here with truthful annotations is all it takes to appear everywhe
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import typing
@@ -192,11 +193,21 @@ def parse_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
         raise ArgumentsError(f"Invalid arguments for {spec.name}: {problems}") from None
 
 
+# A file system refusal is the person's to fix (a read-only mount, another user's directory, a full disk), not a bug.
+FILE_SYSTEM_REFUSALS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
 def call_tool(spec: ToolSpec, request: BaseModel, progress: ProgressFn = no_progress) -> BaseModel:
     """Run one tool on already-validated input."""
-    if spec.wants_progress:
-        return spec.function(request, progress=progress)
-    return spec.function(request)
+    try:
+        if spec.wants_progress:
+            return spec.function(request, progress=progress)
+        return spec.function(request)
+    except OSError as exc:
+        if exc.errno not in FILE_SYSTEM_REFUSALS or not exc.filename:
+            raise
+        raise ToolError(f"{spec.name}: {exc.filename}: {exc.strerror}. Use a directory this user can write (or free "
+                        "space / fix its permissions) and call again.") from None
 
 
 def run(spec: ToolSpec, arguments: dict[str, Any], progress: ProgressFn = no_progress, policy: paths.Policy = paths.ANY_PATH) -> BaseModel:

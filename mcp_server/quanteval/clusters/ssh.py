@@ -13,6 +13,9 @@ written to known_hosts and the result says so). accept-new: an unknown key is ac
 changed one refused. no: an unknown key is accepted and stored, a changed one accepted (not stored) with a
 note. UserKnownHostsFile /dev/null: nothing is stored, ever.
 
+`~` is the passwd home, as for OpenSSH, whatever $HOME says: the ssh config and known_hosts come from one home, the
+one every ssh that NEL and nel-next run reads (ssh_home).
+
 The host name `local` means this machine without SSH (commands run in a local bash); every other
 name, `localhost` included, goes through SSH.
 
@@ -64,9 +67,30 @@ class RemoteResult:
 # --- ssh config -------------------------------------------------------------------------------------
 
 
+def ssh_home() -> Path:
+    """The home OpenSSH reads ~/.ssh/config and known_hosts from and expands `~` with: the passwd entry's, never $HOME
+    (`HOME=/x ssh -G host` still prints /<passwd home>/.ssh/known_hosts and ignores /x/.ssh/config). NEL's and
+    nel-next's ssh, scp and rsync run that binary, so quanteval reads the same files they do: the config and the
+    known_hosts of one home."""
+    import pwd
+
+    return Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
+def user_path(path: str) -> Path:
+    """A path from the ssh config with `~` expanded as OpenSSH does (the passwd home)."""
+    if path == "~" or path.startswith("~/"):
+        return ssh_home() / path[2:]
+    return Path(path).expanduser()  # ~otheruser: from the passwd database too
+
+
 def ssh_config_path() -> Path:
     explicit = os.environ.get("QUANTEVAL_SSH_CONFIG")
-    return Path(explicit).expanduser() if explicit else Path.home() / ".ssh" / "config"
+    return user_path(explicit) if explicit else ssh_home() / ".ssh" / "config"
+
+
+def default_known_hosts() -> Path:
+    return ssh_home() / ".ssh" / "known_hosts"
 
 
 DEV_NULL = Path("/dev/null")
@@ -113,17 +137,9 @@ def _split_host(host: str) -> tuple[str, str, str | None]:
 
 
 def _ssh_config_args() -> list[str]:
-    """-F for `ssh -G`: the file quanteval reads (QUANTEVAL_SSH_CONFIG, or ~/.ssh/config under $HOME when that is
-    not the passwd home OpenSSH would read); none otherwise, so OpenSSH reads its own files (system config too)."""
-    config = ssh_config_path()
-    if os.environ.get("QUANTEVAL_SSH_CONFIG"):
-        return ["-F", str(config)]
-    import pwd
-
-    passwd_config = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "config"
-    if config.is_file() and config.resolve() != passwd_config.resolve():
-        return ["-F", str(config)]
-    return []
+    """-F for `ssh -G` with QUANTEVAL_SSH_CONFIG; none otherwise, so OpenSSH reads its own files (the passwd home's
+    ~/.ssh/config and the system config), as every ssh NEL runs does."""
+    return ["-F", str(ssh_config_path())] if os.environ.get("QUANTEVAL_SSH_CONFIG") else []
 
 
 def _strict(value: str) -> Literal["yes", "ask", "accept-new", "no"]:
@@ -140,9 +156,9 @@ def _expand(path: str, hostname: str, user: str, port: int) -> str:
     import pwd
 
     local = pwd.getpwuid(os.getuid())
-    tokens = {"%%": "%", "%d": str(Path.home()), "%h": hostname, "%r": user, "%p": str(port), "%u": local.pw_name}
+    tokens = {"%%": "%", "%d": str(ssh_home()), "%h": hostname, "%r": user, "%p": str(port), "%u": local.pw_name}
     path = re.sub(r"%[%dhrpu]", lambda m: tokens[m.group(0)], path)
-    return str(Path(path).expanduser())
+    return str(user_path(path))
 
 
 def _resolve_with_openssh(ssh: str, alias: str, user_override: str, port_override: str | None) -> dict[str, list[str]] | None:
@@ -186,8 +202,8 @@ def resolve_host(host: str) -> HostSettings:
     hostname = first("hostname", alias)
     user = first("user") or local_user()
     identities = [_expand(p, hostname, user, port) for p in entry.get("identityfile", [])]
-    known = [Path(p).expanduser() for value in entry.get("userknownhostsfile", []) for p in value.split()]
-    global_known = [Path(p).expanduser() for value in entry.get("globalknownhostsfile", []) for p in value.split()]
+    known = [user_path(p) for value in entry.get("userknownhostsfile", []) for p in value.split()]
+    global_known = [user_path(p) for value in entry.get("globalknownhostsfile", []) for p in value.split()]
     proxy = first("proxyjump", "none")
     return HostSettings(
         name=host,
@@ -197,7 +213,7 @@ def resolve_host(host: str) -> HostSettings:
         # ssh -G lists the default keys too when the config names none; OpenSSH skips those that do not exist.
         identity_files=tuple(p for p in identities if Path(p).is_file()),
         identities_only=first("identitiesonly", "no").lower() in ("yes", "true"),
-        known_hosts_files=tuple(known) or (Path.home() / ".ssh" / "known_hosts",),
+        known_hosts_files=tuple(known) or (default_known_hosts(),),
         proxy_jump=None if proxy.lower() == "none" else proxy,
         connect_timeout=timeout,
         strict_host_key_checking=_strict(first("stricthostkeychecking", "ask")),
@@ -219,13 +235,13 @@ def _resolve_with_paramiko(host: str, alias: str, user_override: str, port_overr
             raise ToolError(f"{config_file}: cannot parse ssh config ({exc}). Fix the file.") from None
     entry = config.lookup(alias)
     known = entry.get("userknownhostsfile")
-    known_files = tuple(Path(p).expanduser() for p in known.split()) if known else (Path.home() / ".ssh" / "known_hosts",)
+    known_files = tuple(user_path(p) for p in known.split()) if known else (default_known_hosts(),)
     try:
         port = int(port_override or entry.get("port", 22))
         timeout = float(entry.get("connecttimeout", CONNECT_TIMEOUT))
     except ValueError as exc:
         raise ToolError(f"{config_file}: Host {alias}: {exc}. Fix Port/ConnectTimeout.") from None
-    identities = tuple(str(Path(p).expanduser()) for p in entry.get("identityfile", []))
+    identities = tuple(str(user_path(p)) for p in entry.get("identityfile", []))
     return HostSettings(
         name=host,
         hostname=entry.get("hostname", alias),

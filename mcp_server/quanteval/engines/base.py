@@ -310,9 +310,10 @@ class Engine(ABC):
         """Refuse, before anything starts, a launch this machine cannot make (a missing binary, a rejected schema)."""
 
     @abstractmethod
-    def launch(self, kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
-               details: dict, progress: ProgressFn) -> LaunchOutput:
-        """Record, then start a canary (with `canary`) or full run; returns at once."""
+    def launch(self, record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str],
+               canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:
+        """Start the canary (with `canary`) or full run the workflow has just recorded (`record`, status launching)
+        and record in it what started or why nothing did; returns at once."""
 
     @abstractmethod
     def refresh(self, record: ledger.Record) -> Refreshed:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import base64
+import builtins
+import contextlib
+import io
+import os
 import re
-import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from quanteval.engines.base import SCRIPT_HEAD_LINES, RenderedScript
@@ -17,12 +21,38 @@ SHOWN_PAYLOAD_CHARS = 1000
 MAX_LAUNCH_COMMANDS, MAX_LAUNCH_CHARS = 6, 4000
 
 
-def protect_secrets_files(root: Path) -> list[Path]:
-    """chmod 600 every .secrets.env NEL left under root (it writes them 644 with real values)."""
-    files = sorted(root.rglob(".secrets.env")) if root.is_dir() else []
-    for path in files:
-        path.chmod(stat.S_IRUSR | stat.S_IWUSR)
-    return files
+SECRETS_FILE = ".secrets.env"  # NEL 0.2.6 writes one per task, with real values
+
+
+def secrets_files(root: Path) -> list[Path]:
+    """The .secrets.env files NEL left under root; each is private since its creation (secrets_private_from_creation)."""
+    return sorted(root.rglob(SECRETS_FILE)) if root.is_dir() else []
+
+
+def _private_opener(path: str, flags: int) -> int:
+    descriptor = os.open(path, flags, 0o600)
+    os.fchmod(descriptor, 0o600)  # a file that already existed keeps its mode on open: private before a byte is written
+    return descriptor
+
+
+@contextlib.contextmanager
+def secrets_private_from_creation() -> Iterator[None]:
+    """While NEL renders a run, every .secrets.env it opens for writing is created mode 0600 (os.open with the mode),
+    so it is never readable by others, not even when the launch fails right after writing it. NEL writes these files
+    with open() and Path.write_text from several executors; open itself is the one place that sees them all."""
+    real_open = builtins.open
+
+    def open_private(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None, closefd=True, opener=None):  # open's own
+        if (opener is None and isinstance(file, (str, bytes, os.PathLike)) and set(mode) & set("wax+")
+                and os.path.basename(os.fsdecode(file)) == SECRETS_FILE):
+            opener = _private_opener
+        return real_open(file, mode, buffering, encoding, errors, newline, closefd, opener)
+
+    builtins.open = io.open = open_private  # pathlib opens through io.open
+    try:
+        yield
+    finally:
+        builtins.open = io.open = real_open
 
 
 def _shown_payload(match: re.Match) -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -165,14 +167,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The one-call answer: serve both checkpoints, canary + full run each, compare; prints the verdict table."""
-    import signal
-
     from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 
-    def terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers stopped, the run in flight cancelled
-
-    signal.signal(signal.SIGTERM, terminate)
     try:
         request = EvaluateQuantizationInput.model_validate(field_values(args, EvaluateQuantizationInput))
     except ValueError as exc:
@@ -482,9 +478,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: servers stopped, the launch or run in flight cancelled
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may take signals
+        return _run(args)
+    previous = signal.signal(signal.SIGTERM, _terminate)  # serve-eval installs its own on top
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except UsageError as exc:

@@ -438,8 +438,9 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     probe, log_text, endpoint, process = seen.probe, seen.log_text, seen.endpoint, seen.process
     failures = _scan_log(log_text)
     ready = probe.health == 200 and name in probe.models
-    if record.status == "stopped":
-        state, message = "stopped", "Stopped by stop_deployment."
+    if record.status in ("stopped", "cancelled"):
+        state = "stopped"
+        message = "Stopped by stop_deployment." if record.status == "stopped" else "Cancelled while starting (interrupted); stopped."
     elif ready and (probe.chat_error or "").startswith("HTTP 5"):
         # vLLM's CPU engine, for one, reports healthy and dies at the first request (e.g. a head size it has no kernel for).
         state = "failed"
@@ -498,7 +499,7 @@ def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_
             break
         progress(status.elapsed_s, None, status.message)
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-    if record.status != status.status and record.status != "stopped":
+    if record.status != status.status and record.status not in ("stopped", "cancelled"):  # ended by us: it stays so
         ledger.update(record.id, status=status.status, message=status.message[:300])
     return status
 

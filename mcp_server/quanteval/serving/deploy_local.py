@@ -3,6 +3,7 @@ directory (deployments/<record id>/). The ledger records them as executor "local
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -12,7 +13,7 @@ from typing import Any
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
-from quanteval.localproc import free_port, group_members, port_free, stop_group
+from quanteval.localproc import free_port, group_members, interrupts_held, port_free, stop_group
 from quanteval.models import ToolError
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -45,24 +46,34 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
     argv = [*plan.launcher, *server_args]
     record = ledger.add("deployment", status="starting", executor=NAME, config_path=plan.checkpoint,
                         details={"framework": plan.framework, "served_model_name": plan.served_model_name})
-    run_dir = state_dir() / "deployments" / record.id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
-    # A shell wrapper records the exit code, so any later process (CLI, restarted MCP server) can report it.
-    wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-deploy", str(rc_path), *argv]
-    # A launcher that cannot start shows up as exit code 127 with the shell's message in the log.
-    with open(log_path, "ab") as log_file:
-        child = subprocess.Popen(
-            wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
-        )
-    _CHILDREN[child.pid] = child
-    endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"
-    ledger.update(record.id, status="loading", details={
-        "pid": child.pid, "pgid": child.pid, "port": port, "log_path": str(log_path),
-        "exit_code_path": str(rc_path), "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
-        "startup_timeout_s": request.startup_timeout_s,
-    })
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        run_dir = state_dir() / "deployments" / record.id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
+        # A shell wrapper records the exit code, so any later process (CLI, restarted MCP server) can report it.
+        wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-deploy", str(rc_path), *argv]
+        # A launcher that cannot start shows up as exit code 127 with the shell's message in the log.
+        with open(log_path, "ab") as log_file:
+            child = subprocess.Popen(
+                wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
+            )
+        _CHILDREN[child.pid] = child
+        endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"
+        ledger.update(record.id, status="loading", details={
+            "pid": child.pid, "pgid": child.pid, "port": port, "log_path": str(log_path),
+            "exit_code_path": str(rc_path), "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
+            "startup_timeout_s": request.startup_timeout_s,
+        })
+    except BaseException as exc:  # interrupted or failed between the record and its process: neither is left behind
+        interrupted = not isinstance(exc, Exception)
+        with interrupts_held(), contextlib.suppress(ToolError):
+            if child is not None:
+                stop_group(child.pid, 5, on_wait=child.poll)
+            ledger.update(record.id, status="cancelled" if interrupted else "failed",
+                          message=f"launch {'interrupted' if interrupted else f'failed: {exc}'}"[:300])
+        raise
     return LaunchDeploymentResult(
         record_id=record.id, host=None, status="loading", port=port, endpoint_url=endpoint,
         served_model_name=plan.served_model_name, command=shlex.join(argv), log_path=str(log_path), pid=child.pid, notes=notes,

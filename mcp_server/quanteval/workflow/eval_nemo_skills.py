@@ -48,7 +48,7 @@ def ns_path(settings: ServerSettings) -> str | None:
 def _ns_version(path: str, mtime_ns: int) -> str | None:
     """NeMo-Skills' version as the Python behind this `ns` sees it (ns has no --version)."""
     try:
-        first = Path(path).read_bytes()[:256].split(b"\n", 1)[0].decode()
+        first = Path(path).read_bytes()[:256].split(b"\n", 1)[0].decode(errors="replace")  # a binary has no #! line
     except OSError:
         return None
     python = first[2:].strip().split()[0] if first.startswith("#!") else None

@@ -13,15 +13,21 @@ ANOMALOUS (a broken quantization or a serving bug), with a few of its responses.
 
 Resumable: every finished full run is a ledger record carrying its evaluation key (checkpoint contents, benchmarks,
 limits), so a second call reuses what finished — the baseline of one candidate is the baseline of the next.
-Interrupted (Ctrl-C, SIGTERM, a failure): the server it started is stopped, the run in flight is killed and
-recorded as cancelled, and the next call starts that checkpoint again.
+Interrupted (Ctrl-C, SIGTERM, a failure): the server it started is stopped (one still starting is recorded as
+cancelled), the run in flight is killed and recorded as cancelled, and the next call starts that checkpoint again.
+One call per output directory at a time: a second one is refused, naming the first (a kernel lock in the directory,
+gone with the call however it ends).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +40,7 @@ from quanteval.engines.nel_next import config as next_config
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
-from quanteval.localproc import free_port
+from quanteval.localproc import free_port, interrupts_held, require_writable_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
@@ -50,6 +56,7 @@ RESPONSES_SHOWN = 3
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
 DEFAULT_MAX_TOKENS = 1024
 STEPS_PER_CHECKPOINT = 8
+LOCK_NAME = ".quanteval-evaluate.lock"  # in the output directory, held while a call uses it
 
 
 class EvaluateQuantizationInput(StrictModel):
@@ -203,8 +210,15 @@ def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[de
         raise ToolError(f"{checkpoint_dir}: {request.framework} cannot serve it here: {errors[0]}")
     launched = deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, host=request.host,
                                                                       startup_timeout_s=request.startup_timeout_s))
-    status = deploy.deployment_status(deploy.DeploymentStatusInput(record_id=launched.record_id, wait_s=request.startup_timeout_s,
-                                                                   chat_probe=False))
+    try:
+        status = deploy.deployment_status(deploy.DeploymentStatusInput(record_id=launched.record_id,
+                                                                       wait_s=request.startup_timeout_s, chat_probe=False))
+    except BaseException:  # Ctrl-C / SIGTERM while the server starts: nothing left running, the record says so
+        with interrupts_held():
+            deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id, grace_s=10))
+            ledger.update(launched.record_id, status="cancelled", message="cancelled: evaluate_quantization was "
+                          "interrupted while the server started")
+        raise
     if status.status != "ready":
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
         raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): "
@@ -291,11 +305,13 @@ def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInpu
         nelnext.write_run_facts(Path(finished.details["run_dir"]), _run_config(finished), str(checkpoint_dir), served)
     except BaseException:
         if active is not None:
-            _cancel(active)
+            with interrupts_held():
+                _cancel(active)
         raise
     finally:
         progress(offset + 6, total, f"{role}: stopping the server")
-        deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
+        with interrupts_held():
+            deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
     return CheckpointEvaluation(role=role, checkpoint=str(checkpoint_dir), reused=False, deployment_record_id=launched.record_id,
                                 served_model_name=launched.served_model_name, served_context=served.get("max_model_len"),
                                 config_path=config_path, canary_record_id=canary.record_id, full_run_record_id=full.record_id,
@@ -336,15 +352,39 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
                         "benchmark, or a `nel gate` policy for tiers per benchmark, not both.")
     if request.policy:
         load_policy(Path(request.policy).expanduser())
-    if refused := [p for p in next_config.skills_benchmark_problems([{"name": name} for name in request.benchmarks])
-                   if p.severity == "error"]:
+    benchmarks = [{"name": name} for name in request.benchmarks]
+    found = next_config.benchmark_file_problems(benchmarks) + next_config.skills_benchmark_problems(benchmarks)
+    if refused := [p for p in found if p.severity == "error"]:
         raise ToolError(" ".join(f"{p.key}: {p.message} {p.fix}" for p in refused))
     nelnext.nel_binary()
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
+    require_writable_dir(root, "output_dir", "Choose a writable directory.")
+    with _only_call_on(root):
+        return _evaluate_both(request, root, progress)
+
+
+@contextlib.contextmanager
+def _only_call_on(root: Path) -> Iterator[None]:
+    """One evaluate_quantization per output directory at a time; a second is refused, naming the first. The lock is
+    the kernel's (flock), so it ends with the call or its process, however that ends: a lock file left behind by a
+    killed call is never in the way."""
+    path = root / LOCK_NAME
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ToolError(f"output_dir: cannot create {root} ({exc.strerror}). Choose a writable directory.") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(errors="replace").strip()[:200] or "another process"
+            raise ToolError(f"output_dir: {root} is in use by another evaluate_quantization ({holder}). Wait for it to "
+                            "finish (a second call then reuses its finished runs), or give this one another output_dir.") from None
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _evaluate_both(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn) -> EvaluateQuantizationOutput:
     started = time.monotonic()
     baseline = _evaluate_one("baseline", request.baseline_checkpoint, request, root, progress, 0)
     try:

@@ -9,6 +9,7 @@ config share it — that is what the full-run gate checks.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -76,8 +77,30 @@ def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress
     config_path = _config_file(request.config_path)
     engine = _engine(config_path)
     engine.check_launchable(config_path, request.overrides)
-    return engine.launch("canary", config_path, request.overrides, request.tasks,
-                         CanarySpec(limit=request.limit_samples, repeats=request.repeats), {}, progress)
+    return _launch(engine, "canary", config_path, request.overrides, request.tasks,
+                   CanarySpec(limit=request.limit_samples, repeats=request.repeats), {}, progress)
+
+
+def _launch(engine: engines.Engine, kind: RunKind, config_path: str, overrides: list[str], tasks: list[str],
+            canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:
+    """Record, then launch, for every engine: the record is written before anything starts, so a ledger that cannot
+    be written stops the launch here (and a retry never starts a second, unrecorded copy). A launch that fails or is
+    interrupted before the engine recorded its outcome is recorded as failed or cancelled."""
+    record = ledger.add(kind, status="launching", config_path=config_path,
+                        details={**details, "engine": engine.name, "overrides": overrides, "tasks": tasks},
+                        message=f"recorded; launching through {engine.name}")
+    try:
+        return engine.launch(record, config_path, overrides, tasks, canary, details, progress)
+    except BaseException as exc:
+        interrupted = not isinstance(exc, Exception)  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt), exit
+        with contextlib.suppress(ToolError):
+            if ledger.get(record.id).status == "launching":
+                # a ToolError's message is written for the person; anything else may carry what it must not
+                error = "interrupted" if interrupted else str(exc)[:500] if isinstance(exc, ToolError) else \
+                    f"internal error ({type(exc).__name__})"
+                ledger.update(record.id, status="cancelled" if interrupted else "failed", details={"error": error},
+                              message=f"launch {'cancelled' if interrupted else 'failed'}: {error}")
+        raise
 
 
 class LaunchFullRunInput(StrictModel):
@@ -145,7 +168,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     else:
         gate = _gate(composed.config_hash, request.tasks or composed.tasks, progress)
     details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if request.force else None}
-    return engine.launch("full_run", config_path, request.overrides, request.tasks, None, details, progress)
+    return _launch(engine, "full_run", config_path, request.overrides, request.tasks, None, details, progress)
 
 
 # ---------------------------------------------------------------- status
@@ -159,7 +182,8 @@ class RunStatusOutput(BaseModel):
     record_id: str
     kind: str
     invocation_id: str | None
-    status: str = Field(description="submitted, pending, running, resuming, succeeded, failed, killed or unknown.")
+    status: str = Field(description=(
+        "launching, submitted, pending, running, resuming, succeeded, failed, killed, cancelled or unknown."))
     executor: str | None
     host: str | None
     reachable: bool = Field(description="False when the cluster could not be asked; status is then the last known one.")

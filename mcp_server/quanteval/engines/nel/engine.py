@@ -21,7 +21,6 @@ from quanteval.engines.base import (
     Problem,
     Refreshed,
     ResumeRunOutput,
-    RunKind,
     RunLogsOutput,
     config_check,
 )
@@ -81,9 +80,9 @@ class NelEngine(Engine):
     def check_launchable(self, config_path: str, overrides: list[str]) -> None:
         runs.check_launchable(config_path)
 
-    def launch(self, kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
-               details: dict, progress: ProgressFn) -> LaunchOutput:
-        return runs.launch(kind, config_path, overrides, tasks, canary, details, progress)
+    def launch(self, record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str],
+               canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:
+        return runs.launch(record, config_path, overrides, tasks, canary, details, progress)
 
     def refresh(self, record: ledger.Record) -> Refreshed:
         return runs.refresh(record)

@@ -277,9 +277,10 @@ OPS = {"hash": op_hash, "resolved": op_resolved,
 
 
 def main() -> None:
+    from quanteval.engines.rendering import secrets_private_from_creation
     from quanteval.stdio_guard import stdout_to_stderr
 
-    with stdout_to_stderr() as real_stdout:
+    with stdout_to_stderr() as real_stdout, secrets_private_from_creation():
         request = json.loads(sys.stdin.read())
         try:
             answer = {"ok": True, **OPS[request["op"]](**request["args"])}

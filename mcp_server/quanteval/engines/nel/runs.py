@@ -29,13 +29,12 @@ from quanteval.engines.base import (
     NelWarning,
     Refreshed,
     ResumeRunOutput,
-    RunKind,
     RunLogsOutput,
     overall_status,
 )
 from quanteval.engines.nel import config, nelexec
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
-from quanteval.engines.rendering import protect_secrets_files, rendered_script
+from quanteval.engines.rendering import rendered_script, secrets_files
 from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import scrub, secret_values, shown_line, shown_lines
 
@@ -100,7 +99,7 @@ def _split_printed_scripts(printed: str) -> list[tuple[str, str]]:
 
 
 def _rendered_files(answer: dict) -> tuple[Path | None, list[Path], list[tuple[str, Path | None, str]]]:
-    """Where NEL rendered a run on this machine, the .secrets.env files it left there (now private), and its scripts;
+    """Where NEL rendered a run on this machine, the .secrets.env files it left there (private from creation), and its scripts;
     a SLURM dry-run's scripts exist only in NEL's printout."""
     if not answer.get("ok"):
         return None, [], []
@@ -110,7 +109,7 @@ def _rendered_files(answer: dict) -> tuple[Path | None, list[Path], list[tuple[s
     if not candidates:
         return None, [], []
     invocation_dir = candidates[-1]
-    protected = protect_secrets_files(invocation_dir)
+    protected = secrets_files(invocation_dir)
     scripts = [(str(path.relative_to(invocation_dir)), path, path.read_text(errors="replace"))
                for path in sorted([*invocation_dir.glob("*.sh"), *invocation_dir.glob("*/run.sh")])]
     return invocation_dir, protected, scripts
@@ -166,8 +165,9 @@ def repeat_overrides(config_path: str, repeats: int) -> tuple[list[str], list[st
     return overrides, notes
 
 
-def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
+def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
            details: dict, progress: ProgressFn) -> LaunchOutput:
+    kind = record.kind
     extra: list[str] = []
     notes: list[str] = []
     if canary:
@@ -181,16 +181,13 @@ def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[st
     details = {**details, "engine": "nel", "overrides": overrides}
     if not answer.get("ok"):
         error = scrub(answer.get("error", "unknown error"))
-        ledger.add(kind, status="failed", config_path=config_path, config_hash=answer.get("config_hash"),
-                   executor=answer.get("executor"), host=answer.get("host"), details={**details, "error": error},
-                   message=f"launch failed: {error}")
+        ledger.update(record.id, status="failed", config_hash=answer.get("config_hash"), executor=answer.get("executor"),
+                      host=answer.get("host"), details={**details, "error": error}, message=f"launch failed: {error}")
         raise ToolError(f"NEL could not launch the {kind.replace('_', ' ')}: {error}")
     progress(2, 3, "recording the run")
-    if executors.for_name(answer["executor"]).on_this_machine:
-        protect_secrets_files(Path(answer["output_dir"]).expanduser().absolute())
-    record = ledger.add(kind, status="submitted", config_path=config_path, config_hash=answer["config_hash"],
-                        invocation_id=answer["invocation_id"], executor=answer["executor"], host=answer.get("host"),
-                        details={**details, "tasks": tasks or answer.get("tasks", [])}, message="submitted through NEL")
+    record = ledger.update(record.id, status="submitted", config_hash=answer["config_hash"],
+                           invocation_id=answer["invocation_id"], executor=answer["executor"], host=answer.get("host"),
+                           details={**details, "tasks": tasks or answer.get("tasks", [])}, message="submitted through NEL")
     _protect_remote_secrets(record)
     progress(3, 3, f"submitted as {answer['invocation_id']}")
     return LaunchOutput(record_id=record.id, kind=kind, invocation_id=record.invocation_id or "",

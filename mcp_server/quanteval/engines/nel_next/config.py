@@ -291,6 +291,27 @@ def _next_slurm_url_rule(name: str, service: dict[str, Any], problems: list[Prob
                                 fix=f"Set it to the base URL {base} (local runs take it too)."))
 
 
+def benchmark_file_problems(benchmarks: list[Any]) -> list[Problem]:
+    """A BYOB benchmark file that does not compile: nel-next would fail on it only when the run starts (after a
+    server is up); compiled here, never run. Shared by validate_config and evaluate_quantization's pre-flight."""
+    problems: list[Problem] = []
+    for index, bench in enumerate(benchmarks):
+        name = str((bench or {}).get("name", "")) if isinstance(bench, dict) else ""
+        path = Path(name.split(".py:", 1)[0] + ".py" if ".py:" in name else name).expanduser()
+        if path.suffix != ".py" or not path.is_file():
+            continue
+        try:
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="benchmark_syntax_error",
+                                    message=f"{path}:{exc.lineno}: {exc.msg}: nel-next cannot import this benchmark file.",
+                                    fix="Fix the file (python -m py_compile FILE shows the error) and try again."))
+        except (OSError, ValueError) as exc:  # unreadable, or a NUL byte in it
+            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="benchmark_syntax_error",
+                                    message=f"{path}: cannot be read as Python ({exc}).", fix="Point it at the benchmark's .py file."))
+    return problems
+
+
 def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
     """What stops nel-next's skills:// benchmarks from measuring anything: a NeMo-Skills that does not fit nel-next,
     or a METRICS_TYPE nel-next does not grade. Shared by validate_config and evaluate_quantization's pre-flight."""
@@ -356,6 +377,7 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
             severity, rule, message, fix = found
             problems.append(Problem(key=f"benchmarks[{index}]", severity=severity, rule=rule, message=message, fix=fix))
     problems += skills_benchmark_problems(doc.get("benchmarks") or [])
+    problems += benchmark_file_problems(doc.get("benchmarks") or [])
     for index, bench in enumerate(doc.get("benchmarks") or []):
         bench_name = str((bench or {}).get("name", ""))
         if bench_name.endswith(".py") and not Path(bench_name).is_absolute() and not (Path.cwd() / bench_name).is_file():

@@ -38,7 +38,7 @@ from typing import Any
 
 from quanteval import envvars, ledger, redact
 from quanteval.clusters import ssh
-from quanteval.localproc import group_members, stop_group
+from quanteval.localproc import group_members, require_writable_dir, stop_group
 from quanteval.models import ToolError
 
 LOG_NAME = "quanteval-run.log"
@@ -230,20 +230,9 @@ def canary_overrides(benchmark_count: int, max_problems: int, repeats: int | Non
 # ---------------------------------------------------------------- the run lifecycle
 
 
-def _check_output_dir(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".quanteval-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ToolError(f"output.dir: cannot write {run_dir} ({exc.strerror}). Choose a writable directory "
-                        "(set_config_value key output.dir).") from None
-
-
 def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Start `nel eval run` in a session of its own; returns the details a ledger record keeps."""
-    _check_output_dir(run_dir)
+    require_writable_dir(run_dir, "output.dir", "Choose a writable directory (set_config_value key output.dir).")
     argv = [str(nel_binary()), "eval", "run", config_path, "-o", str(run_dir)]
     argv += [item for override in overrides for item in ("-O", override)]
     argv += ["--resume"] if resume else []
@@ -317,36 +306,48 @@ def read_run_facts(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def launch(kind: ledger.RecordKind, config_path: str, overrides: list[str], run_dir: Path,
-           details: dict[str, Any]) -> ledger.Record:
-    """Validate with nel-next's own schema, start the run, record it."""
-    checked = check_schema(config_path, overrides)
+def launch_blocker(checked: dict[str, Any]) -> str | None:
+    """What this machine lacks to start a run of the (schema-checked) config: told before anything is recorded."""
     if not checked["ok"]:
         first = checked["problems"][0]
-        raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+        return f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config."
+    missing = [program for program in ("ssh", "scp") if shutil.which(program) is None]
+    if checked["cluster"] == "slurm" and missing:  # nel-next runs both on this machine; without them: a bare Errno 2
+        return (f"nel-next submits with ssh and scp from this machine, and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install openssh-client.")
+    return None
+
+
+def launch(record: ledger.Record, config_path: str, overrides: list[str], run_dir: Path,
+           details: dict[str, Any]) -> ledger.Record:
+    """Validate with nel-next's own schema, start the run and record it in `record` (written before the start)."""
+    checked = check_schema(config_path, overrides)
+    if problem := launch_blocker(checked):
+        raise ToolError(problem)
     if checked["cluster"] == "slurm":
-        return submit(kind, config_path, overrides, checked, details)
+        return submit(record, config_path, overrides, checked, details)
     if checked["cluster"] != "local":
         raise ToolError(f"cluster.type: {checked['cluster']!r} runs of nel-next are not launched by quanteval yet; "
                         "use cluster.type local (this machine) or slurm.")
     started = start(config_path, overrides, run_dir)
-    write_run_facts(run_dir, checked["config"], details.get("checkpoint"), details.get("served"))
-    return ledger.add(kind, status="running", config_path=config_path, config_hash=config_hash(config_path, overrides),
-                      invocation_id=f"nel-next:{run_dir}", executor="local",
-                      details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},
-                      message=f"started: {shlex.join(started['argv'])}")
+    try:
+        write_run_facts(run_dir, checked["config"], details.get("checkpoint"), details.get("served"))
+        return ledger.update(record.id, status="running", config_hash=config_hash(config_path, overrides),
+                             invocation_id=f"nel-next:{run_dir}", executor="local",
+                             details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},
+                             message=f"started: {shlex.join(started['argv'])}")
+    except BaseException:
+        stop(started, grace_s=5)  # a run its record does not name would run on unwatched: nothing is left running
+        raise
 
 
-def submit(kind: ledger.RecordKind, config_path: str, overrides: list[str], checked: dict[str, Any],
+def submit(record: ledger.Record, config_path: str, overrides: list[str], checked: dict[str, Any],
            details: dict[str, Any]) -> ledger.Record:
     """`nel eval run --submit` to the config's SLURM cluster; records each shard's job and where it runs."""
+    kind = record.kind
     if not (checked["config"].get("cluster") or {}).get("hostname"):
         raise ToolError("cluster.hostname: nel-next submits over ssh to the login host it names; set it (the ssh config "
                         "alias, as for ssh_check), or run on this machine with cluster.type local.")
-    missing = [program for program in ("ssh", "scp") if shutil.which(program) is None]
-    if missing:  # nel-next runs both on this machine; without them it fails with a bare Errno 2
-        raise ToolError(f"nel-next submits with ssh and scp from this machine, and {', '.join(missing)} "
-                        f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install openssh-client.")
     argv = [str(nel_binary()), "eval", "run", str(Path(config_path).resolve()), "--submit"]
     argv += [item for override in overrides for item in ("-O", override)]
     try:
@@ -366,11 +367,11 @@ def submit(kind: ledger.RecordKind, config_path: str, overrides: list[str], chec
                      "remote_dir": meta["remote_dir"]})
     results_dir = data_home() / "results" / f"{jobs[0]['hostname']}-{job_ids[0]}"
     facts = {"config": redact.redact_config(checked["config"]), "checkpoint": details.get("checkpoint"), "served": details.get("served") or {}}
-    return ledger.add(kind, status="submitted", config_path=config_path, config_hash=config_hash(config_path, overrides),
-                      invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
-                      details={**details, "engine": "nel-next", "overrides": overrides, "tasks": checked["benchmarks"],
-                               "slurm_jobs": jobs, "argv": argv, "results_dir": str(results_dir), "run_facts": facts},
-                      message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
+    return ledger.update(record.id, status="submitted", config_hash=config_hash(config_path, overrides),
+                         invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
+                         details={**details, "engine": "nel-next", "overrides": overrides, "tasks": checked["benchmarks"],
+                                  "slurm_jobs": jobs, "argv": argv, "results_dir": str(results_dir), "run_facts": facts},
+                         message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
 
 
 def fetch_results(details: dict[str, Any]) -> Path:

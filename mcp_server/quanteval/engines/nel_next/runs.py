@@ -28,7 +28,6 @@ from quanteval.engines.base import (
     Refreshed,
     RenderedScript,
     ResumeRunOutput,
-    RunKind,
     RunLogsOutput,
     overall_status,
 )
@@ -76,10 +75,15 @@ def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
 # ---------------------------------------------------------------- launch
 
 
+def check_launchable(config_path: str, overrides: list[str]) -> None:
+    """Refuse before the run is recorded: a config nel-next rejects, or a machine without what the launch runs here."""
+    if problem := nelnext.launch_blocker(nelnext.check_schema(config_path, overrides)):
+        raise ToolError(problem)
+
+
 def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
-    if not checked["ok"]:
-        first = checked["problems"][0]
-        raise ToolError(f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config.")
+    if problem := nelnext.launch_blocker(checked):
+        raise ToolError(problem)
     base = Path(checked["output_dir"])
     if not _on_cluster(checked):  # a SLURM output.dir is a path on the cluster, taken as written
         base = base.expanduser() if base.expanduser().is_absolute() else Path(config_path).parent / base.expanduser()
@@ -97,9 +101,10 @@ def _model_facts(config_path: str) -> dict:
     return {"checkpoint": directory, "served": served or {}}
 
 
-def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
+def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
            details: dict, progress: ProgressFn) -> LaunchOutput:
     """nel-next runs every benchmark of the config: `tasks` narrows nothing here."""
+    kind = record.kind
     progress(1, 3, f"starting the nel-next {kind.replace('_', ' ')}")
     extra: list[str] = []
     notes: list[str] = []
@@ -113,7 +118,7 @@ def launch(kind: RunKind, config_path: str, overrides: list[str], tasks: list[st
         extra.append(f"output.dir={run_dir.as_posix()}")
     if not details.get("checkpoint"):
         details = {**details, **_model_facts(config_path)}
-    record = nelnext.launch(kind, config_path, [*overrides, *extra], run_dir,
+    record = nelnext.launch(record, config_path, [*overrides, *extra], run_dir,
                             {**details, "canary_overrides": extra, "limit_samples": canary.limit if canary else None,
                              "repeats": canary.repeats if canary else None})
     record = ledger.update(record.id, details={"overrides": overrides, "run_overrides": [*overrides, *extra]})
