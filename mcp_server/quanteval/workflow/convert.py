@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
 from quanteval.engines.nel import config as nel_config
-from quanteval.engines.nel_next import nelnext
+from quanteval.engines.nel_next import skills
 from quanteval.models import StrictModel, ToolError
 
 SERVICE = "services.model"
@@ -207,7 +207,7 @@ def _benchmarks(c: _Conversion, framework: str) -> None:
             c.reasons[f"{path}.name"] = why
             c.reasons[path] = f"a setting of {task['name']}, which is not converted (see its name)."
             continue
-        benchmark = nelnext.benchmark_item(name)
+        benchmark = skills.benchmark_item(name)
         c.mapped.append(MappedField(source=f"{path}.name", target=f"benchmarks[{len(benchmarks)}].name ({benchmark['name']})"))
         c.consumed.add(f"{path}.name")
         index = len(benchmarks)

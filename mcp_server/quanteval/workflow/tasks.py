@@ -158,7 +158,7 @@ def list_tasks(request: ListTasksInput) -> ListTasksOutput:
 def nel_next_benchmark(nel_task: str) -> tuple[str | None, str]:
     """The nel-next benchmark that runs this NEL task in-process (`skills://NAME` for a NeMo-Skills task whose
     metrics nel-next grades), or None; and why. convert_config and the recipes' nel-next form both come from here."""
-    from quanteval.engines.nel_next import nelnext
+    from quanteval.engines.nel_next import skills
 
     entries = lookup(nel_task)
     entry = entries[0] if len(entries) == 1 else None
@@ -167,12 +167,14 @@ def nel_next_benchmark(nel_task: str) -> tuple[str | None, str]:
         return None, (f"no nel-next benchmark runs {nel_task} (harness {harness}) in-process: only NeMo-Skills tasks map, "
                       "to skills://NAME. Keep it on NEL 0.2.6, or write it as a BYOB benchmark.")
     name = entry.harness_task
-    metrics_type = nelnext.skills_metrics_types([name])[name]
-    if why := nelnext.skills_grading_problem(name, metrics_type):
+    metrics_type = skills.metrics_types([name])[name]
+    if why := skills.grading_problem(name, metrics_type):
         return None, f"{why}. Keep it on NEL 0.2.6."
     graded = f"graded as '{metrics_type}' by NeMo-Skills' grader" if metrics_type else "metrics type unknown: no NeMo-Skills here to ask"
-    return f"skills://{name}", (f"skills://{name} runs NeMo-Skills' {name} data in-process, {graded}; nel-next sends the bare "
-                                "problem (no NeMo-Skills prompt_config), so its scores are not NEL's: compare nel-next runs only with nel-next runs.")
+    return f"skills://{name}", (f"skills://{name} runs NeMo-Skills' {name} data in-process, {graded}, sent NeMo-Skills' prompt "
+                                "config for it as the benchmark's instruction_template (multiple choice in its \\boxed{} form, "
+                                "which nel-next's grading reads); NEL's container scores may differ in prompt and sampling: "
+                                "compare nel-next runs only with nel-next runs.")
 
 
 class NelNextForm(BaseModel):
@@ -181,12 +183,12 @@ class NelNextForm(BaseModel):
 
 
 def nel_next_form(nel_task: str, repeats: int = 1) -> NelNextForm:
-    from quanteval.engines.nel_next import nelnext
+    from quanteval.engines.nel_next import skills
 
     name, note = nel_next_benchmark(nel_task)
     if name is None:
         return NelNextForm(benchmark=None, note=note)
-    benchmark = nelnext.benchmark_item(name)
+    benchmark = skills.benchmark_item(name)
     if repeats > 1:
         benchmark["repeats"] = repeats
     return NelNextForm(benchmark=benchmark, note=note)
