@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import string
 import subprocess
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ SKILLS_GRADED_TYPES = ("math", "multichoice")
 # NeMo-Skills prompt configs that ask for 'Answer: X', and their \boxed{} form (the one nel-next's grading reads).
 BOXED_PROMPTS = {"eval/aai/mcq-4choices": "eval/aai/mcq-4choices-boxed", "eval/aai/mcq-10choices": "eval/aai/mcq-10choices-boxed"}
 ALIAS_MODULE = "nemo_skills.evaluation.evaluator.math_grader"
+EXTRA_MAP = "NEMO_SKILLS_EXTRA_BENCHMARK_MAP"  # NeMo-Skills' own variable: NAME -> a benchmark folder of one's own
 
 _PROBE = r"""
 import difflib, inspect, json, os, sys
@@ -229,6 +231,11 @@ def prompt_settings(bench: Benchmark) -> dict[str, Any]:
     return settings
 
 
+# NAME and the benchmark map in force -> its prompt settings: a prompt config does not change while quanteval runs,
+# and the recipes' nel-next forms ask for many names (a probe is a ~1 s child).
+_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {}
+
+
 def benchmark_item(name: str, found: Probe | None = None) -> dict[str, Any]:
     """A `benchmarks` list item for `name`; a `skills://NAME` one is sent NeMo-Skills' prompt for NAME where the
     NeMo-Skills in nel-next's venv knows it (validate_config says why where not)."""
@@ -236,14 +243,20 @@ def benchmark_item(name: str, found: Probe | None = None) -> dict[str, Any]:
     if not name.startswith(SCHEME):
         return item
     short = name[len(SCHEME):]
-    found = found or probe([short])
-    bench = found.benchmarks.get(short)
-    if found.problem or bench is None or bench.unknown:
-        return item
-    try:
-        settings = prompt_settings(bench)
-    except PromptError:
-        return item
+    key = (short, os.environ.get(EXTRA_MAP, ""))
+    if key not in _SETTINGS:
+        found = found or probe([short])
+        bench = found.benchmarks.get(short)
+        if found.problem or bench is None or bench.unknown:
+            return item
+        try:
+            _SETTINGS[key] = prompt_settings(bench)
+        except PromptError:
+            return item
+    settings = dict(_SETTINGS[key])
+    if settings.get("instruction_template") and not Path(settings["instruction_template"]).is_file():
+        _SETTINGS.pop(key)  # its file was removed (another state dir): write it again
+        return benchmark_item(name, found)
     if "system_prompt" in settings:
         item["solver"]["system_prompt"] = settings.pop("system_prompt")
     return {**item, **settings}
