@@ -182,6 +182,18 @@ def test_the_config_and_the_dry_run_show_nemo_skills_prompt(shipped, tmp_path):
     assert any(name.startswith("prompt of skills://tiny_mcq") and "mcq-4choices-boxed" in name for name in shown)
 
 
+def test_add_tasks_on_a_nel_next_config_adds_nemo_skills_tasks_as_skills_benchmarks_with_their_prompt(shipped, tmp_path):
+    config = _config(tmp_path, ["skills://tiny_math"])
+    added = _call("add_tasks", {"config_path": config, "tasks": ["aime2025", "gpqa", "ns_ifeval"]})
+    assert [a["task"] for a in added["added"]] == ["skills://aime25", "skills://gpqa"]
+    assert "METRICS_TYPE 'if'" in added["skipped"][0]["reason"]
+    text = Path(config).read_text()
+    assert "evaluation:" not in text and "NeMo-Skills' prompt config eval/aai/mcq-4choices-boxed" in text
+    again = _call("add_tasks", {"config_path": config, "tasks": ["aime2025"]})
+    assert not again["added"] and "already" in again["skipped"][0]["reason"]
+    assert nelnext.check_schema(config, [])["ok"]  # nel-next still reads it
+
+
 def test_recipes_nel_next_forms_are_sent_nemo_skills_prompt(tmp_path):
     forms = {name: get_task_recipe(GetTaskRecipeInput(name=name)).nel_next for name in ("aime2025", "gpqa")}
     aime = forms["aime2025"].benchmark

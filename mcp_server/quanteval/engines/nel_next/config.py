@@ -64,11 +64,7 @@ def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[
                                       "served_model_name": MISSING, "generation": plain["services"]["model"]["generation"]}
     doc = configfile.as_round_trip(plain)
     for item in doc["benchmarks"]:
-        if prompt := skills.prompt_name(item):  # the prompt itself, where the config is read
-            text = Path(item["instruction_template"]).read_text(encoding="utf-8").splitlines()
-            item.yaml_set_comment_before_after_key("instruction_template", indent=4, before="\n".join(
-                [f"NeMo-Skills' prompt config {prompt}, as nel-next's template (original_prompt: the problem):"]
-                + [f"| {line}" for line in text[:8]]))
+        skills.show_prompt(item)
     doc.yaml_set_start_comment("nel-next (nemo-evaluator >= 0.3) config, written by quanteval build_config.\n"
                                "??? marks values to fill: apply_checkpoint, deployment_status's config_values, set_config_value.")
     return doc, benchmarks

@@ -327,3 +327,83 @@ def metrics_types(names: list[str]) -> dict[str, str | None]:
         for name in wanted:
             _METRICS_TYPES[name] = found.get(name)
     return {name: _METRICS_TYPES[name] for name in names}
+
+
+# ---------------------------------------------------------------- catalogue tasks as nel-next benchmarks
+
+
+def benchmark_for_task(nel_task: str) -> tuple[str | None, str]:
+    """The nel-next benchmark that runs this NEL catalogue task in-process (`skills://NAME` for a NeMo-Skills task
+    whose metrics nel-next grades), or None; and why. add_tasks, convert_config and the recipes' nel-next forms use it."""
+    from quanteval.engines.nel.catalogue import lookup
+
+    entries = lookup(nel_task)
+    entry = entries[0] if len(entries) == 1 else None
+    if entry is None or entry.harness != "nemo_skills" or not entry.harness_task:
+        harness = entry.harness if entry else "unknown"
+        return None, (f"no nel-next benchmark runs {nel_task} (harness {harness}) in-process: only NeMo-Skills tasks map, "
+                      "to skills://NAME. Keep it on NEL 0.2.6, or write it as a BYOB benchmark.")
+    name = entry.harness_task
+    metrics_type = metrics_types([name])[name]
+    if why := grading_problem(name, metrics_type):
+        return None, f"{why}. Keep it on NEL 0.2.6."
+    graded = f"graded as '{metrics_type}' by NeMo-Skills' grader" if metrics_type else "metrics type unknown: no NeMo-Skills here to ask"
+    return f"{SCHEME}{name}", (f"{SCHEME}{name} runs NeMo-Skills' {name} data in-process, {graded}, sent NeMo-Skills' prompt "
+                               "config for it as the benchmark's instruction_template (multiple choice in its \\boxed{} form, "
+                               "which nel-next's grading reads); NEL's container scores may differ in prompt and sampling: "
+                               "compare nel-next runs only with nel-next runs.")
+
+
+def _benchmarks_list(doc: Any) -> list:
+    from ruamel.yaml.comments import CommentedSeq
+
+    from quanteval.models import ToolError
+
+    items = doc.setdefault("benchmarks", CommentedSeq())
+    if items is None:
+        items = doc["benchmarks"] = CommentedSeq()
+    if not isinstance(items, list):
+        raise ToolError("benchmarks must be a list. Fix the config or rebuild it with build_config.")
+    return items
+
+
+def task_keys(doc: Any, clear: bool) -> set[str]:
+    """The catalogue tasks a nel-next config runs: its skills://NAME benchmarks, as NeMo-Skills tasks (nemo_skills.ns_NAME)."""
+    from quanteval.engines.nel.catalogue import lookup
+
+    items = _benchmarks_list(doc)
+    if clear:
+        items.clear()
+    keys = set()
+    for item in items:
+        name = str(item.get("name", "")) if isinstance(item, dict) else ""
+        if name.startswith(SCHEME):
+            keys |= {e.qualified_name for e in lookup(f"ns_{name[len(SCHEME):]}") if e.harness_task == name[len(SCHEME):]}
+            keys.add(name)
+    return keys
+
+
+def add_task(doc: Any, qualified_name: str, repeats: int | None) -> str:
+    """The task's nel-next form (a skills:// benchmark sent NeMo-Skills' prompt, the recipe's repeats) appended."""
+    from quanteval.models import ToolError
+
+    name, why = benchmark_for_task(qualified_name)
+    if name is None:
+        raise ToolError(why)
+    from quanteval import configfile
+
+    item = benchmark_item(name)
+    if repeats and repeats > 1:
+        item["repeats"] = repeats
+    _benchmarks_list(doc).append(commented := configfile.as_round_trip(item))
+    show_prompt(commented)
+    return name
+
+
+def show_prompt(item: Any) -> None:
+    """The prompt itself, where the config is read: a comment above a benchmark item's instruction_template."""
+    if prompt := prompt_name(item):
+        text = Path(item["instruction_template"]).read_text(encoding="utf-8").splitlines()
+        item.yaml_set_comment_before_after_key("instruction_template", indent=4, before="\n".join(
+            [f"NeMo-Skills' prompt config {prompt}, as nel-next's template (original_prompt: the problem):"]
+            + [f"| {line}" for line in text[:8]]))
