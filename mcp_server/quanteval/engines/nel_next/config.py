@@ -310,6 +310,15 @@ def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
 
 
 def _skills_item_problems(index: int, item: dict[str, Any], bench: skills.Benchmark) -> list[Problem]:
+    params = item.get("params") if isinstance(item, dict) else None
+    ignored = [Problem(key=f"benchmarks[{index}].params", severity="warning", rule="skills_params_ignored",
+                       message=f"nel-next 0.3.0 passes no params to skills:// benchmarks: {', '.join(map(str, params))} "
+                               "has no effect (its skills factory reads none of them).",
+                       fix="Remove params; the prompt goes in instruction_template / solver.system_prompt.")] if params else []
+    return ignored + _skills_data_problems(index, item, bench)
+
+
+def _skills_data_problems(index: int, item: dict[str, Any], bench: skills.Benchmark) -> list[Problem]:
     key, name = f"benchmarks[{index}].name", bench.name
     if bench.unknown:
         close = f"; closest: {', '.join(bench.close)}" if bench.close else ""
@@ -341,12 +350,6 @@ def _skills_item_problems(index: int, item: dict[str, Any], bench: skills.Benchm
         problems.append(Problem(key=key, severity="error", rule="skills_bad_row",
                                 message=f"{bench.data_file} has no rows: skills://{name} would measure nothing.",
                                 fix=f"Prepare it again with `ns prepare_data {name}`."))
-    params = item.get("params") if isinstance(item, dict) else None
-    if params:
-        problems.append(Problem(key=f"benchmarks[{index}].params", severity="warning", rule="skills_params_ignored",
-                                message=f"nel-next 0.3.0 passes no params to skills:// benchmarks: {', '.join(map(str, params))} "
-                                        "has no effect (its skills factory reads none of them).",
-                                fix="Remove params; the prompt goes in instruction_template / solver.system_prompt."))
     problems += _skills_prompt_problems(index, item, bench)
     return problems
 

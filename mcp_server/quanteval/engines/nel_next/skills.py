@@ -369,18 +369,14 @@ def _benchmarks_list(doc: Any) -> list:
 
 def task_keys(doc: Any, clear: bool) -> set[str]:
     """The catalogue tasks a nel-next config runs: its skills://NAME benchmarks, as NeMo-Skills tasks (nemo_skills.ns_NAME)."""
-    from quanteval.engines.nel.catalogue import lookup
+    from quanteval.engines.nel.catalogue import catalogue
 
     items = _benchmarks_list(doc)
     if clear:
         items.clear()
-    keys = set()
-    for item in items:
-        name = str(item.get("name", "")) if isinstance(item, dict) else ""
-        if name.startswith(SCHEME):
-            keys |= {e.qualified_name for e in lookup(f"ns_{name[len(SCHEME):]}") if e.harness_task == name[len(SCHEME):]}
-            keys.add(name)
-    return keys
+    names = {str(item.get("name", ""))[len(SCHEME):] for item in items
+             if isinstance(item, dict) and str(item.get("name", "")).startswith(SCHEME)}
+    return {e.qualified_name for e in catalogue() if e.harness == "nemo_skills" and e.harness_task in names}
 
 
 def add_task(doc: Any, qualified_name: str, repeats: int | None) -> str:
