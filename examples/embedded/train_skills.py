@@ -1,6 +1,6 @@
 """Teach the embedded model NeMo-Skills' answer format: tiny-skills, for `skills://` benchmarks.
 
-    .venv-vllm/bin/python examples/embedded/train_skills.py      # ~3 min on 2 cores
+    .venv-vllm/bin/python examples/embedded/train_skills.py      # ~12 min on 2 shared cores (200 steps: 390 s)
 
 Starts from examples/checkpoints/tiny-add-bf16 (it adds two numbers) and fine-tunes it on three kinds of request:
   - bare "7+45"                                      -> "52"          (what it did before: no \\boxed{})
