@@ -48,11 +48,11 @@ def test_a_local_vllm_config_converts_to_one_nel_next_accepts(tmp_path, monkeypa
     ckpt = make_checkpoint(tmp_path / "qwen3-8b", chat_template="plain", model_type="qwen3", max_position_embeddings=40960)
     apply_checkpoint(ApplyCheckpointInput(config_path=source, checkpoint=str(ckpt)))
     result = convert_config(ConvertConfigInput(config_path=source, output_path=str(tmp_path / "next.yaml")))
-    # nel-next's schema and our rules accept it; what stops it from running here is only that nel-next's venv has no
-    # NeMo-Skills its skills:// environment fits (the vendored release has another layout): said, not hidden
+    # nel-next's schema and our rules accept it; what stops it from running here is only that NeMo-Skills' gpqa and
+    # mmlu-pro data are not prepared (no network to download them): said, with the command that prepares them
     blocking = [p for p in result.problems if p["severity"] == "error"]
-    assert {p["rule"] for p in blocking} <= {"skills_unavailable"}, result.problems
-    assert all("NeMo-Skills" in p["message"] for p in blocking)
+    assert {p["rule"] for p in blocking} <= {"skills_data_missing"}, result.problems
+    assert all("ns prepare_data" in p["fix"] for p in blocking)
     doc = to_plain(load_config(result.output_path))
     service = doc["services"]["model"]
     assert service["type"] == "vllm" and service["model"] == str(ckpt.resolve()) and service["protocol"] == "chat_completions"
@@ -135,7 +135,7 @@ needs_ns = pytest.mark.skipif(not (NS_VENV / "bin" / "python").is_file(),
 def test_tasks_nel_next_would_not_grade_stay_on_nel_with_the_metrics_type_named(tmp_path):
     """core_reasoning holds NeMo-Skills tasks scored as math/multichoice (graded by nel-next 0.3.0) and others (if,
     livecodebench, ...) that nel-next would score by exact match of the whole response: those are not converted."""
-    from quanteval.engines.nel_next import nelnext
+    from quanteval.engines.nel_next import skills
     from quanteval.workflow import tasks
 
     source = _nel(tmp_path, "local", "vllm")
@@ -144,9 +144,9 @@ def test_tasks_nel_next_would_not_grade_stay_on_nel_with_the_metrics_type_named(
     task_names = [t["name"] for t in to_plain(load_config(source))["evaluation"]["tasks"]]
     for task in task_names:
         entry = tasks.lookup(task)[0]
-        metrics_type = nelnext.skills_metrics_types([entry.harness_task])[entry.harness_task] if entry.harness_task else None
+        metrics_type = skills.metrics_types([entry.harness_task])[entry.harness_task] if entry.harness_task else None
         converted = f"skills://{entry.harness_task}" in names
-        assert converted == (entry.harness == "nemo_skills" and metrics_type in nelnext.SKILLS_GRADED_TYPES), (task, metrics_type)
+        assert converted == (entry.harness == "nemo_skills" and metrics_type in skills.SKILLS_GRADED_TYPES), (task, metrics_type)
         if not converted:
             reason = next(u.reason for u in result.unmapped if u.source.endswith("].name") and u.value == task)
             assert (f"METRICS_TYPE '{metrics_type}'" in reason) if entry.harness == "nemo_skills" else "in-process" in reason
@@ -162,10 +162,12 @@ def test_every_recipe_has_its_nel_next_form_or_says_why_not(tmp_path):
 
     forms = {r.name: get_task_recipe(GetTaskRecipeInput(name=r.name)).nel_next for r in list_recipes()}
     assert len(forms) == 10
-    assert forms["aime2025"].benchmark == {"name": "skills://aime25", "solver": {"type": "simple", "service": "model"}, "repeats": 16}
+    aime = forms["aime2025"].benchmark
+    assert {k: aime[k] for k in ("name", "solver", "repeats")} == {"name": "skills://aime25", "solver": {"type": "simple", "service": "model"}, "repeats": 16}
+    assert "generic--math" in aime["instruction_template"]  # NeMo-Skills' prompt for aime25
     assert forms["gpqa"].benchmark["name"] == "skills://gpqa" and forms["gpqa"].benchmark["repeats"] == 5
     assert forms["mmlu_pro"].benchmark["name"] == "skills://mmlu-pro" and "repeats" not in forms["mmlu_pro"].benchmark
-    assert all("not NEL's" in forms[name].note for name in ("aime2025", "gpqa", "mmlu_pro"))
+    assert all("compare nel-next runs only with nel-next runs" in forms[name].note for name in ("aime2025", "gpqa", "mmlu_pro"))
     assert forms["ifbench"].benchmark is None and "METRICS_TYPE 'if'" in forms["ifbench"].note
     assert forms["tau2_bench_telecom"].benchmark is None and "harness tau2_bench" in forms["tau2_bench_telecom"].note
     assert all(form.note for form in forms.values())

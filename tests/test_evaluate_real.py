@@ -191,10 +191,10 @@ def _evaluate_refused(state: dict, tmp_path: Path, benchmark: str) -> str:
 
 
 def test_a_skills_benchmark_nel_next_cannot_run_is_refused_before_anything_is_served(state, tmp_path):
-    """nel-next's venv here has no NeMo-Skills that fits it (nelnext.skills_problem): validate_config's rule, asked
-    before the first server starts rather than after it."""
+    """gsm8k's data is not prepared here (no network): validate_config's rule, asked before the first server starts
+    rather than after it (nel-next itself would try to download it for up to 5 minutes)."""
     said = _evaluate_refused(state, tmp_path, "skills://gsm8k")
-    assert "benchmarks[0]" in said and "NeMo-Skills" in said and nelnext.skills_problem() in said
+    assert "benchmarks[0]" in said and "`ns prepare_data gsm8k`" in said and "gsm8k/test.jsonl" in said
 
 
 @pytest.mark.skipif(not (REPO / ".venv-nemo-skills" / "bin" / "python").is_file(),

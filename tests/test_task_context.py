@@ -66,20 +66,6 @@ def test_a_nel_next_skills_benchmark_is_checked_against_its_recipe_too(tmp_path)
     assert "recipe aime2025" in aime.message and "17408" in aime.message
 
 
-@pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(), reason="no nel-next venv: bash scripts/setup builds .venv-nel-next")
-def test_skills_benchmarks_without_a_fitting_nemo_skills_in_nel_nexts_venv_are_an_error(tmp_path):
-    """nel-next 0.3.0 runs skills:// with NeMo-Skills imported in its own venv; setup installs none that fits (the
-    vendored 8b18f39 returns three values from get_dataset_module and moved math_grader): refused before a launch."""
-    from quanteval.engines.nel_next import nelnext
-
-    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="vllm", model_type="chat_reasoning",
-                                           benchmarks=["skills://gsm8k"], config_path=str(tmp_path / "next.yaml"))).config_path
-    apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(make_checkpoint(tmp_path / "m", chat_template="plain",
-                                                                                              max_position_embeddings=32768))))
-    problem = _problems(config)[("skills_unavailable", "benchmarks[0]")]
-    assert problem.severity == "error" and "NeMo-Skills" in problem.message and nelnext.skills_problem() in problem.message
-
-
 NS_VENV = REPO / ".venv-nemo-skills"
 
 
@@ -97,7 +83,9 @@ def test_a_skills_benchmark_nel_next_does_not_grade_is_an_error_not_a_verdict_of
     ifbench = problems[("skills_not_graded", "benchmarks[0].name")]
     assert ifbench.severity == "error" and "METRICS_TYPE 'if'" in ifbench.message and "exact match" in ifbench.message
     assert ("skills_not_graded", "benchmarks[1].name") not in problems  # gpqa: multichoice, graded by NeMo-Skills' grader
-    assert "no benchmark 'no-such-bench'" in problems[("skills_not_graded", "benchmarks[2].name")].message
+    assert "no benchmark 'no-such-bench'" in problems[("skills_unknown_benchmark", "benchmarks[2].name")].message
 
+    # nel-next 0.3.0 hands a skills:// benchmark none of its params: an eval_type there changes nothing, and is said
     set_config_value(SetConfigValueInput(config_path=config, key="benchmarks[0].params", value={"eval_type": "math"}))
-    assert ("skills_not_graded", "benchmarks[0].name") not in _problems(config)  # the user chose a graded type
+    problems = _problems(config)
+    assert ("skills_not_graded", "benchmarks[0].name") in problems and ("skills_params_ignored", "benchmarks[0].params") in problems

@@ -259,6 +259,17 @@ class Engine(ABC):
         """Every problem in a parsed config: the engine's schema and rules, and the chain rules on top."""
 
     @abstractmethod
+    def task_keys(self, doc: CommentedMap, clear: bool) -> set[str]:
+        """add_tasks: the catalogue tasks (qualified NEL names) the config evaluates; with clear, its tasks are removed
+        first (add_tasks' replace) and none are."""
+
+    @abstractmethod
+    def add_task(self, doc: CommentedMap, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
+        """add_tasks: one catalogue task (its qualified NEL name, and its recipe's or NEL's default evaluation.tasks
+        item) appended to the config's own list in this engine's form; returns the name written. ToolError (why) where
+        the engine has no form of it."""
+
+    @abstractmethod
     def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
         """Environment variables the config (or its tasks' recipes) reads from the host, with the keys that read each."""
 

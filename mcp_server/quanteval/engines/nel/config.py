@@ -513,3 +513,40 @@ def launch_paths(doc: dict[str, Any]) -> list[tuple[str, str]]:
                             "spaces, ...), so where it points cannot be checked against this server's workspace root (--root). "
                             "Write the plain path.")
     return [(key, value) for key, value in found if isinstance(value, str) and value not in (MISSING, "")]
+
+
+# ---------------------------------------------------------------------------
+# add_tasks
+
+
+def task_key(config_name: str) -> str:
+    """`harness.task` where the name resolves to one task, so ns_gpqa and nemo_skills.ns_gpqa compare equal."""
+    if "." in config_name:
+        return config_name
+    entries = catalogue.lookup(config_name)
+    return entries[0].qualified_name if len(entries) == 1 else config_name
+
+
+def _tasks_list(doc: CommentedMap) -> CommentedSeq:
+    from quanteval.models import ToolError
+
+    evaluation = doc.setdefault("evaluation", CommentedMap())
+    if not isinstance(evaluation, dict):
+        raise ToolError("evaluation must be a mapping. Fix the config or rebuild it with build_config.")
+    tasks = evaluation.setdefault("tasks", CommentedSeq())
+    if tasks is None:
+        tasks = evaluation["tasks"] = CommentedSeq()
+    if not isinstance(tasks, list):
+        raise ToolError("evaluation.tasks must be a list. Fix the config or rebuild it with build_config.")
+    return tasks
+
+
+def task_keys(doc: CommentedMap, clear: bool) -> set[str]:
+    if clear:
+        _tasks_list(doc).clear()
+    return {task_key(str(item.get("name"))) for item in _tasks_list(doc) if isinstance(item, dict) and item.get("name")}
+
+
+def add_task(doc: CommentedMap, fragment: dict[str, Any]) -> str:
+    _tasks_list(doc).append(fragment)
+    return str(fragment.get("name"))

@@ -54,6 +54,12 @@ class NelEngine(Engine):
     def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
         return rules.validate_document(doc, config_path, overrides, check_env)
 
+    def task_keys(self, doc: CommentedMap, clear: bool) -> set[str]:
+        return config.task_keys(doc, clear)
+
+    def add_task(self, doc: CommentedMap, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
+        return config.add_task(doc, fragment)
+
     def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
         return config.env_var_needs(doc)
 

@@ -31,7 +31,7 @@ from quanteval.engines.base import (
 from quanteval.engines.nel.config import generation_budget, owned_flags, parse_extra_args
 from quanteval.engines.nel.recipes import recipe_for_benchmark
 from quanteval.engines.nel.rules import task_context_problem
-from quanteval.engines.nel_next import nelnext
+from quanteval.engines.nel_next import nelnext, skills
 from quanteval.models import ProgressFn, ToolError
 from quanteval.paths import looks_local
 from quanteval.serving import checkpoint, frameworks
@@ -65,10 +65,15 @@ def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[
     # on SLURM the results go to a directory on the cluster, which only the person knows
     output_dir = str(directory / "results") if execution == "local" else MISSING
     plain = nelnext.config_document(benchmarks=benchmarks, protocol=protocol, execution=execution, output_dir=output_dir)
+    if names := [name[len(skills.SCHEME):] for name in benchmarks if name.startswith(skills.SCHEME)]:
+        found = skills.probe(names)  # NeMo-Skills' prompt for each, as nel-next's instruction_template / system_prompt
+        plain["benchmarks"] = [{**skills.benchmark_item(name, found), "repeats": 1} for name in benchmarks]
     if deployment != "none":
         plain["services"]["model"] = {"type": deployment, "model": MISSING, "protocol": protocol,
                                       "served_model_name": MISSING, "generation": plain["services"]["model"]["generation"]}
     doc = configfile.as_round_trip(plain)
+    for item in doc["benchmarks"]:
+        skills.show_prompt(item)
     doc.yaml_set_start_comment("nel-next (nemo-evaluator >= 0.3) config, written by quanteval build_config.\n"
                                "??? marks values to fill: apply_checkpoint, deployment_status's config_values, set_config_value.")
     return doc, benchmarks
@@ -313,26 +318,88 @@ def benchmark_file_problems(benchmarks: list[Any]) -> list[Problem]:
 
 
 def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
-    """What stops nel-next's skills:// benchmarks from measuring anything: a NeMo-Skills that does not fit nel-next,
-    or a METRICS_TYPE nel-next does not grade. Shared by validate_config and evaluate_quantization's pre-flight."""
+    """What stops nel-next's skills:// benchmarks from measuring what NeMo-Skills measures, before anything is served:
+    a NeMo-Skills that does not fit nel-next, an unknown name, data not prepared or rows without NeMo-Skills' fields,
+    a METRICS_TYPE nel-next does not grade, NeMo-Skills' prompt not sent. Shared by validate_config and
+    evaluate_quantization's pre-flight."""
+    names = skills.skills_names(benchmarks)
+    if not names:
+        return []
+    found = skills.probe(list(names.values()))
+    if found.problem:
+        return [Problem(key=f"benchmarks[{min(names)}]", severity="error", rule="skills_unavailable",
+                        message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {found.problem}: the benchmark fails at start.",
+                        fix=f"Run `{skills.SETUP}`: it installs NeMo-Skills {skills.NEMO_SKILLS_COMMIT} (the commit that fits "
+                            "nel-next 0.3.0; source ../shared/vendor/ or QUANTEVAL_NEL_NEXT_SKILLS_SRC) into nel-next's venv "
+                            f"({nelnext.venv()}), with the grader module nel-next imports. Or run the benchmark with NEL "
+                            "0.2.6's ns_* task (its container brings NeMo-Skills).")]
     problems: list[Problem] = []
-    skills = [i for i, bench in enumerate(benchmarks) if str((bench or {}).get("name", "")).startswith("skills://")]
-    if skills and (why := nelnext.skills_problem()):
-        problems.append(Problem(key=f"benchmarks[{skills[0]}]", severity="error", rule="skills_unavailable",
-                                message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {why}: the benchmark fails at start.",
-                                fix="Install the NeMo-Skills release your nel-next names into its venv (QUANTEVAL_NEL_NEXT_VENV), "
-                                    "or run the benchmark with NEL 0.2.6's ns_* task (its container brings NeMo-Skills)."))
-    names = {i: str(benchmarks[i]["name"])[len("skills://"):] for i in skills}
-    types = nelnext.skills_metrics_types(sorted(set(names.values()))) if skills else {}
     for index, name in names.items():
-        params = (benchmarks[index] or {}).get("params") or {}
-        metrics_type = params.get("eval_type") if isinstance(params, dict) and params.get("eval_type") else types.get(name)
-        if why := nelnext.skills_grading_problem(name, metrics_type):
-            problems.append(Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_not_graded",
-                                    message=f"{why}: the comparison would say nothing was lost while measuring nothing.",
-                                    fix=f"Run it with NEL 0.2.6's NeMo-Skills task (its container runs `ns eval`, which grades "
-                                        f"'{metrics_type}'), or use a nel-next benchmark that grades its own answers."))
+        problems += _skills_item_problems(index, benchmarks[index], found.benchmarks.get(name) or skills.Benchmark(name, unknown=True))
     return problems
+
+
+def _skills_item_problems(index: int, item: dict[str, Any], bench: skills.Benchmark) -> list[Problem]:
+    params = item.get("params") if isinstance(item, dict) else None
+    ignored = [Problem(key=f"benchmarks[{index}].params", severity="warning", rule="skills_params_ignored",
+                       message=f"nel-next 0.3.0 passes no params to skills:// benchmarks: {', '.join(map(str, params))} "
+                               "has no effect (its skills factory reads none of them).",
+                       fix="Remove params; the prompt goes in instruction_template / solver.system_prompt.")] if params else []
+    return ignored + _skills_data_problems(index, item, bench)
+
+
+def _skills_data_problems(index: int, item: dict[str, Any], bench: skills.Benchmark) -> list[Problem]:
+    key, name = f"benchmarks[{index}].name", bench.name
+    if bench.unknown:
+        close = f"; closest: {', '.join(bench.close)}" if bench.close else ""
+        return [Problem(key=key, severity="error", rule="skills_unknown_benchmark",
+                        message=f"NeMo-Skills ({nelnext.venv()}) has no benchmark '{name}'{close}.",
+                        fix="Use a NeMo-Skills benchmark name, or register your own: NEMO_SKILLS_EXTRA_BENCHMARK_MAP=a JSON file "
+                            '{"NAME": "DIR/NAME"}, DIR/NAME holding __init__.py (METRICS_TYPE, GENERATION_ARGS) and test.jsonl.')]
+    if why := skills.grading_problem(name, bench.metrics_type):
+        return [Problem(key=key, severity="error", rule="skills_not_graded",
+                        message=f"{why}: the comparison would say nothing was lost while measuring nothing.",
+                        fix=f"Run it with NEL 0.2.6's NeMo-Skills task (its container runs `ns eval`, which grades "
+                            f"'{bench.metrics_type}'), or use a nel-next benchmark that grades its own answers.")]
+    problems: list[Problem] = []
+    if not Path(bench.data_file).is_file():
+        problems.append(Problem(key=key, severity="error", rule="skills_data_missing",
+                                message=f"skills://{name} has no prepared data: nel-next reads {bench.data_file} (data dir "
+                                        f"{bench.data_dir}), and without it downloads at start (`python -m "
+                                        f"nemo_skills.dataset.prepare {name}`; with no network that fails after up to 5 minutes).",
+                                fix=f"Prepare it: `ns prepare_data {name}` with the NeMo-Skills in nel-next's venv "
+                                    f"({nelnext.venv()}/bin/python -m nemo_skills.dataset.prepare {name}; it downloads), or "
+                                    f'write your rows ({{"problem", "expected_answer"}} per line) to {bench.data_file}.'))
+    elif bench.bad_row:
+        number, why = bench.bad_row
+        problems.append(Problem(key=key, severity="error", rule="skills_bad_row",
+                                message=f"row {number} of {bench.data_file} {why}: NeMo-Skills' prompt and grader read "
+                                        f"{' and '.join(skills.REQUIRED_FIELDS)} from every row.",
+                                fix=f"Fix row {number} (or prepare the data again with `ns prepare_data {name}`)."))
+    elif bench.rows == 0:
+        problems.append(Problem(key=key, severity="error", rule="skills_bad_row",
+                                message=f"{bench.data_file} has no rows: skills://{name} would measure nothing.",
+                                fix=f"Prepare it again with `ns prepare_data {name}`."))
+    problems += _skills_prompt_problems(index, item, bench)
+    return problems
+
+
+def _skills_prompt_problems(index: int, item: dict[str, Any], bench: skills.Benchmark) -> list[Problem]:
+    prompt = bench.prompt or {}
+    if not prompt.get("user") or (isinstance(item, dict) and item.get("instruction_template")):
+        return []
+    try:
+        settings = skills.prompt_settings(bench)
+    except skills.PromptError as exc:
+        return [Problem(key=f"benchmarks[{index}]", severity="warning", rule="skills_prompt_unsendable",
+                        message=f"NeMo-Skills prompts skills://{bench.name} with {prompt['config']}, and {exc}.",
+                        fix="Write an instruction_template that asks what the prompt config asks.")]
+    first_line = str(prompt["user"]).strip().splitlines()[0][:120]
+    return [Problem(key=f"benchmarks[{index}]", severity="warning", rule="skills_prompt_missing",
+                    message=f"skills://{bench.name} is sent the bare problem, while NeMo-Skills sends its prompt config "
+                            f"{prompt['config']} ({first_line!r}): NeMo-Skills' grader reads the answer from \\boxed{{}}, "
+                            "which a model not asked for it rarely writes, so scores are not NeMo-Skills' (often near 0).",
+                    fix="Set " + ", ".join(f"{k}: {v}" for k, v in settings.items()) + " (add_tasks and build_config write it).")]
 
 
 def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None) -> list[Problem]:

@@ -20,8 +20,7 @@ from pydantic import BaseModel, Field
 from quanteval import configfile
 from quanteval.clusters import executor as executors
 from quanteval.engines.nel import config as nel_config
-from quanteval.engines.nel.catalogue import lookup
-from quanteval.engines.nel_next import nelnext
+from quanteval.engines.nel_next import skills
 from quanteval.engines.nel_next.engine import NelNextEngine
 from quanteval.serving.frameworks import MEMORY_FLAGS, NEL_NEXT_SERVICES
 
@@ -183,7 +182,7 @@ def _benchmarks(c: Conversion, framework: str) -> None:
             c.reasons[f"{path}.name"] = why
             c.reasons[path] = f"a setting of {task['name']}, which is not converted (see its name)."
             continue
-        benchmark = nelnext.benchmark_item(name)
+        benchmark = skills.benchmark_item(name)
         c.mapped.append(MappedField(source=f"{path}.name", target=f"benchmarks[{len(benchmarks)}].name ({benchmark['name']})"))
         c.consumed.add(f"{path}.name")
         index = len(benchmarks)
@@ -293,19 +292,7 @@ def _env_value(value: Any) -> str | None:
 def nel_next_benchmark(nel_task: str) -> tuple[str | None, str]:
     """The nel-next benchmark that runs this NEL task in-process (`skills://NAME` for a NeMo-Skills task whose
     metrics nel-next grades), or None; and why. convert_config and the recipes' nel-next form both come from here."""
-    entries = lookup(nel_task)
-    entry = entries[0] if len(entries) == 1 else None
-    if entry is None or entry.harness != "nemo_skills" or not entry.harness_task:
-        harness = entry.harness if entry else "unknown"
-        return None, (f"no nel-next benchmark runs {nel_task} (harness {harness}) in-process: only NeMo-Skills tasks map, "
-                      "to skills://NAME. Keep it on NEL 0.2.6, or write it as a BYOB benchmark.")
-    name = entry.harness_task
-    metrics_type = nelnext.skills_metrics_types([name])[name]
-    if why := nelnext.skills_grading_problem(name, metrics_type):
-        return None, f"{why}. Keep it on NEL 0.2.6."
-    graded = f"graded as '{metrics_type}' by NeMo-Skills' grader" if metrics_type else "metrics type unknown: no NeMo-Skills here to ask"
-    return f"skills://{name}", (f"skills://{name} runs NeMo-Skills' {name} data in-process, {graded}; nel-next sends the bare "
-                                "problem (no NeMo-Skills prompt_config), so its scores are not NEL's: compare nel-next runs only with nel-next runs.")
+    return skills.benchmark_for_task(nel_task)
 
 
 class NelNextForm(BaseModel):
@@ -317,7 +304,7 @@ def nel_next_form(nel_task: str, repeats: int = 1) -> NelNextForm:
     name, note = nel_next_benchmark(nel_task)
     if name is None:
         return NelNextForm(benchmark=None, note=note)
-    benchmark = nelnext.benchmark_item(name)
+    benchmark = skills.benchmark_item(name)
     if repeats > 1:
         benchmark["repeats"] = repeats
     return NelNextForm(benchmark=benchmark, note=note)

@@ -25,7 +25,7 @@ from quanteval.engines.base import (
     config_check,
 )
 from quanteval.engines.nel import config as nel_config
-from quanteval.engines.nel_next import config, runs
+from quanteval.engines.nel_next import config, runs, skills
 from quanteval.models import ProgressFn
 
 
@@ -62,6 +62,12 @@ class NelNextEngine(Engine):
 
     def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
         return config.validate_document(doc, config_path, overrides)
+
+    def task_keys(self, doc: CommentedMap, clear: bool) -> set[str]:
+        return skills.task_keys(doc, clear)
+
+    def add_task(self, doc: CommentedMap, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
+        return skills.add_task(doc, qualified_name, repeats)
 
     def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
         # `host:` and `${oc.env:}` references read the same in either engine's config (no task recipes here)

@@ -75,7 +75,7 @@ def data_home() -> Path:
     return envvars.state_dir() / "nel-next-data"
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     # The child is another Python: our venv's variables must not leak into it.
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.setdefault("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
@@ -204,7 +204,7 @@ def _ask_schema(config_path: str, overrides: list[str] | None) -> dict[str, Any]
     try:
         done = subprocess.run([str(python), "-c", _SCHEMA_CHECK, config_path, json.dumps(overrides or [])],
                               capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              env=_child_env(), check=False)
+                              env=child_env(), check=False)
     except subprocess.TimeoutExpired:
         raise ToolError(f"nel-next did not read {config_path} within {CHECK_TIMEOUT_S:.0f} s.") from None
     lines = done.stdout.strip().splitlines()
@@ -241,7 +241,7 @@ def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = 
     wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-nel-next", str(exit_file), *argv]
     with open(run_dir / LOG_NAME, "ab") as log:
         child = subprocess.Popen(wrapper, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 cwd=run_dir, env=_child_env(), start_new_session=True)
+                                 cwd=run_dir, env=child_env(), start_new_session=True)
     _CHILDREN[child.pid] = child
     return {"engine": "nel-next", "pid": child.pid, "pgid": child.pid, "run_dir": str(run_dir), "argv": argv,
             "log_path": str(run_dir / LOG_NAME), "started_at": time.time()}
@@ -352,7 +352,7 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], checke
     argv += [item for override in overrides for item in ("-O", override)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              cwd=Path(config_path).resolve().parent, env=_child_env(), check=False)
+                              cwd=Path(config_path).resolve().parent, env=child_env(), check=False)
     except subprocess.TimeoutExpired:
         raise ToolError(f"nel-next did not finish submitting within {SUBMIT_TIMEOUT_S:.0f} s (ssh to the login host "
                         "hanging?); check it with ssh_check.") from None
@@ -398,7 +398,7 @@ def fetch_results(details: dict[str, Any]) -> Path:
             (local / job["remote_dir"].rstrip("/").rsplit("/", 1)[-1]).mkdir(exist_ok=True)
         if not nextresults.bundles(local) and any(local.glob("shard_*/**/results.jsonl")):
             done = subprocess.run([str(nel_binary()), "eval", "merge", str(local)], capture_output=True, text=True,
-                                  timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
+                                  timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=child_env(), check=False)
             if done.returncode != 0:
                 said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
                 raise ToolError(f"nel eval merge of {local} failed: {redact.scrub(' | '.join(said))[-600:]}")
@@ -411,7 +411,7 @@ def resubmit(job: dict[str, Any]) -> dict[str, Any]:
     argv = [str(nel_binary()), "eval", "resume", "--job-id", job["job_id"], "--host", job["hostname"]]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              env=_child_env(), check=False)
+                              env=child_env(), check=False)
     except subprocess.TimeoutExpired:
         raise ToolError(f"nel eval resume did not answer within {SUBMIT_TIMEOUT_S:.0f} s; check the host with ssh_check.") from None
     found = re.search(r"Resubmitted: .*?(\d+)", done.stdout)
@@ -427,7 +427,7 @@ def render_sbatch(config_path: str, overrides: list[str]) -> tuple[list[tuple[Pa
     argv += [item for override in overrides for item in ("-O", override)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              cwd=Path(config_path).resolve().parent, env=_child_env(), check=False)
+                              cwd=Path(config_path).resolve().parent, env=child_env(), check=False)
     except subprocess.TimeoutExpired:
         return [], f"nel eval run --dry-run did not answer within {CHECK_TIMEOUT_S:.0f} s"
     paths = [Path(line.split(":", 1)[1].strip()) for line in done.stdout.splitlines() if line.startswith("Generated:")]
@@ -435,96 +435,3 @@ def render_sbatch(config_path: str, overrides: list[str]) -> tuple[list[tuple[Pa
         said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
         return [], f"nel eval run --dry-run failed: {redact.scrub(' | '.join(said))[-600:]}"
     return [(path, path.read_text(errors="replace")) for path in paths if path.is_file()], None
-
-
-# What nel-next 0.3.0's skills:// environment needs from NeMo-Skills (environments/skills.py): dataset_utils.
-# get_dataset_module returning (module, data_dir), and nemo_skills.evaluation.evaluator.math_grader for math scoring.
-# NeMo-Skills 8b18f39 (0.7.0) returns three values and keeps math_grader in nemo_skills.evaluation: both break it.
-_SKILLS_PROBE = r"""
-import json
-try:
-    from nemo_skills.dataset import utils
-except ImportError as exc:
-    print(json.dumps({"problem": f"NeMo-Skills is not installed in nel-next's venv ({exc})"})); raise SystemExit
-found = utils.get_dataset_module("gsm8k")
-problems = []
-if isinstance(found, tuple) and len(found) != 2:
-    problems.append(f"its dataset_utils.get_dataset_module returns {len(found)} values where nel-next unpacks 2")
-try:
-    import nemo_skills.evaluation.evaluator.math_grader  # noqa: F401
-except ImportError:
-    problems.append("it has no nemo_skills.evaluation.evaluator.math_grader, which nel-next's math scoring imports")
-print(json.dumps({"problem": "this NeMo-Skills does not fit nel-next: " + "; ".join(problems) if problems else None}))
-"""
-_SKILLS_PROBLEM: dict[str, str | None] = {}
-
-
-def skills_problem() -> str | None:
-    """Why nel-next's skills:// benchmarks cannot run from its venv (NeMo-Skills missing or of another layout), or None."""
-    if "answer" not in _SKILLS_PROBLEM:
-        try:
-            done = subprocess.run([str(venv() / "bin" / "python"), "-c", _SKILLS_PROBE], capture_output=True, text=True,
-                                  timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
-            lines = done.stdout.strip().splitlines()
-            _SKILLS_PROBLEM["answer"] = json.loads(lines[-1])["problem"] if lines else f"the probe failed: {done.stderr[-300:]}"
-        except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError) as exc:
-            _SKILLS_PROBLEM["answer"] = f"the probe failed: {exc}"
-    return _SKILLS_PROBLEM["answer"]
-
-
-# nel-next 0.3.0's SkillsEnvironment grades two NeMo-Skills metric types with NeMo-Skills' own graders (its
-# _score_handlers: math -> math_grader.math_equal on the \boxed answer, multichoice -> the extracted letter). Any other
-# type goes to NeMo-Skills' get_evaluator_class(type).eval_single({predicted_answer, expected_answer}): only class
-# evaluators have it (math, lean4, ioi), and they need more than those two fields; on any failure nel-next falls back,
-# with a log warning, to exact match of the whole response against the answer. That scores baseline and candidate
-# ~0 alike: a verdict of "nothing lost" that measured nothing. A benchmark's params.eval_type replaces its METRICS_TYPE.
-SKILLS_GRADED_TYPES = ("math", "multichoice")
-
-_METRICS_PROBE = r"""
-import json, sys
-from nemo_skills.dataset import utils
-types = {}
-for name in sys.argv[1:]:
-    try:
-        found = utils.get_dataset_module(name)
-        module = found[0] if isinstance(found, tuple) else found
-        types[name] = getattr(module, "METRICS_TYPE", None) or ""
-    except Exception:  # an unknown benchmark: NeMo-Skills raises its own error types
-        types[name] = ""
-print(json.dumps(types))
-"""
-_METRICS_TYPES: dict[str, str | None] = {}
-
-
-def skills_metrics_types(names: list[str]) -> dict[str, str | None]:
-    """Each NeMo-Skills benchmark's METRICS_TYPE, read from its dataset module by the NeMo-Skills in nel-next's venv,
-    else the one `ns eval` runs from (QUANTEVAL_NS_VENV): '' for a benchmark NeMo-Skills does not have (or that sets
-    none), None for all when no NeMo-Skills is installed to ask."""
-    wanted = [name for name in names if name not in _METRICS_TYPES]
-    if wanted:
-        found: dict[str, str | None] = {}
-        for python in (venv() / "bin" / "python", envvars.engine_venv("QUANTEVAL_NS_VENV", ".venv-nemo-skills") / "bin" / "python"):
-            if not os.access(python, os.X_OK):
-                continue
-            try:
-                done = subprocess.run([str(python), "-c", _METRICS_PROBE, *wanted], capture_output=True, text=True,
-                                      timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=_child_env(), check=False)
-                found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {}
-            except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError):
-                found = {}
-            if found:
-                break
-        for name in wanted:
-            _METRICS_TYPES[name] = found.get(name)
-    return {name: _METRICS_TYPES[name] for name in names}
-
-
-def skills_grading_problem(name: str, metrics_type: str | None) -> str | None:
-    """Why nel-next 0.3.0 would not grade this skills:// benchmark with NeMo-Skills' evaluation, or None."""
-    if metrics_type is None or metrics_type in SKILLS_GRADED_TYPES:
-        return None
-    if metrics_type == "":
-        return f"NeMo-Skills has no benchmark '{name}' with a METRICS_TYPE (nel-next would fail to load it or not grade it)"
-    return (f"skills://{name} is scored as NeMo-Skills METRICS_TYPE '{metrics_type}', which nel-next 0.3.0 does not grade: "
-            f"it grades only {' and '.join(SKILLS_GRADED_TYPES)}, and falls back to exact match of the whole response "
-            "(near 0 for any model, baseline and candidate alike)")

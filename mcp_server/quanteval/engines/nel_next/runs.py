@@ -31,7 +31,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
     overall_status,
 )
-from quanteval.engines.nel_next import config, nelnext, nextresults
+from quanteval.engines.nel_next import config, nelnext, nextresults, skills
 from quanteval.engines.rendering import rendered_script
 from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import secret_values, shown_line, shown_lines
@@ -62,6 +62,8 @@ def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
                         details={"engine": "nel-next", "error": error, "overrides": overrides}, message=error)
     text = shlex.join(command)
     scripts = [RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])]
+    if error is None:
+        scripts += skills_prompts(checked["config"].get("benchmarks") or [])
     if error is None and _on_cluster(checked):
         rendered, error = nelnext.render_sbatch(config_path, overrides)
         secrets = secret_values()
@@ -70,6 +72,28 @@ def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
             ledger.update(record.id, status="failed", details={"error": error}, message=error)
     return DryRunOutput(ok=error is None, record_id=record.id, config_hash=record.config_hash, executor=checked.get("cluster"),
                         invocation_id=None, invocation_dir=None, scripts=scripts, secrets_files_protected=[], error=error)
+
+
+def skills_prompts(benchmarks: list[dict]) -> list[RenderedScript]:
+    """What each skills:// benchmark's first problem is sent as (nel-next's system prompt and template rendering)."""
+    names = skills.skills_names(benchmarks)
+    if not names:
+        return []
+    found = skills.probe(list(names.values()))
+    shown = []
+    for index, name in names.items():
+        bench, item = found.benchmarks.get(name), benchmarks[index]
+        rendered = skills.rendered_prompt(item, bench) if bench else None
+        if rendered is None:
+            continue
+        system = (item.get("solver") or {}).get("system_prompt")
+        source = f"NeMo-Skills {prompt}" if (prompt := skills.prompt_name(item)) else (
+            "instruction_template" if item.get("instruction_template") else "the bare problem: no instruction_template")
+        lines = ([f"[system] {system}"] if system else []) + [f"[user] {line}" if i == 0 else line
+                                                              for i, line in enumerate(rendered.splitlines())]
+        shown.append(RenderedScript(name=f"prompt of skills://{name}, problem 1 ({source})", path=bench.data_file,
+                                    size_bytes=len(rendered), head=lines[:40]))
+    return shown
 
 
 # ---------------------------------------------------------------- launch

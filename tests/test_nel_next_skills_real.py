@@ -1,0 +1,195 @@
+"""skills:// against NeMo-Skills' own pipeline, for real: one vLLM (CPU build) serves the embedded tiny-skills model
+(examples/embedded/train_skills.py: it boxes its answer only when asked with NeMo-Skills' prompt); quanteval's
+canary and full run (real nel-next, NeMo-Skills 467b057 in its venv) and the eval server's `ns eval` (NeMo-Skills'
+own pipeline, from QUANTEVAL_NS_VENV) evaluate the shipped NeMo-Skills benchmarks on it with greedy decoding, and
+every problem must be judged alike. Then `quanteval evaluate BASE CAND --benchmarks skills://tiny_math` gives a
+verdict that `nel compare` and `nel gate` agree with. Heavy (vLLM, nel-next, `ns eval`): run under the shared lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from processes import running_with
+
+from quanteval.engines.nel_next import nelnext, nextresults
+from quanteval.faces import evalhttp
+from quanteval.localproc import free_port
+from quanteval.serving import deploy
+from quanteval.workflow import runs
+from quanteval.workflow.evalbackend import ServerSettings
+from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+from quanteval.workflow.results import ValidateRunInput, validate_run
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTS = REPO / "examples" / "checkpoints"
+BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rtn"
+SHIPPED = REPO / "examples" / "benchmarks" / "skills"
+NS = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills") / "bin" / "ns"
+VENV_BIN = REPO / ".venv" / "bin"
+MAX_TOKENS = 16
+
+
+def _nel_next_has_nemo_skills() -> bool:
+    python = nelnext.venv() / "bin" / "python"
+    return python.is_file() and subprocess.run([str(python), "-c", "import nemo_skills"], capture_output=True,
+                                               timeout=120, check=False).returncode == 0
+
+
+pytestmark = pytest.mark.skipif(
+    not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not _nel_next_has_nemo_skills() or not BASE.is_dir(),
+    reason="needs the vLLM venv and nel-next's with NeMo-Skills (bash scripts/setup builds both)")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("skills-real")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUANTEVAL_STATE_DIR", str(root / "state"))
+        mp.delenv("QUANTEVAL_LEDGER", raising=False)
+        mp.setenv("NEMO_SKILLS_EXTRA_BENCHMARK_MAP", str(SHIPPED / "benchmark_map.json"))
+        mp.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
+        yield root
+
+
+@pytest.fixture(scope="module")
+def served(env):
+    plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(BASE), framework="vllm", port=free_port()))
+    launched = deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, startup_timeout_s=600))
+    try:
+        status = deploy.deployment_status(deploy.DeploymentStatusInput(record_id=launched.record_id, wait_s=600, chat_probe=False))
+        assert status.status == "ready", status.message
+        yield launched
+    finally:
+        deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
+
+
+def _rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (SHIPPED / name / "test.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def nel_next_run(served, env) -> dict:
+    """build_config -> canary (5 problems, 2 repeats) -> full run (all 200: nel-next draws max_problems from its
+    shuffled order, `ns eval` takes the first ones) -> validate_run, through the tools."""
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=["skills://tiny_math", "skills://tiny_mcq"],
+                                           config_path=str(env / "next.yaml"))).config_path
+    for key, value in (("services.model.url", nelnext.endpoint_url(served.endpoint_url, "chat_completions")),
+                       ("services.model.model", served.served_model_name), ("services.model.generation.max_tokens", MAX_TOKENS)):
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config, limit_samples=5, repeats=2))
+    assert runs.wait_for_run(runs.WaitForRunInput(record_id=canary.record_id, timeout_s=600)).status == "succeeded"
+    full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config))
+    status = runs.wait_for_run(runs.WaitForRunInput(record_id=full.record_id, timeout_s=900))
+    assert status.status == "succeeded", status
+    report = validate_run(ValidateRunInput(run=full.record_id))
+    run_dir = Path(runs._record(full.record_id).details["run_dir"])
+    return {"run_dir": run_dir, "validate": report, "canary": canary.record_id}
+
+
+def _nel_next_correct(run_dir: Path, name: str) -> dict[str, bool]:
+    """problem text -> judged correct, from nel-next's per-problem results (problem_idx is the dataset row)."""
+    bundle = nextresults.bundles(run_dir)[next(k for k in nextresults.bundles(run_dir) if k.endswith(name))]
+    rows = _rows(name)
+    rewards = nextresults.per_problem_rewards(nextresults.paired_records(bundle.directory))
+    return {rows[idx]["problem"]: all(r == 1.0 for r in got) for idx, got in rewards.items()}
+
+
+def _request(url: str, method: str, path: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def ns_eval(served, env) -> Path:
+    """The eval server's `ns eval` (NeMo-Skills' own prompt config, generation and grader) on the same server."""
+    if not NS.exists():
+        pytest.skip(f"no `ns` at {NS}: scripts/setup --dev builds .venv-nemo-skills from ../shared/vendor")
+    output = env / "ns-eval"
+    settings = ServerSettings(output_root=output, ns_command=str(NS), port=free_port(), data_dir=str(SHIPPED),
+                              server_type="vllm", model_name=served.served_model_name, max_concurrent_requests=8)
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=evalhttp.serve, args=(settings, ready, stop), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    url = f"http://127.0.0.1:{settings.port}"
+    base = served.endpoint_url.split("/v1")[0]
+    try:
+        job = _request(url, "POST", "/jobs", {"rollout_id": 1, "router_url": base,
+                                              "defaults": {"temperature": 0.0, "max_response_len": MAX_TOKENS},
+                                              "benchmarks": [{"name": "tiny_math"}, {"name": "tiny_mcq"}]})
+        deadline = time.monotonic() + 1500
+        while (answer := _request(url, "GET", f"/jobs/{job['job_id']}"))["status"] not in ("succeeded", "failed", "cancelled"):
+            assert time.monotonic() < deadline, "ns eval did not finish in 25 minutes"
+            time.sleep(3)
+        assert answer["status"] == "succeeded", [run.get("log_tail", [])[-8:] for run in answer.get("runs", [])]
+    finally:
+        stop.set()
+        thread.join(30)
+    return output
+
+
+def _ns_correct(output: Path, name: str) -> dict[str, bool]:
+    (path,) = [p for p in output.rglob(f"eval-results/{name}/output.jsonl")]
+    return {row["problem"]: bool(row["symbolic_correct"]) for row in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.parametrize("name", ["tiny_math", "tiny_mcq"])
+def test_nel_next_judges_every_problem_as_ns_eval_does(nel_next_run, ns_eval, name):
+    ours, theirs = _nel_next_correct(nel_next_run["run_dir"], name), _ns_correct(ns_eval, name)
+    assert len(ours) == len(theirs) == 200 and set(ours) == set(theirs)
+    differ = {problem: (ours[problem], theirs[problem]) for problem in ours if ours[problem] != theirs[problem]}
+    assert not differ, differ
+    assert sum(ours.values()) > 0, "the model answered nothing right: the comparison would prove little"
+
+
+def test_the_tools_ran_canary_and_full_run_with_nemo_skills_prompt(nel_next_run):
+    assert nel_next_run["validate"].verdict == "pass", nel_next_run["validate"].reasons
+    bundles = nextresults.bundles(nel_next_run["run_dir"])
+    assert {b.benchmark.get("samples") for b in bundles.values()} == {200}
+    # nel-next sent NeMo-Skills' prompt: most answers came back boxed (the model boxes only when asked so; bare
+    # problems get a bare sum)
+    for name in ("tiny_math", "tiny_mcq"):
+        records = nextresults.paired_records(next(b for k, b in bundles.items() if k.endswith(name)).directory)
+        boxed = sum("\\boxed{" in (r.get("model_response") or "") for r in records.values()) / len(records)
+        print(f"{name}: {boxed:.1%} of the answers boxed")
+        assert boxed > 0.5, (name, boxed)
+
+
+def _nel(*argv: str) -> dict:
+    done = subprocess.run([str(nelnext.nel_binary()), *argv, "--format", "json", "--no-report", "--no-strict"],
+                          capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_quanteval_evaluate_gives_a_verdict_nel_compare_and_nel_gate_agree_with(env, served, ns_eval):
+    """After the equality tests (their server is stopped only at module end; this one serves its own two)."""
+    policy = env / "policy.yaml"
+    policy.write_text("version: 1\ndefaults: {max_drop: 0.015}\nbenchmarks:\n  skills:tiny_math: {tier: critical, metric: pass@1}\n")
+    cli_env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["quanteval", "evaluate", str(BASE), str(LOSSY), "--benchmarks", "skills://tiny_math",
+                           "--output-dir", str(env / "evaluate"), "--policy", str(policy), "--json"],
+                          capture_output=True, text=True, env=cli_env, timeout=1800, check=False)
+    assert done.returncode in (0, 3, 4), done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    (row,) = result["comparisons"]
+    compared = _nel("compare", result["baseline"]["run_dir"], result["candidate"]["run_dir"])
+    assert row["nel_verdict"] == compared["verdict"]
+    summary = compared["flip_report"]["summary"]
+    assert (row["n_regressions"], row["n_improvements"], row["n_paired"]) == (
+        summary["n_regressions"], summary["n_improvements"], summary["n_paired"]) == (row["n_regressions"], row["n_improvements"], 200)
+    gated = _nel("gate", "--policy", str(policy), result["baseline"]["run_dir"], result["candidate"]["run_dir"])
+    assert result["gate"]["verdict"] == gated["verdict"]
+    assert running_with("vllm", str(LOSSY)) == []
