@@ -337,9 +337,10 @@ def test_list_runs_filters_and_paginates(tmp_path: Path) -> None:
         ledger.add("canary", status="failed" if index % 2 else "succeeded", config_hash=f"h{index}")
     ledger.add("dry_run", status="passed")
     ledger.add("deployment", status="running")
+    ledger.add("eval_job", status="running")  # an eval server's job: its server lists it
 
-    everything = runs.list_runs(runs.ListRunsInput())
-    assert everything.total == 6 and all(run.kind != "deployment" for run in everything.runs)
+    everything = runs.list_runs(runs.ListRunsInput())  # servers too: one left running is visible
+    assert everything.total == 7 and sorted({run.kind for run in everything.runs}) == ["canary", "deployment", "dry_run"]
     page = runs.list_runs(runs.ListRunsInput(kind="canary", offset=1, limit=2))
     assert page.total == 5 and [run.config_hash for run in page.runs] == ["h3", "h2"]
     assert runs.list_runs(runs.ListRunsInput(status="failed")).total == 2
@@ -426,3 +427,16 @@ evaluation:
     full = runs.config_hash(str(config))
     assert runs.config_hash(str(config), overrides) != full
     assert repeat_overrides(str(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]
+
+
+def test_start_evaluation_refuses_what_evaluate_quantization_refuses_and_starts_nothing(tmp_path):
+    """The same pre-flight as the one-call form: an error at once, no evaluation recorded, no job started."""
+    from quanteval.workflow.evaluate import EvaluateQuantizationInput, start_evaluation
+
+    same = str(tmp_path)
+    with pytest.raises(ToolError, match="same directory"):
+        start_evaluation(EvaluateQuantizationInput(baseline_checkpoint=same, candidate_checkpoint=same, benchmarks=["x.py"]))
+    with pytest.raises(ToolError, match="no such BYOB file"):
+        start_evaluation(EvaluateQuantizationInput(baseline_checkpoint=same, candidate_checkpoint=str(tmp_path / "b"),
+                                                   benchmarks=[str(tmp_path / "missing.py")]))
+    assert ledger.find(kind="evaluation") == []

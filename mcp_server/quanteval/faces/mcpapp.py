@@ -172,7 +172,10 @@ class QuantevalServer(MCPServer):
                 confine.check_launch(name, arguments, self._policy)
             result = await anyio.to_thread.run_sync(
                 functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
-                abandon_on_cancel=True,
+                # Not abandoned: a cancelled call (the client sent notifications/cancelled, closed stdio or dropped its
+                # HTTP session) reaches the tool at its next progress report, and the server waits while it cleans up
+                # (stops the servers it started, records its runs as cancelled) instead of leaving them running.
+                abandon_on_cancel=False,
             )
             data, text = registry.result_json(spec, result)
         except ToolError as exc:
@@ -199,6 +202,7 @@ class QuantevalServer(MCPServer):
 
 def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        anyio.from_thread.check_cancelled()  # raises into the tool when the call was cancelled or its client left
         if ctx is None:
             return
         try:
