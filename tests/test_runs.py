@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from results_factory import make_invocation, make_task  # noqa: E402
 
-from quanteval import failures, ledger
+from quanteval import failures, ledger, paths
 from quanteval.engines.base import SCRIPT_HEAD_LINES
 from quanteval.engines.nel.runs import repeat_overrides
 from quanteval.models import ToolError
@@ -431,12 +431,16 @@ evaluation:
 
 def test_start_evaluation_refuses_what_evaluate_quantization_refuses_and_starts_nothing(tmp_path):
     """The same pre-flight as the one-call form: an error at once, no evaluation recorded, no job started."""
-    from quanteval.workflow.evaluate import EvaluateQuantizationInput, start_evaluation
+    from quanteval import registry
 
     same = str(tmp_path)
+    spec = registry.get_tool("start_evaluation")
     with pytest.raises(ToolError, match="same directory"):
-        start_evaluation(EvaluateQuantizationInput(baseline_checkpoint=same, candidate_checkpoint=same, benchmarks=["x.py"]))
+        registry.run(spec, {"evaluation": {"baseline_checkpoint": same, "candidate_checkpoint": same, "benchmarks": ["x.py"]}})
     with pytest.raises(ToolError, match="no such BYOB file"):
-        start_evaluation(EvaluateQuantizationInput(baseline_checkpoint=same, candidate_checkpoint=str(tmp_path / "b"),
-                                                   benchmarks=[str(tmp_path / "missing.py")]))
+        registry.run(spec, {"evaluation": {"baseline_checkpoint": same, "candidate_checkpoint": str(tmp_path / "b"),
+                                           "benchmarks": [str(tmp_path / "missing.py")]}})
+    with pytest.raises(ToolError, match="outside"):  # --root confines the paths inside the object too
+        registry.run(spec, {"evaluation": {"baseline_checkpoint": "/etc", "candidate_checkpoint": same,
+                                           "benchmarks": ["x.py"]}}, policy=paths.Policy(root=tmp_path, absolute_only=True))
     assert ledger.find(kind="evaluation") == []

@@ -393,7 +393,8 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
     """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
     canary and full run, validates and compares them (verdict, CI, flips, report); with a `nel gate` policy, also the
-    release gate. Resumable; takes minutes.
+    release gate. Resumable; takes minutes, with MCP progress at least every 5 s (a client that resets its timeout on
+    progress waits it out). A client that times requests out regardless (60 s): start_evaluation + wait_for_run.
     """
     root = check_request(request)
     started = time.monotonic()
@@ -417,6 +418,10 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
         report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, gate=gated, seconds=seconds)
 
 
+class StartEvaluationInput(StrictModel):
+    evaluation: EvaluateQuantizationInput = Field(description="evaluate_quantization's arguments, as one object.")
+
+
 class StartEvaluationOutput(BaseModel):
     record_id: str = Field(description="The evaluation's ledger record: wait_for_run, run_status and kill_run take it.")
     status: str
@@ -424,12 +429,12 @@ class StartEvaluationOutput(BaseModel):
     message: str
 
 
-def start_evaluation(request: EvaluateQuantizationInput) -> StartEvaluationOutput:
+def start_evaluation(request: StartEvaluationInput) -> StartEvaluationOutput:
     """Use instead of evaluate_quantization when your client times a request out (MCP Inspector, TypeScript SDK: 60 s):
     the same evaluation as a job of its own; returns its record_id at once. Then call wait_for_run with timeout_s 45
     until its status is not running: its result is evaluate_quantization's answer. kill_run stops it.
     """
-    check_request(request)
-    record = background.start(request.model_dump(mode="json"))
+    check_request(request.evaluation)
+    record = background.start(request.evaluation.model_dump(mode="json"))
     return StartEvaluationOutput(record_id=record.id, status=record.status, log_path=record.details["log_path"],
                                  message=f"Started. wait_for_run record_id={record.id} timeout_s=45 until it finishes.")

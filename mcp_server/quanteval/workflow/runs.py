@@ -215,7 +215,8 @@ class WaitForRunInput(StrictModel):
 
 
 def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -> RunStatusOutput:
-    """Use instead of polling run_status: answers as run_status does once the status changes or timeout_s passes."""
+    """Use instead of polling run_status (a run, or an evaluation from start_evaluation: its progress, then its
+    result): answers once the status changes or timeout_s passes (with a 60 s client timeout: 45)."""
     status = run_status(RunRef(record_id=request.record_id))
     if status.status not in ACTIVE:
         return status
