@@ -252,15 +252,24 @@ def _run_sdk(server: Any, stdin: _Input, stdout: _Output) -> None:
 
 async def _cancel_on_sigterm(scope: Any) -> None:
     """SIGTERM (the TypeScript SDK's client and the Inspector CLI send it when they close) cancels the calls in
-    flight like a client that left: each stops what it started before the server exits, instead of dying with it."""
+    flight like a client that left: each stops what it started, then the server exits, instead of dying with them.
+
+    It exits itself: such a client keeps stdin open until the server is gone, and a blocked stdin read cannot be
+    cancelled, so waiting for the SDK's own shutdown would wait for each other.
+    """
     import signal
 
     import anyio
 
+    from quanteval.faces import mcpapp
+
     with anyio.open_signal_receiver(signal.SIGTERM) as signals:
         async for _signum in signals:
             scope.cancel()
-            return
+            with anyio.CancelScope(shield=True):
+                while mcpapp.calls_in_flight():
+                    await anyio.sleep(0.1)
+            os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------
