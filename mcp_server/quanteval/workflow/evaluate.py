@@ -170,11 +170,11 @@ def _require_pass(record: ledger.Record, what: str) -> None:
         raise ToolError(f"{what} {record.id} did not pass validate_run ({report.verdict}): {'; '.join(report.reasons[:3])}")
 
 
-def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> deploy.DeploymentPlan:
+def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: bool = True) -> deploy.DeploymentPlan:
     # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile.
     port = free_port() if executors.is_this_machine(request.host) else None
     plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework,
-                                                             host=request.host, port=port))
+                                                             host=request.host, port=port, check_args=check_args))
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors:
         raise ToolError(f"{checkpoint_dir}: {request.framework} cannot serve it here: {errors[0]}")
@@ -273,15 +273,16 @@ class _Checkpoint:
 
 def _evaluate_both(request: EvaluateQuantizationInput, root: Path,
                    progress: ProgressFn) -> tuple[CheckpointEvaluation, CheckpointEvaluation]:
-    """Baseline then candidate, overlapped where it costs nothing: both plans (vLLM's own argument check, seconds of
-    imports) run side by side, and the candidate's server loads while the baseline's runs go on when memory allows."""
+    """Baseline then candidate, overlapped where it costs nothing: vLLM's own check of both plans (seconds of imports)
+    runs beside the baseline's server start, whose plan is launched unchecked and whose check must pass before any run;
+    and the candidate's server loads while the baseline's runs go on, when memory allows."""
     sides = [_Checkpoint("baseline", request.baseline_checkpoint, request, root),
              _Checkpoint("candidate", request.candidate_checkpoint, request, root)]
     total = 2 * STEPS_PER_CHECKPOINT + 1
     started = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            plans = {side.role: pool.submit(_plan, side.dir, request) for side in sides if side.done is None}
+            checked = {side.role: pool.submit(_plan, side.dir, request) for side in sides if side.done is None}
             answers = []
             for index, side in enumerate(sides):
                 offset = index * STEPS_PER_CHECKPOINT
@@ -292,9 +293,15 @@ def _evaluate_both(request: EvaluateQuantizationInput, root: Path,
                 mark = time.monotonic() if index else started
                 if side.launched is None:
                     progress(offset, total, f"{side.role}: starting {request.framework} on {side.dir.name}")
-                    side.launch(plans[side.role].result(), request)
+                    first = not any(other.launched_at for other in sides)  # its check is not done yet: not waited for
+                    side.launch(_plan(side.dir, request, check_args=False) if first else checked[side.role].result(), request)
                 assert side.launched is not None
-                served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, total, side.role))
+                try:
+                    served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, total, side.role))
+                except ToolError:
+                    checked[side.role].result()  # vLLM's own refusal of the checkpoint explains it better than its log
+                    raise
+                checked[side.role].result()  # refused by vLLM's own check: no run on a server that should not serve
                 side.seconds["serve"] = time.monotonic() - mark
                 if index and side.launched_at < mark:
                     side.seconds["serve_beside_baseline"] = mark - side.launched_at
@@ -302,7 +309,7 @@ def _evaluate_both(request: EvaluateQuantizationInput, root: Path,
                 if following is not None and following.done is None and _room_beside(side.launched):
                     progress(offset + 1, total, f"{following.role}: starting {request.framework} on {following.dir.name} "
                              f"while the {side.role} runs")
-                    following.launch(plans[following.role].result(), request)
+                    following.launch(checked[following.role].result(), request)
                 answers.append(_run_both_runs(side, served, request, progress, offset))
         return answers[0], answers[1]
     finally:
