@@ -179,7 +179,8 @@ def _free_port() -> int:
 
 def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_run(env, tmp_path):
     port = _free_port()
-    server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp"), "--http", "--port", str(port)], env=env,
+    # --root /: over HTTP the root defaults to the working directory, and the checkpoints and output lie apart
+    server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp"), "--http", "--port", str(port), "--root", "/"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def answers() -> bool:
@@ -194,10 +195,17 @@ def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_ru
         wait_until(answers, 30, "the HTTP server")
 
         async def call_then_leave() -> None:
+            answered: list[object] = []
+
+            async def call(client: Client) -> None:
+                answered.append(await client.call_tool("evaluate_quantization", arguments(tmp_path)))
+
             async with Client(f"http://127.0.0.1:{port}/mcp") as client, anyio.create_task_group() as group:
-                group.start_soon(client.call_tool, "evaluate_quantization", arguments(tmp_path))
-                while not a_run_is_going():
-                    await anyio.sleep(0.5)
+                group.start_soon(call, client)
+                with anyio.fail_after(300):
+                    while not a_run_is_going():
+                        assert not answered, answered  # it ended before any run: an error to show
+                        await anyio.sleep(0.5)
                 group.cancel_scope.cancel()  # leaving the client deletes its session
 
         anyio.run(call_then_leave)
