@@ -109,6 +109,25 @@ def with_quanteval(baseline: Path, candidate: Path, work: Path, env: dict[str, s
     return json.loads(done.stdout)
 
 
+def responses(run_dir: Path) -> dict[int, str]:
+    """Each problem's response in a nel-next run (verified_log.jsonl), by problem index."""
+    found: dict[int, str] = {}
+    for log in run_dir.rglob("verified_log.jsonl"):
+        for line in log.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                found[int(entry["problem_idx"])] = entry.get("response") or ""
+    return found
+
+
+def same_responses(hand_dir: Path, ours_dir: Path) -> str:
+    """quanteval serves vLLM on CPU with --enforce-eager, by hand it runs with vLLM's defaults: at temperature 0 the
+    answers must be the same, problem by problem."""
+    hand, ours = responses(hand_dir), responses(ours_dir)
+    same = sum(1 for index, text in hand.items() if ours.get(index) == text)
+    return f"{same}/{len(hand)} responses identical" + ("" if len(hand) == len(ours) else f" ({len(ours)} ours)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--candidate", default="tiny-add-w8a8")
@@ -126,11 +145,14 @@ def main() -> None:
             started = time.monotonic()
             result = with_quanteval(baseline, candidate, work / "quanteval", env)
             ours_total = time.monotonic() - started
+        agreement = {role: same_responses(work / "hand" / role, Path(result[role]["run_dir"]))
+                     for role in ("baseline", "candidate")}
     print(f"tiny-add-bf16 vs {args.candidate}, 1000 problems, verdict: {result['verdict']}")
     print(f"by hand (vLLM, nel eval run x2, nel compare): {hand_total:6.1f} s  peak +{hand_memory.gib:.2f} GiB")
     print("    " + ", ".join(f"{k} {v:.1f}" for k, v in hand.items()))
     print(f"quanteval evaluate:                           {ours_total:6.1f} s  peak +{ours_memory.gib:.2f} GiB")
     print("    " + ", ".join(f"{k} {v:.1f}" for k, v in result["seconds"].items()))
+    print("by hand vs quanteval, per problem: " + ", ".join(f"{role} {text}" for role, text in agreement.items()))
     print(f"ratio quanteval / by hand: {ours_total / hand_total:.2f}x (goal <= 1.1x; quanteval adds a canary per checkpoint)")
 
 

@@ -295,9 +295,8 @@ def test_evaluate_quantization_without_output_dir_writes_inside_the_root(workspa
                                                          "candidate_checkpoint": str(inside / "candidate"), "benchmarks": [str(bench)]}))
     assert result.is_error
     made = sorted((inside / ".quanteval" / "evaluations").iterdir())
-    # the call's working directory, and the lock that keeps a second call on this output_dir out (issue 28: 20)
-    assert [path.name.split("-")[0] for path in made] == [".quanteval", "baseline"]
-    assert made[0].name == ".quanteval-evaluate.lock"
+    # the call's output directory holds its lock (issue 28: 20) before anything is served; nothing went to the state dir
+    assert [path.name for path in made] == [".quanteval-evaluate.lock"]
     assert not (isolated_state / "evaluations").exists()
 
 

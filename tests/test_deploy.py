@@ -483,3 +483,30 @@ def test_an_hf_handle_is_served_as_the_handle(tmp_path, monkeypatch):
     assert args[args.index("--model-path") + 1] == "nvidia/Tiny-FP8" == plan.checkpoint
     assert args[args.index("--served-model-name") + 1] == "nvidia/Tiny-FP8"
     assert plan.env == {} and plan.parser_check.ok, plan.parser_check.message
+
+
+def test_list_runs_shows_a_running_deployment_and_eval_servers_over_mcp(standin, launched):
+    """A server left running (e.g. by a client that went away) is visible: list_runs lists deployments and eval
+    servers with where they listen, and its kind filter takes them."""
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    standin()
+    result = launched()
+    server = ledger.add("eval_server", status="running", details={"port": 8123})
+
+    async def listing(arguments: dict) -> dict:
+        async with Client(build_server()) as client:
+            answer = await client.call_tool("list_runs", arguments)
+            assert not answer.is_error, answer.content[0].text
+            return answer.structured_content
+
+    everything = anyio.run(listing, {})
+    rows = {row["record_id"]: row for row in everything["runs"]}
+    assert rows[result.record_id]["kind"] == "deployment" and rows[result.record_id]["note"] == result.endpoint_url
+    assert rows[server.id]["kind"] == "eval_server" and rows[server.id]["note"] == "port 8123"
+    only = anyio.run(listing, {"kind": "deployment"})
+    assert [row["record_id"] for row in only["runs"]] == [result.record_id]
+    assert [row["record_id"] for row in anyio.run(listing, {"kind": "eval_server"})["runs"]] == [server.id]

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from results_factory import make_invocation, make_task  # noqa: E402
 
-from quanteval import failures, ledger
+from quanteval import failures, ledger, paths
 from quanteval.engines.base import SCRIPT_HEAD_LINES
 from quanteval.engines.nel.runs import repeat_overrides
 from quanteval.models import ToolError
@@ -373,9 +373,10 @@ def test_list_runs_filters_and_paginates(tmp_path: Path) -> None:
         ledger.add("canary", status="failed" if index % 2 else "succeeded", config_hash=f"h{index}")
     ledger.add("dry_run", status="passed")
     ledger.add("deployment", status="running")
+    ledger.add("eval_job", status="running")  # an eval server's job: its server lists it
 
-    everything = runs.list_runs(runs.ListRunsInput())
-    assert everything.total == 6 and all(run.kind != "deployment" for run in everything.runs)
+    everything = runs.list_runs(runs.ListRunsInput())  # servers too: one left running is visible
+    assert everything.total == 7 and sorted({run.kind for run in everything.runs}) == ["canary", "deployment", "dry_run"]
     page = runs.list_runs(runs.ListRunsInput(kind="canary", offset=1, limit=2))
     assert page.total == 5 and [run.config_hash for run in page.runs] == ["h3", "h2"]
     assert runs.list_runs(runs.ListRunsInput(status="failed")).total == 2
@@ -462,3 +463,20 @@ evaluation:
     full = runs.config_hash(str(config))
     assert runs.config_hash(str(config), overrides) != full
     assert repeat_overrides(str(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]
+
+
+def test_start_evaluation_refuses_what_evaluate_quantization_refuses_and_starts_nothing(tmp_path):
+    """The same pre-flight as the one-call form: an error at once, no evaluation recorded, no job started."""
+    from quanteval import registry
+
+    same = str(tmp_path)
+    spec = registry.get_tool("start_evaluation")
+    with pytest.raises(ToolError, match="same directory"):
+        registry.run(spec, {"evaluation": {"baseline_checkpoint": same, "candidate_checkpoint": same, "benchmarks": ["x.py"]}})
+    with pytest.raises(ToolError, match="no such BYOB file"):
+        registry.run(spec, {"evaluation": {"baseline_checkpoint": same, "candidate_checkpoint": str(tmp_path / "b"),
+                                           "benchmarks": [str(tmp_path / "missing.py")]}})
+    with pytest.raises(ToolError, match="outside"):  # --root confines the paths inside the object too
+        registry.run(spec, {"evaluation": {"baseline_checkpoint": "/etc", "candidate_checkpoint": same,
+                                           "benchmarks": ["x.py"]}}, policy=paths.Policy(root=tmp_path, absolute_only=True))
+    assert ledger.find(kind="evaluation") == []

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from quanteval.envvars import ledger_path
 from quanteval.models import ToolError
 
-RecordKind = Literal["dry_run", "canary", "full_run", "deployment", "eval_job", "eval_server"]
+RecordKind = Literal["dry_run", "canary", "full_run", "evaluation", "deployment", "eval_job", "eval_server"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (

@@ -117,3 +117,23 @@ def require_writable_dir(directory: Path, key: str, fix: str) -> None:
         probe.unlink()
     except OSError as exc:
         raise ToolError(f"{key}: cannot write {directory} ({exc.strerror or exc}). {fix}") from None
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of a process group's live members (a vLLM server is three processes: API, engine, worker)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in group_members(pgid):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def available_memory_bytes() -> int:
+    """What the kernel says can still be allocated without swapping (MemAvailable)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0

@@ -133,6 +133,7 @@ TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec("serving.deploy.deployment_status", "deploy", read_only=True, idempotent=True, open_world=True),
     ToolSpec("serving.deploy.stop_deployment", "deploy", read_only=False, destructive=True, idempotent=True, open_world=True),
     ToolSpec("workflow.evaluate.evaluate_quantization", "results", read_only=False, open_world=True),
+    ToolSpec("workflow.evaluate.start_evaluation", "results", read_only=False, open_world=True),
 )
 
 

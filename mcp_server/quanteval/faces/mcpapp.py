@@ -28,6 +28,12 @@ from quanteval.models import ToolError
 
 log = logging.getLogger("quanteval.faces.server")
 
+_in_flight = [0]  # tool calls running now (the event loop's thread only changes it)
+
+
+def calls_in_flight() -> int:
+    return _in_flight[0]
+
 INSTRUCTIONS = (
     "Evaluate (quantized) LLM checkpoints with NeMo Evaluator Launcher. Usual order: check_environment, "
     "build_config, add_tasks, inspect_checkpoint, apply_checkpoint, list_missing_values, apply_cluster (SLURM), "
@@ -169,10 +175,17 @@ class QuantevalServer(MCPServer):
             from quanteval.workflow import confine  # cheap: what a check needs is imported by the check
 
             arguments = confine.check_call(name, arguments, self._policy)
-            result = await anyio.to_thread.run_sync(
-                functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
-                abandon_on_cancel=True,
-            )
+            _in_flight[0] += 1
+            try:
+                result = await anyio.to_thread.run_sync(
+                    functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
+                    # Not abandoned: a cancelled call (the client sent notifications/cancelled, closed stdio or dropped its
+                    # HTTP session) reaches the tool at its next progress report, and the server waits while it cleans up
+                    # (stops the servers it started, records its runs as cancelled) instead of leaving them running.
+                    abandon_on_cancel=False,
+                )
+            finally:
+                _in_flight[0] -= 1
             data, text = registry.result_json(spec, result)
         except ToolError as exc:
             log.info("tool %s failed: %s", name, exc)
@@ -198,6 +211,7 @@ class QuantevalServer(MCPServer):
 
 def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        anyio.from_thread.check_cancelled()  # raises into the tool when the call was cancelled or its client left
         if ctx is None:
             return
         try:

@@ -241,10 +241,35 @@ def _run_sdk(server: Any, stdin: _Input, stdout: _Output) -> None:
     lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async runs, with our streams
 
     async def run() -> None:
-        async with stdio_server(anyio.wrap_file(stdin), anyio.wrap_file(stdout)) as (read_stream, write_stream):  # type: ignore[arg-type]
-            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_on_sigterm, group.cancel_scope)
+            async with stdio_server(anyio.wrap_file(stdin), anyio.wrap_file(stdout)) as (read_stream, write_stream):  # type: ignore[arg-type]
+                await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+            group.cancel_scope.cancel()
 
     anyio.run(run)
+
+
+async def _cancel_on_sigterm(scope: Any) -> None:
+    """SIGTERM (the TypeScript SDK's client and the Inspector CLI send it when they close) cancels the calls in
+    flight like a client that left: each stops what it started, then the server exits, instead of dying with them.
+
+    It exits itself: such a client keeps stdin open until the server is gone, and a blocked stdin read cannot be
+    cancelled, so waiting for the SDK's own shutdown would wait for each other.
+    """
+    import signal
+
+    import anyio
+
+    from quanteval.faces import mcpapp
+
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _signum in signals:
+            scope.cancel()
+            with anyio.CancelScope(shield=True):
+                while mcpapp.calls_in_flight():
+                    await anyio.sleep(0.1)
+            os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------

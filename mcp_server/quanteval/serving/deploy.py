@@ -260,9 +260,10 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     tp = _tensor_parallel_size(report, request.gpu_type, request.tensor_parallel_size)
     port = request.port or FRAMEWORK_INFO[framework].default_port
     host = "127.0.0.1"
-    server_args = [*_server_args(framework, report, name, tp, host, port), *request.extra_args]
     launcher = _launcher(framework, local)
     cpu = _cpu_here(framework, request.gpu_type, local)
+    cpu_args = [arg for arg in frameworks.VLLM_CPU_SERVER_ARGS if arg not in request.extra_args] if cpu else []
+    server_args = [*_server_args(framework, report, name, tp, host, port), *cpu_args, *request.extra_args]
 
     # Error and warning findings come back as plan warnings (for this GPU); the rest are notes.
     notes = [n for n in report.deployment_flags[framework].notes if not n.startswith(("error:", "warning:"))]
@@ -528,3 +529,11 @@ def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_prog
     if stopped:
         ledger.update(record.id, status="stopped", message=how)
     return StopDeploymentResult(record_id=record.id, stopped=stopped, how=how, remaining_pids=remaining)
+
+
+
+def deployment_memory_bytes(record_id: str) -> int | None:
+    """Memory a running deployment holds on this machine (None: it runs on a cluster), e.g. to decide whether a
+    second server fits beside it."""
+    record = _deployment(record_id)
+    return EXECUTORS[record.executor].memory_bytes(record)

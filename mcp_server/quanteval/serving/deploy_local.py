@@ -13,7 +13,7 @@ from typing import Any
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
-from quanteval.localproc import free_port, group_members, interrupts_held, port_free, stop_group
+from quanteval.localproc import free_port, group_members, group_rss_bytes, interrupts_held, port_free, stop_group
 from quanteval.models import ToolError
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -92,6 +92,10 @@ def observe(record: ledger.Record, chat: bool) -> Observation:
 def stop(record: ledger.Record, grace_s: float) -> tuple[bool, str, list[int]]:
     details = record.details
     return stop_group(details["pgid"], grace_s, on_wait=lambda: _process(details))  # reaps our own child
+
+
+def memory_bytes(record: ledger.Record) -> int | None:
+    return group_rss_bytes(record.details["pgid"])
 
 
 def _probe(base: str, name: str, chat: bool) -> Probe:

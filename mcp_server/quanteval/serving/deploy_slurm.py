@@ -136,3 +136,7 @@ def stop(record: ledger.Record, grace_s: float) -> tuple[bool, str, list[int]]:
     job = record.details["job_id"]
     left = slurm.cancel_and_wait(record.host or "", job, grace_s)
     return (True, f"scancel {job}", []) if left is None else (False, f"scancel {job} (job still {left.state})", [])
+
+
+def memory_bytes(record: ledger.Record) -> int | None:
+    return None  # the server holds a cluster node's memory, not this machine's

@@ -163,3 +163,7 @@ class Executor(Protocol):
     def stop(self, record: ledger.Record, grace_s: float) -> tuple[bool, str, list[int]]:
         """(stopped, what was done, processes still alive)."""
         ...
+
+    def memory_bytes(self, record: ledger.Record) -> int | None:
+        """Memory the running server holds on this machine; None where it runs elsewhere."""
+        ...

@@ -190,6 +190,9 @@ def vllm_venv_version(venv: Path | None = None) -> str | None:
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's CPU default takes a large share of the host's memory.
 VLLM_CPU_KV_CACHE_GIB = "1"
+# vLLM on this CPU without torch.compile: the embedded model is ready in ~22 s instead of ~29 s, and its responses at
+# greedy decoding are the same, problem by problem (tests/test_deploy_vllm.py checks both checkpoints).
+VLLM_CPU_SERVER_ARGS = ("--enforce-eager",)
 
 
 def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None, activations: tuple[str, int] | None,

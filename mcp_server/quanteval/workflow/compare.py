@@ -65,7 +65,7 @@ class CompareResultsInput(StrictModel):
         None, description="For the chart and report; default under the state dir."
     )
     baseline_checkpoint: str | None = Field(
-        None, description="The baseline's checkpoint (local or cached HF handle) if its run's is unreadable here.",
+        None, description="The baseline's checkpoint (a directory or cached HF handle) if its run's is unreadable.",
     )
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
     reference_scores: dict[str, float] = Field(default_factory=dict, description=(
@@ -369,10 +369,8 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
 
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Use once both runs passed validate_run: checks they are comparable, then per-task deltas with their paired CI
-    (gate_results' interval), a verdict against max_drop (points), how many problems would decide an inconclusive one,
-    a chart and a report.
-    """
+    """Use once both runs passed validate_run: comparability, per-task delta with its paired CI (gate_results'
+    interval), a verdict against max_drop, the problems an inconclusive one needs, a chart and a report."""
     progress(0, 3, "reading both runs")
     base_next, cand_next = next_run_dir(request.baseline), next_run_dir(request.candidate)
     if (base_next is None) != (cand_next is None):

@@ -78,6 +78,11 @@ def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
         record = ledger.get(record_id.strip())
     except ToolError:
         return  # the tool says there is no such run
+    if record.kind == "evaluation":  # start_evaluation's job: where the evaluation it runs writes
+        output_dir = (record.details.get("request") or {}).get("output_dir")
+        if isinstance(output_dir, str):
+            paths.local_path(output_dir, f"{record.id} output_dir", paths.Policy(root=policy.root))
+        return
     if record.kind not in RUN_KINDS:
         return  # the tool refuses it
     for what, path in engines.for_record(record).record_paths(record, resuming):
@@ -85,9 +90,13 @@ def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
 
 
 def _outputs_inside(tool: str, arguments: dict[str, Any], root: Path) -> dict[str, Any]:
-    """What evaluate_quantization and start_eval_server write by default to the state dir goes inside the root."""
+    """What evaluate_quantization (directly or through start_evaluation) and start_eval_server write by default to
+    the state dir goes inside the root."""
     if tool == "evaluate_quantization" and not arguments.get("output_dir"):
         return {**arguments, "output_dir": str(root / STATE_IN_ROOT / "evaluations")}
+    evaluation = arguments.get("evaluation")
+    if tool == "start_evaluation" and isinstance(evaluation, dict) and not evaluation.get("output_dir"):
+        return {**arguments, "evaluation": {**evaluation, "output_dir": str(root / STATE_IN_ROOT / "evaluations")}}
     if tool == "start_eval_server" and not arguments.get("output_root"):
         from quanteval.workflow.evalbackend import DEFAULT_PORT
 

@@ -28,6 +28,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,11 +41,11 @@ from quanteval.engines.nel_next import config as next_config
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
-from quanteval.localproc import free_port, interrupts_held, require_writable_dir
+from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
-from quanteval.workflow import compare, nelconfig, results, runs, validation
+from quanteval.workflow import background, compare, nelconfig, results, runs, validation
 from quanteval.workflow.gate import GateResultsInput, GateResultsOutput, gate_results, load_policy, write_rule_policy
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
 
@@ -65,11 +66,11 @@ class EvaluateQuantizationInput(StrictModel):
     benchmarks: list[str] = Field(min_length=1, description=(
         "nel-next benchmarks: BYOB .py files, skills://NAME or built-in names."))
     engine: Literal["nel-next"] = Field("nel-next", description=(
-        "nel-next only (NEL 0.2.6: use the step-by-step tools)."))
+        "nel-next only (NEL 0.2.6: the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="Only this machine.")
     host: str | None = Field(None, description="Where the servers run: omit or 'local'.")
     framework: Literal["vllm"] = Field("vllm", description="Serves both checkpoints.")
-    output_dir: str | None = Field(None, description="For configs, runs and the report; default under the state dir.")
+    output_dir: str | None = Field(None, description="Configs, runs and the report; default under the state dir.")
     canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
@@ -77,7 +78,7 @@ class EvaluateQuantizationInput(StrictModel):
     confidence: Confidence = DEFAULT_CONFIDENCE
     policy: str | None = Field(None, description=(
         "Instead of max_drop: a `nel gate --policy` YAML (tiers per benchmark) to gate the runs. Checked before serving."))
-    startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to become ready.")
+    startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to start.")
     run_timeout_s: float = Field(3600, gt=0, description="Seconds one canary or full run may take.")
 
 
@@ -166,6 +167,21 @@ def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, ste
         time.sleep(0.25)  # local runs: a status read is a file read and a /proc scan
 
 
+def _every(seconds: float, progress: ProgressFn, step: float, total: float, prefix: str) -> ProgressFn:
+    """A reporter for a sub-step that reports often: forwards one message per `seconds` (or when it changes) at `step`.
+
+    Each forwarded report is also where an MCP call learns it was cancelled, and what resets a client's timeout.
+    """
+    last: list[Any] = ["", 0.0]
+
+    def report(_done: float, _total: float | None = None, message: str | None = None) -> None:
+        if message != last[0] or time.monotonic() - last[1] >= seconds:
+            progress(step, total, f"{prefix}: {message}")
+            last[:] = [message, time.monotonic()]
+
+    return report
+
+
 def _require_pass(record: ledger.Record, what: str) -> None:
     if record.status != "succeeded" and record.details.get("run_dir"):
         failed = nextresults.run_outcome(Path(record.details["run_dir"])).failed  # what nel-next itself recorded
@@ -200,19 +216,28 @@ def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> 
         raise
 
 
-def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[deploy.LaunchDeploymentResult, dict]:
+def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: bool = True) -> deploy.DeploymentPlan:
     # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile.
     port = free_port() if executors.is_this_machine(request.host) else None
     plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework,
-                                                             host=request.host, port=port))
+                                                             host=request.host, port=port, check_args=check_args))
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors:
         raise ToolError(f"{checkpoint_dir}: {request.framework} cannot serve it here: {errors[0]}")
-    launched = deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, host=request.host,
-                                                                      startup_timeout_s=request.startup_timeout_s))
+    return plan
+
+
+def _launch(plan: deploy.DeploymentPlan, request: EvaluateQuantizationInput) -> deploy.LaunchDeploymentResult:
+    return deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, host=request.host,
+                                                                 startup_timeout_s=request.startup_timeout_s))
+
+
+def _ready(checkpoint_dir: Path, launched: deploy.LaunchDeploymentResult, request: EvaluateQuantizationInput,
+           loading: ProgressFn) -> dict:
+    """Waits for the server; one that does not become ready is stopped. What it says it serves (/v1/models)."""
     try:
-        status = deploy.deployment_status(deploy.DeploymentStatusInput(record_id=launched.record_id,
-                                                                       wait_s=request.startup_timeout_s, chat_probe=False))
+        status = deploy.deployment_status(deploy.DeploymentStatusInput(
+            record_id=launched.record_id, wait_s=request.startup_timeout_s, chat_probe=False), progress=loading)
     except BaseException:  # Ctrl-C / SIGTERM while the server starts: nothing left running, the record says so
         with interrupts_held():
             deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id, grace_s=10))
@@ -223,8 +248,14 @@ def _serve(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> tuple[de
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
         raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): "
                         f"{status.message} Log: {status.log_path}")
-    served = next_config.served_facts(launched.endpoint_url or "") or {}
-    return launched, served
+    return next_config.served_facts(launched.endpoint_url or "") or {}
+
+
+def _room_beside(launched: deploy.LaunchDeploymentResult) -> bool:
+    """Whether a second server of the same size fits beside this one now (twice its memory, as it grows while
+    loading, and a GiB to spare): else the candidate's server starts only when the baseline's is stopped."""
+    held = deploy.deployment_memory_bytes(launched.record_id)
+    return held is not None and available_memory_bytes() >= 2 * held + 2**30
 
 
 def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served: dict, request: EvaluateQuantizationInput,
@@ -260,31 +291,103 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     return built.config_path
 
 
-def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInput, root: Path, progress: ProgressFn,
-                  offset: int) -> CheckpointEvaluation:
-    total = 2 * STEPS_PER_CHECKPOINT + 1
-    checkpoint_dir = Path(checkpoint).expanduser().resolve()
-    if not checkpoint_dir.is_dir():
-        raise ToolError(f"{role}_checkpoint: {checkpoint} is not a directory.")
-    key = evaluation_key(checkpoint_dir, request)
-    if (done := _finished_run(key)) is not None:
-        progress(offset + STEPS_PER_CHECKPOINT, total, f"{role}: reusing full run {done.id}")
-        return CheckpointEvaluation(role=role, checkpoint=str(checkpoint_dir), reused=True, full_run_record_id=done.id,
+class _Checkpoint:
+    """One side of the comparison while it is evaluated: its directory, key, and the server started for it."""
+
+    def __init__(self, role: Role, checkpoint: str, request: EvaluateQuantizationInput, root: Path) -> None:
+        self.role = role
+        self.dir = Path(checkpoint).expanduser().resolve()
+        if not self.dir.is_dir():
+            raise ToolError(f"{role}_checkpoint: {checkpoint} is not a directory.")
+        self.key = evaluation_key(self.dir, request)
+        self.done = _finished_run(self.key)
+        self.workdir = root / f"{role}-{self.dir.name[:60]}-{self.key[:8]}"  # a person finds it by name; the key keeps it unique
+        self.launched: deploy.LaunchDeploymentResult | None = None
+        self.launched_at = 0.0
+        self.seconds: dict[str, float] = {}
+
+    def launch(self, plan: deploy.DeploymentPlan, request: EvaluateQuantizationInput) -> None:
+        self.launched_at = time.monotonic()
+        self.launched = _launch(plan, request)
+
+    def stop(self) -> None:
+        if self.launched is not None:
+            with interrupts_held():  # a second Ctrl-C must not leave the server running
+                deploy.stop_deployment(deploy.StopDeploymentInput(record_id=self.launched.record_id))
+            self.launched = None
+
+    def reused(self) -> CheckpointEvaluation:
+        done = self.done
+        assert done is not None
+        return CheckpointEvaluation(role=self.role, checkpoint=str(self.dir), reused=True, full_run_record_id=done.id,
                                     run_dir=done.details["run_dir"], config_path=done.config_path,
                                     served_model_name=done.details.get("served", {}).get("id"),
                                     served_context=done.details.get("served", {}).get("max_model_len"))
-    workdir = root / f"{role}-{checkpoint_dir.name[:60]}-{key[:8]}"  # a person finds it by name; the key keeps it unique
-    workdir.mkdir(parents=True, exist_ok=True)
-    seconds: dict[str, float] = {}
+
+
+def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
+                    progress: ProgressFn) -> tuple[CheckpointEvaluation, CheckpointEvaluation | CanaryFailed]:
+    """Baseline then candidate (or the candidate's failed canary, when the baseline's passed), overlapped where it
+    costs nothing: vLLM's own check of both plans (seconds of imports) runs beside the baseline's server start, whose
+    plan is launched unchecked and whose check must pass before any run; and the candidate's server loads while the
+    baseline's runs go on, when memory allows."""
+    sides = [_Checkpoint("baseline", request.baseline_checkpoint, request, root),
+             _Checkpoint("candidate", request.candidate_checkpoint, request, root)]
+    total = 2 * STEPS_PER_CHECKPOINT + 1
     started = time.monotonic()
-    progress(offset, total, f"{role}: starting {request.framework} on {checkpoint_dir.name}")
-    launched, served = _serve(checkpoint_dir, request)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            checked = {side.role: pool.submit(_plan, side.dir, request) for side in sides if side.done is None}
+            answers = []
+            for index, side in enumerate(sides):
+                offset = index * STEPS_PER_CHECKPOINT
+                if side.done is not None:
+                    progress(offset + STEPS_PER_CHECKPOINT, total, f"{side.role}: reusing full run {side.done.id}")
+                    answers.append(side.reused())
+                    continue
+                mark = time.monotonic() if index else started
+                if side.launched is None:
+                    progress(offset, total, f"{side.role}: starting {request.framework} on {side.dir.name}")
+                    first = not any(other.launched_at for other in sides)  # its check is not done yet: not waited for
+                    side.launch(_plan(side.dir, request, check_args=False) if first else checked[side.role].result(), request)
+                assert side.launched is not None
+                try:
+                    served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, total, side.role))
+                except ToolError:
+                    checked[side.role].result()  # vLLM's own refusal of the checkpoint explains it better than its log
+                    raise
+                checked[side.role].result()  # refused by vLLM's own check: no run on a server that should not serve
+                side.seconds["serve"] = time.monotonic() - mark
+                if index and side.launched_at < mark:
+                    side.seconds["serve_beside_baseline"] = mark - side.launched_at
+                following = sides[index + 1] if index + 1 < len(sides) else None
+                if following is not None and following.done is None and _room_beside(side.launched):
+                    progress(offset + 1, total, f"{following.role}: starting {request.framework} on {following.dir.name} "
+                             f"while the {side.role} runs")
+                    following.launch(checked[following.role].result(), request)
+                try:
+                    answers.append(_run_both_runs(side, served, request, progress, offset))
+                except CanaryFailed as failed:
+                    if index == 0:
+                        raise  # the baseline's own canary: an error to fix, not a verdict
+                    return answers[0], failed
+        return answers[0], answers[1]
+    finally:
+        for side in sides:  # the server of a side that failed or was interrupted, and one started early
+            side.stop()
+
+
+def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizationInput, progress: ProgressFn,
+                   offset: int) -> CheckpointEvaluation:
+    """Config, canary and full run against the side's ready server, which is stopped at the end."""
+    role, launched, seconds, total = side.role, side.launched, side.seconds, 2 * STEPS_PER_CHECKPOINT + 1
+    assert launched is not None
+    side.workdir.mkdir(parents=True, exist_ok=True)
     active: str | None = None
     try:
-        seconds["serve"] = time.monotonic() - started
         progress(offset + 1, total, f"{role}: serving {launched.served_model_name} (context {served.get('max_model_len')})")
         mark = time.monotonic()
-        config_path = _write_config(workdir, launched, served, request, str(checkpoint_dir))
+        config_path = _write_config(side.workdir, launched, served, request, str(side.dir))
         seconds["config"] = time.monotonic() - mark
         progress(offset + 2, total, f"{role}: config validated, launching the canary")
         mark = time.monotonic()
@@ -297,12 +400,12 @@ def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInpu
         mark = time.monotonic()
         full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config_path))
         active = full.record_id
-        ledger.update(full.record_id, details={"evaluation_key": key, "checkpoint": str(checkpoint_dir), "served": served})
+        ledger.update(full.record_id, details={"evaluation_key": side.key, "checkpoint": str(side.dir), "served": served})
         finished = _wait(full.record_id, request.run_timeout_s, f"{role} full run", progress, offset + 5, total)
         active = None
         _require_pass(finished, f"{role} full run")
         seconds["full_run"] = time.monotonic() - mark
-        nelnext.write_run_facts(Path(finished.details["run_dir"]), _run_config(finished), str(checkpoint_dir), served)
+        nelnext.write_run_facts(Path(finished.details["run_dir"]), _run_config(finished), str(side.dir), served)
     except BaseException:
         if active is not None:
             with interrupts_held():
@@ -310,9 +413,8 @@ def _evaluate_one(role: Role, checkpoint: str, request: EvaluateQuantizationInpu
         raise
     finally:
         progress(offset + 6, total, f"{role}: stopping the server")
-        with interrupts_held():
-            deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
-    return CheckpointEvaluation(role=role, checkpoint=str(checkpoint_dir), reused=False, deployment_record_id=launched.record_id,
+        side.stop()
+    return CheckpointEvaluation(role=role, checkpoint=str(side.dir), reused=False, deployment_record_id=launched.record_id,
                                 served_model_name=launched.served_model_name, served_context=served.get("max_model_len"),
                                 config_path=config_path, canary_record_id=canary.record_id, full_run_record_id=full.record_id,
                                 run_dir=finished.details["run_dir"], seconds={k: round(v, 1) for k, v in seconds.items()})
@@ -332,12 +434,8 @@ def _cancel(record_id: str) -> None:
     ledger.update(record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
 
 
-def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
-    """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
-    canary and full run, validates and compares them (CI, flips, report) and judges the rule: max_drop points at
-    confidence, gated as nel gate gates it (the policy is written next to the report), or a `nel gate` policy.
-    ANOMALOUS when the candidate fails the canary its baseline passed. Resumable; takes minutes.
-    """
+def check_request(request: EvaluateQuantizationInput) -> Path:
+    """What would fail or measure nothing is refused now, not after minutes of serving; the output root, writable."""
     if not executors.is_this_machine(request.host):
         raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "
                         "use the step-by-step tools (launch_deployment with host, launch_canary, launch_full_run).")
@@ -346,7 +444,6 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     for name in request.benchmarks:
         if name.endswith(".py") and not Path(name).expanduser().is_file():
             raise ToolError(f"benchmarks: {name}: no such BYOB file.")
-    # what would fail or measure nothing is refused now, not after minutes of serving
     if request.policy and request.max_drop is not None:
         raise ToolError("max_drop and policy both given: give max_drop (points, with confidence) for one rule on every "
                         "benchmark, or a `nel gate` policy for tiers per benchmark, not both.")
@@ -359,8 +456,18 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     nelnext.nel_binary()
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
     require_writable_dir(root, "output_dir", "Choose a writable directory.")
+    return root
+
+
+def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
+    """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
+    canary and full run, validates, compares (CI, flips, report) and judges max_drop points at confidence (as a nel
+    gate policy, written next to the report) or a `nel gate` policy; ANOMALOUS when the candidate fails the canary its
+    baseline passed. Resumable; minutes, with progress every 5 s. A client with a fixed 60 s timeout: start_evaluation.
+    """
+    root = check_request(request)
     with _only_call_on(root):
-        return _evaluate_both(request, root, progress)
+        return _evaluate_and_compare(request, root, progress)
 
 
 @contextlib.contextmanager
@@ -384,13 +491,11 @@ def _only_call_on(root: Path) -> Iterator[None]:
         os.close(descriptor)  # releases the lock
 
 
-def _evaluate_both(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn) -> EvaluateQuantizationOutput:
+def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn) -> EvaluateQuantizationOutput:
     started = time.monotonic()
-    baseline = _evaluate_one("baseline", request.baseline_checkpoint, request, root, progress, 0)
-    try:
-        candidate = _evaluate_one("candidate", request.candidate_checkpoint, request, root, progress, STEPS_PER_CHECKPOINT)
-    except CanaryFailed as failed:
-        return _anomalous(baseline, failed, request, started)
+    baseline, candidate = _evaluate_sides(request, root, progress)
+    if isinstance(candidate, CanaryFailed):
+        return _anomalous(baseline, candidate, request, started)
     progress(2 * STEPS_PER_CHECKPOINT, 2 * STEPS_PER_CHECKPOINT + 1, "comparing")
     mark = time.monotonic()
     report_dir = root / f"compare-{Path(baseline.run_dir or '').parent.parent.name}-vs-{Path(candidate.run_dir or '').parent.parent.name}"
@@ -455,3 +560,24 @@ def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: Ev
         verdict="anomalous", comparability="inconclusive", table_markdown="", comparisons=[], reasons=[why],
         baseline=baseline, candidate=candidate, report_html=None, report_markdown=None, chart_png=None,
         responses=_canary_responses(Path(run_dir)) if run_dir else [], seconds={"total": round(time.monotonic() - started, 1)})
+
+
+class StartEvaluationInput(StrictModel):
+    evaluation: EvaluateQuantizationInput = Field(description="evaluate_quantization's arguments, as one object.")
+
+
+class StartEvaluationOutput(BaseModel):
+    record_id: str = Field(description="The evaluation's ledger record: wait_for_run, run_status and kill_run take it.")
+    status: str
+    log_path: str
+    message: str
+
+
+def start_evaluation(request: StartEvaluationInput) -> StartEvaluationOutput:
+    """Use instead of evaluate_quantization when your client times requests out (60 s): starts it as a job and returns
+    its record_id; then wait_for_run (timeout_s 45) until not running: its result is the answer. kill_run stops it.
+    """
+    check_request(request.evaluation)
+    record = background.start(request.evaluation.model_dump(mode="json"))
+    return StartEvaluationOutput(record_id=record.id, status=record.status, log_path=record.details["log_path"],
+                                 message=f"Started. wait_for_run record_id={record.id} timeout_s=45 until it finishes.")

@@ -531,8 +531,7 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
 
 def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_CONFIDENCE) -> GateResultsOutput:
     """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline under a policy,
-    with the reason per benchmark. Takes two finished nel-next runs or two NEL 0.2.6 runs; compare_results explains
-    flips in depth.
+    with the reason per benchmark; two finished nel-next runs or two NEL 0.2.6 runs.
     """
     policy_path = Path(request.policy).expanduser()
     policy = load_policy(policy_path)

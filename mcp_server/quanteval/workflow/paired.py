@@ -57,10 +57,10 @@ def _confidence(value: float) -> float:
 # The user's rule, as compare_results and evaluate_quantization take it. No margin given: no verdict on
 # acceptability (inconclusive, naming the measured drop), never a margin chosen for the user.
 MaxDropPoints = Annotated[float | None, AfterValidator(_points), Field(description=(
-    "Largest acceptable accuracy drop in points (2 = two points lost; not a fraction). Omitted: the drop and its "
-    "interval are measured, acceptability stays inconclusive."))]
+    "Largest acceptable accuracy drop in points (2 = two points, not 0.02). Omitted: measured, no verdict on "
+    "acceptability."))]
 Confidence = Annotated[float, AfterValidator(_confidence), Field(description=(
-    "Confidence of the paired interval the verdict uses (0.95: nel gate's; it cannot set another)."))]
+    "Confidence of the paired interval (nel gate's is 0.95)."))]
 
 
 # ---------------------------------------------------------------- quantiles

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+import typing
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -19,7 +21,11 @@ from quanteval import configfile, engines, ledger
 from quanteval.engines.base import ACTIVE, CanarySpec, DryRunOutput, JobStatus, KillRunOutput, LaunchOutput, Refreshed, ResumeRunOutput, RunKind, RunLogsOutput
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.workflow import results
+from quanteval.workflow import background, results
+
+RUN_KINDS = ("dry_run", "canary", "full_run", background.KIND)  # what the run tools (status, wait, kill) take
+# list_runs also lists the servers: a deployment or eval server left running is visible, and stop_* takes its id.
+ListedKind = Literal["dry_run", "canary", "full_run", "evaluation", "deployment", "eval_server"]
 
 
 def _config_file(config_path: str) -> str:
@@ -190,11 +196,13 @@ class RunStatusOutput(BaseModel):
     message: str | None
     jobs: list[JobStatus]
     history: list[ledger.Event] = Field(description="Status changes recorded in the ledger, oldest first (last 20).")
+    progress: str | None = Field(None, description="An evaluation (start_evaluation): its last progress line.")
+    result: dict[str, Any] | None = Field(None, description="An evaluation that succeeded: evaluate_quantization's answer.")
 
 
 def _record(run: str) -> ledger.Record:
     record = ledger.get(run.strip())
-    if record.kind not in ("dry_run", "canary", "full_run"):
+    if record.kind not in RUN_KINDS:
         raise ToolError(f"{run} is a {record.kind}, not a run; use deployment_status for deployments.")
     return record
 
@@ -206,7 +214,10 @@ def _refresh(record: ledger.Record) -> Refreshed:
 def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatusOutput:
     """Use to poll a canary or full run: each job's status, with the ledger's history."""
     progress(0, 1, "asking the executor")
-    refreshed = _refresh(_record(request.record_id))
+    record = _record(request.record_id)
+    if record.kind == background.KIND:
+        return _evaluation_status(record)
+    refreshed = _refresh(record)
     record = refreshed.record
     progress(1, 1, record.status)
     return RunStatusOutput(record_id=record.id, kind=record.kind, invocation_id=record.invocation_id,
@@ -215,25 +226,34 @@ def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatus
                            history=ledger.events(record.id)[-20:])
 
 
+def _evaluation_status(record: ledger.Record) -> RunStatusOutput:
+    record = background.refresh(record)
+    return RunStatusOutput(record_id=record.id, kind=record.kind, invocation_id=None, status=record.status,
+                           executor=record.executor, host=None, reachable=True, message=record.details.get("error"),
+                           jobs=[], history=ledger.events(record.id)[-20:], progress=background.progress_line(record),
+                           result=background.result(record))
+
+
 class WaitForRunInput(StrictModel):
     record_id: str = Field(description="The run's record_id or NEL invocation id.")
     timeout_s: float = Field(300, ge=0, le=3600, description="Longest wait, in seconds.")
 
 
 def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -> RunStatusOutput:
-    """Use instead of polling run_status: answers as run_status does once the status changes or timeout_s passes."""
+    """Use instead of polling run_status (a run, or start_evaluation's job: progress, then result): answers once the
+    status changes or timeout_s passes (45 for a 60 s client timeout)."""
     status = run_status(RunRef(record_id=request.record_id))
     if status.status not in ACTIVE:
         return status
     record = _record(request.record_id)
-    interval = engines.for_record(record).poll_interval_s(record)
+    interval = 1.0 if record.kind == background.KIND else engines.for_record(record).poll_interval_s(record)
     started = time.monotonic()
     while (remaining := request.timeout_s - (time.monotonic() - started)) > 0:
         time.sleep(min(interval, remaining))
         now = run_status(RunRef(record_id=request.record_id))
         if now.status != status.status:
             return now
-        progress(round(time.monotonic() - started), request.timeout_s, f"still {now.status}")
+        progress(round(time.monotonic() - started), request.timeout_s, now.progress or f"still {now.status}")
     return run_status(RunRef(record_id=request.record_id))
 
 
@@ -262,6 +282,9 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
     record = _record(request.record_id)
     if record.kind == "dry_run":
         raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
+    if record.kind == background.KIND:
+        progress(0, 1, f"stopping {record.id} and the servers and runs it started")
+        return KillRunOutput(record_id=record.id, status=background.kill(record).status, jobs=[])
     return engines.for_record(record).kill(record, progress)
 
 
@@ -270,6 +293,8 @@ def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRun
     new canary).
     """
     record = _record(request.record_id)
+    if record.kind == background.KIND:
+        raise ToolError(f"{record.id} is an evaluation: call start_evaluation again; it reuses every full run that finished.")
     if record.kind == "dry_run" or not record.invocation_id:
         raise ToolError(f"{record.id} never ran (a dry-run or a failed launch); use launch_canary instead.")
     return engines.for_record(record).resume(record, progress)
@@ -279,7 +304,7 @@ def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRun
 
 
 class ListRunsInput(StrictModel):
-    kind: RunKind | None = Field(None, description="Only this kind.")
+    kind: ListedKind | None = Field(None, description="Only this kind; default all.")
     status: str | None = Field(None, description="Only this status, e.g. running, failed.")
     offset: int = Field(0, ge=0, description="Records to skip (newest first).")
     limit: int = Field(20, ge=1, le=100, description="Page size.")
@@ -296,7 +321,7 @@ class RunSummary(BaseModel):
     host: str | None
     created_at: float
     updated_at: float
-    note: str | None = Field(description="The failure message, or the reason a full run was forced.")
+    note: str | None = Field(description="The failure message; a full run: why it was allowed; a server: where it listens; an evaluation: its progress.")
 
 
 class ListRunsOutput(BaseModel):
@@ -307,10 +332,10 @@ class ListRunsOutput(BaseModel):
 
 
 def list_runs(request: ListRunsInput) -> ListRunsOutput:
-    """Use to find a record_id: dry-runs, canaries, full runs and eval servers, newest first, by kind and status.
-    Paginated.
+    """Use to find a record_id: runs, evaluations, deployments and eval servers (one left running shows here;
+    stop_deployment / stop_eval_server take its id), newest first. Paginated.
     """
-    kinds: list[ledger.RecordKind] = [request.kind] if request.kind else ["dry_run", "canary", "full_run"]
+    kinds: list[ledger.RecordKind] = [request.kind] if request.kind else list(typing.get_args(ListedKind))
     page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)
     total = ledger.count(kinds=kinds, status=request.status)
     next_offset = request.offset + len(page) if request.offset + len(page) < total else None
@@ -318,5 +343,16 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
         RunSummary(record_id=record.id, kind=record.kind, status=record.status, invocation_id=record.invocation_id,
                    config_path=record.config_path, config_hash=record.config_hash, executor=record.executor,
                    host=record.host, created_at=record.created_at, updated_at=record.updated_at,
-                   note=record.details.get("error") or (record.details.get("gate") if record.kind == "full_run" else None))
+                   note=_note(record))
         for record in page])
+
+
+def _note(record: ledger.Record) -> str | None:
+    details = record.details
+    if details.get("error"):
+        return str(details["error"])[:300]
+    if record.kind == "full_run":
+        return details.get("gate")
+    if record.kind in ("deployment", "eval_server"):  # where it listens, so a forgotten one can be found and stopped
+        return details.get("endpoint_url") or (f"port {details['port']}" if "port" in details else None)
+    return background.progress_line(record) if record.kind == background.KIND else None

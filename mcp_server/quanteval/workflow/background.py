@@ -1,0 +1,94 @@
+"""evaluate_quantization as a job of its own process, for clients that give up on a request after a fixed time.
+
+The MCP Inspector CLI and the TypeScript SDK's client time a request out at 60 s and (by default) neither asks for
+progress, so no notification can keep a minutes-long tools/call alive; the Inspector CLI also starts a new stdio server
+per call, so the evaluation must outlive the server that started it. start_evaluation records an `evaluation` in the
+ledger, then starts `python -m quanteval.workflow.evaluate_job RECORD` in its own session and returns; the job writes
+its progress and, at the end, its result into the record. wait_for_run / run_status read it, kill_run stops it (the
+job stops the servers and runs it started, as evaluate_quantization does when interrupted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from quanteval import ledger
+from quanteval.envvars import state_dir
+from quanteval.localproc import group_members, stop_group
+
+KIND = "evaluation"
+JOB_MODULE = "quanteval.workflow.evaluate_job"
+STOP_GRACE_S = 60.0  # the job stops a vLLM server (20 s grace) and a nel-next run before it exits
+
+_CHILDREN: list[subprocess.Popen[bytes]] = []  # jobs this process started: reaped when they end (no zombies)
+
+
+def start(request: dict[str, Any]) -> ledger.Record:
+    """Record the evaluation, then start its process; the record carries the pid, log and result paths."""
+    record = ledger.add(KIND, status="running", executor="local", details={"request": request})
+    job_dir = state_dir() / "evaluations" / "jobs" / record.id
+    job_dir.mkdir(parents=True, exist_ok=True)
+    log_path, result_path = job_dir / "job.log", job_dir / "result.json"
+    ledger.update(record.id, details={"log_path": str(log_path), "result_path": str(result_path)})  # before the job reads them
+    package_root = str(Path(__file__).resolve().parents[2])  # the job imports this same quanteval
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen([sys.executable, "-m", JOB_MODULE, record.id], stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    _CHILDREN.append(child)
+    return ledger.update(record.id, details={"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
+
+
+def refresh(record: ledger.Record) -> ledger.Record:
+    """The record, marked failed when its process is gone without having said how it ended (killed -9, a crash)."""
+    _CHILDREN[:] = [child for child in _CHILDREN if child.poll() is None]
+    if record.status == "running" and "pgid" in record.details and not group_members(record.details["pgid"]):
+        record = ledger.get(record.id)  # it may have finished between the two reads
+        if record.status == "running":
+            record = ledger.update(record.id, status="failed", details={"error": (
+                f"the evaluation process ended without a result; its log: {record.details.get('log_path')}")})
+    return record
+
+
+def progress_line(record: ledger.Record) -> str | None:
+    seen = record.details.get("progress")
+    if not seen:
+        return None
+    step = f"[{seen['done']:g}/{seen['total']:g}] " if seen.get("total") else ""
+    return f"{step}{seen.get('message') or ''}".strip()
+
+
+def result(record: ledger.Record) -> dict[str, Any] | None:
+    """evaluate_quantization's answer, once the job succeeded."""
+    path = record.details.get("result_path")
+    if record.status != "succeeded" or not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def kill(record: ledger.Record) -> ledger.Record:
+    """SIGTERM: the job stops its server and run and records itself cancelled; SIGKILL after STOP_GRACE_S."""
+    if record.status == "running" and "pgid" in record.details:
+        _stopped, _how, _left = stop_group(record.details["pgid"], STOP_GRACE_S)
+    record = ledger.get(record.id)
+    if record.status == "running":
+        record = ledger.update(record.id, status="cancelled", message="cancelled: kill_run")
+    return record
+
+
+def interrupt_on_sigterm() -> None:
+    """In the job: SIGTERM (kill_run) interrupts like Ctrl-C, so evaluate_quantization's cleanup runs."""
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)

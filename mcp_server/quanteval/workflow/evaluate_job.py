@@ -1,0 +1,54 @@
+"""The process start_evaluation starts: `python -m quanteval.workflow.evaluate_job RECORD_ID`.
+
+Runs evaluate_quantization on the request stored in the record, writes its progress into the record (at most once a
+second) and its answer next to its log; the record ends succeeded, failed (with the tool error) or cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from quanteval import ledger
+from quanteval.models import ToolError
+from quanteval.workflow import background
+from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
+
+PROGRESS_WRITE_EVERY_S = 1.0
+
+
+def run(record_id: str) -> int:
+    record = ledger.get(record_id)
+    request = EvaluateQuantizationInput.model_validate(record.details["request"])
+    last_write = [0.0]
+
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        if time.monotonic() - last_write[0] >= PROGRESS_WRITE_EVERY_S:
+            ledger.update(record_id, details={"progress": {"done": done, "total": total, "message": message}})
+            last_write[0] = time.monotonic()
+
+    try:
+        answer = evaluate_quantization(request, progress)
+    except ToolError as exc:
+        ledger.update(record_id, status="failed", message=str(exc)[:300], details={"error": str(exc)})
+        return 1
+    except KeyboardInterrupt:  # kill_run's SIGTERM: evaluate_quantization stopped what it started
+        ledger.update(record_id, status="cancelled", message="cancelled: kill_run")
+        return 130
+    except Exception as exc:  # a bug: its type in the record, the traceback in the job's log
+        ledger.update(record_id, status="failed", details={"error": f"internal error ({type(exc).__name__}); see the job log"})
+        raise
+    result_path = Path(record.details["result_path"])
+    temporary = result_path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(answer.model_dump(mode="json")), encoding="utf-8")
+    os.replace(temporary, result_path)
+    ledger.update(record_id, status="succeeded", details={"progress": {"done": 1, "total": 1, "message": answer.verdict}})
+    return 0
+
+
+if __name__ == "__main__":
+    background.interrupt_on_sigterm()
+    sys.exit(run(sys.argv[1]))

@@ -1,0 +1,227 @@
+"""evaluate_quantization takes minutes; MCP clients give up on a request after 60 s. Driven through real clients nobody
+here wrote, at their default timeouts: the MCP Inspector CLI (one stdio server per call) and the TypeScript SDK's client
+(tests/mcp_clients, installed by `scripts/setup --dev`), with the real vLLM (CPU) and nel-next on the embedded model.
+
+- start_evaluation + wait_for_run reach the verdict from both clients at their defaults;
+- the one-call form reaches it from a client that asks for progress with resetTimeoutOnProgress;
+- a client that goes away mid-call (its request timed out and cancelled, stdio closed, HTTP session deleted) or a
+  kill_run leaves no process running, vLLM included, and the ledger says cancelled / stopped.
+
+Heavy (vLLM starts): run under the shared lock, one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+from processes import running_with
+
+from quanteval import ledger
+from quanteval.engines.nel_next import nelnext
+from quanteval.workflow import runs
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTS = REPO / "examples" / "checkpoints"
+BASELINE, CANDIDATE = CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a8"
+BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
+VENV_BIN = REPO / ".venv" / "bin"
+CLIENTS = REPO / "tests" / "mcp_clients"
+INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
+CLIENT_TIMEOUT_S = 60  # both clients' default request timeout (DEFAULT_REQUEST_TIMEOUT_MSEC in the TypeScript SDK)
+
+pytestmark = [
+    pytest.mark.skipif(not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not nelnext.nel_binary().is_file(),
+                       reason="needs the vLLM and nel-next venvs: bash scripts/setup builds both"),
+    pytest.mark.skipif(shutil.which("node") is None or not INSPECTOR.exists(),
+                       reason="needs node and the MCP clients in tests/mcp_clients: bash scripts/setup --dev installs them"),
+]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The test's own state dir (conftest sets it) for every process, and quanteval's console scripts first on PATH."""
+    environment = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                       NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
+    environment.pop("QUANTEVAL_VLLM_LAUNCHER", None)
+    return environment
+
+
+def arguments(tmp_path: Path, **more: object) -> dict[str, object]:
+    return {"baseline_checkpoint": str(BASELINE), "candidate_checkpoint": str(CANDIDATE), "benchmarks": [str(BENCH)],
+            "output_dir": str(tmp_path / "out"), **more}
+
+
+def left_running(tmp_path: Path) -> list[str]:
+    """vLLM on either checkpoint, and anything whose command line names this test's folder (nel runs, the job)."""
+    return [*running_with("vllm", str(BASELINE)), *running_with("vllm", str(CANDIDATE)), *running_with(str(tmp_path))]
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def assert_nothing_left(tmp_path: Path) -> None:
+    """Every server stopped and no run or job left active in the ledger or in /proc (within a grace period)."""
+    wait_until(lambda: not left_running(tmp_path), 90, f"no process left; still: {left_running(tmp_path)}")
+    deployments = ledger.find(kind="deployment")
+    assert deployments and all(record.status == "stopped" for record in deployments), [
+        (record.id, record.status) for record in deployments]
+    runs = ledger.find(kinds=["canary", "full_run", "evaluation"])
+    assert not [record for record in runs if record.status in ("running", "submitted", "pending")], [
+        (record.id, record.kind, record.status) for record in runs]
+
+
+def a_run_is_going() -> bool:
+    return bool(ledger.find(kinds=["canary", "full_run"], status="running"))
+
+
+def node_client(env: dict[str, str], mode: str, tool_arguments: dict, timeout_s: float = 900) -> dict:
+    done = subprocess.run(["node", str(CLIENTS / "ts_client.mjs"), mode, json.dumps(tool_arguments)], cwd=CLIENTS,
+                          env={**env, "MCP_SERVER_ARGV": json.dumps([str(VENV_BIN / "quanteval-mcp")])},
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def inspector(env: dict[str, str], tool: str, **tool_arguments: object) -> dict:
+    """One `mcp-inspector --cli` call: it starts its own quanteval-mcp over stdio, calls the tool, and exits."""
+    argv = [str(INSPECTOR), "--cli", str(VENV_BIN / "quanteval-mcp"), "--method", "tools/call", "--tool-name", tool]
+    for key, value in tool_arguments.items():
+        argv += ["--tool-arg", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    done = subprocess.run(argv, cwd=CLIENTS, env=env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S + 30)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return json.loads(done.stdout)
+
+
+# ---------------------------------------------------------------- the verdict at the clients' default timeouts
+
+
+def test_the_inspector_cli_gets_the_verdict_from_start_evaluation_and_wait_for_run(env, tmp_path):
+    started = inspector(env, "start_evaluation", evaluation=arguments(tmp_path))
+    assert not started.get("isError"), started
+    record_id = started["structuredContent"]["record_id"]
+    began, waits = time.monotonic(), 0
+    while True:
+        waited = inspector(env, "wait_for_run", record_id=record_id, timeout_s=45)["structuredContent"]
+        waits += 1
+        if waited["status"] != "running":
+            break
+        assert waited["progress"], waited  # what it is doing now, for the person watching
+    assert waited["status"] == "succeeded", waited
+    assert waited["result"]["verdict"] == "acceptable"
+    assert waited["result"]["seconds"]["total"] > CLIENT_TIMEOUT_S or waits > 1, "finished too fast to prove anything"
+    assert time.monotonic() - began > CLIENT_TIMEOUT_S, "the evaluation took under 60 s: the test proves nothing"
+    assert_nothing_left(tmp_path)
+
+
+def test_the_typescript_client_gets_the_one_call_verdict_when_progress_resets_its_timeout(env, tmp_path):
+    answer = node_client(env, "one-call", arguments(tmp_path))
+    assert "error" not in answer, answer
+    result = answer["result"]["structuredContent"]
+    assert result["verdict"] == "acceptable"
+    assert result["seconds"]["total"] > CLIENT_TIMEOUT_S, "the evaluation took under 60 s: the test proves nothing"
+    assert answer["progress"] >= result["seconds"]["total"] / 10  # a notification at least every few seconds
+    assert_nothing_left(tmp_path)
+    # the start + wait form at the SDK's plain defaults (the full runs above are reused from the ledger)
+    waited = node_client(env, "start-and-wait", arguments(tmp_path))
+    assert "error" not in waited, waited
+    assert waited["result"]["structuredContent"]["result"]["verdict"] == "acceptable"
+
+
+# ---------------------------------------------------------------- a client that goes away leaves nothing running
+
+
+def test_a_typescript_client_that_times_out_leaves_no_process_and_the_run_cancelled(env, tmp_path):
+    """Its default callTool asks for no progress, so it times out at 60 s and sends notifications/cancelled."""
+    answer = node_client(env, "plain-call", arguments(tmp_path))
+    assert answer.get("code") == -32001, answer  # "Request timed out": the client gave up, as the issue measured
+    assert_nothing_left(tmp_path)
+    assert ledger.find(kind="deployment")  # it got as far as serving
+
+
+def test_closing_stdio_mid_call_stops_the_servers_and_cancels_the_run(env, tmp_path):
+    server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp")], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=env)
+    assert server.stdin is not None
+    for message in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+                    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                     "params": {"name": "evaluate_quantization", "arguments": arguments(tmp_path)}}):
+        server.stdin.write((json.dumps(message) + "\n").encode())
+    server.stdin.flush()
+    wait_until(a_run_is_going, 300, "a canary or full run")
+    server.stdin.close()  # the IDE quit
+    assert server.wait(timeout=120) == 0
+    assert_nothing_left(tmp_path)
+    assert any(record.status == "cancelled" for record in ledger.find(kinds=["canary", "full_run"]))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_run(env, tmp_path):
+    port = _free_port()
+    # --root /: over HTTP the root defaults to the working directory, and the checkpoints and output lie apart
+    server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp"), "--http", "--port", str(port), "--root", "/"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def answers() -> bool:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/mcp", timeout=1)
+            except urllib.error.HTTPError:
+                return True
+            except OSError:
+                return False
+            return True
+
+        wait_until(answers, 30, "the HTTP server")
+
+        async def call_then_leave() -> None:
+            answered: list[object] = []
+
+            async def call(client: Client) -> None:
+                answered.append(await client.call_tool("evaluate_quantization", arguments(tmp_path)))
+
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client, anyio.create_task_group() as group:
+                group.start_soon(call, client)
+                with anyio.fail_after(300):
+                    while not a_run_is_going():
+                        assert not answered, answered  # it ended before any run: an error to show
+                        await anyio.sleep(0.5)
+                group.cancel_scope.cancel()  # leaving the client deletes its session
+
+        anyio.run(call_then_leave)
+        assert_nothing_left(tmp_path)
+        assert any(record.status == "cancelled" for record in ledger.find(kinds=["canary", "full_run"]))
+        assert server.poll() is None  # the server itself goes on serving other clients
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def test_kill_run_stops_a_started_evaluation_with_its_servers(env, tmp_path):
+    started = inspector(env, "start_evaluation", evaluation=arguments(tmp_path))["structuredContent"]
+    wait_until(lambda: bool(ledger.find(kind="deployment")), 120, "its first server")
+    listed = inspector(env, "list_runs")["structuredContent"]["runs"]
+    assert {"evaluation", "deployment"} <= {row["kind"] for row in listed}  # what is running, visible to the user
+    killed = runs.kill_run(runs.RunRef(record_id=started["record_id"]))  # up to a minute: it stops its servers first
+    assert killed.status == "cancelled"
+    assert_nothing_left(tmp_path)
