@@ -20,9 +20,9 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from quanteval import redact
 from quanteval.engines.base import unpinned_image
@@ -43,7 +43,17 @@ from quanteval.engines.runresults import ScoreValue, TaskScores
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import anomaly, paired
-from quanteval.workflow.comparison_report import next_table_markdown, render_chart, render_html, render_markdown, table_markdown
+from quanteval.workflow.comparison_report import (
+    ChecklistItem,
+    CompareResultsOutput,
+    Flip,
+    TaskComparison,
+    next_table_markdown,
+    render_chart,
+    render_html,
+    render_markdown,
+    table_markdown,
+)
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
 
 PAIRED_MATCH_TOLERANCE = 0.005  # per-sample means must reproduce the headline to within half a point
@@ -70,64 +80,6 @@ class CompareResultsInput(StrictModel):
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
     reference_scores: dict[str, float] = Field(default_factory=dict, description=(
         "Per-task scores the baseline should reach (fractions, e.g. the model card's); far below: suspect serving."))
-
-
-class ChecklistItem(BaseModel):
-    task: str
-    item: str = Field(description="One of CHECK_ITEMS: model, serving, task, container, prompts, extra_args, generation, reasoning, repeats, samples, judge.")
-    status: Literal["same", "different", "unknown"] = Field(description="unknown: could not be read for one run, so the runs are not known to match.")
-    baseline: str = Field(description="The baseline's value (JSON, at most 300 characters).")
-    candidate: str
-
-
-class Flip(BaseModel):
-    problem_idx: int
-    expected: str | None
-    baseline_answer: str | None
-    candidate_answer: str | None
-
-
-class TaskComparison(BaseModel):
-    task: str
-    metric: str
-    score: str
-    scale: str = Field(description="The stored scale of both scores; values below are fractions (0-1).")
-    baseline: float
-    candidate: float
-    baseline_stderr: float | None
-    candidate_stderr: float | None
-    delta: float = Field(description="candidate - baseline, as a fraction.")
-    delta_stderr: float | None
-    ci_low: float | None = Field(description="Confidence interval of delta (at the request's confidence), low end.")
-    ci_high: float | None
-    method: str = Field(description="How the interval was computed (paired per problem as nel gate does, or unpaired from stderrs).")
-    verdict: Literal["acceptable", "not acceptable", "inconclusive", "suspect"]
-    why: str
-    # Per-problem pairing (nel-next runs keep every problem's reward): what `nel compare` reports on the same runs.
-    test: str | None = Field(None, description="mcnemar (0/1 rewards, exact one-sided binomial) or sign (averaged repeats).")
-    p_value: float | None = Field(None, description="One-sided p of 'candidate is worse'.")
-    n_paired: int | None = None
-    n_regressions: int | None = Field(None, description="Problems right in the baseline, wrong in the candidate.")
-    n_improvements: int | None = None
-    nel_verdict: str | None = Field(None, description="PASS / WARN / BLOCK / INCONCLUSIVE by nel compare's rule (evidence; "
-                                    "max_drop as its --max-drop, else its default 5 points).")
-    regressed: list[Flip] = Field(default_factory=list, description="First flips to wrong, with both answers.")
-    improved: list[Flip] = Field(default_factory=list)
-    anomaly: str | None = Field(None, description="Set when the drop (or the baseline) looks like a serving or kernel "
-                                "problem rather than quantization; the verdict is then 'suspect'.")
-
-
-class CompareResultsOutput(BaseModel):
-    comparability: Literal["comparable", "not comparable", "inconclusive"]
-    acceptability: Literal["acceptable", "not acceptable", "inconclusive", "suspect"] = Field(description=(
-        "suspect: a drop too large to be quantization (or a baseline below its reference): check the serving first."))
-    reasons: list[str] = Field(description="What decided the two verdicts.")
-    checklist: list[ChecklistItem]
-    comparisons: list[TaskComparison]
-    table_markdown: str
-    chart_png: str | None = Field(description="Path of the PNG chart (scores with error bars, deltas with CIs).")
-    report_html: str | None = Field(description="Path of the self-contained HTML report.")
-    report_markdown: str | None = Field(None, description="Path of the markdown report (same content as the HTML).")
 
 
 # ---------------------------------------------------------------------------------------------
