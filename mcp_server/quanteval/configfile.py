@@ -422,3 +422,14 @@ def load_plain(path: Path) -> dict:
     if not isinstance(doc, dict):
         raise ToolError(f"{path}: the top level must be a mapping (keys like `execution:`, `evaluation:`).")
     return doc
+
+
+def list_at(parent: Any, key: str, shown: str) -> CommentedSeq:
+    """The list at parent[key], created empty where it is missing or null (an edit appends to it); `shown` is its
+    dotted path, named when the config holds something else there."""
+    items = parent.get(key)
+    if items is None:
+        items = parent[key] = CommentedSeq()
+    if not isinstance(items, list):
+        raise ToolError(f"{shown} must be a list. Fix the config or rebuild it with build_config.")
+    return items

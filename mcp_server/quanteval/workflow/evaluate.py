@@ -461,9 +461,9 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
 
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
     """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
-    canary and full run, validates, compares (CI, flips, report) and judges max_drop points at confidence (as a nel
-    gate policy, written next to the report) or a `nel gate` policy; ANOMALOUS when the candidate fails the canary its
-    baseline passed. Resumable; minutes, with progress every 5 s. A client with a fixed 60 s timeout: start_evaluation.
+    canary and full run, validates, compares (CI, flips, report), judges max_drop points at confidence (written as a
+    nel gate policy) or a `nel gate` policy; ANOMALOUS if the candidate fails the canary its baseline passed.
+    Resumable; minutes, progress every 5 s. A client with a fixed 60 s timeout: start_evaluation.
     """
     root = check_request(request)
     with _only_call_on(root):

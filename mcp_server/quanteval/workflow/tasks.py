@@ -219,7 +219,7 @@ class AddTasksInput(StrictModel):
 
 class AddedTask(BaseModel):
     requested: str = Field(description="The name as given.")
-    task: str = Field(description="The name written to evaluation.tasks[].name.")
+    task: str = Field(description="The name written to evaluation.tasks[].name (nel-next: benchmarks[].name).")
     recipe: str | None = Field(description="The recipe used, or null for NEL defaults.")
     repeats: int | None = Field(description="Repeat count the recipe sets (null without a recipe).")
 
@@ -238,20 +238,12 @@ class AddTasksOutput(BaseModel):
     diff: str = Field(description="Unified diff of the config change ('' when nothing changed).")
 
 
-def _task_key(config_name: str) -> str:
-    """`harness.task` where the name resolves to one task, so ns_gpqa and nemo_skills.ns_gpqa compare equal."""
-    if "." in config_name:
-        return config_name
-    entries = lookup(config_name)
-    return entries[0].qualified_name if len(entries) == 1 else config_name
-
-
 def add_tasks(request: AddTasksInput) -> AddTasksOutput:
-    """Use after build_config: adds benchmarks (recipe or NEL task names, checked first) to evaluation.tasks; returns a
-    diff.
+    """Use after build_config: adds tasks (recipe or NEL task names, checked first; nel-next: as skills://NAME with their
+    prompt); returns a diff.
     """
     from ruamel.yaml import YAML
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.comments import CommentedMap
 
     recipes = list_recipes()
     resolved = [resolve(name, recipes) for name in request.tasks]
@@ -261,33 +253,22 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
     def insert(doc: CommentedMap) -> None:
         added.clear()
         skipped.clear()
-        evaluation = doc.setdefault("evaluation", CommentedMap())
-        if not isinstance(evaluation, dict):
-            raise ToolError(f"{request.config_path}: evaluation must be a mapping. Fix the config or rebuild it with build_config.")
-        tasks = evaluation.setdefault("tasks", CommentedSeq())
-        if tasks is None:
-            tasks = evaluation["tasks"] = CommentedSeq()
-        if not isinstance(tasks, list):
-            raise ToolError(f"{request.config_path}: evaluation.tasks must be a list. Fix the config or rebuild it with build_config.")
-        if request.replace:
-            tasks.clear()
-        present = {_task_key(str(item.get("name"))) for item in tasks if isinstance(item, dict) and item.get("name")}
+        engine = engines.for_config(doc)
+        present = engine.task_keys(doc, clear=request.replace)
         for task in resolved:
             key = task.entry.qualified_name
             if key in present:
-                skipped.append(SkippedTask(requested=task.requested, reason=f"{task.config_name} is already in evaluation.tasks"))
+                skipped.append(SkippedTask(requested=task.requested, reason=f"{task.config_name} is already in the config"))
                 continue
-            fragment = task.recipe.yaml_fragment if task.recipe else generic_fragment(task.config_name)
-            tasks.append(YAML().load(fragment)[0])
+            fragment = YAML().load(task.recipe.yaml_fragment if task.recipe else generic_fragment(task.config_name))[0]
+            try:
+                written = engine.add_task(doc, key, fragment, task.recipe.repeats if task.recipe else None)
+            except ToolError as exc:
+                skipped.append(SkippedTask(requested=task.requested, reason=str(exc)))
+                continue
             present.add(key)
-            added.append(
-                AddedTask(
-                    requested=task.requested,
-                    task=task.config_name,
-                    recipe=task.recipe.name if task.recipe else None,
-                    repeats=task.recipe.repeats if task.recipe else None,
-                )
-            )
+            added.append(AddedTask(requested=task.requested, task=written, recipe=task.recipe.name if task.recipe else None,
+                                   repeats=task.recipe.repeats if task.recipe else None))
 
     diff = engines.edit_config(request.config_path, insert)
     used = [task.recipe for task in resolved if task.recipe and task.recipe.name in {a.recipe for a in added}]

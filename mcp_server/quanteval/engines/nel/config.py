@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from quanteval.configfile import MISSING, parse_config_text, to_plain, value_at, walk
+from quanteval.configfile import MISSING, list_at, parse_config_text, to_plain, value_at, walk
 from quanteval.engines.nel import catalogue
 from quanteval.engines.nel.nelexec import UNRESOLVED
 from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT
@@ -528,17 +528,10 @@ def task_key(config_name: str) -> str:
 
 
 def _tasks_list(doc: CommentedMap) -> CommentedSeq:
-    from quanteval.models import ToolError
-
     evaluation = doc.setdefault("evaluation", CommentedMap())
     if not isinstance(evaluation, dict):
         raise ToolError("evaluation must be a mapping. Fix the config or rebuild it with build_config.")
-    tasks = evaluation.setdefault("tasks", CommentedSeq())
-    if tasks is None:
-        tasks = evaluation["tasks"] = CommentedSeq()
-    if not isinstance(tasks, list):
-        raise ToolError("evaluation.tasks must be a list. Fix the config or rebuild it with build_config.")
-    return tasks
+    return list_at(evaluation, "tasks", "evaluation.tasks")
 
 
 def task_keys(doc: CommentedMap, clear: bool) -> set[str]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quanteval import envvars
+from quanteval import configfile, envvars
 from quanteval.engines.nel_next import nelnext
 
 SCHEME = "skills://"
@@ -355,16 +355,7 @@ def benchmark_for_task(nel_task: str) -> tuple[str | None, str]:
 
 
 def _benchmarks_list(doc: Any) -> list:
-    from ruamel.yaml.comments import CommentedSeq
-
-    from quanteval.models import ToolError
-
-    items = doc.setdefault("benchmarks", CommentedSeq())
-    if items is None:
-        items = doc["benchmarks"] = CommentedSeq()
-    if not isinstance(items, list):
-        raise ToolError("benchmarks must be a list. Fix the config or rebuild it with build_config.")
-    return items
+    return configfile.list_at(doc, "benchmarks", "benchmarks")
 
 
 def task_keys(doc: Any, clear: bool) -> set[str]:
