@@ -82,7 +82,7 @@ def test_two_evaluate_calls_on_one_output_dir_the_second_is_refused_and_the_firs
     out.mkdir()
     (out / LOCK_NAME).write_text("pid 999999, since yesterday")  # left by a call that was killed: not in the way
     argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH), "--output-dir", str(out),
-            "--canary-problems", "5", "--max-problems", "20", "--json"]
+            "--canary-problems", "5", "--max-problems", "20", "--max-drop", "5", "--json"]
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60

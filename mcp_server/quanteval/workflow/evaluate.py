@@ -57,6 +57,7 @@ RESPONSES_SHOWN = 3
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
 DEFAULT_MAX_TOKENS = 1024
 STEPS_PER_CHECKPOINT = 8
+STARTING = ("starting", "loading")  # a deployment's statuses before it is ready
 LOCK_NAME = ".quanteval-evaluate.lock"  # in the output directory, held while a call uses it
 
 
@@ -235,15 +236,8 @@ def _launch(plan: deploy.DeploymentPlan, request: EvaluateQuantizationInput) -> 
 def _ready(checkpoint_dir: Path, launched: deploy.LaunchDeploymentResult, request: EvaluateQuantizationInput,
            loading: ProgressFn) -> dict:
     """Waits for the server; one that does not become ready is stopped. What it says it serves (/v1/models)."""
-    try:
-        status = deploy.deployment_status(deploy.DeploymentStatusInput(
-            record_id=launched.record_id, wait_s=request.startup_timeout_s, chat_probe=False), progress=loading)
-    except BaseException:  # Ctrl-C / SIGTERM while the server starts: nothing left running, the record says so
-        with interrupts_held():
-            deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id, grace_s=10))
-            ledger.update(launched.record_id, status="cancelled", message="cancelled: evaluate_quantization was "
-                          "interrupted while the server started")
-        raise
+    status = deploy.deployment_status(deploy.DeploymentStatusInput(
+        record_id=launched.record_id, wait_s=request.startup_timeout_s, chat_probe=False), progress=loading)
     if status.status != "ready":
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
         raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): "
@@ -310,11 +304,18 @@ class _Checkpoint:
         self.launched_at = time.monotonic()
         self.launched = _launch(plan, request)
 
-    def stop(self) -> None:
-        if self.launched is not None:
-            with interrupts_held():  # a second Ctrl-C must not leave the server running
-                deploy.stop_deployment(deploy.StopDeploymentInput(record_id=self.launched.record_id))
-            self.launched = None
+    def stop(self, interrupted: bool = False) -> None:
+        """Stop its server; one still starting when the call was interrupted (Ctrl-C, SIGTERM) is recorded cancelled."""
+        if self.launched is None:
+            return
+        record_id = self.launched.record_id
+        starting = interrupted and ledger.get(record_id).status in STARTING
+        with interrupts_held():  # a second Ctrl-C must not leave the server running
+            deploy.stop_deployment(deploy.StopDeploymentInput(record_id=record_id, grace_s=10 if starting else 20))
+            if starting:
+                ledger.update(record_id, status="cancelled",
+                              message="cancelled: evaluate_quantization was interrupted while the server started")
+        self.launched = None
 
     def reused(self) -> CheckpointEvaluation:
         done = self.done
@@ -372,8 +373,12 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
                         raise  # the baseline's own canary: an error to fix, not a verdict
                     return answers[0], failed
         return answers[0], answers[1]
-    finally:
+    except BaseException as exc:
         for side in sides:  # the server of a side that failed or was interrupted, and one started early
+            side.stop(interrupted=not isinstance(exc, Exception))
+        raise
+    finally:
+        for side in sides:
             side.stop()
 
 
