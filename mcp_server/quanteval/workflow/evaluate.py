@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import ledger
+from quanteval import configfile, ledger
 from quanteval.clusters import executor as executors
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.nel_next import config as next_config
@@ -534,8 +534,8 @@ def _verdict(compared: compare.CompareResultsOutput, gated: GateResultsOutput | 
 
 
 def _max_tokens(config_path: str | None) -> Any:
-    config = results.load_yaml(Path(config_path)) if config_path else None
-    return (((config or {}).get("services") or {}).get("model") or {}).get("generation", {}).get("max_tokens")
+    config = configfile.to_plain(configfile.load_config(config_path)) if config_path else None
+    return configfile.value_at(config or {}, "services.model.generation.max_tokens")
 
 
 def _canary_responses(run_dir: Path) -> list[Response]:

@@ -415,11 +415,11 @@ def _evidence(name: str, base_path: Path, cand_path: Path, max_drop: float) -> C
         return nextresults.Bundle(name=name, directory=path.parent, path=path, data={})
 
     try:
-        paired = nextresults.compare_bundles(bundle(base_path), bundle(cand_path), max_drop=max_drop)
+        compared = nextresults.compare_bundles(bundle(base_path), bundle(cand_path), max_drop=max_drop)
     except ToolError:
         return None
-    return CompareEvidence(test=paired.test, p_value=paired.p_value, n_regressions=paired.n_regressions,
-                           n_improvements=paired.n_improvements, verdict=paired.verdict)
+    return CompareEvidence(test=compared.test, p_value=compared.p_value, n_regressions=compared.n_regressions,
+                           n_improvements=compared.n_improvements, verdict=compared.verdict)
 
 
 def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: ResolvedPolicy,
