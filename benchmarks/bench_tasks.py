@@ -36,6 +36,7 @@ def main() -> None:
     env = dict(os.environ, QUANTEVAL_STATE_DIR=state, NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
     os.environ.update(env)
 
+    from quanteval.engines.nel import catalogue
     from quanteval.workflow import tasks
 
     def nel_ls() -> set[str]:
@@ -50,11 +51,11 @@ def main() -> None:
     def cold() -> int:
         for cache in Path(state).glob("tasks-catalogue-*.json"):
             cache.unlink()
-        tasks._memo.clear()
+        catalogue._memo.clear()
         return tasks.list_tasks(tasks.ListTasksInput(query=query, limit=200)).total
 
     def warm_new_process() -> int:  # the JSON cache exists; the in-process memo does not
-        tasks._memo.clear()
+        catalogue._memo.clear()
         return tasks.list_tasks(tasks.ListTasksInput(query=query, limit=200)).total
 
     def warm_server() -> int:  # a running MCP server: the parsed catalogue is already in memory
