@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\[setup +(\d+)s\] ")
-SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "install-sglang-parser")
+SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "install-sglang-parser", "nemo-skills-alias.py")
 
 
 @pytest.fixture
