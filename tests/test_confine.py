@@ -79,13 +79,19 @@ def test_a_checkpoint_or_a_docker_mount_outside_the_root_is_refused(workspace):
     assert mount.is_error and "-v/--volume/--mount" in mount.content[0].text
 
 
+def _built_next_config(inside: Path) -> tuple[str, tuple]:
+    """build_config's step for a nel-next config inside the root, its benchmark file inside too."""
+    config = str(inside / "next.yaml")
+    bench = inside / "tiny_add.py"
+    bench.write_text(BENCH.read_text())
+    return config, ("build_config", {"engine": "nel-next", "execution": "local", "deployment": "none", "model_type": "base",
+                                     "benchmarks": [str(bench)], "config_path": config})
+
+
 def test_a_nel_next_config_is_confined_too_output_dir_and_byob_file(workspace):
     inside, outside = workspace
-    config = str(inside / "next.yaml")
-    inside_bench = inside / "tiny_add.py"
-    inside_bench.write_text(BENCH.read_text())
-    steps = [("build_config", {"engine": "nel-next", "execution": "local", "deployment": "none", "model_type": "base",
-                               "benchmarks": [str(inside_bench)], "config_path": config}),
+    config, build = _built_next_config(inside)
+    steps = [build,
              ("set_config_value", {"config_path": config, "key": "output.dir", "value": str(outside)}),
              ("launch_canary", {"config_path": config}),
              ("set_config_value", {"config_path": config, "key": "output.dir", "value": str(inside / "results")}),
@@ -182,11 +188,8 @@ def test_nel_dry_run_over_the_root_renders_inside_when_the_interpolation_resolve
 def next_config(workspace) -> tuple[str, list]:
     """A nel-next config inside the root that nel-next accepts, with its benchmark file inside too."""
     inside, _ = workspace
-    config = str(inside / "next.yaml")
-    bench = inside / "tiny_add.py"
-    bench.write_text(BENCH.read_text())
-    steps = [("build_config", {"engine": "nel-next", "execution": "local", "deployment": "none", "model_type": "base",
-                               "benchmarks": [str(bench)], "config_path": config}),
+    config, build = _built_next_config(inside)
+    steps = [build,
              ("set_config_value", {"config_path": config, "key": "services.model.url", "value": "http://127.0.0.1:9/v1/chat/completions"}),
              ("set_config_value", {"config_path": config, "key": "output.dir", "value": str(inside / "results")})]
     return config, steps
