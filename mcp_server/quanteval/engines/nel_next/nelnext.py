@@ -83,6 +83,18 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def run_script(python: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A Python script run by another venv's interpreter (nel-next's, NeMo-Skills'): it answers on its last stdout line."""
+    return subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL, env=child_env(), check=False)
+
+
+def last_json(stdout: str) -> Any:
+    """The JSON answer a script printed last; None when it printed nothing."""
+    lines = stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else None
+
+
 # ---------------------------------------------------------------- configs
 
 
@@ -202,15 +214,13 @@ def _ask_schema(config_path: str, overrides: list[str] | None) -> dict[str, Any]
     python = venv() / "bin" / "python"
     nel_binary()
     try:
-        done = subprocess.run([str(python), "-c", _SCHEMA_CHECK, config_path, json.dumps(overrides or [])],
-                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              env=child_env(), check=False)
+        done = run_script(python, _SCHEMA_CHECK, config_path, json.dumps(overrides or []))
     except subprocess.TimeoutExpired:
         raise ToolError(f"nel-next did not read {config_path} within {CHECK_TIMEOUT_S:.0f} s.") from None
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
+    answer = last_json(done.stdout) if done.returncode == 0 else None
+    if answer is None:
         raise ToolError(f"nel-next could not be asked about {config_path}: {redact.scrub(done.stderr.strip() or 'no output')[-400:]}")
-    return json.loads(lines[-1])
+    return answer
 
 
 def config_hash(config_path: str, overrides: list[str]) -> str:

@@ -145,10 +145,8 @@ def probe(names: list[str]) -> Probe:
     if not python.exists():
         return Probe(problem=f"nel-next is not installed at {nelnext.venv()}")
     try:
-        done = subprocess.run([str(python), "-c", _PROBE, json.dumps(sorted(set(names))), json.dumps(BOXED_PROMPTS)],
-                              capture_output=True, text=True, timeout=nelnext.CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              env=nelnext.child_env(), check=False)
-        answer = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else None
+        done = nelnext.run_script(python, _PROBE, json.dumps(sorted(set(names))), json.dumps(BOXED_PROMPTS))
+        answer = nelnext.last_json(done.stdout)
     except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError) as exc:
         return Probe(problem=f"the NeMo-Skills probe failed: {exc}")
     if not isinstance(answer, dict):
@@ -317,9 +315,8 @@ def metrics_types(names: list[str]) -> dict[str, str | None]:
             if not python.exists():
                 continue
             try:
-                done = subprocess.run([str(python), "-c", _METRICS_PROBE, *wanted], capture_output=True, text=True,
-                                      timeout=nelnext.CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=nelnext.child_env(), check=False)
-                found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {}
+                done = nelnext.run_script(python, _METRICS_PROBE, *wanted)
+                found = (nelnext.last_json(done.stdout) if done.returncode == 0 else None) or {}
             except (subprocess.TimeoutExpired, OSError, json.JSONDecodeError):
                 found = {}
             if found:
