@@ -49,20 +49,40 @@ def readers() -> tuple[ResultsReader, ...]:
     return tuple(_instance(reader) for _, reader in ENGINES)
 
 
-def results_for(run: str) -> ResultsReader:
-    """The reader of a run named by a local directory (by its layout), a ledger id (the engine that made it), or
-    anything else (host:path, an invocation id): the reader that reads runs by location."""
+def _recognized(run: str) -> ResultsReader | None:
+    """The reader of a run named by a local path (by its layout) or a ledger id (the engine that made it); None for
+    anything else (host:path, an invocation id, a path no engine's layout matches)."""
     run = run.strip()
-    by_location = next(reader for reader in readers() if reader.reads_by_location)
     local = Path(run).expanduser()
-    if run and local.is_dir():
-        return next((reader for reader in readers() if reader.is_run_dir(local)), by_location)
+    if run and local.exists():
+        return next((reader for reader in readers() if reader.is_run_dir(local)), None)
     try:
         record = ledger.get(run)
     except ToolError:
-        return by_location
+        return None
     name = record.details.get("engine") or readers()[-1].name  # records made before engines were recorded: NEL's
-    return next((reader for reader in readers() if reader.name == name), by_location)
+    return next((reader for reader in readers() if reader.name == name), None)
+
+
+def _by_location() -> ResultsReader:
+    return next(reader for reader in readers() if reader.reads_by_location)
+
+
+def results_for(run: str) -> ResultsReader:
+    """The reader of a run: by its layout or its record, else the reader that reads runs by location."""
+    return _recognized(run) or _by_location()
+
+
+def results_for_pair(baseline: str, candidate: str) -> ResultsReader:
+    """The one reader of two runs compared against each other. A side no engine recognizes is read by the other's
+    reader (which then says what it lacks); runs of two engines are refused, as their scores are not computed the
+    same way."""
+    base, cand = _recognized(baseline), _recognized(candidate)
+    if base is not None and cand is not None and base is not cand:
+        raise ToolError(f"baseline and candidate come from different engines (the baseline is a {base.title} run, the "
+                        f"candidate a {cand.title} run): their scores are not computed the same way. Evaluate both "
+                        "with the same engine.")
+    return base or cand or _by_location()
 
 
 def by_name(name: str | None) -> Engine:
@@ -105,3 +125,4 @@ def is_nel_next(doc: Any) -> bool:
 
 __all__ = ["Engine", "registered", "EngineName", "by_name", "check_config", "edit_config", "for_config", "for_record",
            "is_nel_next", "known_config", "load_config"]
+

@@ -1,14 +1,17 @@
 """What every engine's results reader answers with (neutral types), and the reader interface.
 
 extract_scores and validate_run (workflow/results.py) pick a reader by the run they are given (engines.results_for)
-and return these types whatever engine made the run; compare_results and gate_results read the same TaskScores.
+and return these types whatever engine made the run. compare_results and gate_results read both runs through the
+same reader as RunBenchmarks: each benchmark's scores, its per-problem rewards and what must match between two runs
+(facets, keyed by CHECK_ITEMS); the statistics and the verdicts are theirs, one body for every engine.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -139,6 +142,97 @@ def run_verdict(run: str, tasks: list[TaskValidation]) -> ValidateRunOutput:
     return ValidateRunOutput(run=run, verdict=verdict, reasons=reasons[:50], tasks=tasks)
 
 
+# ---------------------------------------------------------------- two runs side by side (compare_results, gate_results)
+
+# What must match between two runs of one benchmark for their scores to be comparable: the keys of every reader's facets.
+CHECK_ITEMS = ("model", "serving", "task", "container", "prompts", "extra_args", "generation", "reasoning", "repeats", "samples", "judge")
+# What a model family is made of: two checkpoints that differ here are different models, not two precisions of one.
+MODEL_FACTS = ("architecture", "model_type", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+
+
+GATED_METRICS = ("mean_reward", "pass@1")  # the per-problem metrics a gate pairs (nel gate's _SUPPORTED_GATED_METRICS)
+
+
+def problem_values(rewards: dict[Any, list[float]], metric: str) -> dict[Any, float] | None:
+    """Per-problem values of a gated metric from each problem's rewards (one per repeat): pass@1 (share of repeats
+    with reward > 0) or mean_reward; None for a metric that cannot be paired."""
+    if metric == "mean_reward":
+        return {p: sum(r) / len(r) for p, r in rewards.items()}
+    if metric == "pass@1":
+        return {p: sum(1 for v in r if v > 0) / len(r) for p, r in rewards.items()}
+    return None
+
+
+@dataclass
+class Problems:
+    """One benchmark's per-problem rewards in one run, keyed so that a problem has the same key in both runs."""
+
+    rewards: dict[Any, list[float]]  # one reward per repeat
+    unit: str = "problem"  # what a key stands for, in messages (NEL 0.2.6 pairs samples by id)
+    categories: dict[Any, str] = field(default_factory=dict)  # each problem's category where it has one
+    unanswered: set[Any] = field(default_factory=set)  # problems with a request that got no answer (not a wrong answer)
+
+
+@dataclass
+class RunBenchmark:
+    """One benchmark (a NEL task) of one run, as both runs' comparisons read it."""
+
+    name: str
+    scores: TaskScores
+    problems: Problems | None  # None or no rewards: the run kept no per-problem results
+    location: Path  # the engine's own: a task directory, a bundle file
+
+
+@dataclass
+class RunBenchmarks:
+    label: str  # the run as the person named it, for reports
+    benchmarks: dict[str, RunBenchmark]
+    warnings: list[str] = field(default_factory=list)
+    root: Path | None = None  # the run's directory here, where the engine reads it from one
+
+
+class Flip(BaseModel):
+    problem_idx: int
+    expected: str | None
+    baseline_answer: str | None
+    candidate_answer: str | None
+
+
+@dataclass
+class PairedTest:
+    """An engine's own paired test of two runs of one benchmark (nel compare's): evidence beside the verdict."""
+
+    metric: str
+    test: str  # mcnemar (0/1 rewards) or sign (averaged repeats)
+    p_value: float | None
+    n_paired: int
+    n_regressions: int
+    n_improvements: int
+    verdict: str  # the engine's PASS / WARN / BLOCK / INCONCLUSIVE
+    baseline_score: float
+    candidate_score: float
+    delta: float
+    regressed: list[Flip]
+    improved: list[Flip]
+
+
+def model_family(checkpoint: str | None, served_context: Any = None) -> dict[str, Any] | None:
+    """Architecture, shapes, vocabulary and served context of a checkpoint, or None when it is not readable here.
+    served_context: the context the run served with, when the engine knows it (else the checkpoint's own)."""
+    from quanteval.serving import checkpoint as checkpoints
+
+    if not checkpoint:
+        return None
+    report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
+    return family_facts(report, served_context)
+
+
+def family_facts(report: Any, served_context: Any = None) -> dict[str, Any]:
+    facts = report.architecture.model_dump()
+    context = served_context if served_context is not None else report.context_length
+    return {key: facts[key] for key in MODEL_FACTS} | {"reasoning_template": report.reasoning, "served_context": context}
+
+
 class ResultsReader(ABC):
     """How one engine's runs are read: which directories are its runs, their scores and their validation.
 
@@ -146,6 +240,7 @@ class ResultsReader(ABC):
     results without loading an engine's config and launch code."""
 
     name: ClassVar[EngineName]
+    title: ClassVar[str]  # as people call the engine, in messages
     # Reads runs named by what only it knows (host:path on a cluster, its own invocation ids): the fallback reader.
     reads_by_location: ClassVar[bool] = False
 
@@ -160,3 +255,44 @@ class ResultsReader(ABC):
     @abstractmethod
     def validate_run(self, request: ValidateRunInput, progress: ProgressFn) -> ValidateRunOutput:
         """Every check the engine's artifacts allow, per task, and the run's verdict."""
+
+    # Two runs side by side: what compare_results and gate_results ask of the engine that made both.
+
+    # Where the per-problem results live, as a missing-results reason names them (nel gate's words for nel-next).
+    problems_source: ClassVar[str]
+
+    @abstractmethod
+    def run_benchmarks(self, run: str, side: str) -> RunBenchmarks:
+        """The run's benchmarks by name, with scores and per-problem rewards; side (baseline/candidate) for messages."""
+
+    @abstractmethod
+    def facets(self, run: RunBenchmarks, benchmark: RunBenchmark, checkpoint: str | None) -> dict[str, Any] | None:
+        """What must match between two runs of this benchmark, by CHECK_ITEMS (a None value: not readable); None
+        when the run kept no configuration. checkpoint: the user's, when the run's own is not readable here."""
+
+    @abstractmethod
+    def compared_scores(self, base: RunBenchmark, cand: RunBenchmark) -> list[tuple[ScoreValue, ScoreValue]]:
+        """The scores compare_results puts side by side, one row each."""
+
+    @abstractmethod
+    def paired_values(self, benchmark: RunBenchmark, score: ScoreValue) -> tuple[dict[Any, float] | None, str]:
+        """Per-problem values whose mean is this score, to pair; else None and why they cannot stand for it."""
+
+    @abstractmethod
+    def gate_metric(self, base: RunBenchmark, cand: RunBenchmark) -> str:
+        """The metric gated when the policy names none."""
+
+    @abstractmethod
+    def gate_scores(self, base: RunBenchmark, cand: RunBenchmark, metric: str, z: float,
+                    paired: bool) -> tuple[float, float, list[float] | None] | None:
+        """No paired decision: both runs' own scores of metric (fractions) and, where known, each one's interval
+        [base_low, base_high, cand_low, cand_high] (z: the normal quantile of the gate's confidence, for a score known
+        by its stderr); paired says per-problem results existed but could not decide. None: no such score."""
+
+    def paired_test(self, base: RunBenchmark, cand: RunBenchmark, max_drop: float | None) -> PairedTest | None:
+        """The engine's own paired test, as evidence beside the verdict (max_drop None: the engine's default)."""
+        return None
+
+    def served_checkpoint(self, run: RunBenchmarks) -> str | None:
+        """The checkpoint the run served, where the engine recorded it."""
+        return None

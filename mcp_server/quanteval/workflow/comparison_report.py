@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from quanteval.engines.runresults import Flip
+
 
 class ChecklistItem(BaseModel):
     task: str
@@ -18,13 +20,6 @@ class ChecklistItem(BaseModel):
     status: Literal["same", "different", "unknown"] = Field(description="unknown: could not be read for one run, so the runs are not known to match.")
     baseline: str = Field(description="The baseline's value (JSON, at most 300 characters).")
     candidate: str
-
-
-class Flip(BaseModel):
-    problem_idx: int
-    expected: str | None
-    baseline_answer: str | None
-    candidate_answer: str | None
 
 
 class TaskComparison(BaseModel):
@@ -79,6 +74,9 @@ def _points(value: float | None) -> str:
 
 
 def table_markdown(rows: list[TaskComparison]) -> str:
+    """One row per compared score; with the engine's paired test (nel compare's) where the rows carry one."""
+    if any(r.nel_verdict for r in rows):
+        return _tested_table_markdown(rows)
     lines = [
         "| task | metric | baseline | candidate | delta (pts) | CI (pts) | verdict |",
         "|---|---|---|---|---|---|---|",
@@ -185,7 +183,7 @@ tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</styl
 """
 
 
-def next_table_markdown(rows: list[TaskComparison]) -> str:
+def _tested_table_markdown(rows: list[TaskComparison]) -> str:
     lines = ["| benchmark | baseline | candidate | delta (pts) | CI (pts) | p (one-sided) | flips -/+ | nel verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -24,33 +24,31 @@ The semantics follow nemo_evaluator.engine.gate (0.3.0) so that `quanteval gate`
 - Aggregate: a critical/supporting BREACH or MISSING is NO-GO; else a critical/supporting INSUFFICIENT_EVIDENCE
   is INCONCLUSIVE; else GO. Advisory benchmarks never change the verdict.
 
-`nel compare`'s paired test (nextresults.compare_bundles: McNemar/sign test and its verdict) is attached per benchmark as
-supporting evidence; as in nel gate, it does not drive the decision.
+Both runs are read by their engine's ResultsReader (engines/runresults.py), so one body gates every engine's runs:
+the reader finds the benchmarks (nel-next's bundles as nel gate finds them), their per-problem rewards, the metric
+gated when the policy names none, and the runs' own scores when nothing can be paired. The engine's own paired test
+(nel compare's McNemar/sign test and its verdict, for nel-next) is attached per benchmark as supporting evidence; as
+in nel gate, it does not drive the decision.
 
-NEL 0.2.6 runs, which `nel gate` cannot read, get the same rules (gate_nel_task): benchmarks are their task names,
-per-problem values come from nemo-evaluator's per-sample outputs paired by sample id (no categories: Student t).
-Without per-sample outputs the headline scores decide, their CI the unpaired sum of each run's 95% CI from NEL's stderr.
+NEL 0.2.6 runs, which `nel gate` cannot read, get the same rules: benchmarks are their task names, per-problem values
+come from nemo-evaluator's per-sample outputs paired by sample id (no categories: Student t). Without per-sample
+outputs the headline scores decide, their CI the unpaired sum of each run's 95% CI from NEL's stderr.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from quanteval import engines, ledger
-from quanteval.engines.nel.runtree import locate_run, per_sample_scores, tasks_by_name
-from quanteval.engines.nel_next import nextresults
-from quanteval.engines.nel_next.results import next_run_dir
-from quanteval.engines.runresults import ScoreValue, TaskScores
+from quanteval import engines
+from quanteval.engines.runresults import GATED_METRICS, ResultsReader, RunBenchmark, problem_values
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow import paired
-from quanteval.workflow.paired import MIN_PAIRED_ITEMS, problem_values
+from quanteval.workflow.paired import MIN_PAIRED_ITEMS
 
-GATED_METRICS = ("mean_reward", "pass@1")  # nel gate's _SUPPORTED_GATED_METRICS
 REPORT_VERSION = 1
 REPORT_NAME = "gate-report.json"
 
@@ -184,62 +182,6 @@ def load_policy(path: Path) -> GatePolicy:
     return policy
 
 
-# ---------------------------------------------------------------- bundles, as nel gate finds and matches them
-
-
-def _bundle_name(path: Path) -> str | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    benchmark = data.get("benchmark") if isinstance(data, dict) else None
-    name = benchmark.get("name") if isinstance(benchmark, dict) else None
-    return str(name) if name else None
-
-
-def results_dir(value: str, side: str) -> Path:
-    """A run directory, or the folder of one eval-*.json bundle (as nel gate accepts either), or a nel-next run's
-    record id (a SLURM run's results copied from the cluster, shards merged)."""
-    path = Path(value).expanduser()
-    if path.is_file() and path.name.startswith("eval-") and path.suffix == ".json":
-        return path.parent
-    if not path.is_dir():
-        if (recorded := next_run_dir(value)) is not None:
-            return recorded
-        raise ToolError(f"{side} {value}: not a directory. Give the folder `nel eval run -o DIR` wrote (one sub-folder "
-                        "per benchmark), one eval-*.json bundle, or a nel-next run's record id; or, for NEL 0.2.6, "
-                        "the run's directory, host:path, record id or invocation id.")
-    return path
-
-
-def discover(directory: Path, side: str) -> tuple[dict[str, Path], list[str]]:
-    """eval-*.json bundles by benchmark name: in the folder itself, or exactly one per sub-folder."""
-    found: dict[str, Path] = {}
-    warnings: list[str] = []
-
-    def register(path: Path) -> None:
-        name = _bundle_name(path)
-        if name is None:
-            warnings.append(f"{side}: {path} is not a readable eval bundle (no benchmark.name); skipped")
-            return
-        if name in found:
-            raise ToolError(f"{side} {directory}: benchmark {name!r} appears twice ({found[name]} and {path}); keep one.")
-        found[name] = path
-
-    for path in sorted(directory.glob("eval-*.json")):
-        register(path)
-    for sub in sorted(p for p in directory.iterdir() if p.is_dir()):
-        candidates = sorted(sub.glob("eval-*.json"))
-        if len(candidates) == 1:
-            register(candidates[0])
-        elif len(candidates) > 1:
-            warnings.append(f"{side}: {sub} holds {len(candidates)} eval bundles; skipped (nel gate skips it too)")
-    if not found:
-        raise ToolError(f"{side} {directory}: no benchmark results (no eval-*.json bundle in it or in its sub-folders). "
-                        "Give the folder `nel eval run -o DIR` wrote, after the run finished.")
-    return found, warnings
-
-
 # ---------------------------------------------------------------- the tool's models
 
 
@@ -354,47 +296,6 @@ def apply_thresholds(result: BenchmarkGate, policy: ResolvedPolicy, allow_point_
     result.reasons.append(f"Point estimate damage {damage:.4f} is within threshold {policy.max_drop:.4f}")
 
 
-def _scores(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    scores = (data.get("benchmark") or {}).get("scores") if isinstance(data, dict) else None
-    return scores if isinstance(scores, dict) else {}
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return None if value is None or isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _auto_metric(base_path: Path, cand_path: Path) -> str:
-    """nel gate's choice when the policy names no metric: mean_reward, pass@1, a scorer: metric, by what both bundles score."""
-    base, cand = _scores(base_path), _scores(cand_path)
-    shared = [m for m in sorted(set(base) | set(cand))
-              if isinstance(base.get(m), dict) and isinstance(cand.get(m), dict)
-              and _float(base[m].get("value")) is not None and _float(cand[m].get("value")) is not None]
-    for preferred in GATED_METRICS:
-        if preferred in shared:
-            return preferred
-    return next((m for m in shared if m.startswith("scorer:")), "mean_reward")
-
-
-def _from_bundle_scores(result: BenchmarkGate, base_path: Path, cand_path: Path, policy: ResolvedPolicy) -> None:
-    """No paired evidence: the bundles' own scores (their CI if given as ci_lower/ci_upper), point estimate for advisory."""
-    result.metric = policy.metric or _auto_metric(base_path, cand_path)
-    base, cand = _scores(base_path).get(result.metric), _scores(cand_path).get(result.metric)
-    if not isinstance(base, dict) or not isinstance(cand, dict) or not base or not cand:
-        return
-    base_value, cand_value = _float(base.get("value")), _float(cand.get("value"))
-    if base_value is None or cand_value is None:
-        return
-    bounds = [_float(base.get("ci_lower")), _float(base.get("ci_upper")), _float(cand.get("ci_lower")), _float(cand.get("ci_upper"))]
-    _decide_on_scores(result, policy, base_value, cand_value, None if None in bounds else bounds)
-
-
 def _decide_on_scores(result: BenchmarkGate, policy: ResolvedPolicy, base_value: float, cand_value: float,
                       bounds: list[Any] | None) -> None:
     """No paired decision: the two runs' own scores, the CI of their difference from each one's [low, high]
@@ -410,46 +311,44 @@ def _decide_on_scores(result: BenchmarkGate, policy: ResolvedPolicy, base_value:
     apply_thresholds(result, policy, allow_point_estimate=result.tier == "advisory")
 
 
-def _evidence(name: str, base_path: Path, cand_path: Path, max_drop: float) -> CompareEvidence | None:
-    def bundle(path: Path) -> nextresults.Bundle:
-        return nextresults.Bundle(name=name, directory=path.parent, path=path, data={})
-
-    try:
-        compared = nextresults.compare_bundles(bundle(base_path), bundle(cand_path), max_drop=max_drop)
-    except ToolError:
-        return None
-    return CompareEvidence(test=compared.test, p_value=compared.p_value, n_regressions=compared.n_regressions,
-                           n_improvements=compared.n_improvements, verdict=compared.verdict)
+def _kept_problems(benchmark: RunBenchmark) -> bool:
+    return benchmark.problems is not None and bool(benchmark.problems.rewards)
 
 
-def gate_benchmark(name: str, base_path: Path, cand_path: Path, policy: ResolvedPolicy,
-                   base_records: dict[tuple[int, int], dict[str, Any]], cand_records: dict[tuple[int, int], dict[str, Any]]) -> BenchmarkGate:
-    """One benchmark against its resolved policy: paired per-problem deltas and their CI when results.jsonl exist
-    (the records are nextresults.paired_records of each bundle's folder)."""
+def gate_benchmark(reader: ResultsReader, name: str, base: RunBenchmark, cand: RunBenchmark,
+                   policy: ResolvedPolicy) -> BenchmarkGate:
+    """One benchmark against its resolved policy: paired per-problem deltas and their CI where both runs kept
+    per-problem results, else the runs' own scores (on the point estimate for advisory benchmarks only)."""
     result = BenchmarkGate(benchmark=name, tier=policy.tier, direction=policy.direction, max_drop_threshold=policy.max_drop,
                            max_relative_drop_threshold=policy.max_relative_drop)
-    result.compare = _evidence(name, base_path, cand_path, policy.max_drop)
-    if not base_records or not cand_records:
+    if (test := reader.paired_test(base, cand, policy.max_drop)) is not None:
+        result.compare = CompareEvidence(test=test.test, p_value=test.p_value, n_regressions=test.n_regressions,
+                                         n_improvements=test.n_improvements, verdict=test.verdict)
+    result.metric = policy.metric or reader.gate_metric(base, cand)
+    paired_tried = _kept_problems(base) and _kept_problems(cand)
+    if not paired_tried:
         result.status = "INSUFFICIENT_EVIDENCE"
-        result.reasons.append("Per-sample results (results.jsonl) missing or empty")
-        _from_bundle_scores(result, base_path, cand_path, policy)
-        return result
-    result.metric = policy.metric or _auto_metric(base_path, cand_path)
-    base_values = problem_values(nextresults.per_problem_rewards(base_records), result.metric)
-    cand_values = problem_values(nextresults.per_problem_rewards(cand_records), result.metric)
-    if not _gate_paired(result, base_values, cand_values, lambda shared: paired.category_clusters(base_records, shared), policy):
-        _from_bundle_scores(result, base_path, cand_path, policy)
+        result.reasons.append(f"Per-sample results ({reader.problems_source}) missing or empty")
+    else:
+        assert base.problems is not None and cand.problems is not None
+        base_values = problem_values(base.problems.rewards, result.metric)
+        cand_values = problem_values(cand.problems.rewards, result.metric)
+        if _gate_paired(result, base_values, cand_values, base.problems.categories, policy):
+            return result
+    z = paired.normal_quantile(paired.two_sided(policy.confidence))
+    if (scores := reader.gate_scores(base, cand, result.metric, z, paired_tried)) is not None:
+        _decide_on_scores(result, policy, *scores)
     return result
 
 
 def _gate_paired(result: BenchmarkGate, base_values: dict[Any, float] | None, cand_values: dict[Any, float] | None,
-                 clusters: Callable[[list[Any]], list[str] | None], policy: ResolvedPolicy) -> bool:
-    """The decision on paired per-problem values (either engine's); False, with the reason, when they cannot decide."""
+                 categories: dict[Any, str], policy: ResolvedPolicy) -> bool:
+    """The decision on paired per-problem values; False, with the reason, when they cannot decide."""
     if base_values is None or cand_values is None:
         result.status = "INSUFFICIENT_EVIDENCE"
         result.reasons.append(f"Metric {result.metric!r} is not supported for paired gating")
         return False
-    interval = paired.paired_interval(base_values, cand_values, clusters, policy.confidence)
+    interval = paired.paired_interval(base_values, cand_values, categories, policy.confidence)
     result.n_paired = interval.n if interval else 0
     if interval is None or interval.n < MIN_PAIRED_ITEMS:
         result.status = "INSUFFICIENT_EVIDENCE"
@@ -466,45 +365,6 @@ def _gate_paired(result: BenchmarkGate, base_values: dict[Any, float] | None, ca
     if result.status == "INSUFFICIENT_EVIDENCE" and policy.direction == "higher_is_better":
         result.advice = paired.advice(interval, policy.max_drop)
     return True
-
-
-# NEL 0.2.6 runs: nel gate cannot read them (results.yml, not eval-*.json bundles), so the same rules are applied to
-# what they hold: per-sample scores (nemo-evaluator's per-sample outputs, one row per sample and repeat) paired by
-# sample id, else the task's headline score with its stderr.
-
-
-def _fraction(score: ScoreValue | None) -> tuple[float, float | None] | None:
-    if score is None:
-        return None
-    scale = 100.0 if score.scale == "percent" else 1.0
-    return score.value / scale, (score.stderr / scale if score.stderr is not None else None)
-
-
-def gate_nel_task(name: str, base: tuple[Path, TaskScores], cand: tuple[Path, TaskScores], policy: ResolvedPolicy) -> BenchmarkGate:
-    """One NEL 0.2.6 task against its resolved policy, by the rules gate_benchmark applies to nel-next bundles."""
-    result = BenchmarkGate(benchmark=name, tier=policy.tier, direction=policy.direction, max_drop_threshold=policy.max_drop,
-                           max_relative_drop_threshold=policy.max_relative_drop, metric=policy.metric or "pass@1")
-    base_samples, cand_samples = per_sample_scores(base[0]), per_sample_scores(cand[0])
-    has_samples = bool(base_samples and cand_samples)
-    if has_samples:
-        if _gate_paired(result, problem_values(base_samples, result.metric), problem_values(cand_samples, result.metric),
-                        lambda shared: None, policy):
-            return result
-    else:
-        result.status = "INSUFFICIENT_EVIDENCE"
-        result.reasons.append("Per-sample results (nemo-evaluator-per-sample-outputs) missing or empty")
-    # no paired decision: the headline scores, on the point estimate for advisory only. As nel gate's bundle fallback
-    # has no CI, too few pairs gets none; a run without per-sample outputs gets the unpaired CI from NEL's stderr.
-    base_score, cand_score = _fraction(base[1].headline), _fraction(cand[1].headline)
-    if base_score is None or cand_score is None:
-        return result
-    (base_value, base_se), (cand_value, cand_se) = base_score, cand_score
-    bounds = None
-    if not has_samples and base_se is not None and cand_se is not None:
-        z = paired.normal_quantile(paired.two_sided(policy.confidence))
-        bounds = [base_value - z * base_se, base_value + z * base_se, cand_value - z * cand_se, cand_value + z * cand_se]
-    _decide_on_scores(result, policy, round(base_value, 6), round(cand_value, 6), bounds)
-    return result
 
 
 def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
@@ -531,41 +391,14 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
 
 def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_CONFIDENCE) -> GateResultsOutput:
     """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline under a policy,
-    with the reason per benchmark; two finished nel-next runs or two NEL 0.2.6 runs.
+    with the reason per benchmark; two finished runs of one engine (nel-next's, or NEL 0.2.6's).
     """
     policy_path = Path(request.policy).expanduser()
     policy = load_policy(policy_path)
-    base_nel, cand_nel = _nel_tasks(request.baseline), _nel_tasks(request.candidate)
-    if (base_nel is None) != (cand_nel is None):
-        raise ToolError("baseline and candidate come from different engines (one NEL 0.2.6 run, one nel-next run): their "
-                        "scores are not computed the same way. Gate runs of one engine against each other.")
-    warnings: list[str] = []
-    gate_one: Callable[[str], BenchmarkGate]
-    if base_nel is not None and cand_nel is not None:
-        base_label, cand_label, base_names, cand_names = request.baseline, request.candidate, set(base_nel), set(cand_nel)
-        warnings.append("NEL 0.2.6 runs: `nel gate` reads only nel-next bundles, so its rules were applied here to the "
-                        "tasks' per-sample outputs, paired by sample id (headline scores where a task kept none).")
-
-        def gate_one(name: str) -> BenchmarkGate:
-            return gate_nel_task(name, base_nel[name], cand_nel[name], policy.resolve(name, confidence))
-    else:
-        base_dir, cand_dir = results_dir(request.baseline, "baseline"), results_dir(request.candidate, "candidate")
-        base_bundles, base_warnings = discover(base_dir, "baseline")
-        cand_bundles, cand_warnings = discover(cand_dir, "candidate")
-        base_label, cand_label, base_names, cand_names = str(base_dir), str(cand_dir), set(base_bundles), set(cand_bundles)
-        warnings += base_warnings + cand_warnings
-
-        def gate_one(name: str) -> BenchmarkGate:
-            records = {side: nextresults.paired_records(bundles[name].parent)
-                       for side, bundles in (("baseline", base_bundles), ("candidate", cand_bundles))}
-            for side, side_records in records.items():
-                if lost := nextresults.unanswered(side_records):
-                    warnings.append(f"{side} {name}: {len(lost)} problem(s) had requests that got no answer (infra_error); "
-                                    "nel gate counts them as wrong, as this verdict does: resume_run re-runs them before a "
-                                    "release decision.")
-            return gate_benchmark(name, base_bundles[name], cand_bundles[name], policy.resolve(name, confidence),
-                                  records["baseline"], records["candidate"])
-
+    reader = engines.results_for_pair(request.baseline, request.candidate)
+    base, cand = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
+    warnings = list(dict.fromkeys(base.warnings + cand.warnings))
+    base_names, cand_names = set(base.benchmarks), set(cand.benchmarks)
     missing = sorted(policy.required_benchmarks() - (base_names & cand_names))
     results = [BenchmarkGate(benchmark=name, tier=policy.resolve(name).tier, status="MISSING",
                              reasons=[f"Required benchmark {name!r} not found in evaluation results"]) for name in missing]
@@ -573,29 +406,19 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
         warnings.append(f"Baseline-only benchmarks (no candidate): {', '.join(base_only)}")
     if cand_only := sorted(cand_names - base_names):
         warnings.append(f"Candidate-only benchmarks (no baseline): {', '.join(cand_only)}")
-    results += [gate_one(name) for name in sorted(base_names & cand_names)]
+    for name in sorted(base_names & cand_names):
+        for side, run in (("baseline", base), ("candidate", cand)):
+            if (problems := run.benchmarks[name].problems) is not None and problems.unanswered:
+                warnings.append(f"{side} {name}: {len(problems.unanswered)} problem(s) had requests that got no answer "
+                                "(infra_error); nel gate counts them as wrong, as this verdict does: resume_run re-runs them "
+                                "before a release decision.")
+        results.append(gate_benchmark(reader, name, base.benchmarks[name], cand.benchmarks[name], policy.resolve(name, confidence)))
     verdict, reasons = aggregate(results)
     output = GateResultsOutput(verdict=verdict, verdict_reasons=reasons, benchmarks=results, missing=missing,
-                               warnings=warnings, policy=str(policy_path), baseline=base_label, candidate=cand_label)
+                               warnings=warnings, policy=str(policy_path), baseline=base.label, candidate=cand.label)
     if request.output_dir:
         output.report_path = str(write_report(output, Path(request.output_dir).expanduser()))
     return output
-
-
-def _nel_tasks(value: str) -> dict[str, tuple[Path, TaskScores]] | None:
-    """A NEL 0.2.6 run's tasks (local, host:path, ledger or invocation id), or None when value names no such run."""
-    path = Path(value).expanduser()
-    if path.is_file() or (path.is_dir() and (any(path.glob("eval-*.json")) or any(path.glob("*/eval-*.json")))):
-        return None  # nel-next's bundles
-    try:
-        if not engines.for_record(ledger.get(value.strip())).results_by_location:
-            return None
-    except ToolError:
-        pass  # not a ledger id
-    try:
-        return tasks_by_name(locate_run(value)) or None
-    except ToolError:
-        return None
 
 
 def write_report(output: GateResultsOutput, directory: Path) -> Path:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Annotated, Any
@@ -146,34 +145,6 @@ def paired_delta_ci(deltas: list[float], clusters: list[str] | None = None,
     return round(mean - z * se, 6), round(mean + z * se, 6)
 
 
-def problem_values(rewards: dict[Any, list[float]], metric: str) -> dict[Any, float] | None:
-    """Per-problem values of a gated metric from each problem's rewards (one per repeat): pass@1 (share of repeats
-    with reward > 0) or mean_reward. nel-next's come from nextresults.per_problem_rewards, NEL 0.2.6's from
-    runtree.per_sample_scores."""
-    if metric == "mean_reward":
-        return {p: sum(r) / len(r) for p, r in rewards.items()}
-    if metric == "pass@1":
-        return {p: sum(1 for v in r if v > 0) / len(r) for p, r in rewards.items()}
-    return None
-
-
-def category_clusters(records: dict[tuple[int, int], dict[str, Any]], problems: list[int]) -> list[str] | None:
-    """Each problem's category (nel-next's results.jsonl metadata), or None unless every problem has one."""
-    first: dict[int, dict[str, Any]] = {}
-    for (problem, _repeat), record in records.items():
-        first.setdefault(problem, record)
-    labels = []
-    for problem in problems:
-        record = first.get(problem)
-        if record is None:
-            return None
-        category = (record.get("metadata") or {}).get("category") or (record.get("scoring_details") or {}).get("category")
-        if category is None:
-            return None
-        labels.append(str(category))
-    return labels
-
-
 @dataclass
 class PairedInterval:
     n: int
@@ -188,16 +159,18 @@ class PairedInterval:
 
 
 def paired_interval(base_values: dict[Any, float], cand_values: dict[Any, float],
-                    clusters: Callable[[list[Any]], list[str] | None] | None = None,
+                    categories: dict[Any, str] | None = None,
                     confidence: float = DEFAULT_CONFIDENCE) -> PairedInterval | None:
-    """The one interval of a comparison, over the problems both runs scored; None when they share none."""
+    """The one interval of a comparison, over the problems both runs scored; None when they share none. categories
+    (the baseline's): clustered by them when every shared problem has one."""
     shared = sorted(set(base_values) & set(cand_values))
     if not shared:
         return None
     deltas = [cand_values[p] - base_values[p] for p in shared]
     n = len(shared)
     mean = sum(deltas) / n
-    low, high = paired_delta_ci(deltas, clusters(shared) if clusters else None, confidence)
+    clusters = [categories[p] for p in shared] if categories and all(p in categories for p in shared) else None
+    low, high = paired_delta_ci(deltas, clusters, confidence)
     return PairedInterval(
         n=n, baseline=sum(base_values[p] for p in shared) / n, candidate=sum(cand_values[p] for p in shared) / n,
         delta=mean, low=low, high=high, spread=math.sqrt(sum((d - mean) ** 2 for d in deltas) / n),

@@ -8,7 +8,7 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from quanteval import failures, redact
 from quanteval.clusters import ssh
@@ -27,15 +27,21 @@ from quanteval.engines.nel.runtree import (
     load_json,
     locate_run,
     normal,
+    per_sample_scores,
     repeats,
     run_config,
     task_scores,
+    tasks_by_name,
 )
 from quanteval.engines.runresults import (
     Evidence,
     ExtractScoresOutput,
     Finding,
+    Problems,
     ResultsReader,
+    RunBenchmark,
+    RunBenchmarks,
+    ScoreValue,
     TaskScores,
     TaskValidation,
     ValidateRunInput,
@@ -47,6 +53,7 @@ from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn
 
 MAX_EVIDENCE_PER_CHECK = 5
+PAIRED_MATCH_TOLERANCE = 0.005  # per-sample means must reproduce the headline to within half a point
 
 # Log lines that matter, one pattern per check, written in the regex dialect Python and POSIX ERE
 # (grep -E) share: grep finds the candidate lines (locally or on the cluster), Python sorts them into checks.
@@ -297,10 +304,11 @@ class NelResults(ResultsReader):
     """NEL 0.2.6's invocation directories: a local path, host:path on a cluster, a ledger id or NEL's invocation id."""
 
     name: ClassVar[EngineName] = "nel"
+    title: ClassVar[str] = "NEL 0.2.6"
     reads_by_location: ClassVar[bool] = True
 
     def is_run_dir(self, path: Path) -> bool:
-        return is_task_dir(path) or any(is_task_dir(child) for child in path.iterdir() if child.is_dir())
+        return path.is_dir() and (is_task_dir(path) or any(is_task_dir(child) for child in path.iterdir() if child.is_dir()))
 
     def extract_scores(self, run: str) -> ExtractScoresOutput:
         tree = locate_run(run)
@@ -308,3 +316,65 @@ class NelResults(ResultsReader):
 
     def validate_run(self, request: ValidateRunInput, progress: ProgressFn) -> ValidateRunOutput:
         return validate_run(request, progress)
+
+    # ---------------------------------------------------------------- two runs side by side
+
+    problems_source: ClassVar[str] = "nemo-evaluator-per-sample-outputs"
+
+    def run_benchmarks(self, run: str, side: str) -> RunBenchmarks:
+        """Its tasks by results.yml's names; per-problem rewards are nemo-evaluator's per-sample scores by sample id."""
+        tree = locate_run(run)
+        benchmarks = {}
+        for name, (task_dir, scores) in tasks_by_name(tree).items():
+            samples = per_sample_scores(task_dir)
+            benchmarks[name] = RunBenchmark(name=name, scores=scores, location=task_dir,
+                                            problems=Problems(rewards=samples, unit="sample") if samples else None)
+        return RunBenchmarks(label=tree.label, benchmarks=benchmarks, warnings=[
+            "NEL 0.2.6 runs: `nel gate` and `nel compare` read only nel-next bundles, so their rules were applied here to "
+            "the tasks' per-sample outputs, paired by sample id (headline scores where a task kept none)."])
+
+    def facets(self, run: RunBenchmarks, benchmark: RunBenchmark, checkpoint: str | None) -> dict[str, Any] | None:
+        from quanteval.engines.nel import comparison
+
+        return comparison.facets(benchmark.location, benchmark.scores, checkpoint)
+
+    def compared_scores(self, base: RunBenchmark, cand: RunBenchmark) -> list[tuple[ScoreValue, ScoreValue]]:
+        """The headline scores, or every score both runs have when there is no headline (first 20)."""
+        if base.scores.headline and cand.scores.headline:
+            return [(base.scores.headline, cand.scores.headline)]
+        cand_by_path = {s.path: s for s in cand.scores.scores}
+        return [(s, cand_by_path[s.path]) for s in base.scores.scores if s.path in cand_by_path][:20]
+
+    def paired_values(self, benchmark: RunBenchmark, score: ScoreValue) -> tuple[dict[Any, float] | None, str]:
+        """Each sample's mean score, when their mean reproduces the score (a task's per-sample outputs can hold
+        another metric than its headline)."""
+        if benchmark.problems is None:
+            return None, ""
+        means = {sample: sum(values) / len(values) for sample, values in benchmark.problems.rewards.items()}
+        headline = score.value * (0.01 if score.scale == "percent" else 1.0)
+        if abs(sum(means.values()) / len(means) - headline) > PAIRED_MATCH_TOLERANCE:
+            return None, "per-sample outputs present but they do not reproduce both headline scores, so not paired"
+        return means, ""
+
+    def gate_metric(self, base: RunBenchmark, cand: RunBenchmark) -> str:
+        return "pass@1"
+
+    def gate_scores(self, base: RunBenchmark, cand: RunBenchmark, metric: str, z: float,
+                    paired: bool) -> tuple[float, float, list[float] | None] | None:
+        """The headline scores; their unpaired CI (each run's CI from NEL's stderr) only when no per-sample outputs
+        were paired: as nel gate's bundle fallback has no CI, too few pairs gets none."""
+        base_score, cand_score = _fraction(base.scores.headline), _fraction(cand.scores.headline)
+        if base_score is None or cand_score is None:
+            return None
+        (base_value, base_se), (cand_value, cand_se) = base_score, cand_score
+        bounds = None
+        if not paired and base_se is not None and cand_se is not None:
+            bounds = [base_value - z * base_se, base_value + z * base_se, cand_value - z * cand_se, cand_value + z * cand_se]
+        return round(base_value, 6), round(cand_value, 6), bounds
+
+
+def _fraction(score: ScoreValue | None) -> tuple[float, float | None] | None:
+    if score is None:
+        return None
+    scale = 100.0 if score.scale == "percent" else 1.0
+    return score.value / scale, (score.stderr / scale if score.stderr is not None else None)

@@ -1,19 +1,26 @@
-"""Reading nel-next runs for the result tools: scores and validation of the bundles nextresults parses."""
+"""Reading nel-next runs for the result tools: scores and validation of the bundles nextresults parses, and two runs
+side by side as `nel gate` and `nel compare` read them (bundles found and matched as nel gate finds them)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from quanteval import engines, ledger, redact
 from quanteval.engines.base import EngineName
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import (
+    GATED_METRICS,
     Evidence,
     ExtractScoresOutput,
     Finding,
+    Flip,
+    PairedTest,
+    Problems,
     ResultsReader,
+    RunBenchmark,
+    RunBenchmarks,
     ScoreValue,
     TaskScores,
     TaskValidation,
@@ -21,6 +28,8 @@ from quanteval.engines.runresults import (
     ValidateRunOutput,
     failure_finding,
     infer_scale,
+    model_family,
+    problem_values,
     run_verdict,
 )
 from quanteval.failures import Diagnosis
@@ -146,13 +155,150 @@ def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunO
     return run_verdict(request.run, tasks)
 
 
+def _run_dir(run: str) -> Path:
+    run_dir = next_run_dir(run)
+    if run_dir is None:
+        raise ToolError(f"run '{run}': no nel-next run directory (checkpoint.json, <benchmark>/eval-*.json) there.")
+    return run_dir
+
+
+# ---------------------------------------------------------------- bundles, as nel gate finds and matches them
+
+
+def _bundle_name(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    benchmark = data.get("benchmark") if isinstance(data, dict) else None
+    name = benchmark.get("name") if isinstance(benchmark, dict) else None
+    return str(name) if name else None
+
+
+def is_results_path(path: Path) -> bool:
+    """What nel gate and nel compare read: a run directory, one eval-*.json bundle, or a folder of bundles (in it or
+    one per sub-folder)."""
+    if path.is_file():
+        return path.name.startswith("eval-") and path.suffix == ".json"
+    return path.is_dir() and (nextresults.is_run_dir(path) or any(path.glob("eval-*.json")) or any(path.glob("*/eval-*.json")))
+
+
+def results_dir(value: str, side: str) -> Path:
+    """A run directory, or the folder of one eval-*.json bundle (as nel gate accepts either), or a nel-next run's
+    record id (a SLURM run's results copied from the cluster, shards merged)."""
+    path = Path(value).expanduser()
+    if path.is_file() and path.name.startswith("eval-") and path.suffix == ".json":
+        return path.parent
+    if not path.is_dir():
+        if (recorded := next_run_dir(value)) is not None:
+            return recorded
+        raise ToolError(f"{side} {value}: not a directory. Give the folder `nel eval run -o DIR` wrote (one sub-folder "
+                        "per benchmark), one eval-*.json bundle, or a nel-next run's record id; or, for NEL 0.2.6, "
+                        "the run's directory, host:path, record id or invocation id.")
+    return path
+
+
+def discover(directory: Path, side: str) -> tuple[dict[str, Path], list[str]]:
+    """eval-*.json bundles by benchmark name: in the folder itself, or exactly one per sub-folder (nel gate's rule);
+    a run submitted to SLURM keeps each benchmark one level deeper, in its sub-run."""
+    found: dict[str, Path] = {}
+    warnings: list[str] = []
+
+    def register(path: Path) -> None:
+        name = _bundle_name(path)
+        if name is None:
+            warnings.append(f"{side}: {path} is not a readable eval bundle (no benchmark.name); skipped")
+            return
+        if name in found:
+            raise ToolError(f"{side} {directory}: benchmark {name!r} appears twice ({found[name]} and {path}); keep one.")
+        found[name] = path
+
+    if nextresults.submitted_layout(directory):
+        return {name: bundle.path for name, bundle in nextresults.bundles(directory).items()}, warnings
+    for path in sorted(directory.glob("eval-*.json")):
+        register(path)
+    for sub in sorted(p for p in directory.iterdir() if p.is_dir()):
+        candidates = sorted(sub.glob("eval-*.json"))
+        if len(candidates) == 1:
+            register(candidates[0])
+        elif len(candidates) > 1:
+            warnings.append(f"{side}: {sub} holds {len(candidates)} eval bundles; skipped (nel gate skips it too)")
+    if not found:
+        raise ToolError(f"{side} {directory}: no benchmark results (no eval-*.json bundle in it or in its sub-folders). "
+                        "Give the folder `nel eval run -o DIR` wrote, after the run finished.")
+    return found, warnings
+
+
+def _problems(bench_dir: Path) -> Problems | None:
+    """results.jsonl as nel compare pairs it: rewards by problem_idx (one per repeat), each problem's category (its
+    first record's), and the problems whose requests got no answer."""
+    records = nextresults.paired_records(bench_dir)
+    if not records:
+        return None
+    first: dict[Any, dict[str, Any]] = {}
+    for (problem, _repeat), record in records.items():
+        first.setdefault(problem, record)
+    categories = {problem: str(category) for problem, record in first.items()
+                  if (category := (record.get("metadata") or {}).get("category")
+                      or (record.get("scoring_details") or {}).get("category")) is not None}
+    return Problems(rewards=nextresults.per_problem_rewards(records), unanswered=nextresults.unanswered(records),
+                    categories=categories)
+
+
+def _bundle_scores(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    scores = (data.get("benchmark") or {}).get("scores") if isinstance(data, dict) else None
+    return scores if isinstance(scores, dict) else {}
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _facets(benchmark: RunBenchmark, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
+    facts = nelnext.read_run_facts(run_dir)
+    if facts is None:
+        return None
+    bundle = _bundle(benchmark)
+    config = facts.get("config") or {}
+    entry = next((b for b in config.get("benchmarks") or [] if Path(str(b.get("name"))).stem == bundle.name
+                  or b.get("name") == bundle.name), {})
+    solver = entry.get("solver") or {}
+    service = (config.get("services") or {}).get(solver.get("service") or "", {})
+    generation = {**(service.get("generation") or {}), **(solver.get("generation") or {})}
+    served = facts.get("served") or {}
+    return {
+        "model": model_family(checkpoint or facts.get("checkpoint")),
+        "serving": {"protocol": service.get("protocol"), "served_context": served.get("max_model_len")},
+        "task": bundle.name, "container": "in-process (nel-next)",
+        "prompts": {"system_prompt": solver.get("system_prompt"), "instruction_template": entry.get("instruction_template"),
+                    "fewshot": entry.get("fewshot")},
+        "extra_args": entry.get("params") or {}, "generation": {k: v for k, v in generation.items() if v is not None},
+        "reasoning": {"reasoning_pattern": service.get("reasoning_pattern")}, "repeats": bundle.repeats,
+        "samples": {"problems": bundle.samples, "shuffle_seed": entry.get("shuffle_seed")},
+        "judge": [m for m in (entry.get("scoring") or {}).get("metrics") or [] if "judge" in str(m.get("type", ""))],
+    }
+
+
+def _bundle(benchmark: RunBenchmark) -> nextresults.Bundle:
+    path = benchmark.location
+    return nextresults.Bundle(name=benchmark.name, directory=path.parent, path=path, data=nextresults.load_json(path))
+
+
 class NelNextResults(ResultsReader):
     """nel-next's run directories (checkpoint.json, one bundle per benchmark), named by path or ledger id."""
 
     name: ClassVar[EngineName] = "nel-next"
+    title: ClassVar[str] = "nel-next"
 
     def is_run_dir(self, path: Path) -> bool:
-        return nextresults.is_run_dir(path)
+        return is_results_path(path)
 
     def extract_scores(self, run: str) -> ExtractScoresOutput:
         run_dir = _run_dir(run)
@@ -161,9 +307,74 @@ class NelNextResults(ResultsReader):
     def validate_run(self, request: ValidateRunInput, progress: ProgressFn) -> ValidateRunOutput:
         return _validate_next_run(request, _run_dir(request.run))
 
+    # ---------------------------------------------------------------- two runs side by side
 
-def _run_dir(run: str) -> Path:
-    run_dir = next_run_dir(run)
-    if run_dir is None:
-        raise ToolError(f"run '{run}': no nel-next run directory (checkpoint.json, <benchmark>/eval-*.json) there.")
-    return run_dir
+    problems_source: ClassVar[str] = "results.jsonl"
+
+    def run_benchmarks(self, run: str, side: str) -> RunBenchmarks:
+        directory = results_dir(run, side)
+        found, warnings = discover(directory, side)
+        benchmarks = {}
+        for name, path in found.items():
+            bundle = nextresults.Bundle(name=name, directory=path.parent, path=path, data=nextresults.load_json(path))
+            benchmarks[name] = RunBenchmark(name=name, scores=next_task_scores(bundle), problems=_problems(path.parent),
+                                            location=path)
+        return RunBenchmarks(label=str(directory), benchmarks=benchmarks, warnings=warnings, root=directory)
+
+    def served_checkpoint(self, run: RunBenchmarks) -> str | None:
+        return (nelnext.read_run_facts(run.root) or {}).get("checkpoint") if run.root else None
+
+    def facets(self, run: RunBenchmarks, benchmark: RunBenchmark, checkpoint: str | None) -> dict[str, Any] | None:
+        return _facets(benchmark, run.root, checkpoint) if run.root else None
+
+    def compared_scores(self, base: RunBenchmark, cand: RunBenchmark) -> list[tuple[ScoreValue, ScoreValue]]:
+        """pass@1 per benchmark, as nel compare reports it."""
+        primary = [s for s in (base.scores.headline, cand.scores.headline) if s is not None]
+        return [(primary[0], primary[1])] if len(primary) == 2 else []
+
+    def paired_values(self, benchmark: RunBenchmark, score: ScoreValue) -> tuple[dict[Any, float] | None, str]:
+        if benchmark.problems is None:
+            return None, ""
+        return problem_values(benchmark.problems.rewards, nextresults.PRIMARY_METRIC), ""
+
+    def gate_metric(self, base: RunBenchmark, cand: RunBenchmark) -> str:
+        """nel gate's choice when the policy names none: mean_reward, pass@1, a scorer: metric, by what both bundles score."""
+        base_scores, cand_scores = _bundle_scores(base.location), _bundle_scores(cand.location)
+        shared = [m for m in sorted(set(base_scores) | set(cand_scores))
+                  if isinstance(base_scores.get(m), dict) and isinstance(cand_scores.get(m), dict)
+                  and _float(base_scores[m].get("value")) is not None and _float(cand_scores[m].get("value")) is not None]
+        for preferred in GATED_METRICS:
+            if preferred in shared:
+                return preferred
+        return next((m for m in shared if m.startswith("scorer:")), "mean_reward")
+
+    def gate_scores(self, base: RunBenchmark, cand: RunBenchmark, metric: str, z: float,
+                    paired: bool) -> tuple[float, float, list[float] | None] | None:
+        """The bundles' own scores, with their CI where the bundle gives ci_lower/ci_upper (nel gate's fallback)."""
+        base_metric, cand_metric = _bundle_scores(base.location).get(metric), _bundle_scores(cand.location).get(metric)
+        if not isinstance(base_metric, dict) or not isinstance(cand_metric, dict) or not base_metric or not cand_metric:
+            return None
+        base_value, cand_value = _float(base_metric.get("value")), _float(cand_metric.get("value"))
+        if base_value is None or cand_value is None:
+            return None
+        bounds = [_float(base_metric.get("ci_lower")), _float(base_metric.get("ci_upper")),
+                  _float(cand_metric.get("ci_lower")), _float(cand_metric.get("ci_upper"))]
+        return base_value, cand_value, None if None in bounds else bounds  # type: ignore[return-value]
+
+    def paired_test(self, base: RunBenchmark, cand: RunBenchmark, max_drop: float | None) -> PairedTest | None:
+        """nel compare's McNemar / sign test and verdict; None without per-problem results on both sides."""
+        try:
+            compared = nextresults.compare_bundles(_bundle(base), _bundle(cand),
+                                                   nextresults.DEFAULT_MAX_DROP if max_drop is None else max_drop)
+        except ToolError:
+            return None
+        return PairedTest(
+            metric=compared.metric, test=compared.test, p_value=compared.p_value, n_paired=compared.n_paired,
+            n_regressions=compared.n_regressions, n_improvements=compared.n_improvements, verdict=compared.verdict,
+            baseline_score=compared.baseline_score, candidate_score=compared.candidate_score, delta=compared.delta,
+            regressed=[_flip(f) for f in compared.regressed], improved=[_flip(f) for f in compared.improved])
+
+
+def _flip(flip: nextresults.Flip) -> Flip:
+    return Flip(problem_idx=flip.problem_idx, expected=flip.expected_answer, baseline_answer=flip.baseline_answer,
+                candidate_answer=flip.candidate_answer)
