@@ -216,3 +216,34 @@ def test_a_canary_whose_requests_all_failed_does_not_open_the_gate(tmp_path):
     assert report.verdict == "fail" and "infra_error 1" in report.reasons[0], report.reasons
     with pytest.raises(ToolError, match="requests got no answer"):
         launch_full_run(LaunchFullRunInput(config_path=config))
+
+
+def test_a_shard_in_quantevals_environment_does_not_shard_its_runs_and_a_shard_run_is_named_as_one(tmp_path, monkeypatch):
+    """nel-next evaluates one shard when NEL_SHARD_IDX/NEL_TOTAL_SHARDS (or a SLURM array task's variables) are set,
+    and reports the run complete. quanteval run inside a SLURM array job: its runs are still the whole benchmark. A run
+    made with them by hand is refused by validate_run, naming the shard and the merge."""
+    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+    from quanteval.workflow.results import ValidateRunInput, validate_run
+    from quanteval.workflow.runs import LaunchCanaryInput, WaitForRunInput, launch_canary, wait_for_run
+
+    for variable, value in (("NEL_SHARD_IDX", "0"), ("NEL_TOTAL_SHARDS", "2"), ("SLURM_ARRAY_TASK_ID", "0"),
+                            ("SLURM_ARRAY_TASK_COUNT", "2")):
+        monkeypatch.setenv(variable, value)
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
+    for key, value in {"services.model.url": "http://127.0.0.1:9/v1/chat/completions", "services.model.model": "m",
+                       "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "out")}.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=6))
+    assert wait_for_run(WaitForRunInput(record_id=canary.record_id, timeout_s=240)).status == "succeeded"
+    assert [task.evaluated_samples for task in validate_run(ValidateRunInput(run=canary.record_id)).tasks] == [6]
+
+    by_hand = tmp_path / "by-hand"
+    done = subprocess.run([str(nelnext.nel_binary()), "eval", "run", config, "-O", f"output.dir={by_hand}",
+                           "-O", "benchmarks.0.max_problems=6"], capture_output=True, text=True, timeout=240, check=False,
+                          env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = validate_run(ValidateRunInput(run=str(by_hand)))
+    assert report.verdict == "fail"
+    assert any("3 of 6 samples evaluated: the bundle is shard 0 of 2" in reason and "nel eval merge" in reason
+               for reason in report.reasons), report.reasons

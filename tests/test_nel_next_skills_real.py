@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from processes import running_with
 
+from quanteval import engines
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
@@ -193,3 +194,57 @@ def test_quanteval_evaluate_gives_a_verdict_nel_compare_and_nel_gate_agree_with(
     gated = _nel("gate", "--policy", str(policy), result["baseline"]["run_dir"], result["candidate"]["run_dir"])
     assert result["gate"]["verdict"] == gated["verdict"]
     assert running_with("vllm", str(LOSSY)) == []
+
+
+def test_skills_on_slurm_in_shards_with_repeats_and_max_problems_judges_as_the_local_run(env, served, nel_next_run,
+                                                                                          slurm_cluster, tmp_path):
+    """skills://tiny_math on the test suite's real SLURM (OpenSSH + slurmd on 127.0.0.1), as the documentation
+    describes it: `cluster.shards: 2` (nel-next sets NEL_SHARD_IDX / NEL_TOTAL_SHARDS per job), `repeats: 2` and
+    `max_problems: 40`, through the tools (validate_config, canary, full run, validate_run, compare, gate by record
+    id). Greedy decoding on the same server: every (problem, repeat) is judged as the local run judged that problem."""
+    from quanteval.workflow.compare import CompareResultsInput, compare_results
+    from quanteval.workflow.gate import GateResultsInput, gate_results
+    from quanteval.workflow.validation import ValidateConfigInput, validate_config
+
+    config = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=["skills://tiny_math"], config_path=str(tmp_path / "slurm.yaml"))).config_path
+    export = f"ALL,PATH={nelnext.venv() / 'bin'}:/usr/local/bin:/usr/bin:/bin,NEMO_SKILLS_EXTRA_BENCHMARK_MAP={SHIPPED / 'benchmark_map.json'}"
+    for key, value in (("cluster.hostname", slurm_cluster.ssh_alias), ("cluster.account", "quanteval-test"),
+                       ("cluster.node_pools.default.partition", "debug"), ("cluster.walltime", "00:15:00"),
+                       ("cluster.shards", 2), ("cluster.sbatch_extra_flags", {"export": export}),
+                       ("output.dir", str(slurm_cluster.jobs_dir / tmp_path.name)),
+                       ("services.model.url", served.endpoint_url.split("/v1")[0] + "/v1"),  # the job appends the route
+                       ("services.model.model", served.served_model_name), ("services.model.generation.max_tokens", MAX_TOKENS),
+                       ("benchmarks[0].repeats", 2), ("benchmarks[0].max_problems", 40)):
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    checked = validate_config(ValidateConfigInput(config_path=config))
+    assert checked.valid, [f"{p.key}: {p.message}" for p in checked.problems]
+
+    canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config, limit_samples=6))
+    assert runs.wait_for_run(runs.WaitForRunInput(record_id=canary.record_id, timeout_s=600)).status == "succeeded"
+    full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config))
+    assert len(runs._record(full.record_id).details["slurm_jobs"]) == 2
+    status = runs.wait_for_run(runs.WaitForRunInput(record_id=full.record_id, timeout_s=900))
+    assert status.status == "succeeded", status
+    report = validate_run(ValidateRunInput(run=full.record_id))
+    assert report.verdict == "pass", report.reasons
+    assert [task.evaluated_samples for task in report.tasks] == [80]
+
+    record = runs._record(full.record_id)
+    run_dir = engines.for_record(record).results_dir(record)
+    (bundle,) = nextresults.bundles(run_dir).values()
+    records = nextresults.paired_records(bundle.directory)
+    assert {repeat for _, repeat in records} == {0, 1} and len({problem for problem, _ in records}) == 40
+    local = nextresults.paired_records(next(b for k, b in nextresults.bundles(nel_next_run["run_dir"]).items()
+                                            if k.endswith("tiny_math")).directory)
+    differ = {key: (record["reward"], local[(key[0], 0)]["reward"]) for key, record in records.items()
+              if record["reward"] != local[(key[0], 0)]["reward"]}
+    assert not differ, differ
+
+    compared = compare_results(CompareResultsInput(baseline=canary.record_id, candidate=full.record_id,
+                                                   output_dir=str(tmp_path / "compare")))
+    assert [row.task for row in compared.comparisons] == ["skills:tiny_math"], compared.reasons
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nbenchmarks:\n  skills:tiny_math: {tier: critical, metric: pass@1, max_drop: 0.05}\n")
+    gated = gate_results(GateResultsInput(baseline=full.record_id, candidate=full.record_id, policy=str(policy)))
+    assert gated.verdict == "GO" and gated.benchmarks[0].n_paired == 40, gated

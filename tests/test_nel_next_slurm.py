@@ -196,6 +196,18 @@ def test_a_machine_without_scp_is_told_before_anything_is_submitted(tmp_path, sl
     assert ledger.find(kind="canary") == []
 
 
+def test_files_the_job_reads_by_path_that_the_cluster_lacks_are_named_before_anything_is_recorded(tmp_path, slurm_cluster):
+    """The job reads BYOB files, instruction templates and the NeMo-Skills map its export names on the node: asked
+    over ssh (the login host's file systems are the nodes'), a missing one is named before a record or a job exists."""
+    config = _config(tmp_path, slurm_cluster, extra={
+        "benchmarks[0].instruction_template": str(tmp_path / "gone" / "prompt.md"),
+        "cluster.sbatch_extra_flags": {"export": f"ALL,NEMO_SKILLS_EXTRA_BENCHMARK_MAP={tmp_path / 'gone' / 'map.json'}"}})
+    with pytest.raises(ToolError, match=r"reads 2 file\(s\) by path on the node that .* does not have: .*gone/prompt\.md, "
+                                        r".*gone/map\.json\. Nothing was submitted"):
+        launch_canary(LaunchCanaryInput(config_path=config, limit_samples=2))
+    assert ledger.find(kind="canary") == []
+
+
 def test_apply_cluster_fills_nel_nexts_cluster_from_the_real_cluster(tmp_path, slurm_cluster):
     """The skeleton's ??? for the node pool, walltime, account and user come from sinfo/scontrol/sacctmgr over SSH;
     an api service needs no GPU, so the pool asks for none; nel-next's schema accepts the result."""

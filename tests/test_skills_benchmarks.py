@@ -160,6 +160,24 @@ def test_nemo_skills_prompt_left_out_or_params_given_are_said(shipped, tmp_path)
     assert "eval_type" in problems["skills_params_ignored"]["message"]
 
 
+def test_on_slurm_a_benchmark_registered_only_here_is_refused_until_the_jobs_export_carries_the_map(shipped, tmp_path):
+    """nel-next runs on the node with the environment sbatch gives the job: NEMO_SKILLS_EXTRA_BENCHMARK_MAP set here
+    does not reach it, and the job would fail at start with an unknown benchmark."""
+    path = build_config(BuildConfigInput(engine="nel-next", execution="slurm", deployment="none", model_type="chat_reasoning",
+                                         benchmarks=["skills://tiny_math"], config_path=str(tmp_path / "slurm.yaml"))).config_path
+    for key, value in (("services.model.url", "http://10.0.0.7:8000/v1/chat/completions"), ("services.model.model", "m"),
+                       ("services.model.generation.max_tokens", 16), ("cluster.hostname", "login"),
+                       ("cluster.node_pools.default.partition", "batch"), ("cluster.account", "me"), ("output.dir", "/lustre/me/runs")):
+        set_config_value(SetConfigValueInput(config_path=path, key=key, value=value))
+    problems = {p["rule"]: p for p in _call("validate_config", {"config_path": path})["problems"]}
+    refused = problems["skills_map_not_on_cluster"]
+    assert refused["key"] == "benchmarks[0].name" and str(shipped / "map.json") in refused["message"]
+    assert "cluster.sbatch_extra_flags.export: ALL,NEMO_SKILLS_EXTRA_BENCHMARK_MAP=" in refused["fix"]
+    set_config_value(SetConfigValueInput(config_path=path, key="cluster.sbatch_extra_flags",
+                                         value={"export": "ALL,NEMO_SKILLS_EXTRA_BENCHMARK_MAP=/lustre/me/map.json"}))
+    assert "skills_map_not_on_cluster" not in {p["rule"] for p in _call("validate_config", {"config_path": path})["problems"]}
+
+
 def test_without_nemo_skills_in_nel_nexts_venv_the_refusal_names_the_setup_that_installs_it(tmp_path, monkeypatch):
     bare = tmp_path / "bare-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)

@@ -317,11 +317,11 @@ def benchmark_file_problems(benchmarks: list[Any]) -> list[Problem]:
     return problems
 
 
-def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
+def skills_benchmark_problems(benchmarks: list[Any], cluster: dict[str, Any] | None = None) -> list[Problem]:
     """What stops nel-next's skills:// benchmarks from measuring what NeMo-Skills measures, before anything is served:
     a NeMo-Skills that does not fit nel-next, an unknown name, data not prepared or rows without NeMo-Skills' fields,
-    a METRICS_TYPE nel-next does not grade, NeMo-Skills' prompt not sent. Shared by validate_config and
-    evaluate_quantization's pre-flight."""
+    a METRICS_TYPE nel-next does not grade, NeMo-Skills' prompt not sent; on SLURM (cluster), a benchmark the job
+    cannot find. Shared by validate_config and evaluate_quantization's pre-flight."""
     names = skills.skills_names(benchmarks)
     if not names:
         return []
@@ -334,9 +334,29 @@ def skills_benchmark_problems(benchmarks: list[Any]) -> list[Problem]:
                             f"({nelnext.venv()}), with the grader module nel-next imports. Or run the benchmark with NEL "
                             "0.2.6's ns_* task (its container brings NeMo-Skills).")]
     problems: list[Problem] = []
+    on_slurm = (cluster or {}).get("type") == "slurm"
     for index, name in names.items():
-        problems += _skills_item_problems(index, benchmarks[index], found.benchmarks.get(name) or skills.Benchmark(name, unknown=True))
+        bench = found.benchmarks.get(name) or skills.Benchmark(name, unknown=True)
+        problems += _skills_item_problems(index, benchmarks[index], bench)
+        if on_slurm:
+            problems += _skills_slurm_problems(index, bench, cluster or {})
     return problems
+
+
+def _skills_slurm_problems(index: int, bench: skills.Benchmark, cluster: dict[str, Any]) -> list[Problem]:
+    """On SLURM nel-next runs on the node, with the environment sbatch gives the job (not this process's): a benchmark
+    registered here through NEMO_SKILLS_EXTRA_BENCHMARK_MAP is unknown there unless the job's export carries the map."""
+    export = str((cluster.get("sbatch_extra_flags") or {}).get("export") or "")
+    if not bench.mapped or skills.EXTRA_MAP in export:
+        return []
+    mapping = os.environ.get(skills.EXTRA_MAP, "")
+    return [Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_map_not_on_cluster",
+                    message=f"skills://{bench.name} is registered here through {skills.EXTRA_MAP}={mapping}, but on SLURM "
+                            "nel-next runs on the node with the environment sbatch gives the job, which does not carry it: "
+                            "there the benchmark is unknown and the job fails at start.",
+                    fix=f"Pass it to the job: cluster.sbatch_extra_flags.export: "
+                        f"{'ALL,' if not export else export + ','}{skills.EXTRA_MAP}=<the map's path on the cluster> "
+                        "(the map, its benchmark folders and their data must be readable on the node).")]
 
 
 def _skills_item_problems(index: int, item: dict[str, Any], bench: skills.Benchmark) -> list[Problem]:
@@ -443,7 +463,7 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
         if found:
             severity, rule, message, fix = found
             problems.append(Problem(key=f"benchmarks[{index}]", severity=severity, rule=rule, message=message, fix=fix))
-    problems += skills_benchmark_problems(doc.get("benchmarks") or [])
+    problems += skills_benchmark_problems(doc.get("benchmarks") or [], doc.get("cluster"))
     problems += benchmark_file_problems(doc.get("benchmarks") or [])
     for index, bench in enumerate(doc.get("benchmarks") or []):
         bench_name = str((bench or {}).get("name", ""))
@@ -452,17 +472,6 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
                                     message=f"{bench_name}: nel-next resolves a BYOB file against the directory it runs in; no such file here.",
                                     fix="Give the file's absolute path."))
     return problems
-
-
-def benchmark_file(name: str) -> str | None:
-    """The Python file a benchmark name makes nel-next import (`path/file.py` or `path/file.py:bench`, as its
-    environments.registry._resolve_file_bench reads a name), or None for a built-in, skills://, lm-eval:// ... name."""
-    file_path = name
-    if ":" in name and not name.startswith(("http://", "https://")):
-        candidate = name.rsplit(":", 1)[0]
-        if candidate.endswith(".py"):
-            file_path = candidate
-    return file_path if file_path.endswith(".py") else None
 
 
 def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
@@ -495,7 +504,7 @@ def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path
             found += [(f"services.{name}.container_mounts", run_dir / Path(str(m).split(":")[0]).expanduser())
                       for m in service.get("container_mounts") or []]
     for index, benchmark in enumerate(doc.get("benchmarks") or []):
-        file = benchmark_file(str(benchmark.get("name") or "")) if isinstance(benchmark, dict) else None
+        file = nelnext.benchmark_file(str(benchmark.get("name") or "")) if isinstance(benchmark, dict) else None
         if file:
             found.append((f"benchmarks[{index}].name", run_dir / Path(file).expanduser()))
     return found

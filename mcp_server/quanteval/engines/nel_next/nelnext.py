@@ -75,9 +75,16 @@ def data_home() -> Path:
     return envvars.state_dir() / "nel-next-data"
 
 
+# nel-next evaluates only one shard of each benchmark when these are set (engine/sharding.shard_from_env), and says so
+# nowhere but in the bundle: a run quanteval starts here is the whole benchmark, even when quanteval itself runs inside
+# a SLURM array job. Shards are `cluster.shards` on SLURM, where nel-next sets them in each job's script.
+SHARD_VARIABLES = ("NEL_SHARD_IDX", "NEL_TOTAL_SHARDS", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
+
+
 def child_env() -> dict[str, str]:
-    # The child is another Python: our venv's variables must not leak into it.
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    # The child is another Python: our venv's variables must not leak into it, nor a shard of someone else's.
+    dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", *SHARD_VARIABLES)
+    env = {key: value for key, value in os.environ.items() if key not in dropped}
     env.setdefault("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
     env["XDG_DATA_HOME"] = str(data_home())
     return env
@@ -349,6 +356,56 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], run_di
     except BaseException:
         stop(started, grace_s=5)  # a run its record does not name would run on unwatched: nothing is left running
         raise
+
+
+def benchmark_file(name: str) -> str | None:
+    """The Python file a benchmark name makes nel-next import (`path/file.py` or `path/file.py:bench`, as its
+    environments.registry._resolve_file_bench reads a name), or None for a built-in, skills://, lm-eval:// ... name."""
+    file_path = name
+    if ":" in name and not name.startswith(("http://", "https://")):
+        candidate = name.rsplit(":", 1)[0]
+        if candidate.endswith(".py"):
+            file_path = candidate
+    return file_path if file_path.endswith(".py") else None
+
+
+NODE_ENV_FILES = ("NEMO_SKILLS_EXTRA_BENCHMARK_MAP",)  # variables of the job's export that name a file the node reads
+
+
+def files_read_on_node(config: dict[str, Any], config_dir: Path) -> list[str]:
+    """What a SLURM job of this (composed) config reads by path on the node: BYOB benchmark files, instruction
+    templates (a bare name is one of nel-next's built-ins) and the files the job's export names (a NeMo-Skills
+    benchmark map). Relative paths as nel-next resolves them, against the directory it is started in."""
+    paths: list[str] = []
+    for bench in config.get("benchmarks") or []:
+        if not isinstance(bench, dict):
+            continue
+        paths += [file] if (file := benchmark_file(str(bench.get("name") or ""))) else []
+        template = str(bench.get("instruction_template") or "")
+        paths += [template] if "/" in template else []
+    export = str(((config.get("cluster") or {}).get("sbatch_extra_flags") or {}).get("export") or "")
+    for assignment in export.split(","):
+        variable, _, value = assignment.partition("=")
+        paths += [value] if variable.strip() in NODE_ENV_FILES and value else []
+    return list(dict.fromkeys(str(config_dir / Path(path).expanduser()) for path in paths))
+
+
+def node_files_blocker(checked: dict[str, Any], config_path: str) -> str | None:
+    """For a SLURM config: the files its job reads by path that the cluster's login host does not have (the nodes see
+    its shared file systems), asked over ssh before anything is recorded or submitted."""
+    host = ((checked.get("config") or {}).get("cluster") or {}).get("hostname")
+    if checked.get("cluster") != "slurm" or not host:
+        return None
+    paths = files_read_on_node(checked["config"], Path(config_path).resolve().parent)
+    if not paths:
+        return None
+    command = "for f in " + " ".join(shlex.quote(p) for p in paths) + '; do test -e "$f" || printf "%s\\n" "$f"; done'
+    missing = [line for line in ssh.run_remote(str(host), command, timeout=CHECK_TIMEOUT_S).stdout.splitlines() if line.strip()]
+    if not missing:
+        return None
+    return (f"the SLURM job reads {len(missing)} file(s) by path on the node that {host} does not have: "
+            f"{', '.join(missing[:5])}. Nothing was submitted. Copy them to the cluster at the same path "
+            f"(scp FILE {host}:FILE), or point the config at the cluster's copies.")
 
 
 def submit(record: ledger.Record, config_path: str, overrides: list[str], checked: dict[str, Any],

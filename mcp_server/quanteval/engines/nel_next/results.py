@@ -83,7 +83,12 @@ def _validate_next_bundle(bundle: nextresults.Bundle, request: ValidateRunInput)
     if bundle.metric() is None:
         task.findings.append(Finding(severity="fail", check="scores", message=f"no {nextresults.PRIMARY_METRIC} score in the bundle", evidence=[shown]))
     if expected is not None and evaluated < expected:
-        task.findings.append(Finding(severity="fail", check="samples", message=f"{evaluated} of {expected} samples evaluated", evidence=[shown]))
+        shard = (bundle.data.get("config") or {}).get("shard") or {}
+        why = (f": the bundle is shard {shard.get('idx')} of {shard.get('total')} (problems {shard.get('range')}), run with "
+               "NEL_SHARD_IDX/NEL_TOTAL_SHARDS (or SLURM_ARRAY_TASK_ID) set; merge every shard's run with `nel eval merge "
+               "DIR` and validate the merged run" if int(shard.get("total") or 1) > 1 else "")
+        task.findings.append(Finding(severity="fail", check="samples", message=f"{evaluated} of {expected} samples evaluated{why}",
+                                     evidence=[shown]))
     if error_share > request.max_error_share:
         kinds = ", ".join(f"{name} {count}" for name, count in failed_requests.items()) or "model errors"
         task.findings.append(Finding(severity="fail", check="http_errors", message=(

@@ -100,8 +100,10 @@ def skills_prompts(benchmarks: list[dict]) -> list[RenderedScript]:
 
 
 def check_launchable(config_path: str, overrides: list[str]) -> None:
-    """Refuse before the run is recorded: a config nel-next rejects, or a machine without what the launch runs here."""
-    if problem := nelnext.launch_blocker(nelnext.check_schema(config_path, overrides)):
+    """Refuse before the run is recorded: a config nel-next rejects, a machine without what the launch runs here, or a
+    cluster without the files its job reads by path."""
+    checked = nelnext.check_schema(config_path, overrides)
+    if problem := nelnext.launch_blocker(checked) or nelnext.node_files_blocker(checked, config_path):
         raise ToolError(problem)
 
 

@@ -96,6 +96,7 @@ for name in names:
     data_dir = nel._resolve_data_dir(utils, default_dir)
     data = Path(data_dir) / name.replace(".", "/") / f"{split}.jsonl"
     info = {"metrics_type": getattr(module, "METRICS_TYPE", None) or "", "data_file": str(data), "data_dir": data_dir,
+            "mapped": name in utils.get_extra_benchmark_map(),
             "prompt": prompt(getattr(module, "GENERATION_ARGS", "") or ""), "rows": 0, "bad_row": None}
     if data.is_file():
         with open(data, encoding="utf-8") as handle:
@@ -129,6 +130,7 @@ class Benchmark:
     rows: int = 0
     bad_row: tuple[int, str] | None = None
     prompt: dict[str, Any] | None = None
+    mapped: bool = False  # registered through NEMO_SKILLS_EXTRA_BENCHMARK_MAP in this environment
 
 
 @dataclass
