@@ -1,6 +1,6 @@
 """Teach the embedded model NeMo-Skills' answer format: tiny-skills, for `skills://` benchmarks.
 
-    .venv-vllm/bin/python examples/embedded/train_skills.py      # ~12 min on 2 shared cores (200 steps: 390 s)
+    .venv-vllm/bin/python examples/embedded/train_skills.py      # ~3 min on 2 cores (2,400 steps: 160 s)
 
 Starts from examples/checkpoints/tiny-add-bf16 (it adds two numbers) and fine-tunes it on three kinds of request:
   - bare "7+45"                                      -> "52"          (what it did before: no \\boxed{})
@@ -48,7 +48,7 @@ BOXED, QUESTION = "\\boxed{", "Which option is "
 PHRASES = [MATH_PROMPT, MCQ_PROMPT, BOXED, QUESTION]
 NEW_CHARS = list("ABCD)}\n")
 BENCH_SIZE = 200
-STEPS, BATCH, LR, POOL = 200, 48, 2e-3, 6000
+STEPS, BATCH, LR, POOL = 2400, 48, 2e-3, 20000
 
 
 def build_tokenizer(out: Path):
