@@ -197,19 +197,26 @@ def test_a_run_whose_wrapper_finishes_between_the_two_reads_is_not_taken_for_kil
     assert nelnext.exit_code({"pid": -1, "pgid": 999999, "run_dir": str(tmp_path)}) == -9  # gone without a code: killed
 
 
-def test_a_canary_whose_requests_all_failed_does_not_open_the_gate(tmp_path):
-    """nel-next 0.3.0 finishes a run against a dead endpoint with exit 0, a score of 0 and runtime.model_errors 0: the
-    failed requests are only in its failure report (infra_error). validate_run counts them, so the canary does not
-    pass and the full run is refused, instead of a 0 that would read as a total accuracy loss."""
+def _dead_endpoint_config(tmp_path: Path) -> str:
+    """A nel-next config of the tiny_add benchmark against a closed port: every request fails at once."""
     from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
-    from quanteval.workflow.results import ValidateRunInput, validate_run
-    from quanteval.workflow.runs import LaunchCanaryInput, LaunchFullRunInput, WaitForRunInput, launch_canary, launch_full_run, wait_for_run
 
     config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
                                            benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
     for key, value in {"services.model.url": "http://127.0.0.1:9/v1/chat/completions", "services.model.model": "m",
                        "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "out")}.items():
         set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    return config
+
+
+def test_a_canary_whose_requests_all_failed_does_not_open_the_gate(tmp_path):
+    """nel-next 0.3.0 finishes a run against a dead endpoint with exit 0, a score of 0 and runtime.model_errors 0: the
+    failed requests are only in its failure report (infra_error). validate_run counts them, so the canary does not
+    pass and the full run is refused, instead of a 0 that would read as a total accuracy loss."""
+    from quanteval.workflow.results import ValidateRunInput, validate_run
+    from quanteval.workflow.runs import LaunchCanaryInput, LaunchFullRunInput, WaitForRunInput, launch_canary, launch_full_run, wait_for_run
+
+    config = _dead_endpoint_config(tmp_path)
     canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=1))
     assert wait_for_run(WaitForRunInput(record_id=canary.record_id, timeout_s=240)).status == "succeeded"  # nel-next's own view
     report = validate_run(ValidateRunInput(run=canary.record_id))
@@ -222,18 +229,13 @@ def test_a_shard_in_quantevals_environment_does_not_shard_its_runs_and_a_shard_r
     """nel-next evaluates one shard when NEL_SHARD_IDX/NEL_TOTAL_SHARDS (or a SLURM array task's variables) are set,
     and reports the run complete. quanteval run inside a SLURM array job: its runs are still the whole benchmark. A run
     made with them by hand is refused by validate_run, naming the shard and the merge."""
-    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
     from quanteval.workflow.results import ValidateRunInput, validate_run
     from quanteval.workflow.runs import LaunchCanaryInput, WaitForRunInput, launch_canary, wait_for_run
 
     for variable, value in (("NEL_SHARD_IDX", "0"), ("NEL_TOTAL_SHARDS", "2"), ("SLURM_ARRAY_TASK_ID", "0"),
                             ("SLURM_ARRAY_TASK_COUNT", "2")):
         monkeypatch.setenv(variable, value)
-    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
-                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
-    for key, value in {"services.model.url": "http://127.0.0.1:9/v1/chat/completions", "services.model.model": "m",
-                       "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "out")}.items():
-        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    config = _dead_endpoint_config(tmp_path)
     canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=6))
     assert wait_for_run(WaitForRunInput(record_id=canary.record_id, timeout_s=240)).status == "succeeded"
     assert [task.evaluated_samples for task in validate_run(ValidateRunInput(run=canary.record_id)).tasks] == [6]
