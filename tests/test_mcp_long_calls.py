@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -39,6 +40,7 @@ VENV_BIN = REPO / ".venv" / "bin"
 CLIENTS = REPO / "tests" / "mcp_clients"
 INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
 CLIENT_TIMEOUT_S = 60  # both clients' default request timeout (DEFAULT_REQUEST_TIMEOUT_MSEC in the TypeScript SDK)
+SERVER_DELAY_S = 50  # with vLLM's own start and the runs, every evaluation below outlasts CLIENT_TIMEOUT_S
 
 pytestmark = [
     pytest.mark.skipif(not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not nelnext.nel_binary().is_file(),
@@ -55,6 +57,15 @@ def env(tmp_path: Path) -> dict[str, str]:
                        NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
     environment.pop("QUANTEVAL_VLLM_LAUNCHER", None)
     return environment
+
+
+@pytest.fixture
+def slow_env(env: dict[str, str]) -> dict[str, str]:
+    """env, with each vLLM server starting SERVER_DELAY_S late (the real vLLM, behind a sleep): on a quiet machine the
+    whole evaluation of the tiny model takes under the clients' 60 s, and these tests must outlast that timeout."""
+    vllm = REPO / ".venv-vllm" / "bin" / "python"
+    return env | {"QUANTEVAL_VLLM_LAUNCHER": shlex.join(["bash", "-c", f'sleep {SERVER_DELAY_S}; exec "$0" "$@"', str(vllm),
+                                                          "-m", "vllm.entrypoints.openai.api_server"])}
 
 
 def arguments(tmp_path: Path, **more: object) -> dict[str, object]:
@@ -117,7 +128,8 @@ def inspector(env: dict[str, str], tool: str, **tool_arguments: object) -> dict:
 # ---------------------------------------------------------------- the verdict at the clients' default timeouts
 
 
-def test_the_inspector_cli_gets_the_verdict_from_start_evaluation_and_wait_for_run(env, tmp_path):
+def test_the_inspector_cli_gets_the_verdict_from_start_evaluation_and_wait_for_run(slow_env, tmp_path):
+    env = slow_env
     started = inspector(env, "start_evaluation", evaluation=arguments(tmp_path))
     assert not started.get("isError"), started
     record_id = started["structuredContent"]["record_id"]
@@ -135,7 +147,8 @@ def test_the_inspector_cli_gets_the_verdict_from_start_evaluation_and_wait_for_r
     assert_nothing_left(tmp_path)
 
 
-def test_the_typescript_client_gets_the_one_call_verdict_when_progress_resets_its_timeout(env, tmp_path):
+def test_the_typescript_client_gets_the_one_call_verdict_when_progress_resets_its_timeout(slow_env, tmp_path):
+    env = slow_env
     answer = node_client(env, "one-call", arguments(tmp_path))
     assert "error" not in answer, answer
     result = answer["result"]["structuredContent"]
@@ -152,8 +165,9 @@ def test_the_typescript_client_gets_the_one_call_verdict_when_progress_resets_it
 # ---------------------------------------------------------------- a client that goes away leaves nothing running
 
 
-def test_a_typescript_client_that_times_out_leaves_no_process_and_the_run_cancelled(env, tmp_path):
+def test_a_typescript_client_that_times_out_leaves_no_process_and_the_run_cancelled(slow_env, tmp_path):
     """Its default callTool asks for no progress, so it times out at 60 s and sends notifications/cancelled."""
+    env = slow_env
     answer = node_client(env, "plain-call", arguments(tmp_path))
     assert answer.get("code") == -32001, answer  # "Request timed out": the client gave up, as the issue measured
     assert_nothing_left(tmp_path)
