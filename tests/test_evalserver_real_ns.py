@@ -1,7 +1,7 @@
 """The eval server's nemo-skills backend against the REAL NeMo-Skills `ns eval` (executor none, no containers).
 
 NeMo-Skills is not on the package index: `scripts/setup --dev` builds .venv-nemo-skills/ from
-../shared/vendor/nemo-skills-*.tar.gz or $QUANTEVAL_NEMO_SKILLS_SRC. Without it these tests skip and say why.
+../shared/vendor/nemo-skills-467b057.tar.gz or $QUANTEVAL_NEMO_SKILLS_SRC. Without it these tests skip and say why.
 
 The real `ns eval` takes minutes here (each step starts Python processes that import torch and litellm), so
 one module fixture submits every evaluation at once through the server's POST /jobs and the tests below read
@@ -30,12 +30,12 @@ from quanteval.workflow.evalbackend import ServerSettings
 REPO = Path(__file__).resolve().parent.parent
 NS_VENV = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills")
 NS = NS_VENV / "bin" / "ns"
-SOURCES = [os.environ.get("QUANTEVAL_NEMO_SKILLS_SRC", "")] + glob.glob(str(REPO.parent / "shared/vendor/nemo-skills-*.tar.gz"))
+SOURCES = [os.environ.get("QUANTEVAL_NEMO_SKILLS_SRC", "")] + glob.glob(str(REPO.parent / "shared/vendor/nemo-skills-467b057.tar.gz"))
 
 if not NS.exists():
     source = next((s for s in SOURCES if s and Path(s).exists()), None)
     reason = (f"NeMo-Skills source at {source} but its venv {NS_VENV} is not built: run scripts/setup --dev"
-              if source else "NeMo-Skills is not available: no ../shared/vendor/nemo-skills-*.tar.gz and no "
+              if source else "NeMo-Skills is not available: no ../shared/vendor/nemo-skills-467b057.tar.gz and no "
               "QUANTEVAL_NEMO_SKILLS_SRC, so the real `ns eval` cannot be built here (it is not on the package index)")
     pytest.skip(reason, allow_module_level=True)
 

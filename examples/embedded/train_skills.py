@@ -134,7 +134,7 @@ def write_benchmarks(held: list[tuple[int, int]]) -> tuple[list[tuple[str, str]]
         (folder / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         (folder / "__init__.py").write_text(
             f'# {name}: the embedded tiny-skills model\'s NeMo-Skills benchmark (examples/embedded/train_skills.py)\n'
-            # EVAL_ARGS apart, as NeMo-Skills 8b18f39 (the eval server's `ns eval`) requires; 467b057 reads it too
+            # EVAL_ARGS apart, as NeMo-Skills 8b18f39 required; 467b057 (nel-next's and the eval server's) reads it too
             f'DATASET_GROUP = "{metrics}"\nMETRICS_TYPE = "{metrics}"\nEVAL_ARGS = "++eval_type={metrics}"\n'
             f'GENERATION_ARGS = "++prompt_config={prompt}"\n')
     (BENCH_DIR / "benchmark_map.json").write_text(json.dumps({"tiny_math": "tiny_math", "tiny_mcq": "tiny_mcq"}, indent=1) + "\n")

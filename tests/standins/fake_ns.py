@@ -1,7 +1,7 @@
 """Stand-in for NeMo-Skills' `ns`, kept only for what the real one (tests/test_evalserver_real_ns.py) cannot
 do in a test's time: jobs that take a chosen while (queueing, idempotency, shutdown, scale) and process
 trees that must be stopped. Everything else is checked against the real `ns`; where the two disagreed,
-this file was corrected to match what the real `ns eval` (NeMo-Skills 8b18f39, executor none) does:
+this file was corrected to match what the real `ns eval` (NeMo-Skills 8b18f39, and 467b057 alike; executor none) does:
 
 - `ns eval` exits 0 even when generation failed: `fail*` benchmarks print a traceback, write no
   metrics.json and exit 0 (it used to exit 1, which the real one never does for that);

@@ -1,6 +1,7 @@
 """The eval server's `nemo-skills` backend: one `ns eval` per benchmark (per shard) against the trainer's router.
 
-What the real NeMo-Skills (8b18f39, run with `executor: none`) needs and does, learned by running it:
+What the real NeMo-Skills (467b057, as 8b18f39 before it, run with `executor: none`) needs and does, learned by
+running it:
 - `ns` starts `python -m nemo_skills...` children by name: its venv's bin goes first on PATH;
 - it needs a cluster config; without one given, the server writes an `executor: none` one;
 - it exits 0 even when its generation or summarize step failed: metrics.json is the only proof of success;
