@@ -333,9 +333,11 @@ class NelNextResults(ResultsReader):
         return _facets(benchmark, run.root, checkpoint) if run.root else None
 
     def compared_scores(self, base: RunBenchmark, cand: RunBenchmark) -> list[tuple[ScoreValue, ScoreValue]]:
-        """pass@1 per benchmark, as nel compare reports it."""
-        primary = [s for s in (base.scores.headline, cand.scores.headline) if s is not None]
-        return [(primary[0], primary[1])] if len(primary) == 2 else []
+        """The headline (pass@1) of each benchmark, as nel compare reports it; none when the two differ in metric."""
+        base_score, cand_score = base.scores.headline, cand.scores.headline
+        if base_score is None or cand_score is None or base_score.metric != cand_score.metric:
+            return []
+        return [(base_score, cand_score)]
 
     def paired_values(self, benchmark: RunBenchmark, score: ScoreValue) -> tuple[dict[Any, float] | None, str]:
         if benchmark.problems is None:
