@@ -202,17 +202,13 @@ class Flip(BaseModel):
 class PairedTest:
     """An engine's own paired test of two runs of one benchmark (nel compare's): evidence beside the verdict."""
 
-    metric: str
     test: str  # mcnemar (0/1 rewards) or sign (averaged repeats)
     p_value: float | None
     n_paired: int
-    n_regressions: int
+    n_regressions: int  # problems right in the baseline, wrong in the candidate
     n_improvements: int
     verdict: str  # the engine's PASS / WARN / BLOCK / INCONCLUSIVE
-    baseline_score: float
-    candidate_score: float
-    delta: float
-    regressed: list[Flip]
+    regressed: list[Flip]  # the first flips each way, with both answers
     improved: list[Flip]
 
 

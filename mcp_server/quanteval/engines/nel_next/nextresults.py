@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quanteval.engines.runresults import Flip, PairedTest
 from quanteval.models import ToolError
 
 ALPHA = 0.05
@@ -29,7 +30,6 @@ POWER_80_FACTOR = 2.8  # z_alpha + z_beta, one-sided alpha 0.05 at 80% power: ne
 DEFAULT_MAX_DROP = 0.05  # nel compare's --max-drop default
 PRIMARY_METRIC = "pass@1"
 MAX_FLIPS_SHOWN = 20
-BOOTSTRAP_RESAMPLES = 2000
 # nel-next's failure categories (observability/collector.py) for a request that got no answer. An unreachable or
 # failing endpoint is `infra_error`, counted there and NOT in runtime.model_errors (measured: 2 of 2 requests to a
 # closed port: model_errors 0, failures.infra_error 2). The other categories (empty_response, refusal, format_error)
@@ -202,74 +202,26 @@ def binomial_greater_p(successes: int, trials: int) -> float:
     return min(1.0, tail / 2**trials)
 
 
-def paired_bootstrap_ci(deltas: list[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """95% percentile CI of the mean paired delta (candidate - baseline), fixed seed for reproducible reports."""
-    import numpy as np
-
-    values = np.asarray(deltas, dtype=float)
-    if len(values) < 2:
-        mean = float(values.mean()) if len(values) else 0.0
-        return mean, mean
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-@dataclass
-class Flip:
-    problem_idx: int
-    expected_answer: str | None
-    baseline_answer: str | None
-    candidate_answer: str | None
-
-
-@dataclass
-class PairedComparison:
-    benchmark: str
-    metric: str
-    baseline_score: float
-    candidate_score: float
-    delta: float  # candidate - baseline, 0-1 scale
-    ci_low: float | None
-    ci_high: float | None
-    n_paired: int
-    test: str  # "mcnemar" (binary rewards) or "sign" (averaged repeats / continuous rewards)
-    p_value: float | None
-    n_regressions: int
-    n_improvements: int
-    verdict: str  # PASS / WARN / BLOCK / INCONCLUSIVE, by nel compare's rule
-    reasons: list[str]
-    regressed: list[Flip]
-    improved: list[Flip]
-    unanswered_baseline: set[int] = field(default_factory=set)  # problems whose requests got no answer (see unanswered)
-    unanswered_candidate: set[int] = field(default_factory=set)
-
-
-def _verdict(n_paired: int, regressions: int, improvements: int, p_value: float, test: str,
-             max_drop: float) -> tuple[str, list[str]]:
+def _verdict(n_paired: int, regressions: int, improvements: int, p_value: float, max_drop: float) -> str:
     """nel compare's decision rule (engine.comparison._compute_verdict), on the same numbers."""
     discordant = regressions + improvements
     if n_paired == 0:
-        return "INCONCLUSIVE", ["no paired problems: the runs share no (problem, repeat)"]
+        return "INCONCLUSIVE"  # the runs share no (problem, repeat)
     if discordant == 0:
-        return "PASS", ["no discordant pairs: baseline and candidate got exactly the same problems right"]
+        return "PASS"  # both runs got exactly the same problems right
     effect = (regressions - improvements) / n_paired
     significant = p_value < ALPHA
     if significant and abs(effect) > max_drop and regressions > improvements:
-        return "BLOCK", [f"{test} p={p_value:.4f}, effect={effect:.4f} > {max_drop}: a regression beyond the allowed drop"]
+        return "BLOCK"  # a regression beyond the allowed drop
     if significant:
-        return "WARN", [f"{test} p={p_value:.4f} (significant) but effect {effect:.4f} is within the allowed drop {max_drop}"]
-    detectable = POWER_80_FACTOR / math.sqrt(discordant)
-    if detectable > 2 * max_drop:
-        # nel compare's rule; its message quotes a detectable effect that can exceed 100% and a count of discordant pairs,
-        # which is no number of problems: workflow.paired.advice says how many problems would decide
-        return "INCONCLUSIVE", [f"underpowered by nel compare's rule: {discordant} discordant pairs cannot show a "
-                                f"{max_drop * 100:g}-point regression at 80% power"]
-    return "PASS", [f"{test} p={p_value:.4f} (not significant)"]
+        return "WARN"  # significant, but within the allowed drop
+    # underpowered by nel compare's rule (its message quotes a count of discordant pairs, which is no number of
+    # problems: workflow.paired.advice says how many problems would decide)
+    return "INCONCLUSIVE" if POWER_80_FACTOR / math.sqrt(discordant) > 2 * max_drop else "PASS"
 
 
-def compare_bundles(baseline: Bundle, candidate: Bundle, max_drop: float = DEFAULT_MAX_DROP) -> PairedComparison:
-    """Pair two runs of one benchmark problem by problem: deltas, McNemar / sign test, flips, bootstrap CI, verdict."""
+def compare_bundles(baseline: Bundle, candidate: Bundle, max_drop: float = DEFAULT_MAX_DROP) -> PairedTest:
+    """Pair two runs of one benchmark problem by problem: McNemar / sign test, flips and verdict, as nel compare."""
     base_records, cand_records = paired_records(baseline.directory), paired_records(candidate.directory)
     if not base_records or not cand_records:
         side = "baseline" if not base_records else "candidate"
@@ -290,21 +242,13 @@ def compare_bundles(baseline: Bundle, candidate: Bundle, max_drop: float = DEFAU
         worse = sum(1 for p in shared if base_mean[p] > cand_mean[p])
         better = sum(1 for p in shared if cand_mean[p] > base_mean[p])
     p_value = binomial_greater_p(worse, worse + better)
-    verdict, reasons = _verdict(len(shared), worse, better, p_value, test, max_drop)
-    deltas = [cand_mean[p] - base_mean[p] for p in shared]
-    ci_low, ci_high = paired_bootstrap_ci(deltas) if deltas else (None, None)
 
     def flips(ids: list[int]) -> list[Flip]:
         first = {problem: record for (problem, repeat), record in sorted(base_records.items(), reverse=True)}
         first_cand = {problem: record for (problem, repeat), record in sorted(cand_records.items(), reverse=True)}
-        return [Flip(problem_idx=p, expected_answer=first[p].get("expected_answer"), baseline_answer=_answer(first[p]),
+        return [Flip(problem_idx=p, expected=first[p].get("expected_answer"), baseline_answer=_answer(first[p]),
                      candidate_answer=_answer(first_cand[p])) for p in ids[:MAX_FLIPS_SHOWN]]
 
-    base_score = sum(base_mean.values()) / len(shared) if shared else 0.0
-    cand_score = sum(cand_mean.values()) / len(shared) if shared else 0.0
-    return PairedComparison(
-        benchmark=baseline.name, metric=PRIMARY_METRIC, baseline_score=base_score, candidate_score=cand_score,
-        delta=cand_score - base_score, ci_low=ci_low, ci_high=ci_high, n_paired=len(shared), test=test, p_value=p_value,
-        n_regressions=len(regressed_ids), n_improvements=len(improved_ids), verdict=verdict, reasons=reasons,
-        regressed=flips(regressed_ids), improved=flips(improved_ids),
-        unanswered_baseline=unanswered(base_records), unanswered_candidate=unanswered(cand_records))
+    return PairedTest(test=test, p_value=p_value, n_paired=len(shared), n_regressions=len(regressed_ids),
+                      n_improvements=len(improved_ids), verdict=_verdict(len(shared), worse, better, p_value, max_drop),
+                      regressed=flips(regressed_ids), improved=flips(improved_ids))

@@ -15,7 +15,6 @@ from quanteval.engines.runresults import (
     Evidence,
     ExtractScoresOutput,
     Finding,
-    Flip,
     PairedTest,
     Problems,
     ResultsReader,
@@ -371,17 +370,7 @@ class NelNextResults(ResultsReader):
     def paired_test(self, base: RunBenchmark, cand: RunBenchmark, max_drop: float | None) -> PairedTest | None:
         """nel compare's McNemar / sign test and verdict; None without per-problem results on both sides."""
         try:
-            compared = nextresults.compare_bundles(_bundle(base), _bundle(cand),
-                                                   nextresults.DEFAULT_MAX_DROP if max_drop is None else max_drop)
+            return nextresults.compare_bundles(_bundle(base), _bundle(cand),
+                                               nextresults.DEFAULT_MAX_DROP if max_drop is None else max_drop)
         except ToolError:
             return None
-        return PairedTest(
-            metric=compared.metric, test=compared.test, p_value=compared.p_value, n_paired=compared.n_paired,
-            n_regressions=compared.n_regressions, n_improvements=compared.n_improvements, verdict=compared.verdict,
-            baseline_score=compared.baseline_score, candidate_score=compared.candidate_score, delta=compared.delta,
-            regressed=[_flip(f) for f in compared.regressed], improved=[_flip(f) for f in compared.improved])
-
-
-def _flip(flip: nextresults.Flip) -> Flip:
-    return Flip(problem_idx=flip.problem_idx, expected=flip.expected_answer, baseline_answer=flip.baseline_answer,
-                candidate_answer=flip.candidate_answer)
