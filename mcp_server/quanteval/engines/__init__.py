@@ -125,4 +125,3 @@ def is_nel_next(doc: Any) -> bool:
 
 __all__ = ["Engine", "registered", "EngineName", "by_name", "check_config", "edit_config", "for_config", "for_record",
            "is_nel_next", "known_config", "load_config"]
-

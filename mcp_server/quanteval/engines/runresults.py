@@ -180,7 +180,7 @@ class RunBenchmark:
     name: str
     scores: TaskScores
     problems: Problems | None  # None or no rewards: the run kept no per-problem results
-    location: Path  # the engine's own: a task directory, a bundle file
+    location: Any  # the engine's own handle on it: NEL's task directory, nel-next's bundle (read once)
 
 
 @dataclass

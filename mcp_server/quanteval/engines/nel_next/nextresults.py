@@ -87,7 +87,7 @@ def is_run_dir(path: Path) -> bool:
     return any((place / name).is_file() for place in places for name in ("checkpoint.json", "nel_run.json"))
 
 
-def load_json(path: Path) -> dict[str, Any]:
+def _load_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
@@ -104,7 +104,7 @@ def bundles(run_dir: Path) -> dict[str, Bundle]:
     if (run_dir / "nel_eval.sbatch").is_file():  # a submitted run's sub-runs; a sharded one's are read merged, at the top
         candidates += sorted(run_dir.glob("*/*/eval-*.json"))
     for path in candidates:
-        data = load_json(path)
+        data = _load_json(path)
         name = str((data.get("benchmark") or {}).get("name") or path.parent.name)
         found[name] = Bundle(name=name, directory=path.parent, path=path, data=data)  # the newest wins (sorted by ts)
     return found
@@ -117,7 +117,7 @@ class Outcome:
 
 
 def _checkpoint_outcome(path: Path) -> Outcome:
-    data = load_json(path)
+    data = _load_json(path)
     failed = {str(name): str((info or {}).get("error") or "failed") for name, info in (data.get("failed_benchmarks") or {}).items()}
     return Outcome(completed=list(data.get("completed_benchmarks") or {}), failed=failed)
 

@@ -169,14 +169,15 @@ def _run_dir(run: str) -> Path:
 # ---------------------------------------------------------------- bundles, as nel gate finds and matches them
 
 
-def _bundle_name(path: Path) -> str | None:
+def _read_bundle(path: Path) -> nextresults.Bundle | None:
+    """An eval-*.json bundle, or None when it is unreadable or names no benchmark (nel gate skips it)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     benchmark = data.get("benchmark") if isinstance(data, dict) else None
     name = benchmark.get("name") if isinstance(benchmark, dict) else None
-    return str(name) if name else None
+    return nextresults.Bundle(name=str(name), directory=path.parent, path=path, data=data) if name else None
 
 
 def is_results_path(path: Path) -> bool:
@@ -202,23 +203,24 @@ def results_dir(value: str, side: str) -> Path:
     return path
 
 
-def discover(directory: Path, side: str) -> tuple[dict[str, Path], list[str]]:
+def discover(directory: Path, side: str) -> tuple[dict[str, nextresults.Bundle], list[str]]:
     """eval-*.json bundles by benchmark name: in the folder itself, or exactly one per sub-folder (nel gate's rule);
     a run submitted to SLURM keeps each benchmark one level deeper, in its sub-run."""
-    found: dict[str, Path] = {}
+    found: dict[str, nextresults.Bundle] = {}
     warnings: list[str] = []
 
     def register(path: Path) -> None:
-        name = _bundle_name(path)
-        if name is None:
+        bundle = _read_bundle(path)
+        if bundle is None:
             warnings.append(f"{side}: {path} is not a readable eval bundle (no benchmark.name); skipped")
             return
-        if name in found:
-            raise ToolError(f"{side} {directory}: benchmark {name!r} appears twice ({found[name]} and {path}); keep one.")
-        found[name] = path
+        if bundle.name in found:
+            raise ToolError(f"{side} {directory}: benchmark {bundle.name!r} appears twice ({found[bundle.name].path} and "
+                            f"{path}); keep one.")
+        found[bundle.name] = bundle
 
     if nextresults.submitted_layout(directory):
-        return {name: bundle.path for name, bundle in nextresults.bundles(directory).items()}, warnings
+        return nextresults.bundles(directory), warnings
     for path in sorted(directory.glob("eval-*.json")):
         register(path)
     for sub in sorted(p for p in directory.iterdir() if p.is_dir()):
@@ -249,15 +251,6 @@ def _problems(bench_dir: Path) -> Problems | None:
                     categories=categories)
 
 
-def _bundle_scores(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    scores = (data.get("benchmark") or {}).get("scores") if isinstance(data, dict) else None
-    return scores if isinstance(scores, dict) else {}
-
-
 def _float(value: Any) -> float | None:
     try:
         return None if value is None or isinstance(value, bool) else float(value)
@@ -265,11 +258,10 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _facets(benchmark: RunBenchmark, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
+def _facets(bundle: nextresults.Bundle, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
     facts = nelnext.read_run_facts(run_dir)
     if facts is None:
         return None
-    bundle = _bundle(benchmark)
     config = facts.get("config") or {}
     entry = next((b for b in config.get("benchmarks") or [] if Path(str(b.get("name"))).stem == bundle.name
                   or b.get("name") == bundle.name), {})
@@ -288,11 +280,6 @@ def _facets(benchmark: RunBenchmark, run_dir: Path, checkpoint: str | None) -> d
         "samples": {"problems": bundle.samples, "shuffle_seed": entry.get("shuffle_seed")},
         "judge": [m for m in (entry.get("scoring") or {}).get("metrics") or [] if "judge" in str(m.get("type", ""))],
     }
-
-
-def _bundle(benchmark: RunBenchmark) -> nextresults.Bundle:
-    path = benchmark.location
-    return nextresults.Bundle(name=benchmark.name, directory=path.parent, path=path, data=nextresults.load_json(path))
 
 
 class NelNextResults(ResultsReader):
@@ -318,18 +305,15 @@ class NelNextResults(ResultsReader):
     def run_benchmarks(self, run: str, side: str) -> RunBenchmarks:
         directory = results_dir(run, side)
         found, warnings = discover(directory, side)
-        benchmarks = {}
-        for name, path in found.items():
-            bundle = nextresults.Bundle(name=name, directory=path.parent, path=path, data=nextresults.load_json(path))
-            benchmarks[name] = RunBenchmark(name=name, scores=next_task_scores(bundle), problems=_problems(path.parent),
-                                            location=path)
+        benchmarks = {name: RunBenchmark(name=name, scores=next_task_scores(bundle), problems=_problems(bundle.directory),
+                                         location=bundle) for name, bundle in found.items()}
         return RunBenchmarks(label=str(directory), benchmarks=benchmarks, warnings=warnings, root=directory)
 
     def served_checkpoint(self, run: RunBenchmarks) -> str | None:
         return (nelnext.read_run_facts(run.root) or {}).get("checkpoint") if run.root else None
 
     def facets(self, run: RunBenchmarks, benchmark: RunBenchmark, checkpoint: str | None) -> dict[str, Any] | None:
-        return _facets(benchmark, run.root, checkpoint) if run.root else None
+        return _facets(benchmark.location, run.root, checkpoint) if run.root else None
 
     def compared_scores(self, base: RunBenchmark, cand: RunBenchmark) -> list[tuple[ScoreValue, ScoreValue]]:
         """The headline (pass@1) of each benchmark, as nel compare reports it; none when the two differ in metric."""
@@ -345,7 +329,7 @@ class NelNextResults(ResultsReader):
 
     def gate_metric(self, base: RunBenchmark, cand: RunBenchmark) -> str:
         """nel gate's choice when the policy names none: mean_reward, pass@1, a scorer: metric, by what both bundles score."""
-        base_scores, cand_scores = _bundle_scores(base.location), _bundle_scores(cand.location)
+        base_scores, cand_scores = base.location.scores, cand.location.scores
         shared = [m for m in sorted(set(base_scores) | set(cand_scores))
                   if isinstance(base_scores.get(m), dict) and isinstance(cand_scores.get(m), dict)
                   and _float(base_scores[m].get("value")) is not None and _float(cand_scores[m].get("value")) is not None]
@@ -357,7 +341,7 @@ class NelNextResults(ResultsReader):
     def gate_scores(self, base: RunBenchmark, cand: RunBenchmark, metric: str, z: float,
                     paired: bool) -> tuple[float, float, list[float] | None] | None:
         """The bundles' own scores, with their CI where the bundle gives ci_lower/ci_upper (nel gate's fallback)."""
-        base_metric, cand_metric = _bundle_scores(base.location).get(metric), _bundle_scores(cand.location).get(metric)
+        base_metric, cand_metric = base.location.scores.get(metric), cand.location.scores.get(metric)
         if not isinstance(base_metric, dict) or not isinstance(cand_metric, dict) or not base_metric or not cand_metric:
             return None
         base_value, cand_value = _float(base_metric.get("value")), _float(cand_metric.get("value"))
@@ -370,7 +354,7 @@ class NelNextResults(ResultsReader):
     def paired_test(self, base: RunBenchmark, cand: RunBenchmark, max_drop: float | None) -> PairedTest | None:
         """nel compare's McNemar / sign test and verdict; None without per-problem results on both sides."""
         try:
-            return nextresults.compare_bundles(_bundle(base), _bundle(cand),
+            return nextresults.compare_bundles(base.location, cand.location,
                                                nextresults.DEFAULT_MAX_DROP if max_drop is None else max_drop)
         except ToolError:
             return None
