@@ -346,16 +346,17 @@ def skills_benchmark_problems(benchmarks: list[Any], cluster: dict[str, Any] | N
 def _skills_slurm_problems(index: int, bench: skills.Benchmark, cluster: dict[str, Any]) -> list[Problem]:
     """On SLURM nel-next runs on the node, with the environment sbatch gives the job (not this process's): a benchmark
     registered here through NEMO_SKILLS_EXTRA_BENCHMARK_MAP is unknown there unless the job's export carries the map."""
-    export = str((cluster.get("sbatch_extra_flags") or {}).get("export") or "")
-    if not bench.mapped or skills.EXTRA_MAP in export:
+    variable = nelnext.SKILLS_BENCHMARK_MAP
+    if not bench.mapped or variable in nelnext.job_exports(cluster):
         return []
-    mapping = os.environ.get(skills.EXTRA_MAP, "")
+    export = str((cluster.get("sbatch_extra_flags") or {}).get("export") or "")
+    mapping = os.environ.get(variable, "")
     return [Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_map_not_on_cluster",
-                    message=f"skills://{bench.name} is registered here through {skills.EXTRA_MAP}={mapping}, but on SLURM "
+                    message=f"skills://{bench.name} is registered here through {variable}={mapping}, but on SLURM "
                             "nel-next runs on the node with the environment sbatch gives the job, which does not carry it: "
                             "there the benchmark is unknown and the job fails at start.",
                     fix=f"Pass it to the job: cluster.sbatch_extra_flags.export: "
-                        f"{'ALL,' if not export else export + ','}{skills.EXTRA_MAP}=<the map's path on the cluster> "
+                        f"{'ALL,' if not export else export + ','}{variable}=<the map's path on the cluster> "
                         "(the map, its benchmark folders and their data must be readable on the node).")]
 
 

@@ -369,7 +369,15 @@ def benchmark_file(name: str) -> str | None:
     return file_path if file_path.endswith(".py") else None
 
 
-NODE_ENV_FILES = ("NEMO_SKILLS_EXTRA_BENCHMARK_MAP",)  # variables of the job's export that name a file the node reads
+SKILLS_BENCHMARK_MAP = "NEMO_SKILLS_EXTRA_BENCHMARK_MAP"  # NeMo-Skills' own variable: NAME -> a benchmark folder of one's own
+NODE_ENV_FILES = (SKILLS_BENCHMARK_MAP,)  # variables of the job's export that name a file the node reads
+
+
+def job_exports(cluster: dict[str, Any] | None) -> dict[str, str]:
+    """The variables a SLURM job's `--export` (cluster.sbatch_extra_flags.export, e.g. "ALL,PATH=...,NAME=VALUE")
+    names, with their values ("" for a name given bare)."""
+    export = str(((cluster or {}).get("sbatch_extra_flags") or {}).get("export") or "")
+    return {name.strip(): value for name, _, value in (part.partition("=") for part in export.split(",")) if name.strip()}
 
 
 def files_read_on_node(config: dict[str, Any], config_dir: Path) -> list[str]:
@@ -383,10 +391,7 @@ def files_read_on_node(config: dict[str, Any], config_dir: Path) -> list[str]:
         paths += [file] if (file := benchmark_file(str(bench.get("name") or ""))) else []
         template = str(bench.get("instruction_template") or "")
         paths += [template] if "/" in template else []
-    export = str(((config.get("cluster") or {}).get("sbatch_extra_flags") or {}).get("export") or "")
-    for assignment in export.split(","):
-        variable, _, value = assignment.partition("=")
-        paths += [value] if variable.strip() in NODE_ENV_FILES and value else []
+    paths += [value for name, value in job_exports(config.get("cluster")).items() if name in NODE_ENV_FILES and value]
     return list(dict.fromkeys(str(config_dir / Path(path).expanduser()) for path in paths))
 
 

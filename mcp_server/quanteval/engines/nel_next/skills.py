@@ -45,7 +45,6 @@ SKILLS_GRADED_TYPES = ("math", "multichoice")
 # NeMo-Skills prompt configs that ask for 'Answer: X', and their \boxed{} form (the one nel-next's grading reads).
 BOXED_PROMPTS = {"eval/aai/mcq-4choices": "eval/aai/mcq-4choices-boxed", "eval/aai/mcq-10choices": "eval/aai/mcq-10choices-boxed"}
 ALIAS_MODULE = "nemo_skills.evaluation.evaluator.math_grader"
-EXTRA_MAP = "NEMO_SKILLS_EXTRA_BENCHMARK_MAP"  # NeMo-Skills' own variable: NAME -> a benchmark folder of one's own
 
 _PROBE = r"""
 import difflib, inspect, json, os, sys
@@ -243,7 +242,7 @@ def benchmark_item(name: str, found: Probe | None = None) -> dict[str, Any]:
     if not name.startswith(SCHEME):
         return item
     short = name[len(SCHEME):]
-    key = (short, os.environ.get(EXTRA_MAP, ""))
+    key = (short, os.environ.get(nelnext.SKILLS_BENCHMARK_MAP, ""))
     if key not in _SETTINGS:
         found = found or probe([short])
         bench = found.benchmarks.get(short)
