@@ -26,7 +26,7 @@ from pydantic import Field
 
 from quanteval import engines, redact
 from quanteval.engines.base import unpinned_image
-from quanteval.engines.runresults import CHECK_ITEMS, ResultsReader, RunBenchmark, RunBenchmarks, ScoreValue
+from quanteval.engines.runresults import CHECK_ITEMS, PairedTest, ResultsReader, RunBenchmark, RunBenchmarks, ScoreValue
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import anomaly, paired
@@ -189,7 +189,8 @@ def _unanswered(base: RunBenchmark, cand: RunBenchmark, verdict: str, why: str, 
     return verdict, why
 
 
-def _test_fields(test: Any) -> dict[str, Any]:
+def _test_fields(test: PairedTest | None) -> dict[str, Any]:
+    """The engine's paired test as the row's fields (none without one)."""
     if test is None:
         return {}
     return {"test": test.test, "p_value": test.p_value, "n_paired": test.n_paired, "n_regressions": test.n_regressions,
