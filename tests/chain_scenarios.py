@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tiers import REPO  # tests/ is on sys.path: pytest's rootdir, or the benchmark's own insert
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "checkpoints"
-sys.path.insert(0, str(REPO / "tests"))
 
 from factories import make_checkpoint  # noqa: E402
 

@@ -3,18 +3,47 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
+from tiers import REPO, TIER_MARKERS, lane, user_env
 
 os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 
+# The tier a fixture puts its tests in (tests/tiers.py): using the cluster makes a test a SLURM test.
+FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
+
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help=f"only the fast tier: deselect what tests/tiers.py marks heavy ({', '.join(TIER_MARKERS)})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker, meaning in TIER_MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: {meaning}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tier markers from the fixtures each test uses, and its xdist group: its lane when a heavy marker gives it one,
+    else its module (module-scoped fixtures are then built once). With --fast, the heavy tiers are deselected."""
+    heavy = []
+    for item in items:
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+        markers = {mark.name for mark in item.iter_markers()}
+        item.add_marker(pytest.mark.xdist_group(lane(markers) or item.path.name))
+        if markers & TIER_MARKERS.keys():
+            heavy.append(item)
+    if config.getoption("--fast") and heavy:
+        config.hook.pytest_deselected(items=heavy)
+        dropped = set(heavy)
+        items[:] = [item for item in items if item not in dropped]
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +63,4 @@ def repo() -> Path:
 @pytest.fixture
 def cli_env() -> dict[str, str]:
     """Environment for running the installed console scripts as a user would."""
-    env = dict(os.environ)
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env
+    return user_env()

@@ -12,12 +12,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tiers import BENCH, REPO
+
 from quanteval.engines.nel_next import nelnext
 from quanteval.localproc import free_port
 
-REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
 NEL = nelnext.nel_binary()
 
 

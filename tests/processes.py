@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
-def running_with(*needles: str) -> list[str]:
-    """Command lines (first 200 characters) of live processes whose command line contains every needle."""
+def running_with(*needles: str, state_dir: str | Path | None = None) -> list[str]:
+    """Command lines (first 200 characters) of live processes whose command line contains every needle; with
+    `state_dir`, only those started under that quanteval state dir (QUANTEVAL_STATE_DIR in their environment), so a
+    test on one xdist worker does not see another test's servers of the same checkpoint."""
+    wanted = f"QUANTEVAL_STATE_DIR={state_dir}".encode() if state_dir is not None else None
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            text = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not all(needle in text for needle in needles):
+                continue
+            if wanted is not None and wanted not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
         except OSError:
             continue
-        if all(needle in text for needle in needles):
-            found.append(text[:200])
+        found.append(text[:200])
     return found
+
+
+def own_state_dir() -> str:
+    """The state dir conftest gave the running test."""
+    return os.environ["QUANTEVAL_STATE_DIR"]

@@ -12,11 +12,10 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client
+from tiers import BENCH, REPO
 
 from quanteval.faces.server import build_server
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
 CHECKPOINT = REPO / "examples" / "checkpoints" / "tiny-add-bf16"
 
 

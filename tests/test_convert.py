@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 from factories import make_checkpoint
+from tiers import REPO, requires
 
 from quanteval.configfile import walk
 from quanteval.models import ToolError
@@ -23,9 +24,7 @@ from quanteval.workflow.nelconfig import (
     to_plain,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(),
-                                reason="no nel-next venv: bash scripts/setup builds .venv-nel-next")
+pytestmark = requires("nel-next")
 
 
 def _nel(tmp_path: Path, execution: str, deployment: str, bundle: str = "core_reasoning") -> str:
@@ -126,9 +125,7 @@ def test_convert_config_over_mcp(tmp_path):
     assert result.structured_content["mapped"] and Path(result.structured_content["output_path"]).is_file()
 
 
-NS_VENV = REPO / ".venv-nemo-skills"
-needs_ns = pytest.mark.skipif(not (NS_VENV / "bin" / "python").is_file(),
-                              reason="no NeMo-Skills venv to read METRICS_TYPE from: bash scripts/setup --dev builds it")
+needs_ns = requires("nemo-skills")  # NeMo-Skills' dataset modules say each METRICS_TYPE
 
 
 @needs_ns

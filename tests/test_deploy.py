@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from factories import make_checkpoint
+from tiers import REPO
 
 from quanteval import ledger
 from quanteval.localproc import group_members
@@ -34,7 +35,6 @@ from quanteval.serving.deploy import (
     stop_deployment,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples" / "checkpoints").iterdir())
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
 LLAMA_BF16 = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiers import REPO
 
 from quanteval import ledger
 from quanteval.models import ToolError
@@ -30,7 +31,6 @@ from quanteval.serving.deploy import (
     stop_deployment,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
 CHECKPOINT = REPO / "examples" / "checkpoints" / "llama-tiny-fp8"
 

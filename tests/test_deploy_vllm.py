@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tiers import CHECKPOINTS, REPO, requires
 
 from quanteval.localproc import free_port, group_members
 from quanteval.models import ToolError
@@ -26,12 +27,9 @@ from quanteval.serving.deploy import (
     vllm_venv,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-CHECKPOINTS = REPO / "examples" / "checkpoints"
 W8A8 = CHECKPOINTS / "tiny-add-w8a8"
 
-pytestmark = pytest.mark.skipif(not (vllm_venv() / "bin" / "python").is_file(),
-                                reason="no vLLM venv: bash scripts/setup builds .venv-vllm")
+pytestmark = requires("vllm")
 
 
 def _chat(url: str, model: str, content: str, **extra) -> httpx.Response:

@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+from tiers import REPO
 
 from quanteval.workflow import runs
 from quanteval.workflow.nelconfig import ApplyCheckpointInput, apply_checkpoint, load_config, to_plain
 from quanteval.workflow.tasks import AddTasksInput, add_tasks
 
-REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "data" / "broken_configs"
 CHECKPOINT = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"
 PLANTED = "hf_planted_secret_value_123"

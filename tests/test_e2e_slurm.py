@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tiers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 NVFP4 = REPO / "examples" / "checkpoints" / "qwen3-tiny-nvfp4"
 
 

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
+from tiers import REPO
 
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
 from quanteval.workflow import tasks
 from quanteval.workflow.evalbackend import ServerSettings
 
-REPO = Path(__file__).resolve().parent.parent
 NS_VENV = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills")
 NS = NS_VENV / "bin" / "ns"
 SOURCES = [os.environ.get("QUANTEVAL_NEMO_SKILLS_SRC", "")] + glob.glob(str(REPO.parent / "shared/vendor/nemo-skills-467b057.tar.gz"))

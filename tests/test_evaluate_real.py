@@ -22,20 +22,14 @@ import pytest
 from factories import noise_checkpoint
 from mcp import Client, StdioServerParameters
 from processes import running_with
+from tiers import BENCH, CHECKPOINTS, REPO, requires, user_env
 
 from quanteval.engines.nel_next import nelnext
 from quanteval.workflow.compare import CompareResultsInput, compare_results
 
-REPO = Path(__file__).resolve().parents[1]
-CHECKPOINTS = REPO / "examples" / "checkpoints"
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
 POLICY = REPO / "examples" / "policies" / "tiny_add_release.yaml"  # the demo's: critical, 1.5 points, as NVFP4 releases
-VENV_BIN = REPO / ".venv" / "bin"
 
-pytestmark = pytest.mark.skipif(
-    not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not nelnext.nel_binary().is_file(),
-    reason="needs the vLLM and nel-next venvs: bash scripts/setup builds both",
-)
+pytestmark = requires("vllm", "nel-next")
 
 
 def _nel_compare(baseline: str | Path, candidate: str | Path) -> dict:
@@ -59,10 +53,8 @@ def _processes_serving(checkpoint: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("evaluate-real")
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-               QUANTEVAL_STATE_DIR=str(root / "state"), NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
+    env = user_env(QUANTEVAL_STATE_DIR=str(root / "state"))
     env.pop("QUANTEVAL_LEDGER", None)
-    env.pop("QUANTEVAL_VLLM_LAUNCHER", None)
     return {"root": str(root), "policy": str(POLICY), **{"env": json.dumps(env)}}
 
 
@@ -197,8 +189,7 @@ def test_a_skills_benchmark_nel_next_cannot_run_is_refused_before_anything_is_se
     assert "benchmarks[0]" in said and "`ns prepare_data gsm8k`" in said and "gsm8k/test.jsonl" in said
 
 
-@pytest.mark.skipif(not (REPO / ".venv-nemo-skills" / "bin" / "python").is_file(),
-                    reason="no NeMo-Skills to read the METRICS_TYPE from: scripts/setup --dev builds .venv-nemo-skills")
+@requires("nemo-skills")  # to read the METRICS_TYPE from
 def test_a_skills_benchmark_nel_next_would_not_grade_is_refused_too(state, tmp_path):
     said = _evaluate_refused(state, tmp_path, "skills://ifeval")
     assert "benchmarks[0].name" in said and "METRICS_TYPE 'if'" in said and "measuring nothing" in said

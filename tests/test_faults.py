@@ -1,7 +1,7 @@
 """Faults leave nothing behind: a launch is recorded before it starts, secrets files are private from their creation,
 and bad directories or a broken ledger give errors a person can act on, over MCP as on the CLI.
 
-The slow ones (real vLLM, real sshd) are in test_faults_real.py, run under the heavy lock.
+The slow ones (real vLLM, real sshd) are in test_faults_real.py, in the vLLM and SLURM lanes (tests/tiers.py).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ import httpx
 import pytest
 from mcp import Client
 from processes import running_with
+from tiers import BENCH, REPO, requires
 
 from quanteval import ledger
 from quanteval.engines.nel_next import nelnext
 from quanteval.faces.server import build_server
 from quanteval.localproc import free_port
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
 BF16, W8A8 = REPO / "examples" / "checkpoints" / "tiny-add-bf16", REPO / "examples" / "checkpoints" / "tiny-add-w8a8"
 PLANTED = "planted-hf-token-5c4b3a2d1e"
 
@@ -84,7 +83,7 @@ def no_run_left(tmp_path):
 # ---------------------------------------------------------------- 16: record first, then launch
 
 
-@pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+@requires("nel-next")
 @pytest.mark.parametrize("breakage", ["corrupt", "read-only"])
 def test_a_ledger_that_cannot_record_stops_a_nel_next_launch_before_it_starts(tmp_path, no_run_left, breakage):
     config = _nel_next_config(tmp_path)
@@ -108,7 +107,7 @@ def test_a_ledger_that_cannot_record_stops_a_nel_next_launch_before_it_starts(tm
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
 
 
-@pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+@requires("nel-next")
 def test_a_launch_is_in_the_ledger_before_its_process_and_says_what_started(tmp_path, no_run_left):
     config = _nel_next_config(tmp_path)
     result = call("launch_canary", {"config_path": config, "limit_samples": 2})
@@ -211,7 +210,7 @@ def _evaluate_arguments(output_dir: Path, bench: Path = BENCH) -> dict:
             "output_dir": str(output_dir)}
 
 
-@pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+@requires("nel-next")
 def test_a_read_only_output_directory_is_a_clear_error_naming_it(tmp_path, standin_vllm):
     shared = tmp_path / "shared"
     with read_only(shared):
@@ -226,7 +225,7 @@ def test_a_read_only_output_directory_is_a_clear_error_naming_it(tmp_path, stand
     assert ledger.find(kind="deployment") == []  # refused before anything was served
 
 
-@pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+@requires("nel-next")
 def test_a_benchmark_file_with_a_syntax_error_is_refused_before_anything_is_served(tmp_path, standin_vllm):
     bench = tmp_path / "typo.py"
     bench.write_text(BENCH.read_text().replace("def ", "def def ", 1))

@@ -1,4 +1,4 @@
-"""Faults against the real servers (run under the heavy lock, one at a time machine-wide):
+"""Faults against the real servers (each test in its tier and lane, tests/tiers.py):
 
 - Ctrl-C / SIGTERM to a real `quanteval evaluate` while the real vLLM (CPU build) is still starting: no vLLM process
   is left, and the deployment's record says cancelled (not loading).
@@ -20,27 +20,21 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import running_with
+from processes import own_state_dir, running_with
+from tiers import BENCH, CHECKPOINTS, REPO, VENV_BIN, requires, user_env
 
 from quanteval import ledger
-from quanteval.engines.nel_next import nelnext
 from quanteval.localproc import group_members
 from quanteval.serving.deploy import DeploymentStatusInput, deployment_status
 from quanteval.workflow.evaluate import LOCK_NAME
 
-REPO = Path(__file__).resolve().parents[1]
-CHECKPOINTS = REPO / "examples" / "checkpoints"
 BF16, W8A8 = CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a8"
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
-VENV_BIN = REPO / ".venv" / "bin"
 
 
-@pytest.mark.skipif(not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not nelnext.nel_binary().is_file(),
-                    reason="needs the vLLM and nel-next venvs: bash scripts/setup builds both")
+@requires("vllm", "nel-next")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(tmp_path, signum):
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
-    env.pop("QUANTEVAL_VLLM_LAUNCHER", None)
+    env = user_env()
     argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH),
             "--output-dir", str(tmp_path / "out")]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -72,12 +66,11 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
     assert ledger.find(kind="canary") == []  # nothing was launched against a server that never came up
 
 
-@pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+@requires("nel-next", "slow")
 def test_two_evaluate_calls_on_one_output_dir_the_second_is_refused_and_the_first_unharmed(tmp_path):
     """Two real `quanteval evaluate` processes at once (a stand-in answers for vLLM: serving is not the subject)."""
     standin = REPO / "tests" / "standins" / "fake_inference_server.py"
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", NEMO_EVALUATOR_TELEMETRY_LEVEL="0",
-               QUANTEVAL_VLLM_LAUNCHER=shlex.join([sys.executable, str(standin), "--fake-load-s", "0.2"]))
+    env = user_env(QUANTEVAL_VLLM_LAUNCHER=shlex.join([sys.executable, str(standin), "--fake-load-s", "0.2"]))
     out = tmp_path / "out"
     out.mkdir()
     (out / LOCK_NAME).write_text("pid 999999, since yesterday")  # left by a call that was killed: not in the way
@@ -104,7 +97,7 @@ def test_two_evaluate_calls_on_one_output_dir_the_second_is_refused_and_the_firs
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)  # the lock went with the first call
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["baseline"]["reused"]
-    assert running_with(str(standin)) == []
+    assert running_with(str(standin), state_dir=own_state_dir()) == []
 
 
 def test_ssh_reads_its_config_and_known_hosts_from_the_home_openssh_reads(slurm_cluster, tmp_path):

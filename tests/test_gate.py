@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from next_runs import NEL, make_run, real_nel_run, write_policy
 from results_factory import binary_samples, make_invocation, make_task
+from tiers import requires
 
 from quanteval.models import ToolError
 from quanteval.workflow.gate import GateResultsInput, gate_results
@@ -24,7 +25,7 @@ from quanteval.workflow.paired import t_quantile_975
 
 N_PROBLEMS = 40
 
-pytestmark = pytest.mark.skipif(not NEL.is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+pytestmark = requires("nel-next")
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 from results_factory import DEPLOYMENT, make_invocation, make_task
+from tiers import REPO
 
 from quanteval.engines.base import unpinned_image
 from quanteval.workflow import validation
 from quanteval.workflow.compare import CompareResultsInput, compare_results
 from quanteval.workflow.validation import ValidateConfigInput
 
-REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"
 
 

@@ -1,23 +1,21 @@
 """evaluate_quantization takes minutes; MCP clients give up on a request after 60 s. Driven through real clients nobody
 here wrote, at their default timeouts: the MCP Inspector CLI (one stdio server per call) and the TypeScript SDK's client
-(tests/mcp_clients, installed by `scripts/setup --dev`), with the real vLLM (CPU) and nel-next on the embedded model.
+(tests/mcp_clients, installed by `scripts/setup --dev`), with the real nel-next on the embedded model, served by the
+real vLLM (CPU) where stopping it is checked, and by a stand-in that loads for 50 s where only the length of the call is.
 
 - start_evaluation + wait_for_run reach the verdict from both clients at their defaults;
 - the one-call form reaches it from a client that asks for progress with resetTimeoutOnProgress;
 - a client that goes away mid-call (its request timed out and cancelled, stdio closed, HTTP session deleted) or a
   kill_run leaves no process running, vLLM included, and the ledger says cancelled / stopped.
-
-Heavy (vLLM starts): run under the shared lock, one at a time.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,46 +24,35 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client
-from processes import running_with
+from processes import own_state_dir, running_with
+from tiers import BENCH, CHECKPOINTS, REPO, VENV_BIN, requires, user_env
 
 from quanteval import ledger
-from quanteval.engines.nel_next import nelnext
 from quanteval.workflow import runs
 
-REPO = Path(__file__).resolve().parents[1]
-CHECKPOINTS = REPO / "examples" / "checkpoints"
 BASELINE, CANDIDATE = CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a8"
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
-VENV_BIN = REPO / ".venv" / "bin"
 CLIENTS = REPO / "tests" / "mcp_clients"
 INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
 CLIENT_TIMEOUT_S = 60  # both clients' default request timeout (DEFAULT_REQUEST_TIMEOUT_MSEC in the TypeScript SDK)
-SERVER_DELAY_S = 50  # with vLLM's own start and the runs, every evaluation below outlasts CLIENT_TIMEOUT_S
+SERVER_DELAY_S = 50  # with the runs, every evaluation with a server this slow to load outlasts CLIENT_TIMEOUT_S
 
-pytestmark = [
-    pytest.mark.skipif(not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not nelnext.nel_binary().is_file(),
-                       reason="needs the vLLM and nel-next venvs: bash scripts/setup builds both"),
-    pytest.mark.skipif(shutil.which("node") is None or not INSPECTOR.exists(),
-                       reason="needs node and the MCP clients in tests/mcp_clients: bash scripts/setup --dev installs them"),
-]
+pytestmark = requires("nel-next", "npm", "slow")
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """The test's own state dir (conftest sets it) for every process, and quanteval's console scripts first on PATH."""
-    environment = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                       NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
-    environment.pop("QUANTEVAL_VLLM_LAUNCHER", None)
-    return environment
+    return user_env()
 
 
 @pytest.fixture
 def slow_env(env: dict[str, str]) -> dict[str, str]:
-    """env, with each vLLM server starting SERVER_DELAY_S late (the real vLLM, behind a sleep): on a quiet machine the
-    whole evaluation of the tiny model takes under the clients' 60 s, and these tests must outlast that timeout."""
-    vllm = REPO / ".venv-vllm" / "bin" / "python"
-    return env | {"QUANTEVAL_VLLM_LAUNCHER": shlex.join(["bash", "-c", f'sleep {SERVER_DELAY_S}; exec "$0" "$@"', str(vllm),
-                                                          "-m", "vllm.entrypoints.openai.api_server"])}
+    """env, with a stand-in for vLLM (tests/standins, answering each sum as tiny-add does) that loads for SERVER_DELAY_S:
+    every evaluation outlasts the clients' 60 s, and no CPU is spent on serving, which is not what these tests check
+    (the tests below without it stop the real vLLM)."""
+    standin = REPO / "tests" / "standins" / "fake_inference_server.py"
+    return env | {"QUANTEVAL_VLLM_LAUNCHER": shlex.join([sys.executable, str(standin), "--fake-answers", "sum",
+                                                          "--fake-load-s", str(SERVER_DELAY_S)])}
 
 
 def arguments(tmp_path: Path, **more: object) -> dict[str, object]:
@@ -75,8 +62,11 @@ def arguments(tmp_path: Path, **more: object) -> dict[str, object]:
 
 
 def left_running(tmp_path: Path) -> list[str]:
-    """vLLM on either checkpoint, and anything whose command line names this test's folder (nel runs, the job)."""
-    return [*running_with("vllm", str(BASELINE)), *running_with("vllm", str(CANDIDATE)), *running_with(str(tmp_path))]
+    """A server (vLLM or its stand-in) on either checkpoint started for this test, and anything whose command line
+    names this test's folder (nel runs, the job)."""
+    mine = own_state_dir()
+    return [*running_with("--model", str(BASELINE), state_dir=mine), *running_with("--model", str(CANDIDATE), state_dir=mine),
+            *running_with(str(tmp_path))]
 
 
 def wait_until(condition, timeout_s: float, what: str) -> None:
@@ -174,6 +164,7 @@ def test_a_typescript_client_that_times_out_leaves_no_process_and_the_run_cancel
     assert ledger.find(kind="deployment")  # it got as far as serving
 
 
+@requires("vllm")
 def test_closing_stdio_mid_call_stops_the_servers_and_cancels_the_run(env, tmp_path):
     server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp")], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=env)
@@ -198,6 +189,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@requires("vllm")
 def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_run(env, tmp_path):
     port = _free_port()
     # --root /: over HTTP the root defaults to the working directory, and the checkpoints and output lie apart
@@ -239,6 +231,7 @@ def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_ru
         server.wait(timeout=60)
 
 
+@requires("vllm")
 def test_kill_run_stops_a_started_evaluation_with_its_servers(env, tmp_path):
     started = inspector(env, "start_evaluation", evaluation=arguments(tmp_path))["structuredContent"]
     wait_until(lambda: bool(ledger.find(kind="deployment")), 120, "its first server")

@@ -18,20 +18,19 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import running_with
+from processes import own_state_dir, running_with
+from tiers import BENCH, REPO, requires
 
 from quanteval import ledger
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 
-REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
 BF16 = REPO / "examples" / "checkpoints" / "tiny-add-bf16"
 W8A8 = REPO / "examples" / "checkpoints" / "tiny-add-w8a8"
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
 
-pytestmark = pytest.mark.skipif(not nelnext.nel_binary().is_file(), reason="no nel-next venv: bash scripts/setup builds it")
+pytestmark = requires("nel-next")
 
 BROKEN_BENCH = '''
 from pathlib import Path
@@ -53,7 +52,7 @@ def standin_vllm(monkeypatch) -> str:
 
 
 def _standins_running() -> list[str]:
-    return running_with(str(STANDIN), str(BF16.parent))
+    return running_with(str(STANDIN), str(BF16.parent), state_dir=own_state_dir())
 
 
 def test_a_benchmark_failing_inside_nel_eval_run_fails_the_canary_and_nothing_runs_after_it(standin_vllm, tmp_path):

@@ -3,7 +3,7 @@
 canary and full run (real nel-next, NeMo-Skills 467b057 in its venv) and the eval server's `ns eval` (NeMo-Skills'
 own pipeline, from QUANTEVAL_NS_VENV) evaluate the shipped NeMo-Skills benchmarks on it with greedy decoding, and
 every problem must be judged alike. Then `quanteval evaluate BASE CAND --benchmarks skills://tiny_math` gives a
-verdict that `nel compare` and `nel gate` agree with. Heavy (vLLM, nel-next, `ns eval`): run under the shared lock.
+verdict that `nel compare` and `nel gate` agree with. Heavy (vLLM, nel-next, `ns eval`): the vLLM lane (tests/tiers.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from processes import running_with
+from tiers import CHECKPOINTS, REPO, VENV_BIN, requires
 
 from quanteval import engines
 from quanteval.engines.nel_next import nelnext, nextresults
@@ -29,24 +30,13 @@ from quanteval.workflow.evalbackend import ServerSettings
 from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
 from quanteval.workflow.results import ValidateRunInput, validate_run
 
-REPO = Path(__file__).resolve().parents[1]
-CHECKPOINTS = REPO / "examples" / "checkpoints"
 BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rtn"
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
 NS = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills") / "bin" / "ns"
-VENV_BIN = REPO / ".venv" / "bin"
 MAX_TOKENS = 16
 
 
-def _nel_next_has_nemo_skills() -> bool:
-    python = nelnext.venv() / "bin" / "python"
-    return python.is_file() and subprocess.run([str(python), "-c", "import nemo_skills"], capture_output=True,
-                                               timeout=120, check=False).returncode == 0
-
-
-pytestmark = pytest.mark.skipif(
-    not (REPO / ".venv-vllm" / "bin" / "python").is_file() or not _nel_next_has_nemo_skills() or not BASE.is_dir(),
-    reason="needs the vLLM venv and nel-next's with NeMo-Skills (bash scripts/setup builds both)")
+pytestmark = requires("vllm", "skills-in-nel-next")
 
 
 @pytest.fixture(scope="module")

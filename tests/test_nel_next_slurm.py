@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
+from tiers import BENCH, requires
 
 from quanteval import ledger
 from quanteval.engines.nel_next import nelnext
@@ -41,8 +42,6 @@ from quanteval.workflow.runs import (
 )
 from quanteval.workflow.validation import ValidateConfigInput, validate_config
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
 sys.path.insert(0, str(Path(__file__).parent / "standins"))
 from openai_router import Router  # noqa: E402
 
@@ -60,7 +59,7 @@ def sums_scorer(sample: ScorerInput) -> dict:
 """
 SUMS = [{"question": f"What is {a}+{b}?", "answer": str(a + b)} for a in range(1, 5) for b in range(1, 4)]  # 11 of 12 right
 
-pytestmark = pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(), reason="no nel-next venv")
+pytestmark = requires("nel-next", "slurm")
 
 
 def _config(tmp_path: Path, slurm_cluster, url: str = "http://127.0.0.1:9/v1", model: str = "tiny-add",

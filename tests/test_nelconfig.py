@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from factories import make_checkpoint
+from tiers import REPO
 
 from quanteval import registry
 from quanteval.engines.nel import config as nel_config
@@ -24,7 +25,6 @@ from quanteval.workflow.nelconfig import (
     SetConfigValueInput,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "checkpoints"
 BUNDLES = {"base": ["general_knowledge", "coding", "long_context", "multilingual"], "chat_reasoning": ["core_reasoning", "agentic", "long_context", "multilingual"]}
 COMBINATIONS = list(itertools.product(["local", "slurm"], ["none", "vllm", "sglang", "nim", "trtllm"], ["base", "chat_reasoning"], ["none", "mlflow", "wandb"]))

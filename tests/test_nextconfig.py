@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from factories import make_checkpoint
+from tiers import BENCH, REPO, requires
 
 from quanteval.models import ToolError
 from quanteval.workflow.nelconfig import (
@@ -22,8 +23,6 @@ from quanteval.workflow.nelconfig import (
 )
 from quanteval.workflow.validation import ValidateConfigInput, validate_config
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "examples" / "benchmarks" / "tiny_add.py"
 HAS_NEL_NEXT = (REPO / ".venv-nel-next" / "bin" / "nel").is_file()
 
 
@@ -50,7 +49,7 @@ def test_a_vllm_service_gets_the_model_its_server_flags_and_a_budget_inside_the_
     assert apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(ckpt))).changes == []
 
 
-@pytest.mark.skipif(not HAS_NEL_NEXT, reason="no nel-next venv: bash scripts/setup builds .venv-nel-next")
+@requires("nel-next")
 def test_a_base_model_gets_the_completions_endpoint_and_the_config_is_what_nel_next_accepts(tmp_path):
     base = make_checkpoint(tmp_path / "base", chat_template=None, max_position_embeddings=2048)
     (base / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 40}))

@@ -17,7 +17,6 @@ from quanteval.models import ToolError
 from quanteval.workflow import runs
 from quanteval.workflow.environment import CheckEnvironmentInput, check_environment
 
-REPO = Path(__file__).resolve().parent.parent
 # What NEL 0.2.6 runs here, per executor (executors/slurm: ssh + rsync; executors/local: docker + bash).
 NEEDED = ("ssh", "rsync", "docker", "bash")
 

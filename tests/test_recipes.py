@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiers import REPO
 
 from quanteval import envvars
 from quanteval.engines.nel import recipes
 from quanteval.workflow import tasks
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes" / "tasks").glob("*.md"))
 BASE_CONFIG = REPO / "recipes" / "examples" / "example_eval.yaml"
 REQUIRED_RECIPES = {

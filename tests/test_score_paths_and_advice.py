@@ -10,13 +10,13 @@ from pathlib import Path
 
 import yaml
 from results_factory import make_invocation, make_task
+from tiers import REPO
 
 from quanteval.engines.nel import recipes
 from quanteval.workflow import tasks, validation
 from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
 from quanteval.workflow.validation import ValidateConfigInput
 
-REPO = Path(__file__).resolve().parent.parent
 ADVICE = "Keep the response_stats interceptor on"
 
 

@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import REPO, requires
 
-REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\[setup +(\d+)s\] ")
 SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "install-sglang-parser", "nemo-skills-alias.py")
+
+pytestmark = requires("setup")
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiers import REPO
 
 from quanteval import registry
 from quanteval.faces import cli
 
-REPO = Path(__file__).resolve().parents[1]
 SKILL_FILES = sorted((REPO / "skills").rglob("*.md"))
 DOCS = [*SKILL_FILES, REPO / "README.md"]
 

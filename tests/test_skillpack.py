@@ -21,11 +21,11 @@ import anyio
 import pytest
 from skills_ref.validator import validate
 from test_surface import CONTRACT as CONTRACT_TOOLS
+from tiers import REPO
 
 from quanteval import registry
 from quanteval.faces import skillpack
 
-REPO = Path(__file__).resolve().parents[1]
 SKILLS = ["evaluation", "deployment", "compare-results", "monitor"]
 QUANTEVAL = Path(sys.executable).with_name("quanteval")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client
+from tiers import REPO, requires
 
 from quanteval.engines.nel_next import config as next_config
 from quanteval.engines.nel_next import nelnext, skills
@@ -30,18 +31,11 @@ from quanteval.workflow.nelconfig import (
 from quanteval.workflow.runs import DryRunInput, dry_run
 from quanteval.workflow.tasks import GetTaskRecipeInput, get_task_recipe
 
-REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
 NEL_PYTHON = nelnext.venv() / "bin" / "python"
 
 
-def _has_nemo_skills() -> bool:
-    return NEL_PYTHON.is_file() and subprocess.run([str(NEL_PYTHON), "-c", "import nemo_skills"], capture_output=True,
-                                                   timeout=120, check=False).returncode == 0
-
-
-pytestmark = pytest.mark.skipif(not _has_nemo_skills(), reason="nel-next's venv has no NeMo-Skills: bash "
-                                "scripts/setup-nel-next installs the vendored 467b057 (../shared/vendor)")
+pytestmark = requires("skills-in-nel-next")
 
 
 @pytest.fixture

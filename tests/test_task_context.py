@@ -4,10 +4,8 @@ context with AIME and GPQA."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 from factories import make_checkpoint
+from tiers import requires
 
 from quanteval.workflow.nelconfig import (
     ApplyCheckpointInput,
@@ -19,8 +17,6 @@ from quanteval.workflow.nelconfig import (
 )
 from quanteval.workflow.tasks import AddTasksInput, add_tasks
 from quanteval.workflow.validation import ValidateConfigInput, validate_config
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _problems(config: str) -> dict[tuple[str, str], object]:
@@ -55,7 +51,7 @@ def test_a_long_enough_context_with_a_short_budget_warns_that_answers_are_trunca
     assert truncated.severity == "warning" and "16384" in truncated.fix
 
 
-@pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file(), reason="no nel-next venv: bash scripts/setup builds .venv-nel-next")
+@requires("nel-next")
 def test_a_nel_next_skills_benchmark_is_checked_against_its_recipe_too(tmp_path):
     config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="vllm", model_type="chat_reasoning",
                                            benchmarks=["skills://aime25"], config_path=str(tmp_path / "next.yaml"))).config_path
@@ -66,11 +62,7 @@ def test_a_nel_next_skills_benchmark_is_checked_against_its_recipe_too(tmp_path)
     assert "recipe aime2025" in aime.message and "17408" in aime.message
 
 
-NS_VENV = REPO / ".venv-nemo-skills"
-
-
-@pytest.mark.skipif(not (REPO / ".venv-nel-next" / "bin" / "nel").is_file() or not (NS_VENV / "bin" / "python").is_file(),
-                    reason="needs nel-next's venv and NeMo-Skills' (bash scripts/setup --dev builds both)")
+@requires("nel-next", "nemo-skills")
 def test_a_skills_benchmark_nel_next_does_not_grade_is_an_error_not_a_verdict_of_zero_loss(tmp_path):
     """nel-next 0.3.0 grades NeMo-Skills' math and multichoice metrics; ifbench's 'if' falls back to exact match of the
     whole response (both runs score ~0, 'nothing lost'). The metrics type is read from NeMo-Skills' own dataset module."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiers import REPO
 
 from quanteval.engines.nel import config as nel_config
 from quanteval.serving import frameworks
@@ -18,7 +19,6 @@ from quanteval.workflow import nelconfig, validation
 from quanteval.workflow.nelconfig import ApplyCheckpointInput, BuildConfigInput, SetConfigValueInput
 from quanteval.workflow.validation import ValidateConfigInput
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "checkpoints"
 CORPUS = Path(__file__).resolve().parent / "data" / "broken_configs"
 # The corpus serves the 4096-token tiny model with AIME and GPQA, as the core_reasoning skeleton writes them: those tasks

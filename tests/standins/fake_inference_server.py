@@ -13,12 +13,15 @@ own `--fake-*` options, which go first in the launcher prefix
 
 --fake-workers N starts N child processes, as SGLang starts scheduler/detokenizer processes, and
 --fake-ignore-sigterm makes the server ignore SIGTERM, so stopping must escalate to SIGKILL.
+--fake-answers sum answers each `a+b` prompt with its sum, as the embedded tiny-add does (a verdict of "nothing lost"
+where the serving, not the model, is what a test exercises).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-fail-line", default="RuntimeError: server failed")
     parser.add_argument("--fake-log-lines", type=int, default=0, help="print this many filler lines while loading")
     parser.add_argument("--fake-ignore-sigterm", action="store_true")
+    parser.add_argument("--fake-answers", choices=["hello", "sum"], default="hello",
+                        help="hello: one greeting for every request; sum: the sum of the last `a+b` in the prompt, as the "
+                             "embedded tiny-add answers its benchmark")
     parser.add_argument("model", nargs="?", help="vLLM style: `vllm serve <model>`")
     parser.add_argument("--model-path", "--model")
     parser.add_argument("--served-model-name")
@@ -54,6 +60,13 @@ def main() -> None:  # noqa: C901
     model_path = args.model_path or args.model or "model"
     served_name = args.served_model_name or model_path
     state = {"ready": False}
+
+    def answer(body: dict) -> str:
+        if args.fake_answers == "hello":
+            return "Hello from the stand-in."
+        prompt = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
+        terms = re.findall(r"(-?\d+)\s*\+\s*(-?\d+)", str(prompt))
+        return str(int(terms[-1][0]) + int(terms[-1][1])) if terms else "?"
 
     class Handler(JsonHandler):
         def do_GET(self) -> None:
@@ -81,14 +94,14 @@ def main() -> None:  # noqa: C901
             elif self.path == "/v1/completions":
                 self._send(200, {
                     "id": "cmpl-standin", "object": "text_completion", "model": served_name,
-                    "choices": [{"index": 0, "finish_reason": "stop", "text": " Hello from the stand-in."}],
+                    "choices": [{"index": 0, "finish_reason": "stop", "text": " " + answer(body)}],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
                 })
             else:
                 self._send(200, {
                     "id": "chatcmpl-standin", "object": "chat.completion", "model": served_name,
                     "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "Hello from the stand-in."}}],
+                                 "message": {"role": "assistant", "content": answer(body)}}],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
                 })
 
