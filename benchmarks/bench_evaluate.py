@@ -121,8 +121,8 @@ def responses(run_dir: Path) -> dict[int, str]:
 
 
 def same_responses(hand_dir: Path, ours_dir: Path) -> str:
-    """quanteval serves vLLM on CPU with --enforce-eager, by hand it runs with vLLM's defaults: at temperature 0 the
-    answers must be the same, problem by problem."""
+    """Both serve vLLM with its defaults (the compiled path; quanteval adds --enforce-eager only when asked): at
+    temperature 0 the answers must be the same, problem by problem."""
     hand, ours = responses(hand_dir), responses(ours_dir)
     same = sum(1 for index, text in hand.items() if ours.get(index) == text)
     return f"{same}/{len(hand)} responses identical" + ("" if len(hand) == len(ours) else f" ({len(ours)} ours)")

@@ -27,20 +27,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{marker}: {meaning}")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Tier markers from the fixtures a test uses, and its xdist group: its lane when a heavy marker gives it one,
+    else its module (module-scoped fixtures are then built once). Here, not in modifyitems: xdist reads the groups there."""
+    for fixture, marker in FIXTURE_MARKERS.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(marker)
+    markers = {mark.name for mark in item.iter_markers()}
+    item.add_marker(pytest.mark.xdist_group(lane(markers) or item.path.name))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tier markers from the fixtures each test uses, and its xdist group: its lane when a heavy marker gives it one,
-    else its module (module-scoped fixtures are then built once). With --fast, the heavy tiers are deselected."""
-    heavy = []
-    for item in items:
-        for fixture, marker in FIXTURE_MARKERS.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(marker)
-        markers = {mark.name for mark in item.iter_markers()}
-        item.add_marker(pytest.mark.xdist_group(lane(markers) or item.path.name))
-        if markers & TIER_MARKERS.keys():
-            heavy.append(item)
-    if config.getoption("--fast") and heavy:
+    """With --fast, the heavy tiers are deselected."""
+    if not config.getoption("--fast"):
+        return
+    heavy = [item for item in items if any(item.iter_markers(marker) for marker in TIER_MARKERS)]
+    if heavy:
         config.hook.pytest_deselected(items=heavy)
         dropped = set(heavy)
         items[:] = [item for item in items if item not in dropped]
@@ -53,6 +55,15 @@ def isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("QUANTEVAL_LEDGER", str(state / "ledger.sqlite3"))
     monkeypatch.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
     return state
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`nel eval run` of tiny_add (40 problems) against the stand-in: the nel-next run every variant is made from
+    (tests/next_runs.py), once per session (per xdist worker)."""
+    from next_runs import real_nel_run
+
+    return real_nel_run(tmp_path_factory.mktemp("nel-run") / "run", 40)
 
 
 @pytest.fixture

@@ -148,9 +148,11 @@ def test_baseline_config_from_a_copy_equals_one_built_for_the_baseline(tmp_path:
 def test_switching_to_a_model_without_thinking_removes_every_qwen3_setting(tmp_path: Path) -> None:
     config = built(tmp_path, "q.yaml")
     apply(config, NVFP4)
+    assert "--kv-cache-dtype fp8_e4m3" in str(at(config, "deployment", "extra_args"))  # the NVFP4 example's FP8 KV cache
     result = apply(config, EXAMPLES / "llama-tiny-bf16")
     doc = yaml.safe_load(config.read_text())
-    assert doc["deployment"]["extra_args"] == "--context-length 4096"  # no --reasoning-parser, the new context
+    # no --reasoning-parser, no --kv-cache-dtype (a BF16 KV cache), the new context
+    assert doc["deployment"]["extra_args"] == "--context-length 4096"
     assert doc["deployment"]["served_model_name"] == "llama-tiny-bf16"
     assert "params_to_add" not in doc["evaluation"]["nemo_evaluator_config"]["target"]["api_endpoint"]["adapter_config"]
     assert at(config, *PARAMS, "max_new_tokens") == 3072  # the previous checkpoint's budget was ours: recomputed
@@ -230,6 +232,33 @@ def test_each_single_difference_is_not_comparable_and_named(tmp_path: Path, diff
         difference == "top_k via NeMo-Skills args" and {i.item for i in result.checklist if i.status == "different"} == {"extra_args", "generation"})
     assert any(f"{item} differs" in reason for reason in result.reasons)
     assert result.acceptability == "inconclusive"
+
+
+def test_a_candidate_served_with_its_own_kv_cache_is_comparable_and_the_kv_cache_is_named(tmp_path: Path) -> None:
+    """apply_checkpoint serves an FP8-KV checkpoint with --kv-cache-dtype and its BF16 baseline without: that flag is
+    the candidate's quantization, not a serving difference, and the reasons say part of the delta is the KV cache."""
+    fp8 = DEPLOYMENT | {"checkpoint_path": str(EXAMPLES / "llama-tiny-fp8"), "extra_args": "--max-model-len 4096 --kv-cache-dtype fp8"}
+    # the checkpoints as evaluate_quantization passes them (NEL 0.2.6's reader records none of its own)
+    result = compared(tmp_path, *pair(tmp_path, {}, {"deployment": fp8}), baseline_checkpoint=str(EXAMPLES / "llama-tiny-bf16"),
+                      candidate_checkpoint=str(EXAMPLES / "llama-tiny-fp8"))
+    assert result.comparability == "comparable", result.reasons
+    assert [i.item for i in result.checklist if i.status != "same"] == []
+    assert "KV cache: the baseline's is 16-bit, the candidate's FP8: part of the delta is the KV cache" in " ".join(result.reasons)
+    # another KV-cache dtype than the checkpoint's is a serving choice: not comparable, named as such
+    other = compared(tmp_path, *pair(tmp_path / "other", {}, {"deployment": fp8 | {"extra_args": "--max-model-len 4096 --kv-cache-dtype fp8_e5m2"}}))
+    assert other.comparability == "not comparable"
+    assert any("serving differs [--kv-cache-dtype]" in reason for reason in other.reasons), other.reasons
+
+
+def test_a_kv_cache_difference_between_the_checkpoints_is_named_only_when_there_is_one(tmp_path: Path) -> None:
+    bf16, fp8, nvfp4 = (str(EXAMPLES / name) for name in ("llama-tiny-bf16", "llama-tiny-fp8", "qwen3-tiny-nvfp4"))
+    named = compare.kv_cache_difference(bf16, fp8)
+    assert named is not None and named.startswith("KV cache: the baseline's is 16-bit, the candidate's FP8:")
+    assert compare.kv_cache_difference(fp8, bf16).startswith("KV cache: the baseline's is FP8, the candidate's 16-bit:")
+    assert compare.kv_cache_difference(fp8, nvfp4) is None  # both FP8 KV (NVFP4 weights)
+    assert compare.kv_cache_difference(bf16, bf16) is None
+    assert compare.kv_cache_difference(bf16, str(tmp_path / "not-here")) is None  # unreadable: not guessed
+    assert compare.kv_cache_difference(bf16, None) is None
 
 
 def test_a_different_model_family_is_not_comparable(tmp_path: Path) -> None:

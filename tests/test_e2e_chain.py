@@ -45,9 +45,12 @@ def test_the_baseline_config_keeps_nothing_of_the_quantized_checkpoint(transcrip
     assert "evaluation" not in (b["execution"].get("mounts") or {}) and "qwen3-tiny-nvfp4" not in baseline.read_text()
     assert b["deployment"]["checkpoint_path"] == "/lustre/fs1/models/qwen3-tiny-bf16"
     assert b["deployment"]["served_model_name"] == "qwen3-tiny-bf16"
-    # everything else that moves a score is the same as the quantized run's
+    # everything else that moves a score is the same as the quantized run's, but the KV cache: the quantized
+    # checkpoint's is FP8 (served with --kv-cache-dtype), the baseline's 16-bit
     assert b["evaluation"]["tasks"] == q["evaluation"]["tasks"]
-    assert b["deployment"]["extra_args"] == q["deployment"]["extra_args"]
+    assert q["deployment"]["extra_args"] == b["deployment"]["extra_args"].replace(
+        "--context-length 40960", "--context-length 40960 --kv-cache-dtype fp8_e4m3")
+    assert "--kv-cache-dtype" not in b["deployment"]["extra_args"]
     q_params, b_params = (d["evaluation"]["nemo_evaluator_config"]["config"]["params"] for d in (q, b))
     assert b_params == q_params
 
@@ -65,5 +68,5 @@ def test_the_llama_config_has_no_thinking_settings(transcripts: dict[str, tuple]
     _, _, config = transcripts["fp8-llama-vllm-local"]
     doc = yaml.safe_load(config.read_text())
     assert "params_to_add" not in doc["evaluation"]["nemo_evaluator_config"]["target"]["api_endpoint"]["adapter_config"]
-    assert doc["deployment"]["extra_args"] == "--max-model-len 4096"
+    assert doc["deployment"]["extra_args"] == "--max-model-len 4096 --kv-cache-dtype fp8"  # its FP8 KV cache
     assert doc["evaluation"]["nemo_evaluator_config"]["config"]["params"]["max_new_tokens"] == 3072

@@ -1,7 +1,7 @@
 """Faults against the real servers (each test in its tier and lane, tests/tiers.py):
 
-- Ctrl-C / SIGTERM to a real `quanteval evaluate` while the real vLLM (CPU build) is still starting: no vLLM process
-  is left, and the deployment's record says cancelled (not loading).
+- Ctrl-C / SIGTERM to a real `quanteval evaluate` while the server is still starting (SIGTERM: the real vLLM CPU
+  build; Ctrl-C: a stand-in with child processes): no server process is left, and the record says cancelled.
 - Two real `quanteval evaluate` calls on one output directory: the second is refused, naming the first.
 - SSH reads its config and known_hosts from the one home OpenSSH reads (the passwd home), against the real sshd.
 """
@@ -31,10 +31,18 @@ from quanteval.workflow.evaluate import LOCK_NAME
 BF16, W8A8 = CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a8"
 
 
-@requires("vllm", "nel-next")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(tmp_path, signum):
-    env = user_env()
+STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
+# A stand-in that loads for two minutes with two child processes (as vLLM's engine core and worker): the signal path
+# is the same; the real vLLM's own process tree is the sigterm case's.
+LOADING_STANDIN = shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "120", "--fake-workers", "2"])
+
+
+@pytest.mark.parametrize(("signum", "launcher"), [
+    pytest.param(signal.SIGINT, LOADING_STANDIN, id="ctrl-c", marks=requires("nel-next", "slow")),
+    pytest.param(signal.SIGTERM, None, id="sigterm", marks=requires("vllm", "nel-next")),
+])
+def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(tmp_path, signum, launcher):
+    env = user_env(**({"QUANTEVAL_VLLM_LAUNCHER": launcher} if launcher else {}))
     argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH),
             "--output-dir", str(tmp_path / "out")]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -45,9 +53,9 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
         time.sleep(8)  # well inside its ~50 s start: the engine is loading, /health does not answer yet
         (deployment,) = ledger.find(kind="deployment")
         assert deployment.status == "loading" and group_members(deployment.details["pgid"])
-        assert running_with("vllm", str(BF16))
+        assert serving_bf16()
         child.send_signal(signum)
-        _, stderr = child.communicate(timeout=90)
+        _, stderr = child.communicate(timeout=240)  # it stops the server first: slower on a loaded machine
     finally:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
@@ -56,7 +64,7 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
                 os.killpg(record.details["pgid"], signal.SIGKILL)
     assert child.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr
-    assert running_with("vllm", str(BF16)) == []
+    assert serving_bf16() == []
     (deployment,) = ledger.find(kind="deployment")
     assert deployment.status == "cancelled", [e.status for e in ledger.events(deployment.id)]
     assert group_members(deployment.details["pgid"]) == []
@@ -67,10 +75,14 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
 
 
 @requires("nel-next", "slow")
+def serving_bf16() -> list[str]:
+    """The server (vLLM or the stand-in) this test's evaluate started for the baseline."""
+    return running_with("--model", str(BF16), state_dir=own_state_dir())
+
+
 def test_two_evaluate_calls_on_one_output_dir_the_second_is_refused_and_the_first_unharmed(tmp_path):
     """Two real `quanteval evaluate` processes at once (a stand-in answers for vLLM: serving is not the subject)."""
-    standin = REPO / "tests" / "standins" / "fake_inference_server.py"
-    env = user_env(QUANTEVAL_VLLM_LAUNCHER=shlex.join([sys.executable, str(standin), "--fake-load-s", "0.2"]))
+    env = user_env(QUANTEVAL_VLLM_LAUNCHER=shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"]))
     out = tmp_path / "out"
     out.mkdir()
     (out / LOCK_NAME).write_text("pid 999999, since yesterday")  # left by a call that was killed: not in the way
@@ -97,7 +109,7 @@ def test_two_evaluate_calls_on_one_output_dir_the_second_is_refused_and_the_firs
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)  # the lock went with the first call
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["baseline"]["reused"]
-    assert running_with(str(standin), state_dir=own_state_dir()) == []
+    assert running_with(str(STANDIN), state_dir=own_state_dir()) == []
 
 
 def test_ssh_reads_its_config_and_known_hosts_from_the_home_openssh_reads(slurm_cluster, tmp_path):

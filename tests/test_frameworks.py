@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from factories import MODELOPT_ALGOS, OTHER_METHODS, make_checkpoint, make_modelopt_mix  # noqa: E402
 from framework_oracle import sglang_available, sglang_resolve, vllm_resolve  # noqa: E402
+from tiers import requires  # noqa: E402
 
 from quanteval.serving import frameworks  # noqa: E402
 from quanteval.serving.checkpoint import CheckpointReport, InspectCheckpointInput, inspect_checkpoint  # noqa: E402
@@ -274,3 +275,92 @@ def test_the_framework_list_is_written_only_in_frameworks_py() -> None:
             if len(set(names) & set(frameworks.FRAMEWORKS)) >= 2 and (where, names) not in OTHER_FACTS:
                 copies.append(f"{where}:{node.lineno} {names}")
     assert copies == []
+
+
+# --- KV cache: the checkpoint's KV-cache precision in the server flags ------------------------------
+
+# An FP8 KV cache in each form a checkpoint states it, made by the factories: ModelOpt's hf_quant_config.json
+# (kv_cache_quant_algo), ModelOpt's config.json quantization_config (kv_cache_scheme), and compressed-tensors'
+# (kv_cache_scheme, as llm-compressor writes it).
+FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+
+
+def _fp8_kv_checkpoint(root: Path, form: str) -> Path:
+    if form == "modelopt-hf_quant_config":
+        return make_checkpoint(root, quant="FP8", legacy_modelopt=True)
+    if form == "modelopt-config.json":
+        return make_checkpoint(root, quant="FP8", legacy_modelopt=False)
+    make_checkpoint(root, quant="compressed-tensors")
+    config = json.loads((root / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = FP8_KV_SCHEME
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+KV_FORMS = ("modelopt-hf_quant_config", "modelopt-config.json", "compressed-tensors")
+
+
+def _kv_flags(args: list[str]) -> list[str]:
+    return [value for flag, value in zip(args, args[1:], strict=False) if flag == "--kv-cache-dtype"]
+
+
+# vLLM's parser runs from .venv-vllm (scripts/setup builds it); SGLang's imports in this venv.
+PARSED_FRAMEWORKS = [pytest.param("vllm", marks=requires("vllm-venv")), "sglang"]
+
+
+@pytest.mark.parametrize("framework", PARSED_FRAMEWORKS)
+@pytest.mark.parametrize("form", KV_FORMS)
+def test_an_fp8_kv_cache_is_served_with_its_flag_and_the_frameworks_parser_accepts_it(tmp_path, form, framework):
+    """The flag is in inspect_checkpoint's deployment_flags and in the plan, once, and the framework's own parser
+    (vLLM 0.32's from .venv-vllm, SGLang 0.5.23's ServerArgs) accepts the planned arguments."""
+    checkpoint = _fp8_kv_checkpoint(tmp_path / "ckpt", form)
+    expected = {"vllm": "fp8", "sglang": "fp8_e4m3"}[framework]
+    report = inspect_checkpoint(InspectCheckpointInput(checkpoint=str(checkpoint)))
+    assert report.quantization.kv_cache_quant_algo == "FP8"
+    flags = report.deployment_flags[framework]
+    assert _kv_flags(flags.args) == [expected]
+    assert any(note.startswith(f"--kv-cache-dtype {expected} added") for note in flags.notes), flags.notes
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework=framework, gpu_type="H100"))
+    assert _kv_flags(plan.server_args) == [expected]
+    assert any("Model-Optimizer#2192" in note for note in plan.notes), plan.notes
+    assert plan.parser_check.checked and plan.parser_check.ok, plan.parser_check.message
+
+
+def test_tensorrt_llm_gets_no_kv_cache_flag(tmp_path):
+    report = inspect_checkpoint(InspectCheckpointInput(checkpoint=str(_fp8_kv_checkpoint(tmp_path / "ckpt", KV_FORMS[0]))))
+    assert report.deployment_flags["trtllm"].args == ["--max_seq_len", "4096"]
+    assert not [note for note in report.deployment_flags["trtllm"].notes if "KV" in note]
+
+
+def test_a_bf16_checkpoint_gets_no_kv_cache_flag(tmp_path):
+    report = inspect_checkpoint(InspectCheckpointInput(checkpoint=str(make_checkpoint(tmp_path / "bf16"))))
+    assert all(not _kv_flags(flags.args) and not [n for n in flags.notes if "KV" in n] for flags in report.deployment_flags.values())
+
+
+@pytest.mark.parametrize("given", [["--kv-cache-dtype", "fp8_e5m2"], ["--kv-cache-dtype=fp8_e5m2"]])
+@pytest.mark.parametrize("framework", ["vllm", "sglang"])
+def test_a_kv_cache_dtype_in_extra_args_replaces_the_checkpoints_and_the_server_gets_one(tmp_path, framework, given):
+    checkpoint = _fp8_kv_checkpoint(tmp_path / "ckpt", KV_FORMS[0])
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework=framework, gpu_type="H100",
+                                               extra_args=given, check_args=False))
+    assert sum(arg.split("=")[0] == "--kv-cache-dtype" for arg in plan.server_args) == 1, plan.server_args
+    assert plan.server_args[-len(given):] == given  # the user's, as given
+    context = frameworks.FRAMEWORK_INFO[framework].context_flag
+    assert plan.server_args[plan.server_args.index(context) + 1] == "4096"  # the checkpoint's other flags stay
+
+
+@pytest.mark.parametrize("framework", PARSED_FRAMEWORKS)
+def test_an_nvfp4_kv_cache_is_a_note_naming_a_value_the_frameworks_parser_accepts(tmp_path, framework):
+    """NVFP4 KV needs Blackwell kernels: not added, but the note names the flag, and that value parses."""
+    checkpoint = make_checkpoint(tmp_path / "ckpt", quant="NVFP4")
+    hf_quant = json.loads((checkpoint / "hf_quant_config.json").read_text())
+    hf_quant["quantization"]["kv_cache_quant_algo"] = "NVFP4"
+    (checkpoint / "hf_quant_config.json").write_text(json.dumps(hf_quant))
+    flags = inspect_checkpoint(InspectCheckpointInput(checkpoint=str(checkpoint))).deployment_flags[framework]
+    assert _kv_flags(flags.args) == []
+    value = frameworks.kv_cache_dtype(framework, "NVFP4")
+    assert value == "nvfp4" and any(f"`--kv-cache-dtype {value}`" in note and "Blackwell" in note for note in flags.notes)
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework=framework, gpu_type="B200",
+                                               extra_args=["--kv-cache-dtype", value]))
+    assert _kv_flags(plan.server_args) == [value]
+    assert plan.parser_check.checked and plan.parser_check.ok, plan.parser_check.message

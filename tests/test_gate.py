@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from next_runs import NEL, make_run, real_nel_run, write_policy
+from next_runs import NEL, make_run, write_policy
 from results_factory import binary_samples, make_invocation, make_task
 from tiers import requires
 
@@ -26,12 +26,6 @@ from quanteval.workflow.paired import t_quantile_975
 N_PROBLEMS = 40
 
 pytestmark = requires("nel-next")
-
-
-@pytest.fixture(scope="session")
-def real_run(tmp_path_factory) -> Path:
-    """`nel eval run` of tiny_add (40 problems) against the stand-in: the template every variant is made from."""
-    return real_nel_run(tmp_path_factory.mktemp("nel-run") / "run", N_PROBLEMS)
 
 
 def nel_gate(baseline: Path, candidate: Path, policy: Path) -> dict:
@@ -413,7 +407,8 @@ def test_validate_run_says_which_checkpoint_a_nel_next_run_served_or_that_it_wen
     served.mkdir()
     other.mkdir()
     (tmp_path / "link").symlink_to(served)
-    nelnext.write_run_facts(run, {"services": {}}, str(served), {"id": "m", "root": str(served), "max_model_len": 256})
+    nelnext.write_run_facts(run, nelnext.run_facts({"services": {}}, {"checkpoint": str(served), "served": {
+        "id": "m", "root": str(served), "max_model_len": 256}}))
     right = validate_run(ValidateRunInput(run=str(run), expected_checkpoint=str(tmp_path / "link")))
     assert right.verdict == "pass"
     assert (right.tasks[0].loaded_checkpoint, right.tasks[0].served_checkpoint) == (str(served), str(served))

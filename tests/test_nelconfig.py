@@ -275,7 +275,8 @@ def test_apply_checkpoint_sglang_local_dir(tmp_path: Path) -> None:
     assert deployment["checkpoint_path"] == str((EXAMPLES / "qwen3-tiny-nvfp4").resolve())
     assert deployment["hf_model_handle"] is None
     assert deployment["served_model_name"] == "qwen3-tiny-nvfp4"
-    assert deployment["extra_args"] == "--context-length 40960 --reasoning-parser qwen3"  # the chat template has a thinking toggle
+    # the checkpoint's FP8 KV cache (kv_cache_scheme) is served as such; the chat template has a thinking toggle
+    assert deployment["extra_args"] == "--context-length 40960 --kv-cache-dtype fp8_e4m3 --reasoning-parser qwen3"
     assert deployment["tensor_parallel_size"] == 1
     doc = yaml.safe_load(config.read_text())
     assert doc["target"]["api_endpoint"]["api_key_name"] == "DUMMY_API_KEY"  # ns_* tasks against the self-deployed server

@@ -78,7 +78,35 @@ def test_a_drop_on_the_margin_itself_is_said_to_be_undecidable_not_given_a_huge_
     interval = paired.PairedInterval(n=100, baseline=0.9, candidate=0.88, delta=-0.02, low=-0.05, high=0.01, spread=0.2,
                                      discordant=4, confidence=0.95)
     said = paired.advice(interval, 0.02)
-    assert "sits at the 2-point margin" in said and "~" not in said
+    assert "sits at the 2-point margin" in said and "no feasible number of problems decides it" in said
+    # the one count it gives is the one for no true drop: (2.80158 * 0.2 / 0.02)^2 = 784.9, rounded up
+    assert said.count("~") == 1 and said.endswith("; ~785 would if there is no true drop.")
+
+
+def _needed(spread: float, delta: float, margin: float) -> int:
+    """N = ((z_0.975 + z_0.80) * spread / |delta + margin|)^2, rounded up, computed here from scratch."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.80)
+    return int(np.ceil((z * spread / abs(delta + margin)) ** 2))
+
+
+def test_inconclusive_advice_gives_the_problems_needed_if_the_delta_is_the_observed_one_and_if_there_is_no_drop():
+    """To plan a benchmark's size: a hand-made interval (delta -0.9 points, margin 1.5 points, spread 0.25)."""
+    interval = paired.PairedInterval(n=300, baseline=0.8, candidate=0.791, delta=-0.009, low=-0.037, high=0.019,
+                                     spread=0.25, discordant=19, confidence=0.95)
+    said = paired.advice(interval, 0.015)
+    # observed: (2.80158 * 0.25 / 0.006)^2 = 13626.4 -> 13627; no true drop: (2.80158 * 0.25 / 0.015)^2 = 2180.2 -> 2181
+    assert (_needed(0.25, -0.009, 0.015), _needed(0.25, 0.0, 0.015)) == (13627, 2181)
+    assert said.startswith("~13627 paired problems would decide the 1.5-point margin at 95% confidence in 80% of runs "
+                           "if the true delta is the observed -0.90 points; ~2181 if there is no true drop "
+                           "(19 of 300 paired problems changed (6.3%)).")
+    # the issue's runs: the count at the observed delta stays, the one at no drop is smaller (the gap is the margin)
+    base, cand = issue_values()
+    issue = paired.advice(paired.paired_interval(base, cand), 0.02)
+    spread = (0.035 - 0.005**2) ** 0.5
+    assert f"~{_needed(spread, -0.005, 0.02)} paired problems" in issue and f"; ~{_needed(spread, 0.0, 0.02)} if there is no true drop" in issue
+    assert (_needed(spread, -0.005, 0.02), _needed(spread, 0.0, 0.02)) == (1221, 687)
 
 
 @pytest.mark.parametrize("model", [CompareResultsInput, EvaluateQuantizationInput])

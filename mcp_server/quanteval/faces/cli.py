@@ -170,7 +170,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 
     try:
-        request = EvaluateQuantizationInput.model_validate(field_values(args, EvaluateQuantizationInput))
+        request = EvaluateQuantizationInput.model_validate(field_values(args, EvaluateQuantizationInput)
+                                                           | {"reference_scores": dict(args.reference_scores or [])})
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -191,7 +192,7 @@ def evaluation_exit_code(result: Any) -> int:
     if result.verdict == "anomalous":
         return EXIT_ANOMALOUS
     if result.gate is not None:
-        if result.gate.verdict == "NO-GO":
+        if result.gate.verdict == "NO-GO":  # the release gate's answer, as documented; the verdict line says more
             return EXIT_NOT_ACCEPTABLE
         return EXIT_INCONCLUSIVE if result.gate.verdict == "INCONCLUSIVE" or result.verdict == "suspect" else EXIT_OK
     return {"not acceptable": EXIT_NOT_ACCEPTABLE, "inconclusive": EXIT_INCONCLUSIVE,
@@ -203,7 +204,11 @@ def format_evaluation(result: Any) -> str:
              f"candidate: {result.candidate.checkpoint}" + (" (reused)" if result.candidate.reused else ""), "",
              result.table_markdown, "",
              f"verdict: {result.verdict} (comparability: {result.comparability})"]
-    lines += [f"  - {reason}" for reason in result.reasons[:8]]
+    floor = {row.message for row in result.noise_floor}
+    lines += [f"  - {reason}" for reason in [r for r in result.reasons if r not in floor][:8]]
+    if result.noise_floor:
+        lines += ["", "serving-noise floor (the baseline served again on its other numeric path):"]
+        lines += [f"  - {row.message}" for row in result.noise_floor]
     lines += [f"  candidate answer #{r.problem_idx} (expected {r.expected}): {r.response!r}" for r in result.responses]
     for row in result.comparisons:
         for flip in row.regressed[:5]:
@@ -396,9 +401,23 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
     field_argument(parser, EvaluateQuantizationInput, "baseline_checkpoint", metavar="baseline")
     field_argument(parser, EvaluateQuantizationInput, "candidate_checkpoint", metavar="candidate")
-    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "max_drop", "confidence", "policy"):
+    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "max_drop", "confidence", "policy", "eager", "noise_floor"):
         field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
+    field_argument(parser, EvaluateQuantizationInput, "reference_tolerance", "--reference-tolerance")
+    # reference_scores is a mapping: one TASK=SCORE per --reference-score, collected as pairs (cmd_evaluate makes the dict).
+    field_argument(parser, EvaluateQuantizationInput, "reference_scores", "--reference-score", action="append",
+                   type=_task_score, default=None, metavar="TASK=SCORE",
+                   help=f"{EvaluateQuantizationInput.model_fields['reference_scores'].description} Repeatable, "
+                   "e.g. --reference-score tiny_add=0.95.")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
+
+
+def _task_score(text: str) -> tuple[str, str]:
+    """One --reference-score; the score itself is checked by the input model."""
+    task, sep, score = text.partition("=")
+    if not sep or not task.strip():
+        raise argparse.ArgumentTypeError(f"takes TASK=SCORE, e.g. tiny_add=0.95 (got {text!r})")
+    return task.strip(), score.strip()
 
 
 def _gate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -43,6 +43,7 @@ from quanteval.serving.deployment import (
     LaunchDeploymentResult,
     ParserCheck,
     PlanWarning,
+    Serving,
 )
 from quanteval.serving.frameworks import FRAMEWORK_INFO, FRAMEWORKS, GPUS, Framework, vllm_venv
 from quanteval.serving.quantformat import algo_label, framework_verdict
@@ -146,10 +147,25 @@ def _model_ref(report: CheckpointReport) -> str:
     return report.hf_handle or report.checkpoint
 
 
-def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, host: str, port: int) -> list[str]:
+def _not_given(flags: list[str], given: list[str]) -> list[str]:
+    """The checkpoint's flags less those the user gives in extra_args (with their values): the user's win, and the
+    server gets each flag once (a --kv-cache-dtype in extra_args replaces the one read from the checkpoint)."""
+    names = {arg.split("=", 1)[0] for arg in given if arg.startswith("--")}
+    kept: list[str] = []
+    dropping = False
+    for arg in flags:
+        if arg.startswith("--"):
+            dropping = arg in names  # a value (no leading --) goes with its flag
+        if not dropping:
+            kept.append(arg)
+    return kept
+
+
+def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, host: str, port: int,
+                 given: list[str]) -> list[str]:
     model = _model_ref(report)
     checkpoint_flags = report.deployment_flags.get(framework)
-    flags = list(checkpoint_flags.args) if checkpoint_flags else []
+    flags = _not_given(list(checkpoint_flags.args), given) if checkpoint_flags else []
     reasoning, tools = _parsers(report, framework)
     if framework == "sglang":
         args = ["--model-path", model, "--served-model-name", name, FRAMEWORK_INFO[framework].tp_flag, str(tp), *flags]
@@ -262,8 +278,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     host = "127.0.0.1"
     launcher = _launcher(framework, local)
     cpu = _cpu_here(framework, request.gpu_type, local)
-    cpu_args = [arg for arg in frameworks.VLLM_CPU_SERVER_ARGS if arg not in request.extra_args] if cpu else []
-    server_args = [*_server_args(framework, report, name, tp, host, port), *cpu_args, *request.extra_args]
+    server_args = [*_server_args(framework, report, name, tp, host, port, request.extra_args), *request.extra_args]
+    serving = serving_of(framework, launcher, server_args, request.extra_args, local, "cpu" if cpu else "gpu")
 
     # Error and warning findings come back as plan warnings (for this GPU); the rest are notes.
     notes = [n for n in report.deployment_flags[framework].notes if not n.startswith(("error:", "warning:"))]
@@ -278,6 +294,9 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
         notes.append("--served_model_name needs a recent trtllm-serve (1.x); older releases serve under the model path.")
     if os.environ.get(FRAMEWORK_INFO[framework].launcher_env, "").strip():
         notes.append(f"Launcher replaced by {FRAMEWORK_INFO[framework].launcher_env}.")
+    if serving.numerics == "eager":
+        notes.append(f"{FRAMEWORK_INFO[framework].eager_flag}: the eager numeric path, not {framework}'s default; answers "
+                     "differ from the default path's on a share of problems, so compare only with runs served the same way.")
     env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
     warnings = _hardware_warnings(report, framework, request.gpu_type, tp)
     if cpu:
@@ -297,8 +316,17 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
         framework=framework, host=None if local else request.host, device="cpu" if cpu else "gpu",
         checkpoint=_model_ref(report), served_model_name=name, bind_address=host, port=port,
         tensor_parallel_size=tp, gpu_type=request.gpu_type, launcher=launcher, server_args=server_args,
-        argv=argv, command=shlex.join(argv), env=env, warnings=warnings, notes=notes, parser_check=check,
+        argv=argv, command=shlex.join(argv), env=env, warnings=warnings, notes=notes, parser_check=check, serving=serving,
     )
+
+
+def serving_of(framework: str, launcher: list[str], server_args: list[str], given: list[str], local: bool,
+               device: Literal["gpu", "cpu"]) -> Serving:
+    """How a server with these arguments computes; `given` are the flags beyond what the checkpoint decides."""
+    eager = FRAMEWORK_INFO[framework].eager_flag
+    return Serving(framework=framework, version=frameworks.vllm_venv_version() if framework == "vllm" and local else None,
+                   launcher=shlex.join(launcher), device=device,
+                   numerics="eager" if eager and eager in server_args else "default", flags=list(given))
 
 
 def _cpu_warnings(report: CheckpointReport, wna16_kernel: bool | None) -> list[PlanWarning]:
@@ -351,6 +379,9 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors and not request.force:
         raise ToolError(f"plan: {errors[0]} Fix the plan, or pass force=true to launch anyway.")
+    # What the record says of its numerics comes from the arguments that run, not from what a client sent.
+    plan = plan.model_copy(update={"serving": serving_of(plan.framework, plan.launcher, plan.server_args,
+                                                         plan.serving.flags, local, plan.device)})
     return _executor_for(request.host).launch(plan, request)  # 'local' means this machine, as in every tool with a host
 
 

@@ -45,7 +45,8 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
     server_args = with_option(with_option(plan.server_args, "--host", "127.0.0.1"), "--port", str(port))
     argv = [*plan.launcher, *server_args]
     record = ledger.add("deployment", status="starting", executor=NAME, config_path=plan.checkpoint,
-                        details={"framework": plan.framework, "served_model_name": plan.served_model_name})
+                        details={"framework": plan.framework, "served_model_name": plan.served_model_name,
+                                 "serving": plan.serving.model_dump()})
     child: subprocess.Popen[bytes] | None = None
     try:
         run_dir = state_dir() / "deployments" / record.id

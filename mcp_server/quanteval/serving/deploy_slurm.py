@@ -36,7 +36,8 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
     _check_scriptable(plan)
     port = request.port or plan.port
     record = ledger.add("deployment", status="submitting", executor=NAME, host=request.host, config_path=plan.checkpoint,
-                        details={"framework": plan.framework, "served_model_name": plan.served_model_name})
+                        details={"framework": plan.framework, "served_model_name": plan.served_model_name,
+                                 "serving": plan.serving.model_dump()})
     script = _job_script(plan, request, record.id, port)
     try:
         job_id, absolute_dir = slurm.sbatch(request.host or "", f"{request.remote_workdir.rstrip('/')}/{record.id}", script)

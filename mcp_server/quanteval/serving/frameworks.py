@@ -116,6 +116,9 @@ class FrameworkInfo:
     tp_flag: str
     kv_cache_flag: str | None
     memory_flag: str | None = None  # the fraction of GPU memory the server may take
+    # The framework's eager numerics path (no CUDA graphs / torch.compile): it moves answers (module docstring of
+    # serving.deployment), so it is served only when asked, and recorded.
+    eager_flag: str | None = None
     nel_next_service: bool = False  # nel-next starts it itself (a service of this type, from a model path)
 
 
@@ -129,16 +132,33 @@ PlanDeployment = Literal[PLAN_DEPLOYMENTS]  # type: ignore[valid-type]  # Litera
 FRAMEWORK_INFO: dict[str, FrameworkInfo] = {
     "sglang": FrameworkInfo(("python3", "-m", "sglang.launch_server"), "QUANTEVAL_SGLANG_LAUNCHER", 30000,
                             "--context-length", "--trust-remote-code", "--tp-size", "--kv-cache-dtype",
-                            memory_flag="--mem-fraction-static", nel_next_service=True),
+                            memory_flag="--mem-fraction-static", eager_flag="--disable-cuda-graph", nel_next_service=True),
     "vllm": FrameworkInfo(("vllm", "serve"), "QUANTEVAL_VLLM_LAUNCHER", 8000,
                           "--max-model-len", "--trust-remote-code", "--tensor-parallel-size", "--kv-cache-dtype",
-                          memory_flag="--gpu-memory-utilization", nel_next_service=True),
+                          memory_flag="--gpu-memory-utilization", eager_flag="--enforce-eager", nel_next_service=True),
     "trtllm": FrameworkInfo(("trtllm-serve",), "QUANTEVAL_TRTLLM_LAUNCHER", 8000,
                             "--max_seq_len", "--trust_remote_code", "--tp_size", None),
 }  # fmt: skip
 # The servers nel-next starts from a model path, with flags quanteval knows (vllm, sglang).
 NEL_NEXT_SERVICES: tuple[str, ...] = tuple(name for name in FRAMEWORKS if FRAMEWORK_INFO[name].nel_next_service)
 MEMORY_FLAGS = {name: info.memory_flag for name, info in FRAMEWORK_INFO.items() if info.memory_flag}
+
+# The checkpoint's KV-cache quantization (quantformat's kv_cache_quant_algo: ModelOpt's kv_cache_quant_algo, or
+# compressed-tensors' kv_cache_scheme read as FP8/NVFP4) -> the framework's value of its kv_cache_flag that serves it.
+# Values are in vLLM 0.32's CacheDType and SGLang 0.5.23's --kv-cache-dtype choices (tests/test_frameworks.py runs
+# both parsers on them). vLLM 0.32 and SGLang 0.5.23 infer FP8 KV from the config themselves; releases that do not
+# serve a 16-bit KV cache without the flag (Model-Optimizer#2192), and ModelOpt's own scripts pass it: so FP8 is passed.
+KV_CACHE_DTYPES: dict[str, dict[str, str]] = {
+    "FP8": {"vllm": "fp8", "sglang": "fp8_e4m3"},
+    "NVFP4": {"vllm": "nvfp4", "sglang": "nvfp4"},
+}
+# NVFP4 KV is only named in a note: its attention kernels need Blackwell, and a plan may be for another GPU.
+KV_CACHE_PASSED = frozenset({"FP8"})
+
+
+def kv_cache_dtype(framework: str, kv_cache_algo: str | None) -> str | None:
+    """The --kv-cache-dtype value `framework` serves the checkpoint's KV-cache quantization with; None: none known."""
+    return KV_CACHE_DTYPES.get((kv_cache_algo or "").upper(), {}).get(framework)
 
 # model_type -> parser name, per framework. Only used when the chat template shows reasoning /
 # tool calls. Names checked against SGLang's --reasoning-parser/--tool-call-parser choices and
@@ -190,9 +210,6 @@ def vllm_venv_version(venv: Path | None = None) -> str | None:
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's CPU default takes a large share of the host's memory.
 VLLM_CPU_KV_CACHE_GIB = "1"
-# vLLM on this CPU without torch.compile: the embedded model is ready in ~22 s instead of ~29 s, and its responses at
-# greedy decoding are the same, problem by problem (tests/test_deploy_vllm.py checks both checkpoints).
-VLLM_CPU_SERVER_ARGS = ("--enforce-eager",)
 
 
 def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None, activations: tuple[str, int] | None,
@@ -488,15 +505,21 @@ def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, k
                                     "Marlin weight-only kernels (activations stay 16-bit), so accuracy measured there is not the "
                                     "accuracy that ships on Blackwell."))
     notes: list[str] = []
-    if kv_cache and framework != "trtllm" and not facts.rejected:
-        kv = kv_cache.upper()
-        if kv == "FP8":
-            notes.append("The checkpoint has FP8 KV-cache scales: `--kv-cache-dtype fp8_e4m3` uses them "
-                                        "(otherwise the KV cache stays 16-bit and accuracy measured is not the FP8-KV accuracy).")
-        elif "FP4" in kv:
-            notes.append(f"The checkpoint has an {kv} KV cache: pass the {name} --kv-cache-dtype value your release "
-                                        "names for FP4 KV (fp4_e2m1 in recent SGLang/vLLM, Blackwell only); without it the "
-                                        "KV cache stays 16-bit and accuracy measured is not the NVFP4-KV accuracy.")
+    kv, kv_flag = (kv_cache or "").upper(), FRAMEWORK_INFO[framework].kv_cache_flag
+    if kv and kv != "NONE" and kv_flag and not facts.rejected:  # TensorRT-LLM: no kv_cache_flag known, left as it was
+        value = kv_cache_dtype(framework, kv)
+        if value and kv in KV_CACHE_PASSED:
+            args += [kv_flag, value]
+            notes.append(f"{kv_flag} {value} added: the checkpoint stores an {kv} KV cache, which not every {name} release "
+                         "infers from its config (Model-Optimizer#2192); without it the KV cache is 16-bit and the accuracy "
+                         f"measured is not this checkpoint's. A {kv_flag} in extra_args replaces it.")
+        elif value:
+            notes.append(f"The checkpoint stores an {kv} KV cache: on Blackwell pass `{kv_flag} {value}` in extra_args (not "
+                         "added: its kernels need compute capability 10.0, and this plan may be for another GPU). Without it "
+                         f"{name} may keep a 16-bit KV cache, and the accuracy measured is not the {kv}-KV accuracy.")
+        else:
+            notes.append(f"The checkpoint stores an {kv} KV cache; quanteval knows no {name} {kv_flag} value for it: check "
+                         "that your release serves it, else the KV cache is 16-bit and the accuracy measured is not this checkpoint's.")
     return Verdict(args=args, quantization=facts.quantization, findings=findings, notes=notes)
 
 

@@ -20,9 +20,9 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from quanteval import engines, redact
 from quanteval.engines.base import unpinned_image
@@ -33,6 +33,7 @@ from quanteval.workflow import anomaly, paired
 from quanteval.workflow.comparison_report import (
     ChecklistItem,
     CompareResultsOutput,
+    ReferenceCheck,
     TaskComparison,
     render_chart,
     render_html,
@@ -40,6 +41,20 @@ from quanteval.workflow.comparison_report import (
     table_markdown,
 )
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
+
+
+def _scores(scores: dict[str, float]) -> dict[str, float]:
+    """A published accuracy is 0-1 or 0-100; which of the two it must be is known once the runs are read."""
+    for task, value in scores.items():
+        if not 0 <= value <= 100:
+            raise ValueError(f"reference_scores.{task}: {value:g} is not an accuracy score (0-1 or 0-100).")
+    return scores
+
+
+# The baseline checked against the world (anomaly.reference_check); evaluate_quantization takes the same two fields.
+ReferenceScores = Annotated[dict[str, float], AfterValidator(_scores), Field(default_factory=dict, description=(
+    "Published score per benchmark (the run's scale): checks the baseline."))]
+ReferenceTolerance = Annotated[float, Field(gt=0, description="Points the baseline may be off reference_scores.")]
 
 
 class CompareResultsInput(StrictModel):
@@ -55,11 +70,11 @@ class CompareResultsInput(StrictModel):
         None, description="For the chart and report; default under the state dir."
     )
     baseline_checkpoint: str | None = Field(
-        None, description="The baseline's checkpoint (a directory or cached HF handle) if its run's is unreadable.",
+        None, description="The baseline's checkpoint, if its run's is unreadable.",
     )
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
-    reference_scores: dict[str, float] = Field(default_factory=dict, description=(
-        "Per-task scores the baseline should reach (fractions, e.g. the model card's); far below: suspect serving."))
+    reference_scores: ReferenceScores
+    reference_tolerance: ReferenceTolerance = anomaly.REFERENCE_TOLERANCE_POINTS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,9 +133,35 @@ def _what_differs(b: str, c: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def _fraction_factor(scale: str) -> float:
+    return 0.01 if scale == "percent" else 1.0
+
+
 def _as_fraction(score: ScoreValue) -> tuple[float, float | None]:
-    factor = 0.01 if score.scale == "percent" else 1.0
+    factor = _fraction_factor(score.scale)
     return score.value * factor, None if score.stderr is None else score.stderr * factor
+
+
+def reference_check(task: str, scale: str, baseline: float, request: CompareResultsInput) -> ReferenceCheck:
+    """The baseline (a fraction) against the user's published score for the task, which is given on the scale the run
+    reports: one that reads as the other scale is refused, never guessed (0.62 and 62 differ a hundredfold)."""
+    given = request.reference_scores.get(task)
+    if given is None:
+        status, message = anomaly.reference_check(task, baseline, None, request.reference_tolerance)
+        return ReferenceCheck(status=status, message=message)
+    if scale == "fraction" and given > 1:
+        raise ToolError(f"reference_scores.{task}: {given:g} is in points, but the run reports {task} as a fraction "
+                        f"(0-1): give {given / 100:g}, the scale the run reports.")
+    # under 1 point on a 0-100 benchmark whose baseline scores more is a fraction given for points
+    if scale == "percent" and 0 < given <= 1 < 100 * baseline:
+        raise ToolError(f"reference_scores.{task}: {given:g} reads as a fraction, but the run reports {task} in points "
+                        f"(0-100): give {100 * given:g}, the scale the run reports.")
+    if scale == "unknown":
+        return ReferenceCheck(status="unverified", message=f"{task}: its scale is neither 0-1 nor 0-100, so the "
+                              "published score is not checked.")
+    reference = given * _fraction_factor(scale)
+    status, message = anomaly.reference_check(task, baseline, reference, request.reference_tolerance)
+    return ReferenceCheck(status=status, reference=reference, message=message)
 
 
 def margin(request: CompareResultsInput) -> float | None:
@@ -169,7 +210,8 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
     return TaskComparison(
         task=base.name, metric=base_score.metric, score=base_score.score, scale=base_score.scale, baseline=b, candidate=c,
         baseline_stderr=b_se, candidate_stderr=c_se, delta=delta, delta_stderr=se, ci_low=low, ci_high=high,
-        method=method, verdict=verdict, why=why, **_test_fields(test))
+        method=method, verdict=verdict, why=why, reference_check=reference_check(base.name, base_score.scale, b, request),
+        **_test_fields(test))
 
 
 def _unanswered(base: RunBenchmark, cand: RunBenchmark, verdict: str, why: str, reasons: list[str]) -> tuple[str, str]:
@@ -224,8 +266,8 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
 
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
-    """Use once both runs passed validate_run: comparability, per-task delta with its paired CI (gate_results'
-    interval), a verdict against max_drop, the problems an inconclusive one needs, a chart and a report."""
+    """Use once both runs passed validate_run: comparability, per-task delta with its paired CI, a verdict against
+    max_drop, the problems an inconclusive one needs, a chart and a report."""
     progress(0, 3, "reading both runs")
     reader = engines.results_for_pair(request.baseline, request.candidate)
     base_run, cand_run = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
@@ -250,7 +292,13 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
                 continue
             rows.append(compare_task(reader, base, cand, base_score, cand_score, request, reasons))
     progress(1, 3, "statistics done")
+    if unmatched := sorted(set(request.reference_scores) - {row.task for row in rows}):
+        reasons.append(f"reference_scores: {', '.join(unmatched)} name no compared benchmark (compared: "
+                       f"{', '.join(sorted({row.task for row in rows})) or 'none'}).")
     _flag_anomalies(rows, request, reader, cand_run)
+    kv_cache = kv_cache_difference(request.baseline_checkpoint or reader.served_checkpoint(base_run),
+                                   request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else None
+    reasons += [kv_cache] if kv_cache else []
     comparability, why_not = comparability_verdict(items)
     reasons += why_not
     acceptability = _acceptability(comparability, rows, reasons)
@@ -295,16 +343,43 @@ def _candidate_weight_bits(checkpoint: str | None) -> int | None:
     return quant.weights.bits if quant.weights else None  # undetected (e.g. stored dequantized): the format is unknown
 
 
+def _kv_cache(checkpoint: str | None) -> str | None:
+    """The checkpoint's KV-cache precision as people name it (16-bit, FP8, NVFP4); None when not readable here."""
+    from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
+
+    if not checkpoint:
+        return None
+    try:
+        quant = inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).quantization
+    except ToolError:
+        return None
+    return str(quant.kv_cache_quant_algo).upper() if quant.kv_cache is not None else "16-bit"
+
+
+def kv_cache_difference(baseline: str | None, candidate: str | None) -> str | None:
+    """A KV cache quantized in one checkpoint and not (or otherwise) in the other, named: the server follows each
+    checkpoint's KV cache (plan_deployment and apply_checkpoint pass --kv-cache-dtype), so part of the delta is the KV
+    cache's, not the weights'. The runs stay comparable: the KV cache is part of what was quantized. None when both
+    agree or one is not readable here."""
+    base, cand = _kv_cache(baseline), _kv_cache(candidate)
+    if base is None or cand is None or base == cand:
+        return None
+    return (f"KV cache: the baseline's is {base}, the candidate's {cand}: part of the delta is the KV cache (it shows "
+            "most on long contexts), not the weights alone.")
+
+
 def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, reader: ResultsReader,
                     cand_run: RunBenchmarks) -> None:
-    """Drops too large to be quantization (anomaly.py) become 'suspect', never a quantization loss. The candidate's
-    checkpoint: the user's, else the one its engine recorded with the run."""
+    """Drops too large to be quantization and baselines off their published score (anomaly.py) become 'suspect',
+    never a quantization loss or an acceptable one. The candidate's checkpoint: the user's, else the one its engine
+    recorded with the run."""
     checkpoint = request.candidate_checkpoint or reader.served_checkpoint(cand_run)
     bits = _candidate_weight_bits(checkpoint) if rows else None
     for row in rows:
-        found = anomaly.anomaly(row.task, row.baseline, row.candidate, bits, request.reference_scores.get(row.task))
-        if found:
-            row.anomaly, row.verdict, row.why = found, "suspect", found
+        row.anomaly = anomaly.anomaly(row.task, row.baseline, row.candidate, bits)
+        failed = row.reference_check.message if row.reference_check.status == "failed" else None
+        if found := [message for message in (failed, row.anomaly) if message]:
+            row.verdict, row.why = "suspect", " ".join(found)
 
 
 def _output_dir(request: CompareResultsInput) -> Path:

@@ -22,6 +22,13 @@ class ChecklistItem(BaseModel):
     candidate: str
 
 
+class ReferenceCheck(BaseModel):
+    status: Literal["verified", "failed", "unverified"] = Field(description=(
+        "The baseline against its published score: within the tolerance, outside it (then suspect), or none given."))
+    reference: float | None = Field(None, description="The published score, as a fraction.")
+    message: str
+
+
 class TaskComparison(BaseModel):
     task: str
     metric: str
@@ -38,6 +45,7 @@ class TaskComparison(BaseModel):
     method: str = Field(description="How the interval was computed (paired per problem as nel gate does, or unpaired from stderrs).")
     verdict: Literal["acceptable", "not acceptable", "inconclusive", "suspect"]
     why: str
+    reference_check: ReferenceCheck
     # Per-problem pairing (nel-next runs keep every problem's reward): what `nel compare` reports on the same runs.
     test: str | None = Field(None, description="mcnemar (0/1 rewards, exact one-sided binomial) or sign (averaged repeats).")
     p_value: float | None = Field(None, description="One-sided p of 'candidate is worse'.")
@@ -48,14 +56,14 @@ class TaskComparison(BaseModel):
                                     "max_drop as its --max-drop, else its default 5 points).")
     regressed: list[Flip] = Field(default_factory=list, description="First flips to wrong, with both answers.")
     improved: list[Flip] = Field(default_factory=list)
-    anomaly: str | None = Field(None, description="Set when the drop (or the baseline) looks like a serving or kernel "
-                                "problem rather than quantization; the verdict is then 'suspect'.")
+    anomaly: str | None = Field(None, description="Set when the drop looks like a serving or kernel problem rather "
+                                "than quantization; the verdict is then 'suspect'.")
 
 
 class CompareResultsOutput(BaseModel):
     comparability: Literal["comparable", "not comparable", "inconclusive"]
     acceptability: Literal["acceptable", "not acceptable", "inconclusive", "suspect"] = Field(description=(
-        "suspect: a drop too large to be quantization (or a baseline below its reference): check the serving first."))
+        "suspect: a drop too large to be quantization, or a baseline off its published score: check the serving first."))
     reasons: list[str] = Field(description="What decided the two verdicts.")
     checklist: list[ChecklistItem]
     comparisons: list[TaskComparison]
@@ -148,6 +156,24 @@ def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path
     plt.close(fig)
 
 
+NO_REFERENCES = "No published scores given (reference_scores): every baseline is unverified."
+
+
+def _references(rows: list[TaskComparison]) -> list[tuple[str, str, str, str]] | None:
+    """(task, baseline, published, status) per row, in points; None when no row had a published score."""
+    if all(r.reference_check.reference is None for r in rows):
+        return None
+    return [(r.task, _points(r.baseline), _points(r.reference_check.reference), r.reference_check.status) for r in rows]
+
+
+def _references_markdown(rows: list[TaskComparison]) -> str:
+    found = _references(rows)
+    if found is None:
+        return NO_REFERENCES
+    lines = ["| task | baseline | published | check |", "|---|---|---|---|"]
+    return "\n".join(lines + [f"| {task} | {base} | {published} | {status} |" for task, base, published, status in found])
+
+
 def render_html(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
     image = ""
     if png is not None:
@@ -165,6 +191,11 @@ def render_html(output: CompareResultsOutput, baseline: str, candidate: str, png
         for c in output.checklist
     )
     reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in output.reasons)
+    found = _references(output.comparisons)
+    references = f"<p>{NO_REFERENCES}</p>" if found is None else (
+        "<table><tr><th>task</th><th>baseline</th><th>published</th><th>check</th></tr>"
+        + "".join(f"<tr><td>{html.escape(task)}</td><td>{base}</td><td>{published}</td><td>{status}</td></tr>"
+                  for task, base, published, status in found) + "</table>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>quanteval comparison</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
@@ -177,6 +208,8 @@ tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</styl
 {image}
 <h2>Scores (points, ± standard error)</h2>
 <table><tr><th>task</th><th>metric</th><th>baseline</th><th>candidate</th><th>delta</th><th>CI</th><th>verdict</th><th>method</th></tr>{rows}</table>
+<h2>Baseline against published scores (points)</h2>
+{references}
 <h2>Comparability checklist</h2>
 <table><tr><th>task</th><th>item</th><th>status</th><th>baseline</th><th>candidate</th></tr>{checks}</table>
 </body></html>
@@ -205,4 +238,5 @@ def render_markdown(output: CompareResultsOutput, baseline: str, candidate: str,
     reasons = "\n".join(f"- {reason}" for reason in output.reasons)
     return (f"# Baseline vs candidate\n\nbaseline: `{baseline}`  \ncandidate: `{candidate}`\n\n"
             f"**Comparability:** {output.comparability} — **Acceptability:** {output.acceptability}\n\n{reasons}\n{chart}\n"
-            f"{output.table_markdown}\n" + "\n".join(flips) + "\n")
+            f"{output.table_markdown}\n\n## Baseline against published scores (points)\n\n"
+            f"{_references_markdown(output.comparisons)}\n" + "\n".join(flips) + "\n")

@@ -43,13 +43,16 @@ from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import deploy
+from quanteval.serving import deploy, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
-from quanteval.workflow import background, compare, nelconfig, results, runs, validation
+from quanteval.serving.deployment import Serving
+from quanteval.serving.frameworks import FRAMEWORK_INFO
+from quanteval.workflow import anomaly, background, compare, nelconfig, results, runs, validation
 from quanteval.workflow.gate import GateResultsInput, GateResultsOutput, gate_results, load_policy, write_rule_policy
+from quanteval.workflow.noise import NoiseFloor, noise_floor, verdict_within_noise
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
 
-Role = Literal["baseline", "candidate"]
+Role = Literal["baseline", "candidate", "noise-floor"]  # noise-floor: the baseline again, on the other numeric path
 Verdict = Literal["acceptable", "not acceptable", "inconclusive", "suspect", "anomalous"]
 VERDICT_OF_GATE = {"GO": "acceptable", "NO-GO": "not acceptable", "INCONCLUSIVE": "inconclusive"}
 POLICY_NAME = "nel-gate-policy.yaml"
@@ -65,20 +68,24 @@ class EvaluateQuantizationInput(StrictModel):
     baseline_checkpoint: str = Field(description="Reference checkpoint directory (e.g. BF16).")
     candidate_checkpoint: str = Field(description="Quantized checkpoint directory to judge.")
     benchmarks: list[str] = Field(min_length=1, description=(
-        "nel-next benchmarks: BYOB .py files, skills://NAME or built-in names."))
+        "BYOB .py files, skills://NAME or built-in names."))
     engine: Literal["nel-next"] = Field("nel-next", description=(
-        "nel-next only (NEL 0.2.6: the step-by-step tools)."))
-    execution: Literal["local"] = Field("local", description="Only this machine.")
-    host: str | None = Field(None, description="Where the servers run: omit or 'local'.")
-    framework: Literal["vllm"] = Field("vllm", description="Serves both checkpoints.")
+        "NEL 0.2.6: the step-by-step tools."))
+    execution: Literal["local"] = Field("local", description="This machine.")
+    host: str | None = Field(None, description="Omit or 'local'.")
+    framework: Literal["vllm"] = Field("vllm", description="Serves both.")
+    eager: bool = Field(False, description="Serve both with --enforce-eager: answers differ from the default path's.")
+    noise_floor: bool = Field(False, description="Also run the baseline on its other numeric path: its flips beside the quantization's.")
     output_dir: str | None = Field(None, description="Configs, runs and the report; default under the state dir.")
     canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
     max_drop: MaxDropPoints = None
     confidence: Confidence = DEFAULT_CONFIDENCE
+    reference_scores: compare.ReferenceScores
+    reference_tolerance: compare.ReferenceTolerance = anomaly.REFERENCE_TOLERANCE_POINTS
     policy: str | None = Field(None, description=(
-        "Instead of max_drop: a `nel gate --policy` YAML (tiers per benchmark) to gate the runs. Checked before serving."))
+        "Instead of max_drop: a `nel gate --policy` YAML, checked before serving."))
     startup_timeout_s: float = Field(900, gt=0, description="Seconds a server may take to start.")
     run_timeout_s: float = Field(3600, gt=0, description="Seconds one canary or full run may take.")
 
@@ -94,6 +101,7 @@ class CheckpointEvaluation(BaseModel):
     canary_record_id: str | None = None
     full_run_record_id: str | None = Field(None, description="None when the candidate's canary failed (verdict anomalous).")
     run_dir: str | None = None
+    serving: Serving | None = Field(None, description="How its server computed: framework, release, numeric path, flags.")
     seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per stage: serve, config, canary, full_run.")
 
 
@@ -105,7 +113,8 @@ class Response(BaseModel):
 
 class EvaluateQuantizationOutput(BaseModel):
     verdict: Verdict = Field(description="By the gate under max_drop (or policy); without either, compare_results' "
-                             "acceptability. suspect: check the serving; anomalous: the candidate failed the canary "
+                             "acceptability. suspect: check the serving (or the baseline is off its published score; "
+                             "never acceptable); anomalous: the candidate failed the canary "
                              "its baseline passed (broken quantization or serving bug).")
     comparability: str
     table_markdown: str
@@ -120,6 +129,9 @@ class EvaluateQuantizationOutput(BaseModel):
     policy_path: str | None = Field(None, description=f"The `nel gate` policy ({POLICY_NAME}) that states max_drop, "
                                     "written next to the report: `nel gate --policy` on it agrees (at 95%).")
     responses: list[Response] = Field(default_factory=list, description="anomalous: a few of the candidate canary's answers.")
+    noise_floor: list[NoiseFloor] = Field(default_factory=list, description="With noise_floor: per benchmark, the baseline's "
+                                          "flips between its two serving paths next to the quantization's.")
+    noise_floor_run: CheckpointEvaluation | None = Field(None, description="The baseline's run on the other numeric path.")
     seconds: dict[str, float] = Field(description="Wall time per stage across both checkpoints, and in total.")
 
 
@@ -127,7 +139,9 @@ def evaluation_key(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> 
     """Same checkpoint contents and settings -> same key (paths and mtimes of its files, not the candidate)."""
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in checkpoint_dir.iterdir() if p.is_file())
     settings = {"benchmarks": [_benchmark_fingerprint(b) for b in request.benchmarks], "engine": request.engine,
-                "framework": request.framework, "max_problems": request.max_problems, "max_tokens": request.max_tokens}
+                "framework": request.framework, "max_problems": request.max_problems, "max_tokens": request.max_tokens,
+                # a run served another way (numeric path, release) is not this evaluation's
+                "eager": request.eager, "framework_version": frameworks.vllm_venv_version()}
     blob = json.dumps([str(checkpoint_dir.resolve()), files, settings], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -220,8 +234,10 @@ def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> 
 def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: bool = True) -> deploy.DeploymentPlan:
     # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile.
     port = free_port() if executors.is_this_machine(request.host) else None
+    eager = [FRAMEWORK_INFO[request.framework].eager_flag] if request.eager else []
     plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework,
-                                                             host=request.host, port=port, check_args=check_args))
+                                                             host=request.host, port=port, check_args=check_args,
+                                                             extra_args=[flag for flag in eager if flag]))
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if errors:
         raise ToolError(f"{checkpoint_dir}: {request.framework} cannot serve it here: {errors[0]}")
@@ -323,7 +339,7 @@ class _Checkpoint:
         return CheckpointEvaluation(role=self.role, checkpoint=str(self.dir), reused=True, full_run_record_id=done.id,
                                     run_dir=done.details["run_dir"], config_path=done.config_path,
                                     served_model_name=done.details.get("served", {}).get("id"),
-                                    served_context=done.details.get("served", {}).get("max_model_len"))
+                                    served_context=done.details.get("served", {}).get("max_model_len"), serving=_serving(done))
 
 
 def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
@@ -334,7 +350,7 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
     baseline's runs go on, when memory allows."""
     sides = [_Checkpoint("baseline", request.baseline_checkpoint, request, root),
              _Checkpoint("candidate", request.candidate_checkpoint, request, root)]
-    total = 2 * STEPS_PER_CHECKPOINT + 1
+    total = _total(request)
     started = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -382,10 +398,15 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
             side.stop()
 
 
+def _total(request: EvaluateQuantizationInput) -> int:
+    """Progress steps of the whole call: each side's, the comparison, and the noise floor's side when asked."""
+    return (3 if request.noise_floor else 2) * STEPS_PER_CHECKPOINT + 1
+
+
 def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizationInput, progress: ProgressFn,
                    offset: int) -> CheckpointEvaluation:
     """Config, canary and full run against the side's ready server, which is stopped at the end."""
-    role, launched, seconds, total = side.role, side.launched, side.seconds, 2 * STEPS_PER_CHECKPOINT + 1
+    role, launched, seconds, total = side.role, side.launched, side.seconds, _total(request)
     assert launched is not None
     side.workdir.mkdir(parents=True, exist_ok=True)
     active: str | None = None
@@ -410,7 +431,9 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
         active = None
         _require_pass(finished, f"{role} full run")
         seconds["full_run"] = time.monotonic() - mark
-        nelnext.write_run_facts(Path(finished.details["run_dir"]), _run_config(finished), str(side.dir), served)
+        run_dir = Path(finished.details["run_dir"])
+        facts = nelnext.read_run_facts(run_dir) or {}
+        nelnext.write_run_facts(run_dir, {**facts, "checkpoint": str(side.dir), "served": served})
     except BaseException:
         if active is not None:
             with interrupts_held():
@@ -422,12 +445,14 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
     return CheckpointEvaluation(role=role, checkpoint=str(side.dir), reused=False, deployment_record_id=launched.record_id,
                                 served_model_name=launched.served_model_name, served_context=served.get("max_model_len"),
                                 config_path=config_path, canary_record_id=canary.record_id, full_run_record_id=full.record_id,
-                                run_dir=finished.details["run_dir"], seconds={k: round(v, 1) for k, v in seconds.items()})
+                                run_dir=finished.details["run_dir"], serving=_serving(finished),
+                                seconds={k: round(v, 1) for k, v in seconds.items()})
 
 
-def _run_config(record: ledger.Record) -> dict:
-    facts = nelnext.read_run_facts(Path(record.details["run_dir"])) or {}
-    return facts.get("config") or {}
+def _serving(full_run: ledger.Record) -> Serving | None:
+    """How the full run's server computed, as recorded with the run (None for a run served outside quanteval)."""
+    recorded = (nelnext.read_run_facts(Path(full_run.details["run_dir"])) or {}).get("serving")
+    return Serving.model_validate(recorded) if recorded else None
 
 
 def _cancel(record_id: str) -> None:
@@ -466,9 +491,8 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
 
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
     """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
-    canary and full run, validates, compares (CI, flips, report), judges max_drop points at confidence (written as a
-    nel gate policy) or a `nel gate` policy; ANOMALOUS if the candidate fails the canary its baseline passed.
-    Resumable; minutes, progress every 5 s. A client with a fixed 60 s timeout: start_evaluation.
+    canary and full run, compares (CI, flips, report), gates max_drop points or a `nel gate` policy; ANOMALOUS if the
+    candidate fails the canary its baseline passed. Resumable. A client with a 60 s timeout: start_evaluation.
     """
     root = check_request(request)
     with _only_call_on(root):
@@ -501,13 +525,14 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     baseline, candidate = _evaluate_sides(request, root, progress)
     if isinstance(candidate, CanaryFailed):
         return _anomalous(baseline, candidate, request, started)
-    progress(2 * STEPS_PER_CHECKPOINT, 2 * STEPS_PER_CHECKPOINT + 1, "comparing")
+    progress(2 * STEPS_PER_CHECKPOINT, _total(request), "comparing")
     mark = time.monotonic()
     report_dir = root / f"compare-{Path(baseline.run_dir or '').parent.parent.name}-vs-{Path(candidate.run_dir or '').parent.parent.name}"
     compared = compare.compare_results(compare.CompareResultsInput(
         baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", max_drop=request.max_drop,
         confidence=request.confidence, output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint,
-        candidate_checkpoint=candidate.checkpoint))
+        candidate_checkpoint=candidate.checkpoint, reference_scores=request.reference_scores,
+        reference_tolerance=request.reference_tolerance))
     policy_path = request.policy
     if request.max_drop is not None:
         policy_path = str(write_rule_policy(report_dir / POLICY_NAME, [row.task for row in compared.comparisons],
@@ -518,12 +543,76 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     seconds = {stage: round(baseline.seconds.get(stage, 0) + candidate.seconds.get(stage, 0), 1)
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
+    verdict = _verdict(compared, gated)
+    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving)]
+    floor, floor_run = [], None
+    if request.noise_floor:
+        mark = time.monotonic()
+        floor, floor_run, said = _noise_floor(request, root, report_dir, baseline, compared, progress)
+        failing = {row.task for row in compared.comparisons if row.verdict == "not acceptable"}
+        failing |= {row.benchmark for row in gated.benchmarks if row.status == "BREACH"} if gated else set()
+        verdict, changed = verdict_within_noise(verdict, floor, failing)
+        reasons = [*([changed] if changed else []), *reasons, *said]
+        seconds["noise_floor"] = round(time.monotonic() - mark, 1)
     seconds["total"] = round(time.monotonic() - started, 1)
     return EvaluateQuantizationOutput(
-        verdict=_verdict(compared, gated), comparability=compared.comparability, table_markdown=compared.table_markdown,
-        comparisons=compared.comparisons, reasons=compared.reasons, baseline=baseline, candidate=candidate,
+        verdict=verdict, comparability=compared.comparability, table_markdown=compared.table_markdown,
+        comparisons=compared.comparisons, reasons=reasons, baseline=baseline, candidate=candidate,
         report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, gate=gated,
-        policy_path=str(policy_path) if request.max_drop is not None else None, seconds=seconds)
+        policy_path=str(policy_path) if request.max_drop is not None else None, noise_floor=floor,
+        noise_floor_run=floor_run, seconds=seconds)
+
+
+def _noise_floor(request: EvaluateQuantizationInput, root: Path, report_dir: Path, baseline: CheckpointEvaluation,
+                 compared: compare.CompareResultsOutput, progress: ProgressFn,
+                 ) -> tuple[list[NoiseFloor], CheckpointEvaluation | None, list[str]]:
+    """The baseline served and run again on the framework's other numeric path, compared with its own run."""
+    flag = FRAMEWORK_INFO[request.framework].eager_flag
+    if flag is None:
+        return [], None, [f"Noise floor: {request.framework} has one numeric path here; nothing measured."]
+    other = request.model_copy(update={"eager": not request.eager})
+    path = f"with {flag}" if other.eager else f"without {flag} (the default path)"
+    try:
+        run = _evaluate_alone(_Checkpoint("noise-floor", request.baseline_checkpoint, other, root), other, progress)
+    except ToolError as exc:
+        return [], None, [f"Noise floor not measured: the baseline served {path} failed: {exc}"]
+    same = compare.compare_results(compare.CompareResultsInput(
+        baseline=baseline.full_run_record_id or "", candidate=run.full_run_record_id or "", confidence=request.confidence,
+        output_dir=str(report_dir / "noise-floor"), baseline_checkpoint=baseline.checkpoint,
+        candidate_checkpoint=baseline.checkpoint))
+    rows = noise_floor(compared.comparisons, same.comparisons, path)
+    return rows, run, [row.message for row in rows]
+
+
+def _evaluate_alone(side: _Checkpoint, request: EvaluateQuantizationInput, progress: ProgressFn) -> CheckpointEvaluation:
+    """One more side, served and run on its own (its finished run reused as any other)."""
+    if side.done is not None:
+        return side.reused()
+    offset = 2 * STEPS_PER_CHECKPOINT
+    try:
+        progress(offset, _total(request), f"{side.role}: starting {request.framework} on {side.dir.name}")
+        side.launch(_plan(side.dir, request), request)
+        assert side.launched is not None
+        served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, _total(request), side.role))
+        side.seconds["serve"] = time.monotonic() - side.launched_at
+        return _run_both_runs(side, served, request, progress, offset)
+    except BaseException as exc:
+        side.stop(interrupted=not isinstance(exc, Exception))
+        raise
+
+
+def serving_note(baseline: Serving | None, candidate: Serving | None) -> str:
+    """How both sides were served, in a line; the eager path said as a choice that moves answers."""
+    if baseline is None or candidate is None:
+        return "Serving: not recorded for one side (a run served outside quanteval); the comparability checklist says more."
+    def said(serving: Serving) -> str:
+        path = ("its default numeric path" if serving.numerics == "default" else
+                f"the eager numeric path ({FRAMEWORK_INFO[serving.framework].eager_flag}, as asked: answers differ from the "
+                "default path's on a share of problems, so compare only with runs served this way)")
+        return f"{serving.version or serving.framework} on {serving.device}, {path}"
+    if said(baseline) == said(candidate):
+        return f"Served: both sides by {said(baseline)}."
+    return f"Served differently: the baseline by {said(baseline)}; the candidate by {said(candidate)}."
 
 
 def _verdict(compared: compare.CompareResultsOutput, gated: GateResultsOutput | None) -> Verdict:
@@ -579,8 +668,8 @@ class StartEvaluationOutput(BaseModel):
 
 
 def start_evaluation(request: StartEvaluationInput) -> StartEvaluationOutput:
-    """Use instead of evaluate_quantization when your client times requests out (60 s): starts it as a job and returns
-    its record_id; then wait_for_run (timeout_s 45) until not running: its result is the answer. kill_run stops it.
+    """Use instead of evaluate_quantization when your client times out requests (60 s): starts it as a job, returns its
+    record_id; wait_for_run (timeout_s 45) until not running gives the answer. kill_run stops it.
     """
     check_request(request.evaluation)
     record = background.start(request.evaluation.model_dump(mode="json"))

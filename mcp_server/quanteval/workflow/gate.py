@@ -186,14 +186,12 @@ def load_policy(path: Path) -> GatePolicy:
 
 
 class GateResultsInput(StrictModel):
-    baseline: str = Field(description="Reference run: nel-next run folder (`nel eval run -o DIR`), eval-*.json bundle or record id; NEL 0.2.6 "
-                                      "directory, host:path, record id or invocation id.")
+    baseline: str = Field(description="Reference run: nel-next run folder or eval-*.json; NEL 0.2.6 directory, host:path or "
+                                      "invocation id; or a record id.")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
-    policy: str = Field(description="Policy YAML (`nel gate --policy` format): version: 1, defaults, benchmarks.<name>.{tier: "
-                                    "critical|supporting|advisory, metric: pass@1|mean_reward, max_drop (a fraction: 0.02 = two points), "
-                                    "max_relative_drop, relative_guard_below, direction}.")
-    output_dir: str | None = Field(None, description=f"Write the report there as {REPORT_NAME} (nel gate's "
-                                   "--output JSON). Default: write nothing.")
+    policy: str = Field(description="`nel gate --policy` YAML: version: 1, defaults, benchmarks.<name>.{tier: "
+                                    "critical|supporting|advisory, metric, max_drop (a fraction: 0.02 = two points), max_relative_drop}.")
+    output_dir: str | None = Field(None, description=f"Where to write {REPORT_NAME} (nel gate's --output JSON); default none.")
 
 
 class CompareEvidence(BaseModel):
@@ -391,7 +389,7 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
 
 def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_CONFIDENCE) -> GateResultsOutput:
     """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline under a policy,
-    with the reason per benchmark; two finished runs of one engine (nel-next's, or NEL 0.2.6's).
+    with the reason per benchmark; two finished runs of one engine.
     """
     policy_path = Path(request.policy).expanduser()
     policy = load_policy(policy_path)

@@ -29,7 +29,7 @@ Export = Literal["none", "mlflow", "wandb"]
 
 class BuildConfigInput(StrictModel):
     engine: EngineName = Field("nel", description=(
-        "'nel' (NEL 0.2.6, container tasks) or 'nel-next' (BYOB .py files, skills://NAME, built-ins)."))
+        "'nel' (NEL 0.2.6, containers) or 'nel-next' (BYOB .py, skills://NAME, built-ins)."))
     execution: Execution = Field(description="'local' (Docker here) or 'slurm' (a cluster over SSH).")
     deployment: Deployment = Field(
         description="Server NEL starts; 'none': an existing endpoint (target.api_endpoint)."
@@ -37,8 +37,8 @@ class BuildConfigInput(StrictModel):
     model_type: ModelType = Field(description="Chat or reasoning model (chat endpoint) or base model (completions).")
     benchmarks: list[str] = Field(
         min_length=1,
-        description="nel bundles (base: general_knowledge, coding, long_context, multilingual; chat_reasoning: core_reasoning, agentic, "
-                    "long_context, multilingual) or nel-next benchmarks (BYOB .py file, skills://NAME, built-in).",
+        description="nel bundles (general_knowledge, coding, core_reasoning, agentic, long_context, multilingual) or nel-next "
+                    "benchmarks (BYOB .py file, skills://NAME, built-in).",
     )
     export: Export = Field("none", description="Automatic export after the run.")
     config_path: str | None = Field(
@@ -204,7 +204,7 @@ def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOut
 
 
 def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_progress) -> ApplyCheckpointOutput:
-    """Use after add_tasks, and again whenever the checkpoint changes: sets all the config takes from it (model, TP, server
+    """Use after add_tasks, and whenever the checkpoint changes: sets what the config takes from it (model, TP, server
     flags, token budget, sampling, thinking, tokenizer).
     """
     return engines.for_config(load_config(request.config_path)).apply_checkpoint(request, progress)

@@ -8,8 +8,9 @@ call these functions, so one comparison has one confidence interval, one rule an
   not acceptable, a CI across it is inconclusive.
 - The advice, when inconclusive: how many paired problems would decide the margin, at the observed per-problem
   spread (for 0/1 rewards: discordance d and mean delta δ give variance d - δ²), if the true delta is the observed
-  one. The CI decides when |δ + m| exceeds z_c·σ/√N; that happens in a share `power` of runs when
-  N = ((z_c + z_power)·σ / |δ + m|)². tests/test_paired.py checks it against simulated paired outcomes.
+  one, and if there is no true drop (δ = 0, the same σ), so a user can size a benchmark either way. The CI decides
+  when |δ + m| exceeds z_c·σ/√N; that happens in a share `power` of runs when N = ((z_c + z_power)·σ / |δ + m|)².
+  tests/test_paired.py checks it against simulated paired outcomes.
 
 The user's margin is given in accuracy points (2 = two points); the statistics work on fractions (0.02).
 """
@@ -56,8 +57,7 @@ def _confidence(value: float) -> float:
 # The user's rule, as compare_results and evaluate_quantization take it. No margin given: no verdict on
 # acceptability (inconclusive, naming the measured drop), never a margin chosen for the user.
 MaxDropPoints = Annotated[float | None, AfterValidator(_points), Field(description=(
-    "Largest acceptable accuracy drop in points (2 = two points, not 0.02). Omitted: measured, no verdict on "
-    "acceptability."))]
+    "Largest acceptable drop in points (2 = two points, not 0.02). Omitted: no acceptability verdict."))]
 Confidence = Annotated[float, AfterValidator(_confidence), Field(description=(
     "Confidence of the paired interval (nel gate's is 0.95)."))]
 
@@ -209,16 +209,20 @@ def problems_to_decide(spread: float, delta: float, max_drop: float, confidence:
 
 
 def advice(interval: PairedInterval, max_drop: float | None, power: float = DEFAULT_POWER) -> str:
-    """What would decide an inconclusive comparison: the number of problems, at the discordance observed."""
-    observed = (f"{interval.discordant} of {interval.n} paired problems changed ({100 * interval.discordant / interval.n:.1f}%), "
-                f"delta {100 * interval.delta:+.2f} points")
+    """What would decide an inconclusive comparison: the number of problems, at the discordance observed, if the true
+    delta is the observed one and if there is no true drop."""
+    changed = f"{interval.discordant} of {interval.n} paired problems changed ({100 * interval.discordant / interval.n:.1f}%)"
+    delta = f"{100 * interval.delta:+.2f} points"
     if max_drop is None:
-        return f"Give max_drop (points) to judge: {observed}."
+        return f"Give max_drop (points) to judge: {changed}, delta {delta}."
     needed = problems_to_decide(interval.spread, interval.delta, max_drop, interval.confidence, power)
+    no_drop = problems_to_decide(interval.spread, 0.0, max_drop, interval.confidence, power)
     level = f"{100 * interval.confidence:g}%"
     if needed is None:
-        return (f"{observed}: the measured drop sits at the {100 * max_drop:g}-point margin, so no feasible number of "
-                f"problems decides it at {level}; the drop is about the margin itself.")
+        return (f"{changed}, delta {delta}: the measured drop sits at the {100 * max_drop:g}-point margin, so no feasible "
+                f"number of problems decides it at {level} (the drop is about the margin itself)"
+                + ("." if no_drop is None else f"; ~{no_drop} would if there is no true drop."))
     return (f"~{needed} paired problems would decide the {100 * max_drop:g}-point margin at {level} confidence in "
-            f"{100 * power:g}% of runs, if the true delta is the observed one ({observed}). Run more problems "
-            f"(max_problems, or a larger benchmark).")
+            f"{100 * power:g}% of runs if the true delta is the observed {delta}"
+            + ("" if no_drop is None else f"; ~{no_drop} if there is no true drop")
+            + f" ({changed}). Run more problems (max_problems, or a larger benchmark).")

@@ -230,7 +230,7 @@ def _checkpoint_report(doc: Any, checkpoint: str | None) -> tuple[Any, str | Non
 
 def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress) -> ApplyClusterOutput:
     """Use after apply_checkpoint for a SLURM config: asks the cluster, writes partition, gres, walltime, user and a lone
-    visible account; warns if its GPUs cannot run the checkpoint's format.
+    account; warns if its GPUs cannot run the checkpoint's format.
     """
 
     written = engines.load_config(request.config_path)

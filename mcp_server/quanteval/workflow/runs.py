@@ -73,11 +73,11 @@ class LaunchCanaryInput(StrictModel):
     overrides: list[str] = Field(default_factory=list, description=(
         "Overrides as for `nel run -o` (new key: '++'); give launch_full_run the same ones."))
     repeats: int | None = Field(1, ge=1, le=1000, description=(
-        "Repeats per sample where the config repeats (num_repeats, n_samples); null: the config's, as in the full run."))
+        "Repeats per sample where the config repeats; null: the config's, as the full run."))
 
 
 def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress) -> LaunchOutput:
-    """Use after a passing dry_run: launches a small canary (limit_samples per task) and returns its record_id at once;
+    """Use after a passing dry_run: launches a canary (limit_samples per task), returns its record_id at once;
     launch_full_run needs it to pass. Poll with wait_for_run.
     """
     config_path = _config_file(request.config_path)
@@ -240,8 +240,8 @@ class WaitForRunInput(StrictModel):
 
 
 def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -> RunStatusOutput:
-    """Use instead of polling run_status (a run, or start_evaluation's job: progress, then result): answers once the
-    status changes or timeout_s passes (45 for a 60 s client timeout)."""
+    """Use instead of polling run_status (a run, or start_evaluation's job: progress, then result): answers when the
+    status changes or after timeout_s (45 for a 60 s client timeout)."""
     status = run_status(RunRef(record_id=request.record_id))
     if status.status not in ACTIVE:
         return status
@@ -268,7 +268,7 @@ class RunLogsInput(StrictModel):
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
     """Use when a run failed or to watch a canary: log tails, known failure lines (file:line) and, for a failed run, a
-    diagnosis with its usual fix. Secrets masked.
+    diagnosis and its fix. Secrets masked.
     """
     record = _record(request.record_id)
     return engines.for_record(record).logs(record, request.lines, request.job, progress)
@@ -332,8 +332,8 @@ class ListRunsOutput(BaseModel):
 
 
 def list_runs(request: ListRunsInput) -> ListRunsOutput:
-    """Use to find a record_id: runs, evaluations, deployments and eval servers (one left running shows here;
-    stop_deployment / stop_eval_server take its id), newest first. Paginated.
+    """Use to find a record_id: runs, evaluations, deployments and eval servers (one left running shows here),
+    newest first. Paginated.
     """
     kinds: list[ledger.RecordKind] = [request.kind] if request.kind else list(typing.get_args(ListedKind))
     page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)

@@ -101,7 +101,7 @@ def _shorten(text: str, width: int = 200) -> str:
 
 
 def list_tasks(request: ListTasksInput) -> ListTasksOutput:
-    """Use before add_tasks to find a benchmark's exact NEL task name in NEL's catalogue, with harness and whether a
+    """Use before add_tasks to find a benchmark's exact task name in NEL's catalogue, with harness and whether a
     reviewed recipe exists. Paginated.
     """
     entries = catalogue()

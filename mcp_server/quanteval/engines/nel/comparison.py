@@ -16,6 +16,7 @@ from quanteval.engines.nel.nelfacts import REPEAT_KEYS
 from quanteval.engines.nel.runtree import METADATA_FILE, RESULTS_FILE, load_yaml, repeats, run_config
 from quanteval.engines.runresults import TaskScores, family_facts
 from quanteval.models import ToolError
+from quanteval.serving import frameworks
 
 PROMPT_KEYS = re.compile(r"prompt|template|system|few_?shot|chat", re.IGNORECASE)
 REASONING_KEYS = re.compile(r"reason|think", re.IGNORECASE)
@@ -47,7 +48,7 @@ def resolved_config(task_dir: Path) -> dict[str, Any] | None:
     return resolved if isinstance(resolved, dict) and resolved else None
 
 
-def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
+def _serving(resolved: dict[str, Any] | None, report: Any) -> dict[str, Any] | None:
     deployment = (resolved or {}).get("deployment")
     if not isinstance(deployment, dict) or not deployment.get("type"):
         return None
@@ -55,19 +56,29 @@ def _serving(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
         flags = dict(nel_config.parse_extra_args(str(deployment.get("extra_args") or "")))
     except ToolError:
         flags = {}
+    scored = {flag: flags[flag] for flag in SCORE_FLAGS if flag in flags}
+    # The KV-cache dtype the checkpoint itself calls for (apply_checkpoint writes it) is part of its quantization, named
+    # by compare_results when the two checkpoints' KV caches differ; another value is a serving choice that moves scores.
+    framework = str(deployment["type"])
+    info = frameworks.FRAMEWORK_INFO.get(framework)
+    kv_flag = info.kv_cache_flag if info else None
+    if kv_flag in scored and report is not None and scored[kv_flag] == frameworks.kv_cache_dtype(framework, report.quantization.kv_cache_quant_algo):
+        del scored[kv_flag]
     # the served context is compared with the model family (model.served_context)
-    return {"framework": deployment.get("type"), "image": deployment.get("image")} | {flag: flags[flag] for flag in SCORE_FLAGS if flag in flags}
+    return {"framework": deployment.get("type"), "image": deployment.get("image")} | scored
 
 
-def _model(resolved: dict[str, Any] | None, checkpoint: str | None) -> dict[str, Any] | None:
-    """The checkpoint's model family (the user's checkpoint, else the one the resolved config names), with the
-    context the deployment's flags serve."""
+def _report(resolved: dict[str, Any] | None, checkpoint: str | None) -> Any:
+    """The checkpoint's report: the user's checkpoint, else the one the resolved config names; None: not readable here."""
     if checkpoint:
         from quanteval.serving import checkpoint as checkpoints
 
-        report = checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
-    else:
-        report = nel_config.model_source_report(resolved, Path.cwd()) if resolved else None
+        return checkpoints.inspect_checkpoint(checkpoints.InspectCheckpointInput(checkpoint=checkpoint))
+    return nel_config.model_source_report(resolved, Path.cwd()) if resolved else None
+
+
+def _model(resolved: dict[str, Any] | None, report: Any) -> dict[str, Any] | None:
+    """The checkpoint's model family, with the context the deployment's flags serve."""
     if report is None:
         return None
     context, _ = nel_config.serving_context(resolved or {}, report)
@@ -92,9 +103,10 @@ def facets(task_dir: Path, scores: TaskScores, checkpoint: str | None = None) ->
     generation |= {k: v for k, v in added.items() if k not in ("chat_template_kwargs", "top_k")}
     generation |= overrides  # NeMo-Skills ++inference.* wins over NEL's params
     classified = [PROMPT_KEYS, REASONING_KEYS, JUDGE_KEYS]
+    report = _report(resolved, checkpoint)
     return {
-        "model": _model(resolved, checkpoint),
-        "serving": _serving(resolved),
+        "model": _model(resolved, report),
+        "serving": _serving(resolved, report),
         "task": {"harness": config.get("framework_name"), "task": (config.get("config") or {}).get("type")},
         "container": versioning,
         "prompts": {

@@ -298,7 +298,10 @@ def generation_budget(context: int) -> int:
 def owned_flags(framework: str) -> set[str]:
     """Server flags apply_checkpoint computes from the checkpoint (and so replaces on every call)."""
     info = frameworks.FRAMEWORK_INFO[framework]
-    return {info.context_flag, info.trust_remote_code_flag, "--quantization", "--reasoning-parser"}
+    # --kv-cache-dtype follows the checkpoint's KV cache: a BF16 baseline made from an FP8-KV candidate's config must
+    # not keep the candidate's flag.
+    kv_cache = {info.kv_cache_flag} if info.kv_cache_flag else set()
+    return {info.context_flag, info.trust_remote_code_flag, "--quantization", "--reasoning-parser"} | kv_cache
 
 
 def _scalar(text: str) -> Any:

@@ -308,10 +308,14 @@ def log_tail(details: dict[str, Any], lines: int) -> list[str]:
 
 
 RUN_FACTS_NAME = "quanteval-run.json"
-def write_run_facts(run_dir: Path, config: dict[str, Any], checkpoint: str | None, served: dict[str, Any] | None) -> None:
+def run_facts(config: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
     """What compare_results checks for comparability: the config as nel-next read it (secrets redacted), the
-    checkpoint and what the server reported serving. nel-next itself keeps none of this in a local run."""
-    facts = {"config": redact.redact_config(config), "checkpoint": checkpoint, "served": served or {}}
+    checkpoint, what the server reported serving and how quanteval served it. nel-next keeps none of this."""
+    return {"config": redact.redact_config(config), "checkpoint": details.get("checkpoint"),
+            "served": details.get("served") or {}, "serving": details.get("serving")}
+
+
+def write_run_facts(run_dir: Path, facts: dict[str, Any]) -> None:
     (run_dir / RUN_FACTS_NAME).write_text(json.dumps(facts, indent=1), encoding="utf-8")
 
 
@@ -348,7 +352,7 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], run_di
                         "use cluster.type local (this machine) or slurm.")
     started = start(config_path, overrides, run_dir)
     try:
-        write_run_facts(run_dir, checked["config"], details.get("checkpoint"), details.get("served"))
+        write_run_facts(run_dir, run_facts(checked["config"], details))
         return ledger.update(record.id, status="running", config_hash=config_hash(config_path, overrides),
                              invocation_id=f"nel-next:{run_dir}", executor="local",
                              details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},
@@ -438,7 +442,7 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], checke
         jobs.append({"job_id": job_id, "hostname": meta["hostname"], "username": meta.get("username") or None,
                      "remote_dir": meta["remote_dir"]})
     results_dir = data_home() / "results" / f"{jobs[0]['hostname']}-{job_ids[0]}"
-    facts = {"config": redact.redact_config(checked["config"]), "checkpoint": details.get("checkpoint"), "served": details.get("served") or {}}
+    facts = run_facts(checked["config"], details)
     return ledger.update(record.id, status="submitted", config_hash=config_hash(config_path, overrides),
                          invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
                          details={**details, "engine": "nel-next", "overrides": overrides, "tasks": checked["benchmarks"],

@@ -258,6 +258,12 @@ def _float(value: Any) -> float | None:
         return None
 
 
+def _server(serving: dict[str, Any] | None) -> dict[str, Any] | str:
+    if not serving:
+        return "not started by quanteval"
+    return {key: serving.get(key) for key in ("framework", "version", "launcher", "numerics", "flags")}
+
+
 def _facets(bundle: nextresults.Bundle, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
     facts = nelnext.read_run_facts(run_dir)
     if facts is None:
@@ -271,7 +277,10 @@ def _facets(bundle: nextresults.Bundle, run_dir: Path, checkpoint: str | None) -
     served = facts.get("served") or {}
     return {
         "model": model_family(checkpoint or facts.get("checkpoint")),
-        "serving": {"protocol": service.get("protocol"), "served_context": served.get("max_model_len")},
+        # how the server computed (framework, release, numeric path, flags), where quanteval started it: a run served
+        # on another path differs on a share of answers for that alone
+        "serving": {"protocol": service.get("protocol"), "served_context": served.get("max_model_len"),
+                    "server": _server(facts.get("serving"))},
         "task": bundle.name, "container": "in-process (nel-next)",
         "prompts": {"system_prompt": solver.get("system_prompt"), "instruction_template": entry.get("instruction_template"),
                     "fewshot": entry.get("fewshot")},

@@ -35,6 +35,7 @@ from quanteval.engines.nel_next import config, nelnext, nextresults, skills
 from quanteval.engines.rendering import rendered_script
 from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import secret_values, shown_line, shown_lines
+from quanteval.serving.deployment import serving_at
 
 NOT_FINISHED = "nel eval run ended (exit {code}) without finishing it"
 
@@ -118,13 +119,16 @@ def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
 
 def _model_facts(config_path: str) -> dict:
     """The checkpoint and served facts behind the config's model service, recorded with the run: compare_results
-    checks from them that baseline and candidate are one model family served alike."""
+    checks from them that baseline and candidate are one model family served alike (by a server quanteval started:
+    its framework, release and numeric path)."""
     try:
         _, service = config.model_service(configfile.load_config(config_path), config_path)
     except ToolError:
         return {}
     directory, served = config.service_model(service)
-    return {"checkpoint": directory, "served": served or {}}
+    url = service.get("url")
+    serving = serving_at(url) if service.get("type") == "api" and isinstance(url, str) else None
+    return {"checkpoint": directory, "served": served or {}, "serving": serving}
 
 
 def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
