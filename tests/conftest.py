@@ -6,12 +6,16 @@ import os
 from pathlib import Path
 
 import pytest
-from tiers import REPO, TIER_MARKERS, lane, user_env
+from tiers import OWN_LANE, REPO, TIER_MARKERS, lane, user_env
 
 os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 
 # The tier a fixture puts its tests in (tests/tiers.py): using the cluster makes a test a SLURM test.
 FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
+
+# The lanes' order in the queue: the tiny-add vLLM lane (the longest) and the SLURM lane start at once on the two
+# workers; tiny-skills' vLLM lane follows the SLURM one.
+LANE_ORDER = {"vllm": 0, "slurm": 1, "vllm-tiny-skills": 2}
 
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]
@@ -25,6 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for marker, meaning in TIER_MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: {meaning}")
+    config.addinivalue_line("markers", f"{OWN_LANE}(name): the xdist group of a vLLM module with checkpoints of its own")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -33,12 +38,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     for fixture, marker in FIXTURE_MARKERS.items():
         if fixture in getattr(item, "fixturenames", ()):
             item.add_marker(marker)
-    markers = {mark.name for mark in item.iter_markers()}
-    item.add_marker(pytest.mark.xdist_group(lane(markers) or item.path.name))
+    item.add_marker(pytest.mark.xdist_group(lane(item) or item.path.name))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With --fast, the heavy tiers are deselected."""
+    """The lanes first, longest first (scripts/test keeps this order for xdist: --no-loadscope-reorder), so each starts
+    on a worker of its own at once and the short tests fill in around them. With --fast, the heavy tiers are deselected."""
+    items.sort(key=lambda item: LANE_ORDER.get(lane(item) or "", len(LANE_ORDER)))
     if not config.getoption("--fast"):
         return
     heavy = [item for item in items if any(item.iter_markers(marker) for marker in TIER_MARKERS)]

@@ -1,7 +1,8 @@
 """evaluate_quantization takes minutes; MCP clients give up on a request after 60 s. Driven through real clients nobody
 here wrote, at their default timeouts: the MCP Inspector CLI (one stdio server per call) and the TypeScript SDK's client
-(tests/mcp_clients, installed by `scripts/setup --dev`), with the real nel-next on the embedded model, served by the
-real vLLM (CPU) where stopping it is checked, and by a stand-in that loads for 50 s where only the length of the call is.
+(tests/mcp_clients, installed by `scripts/setup --dev`), with the real nel-next on the embedded model. The real vLLM
+(CPU) serves it where the IDE quits mid-call (its whole process tree must go); elsewhere a stand-in answers the sums,
+loading for 50 s where the length of the call is the point, or with child processes of its own where leaving is.
 
 - start_evaluation + wait_for_run reach the verdict from both clients at their defaults;
 - the one-call form reaches it from a client that asks for progress with resetTimeoutOnProgress;
@@ -34,6 +35,7 @@ BASELINE, CANDIDATE = CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a
 CLIENTS = REPO / "tests" / "mcp_clients"
 INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
 CLIENT_TIMEOUT_S = 60  # both clients' default request timeout (DEFAULT_REQUEST_TIMEOUT_MSEC in the TypeScript SDK)
+STANDIN = [sys.executable, str(REPO / "tests" / "standins" / "fake_inference_server.py"), "--fake-answers", "sum"]
 SERVER_DELAY_S = 50  # with the runs, every evaluation with a server this slow to load outlasts CLIENT_TIMEOUT_S
 
 pytestmark = requires("nel-next", "npm", "slow")
@@ -50,9 +52,15 @@ def slow_env(env: dict[str, str]) -> dict[str, str]:
     """env, with a stand-in for vLLM (tests/standins, answering each sum as tiny-add does) that loads for SERVER_DELAY_S:
     every evaluation outlasts the clients' 60 s, and no CPU is spent on serving, which is not what these tests check
     (the tests below without it stop the real vLLM)."""
-    standin = REPO / "tests" / "standins" / "fake_inference_server.py"
-    return env | {"QUANTEVAL_VLLM_LAUNCHER": shlex.join([sys.executable, str(standin), "--fake-answers", "sum",
-                                                          "--fake-load-s", str(SERVER_DELAY_S)])}
+    return env | {"QUANTEVAL_VLLM_LAUNCHER": shlex.join([*STANDIN, "--fake-load-s", str(SERVER_DELAY_S)])}
+
+
+@pytest.fixture
+def standin_env(env: dict[str, str]) -> dict[str, str]:
+    """env, with a stand-in for vLLM that has two child processes (as vLLM's engine core and worker) and answers in
+    0.1 s, so a 1000-problem full run lasts long enough to be left mid-way; the real vLLM's case is the stdio one."""
+    return env | {"QUANTEVAL_VLLM_LAUNCHER": shlex.join([*STANDIN, "--fake-load-s", "2", "--fake-workers", "2",
+                                                          "--fake-answer-s", "0.1"])}
 
 
 def arguments(tmp_path: Path, **more: object) -> dict[str, object]:
@@ -66,7 +74,7 @@ def left_running(tmp_path: Path) -> list[str]:
     names this test's folder (nel runs, the job)."""
     mine = own_state_dir()
     return [*running_with("--model", str(BASELINE), state_dir=mine), *running_with("--model", str(CANDIDATE), state_dir=mine),
-            *running_with(str(tmp_path))]
+            *running_with("time.sleep(3600)", state_dir=mine), *running_with(str(tmp_path))]  # sleep: a stand-in's child
 
 
 def wait_until(condition, timeout_s: float, what: str) -> None:
@@ -189,8 +197,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@requires("vllm")
-def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_run(env, tmp_path):
+def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_run(standin_env, tmp_path):
+    env = standin_env
     port = _free_port()
     # --root /: over HTTP the root defaults to the working directory, and the checkpoints and output lie apart
     server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp"), "--http", "--port", str(port), "--root", "/"], env=env,
@@ -231,8 +239,8 @@ def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_ru
         server.wait(timeout=60)
 
 
-@requires("vllm")
-def test_kill_run_stops_a_started_evaluation_with_its_servers(env, tmp_path):
+def test_kill_run_stops_a_started_evaluation_with_its_servers(standin_env, tmp_path):
+    env = standin_env
     started = inspector(env, "start_evaluation", evaluation=arguments(tmp_path))["structuredContent"]
     wait_until(lambda: bool(ledger.find(kind="deployment")), 120, "its first server")
     listed = inspector(env, "list_runs")["structuredContent"]["runs"]

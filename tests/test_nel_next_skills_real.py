@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from processes import running_with
-from tiers import CHECKPOINTS, REPO, requires, user_env
+from tiers import CHECKPOINTS, REPO, own_lane, requires, user_env
 
 from quanteval import engines
 from quanteval.engines.nel_next import nelnext, nextresults
@@ -36,7 +36,8 @@ NS = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills") / "
 MAX_TOKENS = 16
 
 
-pytestmark = requires("vllm", "skills-in-nel-next")
+# tiny-skills is served by no other test: this module's vLLM starts may overlap the tiny-add lane's
+pytestmark = [*requires("vllm", "skills-in-nel-next"), own_lane("vllm-tiny-skills")]
 
 
 @pytest.fixture(scope="module")

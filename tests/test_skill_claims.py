@@ -35,7 +35,7 @@ NOT_TOOLS = {
     "max_logged_responses", "max_new_tokens", "model_id", "params_to_add", "params_to_remove", "process_reasoning_traces",
     "request_timeout", "top_k", "top_p", "use_request_logging", "use_response_logging", "use_system_prompt",
     "general_knowledge", "core_reasoning", "long_context", "mmlu_pro", "checkpoint_not_servable", "skills_not_graded",
-    "skills_unavailable", "infra_error", "modelopt_mixed", "timed_out", "quantization_config",
+    "skills_unavailable", "infra_error", "modelopt_mixed", "timed_out", "quantization_config", "fp8_e4m3",
 }
 
 

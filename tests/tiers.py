@@ -42,6 +42,9 @@ TIER_MARKERS = {
 # xdist lanes (--dist loadgroup): a test with one of these markers runs on the lane's one worker, in this order of
 # precedence (a test that needs vLLM and SLURM runs in the vLLM lane, which then starts a cluster of its own).
 LANES = ("vllm", "slurm")
+# A module whose real servers are of checkpoints no other vLLM test serves (its "nothing left running" checks name
+# only those) may take a vLLM lane of its own: `pytestmark = [*requires("vllm"), own_lane("vllm-tiny-skills")]`.
+OWN_LANE = "lane"
 
 
 @cache
@@ -87,8 +90,15 @@ def requires(*needs: str) -> Marks:
     return marks
 
 
-def lane(markers: set[str]) -> str | None:
-    """The xdist group of a test carrying these markers, if it must share a worker with others."""
+def own_lane(name: str) -> pytest.MarkDecorator:
+    return getattr(pytest.mark, OWN_LANE)(name)
+
+
+def lane(item: pytest.Item) -> str | None:
+    """The xdist group of a test, if it must share a worker with others: its own lane, else its heavy marker's."""
+    if (own := item.get_closest_marker(OWN_LANE)) is not None:
+        return own.args[0]
+    markers = {mark.name for mark in item.iter_markers()}
     return next((name for name in LANES if name in markers), None)
 
 

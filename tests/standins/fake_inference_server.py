@@ -45,6 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fake-answers", choices=["hello", "sum"], default="hello",
                         help="hello: one greeting for every request; sum: the sum of the last `a+b` in the prompt, as the "
                              "embedded tiny-add answers its benchmark")
+    parser.add_argument("--fake-answer-s", type=float, default=0.0, help="seconds each completion takes")
     parser.add_argument("model", nargs="?", help="vLLM style: `vllm serve <model>`")
     parser.add_argument("--model-path", "--model")
     parser.add_argument("--served-model-name")
@@ -85,6 +86,7 @@ def main() -> None:  # noqa: C901
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            time.sleep(args.fake_answer_s)
             if not state["ready"]:
                 self._send(503, {"error": "server is starting"})
             elif self.path not in ("/v1/chat/completions", "/v1/completions"):

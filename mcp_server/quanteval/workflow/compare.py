@@ -330,28 +330,28 @@ def _acceptability(comparability: str, rows: list[TaskComparison], reasons: list
     return "acceptable" if rows else "inconclusive"
 
 
-def _candidate_weight_bits(checkpoint: str | None) -> int | None:
-    """The candidate's weight bits from its checkpoint; None when unknown."""
+def _quantization(checkpoint: str | None):
+    """The checkpoint's quantization facts; None when there is none to read here."""
     from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 
     if not checkpoint:
         return None
     try:
-        quant = inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).quantization
+        return inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).quantization
     except ToolError:
         return None
-    return quant.weights.bits if quant.weights else None  # undetected (e.g. stored dequantized): the format is unknown
+
+
+def _candidate_weight_bits(checkpoint: str | None) -> int | None:
+    """The candidate's weight bits from its checkpoint; None when unknown."""
+    quant = _quantization(checkpoint)
+    return quant.weights.bits if quant and quant.weights else None  # undetected (e.g. stored dequantized): unknown
 
 
 def _kv_cache(checkpoint: str | None) -> str | None:
     """The checkpoint's KV-cache precision as people name it (16-bit, FP8, NVFP4); None when not readable here."""
-    from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
-
-    if not checkpoint:
-        return None
-    try:
-        quant = inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).quantization
-    except ToolError:
+    quant = _quantization(checkpoint)
+    if quant is None:
         return None
     return str(quant.kv_cache_quant_algo).upper() if quant.kv_cache is not None else "16-bit"
 
