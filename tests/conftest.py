@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: LANE_ORDER.get(lane(item) or "", len(LANE_ORDER)))
     if not config.getoption("--fast"):
         return
-    heavy = [item for item in items if any(item.iter_markers(marker) for marker in TIER_MARKERS)]
+    heavy = [item for item in items if any(item.get_closest_marker(marker) for marker in TIER_MARKERS)]
     if heavy:
         config.hook.pytest_deselected(items=heavy)
         dropped = set(heavy)

@@ -429,3 +429,20 @@ def test_the_cli_takes_published_scores_as_task_equals_score(tmp_path: Path, cap
     assert (args.reference_scores, args.reference_tolerance) == ([("tiny_add", "0.95"), ("gsm8k", "0.62")], 3.0)
     code = cli.main(["evaluate", str(tmp_path / "a"), str(tmp_path / "b"), "--benchmarks", "x.py", "--reference-score", "tiny_add=150"])
     assert code == cli.EXIT_USAGE and "reference_scores.tiny_add: 150 is not an accuracy score" in capsys.readouterr().err
+
+
+def test_checkpoints_shipping_different_sampling_are_named_and_neither_file_is_used(tmp_path: Path) -> None:
+    """A quantized checkpoint often ships a generation_config.json unlike its baseline's: evaluate says so (both sides
+    are asked with the config's one sampling), and says nothing when the files agree."""
+    import json
+
+    from factories import make_checkpoint
+
+    from quanteval.workflow.evaluate import sampling_note
+
+    base, cand = make_checkpoint(tmp_path / "bf16"), make_checkpoint(tmp_path / "nvfp4")
+    assert sampling_note(str(base), str(cand)) is None
+    (cand / "generation_config.json").write_text(json.dumps({"temperature": 0.8, "top_p": 0.95, "do_sample": True}))
+    note = sampling_note(str(base), str(cand))
+    assert note is not None and "'temperature': 0.6" in note and "'temperature': 0.8" in note
+    assert "taken from neither file" in note

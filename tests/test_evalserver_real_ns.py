@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tiers import REPO
+from tiers import REPO, requires
 
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
@@ -38,6 +38,7 @@ if not NS.exists():
               if source else "NeMo-Skills is not available: no ../shared/vendor/nemo-skills-467b057.tar.gz and no "
               "QUANTEVAL_NEMO_SKILLS_SRC, so the real `ns eval` cannot be built here (it is not on the package index)")
     pytest.skip(reason, allow_module_level=True)
+pytestmark = requires("nemo-skills", "slow")  # each `ns eval` takes minutes
 
 sys.path.insert(0, str(Path(__file__).parent / "standins"))
 from openai_router import Router  # noqa: E402

@@ -55,6 +55,7 @@ def _standins_running() -> list[str]:
     return running_with(str(STANDIN), str(BF16.parent), state_dir=own_state_dir())
 
 
+@requires("slow")  # whole nel-next runs: 25-90 s
 def test_a_benchmark_failing_inside_nel_eval_run_fails_the_canary_and_nothing_runs_after_it(standin_vllm, tmp_path):
     bench = tmp_path / "broken.py"
     bench.write_text(BROKEN_BENCH)
@@ -82,6 +83,7 @@ def test_an_output_directory_that_cannot_be_written_is_refused_before_any_server
     assert blocker.read_text() == "not a directory"
 
 
+@requires("slow")  # whole nel-next runs: 25-90 s
 def test_sigterm_mid_evaluation_cancels_stops_the_servers_and_a_second_call_resumes(standin_vllm, tmp_path, cli_env):
     env = {**cli_env, "QUANTEVAL_VLLM_LAUNCHER": standin_vllm, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0",
            "QUANTEVAL_STATE_DIR": os.environ["QUANTEVAL_STATE_DIR"]}
@@ -162,6 +164,7 @@ def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(t
     assert again.structured_content["status"] == "succeeded" and instant < 5  # a finished run: no wait at all
 
 
+@requires("slow")  # whole nel-next runs: 25-90 s
 def test_a_base_model_is_evaluated_through_the_completions_endpoint(standin_vllm, tmp_path):
     """No chat template: the chat endpoint would refuse every request, so the config asks /v1/completions."""
     import shutil
@@ -208,6 +211,7 @@ def _dead_endpoint_config(tmp_path: Path) -> str:
     return config
 
 
+@requires("slow")  # whole nel-next runs: 25-90 s
 def test_a_canary_whose_requests_all_failed_does_not_open_the_gate(tmp_path):
     """nel-next 0.3.0 finishes a run against a dead endpoint with exit 0, a score of 0 and runtime.model_errors 0: the
     failed requests are only in its failure report (infra_error). validate_run counts them, so the canary does not
@@ -224,6 +228,7 @@ def test_a_canary_whose_requests_all_failed_does_not_open_the_gate(tmp_path):
         launch_full_run(LaunchFullRunInput(config_path=config))
 
 
+@requires("slow")  # whole nel-next runs: 25-90 s
 def test_a_shard_in_quantevals_environment_does_not_shard_its_runs_and_a_shard_run_is_named_as_one(tmp_path, monkeypatch):
     """nel-next evaluates one shard when NEL_SHARD_IDX/NEL_TOTAL_SHARDS (or a SLURM array task's variables) are set,
     and reports the run complete. quanteval run inside a SLURM array job: its runs are still the whole benchmark. A run

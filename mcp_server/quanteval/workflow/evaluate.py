@@ -545,6 +545,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     seconds["compare"] = round(time.monotonic() - mark, 1)
     verdict = _verdict(compared, gated)
     reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving)]
+    reasons += [note] if (note := sampling_note(baseline.checkpoint, candidate.checkpoint)) else []
     floor, floor_run = [], None
     if request.noise_floor:
         mark = time.monotonic()
@@ -613,6 +614,21 @@ def serving_note(baseline: Serving | None, candidate: Serving | None) -> str:
     if said(baseline) == said(candidate):
         return f"Served: both sides by {said(baseline)}."
     return f"Served differently: the baseline by {said(baseline)}; the candidate by {said(candidate)}."
+
+
+def sampling_note(baseline: str, candidate: str) -> str | None:
+    """A quantized checkpoint often ships a generation_config.json unlike its baseline's (or a model card's sampling
+    boilerplate): both sides are asked with the config's one sampling, and a difference between the files is said."""
+    def defaults(checkpoint: str) -> dict[str, Any]:
+        try:
+            return inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).generation_defaults
+        except ToolError:
+            return {}
+    base, cand = defaults(baseline), defaults(candidate)
+    if base == cand:
+        return None
+    return (f"Sampling: the checkpoints' generation_config.json differ (baseline {base or 'none'}, candidate "
+            f"{cand or 'none'}); both sides were asked with the same sampling, the config's, taken from neither file.")
 
 
 def _verdict(compared: compare.CompareResultsOutput, gated: GateResultsOutput | None) -> Verdict:

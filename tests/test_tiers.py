@@ -1,0 +1,37 @@
+"""The tiers a developer relies on: `--fast` runs exactly the tests no heavy marker names, a fixture puts its tests in
+their tier, and a missing component skips with the command that brings it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import tiers
+from tiers import REPO, TIER_MARKERS, requires
+
+
+def collected(*args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_fast_runs_every_test_no_heavy_marker_names_and_only_those():
+    everything, fast = collected(), collected("--fast")
+    heavy = collected("-m", " or ".join(TIER_MARKERS))
+    assert fast and heavy and fast | heavy == everything and not fast & heavy
+    assert not any("test_mcp_long_calls.py" in test or "test_evaluate_real.py" in test for test in fast)
+    # the SLURM cluster's users are heavy by the fixture alone (test_runs_slurm.py names no marker)
+    assert any("test_runs_slurm.py" in test for test in collected("-m", "slurm"))
+
+
+def test_a_missing_component_skips_naming_the_command_that_brings_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(tiers, "VLLM_PYTHON", tmp_path / "no-venv" / "bin" / "python")
+    marks = requires("vllm", "slow")
+    assert {mark.name for mark in marks} == {"vllm", "slow", "skip"}
+    (skip,) = [mark for mark in marks if mark.name == "skip"]
+    assert skip.kwargs["reason"] == "no vLLM venv: bash scripts/setup builds .venv-vllm"
+    with pytest.raises(ValueError, match="unknown need 'vlm'"):
+        requires("vlm")
