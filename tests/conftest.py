@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,8 @@ os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 # The tier a fixture puts its tests in (tests/tiers.py): using the cluster makes a test a SLURM test.
 FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 
-# The lanes' order in the queue: the tiny-add vLLM lane (the longest) and the SLURM lane start at once on the two
-# workers; tiny-skills' vLLM lane follows the SLURM one.
-LANE_ORDER = {"vllm": 0, "slurm": 1, "vllm-tiny-skills": 2}
+# The lanes that start at once: the tiny-add vLLM lane (the longest) and tiny-skills' beside it.
+FIRST_LANES = {"vllm": 0, "vllm-tiny-skills": 1}
 
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]
@@ -42,9 +42,11 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The lanes first, longest first (scripts/test keeps this order for xdist: --no-loadscope-reorder), so each starts
-    on a worker of its own at once and the short tests fill in around them. With --fast, the heavy tiers are deselected."""
-    items.sort(key=lambda item: LANE_ORDER.get(lane(item) or "", len(LANE_ORDER)))
+    """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the two vLLM lanes first, each on a worker of
+    its own at once (the longest work), then the other groups largest first, as xdist would order them. With --fast,
+    the heavy tiers are deselected."""
+    sizes = Counter(lane(item) or item.path.name for item in items)
+    items.sort(key=lambda item: (FIRST_LANES.get(lane(item) or "", len(FIRST_LANES)), -sizes[lane(item) or item.path.name]))
     if not config.getoption("--fast"):
         return
     heavy = [item for item in items if any(item.get_closest_marker(marker) for marker in TIER_MARKERS)]
