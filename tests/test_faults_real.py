@@ -74,12 +74,12 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
     assert ledger.find(kind="canary") == []  # nothing was launched against a server that never came up
 
 
-@requires("nel-next", "slow")
 def serving_bf16() -> list[str]:
     """The server (vLLM or the stand-in) this test's evaluate started for the baseline."""
     return running_with("--model", str(BF16), state_dir=own_state_dir())
 
 
+@requires("nel-next", "slow")
 def test_two_evaluate_calls_on_one_output_dir_the_second_is_refused_and_the_first_unharmed(tmp_path):
     """Two real `quanteval evaluate` processes at once (a stand-in answers for vLLM: serving is not the subject)."""
     env = user_env(QUANTEVAL_VLLM_LAUNCHER=shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"]))

@@ -156,8 +156,10 @@ def test_quanteval_command_parses(source: str, command: str):
 
 # Flags the pack names for other programs. vLLM cannot be installed here (CUDA wheels), so its flags
 # are listed from its documentation; Pyxis's is an srun option.
-VLLM_ONLY_FLAGS = {"--max-model-len", "--enable-auto-tool-choice", "--data-parallel-size", "--distributed-executor-backend"}
-OTHER_FLAGS = {"--container-image", "--cuda-graph-max-bs"}  # srun (Pyxis); the pre-0.5 SGLang name, named as such
+VLLM_ONLY_FLAGS = {"--max-model-len", "--enable-auto-tool-choice", "--data-parallel-size", "--distributed-executor-backend",
+                   "--enforce-eager"}
+# srun (Pyxis); the pre-0.5 SGLang name, named as such; `quanteval evaluate`'s option (its parser has it: test_surface)
+OTHER_FLAGS = {"--container-image", "--cuda-graph-max-bs", "--noise-floor"}
 
 
 def test_every_server_flag_the_pack_names_exists_in_sglang():
