@@ -45,8 +45,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the two vLLM lanes first, each on a worker of
     its own at once (the longest work), then the other groups largest first, as xdist would order them. With --fast,
     the heavy tiers are deselected."""
-    sizes = Counter(lane(item) or item.path.name for item in items)
-    items.sort(key=lambda item: (FIRST_LANES.get(lane(item) or "", len(FIRST_LANES)), -sizes[lane(item) or item.path.name]))
+    def group(item: pytest.Item) -> str:  # the one pytest_itemcollected gave it
+        return item.get_closest_marker("xdist_group").args[0]
+
+    sizes = Counter(map(group, items))
+    items.sort(key=lambda item: (FIRST_LANES.get(group(item), len(FIRST_LANES)), -sizes[group(item)]))
     if not config.getoption("--fast"):
         return
     heavy = [item for item in items if any(item.get_closest_marker(marker) for marker in TIER_MARKERS)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tiers
@@ -19,8 +20,8 @@ def collected(*args: str) -> set[str]:
 
 
 def test_fast_runs_every_test_no_heavy_marker_names_and_only_those():
-    everything, fast = collected(), collected("--fast")
-    heavy = collected("-m", " or ".join(TIER_MARKERS))
+    with ThreadPoolExecutor() as pool:  # three collections of the whole suite, side by side
+        everything, fast, heavy = pool.map(lambda args: collected(*args), [(), ("--fast",), ("-m", " or ".join(TIER_MARKERS))])
     assert fast and heavy and fast | heavy == everything and not fast & heavy
     assert not any("test_mcp_long_calls.py" in test or "test_evaluate_real.py" in test for test in fast)
     # the SLURM cluster's users are heavy by the fixture alone (test_runs_slurm.py names no marker)

@@ -20,13 +20,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, Field
 
 from quanteval import engines, redact
 from quanteval.engines.base import unpinned_image
-from quanteval.engines.runresults import CHECK_ITEMS, PairedTest, ResultsReader, RunBenchmark, RunBenchmarks, ScoreValue
+from quanteval.engines.runresults import CHECK_ITEMS, PairedTest, ResultsReader, RunBenchmark, ScoreValue
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import anomaly, paired
@@ -41,6 +41,9 @@ from quanteval.workflow.comparison_report import (
     table_markdown,
 )
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
+
+if TYPE_CHECKING:  # inspect_checkpoint is imported only when two runs are compared
+    from quanteval.serving.quantformat import QuantizationInfo
 
 
 def _scores(scores: dict[str, float]) -> dict[str, float]:
@@ -295,10 +298,12 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     if unmatched := sorted(set(request.reference_scores) - {row.task for row in rows}):
         reasons.append(f"reference_scores: {', '.join(unmatched)} name no compared benchmark (compared: "
                        f"{', '.join(sorted({row.task for row in rows})) or 'none'}).")
-    _flag_anomalies(rows, request, reader, cand_run)
-    kv_cache = kv_cache_difference(request.baseline_checkpoint or reader.served_checkpoint(base_run),
-                                   request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else None
-    reasons += [kv_cache] if kv_cache else []
+    # each checkpoint read once: the user's, else the one its engine recorded with the run
+    cand_quant = _quantization(request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else None
+    _flag_anomalies(rows, request, _weight_bits(cand_quant))
+    if rows and (kv_cache := _kv_difference(
+            _quantization(request.baseline_checkpoint or reader.served_checkpoint(base_run)), cand_quant)):
+        reasons.append(kv_cache)
     comparability, why_not = comparability_verdict(items)
     reasons += why_not
     acceptability = _acceptability(comparability, rows, reasons)
@@ -330,7 +335,7 @@ def _acceptability(comparability: str, rows: list[TaskComparison], reasons: list
     return "acceptable" if rows else "inconclusive"
 
 
-def _quantization(checkpoint: str | None):
+def _quantization(checkpoint: str | None) -> QuantizationInfo | None:
     """The checkpoint's quantization facts; None when there is none to read here."""
     from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 
@@ -342,15 +347,13 @@ def _quantization(checkpoint: str | None):
         return None
 
 
-def _candidate_weight_bits(checkpoint: str | None) -> int | None:
-    """The candidate's weight bits from its checkpoint; None when unknown."""
-    quant = _quantization(checkpoint)
-    return quant.weights.bits if quant and quant.weights else None  # undetected (e.g. stored dequantized): unknown
+def _weight_bits(quant: QuantizationInfo | None) -> int | None:
+    """The candidate's weight bits; None when unknown (not readable, or undetected: e.g. stored dequantized)."""
+    return quant.weights.bits if quant and quant.weights else None
 
 
-def _kv_cache(checkpoint: str | None) -> str | None:
-    """The checkpoint's KV-cache precision as people name it (16-bit, FP8, NVFP4); None when not readable here."""
-    quant = _quantization(checkpoint)
+def _kv_cache(quant: QuantizationInfo | None) -> str | None:
+    """A KV-cache precision as people name it (16-bit, FP8, NVFP4); None when the checkpoint is not readable here."""
     if quant is None:
         return None
     return str(quant.kv_cache_quant_algo).upper() if quant.kv_cache is not None else "16-bit"
@@ -361,6 +364,11 @@ def kv_cache_difference(baseline: str | None, candidate: str | None) -> str | No
     checkpoint's KV cache (plan_deployment and apply_checkpoint pass --kv-cache-dtype), so part of the delta is the KV
     cache's, not the weights'. The runs stay comparable: the KV cache is part of what was quantized. None when both
     agree or one is not readable here."""
+    return _kv_difference(_quantization(baseline), _quantization(candidate))
+
+
+def _kv_difference(baseline: QuantizationInfo | None, candidate: QuantizationInfo | None) -> str | None:
+    """kv_cache_difference on quantization facts already read."""
     base, cand = _kv_cache(baseline), _kv_cache(candidate)
     if base is None or cand is None or base == cand:
         return None
@@ -368,13 +376,9 @@ def kv_cache_difference(baseline: str | None, candidate: str | None) -> str | No
             "most on long contexts), not the weights alone.")
 
 
-def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, reader: ResultsReader,
-                    cand_run: RunBenchmarks) -> None:
-    """Drops too large to be quantization and baselines off their published score (anomaly.py) become 'suspect',
-    never a quantization loss or an acceptable one. The candidate's checkpoint: the user's, else the one its engine
-    recorded with the run."""
-    checkpoint = request.candidate_checkpoint or reader.served_checkpoint(cand_run)
-    bits = _candidate_weight_bits(checkpoint) if rows else None
+def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, bits: int | None) -> None:
+    """Drops too large to be quantization for the candidate's weight bits, and baselines off their published score
+    (anomaly.py), become 'suspect', never a quantization loss or an acceptable one."""
     for row in rows:
         row.anomaly = anomaly.anomaly(row.task, row.baseline, row.candidate, bits)
         failed = row.reference_check.message if row.reference_check.status == "failed" else None

@@ -339,7 +339,8 @@ class _Checkpoint:
         return CheckpointEvaluation(role=self.role, checkpoint=str(self.dir), reused=True, full_run_record_id=done.id,
                                     run_dir=done.details["run_dir"], config_path=done.config_path,
                                     served_model_name=done.details.get("served", {}).get("id"),
-                                    served_context=done.details.get("served", {}).get("max_model_len"), serving=_serving(done))
+                                    served_context=done.details.get("served", {}).get("max_model_len"),
+                                    serving=_serving(nelnext.read_run_facts(Path(done.details["run_dir"])) or {}))
 
 
 def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
@@ -445,13 +446,13 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
     return CheckpointEvaluation(role=role, checkpoint=str(side.dir), reused=False, deployment_record_id=launched.record_id,
                                 served_model_name=launched.served_model_name, served_context=served.get("max_model_len"),
                                 config_path=config_path, canary_record_id=canary.record_id, full_run_record_id=full.record_id,
-                                run_dir=finished.details["run_dir"], serving=_serving(finished),
+                                run_dir=finished.details["run_dir"], serving=_serving(facts),
                                 seconds={k: round(v, 1) for k, v in seconds.items()})
 
 
-def _serving(full_run: ledger.Record) -> Serving | None:
-    """How the full run's server computed, as recorded with the run (None for a run served outside quanteval)."""
-    recorded = (nelnext.read_run_facts(Path(full_run.details["run_dir"])) or {}).get("serving")
+def _serving(run_facts: dict[str, Any]) -> Serving | None:
+    """How a full run's server computed, as recorded with the run (None for a run served outside quanteval)."""
+    recorded = run_facts.get("serving")
     return Serving.model_validate(recorded) if recorded else None
 
 
