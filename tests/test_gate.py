@@ -275,41 +275,6 @@ def test_a_folder_holding_two_local_runs_is_not_read_as_one_run(real_run, tmp_pa
     assert all(task.headline is None for task in extract_scores(ExtractScoresInput(run=str(folder))).tasks)
 
 
-def test_a_drop_made_of_requests_the_candidates_server_never_answered_is_not_a_quantization_loss(real_run, tmp_path):
-    """nel compare counts an unanswered request (infra_error, reward 0) as a wrong answer. compare_results says how many
-    there were, and a BLOCK that they make up is inconclusive until they are re-run, not 'not acceptable'."""
-    from quanteval.workflow.compare import CompareResultsInput, compare_results
-
-    def run(name: str, rewards: list[float], unanswered: int = 0) -> Path:
-        root = make_run(real_run, tmp_path / name, {"tiny_add": rewards})
-        shutil.copy(real_run.parent / "checkpoint.json", root / "checkpoint.json")
-        results = root / "tiny_add" / "results.jsonl"
-        rows = [json.loads(line) for line in results.read_text().splitlines()]
-        for row in rows[:unanswered]:
-            row["scoring_details"] = {"error": "Model returned HTTP 500 after retries", "error_category": "infra_error", "method": "infra_error"}
-        results.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        return root
-
-    baseline = run("baseline", [1.0] * N_PROBLEMS)
-    dead = run("dead", [0.0] * 6 + [1.0] * (N_PROBLEMS - 6), unanswered=6)  # 15 points: below the anomaly threshold
-    worse = run("worse", [0.0] * 6 + [1.0] * (N_PROBLEMS - 6))
-    for candidate, expected in ((dead, "inconclusive"), (worse, "not acceptable")):
-        result = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(candidate), max_drop=2,
-                                                     output_dir=str(tmp_path / f"report-{candidate.name}")))
-        row = result.comparisons[0]
-        assert row.nel_verdict == "BLOCK" and row.n_regressions == 6  # nel compare's own numbers are kept
-        assert row.verdict == expected, row.why
-    dead_result = compare_results(CompareResultsInput(baseline=str(baseline), candidate=str(dead), max_drop=2,
-                                                      output_dir=str(tmp_path / "report-again")))
-    assert "6 problem(s) in the candidate and 0 in the baseline" in dead_result.comparisons[0].why
-    assert any("never answered" in reason for reason in dead_result.reasons)
-
-    policy = write_policy(tmp_path / "policy.yaml", "version: 1\nbenchmarks:\n  tiny_add: {tier: critical, metric: pass@1, max_drop: 0.05}\n")
-    gate = gate_results(GateResultsInput(baseline=str(baseline), candidate=str(dead), policy=str(policy)))
-    assert gate.verdict == nel_gate(baseline, dead, policy)["verdict"]  # the verdict stays nel gate's
-    assert any(w.startswith("candidate tiny_add: 6 problem(s)") for w in gate.warnings), gate.warnings
-
-
 # NEL 0.2.6 runs: `nel gate` cannot read them, so the oracle is `nel gate` on nel-next runs holding the same rewards.
 
 def _nel_run(root: Path, invocation: str, rewards: dict[str, list[float]], *, per_sample: bool = True) -> Path:

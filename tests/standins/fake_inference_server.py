@@ -15,6 +15,10 @@ own `--fake-*` options, which go first in the launcher prefix
 --fake-ignore-sigterm makes the server ignore SIGTERM, so stopping must escalate to SIGKILL.
 --fake-answers sum answers each `a+b` prompt with its sum, as the embedded tiny-add does (a verdict of "nothing lost"
 where the serving, not the model, is what a test exercises).
+--fake-fault KIND@REGEX (repeatable) fails each request whose prompt matches REGEX: `500` answers HTTP 500,
+`disconnect` closes the connection without a reply (what a client sees of a request that timed out upstream),
+`empty` answers HTTP 200 with no choices, `garbled` answers text with no number in it (an unparseable answer);
+--fake-fault-model TEXT: only when the served model's path contains TEXT (one launcher serves both sides of a test).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +37,7 @@ from http.server import ThreadingHTTPServer
 from jsonhttp import JsonHandler  # its own folder is on sys.path: it runs as a script
 
 READY_LINE = "The server is fired up and ready to roll!"
+FAULTS = ("500", "disconnect", "empty", "garbled")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="hello: one greeting for every request; sum: the sum of the last `a+b` in the prompt, as the "
                              "embedded tiny-add answers its benchmark")
     parser.add_argument("--fake-answer-s", type=float, default=0.0, help="seconds each completion takes")
+    parser.add_argument("--fake-fault", action="append", default=[], metavar="KIND@REGEX",
+                        help="500, disconnect, empty or garbled for each prompt matching REGEX")
+    parser.add_argument("--fake-fault-model", default="", help="inject the faults only into a model whose path has this")
     parser.add_argument("model", nargs="?", help="vLLM style: `vllm serve <model>`")
     parser.add_argument("--model-path", "--model")
     parser.add_argument("--served-model-name")
@@ -62,10 +71,27 @@ def main() -> None:  # noqa: C901
     served_name = args.served_model_name or model_path
     state = {"ready": False}
 
+    faults = []
+    for fault in args.fake_fault:
+        kind, _, pattern = fault.partition("@")
+        if kind not in FAULTS or not pattern:
+            sys.exit(f"--fake-fault {fault!r}: give KIND@REGEX, KIND one of {', '.join(FAULTS)}")
+        faults.append((kind, re.compile(pattern)))
+
+    def prompt_of(body: dict) -> str:
+        return str(body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages") or []))
+
+    def fault_for(body: dict) -> str | None:
+        if args.fake_fault_model not in model_path:
+            return None
+        return next((kind for kind, pattern in faults if pattern.search(prompt_of(body))), None)
+
     def answer(body: dict) -> str:
         if args.fake_answers == "hello":
             return "Hello from the stand-in."
-        prompt = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
+        if fault_for(body) == "garbled":
+            return "I would rather not say."
+        prompt = prompt_of(body)
         terms = re.findall(r"(-?\d+)\s*\+\s*(-?\d+)", str(prompt))
         return str(int(terms[-1][0]) + int(terms[-1][1])) if terms else "?"
 
@@ -93,6 +119,13 @@ def main() -> None:  # noqa: C901
                 self._send(404, {"error": f"no route {self.path}"})
             elif body.get("model") not in (served_name, model_path):
                 self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+            elif (fault := fault_for(body)) == "500":
+                self._send(500, {"error": {"message": "Internal Server Error (injected)"}})
+            elif fault == "disconnect":
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+            elif fault == "empty":
+                self._send(200, {"id": "chatcmpl-standin", "object": "chat.completion", "model": served_name, "choices": []})
             elif self.path == "/v1/completions":
                 self._send(200, {
                     "id": "cmpl-standin", "object": "text_completion", "model": served_name,

@@ -170,7 +170,11 @@ class Problems:
     rewards: dict[Any, list[float]]  # one reward per repeat
     unit: str = "problem"  # what a key stands for, in messages (NEL 0.2.6 pairs samples by id)
     categories: dict[Any, str] = field(default_factory=dict)  # each problem's category where it has one
-    unanswered: set[Any] = field(default_factory=set)  # problems with a request that got no answer (not a wrong answer)
+    # What happened to each problem besides its reward (workflow/samples.py decides what the verdict makes of it):
+    infra_errors: set[Any] = field(default_factory=set)  # a request got no answer (timeout, HTTP error, crash): not the model's
+    unscored: set[Any] = field(default_factory=set)  # an answer came back, but the grader extracted nothing from it
+    # None: the records tell infrastructure errors from answers; else why they cannot (the check was not possible)
+    status_unknown: str | None = None
 
 
 @dataclass

@@ -30,6 +30,7 @@ from quanteval.engines.runresults import CHECK_ITEMS, PairedTest, ResultsReader,
 from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import anomaly, paired
+from quanteval.workflow import samples as samples_rule
 from quanteval.workflow.comparison_report import (
     ChecklistItem,
     CompareResultsOutput,
@@ -193,9 +194,16 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
     method = f"unpaired: se = sqrt(se_b^2 + se_c^2), CI = delta +/- {z:.2f} se"
     test = reader.paired_test(base, cand, margin(request))
     (base_values, base_why), (cand_values, cand_why) = reader.paired_values(base, base_score), reader.paired_values(cand, cand_score)
-    interval = None
+    interval, samples = None, None
     if base_values and cand_values and base.problems is not None:
-        interval = paired.paired_interval(base_values, cand_values, base.problems.categories, request.confidence)
+        sample_account = samples_rule.account(base.name, base.problems, cand.problems, len(set(base_values) & set(cand_values)))
+        samples = sample_account.status
+        reasons.extend(sample_account.notes)
+        categories = base.problems.categories
+        interval = paired.paired_interval(sample_account.kept(base_values), sample_account.kept(cand_values), categories,
+                                          request.confidence)
+        if sample_account.excluded and (every_pair := paired.paired_interval(base_values, cand_values, categories, request.confidence)):
+            samples.counted_as_wrong = [every_pair.delta, every_pair.low, every_pair.high]
         if interval is not None and interval.n >= 2:
             b, c, delta, low, high = interval.baseline, interval.candidate, interval.delta, interval.low, interval.high
             se = interval.spread * math.sqrt(interval.n / (interval.n - 1)) / math.sqrt(interval.n)
@@ -207,31 +215,18 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
     if interval is None and (why_not := base_why or cand_why):
         method += f" ({why_not})"
     verdict, why = _verdict_and_advice(interval, low, high, request)
+    if samples is not None and samples.counted_as_wrong is not None:
+        why += "; " + samples_rule.counted_as_wrong_note(*samples.counted_as_wrong)
     if test is not None and test.p_value is not None:
         why += f"; nel compare: {test.verdict} ({test.test} p={test.p_value:.3g})"
-    verdict, why = _unanswered(base, cand, verdict, why, reasons)
+    if samples is not None and sample_account.refusal:
+        reasons.append(sample_account.refusal)
+        verdict = "inconclusive"
     return TaskComparison(
         task=base.name, metric=base_score.metric, score=base_score.score, scale=base_score.scale, baseline=b, candidate=c,
         baseline_stderr=b_se, candidate_stderr=c_se, delta=delta, delta_stderr=se, ci_low=low, ci_high=high,
         method=method, verdict=verdict, why=why, reference_check=reference_check(base.name, base_score.scale, b, request),
-        **_test_fields(test))
-
-
-def _unanswered(base: RunBenchmark, cand: RunBenchmark, verdict: str, why: str, reasons: list[str]) -> tuple[str, str]:
-    """Requests that got no answer are scored as wrong answers (nel compare and nel gate count them so); a serving
-    failure is not a quantization loss, so a drop that includes problems only the candidate lost is inconclusive."""
-    lost_base = base.problems.unanswered if base.problems else set()
-    lost_cand = cand.problems.unanswered if cand.problems else set()
-    if not lost_base and not lost_cand:
-        return verdict, why
-    only_cand = len(lost_cand - lost_base)
-    why += (f"; {len(lost_cand)} problem(s) in the candidate and {len(lost_base)} in the baseline had requests that got "
-            "no answer (infra_error), counted as wrong: resume_run re-runs them (nel-next retries infra errors on resume)")
-    if verdict == "not acceptable" and only_cand:
-        reasons.append(f"{base.name}: the drop includes {only_cand} problem(s) the candidate's server never answered; "
-                       "inconclusive until they are re-run (resume_run), as a serving failure is not a quantization loss.")
-        return "inconclusive", why
-    return verdict, why
+        samples=samples, **_test_fields(test))
 
 
 def _test_fields(test: PairedTest | None) -> dict[str, Any]:
@@ -313,7 +308,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     if png is not None:
         render_chart(rows, margin(request), png)
     progress(2, 3, "chart written")
-    output = CompareResultsOutput(comparability=comparability, acceptability=acceptability, reasons=reasons, checklist=items,
+    output = CompareResultsOutput(comparability=comparability, acceptability=acceptability, reasons=list(dict.fromkeys(reasons)), checklist=items,
                                   comparisons=rows, table_markdown=table_markdown(rows), chart_png=str(png) if png else None,
                                   report_html=None)
     report, markdown = output_dir / "report.html", output_dir / "report.md"

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from quanteval.engines.runresults import Flip
+from quanteval.workflow.samples import SampleStatus
 
 
 class ChecklistItem(BaseModel):
@@ -58,6 +59,8 @@ class TaskComparison(BaseModel):
     improved: list[Flip] = Field(default_factory=list)
     anomaly: str | None = Field(None, description="Set when the drop looks like a serving or kernel problem rather "
                                 "than quantization; the verdict is then 'suspect'.")
+    samples: SampleStatus | None = Field(None, description="Infrastructure errors (left out of the pairing) and unscored "
+                                         "answers (counted wrong) per side; null without per-problem results.")
 
 
 class CompareResultsOutput(BaseModel):

@@ -21,6 +21,9 @@ The semantics follow nemo_evaluator.engine.gate (0.3.0) so that `quanteval gate`
   paired deltas (Student t, or clustered SE when every problem has a category): CI above max_drop is BREACH,
   CI within is PASS, CI straddling is INSUFFICIENT_EVIDENCE. Without results.jsonl the bundles' scores decide,
   on the point estimate for advisory benchmarks only.
+- One departure, said in each answer it changes: a problem whose request got no answer on either side (an
+  infrastructure error) is left out of the pairing, where nel gate counts it as a wrong answer; nel gate's number
+  is shown beside it, and above workflow/samples.py's share of such problems the benchmark is INSUFFICIENT_EVIDENCE.
 - Aggregate: a critical/supporting BREACH or MISSING is NO-GO; else a critical/supporting INSUFFICIENT_EVIDENCE
   is INCONCLUSIVE; else GO. Advisory benchmarks never change the verdict.
 
@@ -47,7 +50,9 @@ from quanteval import engines
 from quanteval.engines.runresults import GATED_METRICS, ResultsReader, RunBenchmark, problem_values
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow import paired
+from quanteval.workflow import samples as samples_rule
 from quanteval.workflow.paired import MIN_PAIRED_ITEMS
+from quanteval.workflow.samples import SampleStatus
 
 REPORT_VERSION = 1
 REPORT_NAME = "gate-report.json"
@@ -226,6 +231,8 @@ class BenchmarkGate(BaseModel):
     advice: str | None = Field(None, description="When the evidence is insufficient: how many paired problems would decide "
                                "max_drop at the discordance observed.")
     compare: CompareEvidence | None = None
+    samples: SampleStatus | None = Field(None, description="Infrastructure errors (left out of the pairing, unlike nel "
+                                         "gate) and unscored answers (counted wrong) per side.")
 
 
 class GateResultsOutput(BaseModel):
@@ -331,12 +338,35 @@ def gate_benchmark(reader: ResultsReader, name: str, base: RunBenchmark, cand: R
         assert base.problems is not None and cand.problems is not None
         base_values = problem_values(base.problems.rewards, result.metric)
         cand_values = problem_values(cand.problems.rewards, result.metric)
+        if base_values is not None and cand_values is not None:
+            base_values, cand_values = _without_infra_errors(result, base, cand, base_values, cand_values, policy)
+            if result.status == "INSUFFICIENT_EVIDENCE":
+                return result
         if _gate_paired(result, base_values, cand_values, base.problems.categories, policy):
+            if result.samples is not None and result.samples.counted_as_wrong is not None:
+                result.reasons.append(samples_rule.counted_as_wrong_note(*result.samples.counted_as_wrong))
             return result
     z = paired.normal_quantile(paired.two_sided(policy.confidence))
     if (scores := reader.gate_scores(base, cand, result.metric, z, paired_tried)) is not None:
         _decide_on_scores(result, policy, *scores)
     return result
+
+
+def _without_infra_errors(result: BenchmarkGate, base: RunBenchmark, cand: RunBenchmark, base_values: dict[Any, float],
+                          cand_values: dict[Any, float], policy: ResolvedPolicy) -> tuple[dict[Any, float], dict[Any, float]]:
+    """The pairs left once infrastructure errors are dropped (workflow/samples.py), nel gate's number over every pair
+    kept beside it; INSUFFICIENT_EVIDENCE when the errors exceed their share."""
+    account = samples_rule.account(result.benchmark, base.problems, cand.problems, len(set(base_values) & set(cand_values)))
+    result.samples = account.status
+    if account.excluded:  # where the rule departs from nel gate's, its reasons say so; else they stay nel gate's
+        result.reasons.extend(account.notes)
+    if account.excluded and (every_pair := paired.paired_interval(base_values, cand_values, base.problems.categories if
+                                                                  base.problems else None, policy.confidence)):
+        account.status.counted_as_wrong = [every_pair.delta, every_pair.low, every_pair.high]
+    if account.refusal:
+        result.status = "INSUFFICIENT_EVIDENCE"
+        result.reasons.append(account.refusal)
+    return account.kept(base_values), account.kept(cand_values)
 
 
 def _gate_paired(result: BenchmarkGate, base_values: dict[Any, float] | None, cand_values: dict[Any, float] | None,
@@ -405,11 +435,6 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     if cand_only := sorted(cand_names - base_names):
         warnings.append(f"Candidate-only benchmarks (no baseline): {', '.join(cand_only)}")
     for name in sorted(base_names & cand_names):
-        for side, run in (("baseline", base), ("candidate", cand)):
-            if (problems := run.benchmarks[name].problems) is not None and problems.unanswered:
-                warnings.append(f"{side} {name}: {len(problems.unanswered)} problem(s) had requests that got no answer "
-                                "(infra_error); nel gate counts them as wrong, as this verdict does: resume_run re-runs them "
-                                "before a release decision.")
         results.append(gate_benchmark(reader, name, base.benchmarks[name], cand.benchmarks[name], policy.resolve(name, confidence)))
     verdict, reasons = aggregate(results)
     output = GateResultsOutput(verdict=verdict, verdict_reasons=reasons, benchmarks=results, missing=missing,

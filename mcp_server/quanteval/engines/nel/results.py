@@ -27,7 +27,7 @@ from quanteval.engines.nel.runtree import (
     load_json,
     locate_run,
     normal,
-    per_sample_scores,
+    per_sample_problems,
     repeats,
     run_config,
     task_scores,
@@ -37,7 +37,6 @@ from quanteval.engines.runresults import (
     Evidence,
     ExtractScoresOutput,
     Finding,
-    Problems,
     ResultsReader,
     RunBenchmark,
     RunBenchmarks,
@@ -326,9 +325,7 @@ class NelResults(ResultsReader):
         tree = locate_run(run)
         benchmarks = {}
         for name, (task_dir, scores) in tasks_by_name(tree).items():
-            samples = per_sample_scores(task_dir)
-            benchmarks[name] = RunBenchmark(name=name, scores=scores, location=task_dir,
-                                            problems=Problems(rewards=samples, unit="sample") if samples else None)
+            benchmarks[name] = RunBenchmark(name=name, scores=scores, location=task_dir, problems=per_sample_problems(task_dir))
         return RunBenchmarks(label=tree.label, benchmarks=benchmarks, warnings=[
             "NEL 0.2.6 runs: `nel gate` and `nel compare` read only nel-next bundles, so their rules were applied here to "
             "the tasks' per-sample outputs, paired by sample id (headline scores where a task kept none)."])

@@ -32,6 +32,7 @@ from quanteval.clusters import ssh
 from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT, REPEAT_KEYS
 from quanteval.engines.nel.recipes import list_recipes
 from quanteval.engines.runresults import (
+    Problems,
     Scale,
     ScoreValue,
     TaskScores,
@@ -226,9 +227,18 @@ def tasks_by_name(tree: RunTree) -> dict[str, tuple[Path, TaskScores]]:
     return found
 
 
-def per_sample_scores(task_dir: Path) -> dict[str, list[float]]:
-    """Scores per sample id (one per repeat) from the per-sample outputs, streamed line by line."""
+# What NEL 0.2.6's per-sample records (nemo_evaluator's SampleRecord) cannot say: they carry no request error, so a
+# sample whose request failed looks like a wrong answer.
+NO_REQUEST_STATUS = ("NEL 0.2.6's per-sample outputs record no request errors, so an infrastructure error cannot be "
+                     "told from a wrong answer here (validate_run's error share is the run's check)")
+
+
+def per_sample_problems(task_dir: Path) -> Problems | None:
+    """Scores per sample id (one per repeat) from the per-sample outputs, streamed line by line; a sample scored 0
+    whose record has no extracted answer (`answer` null) is unscored, where the harness records answers at all."""
     scores: dict[str, list[float]] = {}
+    no_answer: set[str] = set()
+    answers_recorded = False
     for path in sorted((task_dir / "artifacts" / SAMPLE_OUTPUTS_DIR).glob("*.jsonl")):
         with path.open(encoding="utf-8", errors="replace") as lines:
             for line in lines:
@@ -238,7 +248,14 @@ def per_sample_scores(task_dir: Path) -> dict[str, list[float]]:
                     continue
                 if isinstance(row, dict) and row.get("id") is not None and isinstance(row.get("score"), (int, float)):
                     scores.setdefault(str(row["id"]), []).append(float(row["score"]))
-    return scores
+                    if row.get("answer") not in (None, ""):
+                        answers_recorded = True
+                    elif not row["score"]:
+                        no_answer.add(str(row["id"]))
+    if not scores:
+        return None
+    return Problems(rewards=scores, unit="sample", unscored=no_answer if answers_recorded else set(),
+                    status_unknown=NO_REQUEST_STATUS)
 
 
 def _recipe_scale(recipe: Any) -> Scale:

@@ -171,10 +171,35 @@ def paired_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
     return records
 
 
-def unanswered(records: dict[tuple[int, int], dict[str, Any]]) -> set[int]:
-    """Problems with a request that got no answer (nel-next scored it 0 as an infra_error, not as a wrong answer)."""
-    return {problem for (problem, _), record in records.items()
-            if isinstance(record.get("scoring_details"), dict) and record["scoring_details"].get("error_category") == "infra_error"}
+# nel-next's scoring_details.error_category for a problem whose answer never came: the endpoint failed after its
+# retries (infra_error) or the benchmark itself crashed (system). `graceful` is the solver ending without an answer
+# (an empty reply, a turn budget spent): the model's doing, so unscored, not infrastructure.
+INFRA_CATEGORIES = ("infra_error", "system")
+
+
+def infra_errors(records: dict[tuple[int, int], dict[str, Any]]) -> set[int]:
+    """Problems with a request that got no answer: nel-next scored it 0 as an error, not as a wrong answer."""
+    return {problem for (problem, _), record in records.items() if _error_category(record) in INFRA_CATEGORIES}
+
+
+def unscored(records: dict[tuple[int, int], dict[str, Any]]) -> set[int]:
+    """Problems answered (no infrastructure error) and scored 0 because the grader extracted no answer:
+    extracted_answer empty, or the solver ended without one (graceful)."""
+    return {problem for (problem, _), record in records.items() if not record.get("reward")
+            and _error_category(record) not in INFRA_CATEGORIES
+            and (_error_category(record) == "graceful" or record.get("extracted_answer") in (None, ""))}
+
+
+def status_unknown(records: dict[tuple[int, int], dict[str, Any]]) -> str | None:
+    """Why these records cannot tell an infrastructure error from a wrong answer, if they cannot (no scoring_details)."""
+    if any(isinstance(record.get("scoring_details"), dict) for record in records.values()):
+        return None
+    return "results.jsonl records no scoring_details, so an infrastructure error cannot be told from a wrong answer"
+
+
+def _error_category(record: dict[str, Any]) -> str | None:
+    details = record.get("scoring_details")
+    return details.get("error_category") if isinstance(details, dict) else None
 
 
 def per_problem_rewards(records: dict[tuple[int, int], dict[str, Any]]) -> dict[int, list[float]]:

@@ -237,7 +237,7 @@ def discover(directory: Path, side: str) -> tuple[dict[str, nextresults.Bundle],
 
 def _problems(bench_dir: Path) -> Problems | None:
     """results.jsonl as nel compare pairs it: rewards by problem_idx (one per repeat), each problem's category (its
-    first record's), and the problems whose requests got no answer."""
+    first record's), and what happened to each problem besides its reward (no answer, no extractable answer)."""
     records = nextresults.paired_records(bench_dir)
     if not records:
         return None
@@ -247,8 +247,9 @@ def _problems(bench_dir: Path) -> Problems | None:
     categories = {problem: str(category) for problem, record in first.items()
                   if (category := (record.get("metadata") or {}).get("category")
                       or (record.get("scoring_details") or {}).get("category")) is not None}
-    return Problems(rewards=nextresults.per_problem_rewards(records), unanswered=nextresults.unanswered(records),
-                    categories=categories)
+    return Problems(rewards=nextresults.per_problem_rewards(records), categories=categories,
+                    infra_errors=nextresults.infra_errors(records), unscored=nextresults.unscored(records),
+                    status_unknown=nextresults.status_unknown(records))
 
 
 def _float(value: Any) -> float | None:
