@@ -308,11 +308,29 @@ def log_tail(details: dict[str, Any], lines: int) -> list[str]:
 
 
 RUN_FACTS_NAME = "quanteval-run.json"
-def run_facts(config: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
+def run_facts(config: dict[str, Any], details: dict[str, Any], harness: dict[str, str] | None = None) -> dict[str, Any]:
     """What compare_results checks for comparability: the config as nel-next read it (secrets redacted), the
-    checkpoint, what the server reported serving and how quanteval served it. nel-next keeps none of this."""
+    checkpoint, what the server reported serving, how quanteval served it and, for a run on this machine, the harness
+    that graded it beyond nel-next itself (its bundle records its own version). nel-next keeps none of this."""
     return {"config": redact.redact_config(config), "checkpoint": details.get("checkpoint"),
-            "served": details.get("served") or {}, "serving": details.get("serving")}
+            "served": details.get("served") or {}, "serving": details.get("serving"), "harness": harness or {}}
+
+
+def local_harness(config: dict[str, Any]) -> dict[str, str]:
+    """NeMo-Skills in nel-next's venv here, for a config with skills:// benchmarks: its version, and its commit where
+    pip recorded one (installed from git) or the folder it was installed from. A change of NeMo-Skills changes the
+    prompts and the grading of every skills:// benchmark."""
+    if not any(str(b.get("name", "")).startswith("skills://") for b in config.get("benchmarks") or []):
+        return {}
+    for info in sorted(venv().glob("lib/python*/site-packages/nemo_skills-*.dist-info")):
+        version = info.name.removeprefix("nemo_skills-").removesuffix(".dist-info")
+        try:
+            origin = json.loads((info / "direct_url.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            origin = {}
+        commit = (origin.get("vcs_info") or {}).get("commit_id") or Path(str(origin.get("url") or "")).name
+        return {"nemo-skills": f"{version} ({commit})" if commit else version}
+    return {"nemo-skills": "not installed"}
 
 
 def write_run_facts(run_dir: Path, facts: dict[str, Any]) -> None:
@@ -352,7 +370,7 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], run_di
                         "use cluster.type local (this machine) or slurm.")
     started = start(config_path, overrides, run_dir)
     try:
-        write_run_facts(run_dir, run_facts(checked["config"], details))
+        write_run_facts(run_dir, run_facts(checked["config"], details, local_harness(checked["config"])))
         return ledger.update(record.id, status="running", config_hash=config_hash(config_path, overrides),
                              invocation_id=f"nel-next:{run_dir}", executor="local",
                              details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},

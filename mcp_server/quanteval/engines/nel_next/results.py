@@ -282,7 +282,9 @@ def _facets(bundle: nextresults.Bundle, run_dir: Path, checkpoint: str | None) -
         # on another path differs on a share of answers for that alone
         "serving": {"protocol": service.get("protocol"), "served_context": served.get("max_model_len"),
                     "server": _server(facts.get("serving"))},
-        "task": bundle.name, "container": "in-process (nel-next)",
+        # what graded it: nel-next's release (its bundle's) and, for skills:// benchmarks, NeMo-Skills' (run facts)
+        "task": bundle.name, "container": {"runner": "in-process (nel-next)", "nemo-evaluator": bundle.data.get("sdk_version"),
+                                           **(facts.get("harness") or {})},
         "prompts": {"system_prompt": solver.get("system_prompt"), "instruction_template": entry.get("instruction_template"),
                     "fewshot": entry.get("fewshot")},
         "extra_args": entry.get("params") or {}, "generation": {k: v for k, v in generation.items() if v is not None},
