@@ -138,6 +138,8 @@ def test_the_nel_next_chain_tool_by_tool_over_mcp_against_the_real_server(w8a8, 
                 await call("set_config_value", config_path=config, key="services.model.url", value=status.endpoint_url)
                 await call("set_config_value", config_path=config, key="services.model.model", value="tiny-add-w8a8")
                 await call("set_config_value", config_path=config, key="output.dir", value=str(tmp_path / f"{role}-results"))
+                # 100 of the 1000 problems: what is checked here is the chain, not the score (whole runs: test_evaluate_real)
+                await call("set_config_value", config_path=config, key="benchmarks[0].max_problems", value=100)
                 applied = await call("apply_checkpoint", config_path=config, checkpoint=str(W8A8))
                 assert applied["missing_values"] == []
                 assert (await call("validate_config", config_path=config))["valid"]

@@ -58,9 +58,10 @@ def slow_env(env: dict[str, str]) -> dict[str, str]:
 @pytest.fixture
 def standin_env(env: dict[str, str]) -> dict[str, str]:
     """env, with a stand-in for vLLM that has two child processes (as vLLM's engine core and worker) and answers in
-    0.1 s, so a 1000-problem full run lasts long enough to be left mid-way; the real vLLM's case is the stdio one."""
+    0.5 s, so a 1000-problem full run lasts long enough (~16 s at nel-next's 32 requests at a time) to be left mid-way
+    after the call's next progress report (every 5 s); the real vLLM's case is the stdio one."""
     return env | {"QUANTEVAL_VLLM_LAUNCHER": shlex.join([*STANDIN, "--fake-load-s", "2", "--fake-workers", "2",
-                                                          "--fake-answer-s", "0.1"])}
+                                                          "--fake-answer-s", "0.5"])}
 
 
 def arguments(tmp_path: Path, **more: object) -> dict[str, object]:

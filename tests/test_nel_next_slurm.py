@@ -288,7 +288,8 @@ def test_a_sharded_run_is_fetched_merged_by_nel_next_and_carries_the_verdict_cha
         assert seen["scores"]["tasks"][0]["task"] == "sums" and headline["value"] == pytest.approx(11 / 12, abs=1e-4)  # nel-next rounds to 4 places
         assert [(row["task"], row["delta"]) for row in seen["compare"]["comparisons"]] == [("sums", pytest.approx(0.0))]
         assert [(b["benchmark"], b["status"]) for b in seen["gate"]["benchmarks"]] == [("sums", "PASS")] and seen["gate"]["verdict"] == "GO"
-        assert len({request["messages"][-1]["content"] for request in router.requests}) == 12
+        # this run's requests (model "router"): a port is reused, and another test's client may still knock on it
+        assert len({request["messages"][-1]["content"] for request in router.requests if request.get("model") == "router"}) == 12
 
         # The last shard's job merges on the node; had it died there, `nel eval merge` runs on the copy here.
         shard_1 = Path(ledger.get(seen["full"]).details["slurm_jobs"][1]["remote_dir"])
