@@ -61,8 +61,32 @@ def test_bundled_bf16_example_reports_an_unquantized_llama():
     assert report.deployment_flags["sglang"].args == ["--context-length", "4096"]
     assert report.deployment_flags["trtllm"].args == ["--max_seq_len", "4096"]
     assert all(flags.quantization is None for flags in report.deployment_flags.values())
-    assert report.warnings == []
+    # a structural fixture: its weights are placeholders, one value per row, and the report says so
+    assert report.weights.row_values == [1, 128] and len(report.warnings) == 1
+    assert report.warnings[0].startswith("constant weights: a weight row of 128 holds one value")
     assert report.files_read == ["config.json", "generation_config.json", "tokenizer_config.json"]
+
+
+@pytest.mark.parametrize(("checkpoint", "said"), [
+    ("tiny-add-bf16", "no quantization: no quantization config, only BF16 weights, and a weight row of 512 holds"),
+    ("tiny-add-w2-rtn", "stored dequantized: no quantization config and BF16 weights, but a weight row of 512 holds 4 "),
+    ("tiny-add-w8a8", None), ("tiny-add-w4a16", None), ("qwen3-tiny-nvfp4", None),
+])
+def test_a_checkpoint_without_quantization_is_named_for_what_it_is(checkpoint, said, tmp_path):
+    """Real producers' checkpoints: the trained BF16 model, llm-compressor's int2 RTN stored dequantized (a grid of 4
+    values per row), and real quantized formats (no such warning). A BF16 copy under a quantized name is still BF16."""
+    report = inspect_checkpoint(InspectCheckpointInput(checkpoint=str(EXAMPLES / checkpoint)))
+    found = [w for w in report.warnings if w.startswith(("no quantization", "stored dequantized"))]
+    assert found == ([] if said is None else [found[0]]) and (said is None or found[0].startswith(said)), report.warnings
+    if checkpoint == "tiny-add-bf16":
+        import shutil
+
+        from quanteval.workflow.evaluate import checkpoint_notes
+
+        renamed = tmp_path / "tiny-add-int8-v2"
+        shutil.copytree(EXAMPLES / checkpoint, renamed)
+        notes = checkpoint_notes(str(EXAMPLES / checkpoint), str(renamed))
+        assert notes == [f"Candidate: {found[0]}"]  # in evaluate's answer, beside the verdict
 
 
 def test_bundled_fp8_example_reads_the_legacy_modelopt_file():

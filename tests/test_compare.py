@@ -438,11 +438,11 @@ def test_checkpoints_shipping_different_sampling_are_named_and_neither_file_is_u
 
     from factories import make_checkpoint
 
-    from quanteval.workflow.evaluate import sampling_note
+    from quanteval.workflow.evaluate import checkpoint_notes
 
     base, cand = make_checkpoint(tmp_path / "bf16"), make_checkpoint(tmp_path / "nvfp4")
-    assert sampling_note(str(base), str(cand)) is None
+    assert not [note for note in checkpoint_notes(str(base), str(cand)) if note.startswith("Sampling")]
     (cand / "generation_config.json").write_text(json.dumps({"temperature": 0.8, "top_p": 0.95, "do_sample": True}))
-    note = sampling_note(str(base), str(cand))
+    (note,) = [note for note in checkpoint_notes(str(base), str(cand)) if note.startswith("Sampling")]
     assert note is not None and "'temperature': 0.6" in note and "'temperature': 0.8" in note
     assert "taken from neither file" in note

@@ -195,11 +195,15 @@ def test_root_confines_local_reads_of_remote_tools(tmp_path):
     assert result.is_error and "outside the workspace root" in result.content[0].text
 
 
-def test_instructions_name_only_registered_tools():
+def test_instructions_lead_with_the_one_call_answer_and_name_only_tools_served_by_default():
+    """A client with only the MCP connection reads these first: the one-call path before the steps, and no tool it
+    cannot call without restarting the server with other toolsets."""
+    from quanteval import toolsets
     from quanteval.faces.mcpapp import INSTRUCTIONS
 
-    named = {word.strip(".,") for word in INSTRUCTIONS.split() if "_" in word}
-    assert named and named <= set(registry.TOOLS)
+    named = [word.strip(".,:;()") for word in INSTRUCTIONS.split() if "_" in word]
+    assert named[:3] == ["evaluate_quantization", "start_evaluation", "wait_for_run"], named
+    assert set(named) <= set(registry.select(list(toolsets.DEFAULT_TOOLSETS))), set(named) - set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
 
 
 # ---------------------------------------------------------------- bounded answers

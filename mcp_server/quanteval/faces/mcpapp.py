@@ -35,9 +35,13 @@ def calls_in_flight() -> int:
     return _in_flight[0]
 
 INSTRUCTIONS = (
-    "Evaluate (quantized) LLM checkpoints with NeMo Evaluator Launcher. Usual order: check_environment, "
-    "build_config, add_tasks, inspect_checkpoint, apply_checkpoint, list_missing_values, apply_cluster (SLURM), "
-    "validate_config, dry_run, launch_canary, validate_run, launch_full_run, compare_results. Paths are absolute."
+    "How much accuracy did quantizing a checkpoint cost? One call answers it on this machine: evaluate_quantization "
+    "(baseline and candidate checkpoints, benchmarks, the largest acceptable drop in points) serves both, runs a canary and a full run "
+    "each, and gives the verdict; a client that cuts calls at 60 s calls start_evaluation, then wait_for_run until it "
+    "is not running. Step by step instead (an existing config, a SLURM cluster, NEL container tasks, one run at a "
+    "time): check_environment, build_config, add_tasks, inspect_checkpoint, apply_checkpoint, list_missing_values, "
+    "apply_cluster (SLURM), validate_config, dry_run, launch_canary, validate_run, launch_full_run, compare_results "
+    "or gate_results. Paths are absolute."
 )
 
 

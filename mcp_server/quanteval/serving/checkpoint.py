@@ -28,7 +28,7 @@ from quanteval.serving.quantformat import (
     format_warnings,
     framework_verdict,
 )
-from quanteval.serving.weights import WeightsInfo, module_bits, read_json, read_weights, weight_files
+from quanteval.serving.weights import WeightsInfo, module_bits, read_json, read_weights, row_values, weight_files
 
 # --- Fact tables --------------------------------------------------------------------------------
 
@@ -275,6 +275,33 @@ def _quant_warnings(quant: QuantizationInfo, weights: WeightsInfo) -> list[str]:
     return warnings
 
 
+# Any tensor stored below 16 bits, packed ones included (U8, I32): a checkpoint without one is not quantized.
+LOW_BIT_DTYPES = {"F8_E4M3", "F8_E5M2", "I8", "U8", "I32"}
+
+
+DEQUANTIZED_MAX_VALUES, DEQUANTIZED_MIN_ROW = 16, 64  # at most 4-bit codes in a row long enough to tell
+
+
+def unquantized_warning(report: CheckpointReport) -> str | None:
+    """A checkpoint with no quantization config and only 16/32-bit weights is not quantized, whatever its name, unless
+    its weights sit on a quantization grid (stored dequantized): said either way, so that one evaluated as a quantized
+    candidate is named for what it is."""
+    if report.weights.row_values is None:
+        return None
+    values, length = report.weights.row_values
+    dtypes = ", ".join(sorted(report.weights.dtype_parameters))
+    if values <= 1:
+        return (f"constant weights: a weight row of {length} holds one value ({dtypes}, no quantization config): "
+                "untrained or zeroed weights, not a model to evaluate.")
+    if values <= DEQUANTIZED_MAX_VALUES and length >= DEQUANTIZED_MIN_ROW:
+        return (f"stored dequantized: no quantization config and {dtypes} weights, but a weight row of {length} holds "
+                f"{values} distinct values: quantized weights (at most 4-bit) at full-precision storage, so it has "
+                "the quantized accuracy, not the quantized size or speed.")
+    return (f"no quantization: no quantization config, only {dtypes} weights, and a weight row of {length} holds "
+            f"{values} distinct values: this checkpoint is not quantized (a full-precision baseline is; a quantized "
+            "candidate is not).")
+
+
 # --- The tool -----------------------------------------------------------------------------------
 
 
@@ -320,6 +347,8 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
     if not files and not missing:
         warnings.append(f"{root}: no *.safetensors files; parameter count and memory estimate are unavailable.")
     weights = read_weights(files, missing, quant, progress, module_bits(config) if quant.method == "compressed-tensors" else None)
+    if not quant.detected and weights.dtype_parameters and not LOW_BIT_DTYPES & set(weights.dtype_parameters):
+        weights.row_values = row_values(files)
 
     architecture = _architecture(config, text_config)
     context_length = config_int(_config_value(config, text_config, "max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"))
@@ -327,7 +356,7 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
     template = _chat_template(root, tokenizer_config, files_read)
     weight_memory_gb = round(weights.weight_bytes / 1e9, 3)
     warnings += _quant_warnings(quant, weights)
-    return CheckpointReport(
+    report = CheckpointReport(
         checkpoint=str(root.resolve()),
         hf_handle=hf_handle,
         architecture=architecture,
@@ -348,6 +377,9 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
         warnings=warnings,
         files_read=files_read,
     )
+    if unquantized := unquantized_warning(report):
+        report.warnings.append(unquantized)
+    return report
 
 
 def _human_bytes(count: int) -> str:

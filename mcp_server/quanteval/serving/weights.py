@@ -1,4 +1,5 @@
-"""Reading a checkpoint's files: JSON configs and safetensors headers (never tensor data), and the weights facts
+"""Reading a checkpoint's files: JSON configs and safetensors headers (tensor data only for one weight row, to tell an
+unquantized checkpoint from a dequantized one), and the weights facts
 (parameters, logical parameters of packed low-bit weights, dtypes, bytes) summed from the headers.
 
 WeightsInfo is part of inspect_checkpoint's report contract: fields may be added, not renamed.
@@ -47,6 +48,9 @@ class WeightsInfo(BaseModel):
     weight_bytes: int = Field(0, description="Bytes of tensor data the headers declare (what a server loads).")
     size_bytes: int = Field(0, description="Bytes of all weight files on disk.")
     missing_shards: list[str] = Field(default_factory=list, description="Shards named in the index but absent.")
+    row_values: list[int] | None = Field(None, description=(
+        "Without a quantization config, all weights 16/32-bit: [distinct values, length] of one projection weight's "
+        "first row. A handful of values in a long row: quantized and stored dequantized."))
 
 
 # --- Reading files ------------------------------------------------------------------------------
@@ -194,3 +198,29 @@ def read_weights(
         size_bytes=size_bytes,
         missing_shards=missing,
     )
+
+
+# A projection weight's row read to tell a full-precision checkpoint from a quantized one stored dequantized: per
+# output channel a b-bit grid has at most 2**b values, a trained weight about as many as the row is long.
+_ROW_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
+_MAX_ROW_READ = 4096
+
+
+def row_values(files: list[Path]) -> list[int] | None:
+    """[distinct values, length] of the first row of the first file's longest-rowed 2-D `*proj.weight` (at most
+    4096 values, 16 KiB read); None when the first file has none in a 16/32-bit dtype."""
+    if not files:
+        return None
+    header, data_bytes = read_safetensors_header(files[0])
+    candidates = [(entry["shape"][1], name) for name, entry in header.items() if name != "__metadata__"
+                  and name.endswith("proj.weight") and isinstance(entry, dict) and entry.get("dtype") in _ROW_ITEMSIZE
+                  and len(entry.get("shape") or []) == 2]
+    if not candidates:
+        return None
+    length, name = max(candidates)
+    entry = header[name]
+    itemsize, count = _ROW_ITEMSIZE[entry["dtype"]], min(length, _MAX_ROW_READ)
+    with files[0].open("rb") as handle:
+        handle.seek(files[0].stat().st_size - data_bytes + entry["data_offsets"][0])
+        raw = handle.read(itemsize * count)
+    return [len({raw[i:i + itemsize] for i in range(0, len(raw), itemsize)}), count]

@@ -44,7 +44,7 @@ from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy, frameworks
-from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
+from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
 from quanteval.workflow import anomaly, background, compare, nelconfig, results, runs, validation
@@ -548,7 +548,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     seconds["compare"] = round(time.monotonic() - mark, 1)
     verdict = _verdict(compared, gated)
     reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving)]
-    reasons += [note] if (note := sampling_note(baseline.checkpoint, candidate.checkpoint)) else []
+    reasons += checkpoint_notes(baseline.checkpoint, candidate.checkpoint)
     floor, floor_run = [], None
     if request.noise_floor:
         mark = time.monotonic()
@@ -619,19 +619,27 @@ def serving_note(baseline: Serving | None, candidate: Serving | None) -> str:
     return f"Served differently: the baseline by {said(baseline)}; the candidate by {said(candidate)}."
 
 
-def sampling_note(baseline: str, candidate: str) -> str | None:
-    """A quantized checkpoint often ships a generation_config.json unlike its baseline's (or a model card's sampling
-    boilerplate): both sides are asked with the config's one sampling, and a difference between the files is said."""
-    def defaults(checkpoint: str) -> dict[str, Any]:
+def checkpoint_notes(baseline: str, candidate: str) -> list[str]:
+    """What the two checkpoints' own files say about the comparison, each read once: a candidate that carries no
+    quantization at all (a mislabelled upload compares two unquantized checkpoints), and a generation_config.json that
+    differs (a quantized checkpoint often ships one unlike its baseline's, or a model card's sampling boilerplate):
+    both sides are asked with the config's one sampling, and the difference is said."""
+    def report(checkpoint: str) -> Any:
         try:
-            return inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).generation_defaults
+            return inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint))
         except ToolError:
-            return {}
-    base, cand = defaults(baseline), defaults(candidate)
-    if base == cand:
-        return None
-    return (f"Sampling: the checkpoints' generation_config.json differ (baseline {base or 'none'}, candidate "
-            f"{cand or 'none'}); both sides were asked with the same sampling, the config's, taken from neither file.")
+            return None
+    base, cand = report(baseline), report(candidate)
+    notes = []
+    if cand is not None and (unquantized := unquantized_warning(cand)):
+        notes.append(f"Candidate: {unquantized}")
+    base_sampling = base.generation_defaults if base is not None else {}
+    cand_sampling = cand.generation_defaults if cand is not None else {}
+    if base_sampling != cand_sampling:
+        notes.append(f"Sampling: the checkpoints' generation_config.json differ (baseline {base_sampling or 'none'}, "
+                     f"candidate {cand_sampling or 'none'}); both sides were asked with the same sampling, the config's, "
+                     "taken from neither file.")
+    return notes
 
 
 def _verdict(compared: compare.CompareResultsOutput, gated: GateResultsOutput | None) -> Verdict:
