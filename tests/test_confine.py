@@ -386,3 +386,32 @@ def test_start_eval_server_over_mcp_stays_on_loopback_runs_ns_from_the_root_and_
 def test_quanteval_mcp_help_names_the_eval_server_option(cli_env):
     shown = subprocess.run(["quanteval-mcp", "--help"], capture_output=True, text=True, env=cli_env, timeout=60)
     assert "--allow-open-eval-server" in shown.stdout
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_a_skills_name_that_is_a_path_imports_nothing_from_outside(workspace, read_only):
+    """`skills://../../<dir>` names a dataset module NeMo-Skills would import from anywhere: validate_config (read-only
+    too) and launch_canary refuse it by its name, before anything is imported; a real name still reaches the probe."""
+    inside, outside = workspace
+    package = outside / "payload"
+    package.mkdir(parents=True)
+    marker = outside / "imported"
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    config = inside / "next.yaml"
+    config.write_text(f"benchmarks:\n  - name: skills://../../../../../../../../..{package}\n    solver: {{type: simple, service: model}}\n"
+                      + "services:\n  model: {type: api, url: 'http://127.0.0.1:9/v1/chat/completions', protocol: chat_completions, model: m}\n"
+                      + f"output:\n  dir: {inside / 'out'}\n")
+
+    async def go():
+        async with Client(build_server(root=inside, read_only=read_only)) as client:
+            validated = await client.call_tool("validate_config", {"config_path": str(config)})
+            launched = None if read_only else await client.call_tool("launch_canary", {"config_path": str(config)})
+            return validated, launched
+
+    validated, launched = anyio.run(go)
+    problems = validated.structured_content["problems"]
+    assert [p["rule"] for p in problems if p["rule"] == "skills_name"] == ["skills_name"], problems
+    assert "not a NeMo-Skills benchmark name" in next(p["message"] for p in problems if p["rule"] == "skills_name")
+    if launched is not None:
+        assert launched.is_error and "not a NeMo-Skills benchmark name" in launched.content[0].text
+    assert not marker.exists()

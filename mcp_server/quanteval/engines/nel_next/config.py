@@ -325,6 +325,10 @@ def skills_benchmark_problems(benchmarks: list[Any], cluster: dict[str, Any] | N
     names = skills.skills_names(benchmarks)
     if not names:
         return []
+    if misnamed := [Problem(key=f"benchmarks[{index}].name", severity="error", rule="skills_name", message=problem,
+                            fix="skills://NAME with NAME one of NeMo-Skills' benchmarks (e.g. skills://aime24).")
+                    for index, name in names.items() if (problem := skills.name_problem(name))]:
+        return misnamed
     found = skills.probe(list(names.values()))
     if found.problem:
         return [Problem(key=f"benchmarks[{min(names)}]", severity="error", rule="skills_unavailable",

@@ -350,6 +350,11 @@ def launch_blocker(checked: dict[str, Any]) -> str | None:
     if not checked["ok"]:
         first = checked["problems"][0]
         return f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config."
+    from quanteval.engines.nel_next import skills
+
+    for name in skills.skills_names(checked["config"].get("benchmarks") or []).values():
+        if problem := skills.name_problem(name):
+            return problem  # nel-next would import it as NeMo-Skills' dataset module
     missing = [program for program in ("ssh", "scp") if shutil.which(program) is None]
     if checked["cluster"] == "slurm" and missing:  # nel-next runs both on this machine; without them: a bare Errno 2
         return (f"nel-next submits with ssh and scp from this machine, and {', '.join(missing)} "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import string
 import subprocess
 from dataclasses import dataclass, field
@@ -145,6 +146,7 @@ def probe(names: list[str]) -> Probe:
     python = nelnext.venv() / "bin" / "python"
     if not python.exists():
         return Probe(problem=f"nel-next is not installed at {nelnext.venv()}")
+    names = [name for name in names if name_problem(name) is None]  # never imported: the caller says why
     try:
         done = nelnext.run_script(python, _PROBE, json.dumps(sorted(set(names))), json.dumps(BOXED_PROMPTS))
         answer = nelnext.last_json(done.stdout)
@@ -155,6 +157,19 @@ def probe(names: list[str]) -> Probe:
     found = {name: Benchmark(name=name, **{k: (tuple(v) if k == "bad_row" and v else v) for k, v in info.items()})
              for name, info in (answer.get("benchmarks") or {}).items()}
     return Probe(problem=answer.get("problem"), alias=answer.get("alias", ""), benchmarks=found)
+
+
+# NeMo-Skills' benchmark names (aime24, math-500, ruler.niah_single_1 ...): a name is a dataset module NeMo-Skills
+# imports, so one that is a path (`skills://../../elsewhere`) would import a package from anywhere.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def name_problem(name: str) -> str | None:
+    """Why `skills://NAME` is not a NeMo-Skills benchmark name, or None: checked before anything is imported."""
+    if NAME_PATTERN.fullmatch(name) and ".." not in name:
+        return None
+    return (f"skills://{name} is not a NeMo-Skills benchmark name (letters, digits, '_', '-' and '.', no '/' or '..'): "
+            "a name is a dataset module NeMo-Skills imports, never a path. Name a benchmark in NeMo-Skills' dataset folder.")
 
 
 def skills_names(benchmarks: list[Any]) -> dict[int, str]:
