@@ -15,6 +15,7 @@ from mcp import Client
 from tiers import BENCH, REPO
 
 from quanteval.faces.server import build_server
+from quanteval.models import ToolError
 
 CHECKPOINT = REPO / "examples" / "checkpoints" / "tiny-add-bf16"
 
@@ -414,4 +415,66 @@ def test_a_skills_name_that_is_a_path_imports_nothing_from_outside(workspace, re
     assert "not a NeMo-Skills benchmark name" in next(p["message"] for p in problems if p["rule"] == "skills_name")
     if launched is not None:
         assert launched.is_error and "not a NeMo-Skills benchmark name" in launched.content[0].text
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- commands are a capability, not a value
+
+NEL_SHELL_VALUES = [
+    ("deployment.served_model_name", "tiny$(touch {marker})"),
+    ("deployment.extra_args", "--max-model-len 32768; touch {marker}; true"),
+    ("deployment.env_vars.FOO", "lit:x$(touch {marker})"),
+    ("execution.extra_docker_args", "--rm `touch {marker}`"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), NEL_SHELL_VALUES, ids=[key for key, _ in NEL_SHELL_VALUES])
+def test_a_nel_value_written_unquoted_into_run_sh_cannot_carry_a_command(workspace, key, value):
+    """NEL's run.sh splices these values into its `docker run` lines unquoted: shell syntax in one is a command on
+    launch. validate_config calls it an error naming the key, and launch_canary refuses it, with --root or without."""
+    inside, outside = workspace
+    marker = outside / "ran"
+    outside.mkdir()
+    nel = _nel_config(inside, inside / "results")
+    steps = [*nel["steps"], ("set_config_value", {"config_path": nel["config"], "key": key, "value": value.format(marker=marker)}),
+             ("validate_config", {"config_path": nel["config"]}), ("launch_canary", {"config_path": nel["config"]})]
+    *_, validated, launched = calls(inside, *steps)
+    [problem] = [p for p in validated.structured_content["problems"] if p["rule"] == "shell_syntax"]
+    assert problem["key"] == key and problem["severity"] == "error" and not validated.structured_content["valid"]
+    assert launched.is_error and key in launched.content[0].text and "shell command" in launched.content[0].text
+
+    from quanteval.workflow.runs import LaunchCanaryInput, launch_canary  # the CLI's path: no --root
+
+    with pytest.raises(ToolError, match="shell command"):
+        launch_canary(LaunchCanaryInput(config_path=nel["config"]))
+    assert not marker.exists()
+
+
+def test_commands_in_a_config_are_named_and_refused_under_root_unless_the_server_allows_them(workspace, monkeypatch):
+    """evaluation.pre_cmd (NEL) and services.model.setup_commands (nel-next) are commands by design: validate_config names
+    each with what would run; under --root a launch refuses them unless quanteval-mcp runs with --allow-commands, even
+    where the operator trusts NEL's pre_cmd (NEMO_EVALUATOR_TRUST_PRE_CMD, a gate for the operator, not the client)."""
+    monkeypatch.setenv("NEMO_EVALUATOR_TRUST_PRE_CMD", "1")
+    inside, outside = workspace
+    marker = outside / "ran"
+    nel = _nel_config(inside, inside / "results")
+    next_config, build_next = _built_next_config(inside)
+    steps = [*nel["steps"], ("set_config_value", {"config_path": nel["config"], "key": "evaluation.pre_cmd", "value": f"touch {marker}"}),
+             build_next, ("set_config_value", {"config_path": next_config, "key": "services.model",
+                                               "value": {"type": "vllm", "model": str(CHECKPOINT), "protocol": "chat_completions",
+                                                         "setup_commands": [f"touch {marker}"]}})]
+    calls(inside, *steps)
+    for config, key in ((nel["config"], "evaluation.pre_cmd"), (next_config, "services.model.setup_commands.0")):
+        validated, launched = calls(inside, ("validate_config", {"config_path": config}), ("launch_canary", {"config_path": config}))
+        [named] = [p for p in validated.structured_content["problems"] if p["rule"] == "runs_command"]
+        assert named["key"] == key and f"touch {marker}" in named["message"]
+        assert launched.is_error and "--allow-commands" in launched.content[0].text and key in launched.content[0].text
+
+    async def allowed():
+        async with Client(build_server(root=inside, allow_commands=True)) as client:
+            return await client.call_tool("launch_canary", {"config_path": nel["config"]})
+
+    # allowed, NEL's launch goes on to its own checks (this machine has no docker, so nothing runs)
+    launched = anyio.run(allowed)
+    assert launched.is_error and "--allow-commands" not in launched.content[0].text and "docker" in launched.content[0].text.lower()
     assert not marker.exists()

@@ -212,9 +212,10 @@ def test_unset_env_vars_are_names_only_and_can_be_skipped(monkeypatch: pytest.Mo
     assert _validate(ValidateConfigInput(config_path=str(config), check_env=False)).problems == []
 
 
-def test_trusting_pre_cmd_clears_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trusting_pre_cmd_clears_the_error_and_still_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_EVALUATOR_TRUST_PRE_CMD", "1")
-    assert _validate(ValidateConfigInput(config_path=str(CORPUS / "pre_cmd_untrusted.yaml"))).problems == []
+    problems = _validate(ValidateConfigInput(config_path=str(CORPUS / "pre_cmd_untrusted.yaml"))).problems
+    assert [(p.severity, p.rule, p.key) for p in problems] == [("warning", "runs_command", "evaluation.tasks.1.pre_cmd")]
 
 
 def test_sglang_needs_trust_remote_code_for_custom_code(tmp_path: Path) -> None:

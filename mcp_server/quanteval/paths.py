@@ -53,6 +53,7 @@ class Policy:
     absolute_only: bool = False  # refuse relative paths (a server's working directory means nothing to its client)
     open_eval_server: bool = False  # quanteval-mcp --allow-open-eval-server: start_eval_server may bind beyond
     # loopback and run an ns/nel command outside the root
+    allow_commands: bool = False  # quanteval-mcp --allow-commands: under --root, a config may run commands on launch
 
     def __post_init__(self) -> None:
         if self.root is not None:

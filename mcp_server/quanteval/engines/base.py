@@ -231,9 +231,17 @@ class Engine(ABC):
     # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
     writes_placement_host: ClassVar[bool] = False
 
+    # Keys whose string values the engine writes unquoted into the shell script it runs (fnmatch on dotted keys):
+    # shell syntax there runs as a command (engines/commands.py).
+    shell_spliced: ClassVar[tuple[str, ...]] = ()
+
     @abstractmethod
     def owns(self, doc: Any) -> bool:
         """Is this parsed config written for this engine (by its sections)?"""
+
+    def command_presets(self, doc: Any) -> dict[str, str]:
+        """The engine's own command values for this config (key -> value), not named as the user's commands."""
+        return {}
 
     # -- config (engines/<engine>/config.py)
 

@@ -228,11 +228,12 @@ def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
 
 def build_server(
     toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = True,
-    open_eval_server: bool = False,
+    open_eval_server: bool = False, allow_commands: bool = False,
 ) -> MCPServer:
     """The server: relative paths refused (a client's paths mean nothing in the server's working directory); with
-    `open_eval_server`, start_eval_server may bind beyond loopback and run an ns/nel command outside the root."""
-    policy = paths.Policy(root=root, absolute_only=True, open_eval_server=open_eval_server)
+    `open_eval_server`, start_eval_server may bind beyond loopback and run an ns/nel command outside the root; with
+    `allow_commands`, a config under the root may run commands on launch (engines/commands.py)."""
+    policy = paths.Policy(root=root, absolute_only=True, open_eval_server=open_eval_server, allow_commands=allow_commands)
     server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas)
     _add_extras(server)
     return server

@@ -301,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-open-eval-server", action="store_true",
                         help="let start_eval_server bind beyond loopback (clients then need its bearer token) and run an "
                         "ns_command/nel_command outside --root; refused by default")
+    parser.add_argument("--allow-commands", action="store_true",
+                        help="with --root, let a config run commands on launch (pre_cmd, setup_commands, a custom "
+                        "deployment command ...); refused by default, as anyone who can edit a config could run programs")
     parser.add_argument("--toolsets", help="comma-separated toolsets to serve (listed below): names, 'default' for "
                         "those on by default, or 'all'; e.g. default,deploy")  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing")
@@ -324,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     def build() -> Any:
         from quanteval.faces import mcpapp
 
-        return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas, args.allow_open_eval_server)
+        return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas, args.allow_open_eval_server,
+                                   args.allow_commands)
 
     if args.http:
         build().run("streamable-http", host="127.0.0.1", port=args.port)

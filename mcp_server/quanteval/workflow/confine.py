@@ -46,7 +46,7 @@ def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> di
     if tool == "launch_deployment":
         _check_plan(arguments.get("plan"), arguments.get("host"), policy)
     elif tool in LAUNCHING_TOOLS:
-        _check_config(arguments, policy)
+        _check_config(tool, arguments, policy)
     elif tool in RECORD_TOOLS:
         _check_record(arguments.get("record_id"), policy, resuming=tool == "resume_run")
     for field, value in arguments.items():  # the result tools take a run by record id too (validate_run, compare ...)
@@ -55,15 +55,19 @@ def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> di
     return _outputs_inside(tool, arguments, policy.root)
 
 
-def _check_config(arguments: dict[str, Any], policy: paths.Policy) -> None:
+def _check_config(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> None:
     from quanteval import configfile, engines
+    from quanteval.engines import commands
 
     config_path = arguments.get("config_path")
     if not isinstance(config_path, str):
         return
     config = paths.local_path(config_path, "config_path", policy)
-    engine = engines.for_config(configfile.to_plain(engines.load_config(config)))
+    doc = configfile.to_plain(engines.load_config(config))
+    engine = engines.for_config(doc)
     overrides = [o for o in arguments.get("overrides") or [] if isinstance(o, str)]
+    if tool != "dry_run" and (refusal := commands.launch_refusal(engine, doc, overrides, policy.allow_commands)):
+        raise ToolError(refusal)  # dry_run renders without running: it shows what would run
     for key, path in engine.launch_paths(str(config), overrides):
         paths.local_path(str(path), key, paths.Policy(root=policy.root))
 
@@ -87,6 +91,8 @@ def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
         return  # the tool refuses it
     for what, path in engines.for_record(record).record_paths(record, resuming):
         paths.local_path(str(path), f"{record.id} {what}", paths.Policy(root=policy.root))
+    if resuming and record.config_path and Path(record.config_path).is_file():  # resume launches its config again
+        _check_config("resume_run", {"config_path": record.config_path, "overrides": record.details.get("overrides") or []}, policy)
 
 
 def _outputs_inside(tool: str, arguments: dict[str, Any], root: Path) -> dict[str, Any]:

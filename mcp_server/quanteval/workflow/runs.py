@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, ledger
+from quanteval.engines import commands
 from quanteval.engines.base import ACTIVE, CanarySpec, DryRunOutput, JobStatus, KillRunOutput, LaunchOutput, Refreshed, ResumeRunOutput, RunKind, RunLogsOutput
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -37,6 +38,17 @@ def _config_file(config_path: str) -> str:
 
 def _engine(config_path: str) -> engines.Engine:
     return engines.for_config(configfile.to_plain(engines.load_config(config_path)))
+
+
+def _launchable(config_path: str, overrides: list[str]) -> engines.Engine:
+    """The config's engine, once nothing in the config or overrides would run as a shell command by accident
+    (engines/commands.py) and the engine says this machine can launch it."""
+    doc = configfile.to_plain(engines.load_config(config_path))
+    engine = engines.for_config(doc)
+    if refusal := commands.launch_refusal(engine, doc, overrides):
+        raise ToolError(refusal)
+    engine.check_launchable(config_path, overrides)
+    return engine
 
 
 def config_hash(path: str, overrides: list[str] | None = None) -> str:
@@ -81,8 +93,7 @@ def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress
     launch_full_run needs it to pass. Poll with wait_for_run.
     """
     config_path = _config_file(request.config_path)
-    engine = _engine(config_path)
-    engine.check_launchable(config_path, request.overrides)
+    engine = _launchable(config_path, request.overrides)
     return _launch(engine, "canary", config_path, request.overrides, request.tasks,
                    CanarySpec(limit=request.limit_samples, repeats=request.repeats), {}, progress)
 
@@ -166,8 +177,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     if request.force and not (request.reason and request.reason.strip()):
         raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
     progress(0, 3, "checking the canary gate")
-    engine = _engine(config_path)
-    engine.check_launchable(config_path, request.overrides)
+    engine = _launchable(config_path, request.overrides)
     composed = engine.compose(config_path, request.overrides)
     if request.force:
         gate = f"forced: {request.reason.strip()}"

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
+from quanteval.engines import commands
 from quanteval.engines.base import Problem
 from quanteval.models import StrictModel
 
@@ -45,7 +46,9 @@ def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
     started = time.perf_counter()
     path = Path(request.config_path).expanduser()
     doc = configfile.load_plain(path)
-    problems = engines.for_config(doc).validate(doc, path, request.overrides, request.check_env)
+    engine = engines.for_config(doc)
+    problems = engine.validate(doc, path, request.overrides, request.check_env)
+    problems += commands.problems(engine, doc, problems)
     errors = sum(problem.severity == "error" for problem in problems)
     return ValidateConfigOutput(
         config_path=request.config_path,

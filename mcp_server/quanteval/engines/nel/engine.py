@@ -25,7 +25,7 @@ from quanteval.engines.base import (
     config_check,
 )
 from quanteval.engines.nel import apply, config, rules, runs
-from quanteval.models import ProgressFn
+from quanteval.models import ProgressFn, ToolError
 
 
 class NelEngine(Engine):
@@ -33,8 +33,22 @@ class NelEngine(Engine):
     results_by_location: ClassVar[bool] = True
     sections: ClassVar[frozenset[str]] = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
 
+    # run.sh / the sbatch script splice these unquoted into `docker run` / srun lines (executors/*/run.template.sh)
+    shell_spliced: ClassVar[tuple[str, ...]] = ("deployment.*", "execution.extra_docker_args", "execution.mounts.*",
+                                                "evaluation.env_vars.*", "evaluation.tasks.*.env_vars.*")
+
     def owns(self, doc: Any) -> bool:
         return isinstance(doc, dict) and bool(self.sections & set(doc))
+
+    def command_presets(self, doc: Any) -> dict[str, str]:
+        """NEL's packaged deployment command for the config's deployment type (configs/deployment/*.yaml)."""
+        from quanteval.engines.nel import nelfacts
+
+        try:
+            preset = nelfacts.packaged_defaults(f"deployment/{config.deployment_type(doc)}")
+        except ToolError:  # a deployment type NEL does not package: every command is the user's
+            return {}
+        return {f"deployment.{key}": str(preset[key]) for key in ("command", "base_command") if preset.get(key)}
 
     # -- config
 

@@ -35,6 +35,11 @@ class NelNextEngine(Engine):
     foreign_sections: ClassVar[frozenset[str]] = frozenset({"defaults", "execution", "deployment", "evaluation", "target",
                                                             "export"})
 
+    # a server's argv and environment go into the scripts nel-next writes (sbatch on SLURM)
+    shell_spliced: ClassVar[tuple[str, ...]] = ("services.*.extra_args.*", "services.*.extra_env.*",
+                                                "services.*.container_mounts.*", "services.*.image", "services.*.model",
+                                                "services.*.served_model_name")
+
     def owns(self, doc: Any) -> bool:
         """A nel-next config has benchmarks:, or services: whose every entry names its `type` (a docker-compose file's
         services: never does), and none of NEL 0.2.6's sections."""

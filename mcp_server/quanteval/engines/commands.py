@@ -1,0 +1,114 @@
+"""What a config makes an engine run in a shell on this machine, besides the engine's own preset commands.
+
+Two kinds of values, for both engines:
+- commands: a key named *_cmd, *command or *commands (NEL's deployment.command and pre_cmd/post_cmd, nel-next's
+  setup_commands, pre_cmd, server_cmd, capture_cmd, a sandbox metric's command) runs its value as a shell command on
+  launch. Named by validate_config and dry_run; under `quanteval-mcp --root` a launch with one (other than the
+  engine's preset) is refused unless the server was started with --allow-commands: who may edit a config must not
+  thereby run programs as the server's user.
+- spliced values: the keys each engine writes unquoted into the shell script it runs (Engine.shell_spliced: NEL's
+  deployment.* values, docker args, mounts and env values; nel-next's server args, env, mounts, image). A value there
+  with shell syntax (`;`, `|`, `&`, `$(`, backquotes, redirections, a newline) would run as a command: validate_config
+  calls it an error and every launch refuses it, with or without --root.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from quanteval.engines.base import Problem
+
+if TYPE_CHECKING:
+    from quanteval.engines.base import Engine
+
+COMMAND_NAME = re.compile(r"(?:^|_)(?:cmd|command|commands)$")
+SHELL_SYNTAX = ("`", "$(", ";", "|", "&", "<", ">", "\n", "\r")
+
+
+def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every scalar of a plain config with its dotted key (list items by index: a.b.0)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from leaves(value, f"{prefix}.{index}")
+    else:
+        yield prefix, node
+
+
+def _named_key(key: str) -> str:
+    """The last named component of a dotted key (setup_commands for services.model.setup_commands.0)."""
+    return next(part for part in reversed(key.split(".")) if not part.isdigit())
+
+
+def values(doc: dict[str, Any], overrides: list[str] | None = None) -> list[tuple[str, Any]]:
+    """The config's scalars by dotted key, with the launch's overrides (`key=value`, `++key=value`) over them."""
+    found = dict(leaves(doc))
+    for override in overrides or []:
+        key, equals, value = override.lstrip("+~").partition("=")
+        if equals:
+            found[key.strip()] = value
+    return list(found.items())
+
+
+def commands(pairs: list[tuple[str, Any]], presets: dict[str, str]) -> list[tuple[str, str]]:
+    """(key, value) of every non-empty command value that is not the engine's own preset for that key."""
+    return [(key, str(value)) for key, value in pairs if COMMAND_NAME.search(_named_key(key))
+            and value not in (None, "") and str(value).strip() != presets.get(key, "\0").strip()]
+
+
+def shell_syntax(value: str) -> str | None:
+    """The first piece of shell syntax in a value, or None."""
+    return next((piece for piece in SHELL_SYNTAX if piece in value), None)
+
+
+def spliced_syntax(pairs: list[tuple[str, Any]], patterns: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(key, value, the shell syntax in it) for every spliced string value carrying some; command keys excluded."""
+    found = []
+    for key, value in pairs:
+        if not isinstance(value, str) or COMMAND_NAME.search(_named_key(key)):
+            continue
+        if any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns) and (piece := shell_syntax(value)):
+            found.append((key, value, piece))
+    return found
+
+
+def shown(value: str, limit: int = 200) -> str:
+    text = value.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def problems(engine: Engine, doc: dict[str, Any], reported: list[Problem]) -> list[Problem]:
+    """validate_config's findings: shell syntax in a spliced value (an error), and each command the config runs
+    (a warning), but for a command key the engine's own rules already call an error (NEL's untrusted pre_cmd)."""
+    refused = {problem.key.rsplit(".", 1)[-1] for problem in reported if problem.severity == "error"}
+    found = [Problem(key=key, severity="error", rule="shell_syntax", message=(
+                 f"{shown(value)!r} holds {piece!r}, and {engine.name} writes {key} unquoted into the shell script it "
+                 "runs: it would run as a command."),
+                 fix="Remove the shell syntax (a value is one argument or name); a command belongs in a command key.")
+             for key, value, piece in spliced_syntax(values(doc), engine.shell_spliced)]
+    found += [Problem(key=key, severity="warning", rule="runs_command", message=(
+                  f"runs on launch as a shell command on the machine that runs it: {shown(value)!r}."),
+                  fix="Keep it only if you wrote it for this run; over `quanteval-mcp --root` a launch with it needs the "
+                      "server started with --allow-commands.")
+              for key, value in commands(values(doc), engine.command_presets(doc)) if _named_key(key) not in refused]
+    return found
+
+
+def launch_refusal(engine: Engine, doc: dict[str, Any], overrides: list[str], allow_commands: bool = True) -> str | None:
+    """Why a launch of this config with these overrides is refused: shell syntax in a spliced value (always), a command
+    when commands are not allowed (quanteval-mcp --root without --allow-commands); None when it may start."""
+    pairs = values(doc, overrides)
+    if spliced := spliced_syntax(pairs, engine.shell_spliced):
+        key, value, piece = spliced[0]
+        return (f"{key}: {shown(value)!r} holds {piece!r}, which {engine.name} would run as a shell command (it writes "
+                f"{key} unquoted into its script). Remove it; validate_config lists every such value.")
+    if not allow_commands and (found := commands(pairs, engine.command_presets(doc))):
+        named = "; ".join(f"{key} = {shown(value, 80)!r}" for key, value in found[:5])
+        return (f"this config runs commands on launch ({named}), and this MCP server (--root) does not let a config "
+                "run commands: remove them, or start quanteval-mcp with --allow-commands if you trust every client.")
+    return None
