@@ -36,7 +36,7 @@ CLIENTS = REPO / "tests" / "mcp_clients"
 INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
 CLIENT_TIMEOUT_S = 60  # both clients' default request timeout (DEFAULT_REQUEST_TIMEOUT_MSEC in the TypeScript SDK)
 STANDIN = [sys.executable, str(REPO / "tests" / "standins" / "fake_inference_server.py"), "--fake-answers", "sum"]
-SERVER_DELAY_S = 50  # with the runs, every evaluation with a server this slow to load outlasts CLIENT_TIMEOUT_S
+SERVER_DELAY_S = 35  # two servers this slow to load and the runs between: every evaluation outlasts CLIENT_TIMEOUT_S
 
 pytestmark = requires("nel-next", "npm", "slow")
 
