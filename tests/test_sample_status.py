@@ -89,6 +89,11 @@ def test_a_request_that_got_no_answer_leaves_the_pairing_and_nel_gates_number_st
         [theirs["delta"], theirs["delta_ci_lower"], theirs["delta_ci_upper"]], abs=2e-6)
     assert any("1 of 40 pair(s) dropped" in reason for reason in gated.reasons), gated.reasons
 
+    # the same failure on the baseline's side: dropped alike (a gain made of it is no gain either)
+    swapped = compare(candidate, baseline, tmp_path / "swapped", max_drop=2).comparisons[0]
+    assert swapped.samples is not None and (swapped.samples.baseline_infra_errors, swapped.samples.excluded_pairs) == (1, 1)
+    assert swapped.delta == 0 and "delta +2.50 points" in swapped.why
+
 
 def test_infrastructure_errors_above_their_share_refuse_a_verdict_on_both_tools(real_run, tmp_path):
     """A candidate right on every problem its server answered, its server failing 3 of 40 (7.5%, over 5%): no verdict,
