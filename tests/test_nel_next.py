@@ -115,6 +115,43 @@ def test_sigterm_mid_evaluation_cancels_stops_the_servers_and_a_second_call_resu
     assert result["baseline"]["full_run_record_id"] == full_runs[str(BF16)].id
 
 
+@requires("slow")  # a canary and part of a full run through the stand-in
+@pytest.mark.parametrize("victim", ["quanteval evaluate", "quanteval-mcp"])
+def test_sigkill_of_the_process_that_serves_an_evaluation_leaves_no_server(tmp_path, cli_env, victim):
+    """`kill -9` runs no cleanup of its own: the servers an evaluation started watch their owner and stop within
+    seconds of its death (their process groups, the stand-in's two worker processes included), from the CLI or an
+    MCP server that ran evaluate_quantization itself."""
+    launcher = shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2", "--fake-answers", "sum",
+                           "--fake-workers", "2", "--fake-answer-s", "0.5"])
+    env = {**cli_env, "QUANTEVAL_VLLM_LAUNCHER": launcher, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0",
+           "QUANTEVAL_STATE_DIR": os.environ["QUANTEVAL_STATE_DIR"]}
+    arguments = {"baseline_checkpoint": str(BF16), "candidate_checkpoint": str(W8A8), "benchmarks": [str(BENCH)],
+                 "output_dir": str(tmp_path / "out")}
+    if victim == "quanteval evaluate":
+        child = subprocess.Popen(["quanteval", "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH), "--output-dir",
+                                  arguments["output_dir"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    else:
+        child = subprocess.Popen(["quanteval-mcp"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        assert child.stdin is not None
+        for message in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+                        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "evaluate_quantization", "arguments": arguments}}):
+            child.stdin.write((json.dumps(message) + "\n").encode())
+        child.stdin.flush()
+    deadline = time.monotonic() + 180
+    while not ledger.find(kind="full_run", status="running"):
+        assert child.poll() is None and time.monotonic() < deadline, "no full run started"
+        time.sleep(0.5)
+    assert _standins_running(), "a server is serving the run"
+    child.kill()
+    child.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while _standins_running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _standins_running() == []
+
+
 def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(tmp_path, monkeypatch):
     """Over a real MCP session: the assistant waits in one call instead of polling run_status."""
     import anyio

@@ -43,7 +43,7 @@ from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import deploy, frameworks
+from quanteval.serving import deploy, deploy_local, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
@@ -245,8 +245,10 @@ def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: 
 
 
 def _launch(plan: deploy.DeploymentPlan, request: EvaluateQuantizationInput) -> deploy.LaunchDeploymentResult:
-    return deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, host=request.host,
-                                                                 startup_timeout_s=request.startup_timeout_s))
+    """The evaluation's own server: it stops when this process ends, even SIGKILLed (it has no use without it)."""
+    with deploy_local.servers_die_with_this_process():
+        return deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, host=request.host,
+                                                                     startup_timeout_s=request.startup_timeout_s))
 
 
 def _ready(checkpoint_dir: Path, launched: deploy.LaunchDeploymentResult, request: EvaluateQuantizationInput,
