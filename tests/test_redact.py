@@ -15,6 +15,10 @@ from quanteval.workflow.evalbackend import tail_lines
 HF = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3f"  # the shape of a Hugging Face token (hf_ + 34)
 NVAPI = "nvapi-PLANTED-s3cr3t-9f8e7d"
 SK = "sk-live-0123456789abcdefghijKLMN"
+# jwt.io's example token (HS256) and AWS's documented example access key id: real formats, no real secrets
+JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ."
+       "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c")
+AKIA = "AKIAIOSFODNN7EXAMPLE"
 # Log lines a run, a server or a script prints with secrets in them, and what of each line may be shown.
 SECRET_LINES = [
     (f"curl -H 'Authorization: Bearer {NVAPI}' http://judge:8000/v1", "Authorization: Bearer ***"),
@@ -27,8 +31,14 @@ SECRET_LINES = [
     ("+ export 'JUDGE_API_KEY=planted-export-value'", "+ export 'JUDGE_API_KEY=***"),
     ('NGC_API_KEY="planted quoted value" next', "NGC_API_KEY=*** next"),
     ("password=hunter22", "password=***"),
+    # the shapes a probe found unmasked: after an underscore, JSON-escaped, a JWT, an AWS access key id
+    (f"HF_TOKEN_{NVAPI} in the environment dump", "HF_TOKEN_*** in"),
+    ('{"api_key": "' + NVAPI.replace("-", "\\u002d") + '"}', '{"api_key": "***"}'),
+    (f"id_token {JWT} expired", "id_token *** expired"),
+    (f"aws_access_key_id {AKIA} from ~/.aws", "aws_access_key_id *** from"),
 ]
-PLANTED = [NVAPI, HF, SK, "s3cretTokenValue", "eyJhbGciOiJIUzI1NiJ9", "hunter22", "planted-export-value", "planted quoted"]
+PLANTED = [NVAPI, HF, SK, "s3cretTokenValue", "eyJhbGciOiJIUzI1NiJ9", "hunter22", "planted-export-value", "planted quoted",
+           "PLANTED", JWT.split(".")[2], AKIA]
 
 
 @pytest.mark.parametrize(("line", "shown"), SECRET_LINES)
@@ -38,8 +48,15 @@ def test_secrets_are_masked_by_shape_wherever_they_appear(line: str, shown: str)
     assert not any(secret in scrubbed for secret in PLANTED)
 
 
+def test_a_key_a_log_wrapped_onto_the_next_line_is_masked_on_both_and_the_lines_stay() -> None:
+    lines = ["judge:", f"  api_key: {NVAPI[:14]}", f"    {NVAPI[14:]}ABCD", "done"]
+    shown = redact.shown_lines(lines, {})
+    assert shown == ["judge:", "  api_key: ***", "    ***", "done"]
+
+
 @pytest.mark.parametrize("text", [
     "reading hf_quant_config.json and deployment.hf_model_handle",
+    "AKIA is how AWS access key ids begin; eyJ is how a JWT begins",
     "the server requires a bearer token (Authorization: Bearer ...)",
     "missing or wrong bearer token (Authorization: Bearer <$QUANTEVAL_EVAL_TOKEN>)",
     "nvapi-dummy",
@@ -98,7 +115,7 @@ def test_remote_grep_over_mcp_masks_what_it_matched(tmp_path: Path) -> None:
     async def go():
         async with Client(build_server()) as client:
             return await client.call_tool("remote_grep", {"host": "local", "path": str(log),
-                                                          "patterns": ["bearer|key|login|password|MLFLOW"]})
+                                                          "patterns": ["bearer|key|login|password|MLFLOW|token"]})
 
     result = anyio.run(go)
     assert not result.is_error, result.content[0].text

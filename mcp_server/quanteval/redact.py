@@ -6,7 +6,8 @@ the eval server's log tails, rendered scripts). It masks:
   ones (HF_TOKEN, NGC_API_KEY, JUDGE_API_KEY ...) and any other whose name ends in KEY, TOKEN, SECRET or PASSWORD
   (such as the eval server's --token-env); and the values NEL wrote to the .secrets.env files the caller names (`***`);
 - by shape, wherever they appear, as `***`: `Authorization: Bearer …`, NVIDIA `nvapi-…` keys, Hugging Face `hf_…` tokens,
-  OpenAI-style `sk-…` keys, the password in a URL (`https://user:…@host`), the value of `NAME=value` whose name
+  OpenAI-style `sk-…` keys (after `_` too, JSON-escaped, wrapped onto the next line), JWTs, AWS access key ids,
+  the password in a URL (`https://user:…@host`), the value of `NAME=value` whose name
   says it is a secret, and of every `export NAME=value` (NEL's run.sub runs under `set -x`, so its SLURM log echoes
   its re-exports with their real values).
 Configs are redacted by key instead (redact_config). A log line is shown scrubbed and cut to MAX_LINE_CHARS (shown_line).
@@ -36,11 +37,19 @@ ENV_VAR_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")  # what a config should hold ins
 SECRET_ASSIGNMENT = re.compile(r"((?:export\s+'?)\w+=|\w*(?:KEY|TOKEN|SECRET|PASSWORD)\w*=)(\"[^\"]*\"|'[^']*'|\S+)",
                                re.IGNORECASE)
 # Secrets by their shape; group 1, when set, is the part that stays (the header and scheme).
+# A prefixed key is found after any non-alphanumeric character (`TOKEN_nvapi-…` too), its dash also JSON-escaped
+# (`nvapi\u002d…`), and its tail on the next line when a log or a folded YAML value wraps it (after a backslash, or
+# indented: an unindented next line is another line of the log).
+_DASH = r"(?:-|\\u002d)"
+_BODY = r"(?:[A-Za-z0-9_-]|\\u002d)"
+_WRAPPED = r"(?:(?:\\\r?\n[ \t]*|\r?\n[ \t]+)[A-Za-z0-9_-]{4,})?"  # continued after a backslash, or indented
 SECRET_SHAPE = re.compile(
     r"(\b(?:authorization:\s*(?:bearer|basic|token)|bearer)\s+)[A-Za-z0-9._~+/-]{8,}=*"
-    r"|\bnvapi-[A-Za-z0-9_-]{8,}"
-    r"|\bhf_[A-Za-z0-9]{30,}\b"
-    r"|\bsk-[A-Za-z0-9_-]{20,}"
+    rf"|(?<![A-Za-z0-9])nvapi{_DASH}{_BODY}{{8,}}{_WRAPPED}"
+    rf"|(?<![A-Za-z0-9])hf_[A-Za-z0-9]{{30,}}(?![A-Za-z0-9]){_WRAPPED}"
+    rf"|(?<![A-Za-z0-9])sk{_DASH}{_BODY}{{20,}}{_WRAPPED}"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # a JWT: base64url header.payload.signature
+    r"|(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"  # an AWS access key id
     r"|(\b[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^/\s@]{3,}(?=@)",  # the password in scheme://user:password@host
     re.IGNORECASE,
 )
@@ -70,7 +79,16 @@ def scrub(text: str, secrets: Secrets | None = None) -> str:
     for value in sorted(known, key=len, reverse=True):
         text = text.replace(value, known[value])
     text = SECRET_ASSIGNMENT.sub(lambda match: f"{match.group(1)}{MASK}", text)
-    return SECRET_SHAPE.sub(lambda match: f"{match.group(1) or match.group(2) or ''}{MASK}", text)
+    return SECRET_SHAPE.sub(_masked, text)
+
+
+def _masked(match: re.Match[str]) -> str:
+    """A secret's shape masked, the header or scheme it follows kept; one wrapped onto the next line stays two lines."""
+    kept = match.group(1) or match.group(2) or ""
+    _, newline, tail = match.group(0).partition("\n")
+    if not newline:
+        return f"{kept}{MASK}"
+    return f"{kept}{MASK}\n{tail[:len(tail) - len(tail.lstrip(' ' + chr(9)))]}{MASK}"
 
 
 def shown_line(line: str, secrets: Secrets | None = None) -> str:
@@ -82,7 +100,8 @@ def shown_lines(lines: Iterable[str], secrets: Secrets | None = None) -> list[st
     """Log lines as a tool shows them, each scrubbed and capped but otherwise kept (not stripped, empty ones kept);
     the env's secrets are read once for all of them."""
     secrets = secret_values() if secrets is None else secrets
-    return [scrub(line, secrets)[:MAX_LINE_CHARS] for line in lines]
+    # scrubbed as one text, so a key a log wrapped onto the next line is masked on both; as many lines come back
+    return [line[:MAX_LINE_CHARS] for line in scrub("\n".join(lines), secrets).split("\n")]
 
 
 def redact_config(value: Any, secret: bool = False) -> Any:
