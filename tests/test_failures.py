@@ -74,3 +74,18 @@ def test_a_diagnosis_shows_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     assert diagnosis.line == "openai.AuthenticationError: 401 for key <NGC_API_KEY> (Authorization: Bearer ***)"
     unclassified = failures.diagnose([], ["calling with planted-ngc-key-123456", "done"])
     assert unclassified.last_lines == ["calling with <NGC_API_KEY>", "done"]
+
+
+def test_a_full_disk_is_a_full_disk_naming_its_path_not_missing_credentials(tmp_path: Path) -> None:
+    """A run that filled its disk logs the OSError among lines that mention tokens and HTTP errors: the diagnosis names
+    the disk and the path, from the table and from GNU grep alike."""
+    lines = ["INFO HF_TOKEN is set; downloading tokenizer", "Traceback (most recent call last):",
+             "OSError: [Errno 28] No space left on device: '/scratch/run/artifacts/results.jsonl'",
+             "requests.exceptions.ConnectionError: 401 Unauthorized while uploading"]
+    diagnosis = failures.diagnose([("client_stdout.log", number, line) for number, line in enumerate(lines, 1)], lines)
+    assert diagnosis.failure_class == "disk_full" and diagnosis.line_number == 3
+    assert diagnosis.advice.startswith("The file system holding /scratch/run/artifacts/results.jsonl is full")
+    sample = tmp_path / "client_stdout.log"
+    sample.write_text("\n".join(lines) + "\n")
+    found = subprocess.run(["grep", "-c", "-i", "-E", failures.FAILURE_PATTERNS["disk_full"], str(sample)], capture_output=True, text=True)
+    assert found.stdout.strip() == "1"

@@ -88,6 +88,10 @@ def _with_server_failures(name: str, pattern: str = "") -> str:
 
 # (class, pattern, what to do). Ordered most specific first: a line gets the first class that matches.
 FAILURE_CLASSES: list[tuple[str, str, str]] = [
+    # first: a full disk breaks whatever was writing, and the lines around it then look like other failures
+    ("disk_full", r"No space left on device|\bENOSPC\b|Errno 28\b|Disk quota exceeded|\bEDQUOT\b",
+     "A disk is full (or over quota) where the run writes: free space on that file system, or point the output "
+     "(and HF_HOME / the state directory) at one with room, then resume_run."),
     ("container", r"unrecognized option '?--container|pyxis|enroot|manifest unknown|failed to pull|"
                   r"image.{0,40}not found|container.{0,40}(error|fail|not found)",
      "The node cannot run NEL's containers: SLURM needs the pyxis plugin (srun --container-image) and enroot, "
@@ -190,6 +194,8 @@ def diagnose(hits: list[tuple[str, int, str]], last_lines: list[str]) -> Diagnos
     name = COMPILED[rank][0]
     known = server_failure(text)
     advice = f"{known.meaning} {known.fix}" if known and known.failure_class == name else FAILURE_ADVICE[name]
+    if name == "disk_full" and (path := re.search(r"""['"](/[^'"]+)['"]""", text)):
+        advice = f"The file system holding {path.group(1)} is full (or over quota). {advice}"
     return Diagnosis(failure_class=name, line=redact.shown_line(text), file=file, line_number=number, advice=advice)
 
 
