@@ -177,3 +177,31 @@ def test_headers_trickled_byte_by_byte_do_not_hold_a_worker_past_the_timeout(ser
         waited = time.monotonic() - started
     assert ended and waited < 5, waited
     assert _up(server.url)
+
+
+def test_seventy_half_sent_requests_hold_no_worker_and_health_answers_through_them(serve_eval):
+    """The probe's slowloris: ~70 sockets that send part of a request line and stop. The waiting room reads headers
+    without a thread, so none holds a worker for the idle timeout and /health keeps answering; past
+    MAX_PENDING_PER_CLIENT half-sent requests, one client's next is closed at once."""
+    from quanteval.faces.evalhttp import MAX_PENDING_PER_CLIENT
+
+    server = serve_eval("--idle-timeout-s", "30")
+    before = server.threads()
+    half_sent = []
+    for _ in range(70):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"POST /evaluate HTT")
+        half_sent.append(sock)
+    try:
+        time.sleep(1)
+        for _ in range(5):
+            started = time.monotonic()
+            assert http_request(server.url, "GET", "/health", timeout=5)[0] == 503  # answered (stand-in ns: not ready)
+            assert time.monotonic() - started < 2
+        assert server.threads() <= before + HTTP_WORKERS
+        closed = sum(_closed_by_peer(sock) for sock in half_sent)
+        assert closed == 70 - MAX_PENDING_PER_CLIENT, closed  # the client's first 32 wait for the timeout, no more
+    finally:
+        for sock in half_sent:
+            sock.close()
+    assert server.proc.poll() is None

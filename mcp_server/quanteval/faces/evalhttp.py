@@ -11,14 +11,18 @@ metrics are still in the body; `allow_partial` answers 200 when at least one suc
 shutting down (in-flight requests get it with the reason).
 
 Connections: a fixed pool of HTTP_WORKERS threads handles requests. A new connection waits in a selector (no thread)
-until it sends something; one that stays silent for `idle_timeout_s`, or takes longer than that to send its request
-and body, is closed. Thousands of idle sockets cost file descriptors, not threads.
+until its request line and headers are all in (read there, without blocking); one that has not sent them within
+`idle_timeout_s` is closed, and a client with MAX_PENDING_PER_CLIENT half-sent requests open gets no more.
+So half-sent requests hold no worker, and /health answers through any number of them. A worker then reads the body
+(within the same deadline) and answers; each connection carries one request. Thousands of idle sockets cost file
+descriptors, not threads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import io
 import json
 import logging
 import os
@@ -46,6 +50,8 @@ MAX_BODY_BYTES = 1_000_000
 # Requests handled at once. A POST /evaluate holds its worker while its job runs (max_concurrent_jobs <= 32 run, the
 # rest queue), so this leaves room for pollers and retries; beyond it, ready connections wait for a free worker.
 HTTP_WORKERS = 64
+MAX_HEADER_BYTES = 64 * 1024  # request line and headers, read in the waiting room
+MAX_PENDING_PER_CLIENT = 32  # connections of one address that sent part of their headers and no more
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)
 
 
@@ -84,6 +90,8 @@ class _Server(HTTPServer):
         # room shuts those that are late, so a client trickling its headers cannot hold a worker.
         self._reading: dict[socket.socket, float] = {}
         self._reading_lock = threading.Lock()
+        self._heads: dict[socket.socket, bytes] = {}
+        self._heads_lock = threading.Lock()
         self._waiting_room = threading.Thread(target=self._watch_idle, name="eval-http-idle", daemon=True)
         self._waiting_room.start()
 
@@ -93,30 +101,84 @@ class _Server(HTTPServer):
         self._wake_write.send(b"\0")
 
     def _watch_idle(self) -> None:
-        """Wait for each connection's first bytes; then give it to a worker. Close those silent past the timeout."""
+        """Read each connection's request line and headers without blocking; give it to a worker once they are in.
+        Close those not in by the idle timeout, those over MAX_HEADER_BYTES, and a client's beyond its share."""
         with selectors.DefaultSelector() as selector:
             selector.register(self._wake_read, selectors.EVENT_READ)
             deadlines: dict[socket.socket, float] = {}
+            received: dict[socket.socket, bytearray] = {}
+            partial: dict[str, set[socket.socket]] = {}  # connections that sent part of their headers, by address
+
+            def drop(connection: socket.socket, handed: bool = False) -> None:
+                selector.unregister(connection)
+                del deadlines[connection], received[connection]
+                for address in [a for a, held in partial.items() if connection in held]:
+                    partial[address].discard(connection)
+                    if not partial[address]:
+                        del partial[address]
+                if not handed:
+                    self.shutdown_request(connection)
+
             while not self._closed.is_set():
                 for key, _ in selector.select(timeout=0.5):
-                    if key.fileobj is self._wake_read:
+                    connection = key.fileobj
+                    if connection is self._wake_read:
                         self._wake_read.recv(4096)
                         continue
-                    selector.unregister(key.fileobj)
-                    del deadlines[key.fileobj]  # type: ignore[arg-type]
-                    self._workers.submit(self._work, key.fileobj)
+                    assert isinstance(connection, socket.socket)
+                    head = received[connection]
+                    state = self._read_head(connection, head)
+                    if state == "in":
+                        drop(connection, handed=True)
+                        connection.setblocking(True)
+                        self._workers.submit(self._work, connection, bytes(head))
+                    elif state == "closed":
+                        drop(connection)
+                    elif connection not in (held := partial.setdefault(self._address(connection), set())):
+                        if len(held) >= MAX_PENDING_PER_CLIENT:  # one more half-sent request from this client: no
+                            log.warning("a client has %d half-sent requests open; closing another", len(held))
+                            drop(connection)
+                        else:
+                            held.add(connection)
                 while not self._arrivals.empty():
                     connection = self._arrivals.get()
                     deadlines[connection] = time.monotonic() + self.idle_timeout_s
+                    received[connection] = bytearray()
+                    connection.setblocking(False)
                     selector.register(connection, selectors.EVENT_READ)
                 now = time.monotonic()
                 for connection in [c for c, deadline in deadlines.items() if deadline <= now]:
-                    selector.unregister(connection)
-                    del deadlines[connection]
-                    self.shutdown_request(connection)
+                    drop(connection)
                 self._cut_slow_readers(now)
-            for connection in deadlines:
-                self.shutdown_request(connection)
+            for connection in list(deadlines):
+                drop(connection)
+
+    @staticmethod
+    def _read_head(connection: socket.socket, head: bytearray) -> str:
+        """Read what the connection has sent into `head`: "in" once its headers are, "closed" when it hung up or sent
+        more than MAX_HEADER_BYTES without ending them, else "waiting"."""
+        try:
+            chunk = connection.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return "waiting"
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return "closed"
+        head += chunk
+        if b"\r\n\r\n" in head or b"\n\n" in head:
+            return "in"
+        if len(head) > MAX_HEADER_BYTES:
+            log.warning("a client sent over %d bytes of headers; closing it", MAX_HEADER_BYTES)
+            return "closed"
+        return "waiting"
+
+    @staticmethod
+    def _address(connection: socket.socket) -> str:
+        try:
+            return str(connection.getpeername()[0])
+        except OSError:
+            return "?"
 
     def reading(self, connection: socket.socket, deadline: float | None) -> None:
         """Mark a connection as being read until `deadline` (None: its request is in)."""
@@ -136,17 +198,26 @@ class _Server(HTTPServer):
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RD)  # the worker's blocked read returns at once; it closes the socket
 
-    def _work(self, connection: socket.socket) -> None:
+    def _work(self, connection: socket.socket, head: bytes) -> None:
         try:
             address = connection.getpeername()
         except OSError:
             address = ("?", 0)
         try:
+            with self._heads_lock:
+                self._heads[connection] = head
             self.finish_request(connection, address)
         except Exception:
             self.handle_error(connection, address)
         finally:
+            with self._heads_lock:
+                self._heads.pop(connection, None)
             self.shutdown_request(connection)
+
+    def head(self, connection: socket.socket) -> bytes:
+        """What the waiting room read of this connection's request (its line, headers, maybe some body)."""
+        with self._heads_lock:
+            return self._heads.get(connection, b"")
 
     def server_close(self) -> None:
         super().server_close()
@@ -166,6 +237,25 @@ class _Server(HTTPServer):
             log.info("client %s went away: %s", client_address[0], type(exc).__name__)
             return
         log.exception("error while handling a request from %s", client_address[0])
+
+
+class _Prefixed(io.RawIOBase):
+    """A connection's bytes: what was already read from it, then the socket itself (its timeout applies)."""
+
+    def __init__(self, prefix: bytes, connection: socket.socket) -> None:
+        self._prefix = memoryview(prefix)
+        self._connection = connection
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._prefix:
+            count = min(len(buffer), len(self._prefix))
+            buffer[:count] = self._prefix[:count]
+            self._prefix = self._prefix[count:]
+            return count
+        return self._connection.recv_into(buffer)
 
 
 class Inflight:
@@ -208,6 +298,8 @@ class EvalHandler(BaseHTTPRequestHandler):
         self.request_deadline = time.monotonic() + self.timeout
         self.server.reading(self.request, self.request_deadline)  # type: ignore[attr-defined]
         super().setup()
+        # the request line and headers the waiting room read come first, then the socket
+        self.rfile = io.BufferedReader(_Prefixed(self.server.head(self.request), self.connection))  # type: ignore[attr-defined]
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()
