@@ -478,3 +478,31 @@ def test_commands_in_a_config_are_named_and_refused_under_root_unless_the_server
     launched = anyio.run(allowed)
     assert launched.is_error and "--allow-commands" not in launched.content[0].text and "docker" in launched.content[0].text.lower()
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- every way to a run, one check (issue 37: 5, 6)
+
+
+def test_every_way_a_result_tool_reaches_a_run_is_confined(workspace, real_run):
+    """A run outside the root is refused however it is named: as nel-next's invocation id (`nel-next:/dir`), as
+    host:path on this machine, as an id no record of this ledger has (NEL would look it up, or a prefix of it, in its
+    own job database), and as a CLI evaluation that recorded no output folder; the run inside stays readable."""
+    from quanteval import ledger
+
+    inside, outside = workspace
+    shutil.copytree(real_run.parent, outside / "run")
+    shutil.copytree(real_run.parent, inside / "run")
+    evaluation = ledger.add("evaluation", status="succeeded", details={"request": {"output_dir": None}})
+    # the record a nel-next run outside has in the shared ledger: its invocation id is its folder
+    ledger.add("full_run", status="succeeded", invocation_id=f"nel-next:{outside / 'run'}", executor="local",
+               details={"engine": "nel-next", "run_dir": str(outside / "run")})
+    results = calls(inside, ("extract_scores", {"run": f"nel-next:{outside / 'run'}"}),
+                    ("validate_run", {"run": f"local:{outside / 'run'}"}),
+                    ("extract_scores", {"run": "a1b2"}),
+                    ("run_status", {"record_id": evaluation.id}),
+                    ("extract_scores", {"run": str(inside / "run")}))
+    *refused, fine = results
+    for result, said in zip(refused, ["outside the workspace root", "outside the workspace root",
+                                      "no run of this server's records", "recorded no output folder"], strict=True):
+        assert result.is_error and said in result.content[0].text, result.content[0].text
+    assert not fine.is_error, fine.content[0].text

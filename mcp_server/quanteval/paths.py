@@ -44,7 +44,7 @@ NEW_YAML = {("build_config", "config_path"), ("convert_config", "output_path")}
 ON_HOST = {("remote_grep", "path")}
 
 _HF_HANDLE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_HOST_PATH = re.compile(r"^[\w.@-]+:")
+HOST_PATH = re.compile(r"^[\w.@-]+:")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _is_local(kind: Kind, value: str) -> bool:
     if kind == "checkpoint" and _HF_HANDLE.match(value):
         return False  # a handle, read from the Hugging Face cache
     if kind == "run":
-        return "/" in value and not _HOST_PATH.match(value)  # otherwise host:path or a record/invocation id
+        return "/" in value and not HOST_PATH.match(value)  # otherwise host:path or a record/invocation id
     return True
 
 

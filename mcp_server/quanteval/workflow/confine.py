@@ -50,9 +50,37 @@ def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> di
     elif tool in RECORD_TOOLS:
         _check_record(arguments.get("record_id"), policy, resuming=tool == "resume_run")
     for field, value in arguments.items():  # the result tools take a run by record id too (validate_run, compare ...)
-        if paths.PATH_FIELDS.get(field) == "run" and isinstance(value, str) and "/" not in value:
-            _check_record(value, policy, resuming=False)
+        if paths.PATH_FIELDS.get(field) == "run" and isinstance(value, str):
+            _check_run(field, value, policy)
     return _outputs_inside(tool, arguments, policy.root)
+
+
+def _check_run(field: str, value: str, policy: paths.Policy) -> None:
+    """Every way a result tool reaches a run, through one check: a folder (paths.check_arguments checks it), an
+    engine-prefixed folder (`nel-next:/dir`, nel-next's invocation ids), host:path on this machine, and a record id,
+    invocation id or prefix of one, which must be a record of this ledger whose paths lie inside the root: NEL's own
+    job database would find runs anywhere."""
+    from quanteval import ledger
+    from quanteval.clusters import executor as executors
+
+    inside = paths.Policy(root=policy.root)
+    prefix, colon, rest = value.partition(":")
+    if colon and prefix == "nel-next" and rest.startswith(("/", "~")):
+        paths.local_path(rest, field, inside)
+        return
+    if colon and rest.startswith(("/", "~")) and paths.HOST_PATH.match(value):
+        if executors.is_this_machine(prefix):
+            paths.local_path(rest, field, inside)
+        return  # a path on a cluster: not ours
+    if "/" in value:
+        return  # a local folder: checked with the other paths
+    try:
+        record = ledger.get(value.strip())
+    except ToolError:
+        raise ToolError(f"{field}: {value!r} is no run of this server's records; under --root give the run's folder "
+                        "(inside the root) or its record id (list_runs): an invocation id or a prefix of one is looked up "
+                        "in NEL's job database, which reaches runs anywhere.") from None
+    _check_record(record.id, policy, resuming=False)
 
 
 def _check_config(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> None:
@@ -84,8 +112,10 @@ def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
         return  # the tool says there is no such run
     if record.kind == "evaluation":  # start_evaluation's job: where the evaluation it runs writes
         output_dir = (record.details.get("request") or {}).get("output_dir")
-        if isinstance(output_dir, str):
-            paths.local_path(output_dir, f"{record.id} output_dir", paths.Policy(root=policy.root))
+        if not isinstance(output_dir, str):
+            raise ToolError(f"{record.id}: this evaluation recorded no output folder (started from the CLI without one), "
+                            f"so it is not known to lie inside the workspace root {policy.root}; this server leaves it alone.")
+        paths.local_path(output_dir, f"{record.id} output_dir", paths.Policy(root=policy.root))
         return
     if record.kind not in RUN_KINDS:
         return  # the tool refuses it
