@@ -480,3 +480,33 @@ def test_start_evaluation_refuses_what_evaluate_quantization_refuses_and_starts_
         registry.run(spec, {"evaluation": {"baseline_checkpoint": "/etc", "candidate_checkpoint": same,
                                            "benchmarks": ["x.py"]}}, policy=paths.Policy(root=tmp_path, absolute_only=True))
     assert ledger.find(kind="evaluation") == []
+
+
+def test_run_logs_of_an_evaluation_job_is_its_own_log_not_a_nel_invocation(tmp_path):
+    """start_evaluation's record is a run like the others for run_logs (over MCP): its log's tail, masked, and for a
+    failed one the diagnosis, where it said "no NEL invocation (its launch failed)" of an evaluation that succeeded."""
+    import anyio
+    from mcp import Client
+
+    from quanteval import ledger
+    from quanteval.faces.server import build_server
+
+    log = tmp_path / "job.log"
+    log.write_text("[evaluate] baseline: serving\n[evaluate] HF_TOKEN=hf_aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3f\n"
+                   "[evaluate] verdict: acceptable\n")
+    done = ledger.add("evaluation", status="succeeded", executor="local", details={"log_path": str(log)})
+    failed_log = tmp_path / "failed.log"
+    failed_log.write_text("[evaluate] baseline: serving\nOSError: [Errno 28] No space left on device: '/scratch/out/x'\n")
+    failed = ledger.add("evaluation", status="failed", executor="local", details={"log_path": str(failed_log)})
+
+    async def go():
+        async with Client(build_server()) as client:
+            return [await client.call_tool("run_logs", {"record_id": record.id}) for record in (done, failed)]
+
+    ok, bad = anyio.run(go)
+    assert not ok.is_error, ok.content[0].text
+    (tail,) = ok.structured_content["tails"]
+    assert tail["lines"][-1] == "[evaluate] verdict: acceptable" and "hf_aB3" not in str(tail)
+    assert ok.structured_content["diagnosis"] is None
+    assert not bad.is_error, bad.content[0].text
+    assert bad.structured_content["diagnosis"]["failure_class"] == "disk_full"

@@ -19,7 +19,20 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, ledger
 from quanteval.engines import commands
-from quanteval.engines.base import ACTIVE, CanarySpec, DryRunOutput, JobStatus, KillRunOutput, LaunchOutput, Refreshed, ResumeRunOutput, RunKind, RunLogsOutput
+from quanteval.engines.base import (
+    ACTIVE,
+    CanarySpec,
+    DryRunOutput,
+    FailureHit,
+    JobStatus,
+    KillRunOutput,
+    LaunchOutput,
+    LogTail,
+    Refreshed,
+    ResumeRunOutput,
+    RunKind,
+    RunLogsOutput,
+)
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import background, results
@@ -213,7 +226,10 @@ class RunStatusOutput(BaseModel):
 def _record(run: str) -> ledger.Record:
     record = ledger.get(run.strip())
     if record.kind not in RUN_KINDS:
-        raise ToolError(f"{run} is a {record.kind}, not a run; use deployment_status for deployments.")
+        where = {"deployment": "deployment_status and stop_deployment take it (the deploy toolset: `quanteval-mcp --toolsets "
+                               "default,deploy`, or `quanteval call deployment_status --json '{...}'` from a shell)",
+                 "eval_server": "eval_server_status and stop_eval_server take it (the evalserver toolset)"}
+        raise ToolError(f"{run} is a {record.kind}, not a run: {where.get(record.kind, 'list_runs shows what it is')}.")
     return record
 
 
@@ -281,7 +297,33 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
     diagnosis and its fix. Secrets masked.
     """
     record = _record(request.record_id)
+    if record.kind == background.KIND:
+        return _evaluation_logs(record, request.lines)
     return engines.for_record(record).logs(record, request.lines, request.job, progress)
+
+
+def _evaluation_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
+    """An evaluation job's own log (its progress, and the error that ended it), read like a run's; its servers and runs
+    have their own records (list_runs; deployment_status for a server)."""
+    from quanteval import failures, redact
+
+    path = Path(str(record.details.get("log_path") or ""))
+    try:
+        content = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    except OSError:
+        content = []
+    secrets = redact.secret_values()
+    hits = [FailureHit(failure_class=found, file=str(path), line=number, text=redact.shown_line(text, secrets))
+            for number, text in enumerate(content, 1) if (found := failures.classify(text))]
+    diagnosis = None
+    if record.status == "failed":
+        error = record.details.get("error")
+        diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], ([error] if error else []) + content[-lines:])
+    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id,
+                         tails=[LogTail(job_id="evaluation", file=str(path), lines=redact.shown_lines(content[-lines:], secrets))],
+                         failures=hits[:50], failures_truncated=len(hits) > 50,
+                         failure_classes=[name for name in failures.FAILURE_ADVICE if any(h.failure_class == name for h in hits)],
+                         diagnosis=diagnosis)
 
 
 # ---------------------------------------------------------------- kill / resume
