@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import anyio
@@ -217,6 +218,11 @@ def test_yaml_alias_bomb_is_refused(tmp_path):
     assert bomb.stat().st_size < 1000
     result = call("get_config_value", {"config_path": str(bomb), "key": "execution"})
     assert result.is_error and "aliases" in result.content[0].text
+    started = time.monotonic()  # validate_config read it through libyaml and walked it for minutes
+    for tool in ("validate_config", "dry_run", "launch_canary"):
+        refused = call(tool, {"config_path": str(bomb)})
+        assert refused.is_error and "aliases" in refused.content[0].text, (tool, refused.content[0].text)
+    assert time.monotonic() - started < 10
 
 
 def test_an_oversized_answer_says_to_narrow_the_request(tmp_path):

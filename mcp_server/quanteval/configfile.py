@@ -421,6 +421,7 @@ def load_plain(path: Path) -> dict:
         return {}
     if not isinstance(doc, dict):
         raise ToolError(f"{path}: the top level must be a mapping (keys like `execution:`, `evaluation:`).")
+    _check_expansion(doc, str(path))  # libyaml shares aliased nodes too: every walk after this one is bounded
     return doc
 
 
