@@ -358,7 +358,7 @@ def test_start_eval_server_over_mcp_stays_on_loopback_runs_ns_from_the_root_and_
     from quanteval.localproc import free_port
 
     inside, outside = workspace
-    monkeypatch.setenv("QUANTEVAL_EVAL_TOKEN", "t" * 24)
+    monkeypatch.setenv("QUANTEVAL_EVAL_TOKEN", "q7Lm2Xv9Rt4Kp8Wz-c3Fh6Jd1")
     port = free_port()
     base = {"port": port, "output_root": str(inside / "srv")}
     outside_ns = _start_eval_server(inside, False, {**base, "ns_command": _ns(outside)})
@@ -374,7 +374,7 @@ def test_start_eval_server_over_mcp_stays_on_loopback_runs_ns_from_the_root_and_
     short = _start_eval_server(inside, True, {**base, "bind_host": "0.0.0.0"})
     assert short.is_error and "at least 16" in short.content[0].text
     # allowed: ns inside the root on loopback; and beyond loopback with a real token when the server allows it
-    monkeypatch.setenv("QUANTEVAL_EVAL_TOKEN", "t" * 24)
+    monkeypatch.setenv("QUANTEVAL_EVAL_TOKEN", "q7Lm2Xv9Rt4Kp8Wz-c3Fh6Jd1")
     inside_ns = _start_eval_server(inside, False, {**base, "ns_command": _ns(inside / "bin")})
     assert not inside_ns.is_error, inside_ns.content[0].text
     opened = _start_eval_server(inside, True, {**base, "port": free_port(), "bind_host": "0.0.0.0", "ns_command": _ns(outside)})

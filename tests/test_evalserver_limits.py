@@ -21,7 +21,7 @@ from quanteval.faces.evalhttp import HTTP_WORKERS, MAX_BODY_BYTES
 from quanteval.localproc import free_port
 from quanteval.workflow.evalbackend import MIN_TOKEN_CHARS
 
-TOKEN = "k" * MIN_TOKEN_CHARS
+TOKEN = "q7Lm2Xv9Rt4Kp8Wz"  # MIN_TOKEN_CHARS characters, as a random secret is
 
 
 class ServerProcess:
@@ -118,13 +118,16 @@ def test_a_body_over_the_limit_is_413_unread(serve_eval):
     assert answer.startswith(b"HTTP/1.0 413") and b"over the limit" in answer
 
 
-@pytest.mark.parametrize("token", ["x", "k" * (MIN_TOKEN_CHARS - 1)])
-def test_a_short_token_is_refused_beyond_loopback(serve_eval, token):
+@pytest.mark.parametrize("token", ["x", "k" * (MIN_TOKEN_CHARS - 1), "k" * MIN_TOKEN_CHARS, "abab" * 8])
+def test_a_short_or_guessable_token_is_refused_beyond_loopback(serve_eval, token):
     server = serve_eval("--host", "0.0.0.0", "--token-env", "EVAL_TOKEN_FOR_TEST", env={"EVAL_TOKEN_FOR_TEST": token})
     assert server.proc.wait(30) == 1
     text = server.log.read_text()
-    assert f"fewer than {MIN_TOKEN_CHARS}" in text and "EVAL_TOKEN_FOR_TEST" in text and "refusing to bind 0.0.0.0" in text
-    assert f"has {len(token)} characters" in text and f"={token}" not in text
+    assert "EVAL_TOKEN_FOR_TEST" in text and "refusing to bind 0.0.0.0" in text and f"={token}" not in text
+    if len(token) < MIN_TOKEN_CHARS:
+        assert f"fewer than {MIN_TOKEN_CHARS}" in text and f"has {len(token)} characters" in text
+    else:
+        assert f"uses {len(set(token))} distinct characters" in text
 
 
 @pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])

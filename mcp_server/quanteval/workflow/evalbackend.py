@@ -98,6 +98,7 @@ TOKEN_ENV_DEFAULT = "QUANTEVAL_EVAL_TOKEN"
 TOKEN_ENV_PATTERN = r"^QUANTEVAL_[A-Z0-9_]*TOKEN$"
 # The shortest bearer token the eval server accepts beyond loopback: it guards a server that runs commands.
 MIN_TOKEN_CHARS = 16
+MIN_TOKEN_DISTINCT = 8  # a random hex secret of 16 characters has ~10; `kkkkkkkkkkkkkkkk` has 1
 
 
 def token_refusal(token: str, token_env: str, *, loopback: bool) -> str | None:
@@ -110,6 +111,9 @@ def token_refusal(token: str, token_env: str, *, loopback: bool) -> str | None:
             f"beyond loopback the eval server (which runs commands on this machine) requires a shared token. {fix}")
     if len(token) < MIN_TOKEN_CHARS:
         return f"the token in {token_env} has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}. {fix}"
+    if len(set(token)) < MIN_TOKEN_DISTINCT:
+        return (f"the token in {token_env} uses {len(set(token))} distinct characters (fewer than {MIN_TOKEN_DISTINCT}): "
+                f"a repeated letter or pattern is guessed first. {fix}")
     return None
 
 
