@@ -98,7 +98,7 @@ TOKEN_ENV_DEFAULT = "QUANTEVAL_EVAL_TOKEN"
 TOKEN_ENV_PATTERN = r"^QUANTEVAL_[A-Z0-9_]*TOKEN$"
 # The shortest bearer token the eval server accepts beyond loopback: it guards a server that runs commands.
 MIN_TOKEN_CHARS = 16
-MIN_TOKEN_DISTINCT = 8  # a random hex secret of 16 characters has ~10; `kkkkkkkkkkkkkkkk` has 1
+MIN_TOKEN_DISTINCT = 5  # a random hex secret of 16 characters has fewer in 2 of a million draws; `abab...` has 2
 
 
 def token_refusal(token: str, token_env: str, *, loopback: bool) -> str | None:
