@@ -148,10 +148,13 @@ def test_a_candidate_with_noise_for_weights_fails_its_canary_and_that_is_the_ans
     assert done.returncode == 5, (done.returncode, done.stderr[-3000:])
     result = json.loads(done.stdout)
     assert result["verdict"] == "anomalous" and result["baseline"]["reused"]
-    (why,) = result["reasons"]
+    why, *notes = result["reasons"]
     assert "broken quantization or a serving bug" in why and "same settings (max_tokens 128" in why, why
+    assert [note for note in notes if note.startswith("Candidate: no quantization")], notes  # noise in BF16: not quantized
     assert len(result["responses"]) == 3 and any(r["response"] for r in result["responses"])
     assert result["candidate"]["canary_record_id"] and result["candidate"]["full_run_record_id"] is None  # no full run
+    candidate_server = result["candidate"]["deployment_record_id"]  # the server it was served by, named
+    assert candidate_server and result["candidate"]["served_model_name"] and result["candidate"]["serving"]
     assert _processes_serving(noise) == []
     text = subprocess.run(
         ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(noise), "--benchmarks", str(BENCH),

@@ -220,6 +220,8 @@ class CanaryFailed(ToolError):
     def __init__(self, message: str, record: ledger.Record, config_path: str):
         super().__init__(message)
         self.record, self.config_path = record, config_path
+        self.launched: deploy.LaunchDeploymentResult | None = None  # the server it ran against, named in the answer
+        self.served: dict = {}
 
 
 def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> None:
@@ -423,7 +425,11 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
         canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config_path, limit_samples=request.canary_problems))
         active = canary.record_id
         finished = _wait(canary.record_id, request.run_timeout_s, f"{role} canary", progress, offset + 3, total)
-        _require_canary_pass(finished, f"{role} canary", config_path)
+        try:
+            _require_canary_pass(finished, f"{role} canary", config_path)
+        except CanaryFailed as failed:
+            failed.launched, failed.served = launched, served
+            raise
         seconds["canary"] = time.monotonic() - mark
         progress(offset + 4, total, f"{role}: canary passed, launching the full run")
         mark = time.monotonic()
@@ -676,11 +682,16 @@ def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: Ev
     why = (f"ANOMALOUS: the candidate's canary failed ({failed}) where the baseline's passed with the same settings "
            f"(max_tokens {budget}, same benchmarks and server flags): a broken quantization or a serving bug, not a "
            "setting to raise. Its answers are below; check the checkpoint (inspect_checkpoint) and its serving.")
+    launched = failed.launched
     candidate = CheckpointEvaluation(role="candidate", checkpoint=str(Path(request.candidate_checkpoint).expanduser().resolve()),
                                      reused=False, config_path=failed.config_path, canary_record_id=failed.record.id,
-                                     run_dir=run_dir)
+                                     run_dir=run_dir, deployment_record_id=launched.record_id if launched else None,
+                                     served_model_name=launched.served_model_name if launched else None,
+                                     served_context=failed.served.get("max_model_len"),
+                                     serving=_serving(nelnext.read_run_facts(Path(run_dir)) or {}) if run_dir else None)
     return EvaluateQuantizationOutput(
-        verdict="anomalous", comparability="inconclusive", table_markdown="", comparisons=[], reasons=[why],
+        verdict="anomalous", comparability="inconclusive", table_markdown="", comparisons=[],
+        reasons=[why, *checkpoint_notes(baseline.checkpoint, candidate.checkpoint)],
         baseline=baseline, candidate=candidate, report_html=None, report_markdown=None, chart_png=None,
         responses=_canary_responses(Path(run_dir)) if run_dir else [], seconds={"total": round(time.monotonic() - started, 1)})
 
