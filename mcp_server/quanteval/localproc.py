@@ -137,3 +137,34 @@ def available_memory_bytes() -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+# ---------------------------------------------------------------- processes that die with their owner
+
+_OWNER = threading.local()  # tied_to_this_process: what this thread starts inside the block dies with this process
+
+# The wrapper a detached child (a server, a nel-next run) runs under: it records the exit code (any later process, the
+# CLI or a restarted MCP server, can report it) and, given an owner pid, watches it: when the owner is gone (even
+# SIGKILLed, when no cleanup of its own runs), the wrapper stops its whole process group, the child's own with it.
+_WRAPPER = ('rc_file="$1"; owner="$2"; shift 2; "$@" & child=$!; '
+            'if [ "$owner" != 0 ]; then ( trap "" TERM; '
+            'while kill -0 "$owner" 2>/dev/null && kill -0 "$child" 2>/dev/null; do sleep 1; done; '
+            'if kill -0 "$child" 2>/dev/null; then kill -TERM 0; sleep 10; kill -KILL 0; fi ) & fi; '
+            'wait "$child"; code=$?; echo "$code" > "$rc_file"; exit "$code"')
+
+
+@contextlib.contextmanager
+def tied_to_this_process() -> Iterator[None]:
+    """Detached children this thread starts inside the block (exit_code_wrapper) stop when this process ends, however
+    it ends: an evaluation's servers and runs are its own (a deployment or run launched on its own outlives its call)."""
+    previous = getattr(_OWNER, "pid", 0)
+    _OWNER.pid = os.getpid()
+    try:
+        yield
+    finally:
+        _OWNER.pid = previous
+
+
+def exit_code_wrapper(name: str, exit_code_path: Path, argv: list[str]) -> list[str]:
+    """argv run under the wrapper above (`name` shows in ps), tied to this process when inside tied_to_this_process."""
+    return ["/bin/sh", "-c", _WRAPPER, name, str(exit_code_path), str(getattr(_OWNER, "pid", 0)), *argv]

@@ -7,15 +7,21 @@ import contextlib
 import os
 import shlex
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
-from quanteval.localproc import free_port, group_members, group_rss_bytes, interrupts_held, port_free, stop_group
+from quanteval.localproc import (
+    exit_code_wrapper,
+    free_port,
+    group_members,
+    group_rss_bytes,
+    interrupts_held,
+    port_free,
+    stop_group,
+)
 from quanteval.models import ToolError
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -34,28 +40,6 @@ LOG_SCAN_BYTES = 512 * 1024
 
 # Local children we started in this process, so their exit is reaped (no zombies) and their code known.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-_OWNED = threading.local()  # servers_die_with_this_process: this thread's launches are tied to this process's life
-
-# The wrapper every local server runs under: it records the exit code (any later process, the CLI or a restarted MCP
-# server, can report it) and, given an owner pid, watches it: when the owner is gone (even SIGKILLed, when no cleanup
-# of its own runs), the wrapper stops its whole process group, the server and its workers with it.
-WRAPPER = ('rc_file="$1"; owner="$2"; shift 2; "$@" & server=$!; '
-           'if [ "$owner" != 0 ]; then ( trap "" TERM; '
-           'while kill -0 "$owner" 2>/dev/null && kill -0 "$server" 2>/dev/null; do sleep 1; done; '
-           'if kill -0 "$server" 2>/dev/null; then kill -TERM 0; sleep 10; kill -KILL 0; fi ) & fi; '
-           'wait "$server"; code=$?; echo "$code" > "$rc_file"; exit "$code"')
-
-
-@contextlib.contextmanager
-def servers_die_with_this_process() -> Iterator[None]:
-    """Servers launched here by this thread inside the block stop when this process ends, however it ends: an
-    evaluation's servers are its own (a deployment launched on its own outlives the call that started it)."""
-    previous = getattr(_OWNED, "owner", 0)
-    _OWNED.owner = os.getpid()
-    try:
-        yield
-    finally:
-        _OWNED.owner = previous
 
 
 def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
@@ -76,8 +60,7 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
         run_dir = state_dir() / "deployments" / record.id
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
-        owner = getattr(_OWNED, "owner", 0)
-        wrapper = ["/bin/sh", "-c", WRAPPER, "quanteval-deploy", str(rc_path), str(owner), *argv]
+        wrapper = exit_code_wrapper("quanteval-deploy", rc_path, argv)
         # A launcher that cannot start shows up as exit code 127 with the shell's message in the log.
         with open(log_path, "ab") as log_file:
             child = subprocess.Popen(

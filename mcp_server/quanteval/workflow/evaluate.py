@@ -41,9 +41,9 @@ from quanteval.engines.nel_next import config as next_config
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
-from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir
+from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir, tied_to_this_process
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import deploy, deploy_local, frameworks
+from quanteval.serving import deploy, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
@@ -248,7 +248,7 @@ def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: 
 
 def _launch(plan: deploy.DeploymentPlan, request: EvaluateQuantizationInput) -> deploy.LaunchDeploymentResult:
     """The evaluation's own server: it stops when this process ends, even SIGKILLed (it has no use without it)."""
-    with deploy_local.servers_die_with_this_process():
+    with tied_to_this_process():
         return deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, host=request.host,
                                                                      startup_timeout_s=request.startup_timeout_s))
 
@@ -422,7 +422,8 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
         seconds["config"] = time.monotonic() - mark
         progress(offset + 2, total, f"{role}: config validated, launching the canary")
         mark = time.monotonic()
-        canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config_path, limit_samples=request.canary_problems))
+        with tied_to_this_process():  # the evaluation's own runs, as its servers: they end with it, SIGKILL included
+            canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config_path, limit_samples=request.canary_problems))
         active = canary.record_id
         finished = _wait(canary.record_id, request.run_timeout_s, f"{role} canary", progress, offset + 3, total)
         try:
@@ -433,7 +434,8 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
         seconds["canary"] = time.monotonic() - mark
         progress(offset + 4, total, f"{role}: canary passed, launching the full run")
         mark = time.monotonic()
-        full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config_path))
+        with tied_to_this_process():
+            full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config_path))
         active = full.record_id
         ledger.update(full.record_id, details={"evaluation_key": side.key, "checkpoint": str(side.dir), "served": served})
         finished = _wait(full.record_id, request.run_timeout_s, f"{role} full run", progress, offset + 5, total)

@@ -38,7 +38,7 @@ from typing import Any
 
 from quanteval import envvars, ledger, redact
 from quanteval.clusters import ssh
-from quanteval.localproc import group_members, require_writable_dir, stop_group
+from quanteval.localproc import exit_code_wrapper, group_members, require_writable_dir, stop_group
 from quanteval.models import ToolError
 
 LOG_NAME = "quanteval-run.log"
@@ -255,7 +255,7 @@ def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = 
     argv += ["--resume"] if resume else []
     exit_file = run_dir / EXIT_CODE_NAME
     exit_file.unlink(missing_ok=True)
-    wrapper = ["/bin/sh", "-c", 'rc_file="$1"; shift; "$@"; echo $? > "$rc_file"', "quanteval-nel-next", str(exit_file), *argv]
+    wrapper = exit_code_wrapper("quanteval-nel-next", exit_file, argv)
     with open(run_dir / LOG_NAME, "ab") as log:
         child = subprocess.Popen(wrapper, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  cwd=run_dir, env=child_env(), start_new_session=True)
