@@ -506,3 +506,26 @@ def test_every_way_a_result_tool_reaches_a_run_is_confined(workspace, real_run):
                                       "no run of this server's records", "recorded no output folder"], strict=True):
         assert result.is_error and said in result.content[0].text, result.content[0].text
     assert not fine.is_error, fine.content[0].text
+
+
+def test_list_runs_under_root_shows_only_what_the_root_may_see(workspace, real_run):
+    """The ledger is shared with the CLI: a confined client sees the records whose paths lie inside its root (paged
+    after filtering), not a CLI evaluation elsewhere or a run with no recorded location."""
+    from quanteval import ledger
+
+    inside, outside = workspace
+    mine = ledger.add("evaluation", status="succeeded", details={"request": {"output_dir": str(inside / "out")}})
+    served = ledger.add("deployment", status="stopped", config_path=str(inside / "model"), details={})
+    elsewhere = ledger.add("evaluation", status="succeeded", details={"request": {"output_dir": str(outside / "out")}})
+    unplaced = ledger.add("full_run", status="succeeded", invocation_id="abc123", executor="local", details={"engine": "nel"})
+    far_server = ledger.add("deployment", status="stopped", config_path=str(outside / "model"), details={})
+    (listed, paged) = calls(inside, ("list_runs", {}), ("list_runs", {"limit": 1, "offset": 1}))
+    shown = {run["record_id"] for run in listed.structured_content["runs"]}
+    assert shown == {mine.id, served.id} and listed.structured_content["total"] == 2, shown
+    assert not shown & {elsewhere.id, unplaced.id, far_server.id}
+    assert [run["record_id"] for run in paged.structured_content["runs"]] == [mine.id]  # newest first: the server, then it
+    assert paged.structured_content["next_offset"] is None
+
+    from quanteval.workflow.runs import ListRunsInput, list_runs  # the CLI sees the whole ledger
+
+    assert {mine.id, elsewhere.id, unplaced.id, far_server.id} <= {run.record_id for run in list_runs(ListRunsInput(limit=50)).runs}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,32 @@ RECORD_TOOLS = frozenset({"run_status", "wait_for_run", "run_logs", "kill_run", 
 RUN_KINDS = frozenset({"dry_run", "canary", "full_run"})
 STATE_IN_ROOT = ".quanteval"  # under --root, what a tool would write to its state dir by default goes here
 EVAL_SERVER_COMMANDS = ("ns_command", "nel_command")
+
+
+# The policy of the MCP call running in this context (mcpapp sets it around each call): list_runs shows only the
+# records it may see. None on the CLI, which sees everything.
+CALL_POLICY: ContextVar[paths.Policy | None] = ContextVar("quanteval_call_policy", default=None)
+
+
+def visible(record: Any) -> bool:
+    """May the running call see this record? Always without --root; under it, when the record's paths lie inside
+    (a run's config, run directory and logs; an evaluation's output; a deployment's checkpoint)."""
+    policy = CALL_POLICY.get()
+    if policy is None or policy.root is None:
+        return True
+    try:
+        if record.kind in ("deployment", "eval_server"):
+            where = record.config_path or (record.details.get("output_root") if record.kind == "eval_server" else None)
+            if not isinstance(where, str) or not paths.looks_local(where):
+                return False
+            paths.local_path(where, record.id, paths.Policy(root=policy.root))
+        else:
+            _check_record(record.id, policy, resuming=False)
+            if record.kind in RUN_KINDS and not record.config_path:
+                return False
+    except Exception:  # noqa: BLE001 - a record whose paths cannot be read is not shown to a confined client
+        return False
+    return True
 
 
 def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> dict[str, Any]:

@@ -387,9 +387,16 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
     """Use to find a record_id: runs, evaluations, deployments and eval servers (one left running shows here),
     newest first. Paginated.
     """
+    from quanteval.workflow import confine
+
     kinds: list[ledger.RecordKind] = [request.kind] if request.kind else list(typing.get_args(ListedKind))
-    page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)
-    total = ledger.count(kinds=kinds, status=request.status)
+    if confine.CALL_POLICY.get() is not None:  # over MCP: only what the call may see (--root), paged after filtering
+        every = ledger.find(kinds=kinds, status=request.status, limit=-1)  # SQLite: no limit
+        seen = [record for record in every if confine.visible(record)]
+        page, total = seen[request.offset:request.offset + request.limit], len(seen)
+    else:
+        page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)
+        total = ledger.count(kinds=kinds, status=request.status)
     next_offset = request.offset + len(page) if request.offset + len(page) < total else None
     return ListRunsOutput(total=total, offset=request.offset, next_offset=next_offset, runs=[
         RunSummary(record_id=record.id, kind=record.kind, status=record.status, invocation_id=record.invocation_id,
