@@ -529,3 +529,22 @@ def test_list_runs_under_root_shows_only_what_the_root_may_see(workspace, real_r
     from quanteval.workflow.runs import ListRunsInput, list_runs  # the CLI sees the whole ledger
 
     assert {mine.id, elsewhere.id, unplaced.id, far_server.id} <= {run.record_id for run in list_runs(ListRunsInput(limit=50)).runs}
+
+
+def test_a_server_started_elsewhere_is_not_watched_or_stopped_by_a_confined_client(workspace):
+    """deployment_status / stop_deployment / eval_server_status / stop_eval_server take only what list_runs shows."""
+    from quanteval import ledger
+
+    inside, outside = workspace
+    far = ledger.add("deployment", status="ready", config_path=str(outside / "model"), details={})
+    far_eval = ledger.add("eval_server", status="running", details={"output_root": str(outside / "eval")})
+
+    async def go():
+        async with Client(build_server(root=inside, toolsets=["runs", "deploy", "evalserver"])) as client:
+            return [await client.call_tool(tool, {"record_id": record.id}) for tool, record in
+                    (("deployment_status", far), ("stop_deployment", far), ("eval_server_status", far_eval),
+                     ("stop_eval_server", far_eval))]
+
+    for result in anyio.run(go):
+        assert result.is_error and "outside the workspace root" in result.content[0].text, result.content[0].text
+    assert ledger.get(far.id).status == "ready" and ledger.get(far_eval.id).status == "running"  # untouched

@@ -32,6 +32,7 @@ from quanteval.models import ToolError
 
 LAUNCHING_TOOLS = frozenset({"dry_run", "launch_canary", "launch_full_run"})
 RECORD_TOOLS = frozenset({"run_status", "wait_for_run", "run_logs", "kill_run", "resume_run"})
+SERVER_TOOLS = frozenset({"deployment_status", "stop_deployment", "eval_server_status", "stop_eval_server"})
 RUN_KINDS = frozenset({"dry_run", "canary", "full_run"})
 STATE_IN_ROOT = ".quanteval"  # under --root, what a tool would write to its state dir by default goes here
 EVAL_SERVER_COMMANDS = ("ns_command", "nel_command")
@@ -76,6 +77,8 @@ def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> di
         _check_config(tool, arguments, policy)
     elif tool in RECORD_TOOLS:
         _check_record(arguments.get("record_id"), policy, resuming=tool == "resume_run")
+    elif tool in SERVER_TOOLS:
+        _check_server(arguments.get("record_id"), policy)
     for field, value in arguments.items():  # the result tools take a run by record id too (validate_run, compare ...)
         if paths.PATH_FIELDS.get(field) == "run" and isinstance(value, str):
             _check_run(field, value, policy)
@@ -125,6 +128,27 @@ def _check_config(tool: str, arguments: dict[str, Any], policy: paths.Policy) ->
         raise ToolError(refusal)  # dry_run renders without running: it shows what would run
     for key, path in engine.launch_paths(str(config), overrides):
         paths.local_path(str(path), key, paths.Policy(root=policy.root))
+
+
+def _check_server(record_id: Any, policy: paths.Policy) -> None:
+    """A deployment or eval server is watched or stopped over a confined MCP server only when list_runs would show it
+    (its checkpoint or output inside the root): one started from the CLI elsewhere is not this client's."""
+    from quanteval import ledger
+
+    if not isinstance(record_id, str):
+        return
+    try:
+        record = ledger.get(record_id.strip())
+    except ToolError:
+        return  # the tool says there is no such record
+    token = CALL_POLICY.set(policy)
+    try:
+        shown = visible(record)
+    finally:
+        CALL_POLICY.reset(token)
+    if not shown:
+        raise ToolError(f"{record.id}: this {record.kind} serves from outside the workspace root {policy.root} (started "
+                        "elsewhere, from the CLI or another server); this MCP server leaves it alone.")
 
 
 def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
