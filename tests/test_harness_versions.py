@@ -47,6 +47,10 @@ def test_the_same_harness_is_comparable_and_another_nel_next_or_nemo_skills_is_n
     other_nel, item = container_item(baseline, run(real_run, tmp_path / "nel", sdk="0.3.1", harness=skills), tmp_path)
     assert item.status == "different" and any("[nemo-evaluator]" in reason for reason in other_nel.reasons)
 
+    # a run on a cluster records no NeMo-Skills (its venv is not ours to read): not evidence of a difference
+    _, item = container_item(baseline, run(real_run, tmp_path / "cluster", harness={}), tmp_path)
+    assert item.status == "same", item
+
 
 def test_nemo_skills_is_read_from_nel_next_venv_with_its_commit_when_installed_from_git(tmp_path, monkeypatch):
     """The venv setup builds (NeMo-Skills installed from a source folder) and one where pip installed it from git."""

@@ -104,6 +104,10 @@ def checklist(task: str, baseline: dict[str, Any] | None, candidate: dict[str, A
                                        candidate="no run_config.yml" if candidate is None else _short(candidate[item])))
             continue
         b, c = baseline[item], candidate[item]
+        if item == "container" and isinstance(b, dict) and isinstance(c, dict):
+            # a harness fact recorded for one run only (NeMo-Skills, recorded where a run starts here and not on a
+            # cluster) says nothing of the other: compared where both have it
+            b, c = {k: v for k, v in b.items() if k in c}, {k: v for k, v in c.items() if k in b}
         status = "unknown" if b is None or c is None else "same" if b == c else "different"
         if item == "serving" and status == "same" and _unpinned_serving(b):
             items.append(ChecklistItem(task=task, item=item, status="unknown", baseline=_short(b),
