@@ -41,22 +41,15 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     item.add_marker(pytest.mark.xdist_group(lane(item) or item.path.name))
 
 
-HEAVY_TEST = 100  # what a test with a tier marker costs in the queue's order, in light tests
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the two vLLM lanes first, each on a worker of
-    its own at once (the longest work), then the other groups costliest first, a test with a tier marker counting as
-    HEAVY_TEST light ones (measured: 30-300 s against ~0.3 s), so the light groups fill the end instead of a lone
-    slow group (the long MCP calls) running on after the other worker is done. With --fast, the heavy tiers are
-    deselected."""
+    its own at once (the longest work), then the other groups largest first, as xdist would order them. With --fast,
+    the heavy tiers are deselected."""
     def group(item: pytest.Item) -> str:  # the one pytest_itemcollected gave it
         return item.get_closest_marker("xdist_group").args[0]
 
-    costs: Counter[str] = Counter()
-    for item in items:
-        costs[group(item)] += HEAVY_TEST if any(item.get_closest_marker(marker) for marker in TIER_MARKERS) else 1
-    items.sort(key=lambda item: (FIRST_LANES.get(group(item), len(FIRST_LANES)), -costs[group(item)]))
+    sizes = Counter(map(group, items))
+    items.sort(key=lambda item: (FIRST_LANES.get(group(item), len(FIRST_LANES)), -sizes[group(item)]))
     if not config.getoption("--fast"):
         return
     heavy = [item for item in items if any(item.get_closest_marker(marker) for marker in TIER_MARKERS)]
