@@ -130,16 +130,22 @@ def _check_config(tool: str, arguments: dict[str, Any], policy: paths.Policy) ->
         paths.local_path(str(path), key, paths.Policy(root=policy.root))
 
 
-def _check_server(record_id: Any, policy: paths.Policy) -> None:
-    """A deployment or eval server is watched or stopped over a confined MCP server only when list_runs would show it
-    (its checkpoint or output inside the root): one started from the CLI elsewhere is not this client's."""
+def _known_record(record_id: Any) -> Any:
+    """The ledger record a tool was given, or None when there is none by that id (the tool itself says so)."""
     from quanteval import ledger
 
     if not isinstance(record_id, str):
-        return
+        return None
     try:
-        record = ledger.get(record_id.strip())
+        return ledger.get(record_id.strip())
     except ToolError:
+        return None
+
+
+def _check_server(record_id: Any, policy: paths.Policy) -> None:
+    """A deployment or eval server is watched or stopped over a confined MCP server only when list_runs would show it
+    (its checkpoint or output inside the root): one started from the CLI elsewhere is not this client's."""
+    if (record := _known_record(record_id)) is None:
         return  # the tool says there is no such record
     token = CALL_POLICY.set(policy)
     try:
@@ -153,13 +159,9 @@ def _check_server(record_id: Any, policy: paths.Policy) -> None:
 
 def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
     """A run record's config, run directory and logs (with `resuming`, all that resume starts again) inside the root."""
-    from quanteval import engines, ledger
+    from quanteval import engines
 
-    if not isinstance(record_id, str):
-        return
-    try:
-        record = ledger.get(record_id.strip())
-    except ToolError:
+    if (record := _known_record(record_id)) is None:
         return  # the tool says there is no such run
     if record.kind == "evaluation":  # start_evaluation's job: where the evaluation it runs writes
         output_dir = (record.details.get("request") or {}).get("output_dir")
