@@ -200,14 +200,12 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
     (base_values, base_why), (cand_values, cand_why) = reader.paired_values(base, base_score), reader.paired_values(cand, cand_score)
     interval, samples = None, None
     if base_values and cand_values and base.problems is not None:
-        sample_account = samples_rule.account(base.name, base.problems, cand.problems, len(set(base_values) & set(cand_values)))
+        sample_account = samples_rule.account(base.name, base.problems, cand.problems, base_values, cand_values,
+                                              request.confidence)
         samples = sample_account.status
         reasons.extend(sample_account.notes)
-        categories = base.problems.categories
-        interval = paired.paired_interval(sample_account.kept(base_values), sample_account.kept(cand_values), categories,
-                                          request.confidence)
-        if sample_account.excluded and (every_pair := paired.paired_interval(base_values, cand_values, categories, request.confidence)):
-            samples.counted_as_wrong = [every_pair.delta, every_pair.low, every_pair.high]
+        interval = paired.paired_interval(sample_account.kept(base_values), sample_account.kept(cand_values),
+                                          base.problems.categories, request.confidence)
         if interval is not None and interval.n >= 2:
             b, c, delta, low, high = interval.baseline, interval.candidate, interval.delta, interval.low, interval.high
             se = interval.spread * math.sqrt(interval.n / (interval.n - 1)) / math.sqrt(interval.n)

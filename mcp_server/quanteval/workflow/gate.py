@@ -356,13 +356,10 @@ def _without_infra_errors(result: BenchmarkGate, base: RunBenchmark, cand: RunBe
                           cand_values: dict[Any, float], policy: ResolvedPolicy) -> tuple[dict[Any, float], dict[Any, float]]:
     """The pairs left once infrastructure errors are dropped (workflow/samples.py), nel gate's number over every pair
     kept beside it; INSUFFICIENT_EVIDENCE when the errors exceed their share."""
-    account = samples_rule.account(result.benchmark, base.problems, cand.problems, len(set(base_values) & set(cand_values)))
+    account = samples_rule.account(result.benchmark, base.problems, cand.problems, base_values, cand_values, policy.confidence)
     result.samples = account.status
     if account.excluded:  # where the rule departs from nel gate's, its reasons say so; else they stay nel gate's
         result.reasons.extend(account.notes)
-    if account.excluded and (every_pair := paired.paired_interval(base_values, cand_values, base.problems.categories if
-                                                                  base.problems else None, policy.confidence)):
-        account.status.counted_as_wrong = [every_pair.delta, every_pair.low, every_pair.high]
     if account.refusal:
         result.status = "INSUFFICIENT_EVIDENCE"
         result.reasons.append(account.refusal)

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from quanteval.engines.runresults import Problems
+from quanteval.workflow import paired
 
 MAX_INFRA_SHARE = 0.05  # of the paired problems; above it a verdict would weigh the serving, not the model
 
@@ -51,9 +52,12 @@ class SampleAccount:
         return {problem: value for problem, value in values.items() if problem not in self.excluded}
 
 
-def account(name: str, base: Problems | None, cand: Problems | None, paired_problems: int) -> SampleAccount:
-    """The rule above for one benchmark of two runs; paired_problems: how many problems both runs have."""
+def account(name: str, base: Problems | None, cand: Problems | None, base_values: dict[Any, float],
+            cand_values: dict[Any, float], confidence: float) -> SampleAccount:
+    """The rule above for one benchmark of two runs, given each problem's paired value; with pairs dropped, nel gate's
+    interval over every pair (status.counted_as_wrong) at the same confidence."""
     base, cand = base or Problems(rewards={}), cand or Problems(rewards={})
+    paired_problems = len(set(base_values) & set(cand_values))
     unknown = base.status_unknown or cand.status_unknown
     status = SampleStatus(checked=unknown is None, baseline_infra_errors=len(base.infra_errors),
                           candidate_infra_errors=len(cand.infra_errors), baseline_unscored=len(base.unscored),
@@ -66,6 +70,8 @@ def account(name: str, base: Problems | None, cand: Problems | None, paired_prob
     status.excluded_pairs = len(excluded)
     refusal = None
     if excluded:
+        if every_pair := paired.paired_interval(base_values, cand_values, base.categories, confidence):
+            status.counted_as_wrong = [every_pair.delta, every_pair.low, every_pair.high]
         notes.append(f"{name}: {len(excluded)} of {paired_problems} pair(s) dropped from the paired interval: the request "
                      f"got no answer (infrastructure error) in the candidate on {status.candidate_infra_errors}, the "
                      f"baseline on {status.baseline_infra_errors}; resume_run re-runs them.")
