@@ -18,7 +18,8 @@ from quanteval.engines.nel_next import nelnext
 from quanteval.localproc import free_port
 
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
-NEL = nelnext.nel_binary()
+NEL = nelnext.nel_binary()  # `nel gate`, `nel compare`: the oracles, as users run them
+NEL_RUN = nelnext.nel_command()  # as quanteval starts runs: test runs side by side must not share one adapter proxy
 
 
 def real_nel_run(out: Path, problems: int) -> Path:
@@ -38,7 +39,7 @@ def real_nel_run(out: Path, problems: int) -> Path:
                     raise
                 time.sleep(0.1)
         env = {**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
-        done = subprocess.run([str(NEL), "eval", "run", "--bench", str(BENCH), "--model-url",
+        done = subprocess.run([*NEL_RUN, "eval", "run", "--bench", str(BENCH), "--model-url",
                                f"http://127.0.0.1:{port}/v1/chat/completions", "--model-id", "m", "--max-tokens", "16",
                                "--max-problems", str(problems), "-o", str(out)],
                               capture_output=True, text=True, env=env, timeout=600, check=False)

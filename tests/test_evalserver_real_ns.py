@@ -10,7 +10,6 @@ what came back: the metrics.json files NeMo-Skills wrote and the requests the ro
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -30,13 +29,10 @@ from quanteval.workflow.evalbackend import ServerSettings
 
 NS_VENV = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills")
 NS = NS_VENV / "bin" / "ns"
-SOURCES = [os.environ.get("QUANTEVAL_NEMO_SKILLS_SRC", "")] + glob.glob(str(REPO.parent / "shared/vendor/nemo-skills-467b057.tar.gz"))
 
 if not NS.exists():
-    source = next((s for s in SOURCES if s and Path(s).exists()), None)
-    reason = (f"NeMo-Skills source at {source} but its venv {NS_VENV} is not built: run scripts/setup --dev"
-              if source else "NeMo-Skills is not available: no ../shared/vendor/nemo-skills-467b057.tar.gz and no "
-              "QUANTEVAL_NEMO_SKILLS_SRC, so the real `ns eval` cannot be built here (it is not on the package index)")
+    reason = (f"NeMo-Skills' `ns` is not in {NS_VENV}: scripts/setup --dev builds it from QUANTEVAL_NEMO_SKILLS_SRC, "
+              "../shared/vendor/ or GitHub, and said which of them it could not use")
     pytest.skip(reason, allow_module_level=True)
 pytestmark = requires("nemo-skills", "slow")  # each `ns eval` takes minutes
 

@@ -55,6 +55,37 @@ def _standins_running() -> list[str]:
     return running_with(str(STANDIN), str(BF16.parent), state_dir=own_state_dir())
 
 
+PROXY_PORT = """
+import runpy, sys
+if sys.argv[1] == "quanteval":
+    runpy.run_path(sys.argv[2], run_name="launched")  # what nel_command runs before nel's CLI
+from nemo_evaluator.adapters import proxy
+print(proxy._find_free_port(4000))
+"""
+
+
+def test_each_local_run_puts_its_adapter_proxy_on_a_port_of_its_own():
+    """nel-next alone probes 127.0.0.1:4000 and binds it later: two runs at once on one host both take it, and the
+    loser sends its requests to the winner's proxy (its model's answers scored as the loser's). Runs quanteval starts
+    take a port from the OS instead."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", 4000))
+        except OSError:
+            pytest.skip("127.0.0.1:4000 is taken here: nel-next alone would not pick it either")
+    python, _p, launcher = nelnext.nel_command()[:3]
+
+    def port(how: str) -> int:
+        done = subprocess.run([python, "-P", "-c", PROXY_PORT, how, launcher], capture_output=True, text=True,
+                              env=nelnext.child_env(), timeout=120, check=True)
+        return int(done.stdout.split()[-1])
+
+    assert port("nel alone") == 4000  # the shared port the race is for
+    assert port("quanteval") not in (4000, port("quanteval"))
+
+
 @requires("slow")  # whole nel-next runs: 25-90 s
 def test_a_benchmark_failing_inside_nel_eval_run_fails_the_canary_and_nothing_runs_after_it(standin_vllm, tmp_path):
     bench = tmp_path / "broken.py"

@@ -39,7 +39,10 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "WANDB_API_KEY": "Weights & Biases key, for export: wandb.",
     "MLFLOW_TRACKING_URI": "MLflow server, for export: mlflow.",
     "QUANTEVAL_EVAL_TOKEN": "Bearer token (at least 16 characters) the eval server requires when bound beyond loopback (serve-eval --token-env names another).",
-    "QUANTEVAL_NEMO_SKILLS_SRC": "NeMo-Skills source (tree or .tar.gz) scripts/setup --dev builds .venv-nemo-skills from, instead of ../shared/vendor/.",
+    "QUANTEVAL_NEMO_SKILLS_SRC": "NeMo-Skills source (tree, .tar.gz or pip URL) for .venv-nemo-skills (scripts/setup --dev); "
+                                 "default ../shared/vendor/, else GitHub.",
+    "QUANTEVAL_NEL_NEXT_SKILLS_SRC": "NeMo-Skills source (tree, .tar.gz or pip URL) for skills:// in .venv-nel-next (scripts/setup); "
+                                     "default ../shared/vendor/, else GitHub.",
     "QUANTEVAL_VLLM_VENV": "The vLLM for CPU venv local vLLM deployments start from when no `vllm` is on PATH (default .venv-vllm, built by scripts/setup).",
     "QUANTEVAL_NEL_NEXT_VENV": "The nel-next (nemo-evaluator >= 0.3, Python 3.12) venv quanteval drives (default .venv-nel-next, built by scripts/setup).",
     "QUANTEVAL_NEL_NEXT_PYTHON": "Python 3.12/3.13 scripts/setup-nel-next builds .venv-nel-next with (default: python3.12, python3.13, or pyenv's).",

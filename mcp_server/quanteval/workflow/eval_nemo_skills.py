@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from quanteval.engines.nel_next.skills import NEMO_SKILLS_UPSTREAM
 from quanteval.models import ToolError
 from quanteval.workflow.evalbackend import (
     BenchmarkSpec,
@@ -30,9 +31,8 @@ from quanteval.workflow.evalbackend import (
 )
 
 INSTALL_HINT = (
-    "NeMo-Skills (`ns`) is not installed here; it is not on PyPI. Build its venv with `scripts/setup --dev` "
-    "(from ../shared/vendor/ or QUANTEVAL_NEMO_SKILLS_SRC), install it from source "
-    "(pip install git+https://github.com/NVIDIA-NeMo/Skills) or run the server inside a NeMo-Skills "
+    "NeMo-Skills (`ns`) is not installed here; it is not on PyPI. Build its venv with `bash scripts/setup-nemo-skills` "
+    f"(from QUANTEVAL_NEMO_SKILLS_SRC if set, else {NEMO_SKILLS_UPSTREAM}), or run the server inside a NeMo-Skills "
     "container, and pass --ns-command with the path of its `ns` executable."
 )
 LOCAL_CLUSTER = "quanteval-local"

@@ -334,9 +334,10 @@ def skills_benchmark_problems(benchmarks: list[Any], cluster: dict[str, Any] | N
         return [Problem(key=f"benchmarks[{min(names)}]", severity="error", rule="skills_unavailable",
                         message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {found.problem}: the benchmark fails at start.",
                         fix=f"Run `{skills.SETUP}`: it installs NeMo-Skills {skills.NEMO_SKILLS_COMMIT} (the commit that fits "
-                            "nel-next 0.3.0; source ../shared/vendor/ or QUANTEVAL_NEL_NEXT_SKILLS_SRC) into nel-next's venv "
-                            f"({nelnext.venv()}), with the grader module nel-next imports. Or run the benchmark with NEL "
-                            "0.2.6's ns_* task (its container brings NeMo-Skills).")]
+                            f"nel-next 0.3.0) into nel-next's venv ({nelnext.venv()}) with the grader module nel-next "
+                            f"imports, from QUANTEVAL_NEL_NEXT_SKILLS_SRC (a source tree, .tar.gz or pip URL) if set, else "
+                            f"{skills.NEMO_SKILLS_UPSTREAM} (GitHub). Or run the benchmark with NEL 0.2.6's ns_* task "
+                            "(its container brings NeMo-Skills).")]
     problems: list[Problem] = []
     on_slurm = (cluster or {}).get("type") == "slurm"
     for index, name in names.items():
@@ -387,7 +388,13 @@ def _skills_data_problems(index: int, item: dict[str, Any], bench: skills.Benchm
                         fix=f"Run it with NEL 0.2.6's NeMo-Skills task (its container runs `ns eval`, which grades "
                             f"'{bench.metrics_type}'), or use a nel-next benchmark that grades its own answers.")]
     problems: list[Problem] = []
-    if not Path(bench.data_file).is_file():
+    if not Path(bench.data_file).is_file() and bench.prepared:
+        problems.append(Problem(key=key, severity="error", rule="skills_data_missing",
+                                message=f"skills://{name} ships its data in NeMo-Skills' package ({bench.prepared['from']}), "
+                                        f"but copying it to {bench.data_file} (NeMo-Skills' prepare) failed: {bench.prepared['error']}",
+                                fix=f"Make {Path(bench.data_file).parent} writable, or run `{nelnext.venv()}/bin/python -m "
+                                    f"nemo_skills.dataset.prepare {name}` as a user who can write there."))
+    elif not Path(bench.data_file).is_file():
         problems.append(Problem(key=key, severity="error", rule="skills_data_missing",
                                 message=f"skills://{name} has no prepared data: nel-next reads {bench.data_file} (data dir "
                                         f"{bench.data_dir}), and without it downloads at start (`python -m "

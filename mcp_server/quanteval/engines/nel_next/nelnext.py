@@ -70,6 +70,13 @@ def nel_binary() -> Path:
     return binary
 
 
+def nel_command() -> list[str]:
+    """How quanteval starts a local `nel`: its CLI with each adapter proxy on a port of its own (own_proxy_port.py says
+    why; `-P`: the script's folder, quanteval's modules, stays off the child's import path)."""
+    nel_binary()
+    return [str(venv() / "bin" / "python"), "-P", str(Path(__file__).with_name("own_proxy_port.py"))]
+
+
 def data_home() -> Path:
     """nel-next's XDG data home (its run store and SLURM job metadata), kept with quanteval's own state."""
     return envvars.state_dir() / "nel-next-data"
@@ -250,7 +257,7 @@ def canary_overrides(benchmark_count: int, max_problems: int, repeats: int | Non
 def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Start `nel eval run` in a session of its own; returns the details a ledger record keeps."""
     require_writable_dir(run_dir, "output.dir", "Choose a writable directory (set_config_value key output.dir).")
-    argv = [str(nel_binary()), "eval", "run", config_path, "-o", str(run_dir)]
+    argv = [*nel_command(), "eval", "run", config_path, "-o", str(run_dir)]
     argv += [item for override in overrides for item in ("-O", override)]
     argv += ["--resume"] if resume else []
     exit_file = run_dir / EXIT_CODE_NAME

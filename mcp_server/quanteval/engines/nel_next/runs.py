@@ -57,7 +57,7 @@ def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
     error = None
     if not checked["ok"]:
         error = "; ".join(f"{p['path'] or '(config)'}: {p['message']}" for p in checked["problems"][:5])
-    command = [str(nelnext.nel_binary()), "eval", "run", config_path, *[x for o in overrides for x in ("-O", o)]]
+    command = [*nelnext.nel_command(), "eval", "run", config_path, *[x for o in overrides for x in ("-O", o)]]
     record = ledger.add("dry_run", status="failed" if error else "passed", config_path=config_path,
                         config_hash=nelnext.config_hash(config_path, overrides), executor=checked.get("cluster"),
                         details={"engine": "nel-next", "error": error, "overrides": overrides}, message=error)

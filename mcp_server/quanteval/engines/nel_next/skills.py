@@ -8,7 +8,9 @@ Facts (nemo-evaluator 0.3.0's environments/skills.py, NeMo-Skills 467b057; see s
   is NAME's dataset module's data dir (the installed package's nemo_skills/dataset/, where `ns prepare_data NAME`
   writes, or the folder NEMO_SKILLS_EXTRA_BENCHMARK_MAP maps NAME to), DIR/NAME/<EVAL_SPLIT or test>.jsonl;
 - a missing file is "prepared" by running `python -m nemo_skills.dataset.prepare NAME`, which downloads (up to
-  300 s, then fails) — hence the check here, before anything is served;
+  300 s, then fails) — hence the check here, before anything is served. Some benchmarks ship their data in the
+  package (DIR/NAME/<split>.txt of JSON rows: aime24, aime25, comp-math-24-25) and prepare only copies it: the
+  probe runs that step itself, offline (challenge19's .txt lists ids its prepare downloads: not shipped);
 - the prompt is the row's `problem` (else question/prompt/input/text), the answer its `expected_answer`; nel-next
   sends the bare problem unless the benchmark has an `instruction_template` (a Jinja file; `original_prompt` is
   the problem; the result is stripped). NeMo-Skills sends its prompt config's `user` text, format()ted with the
@@ -36,7 +38,8 @@ from quanteval.engines.nel_next import nelnext
 
 SCHEME = "skills://"
 SETUP = "bash scripts/setup-nel-next"
-NEMO_SKILLS_COMMIT = "467b057"  # the one scripts/setup-nel-next installs: get_dataset_module returns two values
+NEMO_SKILLS_COMMIT = "467b057"  # the one scripts/nemo-skills-source.sh installs: get_dataset_module returns two values
+NEMO_SKILLS_UPSTREAM = f"git+https://github.com/NVIDIA-NeMo/Skills@{NEMO_SKILLS_COMMIT}"
 REQUIRED_FIELDS = ("problem", "expected_answer")  # what NeMo-Skills' prompt configs and graders read from a row
 # nel-next 0.3.0 grades these two with NeMo-Skills' grader (its _score_handlers); any other METRICS_TYPE goes to
 # get_evaluator_class(type).eval_single({predicted_answer, expected_answer}), which only class evaluators have and
@@ -85,6 +88,16 @@ def prompt(args):
     import yaml
     text = yaml.safe_load(path.read_text()) or {}
     return {"config": name, "user": text.get("user"), "system": text.get("system")}
+def rows_of_their_own(path):  # a <split>.txt of the rows themselves (JSON lines), not ids to fetch (challenge19)
+    if not path.is_file():
+        return False
+    with open(path, encoding="utf-8") as handle:
+        first = next((line for line in handle if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(row, dict) and all(row.get(f) is not None for f in REQUIRED)
 benchmarks = {}
 for name in names:
     try:
@@ -98,6 +111,18 @@ for name in names:
     info = {"metrics_type": getattr(module, "METRICS_TYPE", None) or "", "data_file": str(data), "data_dir": data_dir,
             "mapped": name in utils.get_extra_benchmark_map(),
             "prompt": prompt(getattr(module, "GENERATION_ARGS", "") or ""), "rows": 0, "bad_row": None}
+    shipped = Path(module.__file__).parent / f"{split}.txt"
+    if not data.is_file() and data.parent == shipped.parent and rows_of_their_own(shipped):
+        # Data in the package (aime24/25, comp-math-24-25): NeMo-Skills' prepare copies it, offline,
+        # as nel-next would at start; done here so the checks below read what the run will.
+        import subprocess
+        try:
+            done = subprocess.run([sys.executable, "-m", "nemo_skills.dataset.prepare", name], capture_output=True,
+                                  text=True, timeout=PREPARE_TIMEOUT_S)
+            failed = None if data.is_file() else (done.stderr or done.stdout).strip()[-300:]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failed = str(exc)
+        info["prepared"] = {"from": str(shipped), "error": failed}
     if data.is_file():
         with open(data, encoding="utf-8") as handle:
             for number, line in enumerate(handle, 1):
@@ -114,7 +139,7 @@ for name in names:
     benchmarks[name] = info
 out["benchmarks"] = benchmarks
 print(json.dumps(out))
-""".replace("ALIAS", ALIAS_MODULE).replace("REQUIRED", repr(REQUIRED_FIELDS))
+""".replace("ALIAS", ALIAS_MODULE).replace("REQUIRED", repr(REQUIRED_FIELDS)).replace("PREPARE_TIMEOUT_S", "60")
 
 
 @dataclass
@@ -131,6 +156,7 @@ class Benchmark:
     bad_row: tuple[int, str] | None = None
     prompt: dict[str, Any] | None = None
     mapped: bool = False  # registered through NEMO_SKILLS_EXTRA_BENCHMARK_MAP in this environment
+    prepared: dict[str, Any] | None = None  # {"from": the package's data file, "error": why the copy failed or None}
 
 
 @dataclass
