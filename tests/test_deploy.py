@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import struct
 import subprocess
@@ -527,3 +528,21 @@ def test_list_runs_shows_a_running_deployment_and_eval_servers_over_mcp(standin,
     only = anyio.run(listing, {"kind": "deployment"})
     assert [row["record_id"] for row in only["runs"]] == [result.record_id]
     assert [row["record_id"] for row in anyio.run(listing, {"kind": "eval_server"})["runs"]] == [server.id]
+
+
+def test_a_server_killed_behind_its_records_back_shows_as_ended_in_list_runs(standin, launched):
+    """Its owner died and took it (an evaluation's server), or kill -9: the record said `loading` for good. list_runs,
+    where a user looks for what is still running, settles it as deployment_status would."""
+    from quanteval.workflow.runs import ListRunsInput, list_runs
+
+    standin("--fake-load-s", "60")
+    result = launched(port=free_port())
+    listed = {run.record_id: run for run in list_runs(ListRunsInput(kind="deployment")).runs}
+    assert listed[result.record_id].status == "loading"
+    os.killpg(result.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while group_members(result.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    listed = {run.record_id: run for run in list_runs(ListRunsInput(kind="deployment")).runs}
+    assert listed[result.record_id].status in ("failed", "exited"), listed[result.record_id]
+    assert "not running" in ledger.events(result.record_id)[-1].message

@@ -184,6 +184,11 @@ def test_sigkill_of_the_process_that_serves_an_evaluation_leaves_no_server(tmp_p
     while left() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left() == []
+    # and nothing it recorded still says loading, ready or running where a user looks for what runs
+    from quanteval.workflow.runs import ListRunsInput, list_runs
+
+    live = [(run.kind, run.status) for run in list_runs(ListRunsInput(limit=100)).runs if run.status in ("loading", "ready", "running")]
+    assert live == []
 
 
 def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(tmp_path, monkeypatch):

