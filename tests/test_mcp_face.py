@@ -196,15 +196,89 @@ def test_root_confines_local_reads_of_remote_tools(tmp_path):
     assert result.is_error and "outside the workspace root" in result.content[0].text
 
 
-def test_instructions_lead_with_the_one_call_answer_and_name_only_tools_served_by_default():
-    """A client with only the MCP connection reads these first: the one-call path before the steps, and no tool it
-    cannot call without restarting the server with other toolsets."""
-    from quanteval import toolsets
+def test_instructions_lead_with_the_one_call_answer():
+    """A client with only the MCP connection reads these first: the one-call path before the steps."""
     from quanteval.faces.mcpapp import INSTRUCTIONS
 
     named = [word.strip(".,:;()") for word in INSTRUCTIONS.split() if "_" in word]
     assert named[:3] == ["evaluate_quantization", "start_evaluation", "wait_for_run"], named
-    assert set(named) <= set(registry.select(list(toolsets.DEFAULT_TOOLSETS))), set(named) - set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
+
+
+DEFAULT = list(toolsets.DEFAULT_TOOLSETS)
+
+
+def test_every_tool_a_client_is_told_of_is_callable_or_one_enable_toolsets_call_away():
+    """What a client reads (the instructions, every default tool's description and argument descriptions, the skill
+    pack served as resources): each tool named there is in tools/list, or calling it says which toolset to turn on,
+    and after enable_toolsets it is listed and callable, with tools/list_changed on the client's listen stream."""
+    from quanteval.faces.mcpapp import INSTRUCTIONS
+
+    async def go() -> None:
+        async with Client(build_server(toolsets=DEFAULT)) as client:
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            texts = [INSTRUCTIONS] + [json.dumps([tool.description, tool.input_schema]) for tool in listed.values()]
+            for resource in (await client.list_resources()).resources:
+                texts += [content.text for content in (await client.read_resource(resource.uri)).contents]
+            told = {name for name in registry.TOOLS if any(name in text for text in texts)}
+            off = sorted(told - set(listed))
+            assert {"apply_cluster", "ssh_check", "launch_deployment"} <= set(off), off
+            for name in off:
+                refused = await client.call_tool(name, {})
+                toolset = registry.TOOLS[name].toolset
+                assert refused.is_error and f'call enable_toolsets with toolsets ["{toolset}"]' in refused.content[0].text
+            async with client.listen(tools_list_changed=True) as changes:
+                enabled = await client.call_tool("enable_toolsets", {"toolsets": sorted({registry.TOOLS[n].toolset for n in off})})
+                assert not enabled.is_error and set(off) <= set(enabled.structured_content["added"])
+                with anyio.fail_after(10):
+                    await changes.__anext__()
+            relisted = {tool.name for tool in (await client.list_tools()).tools}
+            assert set(off) <= relisted
+            again = await client.call_tool(off[0], {})  # now the tool itself answers (its arguments are missing)
+            assert "enable_toolsets" not in again.content[0].text
+
+    anyio.run(go)
+
+
+def test_enable_toolsets_over_stdio_with_the_2025_protocol_announces_and_sends_list_changed(cli_env):
+    """Claude Code's protocol: the capability says tools/list can change, and the notification comes on the stream."""
+    proc = subprocess.Popen(["quanteval-mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=cli_env, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[dict] = []
+
+    def send(message: dict, until_id: int | None = None) -> dict | None:
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+        while until_id is not None:
+            seen.append(json.loads(proc.stdout.readline()))
+            if seen[-1].get("id") == until_id:
+                return seen[-1]
+        return None
+
+    try:
+        hello = send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}, until_id=1)
+        assert hello["result"]["capabilities"]["tools"]["listChanged"] is True
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        answer = send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "enable_toolsets",
+                                                                                 "arguments": {"toolsets": ["cluster"]}}}, until_id=2)
+        assert "ssh_check" in answer["result"]["structuredContent"]["added"]
+        assert any(m.get("method") == "notifications/tools/list_changed" for m in seen), seen
+        listed = send({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, until_id=3)
+        assert "ssh_check" in {tool["name"] for tool in listed["result"]["tools"]}
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=20)
+
+
+def test_enable_toolsets_on_a_read_only_server_adds_only_what_changes_nothing():
+    async def go() -> None:
+        async with Client(build_server(toolsets=DEFAULT, read_only=True)) as client:
+            answer = (await client.call_tool("enable_toolsets", {"toolsets": ["deploy"]})).structured_content
+            assert answer["added"] == ["plan_deployment", "deployment_status"]
+            assert "launch_deployment" in answer["message"] and "--read-only" in answer["message"]
+
+    anyio.run(go)
 
 
 # ---------------------------------------------------------------- bounded answers
@@ -312,9 +386,13 @@ def test_toolsets_and_read_only_select_what_is_served():
     assert "build_config" in config_only and "launch_canary" not in config_only
     read_only = anyio.run(names, build_server(read_only=True))
     assert read_only == {name for name, spec in registry.TOOLS.items() if spec.read_only}
-    # a tool that is not served cannot be called either
+    # a tool that is not served cannot be called either, and the answer says why and what would serve it
     result = call("set_config_value", {"config_path": "/x.yaml", "key": "a", "value": 1}, build_server(read_only=True))
-    assert result.is_error and "Unknown tool 'set_config_value'" in result.content[0].text
+    assert result.is_error and "started --read-only" in result.content[0].text
+    result = call("launch_canary", {"config_path": "/x.yaml"}, build_server(toolsets=["config"]))
+    assert result.is_error and 'call enable_toolsets with toolsets ["runs"]' in result.content[0].text
+    result = call("no_such_tool", {}, build_server(toolsets=["config"]))
+    assert result.is_error and "Unknown tool 'no_such_tool'" in result.content[0].text
 
 
 def test_every_tool_belongs_to_a_declared_toolset():
@@ -322,21 +400,21 @@ def test_every_tool_belongs_to_a_declared_toolset():
     assert {spec.toolset for spec in registry.TOOLS.values()} == set(toolsets.TOOLSETS)
     assert all(toolset.description and "\n" not in toolset.description for toolset in toolsets.TOOLSETS.values())
     # the evaluation workflow by default; serving a checkpoint alone and the training loop's eval server on request
-    assert toolsets.DEFAULT_TOOLSETS == ("setup", "config", "runs", "results", "cluster")
+    assert toolsets.DEFAULT_TOOLSETS == ("setup", "config", "runs", "results")
 
 
-def test_the_tools_the_workflow_skills_call_are_served_by_default(repo):
-    """Every tool the evaluation, monitor and compare skills name is in the default tools/list; the deployment skill
-    says it needs the deploy toolset."""
+def test_the_skills_say_to_turn_on_each_toolset_that_is_off_by_default_before_its_tools(repo):
+    """Every tool a skill names is in the default tools/list, or the skill (or the shared file it reads) says to call
+    enable_toolsets with that tool's toolset."""
     import re
 
     skills = repo / "skills"
-    texts = [path.read_text() for path in [*skills.glob("*/SKILL.md"), *skills.glob("common/*.md")]
-             if path.parent.name != "deployment"]
-    named = {word for text in texts for word in re.findall(r"[a-z]+(?:_[a-z]+)+", text)} & set(registry.TOOLS)
     served = set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
-    assert named and named <= served, sorted(named - served)
-    assert "deploy toolset" in (skills / "deployment" / "SKILL.md").read_text()
+    for path in [*skills.glob("*/SKILL.md"), *skills.glob("common/*.md")]:
+        text = path.read_text()
+        named = {word for word in re.findall(r"[a-z]+(?:_[a-z]+)+", text)} & set(registry.TOOLS)
+        for toolset in {registry.TOOLS[name].toolset for name in named - served}:
+            assert f'`enable_toolsets` with `["{toolset}"]`' in text, (path.name, toolset, sorted(named - served))
 
 
 def test_unknown_toolset_is_a_usage_error(cli_env):

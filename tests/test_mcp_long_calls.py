@@ -129,7 +129,7 @@ def inspector(env: dict[str, str], tool: str, **tool_arguments: object) -> dict:
 
 def test_the_inspector_cli_gets_the_verdict_from_start_evaluation_and_wait_for_run(slow_env, tmp_path):
     env = slow_env
-    started = inspector(env, "start_evaluation", evaluation=arguments(tmp_path))
+    started = inspector(env, "start_evaluation", **arguments(tmp_path))
     assert not started.get("isError"), started
     record_id = started["structuredContent"]["record_id"]
     began, waits = time.monotonic(), 0
@@ -242,7 +242,7 @@ def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_ru
 
 def test_kill_run_stops_a_started_evaluation_with_its_servers(standin_env, tmp_path):
     env = standin_env
-    started = inspector(env, "start_evaluation", evaluation=arguments(tmp_path))["structuredContent"]
+    started = inspector(env, "start_evaluation", **arguments(tmp_path))["structuredContent"]
     wait_until(lambda: bool(ledger.find(kind="deployment")), 120, "its first server")
     listed = inspector(env, "list_runs")["structuredContent"]["runs"]
     assert {"evaluation", "deployment"} <= {row["kind"] for row in listed}  # what is running, visible to the user

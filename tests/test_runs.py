@@ -472,13 +472,13 @@ def test_start_evaluation_refuses_what_evaluate_quantization_refuses_and_starts_
     same = str(tmp_path)
     spec = registry.get_tool("start_evaluation")
     with pytest.raises(ToolError, match="same directory"):
-        registry.run(spec, {"evaluation": {"baseline_checkpoint": same, "candidate_checkpoint": same, "benchmarks": ["x.py"]}})
+        registry.run(spec, {"baseline_checkpoint": same, "candidate_checkpoint": same, "benchmarks": ["x.py"]})
     with pytest.raises(ToolError, match="no such BYOB file"):
-        registry.run(spec, {"evaluation": {"baseline_checkpoint": same, "candidate_checkpoint": str(tmp_path / "b"),
-                                           "benchmarks": [str(tmp_path / "missing.py")]}})
+        registry.run(spec, {"baseline_checkpoint": same, "candidate_checkpoint": str(tmp_path / "b"),
+                            "benchmarks": [str(tmp_path / "missing.py")]})
     with pytest.raises(ToolError, match="outside"):  # --root confines the paths inside the object too
-        registry.run(spec, {"evaluation": {"baseline_checkpoint": "/etc", "candidate_checkpoint": same,
-                                           "benchmarks": ["x.py"]}}, policy=paths.Policy(root=tmp_path, absolute_only=True))
+        registry.run(spec, {"baseline_checkpoint": "/etc", "candidate_checkpoint": same, "benchmarks": ["x.py"]},
+                     policy=paths.Policy(root=tmp_path, absolute_only=True))
     assert ledger.find(kind="evaluation") == []
 
 

@@ -80,9 +80,6 @@ def check_arguments(tool: str, arguments: dict[str, Any], policy: Policy = ANY_P
     """Raise ToolError if any path-like argument breaks the policy or cannot be a path at all."""
     local_host = arguments.get("host") in (None, "local")
     for field, value in arguments.items():
-        if field == "evaluation" and isinstance(value, dict):  # start_evaluation: evaluate_quantization's arguments
-            check_arguments(tool, value, policy)
-            continue
         if field in PATH_LIST_FIELDS and isinstance(value, list):
             for index, item in enumerate(value):
                 if isinstance(item, str) and "://" not in item and (item.endswith((".py", ".jsonl")) or "/" in item):

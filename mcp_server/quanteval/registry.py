@@ -94,6 +94,8 @@ def _tools(*specs: ToolSpec) -> dict[str, ToolSpec]:
 TOOLS: dict[str, ToolSpec] = _tools(
     ToolSpec("workflow.environment.check_environment", "setup", read_only=True, idempotent=True),
     ToolSpec("serving.checkpoint.inspect_checkpoint", "setup", read_only=True, idempotent=True),
+    # Changes only which tools this server lists (mcpapp.py does it): nothing outside it.
+    ToolSpec("faces.toolsetting.enable_toolsets", "setup", read_only=True, idempotent=True),
     ToolSpec("workflow.nelconfig.build_config", "config", read_only=False),
     ToolSpec("workflow.nelconfig.get_config_value", "config", read_only=True, idempotent=True),
     ToolSpec("workflow.nelconfig.set_config_value", "config", read_only=False, destructive=True, idempotent=True),

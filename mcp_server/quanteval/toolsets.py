@@ -18,8 +18,9 @@ TOOLSETS: dict[str, Toolset] = {
     "config": Toolset("build, edit and validate an evaluation config; find and add tasks", default=True),
     "runs": Toolset("dry-run, launch, watch, kill and resume evaluation runs", default=True),
     "results": Toolset("validate, score, compare and gate runs; evaluate_quantization end to end", default=True),
-    # The evaluation skill asks the cluster on SLURM (ssh_check, cluster_info, apply_cluster, remote_grep).
-    "cluster": Toolset("SLURM over ssh: access, partitions, placement, queue, remote logs", default=True),
+    # The evaluation skill asks the cluster on SLURM (ssh_check, cluster_info, apply_cluster, remote_grep); a client
+    # turns it on with enable_toolsets when it needs it (a sixth of the default tools/list otherwise).
+    "cluster": Toolset("SLURM over ssh: access, partitions, placement, queue, remote logs", default=False),
     # Serving a checkpoint on its own (the deployment skill); evaluate_quantization serves its checkpoints itself.
     "deploy": Toolset("serve a checkpoint on its own: plan, launch, status, stop", default=False),
     # For whoever runs a training loop; its start options alone are a tenth of the full tools/list.

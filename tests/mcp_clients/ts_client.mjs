@@ -22,7 +22,7 @@ try {
   } else if (mode === "plain-call") {
     out.result = await client.callTool({ name: "evaluate_quantization", arguments: toolArguments });
   } else if (mode === "start-and-wait") {
-    const started = await client.callTool({ name: "start_evaluation", arguments: { evaluation: toolArguments } });
+    const started = await client.callTool({ name: "start_evaluation", arguments: toolArguments });
     out.started = started.structuredContent;
     for (;;) {
       const waited = await client.callTool({ name: "wait_for_run", arguments: { record_id: out.started.record_id, timeout_s: 45 } });

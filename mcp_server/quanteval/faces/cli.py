@@ -106,7 +106,8 @@ def cmd_tools(args: argparse.Namespace) -> int:
         return EXIT_OK
     width = max(len(name) for name in registry.TOOLS)
     for number, (name, toolset) in enumerate(TOOLSETS.items()):
-        served = "served by default" if toolset.default else "not served by default: quanteval-mcp --toolsets default," + name
+        served = ("served by default" if toolset.default
+                  else f"off by default over MCP: enable_toolsets [\"{name}\"], or quanteval-mcp --toolsets default,{name}")
         sys.stdout.write(f"{'' if number == 0 else chr(10)}{name}: {toolset.description} ({served})\n")
         for spec in (spec for spec in registry.TOOLS.values() if spec.toolset == name):
             summary = spec.description.replace("\n", " ").split(". ", 1)[0].rstrip(".") + "."

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+from mcp.server import NotificationOptions
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, TextContent, ToolAnnotations
@@ -37,11 +38,12 @@ def calls_in_flight() -> int:
 INSTRUCTIONS = (
     "How much accuracy did quantizing a checkpoint cost? One call answers it on this machine: evaluate_quantization "
     "(baseline and candidate checkpoints, benchmarks, the largest acceptable drop in points) serves both, runs a canary and a full run "
-    "each, and gives the verdict; a client that cuts calls at 60 s calls start_evaluation, then wait_for_run until it "
-    "is not running. Step by step instead (an existing config, a SLURM cluster, NEL container tasks, one run at a "
+    "each, and gives the verdict; a client that cuts calls at 60 s calls start_evaluation (the same arguments), then "
+    "wait_for_run until it is not running. Step by step instead (an existing config, a SLURM cluster, NEL container tasks, one run at a "
     "time): check_environment, build_config, add_tasks, inspect_checkpoint, apply_checkpoint, list_missing_values, "
     "apply_cluster (SLURM), validate_config, dry_run, launch_canary, validate_run, launch_full_run, compare_results "
-    "or gate_results. Paths are absolute."
+    "or gate_results. Tools for SLURM (cluster), serving a checkpoint alone (deploy) and training loops (evalserver) "
+    "are off until enable_toolsets turns their toolset on. Paths are absolute."
 )
 
 
@@ -159,11 +161,20 @@ def _error(message: str) -> CallToolResult:
 
 
 class QuantevalServer(MCPServer):
-    def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = True) -> None:
+    def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = True,
+                 read_only: bool = False) -> None:
         super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS)
-        self._specs = tools
+        self._specs = dict(tools)
         self._policy = policy
         self._output_schemas = output_schemas
+        self._read_only = read_only
+        # enable_toolsets changes tools/list: say so in the capabilities (the SDK's run paths pass no options).
+        options = self._lowlevel_server.create_initialization_options
+
+        def with_tools_changed(notification_options: NotificationOptions | None = None, *args: Any, **kwargs: Any) -> Any:
+            return options(notification_options or NotificationOptions(tools_changed=True), *args, **kwargs)
+
+        self._lowlevel_server.create_initialization_options = with_tools_changed  # type: ignore[method-assign]
 
     @functools.cached_property
     def _tool_listing(self) -> list[MCPTool]:
@@ -174,8 +185,15 @@ class QuantevalServer(MCPServer):
         return self._tool_listing
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
+        from quanteval.faces import toolsetting
+
+        if name not in self._specs and (how := toolsetting.how_to_enable(name, self._read_only)):
+            log.info("tool %s is not served now", name)
+            return _error(how)
         try:
             spec = registry.get_tool(name, self._specs)
+            if spec.name == "enable_toolsets":
+                return await self._enable_toolsets(spec, arguments, context)
             from quanteval.workflow import confine  # cheap: what a check needs is imported by the check
 
             arguments = confine.check_call(name, arguments, self._policy)
@@ -199,6 +217,30 @@ class QuantevalServer(MCPServer):
         except Exception as exc:  # a bug: the client learns its type, the log gets the traceback
             log.exception("tool %s raised", name)
             return _error(registry.internal_error(name, exc))
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+    async def _enable_toolsets(self, spec: registry.ToolSpec, arguments: dict[str, Any], context: Context | None) -> CallToolResult:
+        """enable_toolsets over MCP: this server serves the toolsets' tools from now on (every session of an HTTP server:
+        they share one server), and tells the client its tools/list changed."""
+        from quanteval.faces import toolsetting
+
+        request = registry.parse_arguments(spec, arguments)
+        held = registry.select(list(request.toolsets), self._read_only)
+        added = [name for name in held if name not in self._specs]
+        self._specs.update(held)
+        self.__dict__.pop("_tool_listing", None)  # rebuilt on the next tools/list
+        if added and context is not None:
+            try:
+                await context.request_context.session.send_tool_list_changed()  # clients of the 2025 protocol
+                await context.notify_tools_changed()  # subscriptions/listen streams (2026-07-28 on)
+            except Exception:  # a client that left: the listing has changed all the same
+                log.debug("tools/list_changed not sent", exc_info=True)
+        message = (f"Added {', '.join(added)}: callable now (tools/list_changed sent)." if added
+                   else "Already served: nothing added.")
+        if self._read_only and (skipped := set(registry.select(list(request.toolsets))) - set(held)):
+            message += f" Not served by this --read-only server: {', '.join(sorted(skipped))}."
+        answer = toolsetting.EnableToolsetsOutput(tools=list(held), added=added, message=message)
+        data, text = registry.result_json(spec, answer)
         return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
 
     async def get_prompt(
@@ -236,7 +278,7 @@ def build_server(
     `open_eval_server`, start_eval_server may bind beyond loopback and run an ns/nel command outside the root; with
     `allow_commands`, a config under the root may run commands on launch (engines/commands.py)."""
     policy = paths.Policy(root=root, absolute_only=True, open_eval_server=open_eval_server, allow_commands=allow_commands)
-    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas)
+    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas, read_only)
     _add_extras(server)
     return server
 

@@ -181,11 +181,8 @@ def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
 def _outputs_inside(tool: str, arguments: dict[str, Any], root: Path) -> dict[str, Any]:
     """What evaluate_quantization (directly or through start_evaluation) and start_eval_server write by default to
     the state dir goes inside the root."""
-    if tool == "evaluate_quantization" and not arguments.get("output_dir"):
+    if tool in ("evaluate_quantization", "start_evaluation") and not arguments.get("output_dir"):
         return {**arguments, "output_dir": str(root / STATE_IN_ROOT / "evaluations")}
-    evaluation = arguments.get("evaluation")
-    if tool == "start_evaluation" and isinstance(evaluation, dict) and not evaluation.get("output_dir"):
-        return {**arguments, "evaluation": {**evaluation, "output_dir": str(root / STATE_IN_ROOT / "evaluations")}}
     if tool == "start_eval_server" and not arguments.get("output_root"):
         from quanteval.workflow.evalbackend import DEFAULT_PORT
 

@@ -698,10 +698,6 @@ def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: Ev
         responses=_canary_responses(Path(run_dir)) if run_dir else [], seconds={"total": round(time.monotonic() - started, 1)})
 
 
-class StartEvaluationInput(StrictModel):
-    evaluation: EvaluateQuantizationInput = Field(description="evaluate_quantization's arguments, as one object.")
-
-
 class StartEvaluationOutput(BaseModel):
     record_id: str = Field(description="The evaluation's ledger record: wait_for_run, run_status and kill_run take it.")
     status: str
@@ -709,11 +705,11 @@ class StartEvaluationOutput(BaseModel):
     message: str
 
 
-def start_evaluation(request: StartEvaluationInput) -> StartEvaluationOutput:
-    """Use instead of evaluate_quantization when your client times out requests (60 s): starts it as a job, returns its
-    record_id; wait_for_run (timeout_s 45) until not running gives the answer. kill_run stops it.
+def start_evaluation(request: EvaluateQuantizationInput) -> StartEvaluationOutput:
+    """Use instead of evaluate_quantization when your client times out requests (60 s): the same arguments, started
+    as a job; wait_for_run (timeout_s 45) until not running gives the answer. kill_run stops it.
     """
-    check_request(request.evaluation)
-    record = background.start(request.evaluation.model_dump(mode="json"))
+    check_request(request)
+    record = background.start(request.model_dump(mode="json"))
     return StartEvaluationOutput(record_id=record.id, status=record.status, log_path=record.details["log_path"],
                                  message=f"Started. wait_for_run record_id={record.id} timeout_s=45 until it finishes.")

@@ -227,9 +227,10 @@ class RunStatusOutput(BaseModel):
 def _record(run: str) -> ledger.Record:
     record = ledger.get(run.strip())
     if record.kind not in RUN_KINDS:
-        where = {"deployment": "deployment_status and stop_deployment take it (the deploy toolset: `quanteval-mcp --toolsets "
-                               "default,deploy`, or `quanteval call deployment_status --json '{...}'` from a shell)",
-                 "eval_server": "eval_server_status and stop_eval_server take it (the evalserver toolset)"}
+        where = {"deployment": "deployment_status and stop_deployment take it (the deploy toolset: over MCP, enable_toolsets "
+                               'with ["deploy"] if they are not listed)',
+                 "eval_server": 'eval_server_status and stop_eval_server take it (the evalserver toolset: enable_toolsets with '
+                                '["evalserver"] if they are not listed)'}
         raise ToolError(f"{run} is a {record.kind}, not a run: {where.get(record.kind, 'list_runs shows what it is')}.")
     return record
 
