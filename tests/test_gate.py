@@ -190,6 +190,28 @@ def test_cli_exit_codes_and_report(real_run, tmp_path, cli_env):
     assert error.returncode == 1 and "no benchmark results" in error.stderr
 
 
+def test_max_drop_in_points_gates_as_the_policy_it_writes_in_nel_gates_fraction(real_run, tmp_path, cli_env):
+    """The user's rule in the unit they type (points, as evaluate_quantization and compare_results take it): the
+    policy handed to nel gate says 0.02 for 2 points, and nel gate reads that file to the same verdict."""
+    base = make_run(real_run, tmp_path / "base", {"alpha": half_right()})
+    cand = make_run(real_run, tmp_path / "cand", {"alpha": drop(half_right(), 8)})  # 8 of 40 problems: 20 points lost
+    for points, verdict in ((50, "GO"), (2, "NO-GO")):
+        out = tmp_path / f"rule-{points}"
+        ours = gate_results(GateResultsInput(baseline=str(base), candidate=str(cand), max_drop=points, output_dir=str(out)))
+        written = out / "nel-gate-policy.yaml"
+        assert ours.policy == str(written) and f"max_drop: {points / 100:g}" in written.read_text()
+        assert ours.verdict == verdict == nel_gate(base, cand, written)["verdict"]
+    cli = subprocess.run(["quanteval", "gate", str(base), str(cand), "--max-drop", "2"], capture_output=True, text=True,
+                         env=cli_env, timeout=120, check=False)
+    assert cli.returncode == 1 and cli.stdout.startswith("verdict: NO-GO"), cli.stderr
+    with pytest.raises(ToolError, match="exactly one"):
+        gate_results(GateResultsInput(baseline=str(base), candidate=str(cand)))
+    with pytest.raises(ToolError, match="exactly one"):
+        gate_results(GateResultsInput(baseline=str(base), candidate=str(cand), max_drop=2, policy=str(written)))
+    with pytest.raises(ValueError, match="points"):  # 0.02 typed for two points: refused, not read as 0.02 points
+        GateResultsInput(baseline=str(base), candidate=str(cand), max_drop=0.02)
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("version: 1\nbenchmarks:\n  alpha: {tier: blocker, metric: pass@1}\n", "benchmarks.alpha.tier"),
     ("version: 1\ndefaults: {max_drop: -0.1}\n", "max_drop must be >= 0"),

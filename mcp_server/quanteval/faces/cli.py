@@ -427,6 +427,7 @@ def _gate_arguments(parser: argparse.ArgumentParser) -> None:
     field_argument(parser, GateResultsInput, "baseline")
     field_argument(parser, GateResultsInput, "candidate")
     field_argument(parser, GateResultsInput, "policy", "--policy")
+    field_argument(parser, GateResultsInput, "max_drop", "--max-drop", metavar="POINTS")
     field_argument(parser, GateResultsInput, "output_dir", "--output-dir")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
 

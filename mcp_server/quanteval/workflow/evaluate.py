@@ -48,14 +48,21 @@ from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpo
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
 from quanteval.workflow import anomaly, background, compare, nelconfig, results, runs, validation
-from quanteval.workflow.gate import GateResultsInput, GateResultsOutput, gate_results, load_policy, write_rule_policy
+from quanteval.workflow.gate import (
+    RULE_POLICY_NAME,
+    GateResultsInput,
+    GateResultsOutput,
+    gate_results,
+    load_policy,
+    write_rule_policy,
+)
 from quanteval.workflow.noise import NoiseFloor, noise_floor, verdict_within_noise
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
 
 Role = Literal["baseline", "candidate", "noise-floor"]  # noise-floor: the baseline again, on the other numeric path
 Verdict = Literal["acceptable", "not acceptable", "inconclusive", "suspect", "anomalous"]
 VERDICT_OF_GATE = {"GO": "acceptable", "NO-GO": "not acceptable", "INCONCLUSIVE": "inconclusive"}
-POLICY_NAME = "nel-gate-policy.yaml"
+POLICY_NAME = RULE_POLICY_NAME
 RESPONSES_SHOWN = 3
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
 DEFAULT_MAX_TOKENS = 1024

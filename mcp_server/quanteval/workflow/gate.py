@@ -56,6 +56,7 @@ from quanteval.workflow.samples import SampleStatus
 
 REPORT_VERSION = 1
 REPORT_NAME = "gate-report.json"
+RULE_POLICY_NAME = "nel-gate-policy.yaml"  # a rule in points (max_drop), as the `nel gate --policy` file it is
 
 Tier = Literal["critical", "supporting", "advisory"]
 Direction = Literal["higher_is_better", "lower_is_better"]
@@ -194,8 +195,11 @@ class GateResultsInput(StrictModel):
     baseline: str = Field(description="Reference run: nel-next run folder or eval-*.json; NEL 0.2.6 directory, host:path or "
                                       "invocation id; or a record id.")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
-    policy: str = Field(description="`nel gate --policy` YAML: version: 1, defaults, benchmarks.<name>.{tier: "
+    policy: str | None = Field(None, description="`nel gate --policy` YAML: version: 1, defaults, benchmarks.<name>.{tier: "
                                     "critical|supporting|advisory, metric, max_drop (a fraction: 0.02 = two points), max_relative_drop}.")
+    max_drop: paired.MaxDropPoints = Field(None, description=(
+        "Instead of policy: the largest acceptable drop in points (2 = two points) on every benchmark both runs have, "
+        f"critical on pass@1; the policy stating it in nel gate's fraction is written as {RULE_POLICY_NAME}."))
     output_dir: str | None = Field(None, description=f"Where to write {REPORT_NAME} (nel gate's --output JSON); default none.")
 
 
@@ -418,10 +422,24 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline under a policy,
     with the reason per benchmark; two finished runs of one engine.
     """
-    policy_path = Path(request.policy).expanduser()
-    policy = load_policy(policy_path)
+    if (request.policy is None) == (request.max_drop is None):
+        raise ToolError("Give policy (a `nel gate --policy` YAML) or max_drop (points), exactly one: max_drop 2 gates every "
+                        "benchmark both runs have at most two points lost, at 95%.")
     reader = engines.results_for_pair(request.baseline, request.candidate)
     base, cand = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
+    if request.max_drop is not None:  # the user's rule in points, as the policy nel gate reads (its fraction)
+        from quanteval import envvars
+
+        where = Path(request.output_dir).expanduser() if request.output_dir else envvars.state_dir() / "gate-policies"
+        shared = sorted(set(base.benchmarks) & set(cand.benchmarks))
+        if not shared:
+            raise ToolError(f"max_drop: the runs have no benchmark in common (baseline {sorted(base.benchmarks)}, candidate "
+                            f"{sorted(cand.benchmarks)}): nothing to gate.")
+        policy_path = write_rule_policy(where / RULE_POLICY_NAME, shared, request.max_drop, confidence)
+    else:
+        assert request.policy is not None
+        policy_path = Path(request.policy).expanduser()
+    policy = load_policy(policy_path)
     warnings = list(dict.fromkeys(base.warnings + cand.warnings))
     base_names, cand_names = set(base.benchmarks), set(cand.benchmarks)
     missing = sorted(policy.required_benchmarks() - (base_names & cand_names))
