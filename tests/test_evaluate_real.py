@@ -156,6 +156,11 @@ def test_a_candidate_with_noise_for_weights_fails_its_canary_and_that_is_the_ans
     candidate_server = result["candidate"]["deployment_record_id"]  # the server it was served by, named
     assert candidate_server and result["candidate"]["served_model_name"] and result["candidate"]["serving"]
     assert _processes_serving(noise) == []
+    # validate_run on that canary says what the verdict says, not "raise max_tokens"
+    checked = subprocess.run(["quanteval", "call", "validate_run", "--json", json.dumps({"run": result["candidate"]["canary_record_id"]})],
+                             capture_output=True, text=True, env=json.loads(state["env"]), timeout=300, check=False)
+    failing = [f["message"] for task in json.loads(checked.stdout)["tasks"] for f in task["findings"] if f["severity"] == "fail"]
+    assert failing and all("not a setting to raise" in message and "raise services" not in message for message in failing), failing
     text = subprocess.run(
         ["quanteval", "evaluate", str(CHECKPOINTS / "tiny-add-bf16"), str(noise), "--benchmarks", str(BENCH),
          "--output-dir", str(Path(state["root"]) / "lossy"), "--max-drop", "1.5"],

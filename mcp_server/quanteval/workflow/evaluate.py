@@ -692,6 +692,10 @@ def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: Ev
            f"(max_tokens {budget}, same benchmarks and server flags): a broken quantization or a serving bug, not a "
            "setting to raise. Its answers are below; check the checkpoint (inspect_checkpoint) and its serving.")
     launched = failed.launched
+    if run_dir:  # so validate_run on this canary says what the verdict says
+        facts = nelnext.read_run_facts(Path(run_dir)) or {}
+        nelnext.write_run_facts(Path(run_dir), {**facts, "anomalous": {
+            "baseline_run": baseline.canary_record_id or baseline.full_run_record_id, "max_tokens": budget}})
     candidate = CheckpointEvaluation(role="candidate", checkpoint=str(Path(request.candidate_checkpoint).expanduser().resolve()),
                                      reused=False, config_path=failed.config_path, canary_record_id=failed.record.id,
                                      run_dir=run_dir, deployment_record_id=launched.record_id if launched else None,

@@ -100,6 +100,19 @@ def _validate_next_bundle(bundle: nextresults.Bundle, request: ValidateRunInput)
     return task
 
 
+def _against_the_baseline(task: TaskValidation, anomalous: dict | None) -> None:
+    """A candidate's canary that failed where its baseline's passed with the same budget (evaluate_quantization wrote
+    that in the run's facts): its failures are the quantization's or the serving's, not settings to change."""
+    if not anomalous:
+        return
+    for finding in task.findings:
+        if finding.check in ("truncation", "scores", "samples"):
+            finding.message = finding.message.split(": raise ")[0] + (
+                f": the baseline's canary ({anomalous.get('baseline_run')}) passed with the same settings (max_tokens "
+                f"{anomalous.get('max_tokens')}, same benchmarks and server flags), so this is a broken quantization or a "
+                "serving bug, not a setting to raise (evaluate_quantization's verdict: ANOMALOUS)")
+
+
 def _check_checkpoint(task: TaskValidation, facts: dict | None, facts_file: str, request: ValidateRunInput) -> None:
     """Which checkpoint was served: nel-next records only the served model name, so quanteval records at launch what
     the server reported (a managed server's model path, or an endpoint's /v1/models root) in the run's facts."""
@@ -145,6 +158,7 @@ def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunO
     facts = nelnext.read_run_facts(run_dir)
     for task in tasks:
         _check_checkpoint(task, facts, str(run_dir / nelnext.RUN_FACTS_NAME), request)
+        _against_the_baseline(task, (facts or {}).get("anomalous"))
     for name, error in outcome.failed.items():
         tasks.append(TaskValidation(task_dir=str(run_dir), task=name, finished=False, findings=[Finding(
             severity="fail", check="finished", message=f"nel-next failed the benchmark: {redact.shown_line(error)}",
