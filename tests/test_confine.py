@@ -4,6 +4,7 @@ written outside. Over a real MCP session (the SDK's in-process client), as an ID
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -418,6 +419,37 @@ def test_a_skills_name_that_is_a_path_imports_nothing_from_outside(workspace, re
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("placed", ["map outside", "folder outside"])
+def test_the_servers_extra_benchmark_map_reaching_outside_the_root_imports_nothing(workspace, monkeypatch, placed):
+    """The operator's NEMO_SKILLS_EXTRA_BENCHMARK_MAP, or a folder it maps a name to, outside the root: a confined
+    validate_config and launch_canary refuse skills:// by it, and nothing from it is imported."""
+    inside, outside = workspace
+    marker = outside / "imported"
+    for where in (inside, outside):
+        package = where / "payload"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\nMETRICS_TYPE = 'math'\n")
+        (package / "test.jsonl").write_text('{"problem": "1+1", "expected_answer": "2"}\n')
+    mapping = outside / "map.json" if placed == "map outside" else inside / "map.json"
+    mapping.write_text(json.dumps({"payload": str((outside if placed == "folder outside" else inside) / "payload")}))
+    monkeypatch.setenv("NEMO_SKILLS_EXTRA_BENCHMARK_MAP", str(mapping))
+    config = inside / "next.yaml"
+    config.write_text("benchmarks:\n  - name: skills://payload\n    solver: {type: simple, service: model}\n"
+                      + "services:\n  model: {type: api, url: 'http://127.0.0.1:9/v1/chat/completions', protocol: chat_completions, model: m}\n"
+                      + f"output:\n  dir: {inside / 'out'}\n")
+
+    async def go():
+        async with Client(build_server(root=inside)) as client:
+            return (await client.call_tool("validate_config", {"config_path": str(config)}),
+                    await client.call_tool("launch_canary", {"config_path": str(config)}))
+
+    validated, launched = anyio.run(go)
+    refusal = next(p["message"] for p in validated.structured_content["problems"] if p["rule"] == "skills_unavailable")
+    assert "NEMO_SKILLS_EXTRA_BENCHMARK_MAP" in refusal and "outside the workspace root" in refusal
+    assert launched.is_error and "NEMO_SKILLS_EXTRA_BENCHMARK_MAP" in launched.content[0].text
+    assert not marker.exists()
+
+
 # ---------------------------------------------------------------- commands are a capability, not a value
 
 NEL_SHELL_VALUES = [
@@ -548,3 +580,28 @@ def test_a_server_started_elsewhere_is_not_watched_or_stopped_by_a_confined_clie
     for result in anyio.run(go):
         assert result.is_error and "outside the workspace root" in result.content[0].text, result.content[0].text
     assert ledger.get(far.id).status == "ready" and ledger.get(far_eval.id).status == "running"  # untouched
+
+
+def test_evaluate_reuses_a_finished_run_only_from_inside_the_root(workspace):
+    """evaluate_quantization reuses a full run of the same evaluation: over MCP with --root, never one whose folder lies
+    outside (its results would be read, and reported, as this evaluation's), also in start_evaluation's own process."""
+    from quanteval import ledger, paths
+    from quanteval.workflow import background
+    from quanteval.workflow.evaluate import _finished_run
+
+    inside, outside = workspace
+    for where in (inside, outside):
+        (where / "run").mkdir(parents=True)
+    far = ledger.add("full_run", status="succeeded", config_path=str(outside / "c.yaml"), executor="local",
+                     details={"evaluation_key": "k", "run_dir": str(outside / "run"), "engine": "nel-next"})
+    assert _finished_run("k") == far  # the CLI: the user's own ledger
+    token = paths.CALL_POLICY.set(paths.Policy(root=inside, absolute_only=True))
+    try:
+        assert _finished_run("k") is None
+        near = ledger.add("full_run", status="succeeded", config_path=str(inside / "c.yaml"), executor="local",
+                          details={"evaluation_key": "k", "run_dir": str(inside / "run"), "engine": "nel-next"})
+        assert _finished_run("k") == near
+        record = background.start({"bogus": "request"}, root=inside)  # the job fails at once on the bogus request
+        assert ledger.get(record.id).details["root"] == str(inside)
+    finally:
+        paths.CALL_POLICY.reset(token)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +62,10 @@ class Policy:
 
 
 ANY_PATH = Policy()  # the CLI's: paths relative to the shell's directory, anywhere
+
+# The policy of the MCP call running in this context (mcpapp sets it around each call, start_evaluation's job for its
+# process): list_runs shows only the records it may see, nothing outside its root is imported. None on the CLI.
+CALL_POLICY: ContextVar[Policy | None] = ContextVar("quanteval_call_policy", default=None)
 
 
 def looks_local(value: Any) -> bool:

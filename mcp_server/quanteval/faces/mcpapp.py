@@ -198,7 +198,7 @@ class QuantevalServer(MCPServer):
 
             arguments = confine.check_call(name, arguments, self._policy)
             _in_flight[0] += 1
-            call_policy = confine.CALL_POLICY.set(self._policy)  # the worker thread runs in a copy of this context
+            call_policy = paths.CALL_POLICY.set(self._policy)  # the worker thread runs in a copy of this context
             try:
                 result = await anyio.to_thread.run_sync(
                     functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
@@ -208,7 +208,7 @@ class QuantevalServer(MCPServer):
                     abandon_on_cancel=False,
                 )
             finally:
-                confine.CALL_POLICY.reset(call_policy)
+                paths.CALL_POLICY.reset(call_policy)
                 _in_flight[0] -= 1
             data, text = registry.result_json(spec, result)
         except ToolError as exc:

@@ -30,9 +30,11 @@ STOP_GRACE_S = 60.0  # the job stops a vLLM server (20 s grace) and a nel-next r
 _CHILDREN: list[subprocess.Popen[bytes]] = []  # jobs this process started: reaped when they end (no zombies)
 
 
-def start(request: dict[str, Any]) -> ledger.Record:
-    """Record the evaluation, then start its process; the record carries the pid, log and result paths."""
-    record = ledger.add(KIND, status="running", executor="local", details={"request": request})
+def start(request: dict[str, Any], root: Path | None = None) -> ledger.Record:
+    """Record the evaluation, then start its process; the record carries the pid, log and result paths (and the
+    workspace root of the MCP server that started it, which the job keeps to)."""
+    record = ledger.add(KIND, status="running", executor="local",
+                        details={"request": request, "root": str(root) if root is not None else None})
     job_dir = state_dir() / "evaluations" / "jobs" / record.id
     job_dir.mkdir(parents=True, exist_ok=True)
     log_path, result_path = job_dir / "job.log", job_dir / "result.json"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,10 @@ STATE_IN_ROOT = ".quanteval"  # under --root, what a tool would write to its sta
 EVAL_SERVER_COMMANDS = ("ns_command", "nel_command")
 
 
-# The policy of the MCP call running in this context (mcpapp sets it around each call): list_runs shows only the
-# records it may see. None on the CLI, which sees everything.
-CALL_POLICY: ContextVar[paths.Policy | None] = ContextVar("quanteval_call_policy", default=None)
-
-
 def visible(record: Any) -> bool:
     """May the running call see this record? Always without --root; under it, when the record's paths lie inside
     (a run's config, run directory and logs; an evaluation's output; a deployment's checkpoint)."""
-    policy = CALL_POLICY.get()
+    policy = paths.CALL_POLICY.get()
     if policy is None or policy.root is None:
         return True
     try:
@@ -147,11 +141,11 @@ def _check_server(record_id: Any, policy: paths.Policy) -> None:
     (its checkpoint or output inside the root): one started from the CLI elsewhere is not this client's."""
     if (record := _known_record(record_id)) is None:
         return  # the tool says there is no such record
-    token = CALL_POLICY.set(policy)
+    token = paths.CALL_POLICY.set(policy)
     try:
         shown = visible(record)
     finally:
-        CALL_POLICY.reset(token)
+        paths.CALL_POLICY.reset(token)
     if not shown:
         raise ToolError(f"{record.id}: this {record.kind} serves from outside the workspace root {policy.root} (started "
                         "elsewhere, from the CLI or another server); this MCP server leaves it alone.")

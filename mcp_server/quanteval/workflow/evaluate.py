@@ -167,8 +167,12 @@ def _benchmark_fingerprint(name: str) -> str | list[Any]:
 
 
 def _finished_run(key: str) -> ledger.Record | None:
+    """The newest finished full run of the same evaluation, to reuse; under --root only one whose files lie inside."""
+    from quanteval.workflow import confine
+
     for record in ledger.find(kind="full_run", status="succeeded", limit=200):
-        if record.details.get("evaluation_key") == key and Path(record.details.get("run_dir", "")).is_dir():
+        if record.details.get("evaluation_key") == key and Path(record.details.get("run_dir", "")).is_dir() \
+                and confine.visible(record):
             return record
     return None
 
@@ -720,7 +724,11 @@ def start_evaluation(request: EvaluateQuantizationInput) -> StartEvaluationOutpu
     """Use instead of evaluate_quantization when your client times out requests (60 s): the same arguments, started
     as a job; wait_for_run (timeout_s 45) until not running gives the answer. kill_run stops it.
     """
+
+    from quanteval import paths
+
     check_request(request)
-    record = background.start(request.model_dump(mode="json"))
+    policy = paths.CALL_POLICY.get()  # the job runs in a process of its own: it confines itself to the same root
+    record = background.start(request.model_dump(mode="json"), root=policy.root if policy is not None else None)
     return StartEvaluationOutput(record_id=record.id, status=record.status, log_path=record.details["log_path"],
                                  message=f"Started. wait_for_run record_id={record.id} timeout_s=45 until it finishes.")

@@ -30,6 +30,10 @@ def run(record_id: str) -> int:
             ledger.update(record_id, details={"progress": {"done": done, "total": total, "message": message}})
             last_write[0] = time.monotonic()
 
+    if root := record.details.get("root"):  # started over MCP with --root: the evaluation keeps to it, reuse included
+        from quanteval import paths
+
+        paths.CALL_POLICY.set(paths.Policy(root=Path(root), absolute_only=True))
     try:
         answer = evaluate_quantization(request, progress)
     except ToolError as exc:

@@ -389,10 +389,11 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
     """Use to find a record_id: runs, evaluations, deployments and eval servers (one left running shows here),
     newest first. Paginated.
     """
+    from quanteval import paths
     from quanteval.workflow import confine
 
     kinds: list[ledger.RecordKind] = [request.kind] if request.kind else list(typing.get_args(ListedKind))
-    if confine.CALL_POLICY.get() is not None:  # over MCP: only what the call may see (--root), paged after filtering
+    if paths.CALL_POLICY.get() is not None:  # over MCP: only what the call may see (--root), paged after filtering
         every = ledger.find(kinds=kinds, status=request.status, limit=-1)  # SQLite: no limit
         seen = [record for record in every if confine.visible(record)]
         page, total = seen[request.offset:request.offset + request.limit], len(seen)

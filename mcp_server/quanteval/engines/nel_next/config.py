@@ -519,6 +519,8 @@ def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path
         file = nelnext.benchmark_file(str(benchmark.get("name") or "")) if isinstance(benchmark, dict) else None
         if file:
             found.append((f"benchmarks[{index}].name", run_dir / Path(file).expanduser()))
+    if skills.skills_names(doc.get("benchmarks") or []):
+        found += skills.map_paths()  # the run imports each mapped folder's __init__.py
     return found
 
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quanteval import configfile, envvars
+from quanteval import configfile, envvars, paths
 from quanteval.engines.nel_next import nelnext
+from quanteval.models import ToolError
 
 SCHEME = "skills://"
 SETUP = "bash scripts/setup-nel-next"
@@ -172,6 +173,8 @@ def probe(names: list[str]) -> Probe:
     python = nelnext.venv() / "bin" / "python"
     if not python.exists():
         return Probe(problem=f"nel-next is not installed at {nelnext.venv()}")
+    if refusal := map_outside_root():
+        return Probe(problem=refusal)
     names = [name for name in names if name_problem(name) is None]  # never imported: the caller says why
     try:
         done = nelnext.run_script(python, _PROBE, json.dumps(sorted(set(names))), json.dumps(BOXED_PROMPTS))
@@ -183,6 +186,39 @@ def probe(names: list[str]) -> Probe:
     found = {name: Benchmark(name=name, **{k: (tuple(v) if k == "bad_row" and v else v) for k, v in info.items()})
              for name, info in (answer.get("benchmarks") or {}).items()}
     return Probe(problem=answer.get("problem"), alias=answer.get("alias", ""), benchmarks=found)
+
+
+MAP_VARIABLE = "NEMO_SKILLS_EXTRA_BENCHMARK_MAP"
+
+
+def map_paths() -> list[tuple[str, Path]]:
+    """(key, path) of the extra benchmark map this process passes to nel-next and of each folder it maps a name to
+    (relative ones against the map's folder, as NeMo-Skills resolves them); none without the variable."""
+    raw = os.environ.get(MAP_VARIABLE)
+    if not raw:
+        return []
+    where = Path(raw).expanduser().absolute()
+    try:
+        mapping = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [(MAP_VARIABLE, where)]  # unreadable: the map itself is what gets checked (and refused outside)
+    folders = mapping.items() if isinstance(mapping, dict) else []
+    return [(MAP_VARIABLE, where), *((f"{MAP_VARIABLE} entry {name!r}", where.parent / str(folder)) for name, folder in folders)]
+
+
+def map_outside_root() -> str | None:
+    """Under an MCP server's --root: why the operator's extra benchmark map may not be used (the map, or a folder it
+    maps a name to, lies outside the root: its __init__.py would be imported), else None. Relative folders resolve
+    against the map's own folder, as NeMo-Skills resolves them."""
+    policy = paths.CALL_POLICY.get()
+    if policy is None or policy.root is None:
+        return None
+    try:
+        for key, path in map_paths():
+            paths.local_path(str(path), key, paths.Policy(root=policy.root))
+    except ToolError as exc:
+        return f"the server's {MAP_VARIABLE} cannot be used under its --root ({exc}); nothing was imported from it"
+    return None
 
 
 # NeMo-Skills' benchmark names (aime24, math-500, ruler.niah_single_1 ...): a name is a dataset module NeMo-Skills
@@ -350,6 +386,8 @@ def metrics_types(names: list[str]) -> dict[str, str | None]:
     else the one `ns eval` runs from (QUANTEVAL_NS_VENV): '' for a benchmark NeMo-Skills does not have (or that sets
     none), None for all when no NeMo-Skills is installed to ask. For the task catalogue (its names are NeMo-Skills'
     own, so cached); a config's benchmarks are asked with probe()."""
+    if map_outside_root():  # the catalogue is not worth importing from outside the root: unknown
+        return {name: None for name in names}
     wanted = [name for name in names if name not in _METRICS_TYPES]
     if wanted:
         found: dict[str, str | None] = {}
