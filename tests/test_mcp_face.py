@@ -491,3 +491,33 @@ def test_compact_input_schemas_accept_what_the_models_accept():
             if not info.is_required() and info.default is None:
                 refused = [error for error in validator.iter_errors({field: None}) if list(error.path) == [field]]
                 assert not refused, f"{name}.{field}: null refused by the listed schema"
+
+
+@pytest.mark.parametrize("depth", [300, 5000])
+def test_a_request_nested_too_deep_gets_an_error_and_the_server_serves_on(cli_env, depth):
+    """Arguments nested past what the SDK's parser takes (~200 levels) got no answer at all, and past Python's
+    recursion limit (~1,000) ended the server: now an error for that id, and the next call is answered."""
+    value = "[" * depth + "1" + "]" * depth
+    lines = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                 "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}),
+             json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+             '{"jsonrpc":"2.0","id":"deep","method":"tools/call","params":{"name":"set_config_value","arguments":'
+             '{"config_path":"/nowhere.yaml","key":"a","value":' + value + "}}}",
+             json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "list_tasks", "arguments": {"limit": 1}}})]
+    proc = subprocess.Popen(["quanteval-mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=cli_env, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    answers: dict = {}
+    try:
+        proc.stdin.write("\n".join(lines) + "\n")
+        proc.stdin.flush()
+        while 3 not in answers:
+            line = proc.stdout.readline()
+            assert line, f"the server ended after {sorted(answers, key=str)}"
+            message = json.loads(line)
+            answers[message.get("id")] = message
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=20)
+    assert answers["deep"]["error"]["code"] == -32600 and f"nested {depth + 3} levels" in answers["deep"]["error"]["message"]
+    assert "result" in answers[3], answers[3]

@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -88,14 +89,60 @@ class _Recording:
 # The stdio stream, shared by the early answers and the SDK
 
 
-class _Input:
-    """Lines for the SDK: those held back while it loaded, then the rest of stdin. Notes what each request asks."""
+# Deeper than any tool's arguments go. The SDK's parser gives up near 200 levels and then answers nothing (the client
+# waits for ever), and Python's json raises RecursionError near 1,000 (which would end the server).
+MAX_NESTING = 64
+_ID = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)')
 
-    def __init__(self, stream: BinaryIO, held: list[bytes], requests: dict[Any, tuple[str, str]], version: list[str]) -> None:
-        self._stream, self._held, self._requests, self._version = stream, held, requests, version
+
+def nesting(line: bytes) -> int:
+    """How deep a JSON text's arrays and objects nest (strings skipped), without parsing it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _too_deep(line: bytes) -> str | None:
+    """The JSON-RPC error line for a request nested deeper than MAX_NESTING (its id found without parsing it), else None."""
+    deepest = nesting(line)
+    if deepest <= MAX_NESTING:
+        return None
+    found = _ID.search(line)
+    request_id = json.loads(found.group(1)) if found else None
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32600, "message": (
+        f"Invalid request: nested {deepest} levels deep; quanteval takes at most {MAX_NESTING} (no tool's arguments go deeper).")}})
+
+
+class _Input:
+    """Lines for the SDK: those held back while it loaded, then the rest of stdin. Notes what each request asks, and
+    answers itself a request too deep to parse."""
+
+    def __init__(self, stream: BinaryIO, held: list[bytes], requests: dict[Any, tuple[str, str]], version: list[str],
+                 out_fd: int) -> None:
+        self._stream, self._held, self._requests, self._version, self._out_fd = stream, held, requests, version, out_fd
 
     def readline(self) -> str:
-        line = self._held.pop(0) if self._held else self._stream.readline()
+        while True:
+            line = self._held.pop(0) if self._held else self._stream.readline()
+            refusal = _too_deep(line)
+            if refusal is None:
+                break
+            _write_line(self._out_fd, refusal)
         _note_request(line, self._requests, self._version)
         return line.decode("utf-8", errors="replace")
 
@@ -188,6 +235,9 @@ def _early_answers(stream: BinaryIO, out_fd: int, recording: _Recording, loader:
         line = stream.readline()
         if not line:
             return None
+        if (refusal := _too_deep(line)) is not None:
+            _write_line(out_fd, refusal)
+            continue
         try:
             message = json.loads(line)
         except ValueError:
@@ -231,7 +281,7 @@ def serve_stdio(build: Callable[[], Any], options: list[str]) -> None:
     if loader.error is not None:
         raise loader.error
     requests: dict[Any, tuple[str, str]] = {}
-    _run_sdk(loader.server, _Input(stream, held, requests, [""]), _Output(out_fd, recording, requests))
+    _run_sdk(loader.server, _Input(stream, held, requests, [""], out_fd), _Output(out_fd, recording, requests))
 
 
 def _run_sdk(server: Any, stdin: _Input, stdout: _Output) -> None:
