@@ -227,6 +227,15 @@ def test_quanteval_evaluate_gives_a_verdict_nel_compare_and_nel_gate_agree_with_
     assert running_with("vllm", str(LOSSY)) == [] and running_with("vllm", "--enforce-eager", str(BASE)) == []
 
 
+def _until_done(record_id: str, timeout_s: float) -> runs.RunStatusOutput:
+    """wait_for_run answers at each change of status: a SLURM job goes pending, then running, then ends."""
+    deadline = time.monotonic() + timeout_s
+    status = runs.wait_for_run(runs.WaitForRunInput(record_id=record_id, timeout_s=timeout_s))
+    while status.status in ("pending", "running") and time.monotonic() < deadline:
+        status = runs.wait_for_run(runs.WaitForRunInput(record_id=record_id, timeout_s=max(1.0, deadline - time.monotonic())))
+    return status
+
+
 def test_skills_on_slurm_in_shards_with_repeats_and_max_problems_judges_as_the_local_run(env, served, nel_next_run,
                                                                                           slurm_cluster, tmp_path):
     """skills://tiny_math on the test suite's real SLURM (OpenSSH + slurmd on 127.0.0.1), as the documentation
@@ -252,10 +261,10 @@ def test_skills_on_slurm_in_shards_with_repeats_and_max_problems_judges_as_the_l
     assert checked.valid, [f"{p.key}: {p.message}" for p in checked.problems]
 
     canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config, limit_samples=6))
-    assert runs.wait_for_run(runs.WaitForRunInput(record_id=canary.record_id, timeout_s=600)).status == "succeeded"
+    assert _until_done(canary.record_id, 600).status == "succeeded"
     full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config))
     assert len(runs._record(full.record_id).details["slurm_jobs"]) == 2
-    status = runs.wait_for_run(runs.WaitForRunInput(record_id=full.record_id, timeout_s=900))
+    status = _until_done(full.record_id, 900)
     assert status.status == "succeeded", status
     report = validate_run(ValidateRunInput(run=full.record_id))
     assert report.verdict == "pass", report.reasons

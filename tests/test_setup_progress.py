@@ -17,7 +17,8 @@ import pytest
 from tiers import REPO, requires
 
 LINE = re.compile(r"^\[setup +(\d+)s\] ")
-SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "install-sglang-parser", "nemo-skills-alias.py")
+SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "install-sglang-parser", "nemo-skills-alias.py",
+           "nemo-skills-source.sh", "nemo-skills-wheel-data.py")
 
 pytestmark = requires("setup")
 
