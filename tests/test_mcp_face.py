@@ -521,3 +521,55 @@ def test_a_request_nested_too_deep_gets_an_error_and_the_server_serves_on(cli_en
         proc.wait(timeout=20)
     assert answers["deep"]["error"]["code"] == -32600 and f"nested {depth + 3} levels" in answers["deep"]["error"]["message"]
     assert "result" in answers[3], answers[3]
+
+
+def test_sigterm_stops_the_http_server_while_a_client_holds_its_event_stream_open(cli_env):
+    """A client's GET /mcp event stream never ends by itself: uvicorn waited for it for ever after SIGTERM. Now the
+    server is gone within its shutdown grace."""
+    import signal
+    import threading
+
+    import httpx
+
+    from quanteval.faces.server import HTTP_SHUTDOWN_GRACE_S
+    from quanteval.localproc import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(["quanteval-mcp", "--http", "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=cli_env)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url, timeout=1, trust_env=False)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the HTTP server did not start"
+                time.sleep(0.2)
+        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        hello = httpx.post(url, headers=headers, trust_env=False, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        session = {**headers, "mcp-session-id": hello.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        httpx.post(url, headers=session, trust_env=False, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        opened = threading.Event()
+
+        def listen() -> None:
+            try:
+                with httpx.stream("GET", url, headers={**session, "Accept": "text/event-stream"}, timeout=None, trust_env=False) as stream:
+                    opened.set()
+                    for _ in stream.iter_bytes():
+                        pass
+            except httpx.HTTPError:
+                pass
+
+        threading.Thread(target=listen, daemon=True).start()
+        assert opened.wait(10)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=HTTP_SHUTDOWN_GRACE_S + 20)
+        assert time.monotonic() - started < HTTP_SHUTDOWN_GRACE_S + 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

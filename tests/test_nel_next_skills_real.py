@@ -36,9 +36,11 @@ BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rt
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
 NS = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills") / "bin" / "ns"
 MAX_TOKENS = 16
-# AIME problems run to ~1,100 of tiny-skills' (character) tokens; its config says 256. RoPE has no such limit, and
-# vLLM serves longer when told: a real model's context is not what this test is about.
-LONG_CONTEXT = ["--max-model-len", "2048"]
+# AIME and MATH-500 problems run to ~1,300 of tiny-skills' (character) tokens; its config says 256, and vLLM's CPU
+# kernels size RoPE's table by it (a longer position aborts the engine: "index out of bounds: 0 <= tmp9 < 256"). The
+# module serves a copy whose config says 2,048: the same weights and, RoPE being relative, the same answer to every
+# prompt under 256 tokens; the verdict test serves the real checkpoints.
+LONG_CONTEXT = 2048
 REAL = ("aime24", "math-500-mmath")  # real problems and answers (this model scores ~0 on them)
 
 
@@ -54,14 +56,26 @@ def env(tmp_path_factory):
         mp.delenv("QUANTEVAL_LEDGER", raising=False)
         mp.setenv("NEMO_SKILLS_EXTRA_BENCHMARK_MAP", str(SHIPPED / "benchmark_map.json"))
         mp.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
-        mp.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
         yield root
+
+
+def _long_context_copy(root: Path) -> Path:
+    """tiny-skills-bf16 under its own name, its context LONG_CONTEXT: weights and tokenizer linked, configs rewritten."""
+    copy = root / "long-context" / BASE.name
+    copy.mkdir(parents=True)
+    for item in BASE.iterdir():
+        if item.name not in ("config.json", "tokenizer_config.json"):
+            (copy / item.name).symlink_to(item)
+    for name, key in (("config.json", "max_position_embeddings"), ("tokenizer_config.json", "model_max_length")):
+        settings = json.loads((BASE / name).read_text())
+        (copy / name).write_text(json.dumps({**settings, key: LONG_CONTEXT}, indent=1))
+    return copy
 
 
 @pytest.fixture(scope="module")
 def served(env):
-    plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(BASE), framework="vllm", port=free_port(),
-                                                             extra_args=LONG_CONTEXT))
+    plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(_long_context_copy(env)), framework="vllm",
+                                                             port=free_port()))
     launched = deploy.launch_deployment(deploy.LaunchDeploymentInput(plan=plan, startup_timeout_s=600))
     try:
         status = deploy.deployment_status(deploy.DeploymentStatusInput(record_id=launched.record_id, wait_s=600, chat_probe=False))

@@ -334,6 +334,20 @@ def _root(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path | N
     return root
 
 
+# After SIGTERM, how long open connections may finish before they are closed: a client's event stream (GET /mcp)
+# never ends by itself, and uvicorn would wait for it for ever. Calls in flight are cancelled and clean up first.
+HTTP_SHUTDOWN_GRACE_S = 5
+
+
+def serve_http(server: Any, port: int, log_level: str) -> None:
+    """Streamable HTTP on 127.0.0.1, as the SDK serves it, but one that SIGTERM always stops."""
+    import uvicorn
+
+    app = server.streamable_http_app(host="127.0.0.1")
+    uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level=log_level.lower(),
+                                  timeout_graceful_shutdown=HTTP_SHUTDOWN_GRACE_S)).run()
+
+
 def main(argv: list[str] | None = None) -> int:
     from quanteval import toolsets
 
@@ -381,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                                    args.allow_commands)
 
     if args.http:
-        build().run("streamable-http", host="127.0.0.1", port=args.port)
+        serve_http(build(), args.port, args.log_level)
     else:
         serve_stdio(build, [*(sorted(chosen) if chosen is not None else ["all"]), str(args.read_only), str(args.output_schemas)])
     return 0
