@@ -605,3 +605,30 @@ def test_evaluate_reuses_a_finished_run_only_from_inside_the_root(workspace):
         assert ledger.get(record.id).details["root"] == str(inside)
     finally:
         paths.CALL_POLICY.reset(token)
+
+
+def test_what_a_confined_call_writes_unasked_stays_inside_the_root(workspace, real_run, monkeypatch):
+    """A comparison without output_dir, a rule-in-points gate policy, a server's log: under --root they go to
+    ROOT/.quanteval, not to the state dir outside it."""
+    from quanteval.localproc import free_port
+
+    inside, _outside = workspace
+    run, model = inside / "run", inside / "model"
+    shutil.copytree(real_run, run)
+    shutil.copytree(CHECKPOINT, model)
+    monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", f"{sys.executable} {REPO / 'tests' / 'standins' / 'fake_inference_server.py'}")
+    compared, gated = calls(inside, ("compare_results", {"baseline": str(run), "candidate": str(run)}),
+                            ("gate_results", {"baseline": str(run), "candidate": str(run), "max_drop": 5}))
+    assert not compared.is_error and not gated.is_error, (compared.content[0].text, gated.content[0].text)
+
+    async def go():
+        async with Client(build_server(root=inside, toolsets=["deploy"])) as client:
+            started = await client.call_tool("launch_deployment", {"checkpoint": str(model), "framework": "vllm", "port": free_port()})
+            if not started.is_error:
+                await client.call_tool("stop_deployment", {"record_id": started.structured_content["record_id"]})
+            return started
+
+    started = anyio.run(go)
+    assert not started.is_error, started.content[0].text
+    written = [compared.structured_content["report_html"], gated.structured_content["policy"], started.structured_content["log_path"]]
+    assert all(Path(path).is_relative_to(inside / ".quanteval") for path in written), written

@@ -66,6 +66,21 @@ ANY_PATH = Policy()  # the CLI's: paths relative to the shell's directory, anywh
 # The policy of the MCP call running in this context (mcpapp sets it around each call, start_evaluation's job for its
 # process): list_runs shows only the records it may see, nothing outside its root is imported. None on the CLI.
 CALL_POLICY: ContextVar[Policy | None] = ContextVar("quanteval_call_policy", default=None)
+STATE_IN_ROOT = ".quanteval"  # under --root, what a call would write to the state dir goes here
+
+
+def call_state_dir() -> Path:
+    """Where a call writes what it makes unasked (its servers' logs, a comparison without output_dir, prompt
+    templates, an evaluation job's log): quanteval's state dir, or ROOT/.quanteval under an MCP server's --root, so
+    a confined client's files stay inside. quanteval's own caches and ledger stay in the state dir."""
+    from quanteval import envvars
+
+    policy = CALL_POLICY.get()
+    if policy is None or policy.root is None:
+        return envvars.state_dir()
+    path = policy.root / STATE_IN_ROOT
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def looks_local(value: Any) -> bool:

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quanteval import ledger
-from quanteval.envvars import state_dir
+from quanteval import ledger, paths
 from quanteval.localproc import (
     exit_code_wrapper,
     free_port,
@@ -57,7 +56,7 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
                                  "serving": plan.serving.model_dump()})
     child: subprocess.Popen[bytes] | None = None
     try:
-        run_dir = state_dir() / "deployments" / record.id
+        run_dir = paths.call_state_dir() / "deployments" / record.id
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
         wrapper = exit_code_wrapper("quanteval-deploy", rc_path, argv)

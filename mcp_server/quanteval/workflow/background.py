@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quanteval import ledger
-from quanteval.envvars import state_dir
+from quanteval import ledger, paths
 from quanteval.localproc import group_members, stop_group
 
 KIND = "evaluation"
@@ -35,7 +34,7 @@ def start(request: dict[str, Any], root: Path | None = None) -> ledger.Record:
     workspace root of the MCP server that started it, which the job keeps to)."""
     record = ledger.add(KIND, status="running", executor="local",
                         details={"request": request, "root": str(root) if root is not None else None})
-    job_dir = state_dir() / "evaluations" / "jobs" / record.id
+    job_dir = paths.call_state_dir() / "evaluations" / "jobs" / record.id
     job_dir.mkdir(parents=True, exist_ok=True)
     log_path, result_path = job_dir / "job.log", job_dir / "result.json"
     ledger.update(record.id, details={"log_path": str(log_path), "result_path": str(result_path)})  # before the job reads them

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from quanteval import engines, redact
+from quanteval import engines, paths, redact
 from quanteval.engines.base import unpinned_image
 from quanteval.engines.runresults import CHECK_ITEMS, PairedTest, ResultsReader, RunBenchmark, ScoreValue
-from quanteval.envvars import state_dir
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import anomaly, paired
 from quanteval.workflow import samples as samples_rule
@@ -384,7 +383,7 @@ def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, bi
 
 
 def _output_dir(request: CompareResultsInput) -> Path:
-    output_dir = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "comparisons" / time.strftime("%Y%m%d-%H%M%S")
+    output_dir = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "comparisons" / time.strftime("%Y%m%d-%H%M%S")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -33,7 +33,6 @@ LAUNCHING_TOOLS = frozenset({"dry_run", "launch_canary", "launch_full_run"})
 RECORD_TOOLS = frozenset({"run_status", "wait_for_run", "run_logs", "kill_run", "resume_run"})
 SERVER_TOOLS = frozenset({"deployment_status", "stop_deployment", "eval_server_status", "stop_eval_server"})
 RUN_KINDS = frozenset({"dry_run", "canary", "full_run"})
-STATE_IN_ROOT = ".quanteval"  # under --root, what a tool would write to its state dir by default goes here
 EVAL_SERVER_COMMANDS = ("ns_command", "nel_command")
 
 
@@ -176,11 +175,11 @@ def _outputs_inside(tool: str, arguments: dict[str, Any], root: Path) -> dict[st
     """What evaluate_quantization (directly or through start_evaluation) and start_eval_server write by default to
     the state dir goes inside the root."""
     if tool in ("evaluate_quantization", "start_evaluation") and not arguments.get("output_dir"):
-        return {**arguments, "output_dir": str(root / STATE_IN_ROOT / "evaluations")}
+        return {**arguments, "output_dir": str(root / paths.STATE_IN_ROOT / "evaluations")}
     if tool == "start_eval_server" and not arguments.get("output_root"):
         from quanteval.workflow.evalbackend import DEFAULT_PORT
 
-        return {**arguments, "output_root": str(root / STATE_IN_ROOT / "eval-server" / str(arguments.get("port", DEFAULT_PORT)))}
+        return {**arguments, "output_root": str(root / paths.STATE_IN_ROOT / "eval-server" / str(arguments.get("port", DEFAULT_PORT)))}
     return arguments
 
 

@@ -428,9 +428,9 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     reader = engines.results_for_pair(request.baseline, request.candidate)
     base, cand = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
     if request.max_drop is not None:  # the user's rule in points, as the policy nel gate reads (its fraction)
-        from quanteval import envvars
+        from quanteval import paths
 
-        where = Path(request.output_dir).expanduser() if request.output_dir else envvars.state_dir() / "gate-policies"
+        where = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "gate-policies"
         shared = sorted(set(base.benchmarks) & set(cand.benchmarks))
         if not shared:
             raise ToolError(f"max_drop: the runs have no benchmark in common (baseline {sorted(base.benchmarks)}, candidate "

@@ -279,7 +279,7 @@ def jinja_template(user: str) -> str:
 
 
 def prompt_dir() -> Path:
-    path = envvars.state_dir() / "nel-next-prompts"
+    path = paths.call_state_dir() / "nel-next-prompts"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
