@@ -130,16 +130,9 @@ def _request(url: str, method: str, path: str, body: dict | None = None) -> dict
         return json.loads(response.read())
 
 
-@pytest.fixture(scope="module")
-def ns_eval(served, env) -> Path:
-    """The eval server's `ns eval` (NeMo-Skills' own prompt config, generation and grader) on the same server."""
-    if not NS.exists():
-        pytest.skip(f"no `ns` at {NS}: scripts/setup --dev builds .venv-nemo-skills from ../shared/vendor")
-    output, data = env / "ns-eval", env / "ns-data"
-    for name in ("tiny_math", "tiny_mcq", *REAL):  # one --data_dir for all: the same files nel-next read
-        (data / name).mkdir(parents=True)
-        (data / name / "test.jsonl").symlink_to(_data_file(name))
-    settings = ServerSettings(output_root=output, ns_command=str(NS), port=free_port(), data_dir=str(data),
+def _ns_eval_job(output: Path, data_dir: str | None, names: list[str], served) -> None:
+    """One eval-server job of `ns eval` on `names` (each its own `ns eval`), against the module's server."""
+    settings = ServerSettings(output_root=output, ns_command=str(NS), port=free_port(), data_dir=data_dir,
                               server_type="vllm", model_name=served.served_model_name, max_concurrent_requests=8)
     ready, stop = threading.Event(), threading.Event()
     thread = threading.Thread(target=evalhttp.serve, args=(settings, ready, stop), daemon=True)
@@ -150,7 +143,7 @@ def ns_eval(served, env) -> Path:
     try:
         job = _request(url, "POST", "/jobs", {"rollout_id": 1, "router_url": base,
                                               "defaults": {"temperature": 0.0, "max_response_len": MAX_TOKENS},
-                                              "benchmarks": [{"name": name} for name in ("tiny_math", "tiny_mcq", *REAL)]})
+                                              "benchmarks": [{"name": name} for name in names]})
         deadline = time.monotonic() + 1500
         while (answer := _request(url, "GET", f"/jobs/{job['job_id']}"))["status"] not in ("succeeded", "failed", "cancelled"):
             assert time.monotonic() < deadline, "ns eval did not finish in 25 minutes"
@@ -159,6 +152,21 @@ def ns_eval(served, env) -> Path:
     finally:
         stop.set()
         thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def ns_eval(served, env) -> Path:
+    """The eval server's `ns eval` (NeMo-Skills' own prompt config, generation and grader) on the same server: the
+    mapped benchmarks with their folder as --data_dir (NeMo-Skills takes a mapped benchmark's data only from there),
+    NeMo-Skills' own from its package, aime24 prepared there as a user does (`ns prepare_data aime24`: a copy)."""
+    if not NS.exists():
+        pytest.skip(f"no `ns` at {NS}: scripts/setup --dev builds .venv-nemo-skills from ../shared/vendor")
+    prepared = subprocess.run([str(NS.with_name("python")), "-m", "nemo_skills.dataset.prepare", "aime24"],
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    output = env / "ns-eval"
+    _ns_eval_job(output / "mapped", str(SHIPPED), ["tiny_math", "tiny_mcq"], served)
+    _ns_eval_job(output / "package", None, list(REAL), served)
     return output
 
 
