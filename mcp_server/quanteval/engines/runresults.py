@@ -65,7 +65,7 @@ def infer_scale(value: float) -> Scale:
 
 class ValidateRunInput(StrictModel):
     run: str = Field(
-        description="Results directory, host:path, record_id or NEL invocation id."
+        description="Results directory, host:path, record_id (or a NEL 0.2.6 invocation id)."
     )
     expected_checkpoint: str | None = Field(
         None, description="Checkpoint the server must have loaded."

@@ -80,7 +80,7 @@ def _output_path(request: BuildConfigInput) -> Path:
 
 
 def build_config(request: BuildConfigInput) -> BuildConfigOutput:
-    """Use when there is no config yet: writes a new NEL config (never overwrites). Then fill its missing_values
+    """Use when there is no config yet: writes a new evaluation config, NEL 0.2.6 or nel-next (never overwrites). Then fill its missing_values
     (apply_checkpoint, set_config_value) and validate_config.
     """
     path = _output_path(request)
@@ -97,7 +97,7 @@ def build_config(request: BuildConfigInput) -> BuildConfigOutput:
 # ---------------------------------------------------------------------------
 # get / set / delete
 
-_CONFIG_FIELD = "The NEL config file (.yaml)."
+_CONFIG_FIELD = "The evaluation config file (.yaml; NEL 0.2.6 or nel-next)."
 _KEY_FIELD = "Dotted key; tasks by name or index, e.g. evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature."
 
 
@@ -113,7 +113,7 @@ class GetConfigValueOutput(BaseModel):
 
 
 def get_config_value(request: GetConfigValueInput) -> GetConfigValueOutput:
-    """Use to read a NEL config before changing it: one value or section by dotted key."""
+    """Use to read a config before changing it: one value or section by dotted key."""
     value = get_path(load_config(request.config_path), request.key)
     return GetConfigValueOutput(key=request.key, value=to_plain(value), missing=value == MISSING)
 
@@ -186,7 +186,7 @@ class ListMissingValuesOutput(BaseModel):
 
 
 def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOutput:
-    """Use after build_config/apply_checkpoint: what a NEL config still needs (??? values, unset env vars), names only.
+    """Use after build_config/apply_checkpoint: what a config still needs (??? values, unset env vars), names only.
     """
     doc = load_config(request.config_path)
     needed = engines.for_config(doc).env_var_needs(doc)

@@ -16,7 +16,7 @@ from quanteval.models import ProgressFn, StrictModel, no_progress
 
 class ExtractScoresInput(StrictModel):
     run: str = Field(
-        description="Results directory, host:path, record_id or NEL invocation id."
+        description="Results directory, host:path, record_id (or a NEL 0.2.6 invocation id)."
     )
 
 

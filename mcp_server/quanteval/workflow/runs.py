@@ -75,14 +75,14 @@ def config_hash(path: str, overrides: list[str] | None = None) -> str:
 
 
 class DryRunInput(StrictModel):
-    config_path: str = Field(description="The NEL config file (.yaml).")
+    config_path: str = Field(description="The evaluation config file (.yaml; NEL 0.2.6 or nel-next).")
     overrides: list[str] = Field(default_factory=list, description=(
         "Overrides as for `nel run -o`; a new key needs '++'."))
 
 
 def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunOutput:
-    """Use after validate_config, before launch_canary: NEL's own dry-run: ok, the rendered scripts (secrets masked) and
-    NEL's error.
+    """Use after validate_config, before launch_canary: the engine's own dry-run: ok, what would run (NEL 0.2.6's
+    rendered scripts, nel-next's command and prompts; secrets masked) and the engine's error.
     """
     config_path = _config_file(request.config_path)
     return _engine(config_path).dry_run(config_path, request.overrides, progress)
@@ -92,7 +92,7 @@ def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunO
 
 
 class LaunchCanaryInput(StrictModel):
-    config_path: str = Field(description="The NEL config (the full run uses the same).")
+    config_path: str = Field(description="The evaluation config (the full run uses the same).")
     limit_samples: int = Field(10, ge=1, le=100000, description="Samples per task.")
     tasks: list[str] = Field(default_factory=list, description=(
         "Only these tasks of the config; empty = all."))
@@ -135,7 +135,7 @@ def _launch(engine: engines.Engine, kind: RunKind, config_path: str, overrides: 
 
 
 class LaunchFullRunInput(StrictModel):
-    config_path: str = Field(description="The NEL config whose canary passed.")
+    config_path: str = Field(description="The evaluation config whose canary passed.")
     overrides: list[str] = Field(default_factory=list, description="The same overrides the canary was launched with.")
     tasks: list[str] = Field(default_factory=list, description="Only these tasks of the config; empty = all.")
     force: bool = Field(False, description=(
@@ -205,7 +205,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
 
 
 class RunRef(StrictModel):
-    record_id: str = Field(description="The run's record_id or NEL invocation id.")
+    record_id: str = Field(description="The run's record_id (or its NEL 0.2.6 invocation id).")
 
 
 class RunStatusOutput(BaseModel):
@@ -263,7 +263,7 @@ def _evaluation_status(record: ledger.Record) -> RunStatusOutput:
 
 
 class WaitForRunInput(StrictModel):
-    record_id: str = Field(description="The run's record_id or NEL invocation id.")
+    record_id: str = Field(description="The run's record_id (or its NEL 0.2.6 invocation id).")
     timeout_s: float = Field(300, ge=0, le=3600, description="Longest wait, in seconds.")
 
 
@@ -289,7 +289,7 @@ def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -
 
 
 class RunLogsInput(StrictModel):
-    record_id: str = Field(description="The run's record_id or NEL invocation id.")
+    record_id: str = Field(description="The run's record_id (or its NEL 0.2.6 invocation id).")
     lines: int = Field(50, ge=1, le=500, description="Last lines of each log file.")
     job: str | None = Field(None, description="Only this NEL job id (<invocation>.<index>).")
 
@@ -332,7 +332,7 @@ def _evaluation_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
 
 
 def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutput:
-    """Use when a run is wrong or stuck: stops it through NEL (with its restart job) and records it as killed."""
+    """Use when a run is wrong or stuck: stops it through its engine (NEL 0.2.6: with its restart job) and records it as killed."""
     record = _record(request.record_id)
     if record.kind == "dry_run":
         raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
