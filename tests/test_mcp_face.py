@@ -15,6 +15,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from tiers import requires
 
 from quanteval import registry, toolsets
 from quanteval.faces import skillpack
@@ -573,3 +574,28 @@ def test_sigterm_stops_the_http_server_while_a_client_holds_its_event_stream_ope
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@requires("nel-next")  # real_run
+def test_reports_a_tool_wrote_come_back_as_resources_the_client_can_read(real_run, tmp_path):
+    """An IDE assistant in a sandbox cannot open a path on the server's machine: compare_results' report, markdown and
+    chart come back as resource links, and resources/read serves those files (only those)."""
+    import base64
+
+    async def go():
+        async with Client(build_server(toolsets=DEFAULT)) as client:
+            result = await client.call_tool("compare_results", {"baseline": str(real_run), "candidate": str(real_run),
+                                                                 "output_dir": str(tmp_path / "report")})
+            assert not result.is_error, result.content[0].text
+            links = {block.name: block for block in result.content if block.type == "resource_link"}
+            read = {name: (await client.read_resource(link.uri)).contents[0] for name, link in links.items()}
+            with pytest.raises(MCPError):
+                await client.read_resource("quanteval://reports/0000000000000000/passwd")
+            return result.structured_content, links, read
+
+    data, links, read = anyio.run(go)
+    assert set(links) == {"report.html", "report.md", "comparison.png"}, set(links)
+    assert read["report.html"].text == Path(data["report_html"]).read_text()
+    assert read["report.md"].text == Path(data["report_markdown"]).read_text()
+    assert base64.b64decode(read["comparison.png"].blob) == Path(data["chart_png"]).read_bytes()
+    assert links["comparison.png"].mime_type == "image/png" and str(tmp_path) not in links["report.html"].uri

@@ -21,7 +21,7 @@ import anyio.to_thread
 from mcp.server import NotificationOptions
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, TextContent, ToolAnnotations
+from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, ResourceLink, TextContent, ToolAnnotations
 from mcp_types import Tool as MCPTool
 
 from quanteval import __version__, paths, registry
@@ -45,6 +45,11 @@ INSTRUCTIONS = (
     "or gate_results. Tools for SLURM (cluster), serving a checkpoint alone (deploy) and training loops (evalserver) "
     "are off until enable_toolsets turns their toolset on. Paths are absolute."
 )
+
+
+# Files a tool reports by path that a client may need to read: served as resources (QuantevalServer._report_links).
+REPORT_FILES = {"report_html": "text/html", "report_markdown": "text/markdown", "chart_png": "image/png",
+                "report_path": "application/json", "policy_path": "application/yaml"}
 
 
 def compact_schema(node: Any) -> Any:
@@ -217,7 +222,27 @@ class QuantevalServer(MCPServer):
         except Exception as exc:  # a bug: the client learns its type, the log gets the traceback
             log.exception("tool %s raised", name)
             return _error(registry.internal_error(name, exc))
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+        return CallToolResult(content=[TextContent(type="text", text=text), *self._report_links(data)], structured_content=data)
+
+    def _report_links(self, data: Any) -> list[ResourceLink]:
+        """The reports a tool wrote (report.html/.md, the chart, gate-report.json, the rule's policy), as resources this
+        server serves: a client on another machine or in a sandbox reads them with resources/read, not by path. Only
+        these files are served, each under a name that does not reveal or take a path."""
+        import hashlib
+
+        from mcp.server.mcpserver.resources import FileResource
+
+        links = []
+        for field, mime_type in REPORT_FILES.items():
+            value = data.get(field) if isinstance(data, dict) else None
+            if not isinstance(value, str) or not Path(value).is_file():
+                continue
+            path = Path(value).resolve()
+            uri = f"quanteval://reports/{hashlib.sha256(str(path).encode()).hexdigest()[:16]}/{path.name}"
+            self.add_resource(FileResource(uri=uri, name=path.name, description=f"{field} of a quanteval tool call",
+                                           mime_type=mime_type, path=path, encoding=None if mime_type == "image/png" else "utf-8"))
+            links.append(ResourceLink(uri=uri, name=path.name, mime_type=mime_type, size=path.stat().st_size))
+        return links
 
     async def _enable_toolsets(self, spec: registry.ToolSpec, arguments: dict[str, Any], context: Context | None) -> CallToolResult:
         """enable_toolsets over MCP: this server serves the toolsets' tools from now on (every session of an HTTP server:
