@@ -97,7 +97,7 @@ def build_config(request: BuildConfigInput) -> BuildConfigOutput:
 # ---------------------------------------------------------------------------
 # get / set / delete
 
-_CONFIG_FIELD = "The evaluation config file (.yaml; NEL 0.2.6 or nel-next)."
+_CONFIG_FIELD = "The config file (.yaml)."
 _KEY_FIELD = "Dotted key; tasks by name or index, e.g. evaluation.tasks[ns_gpqa].nemo_evaluator_config.config.params.temperature."
 
 

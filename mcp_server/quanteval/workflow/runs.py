@@ -75,7 +75,7 @@ def config_hash(path: str, overrides: list[str] | None = None) -> str:
 
 
 class DryRunInput(StrictModel):
-    config_path: str = Field(description="The evaluation config file (.yaml; NEL 0.2.6 or nel-next).")
+    config_path: str = Field(description="The config file (.yaml).")
     overrides: list[str] = Field(default_factory=list, description=(
         "Overrides as for `nel run -o`; a new key needs '++'."))
 

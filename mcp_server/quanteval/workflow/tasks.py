@@ -207,7 +207,7 @@ def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
 
 
 class AddTasksInput(StrictModel):
-    config_path: str = Field(description="The evaluation config file (.yaml; NEL 0.2.6 or nel-next).")
+    config_path: str = Field(description="The config file (.yaml).")
     tasks: list[str] = Field(
         min_length=1,
         description="Recipe names ('gpqa', 'aime2025') or NEL task names, bare or 'harness.task'.",

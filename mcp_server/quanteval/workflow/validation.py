@@ -18,7 +18,7 @@ from quanteval.models import StrictModel
 
 
 class ValidateConfigInput(StrictModel):
-    config_path: str = Field(description="The evaluation config file (.yaml; NEL 0.2.6 or nel-next).")
+    config_path: str = Field(description="The config file (.yaml).")
     overrides: list[str] = Field(
         default_factory=list,
         description="Overrides you will pass to `nel run -o`, checked too.",
@@ -40,7 +40,7 @@ class ValidateConfigOutput(BaseModel):
 MAX_PROBLEMS = 200
 
 def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
-    """Use after every edit and before dry_run: checks a config (NEL 0.2.6 or nel-next) offline in milliseconds; each finding with its key and
+    """Use after every edit and before dry_run: checks a config offline in milliseconds; each finding with its key and
     fix.
     """
     started = time.perf_counter()
