@@ -260,6 +260,7 @@ def test_crash_with_a_known_error_gives_the_fix(standin, launched, mode, fix_wor
     assert status.failures and fix_words in status.failures[0].fix
     assert fix_words in status.message
     assert ledger.get(result.record_id).status == "failed"
+    assert not Path(f"/proc/{result.pid}").exists()  # the ended server was reaped (localproc.reap): no zombie
 
 
 def test_hang_while_loading_times_out_and_stop_escalates_to_sigkill(standin, launched):

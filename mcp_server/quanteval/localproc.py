@@ -12,6 +12,7 @@ import ipaddress
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,26 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+# Every detached child this process started (servers, nel-next runs, evaluation jobs, eval servers), in one place:
+# polled so that one that ended is reaped, and no zombie leader keeps its process group looking alive.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+_CHILDREN_LOCK = threading.Lock()
+
+
+def adopt(child: subprocess.Popen[bytes]) -> None:
+    """Remember a child this process started, so that reap() collects it when it ends."""
+    with _CHILDREN_LOCK:
+        _CHILDREN[child.pid] = child
+
+
+def reap() -> None:
+    """Collect every child of ours that has ended (each is forgotten once reaped)."""
+    with _CHILDREN_LOCK:
+        for pid, child in list(_CHILDREN.items()):
+            if child.poll() is not None:
+                del _CHILDREN[pid]
 
 
 def group_members(pgid: int) -> list[int]:

@@ -8,9 +8,7 @@ itself is split: the HTTP layer (evalhttp), the job queue (evaljobs), what the q
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +22,7 @@ from pydantic import BaseModel, Field
 from quanteval import ledger
 from quanteval.envvars import state_dir
 from quanteval.faces.evalhttp import is_loopback, required_token, serve
-from quanteval.localproc import group_members, port_free, stop_group
+from quanteval.localproc import adopt, group_members, port_free, reap, stop_group
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow.evalbackend import ServerSettings, tail_lines
 
@@ -80,9 +78,8 @@ def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
 
 
 def _running(pid: int) -> bool:
-    """Whether the server's process group still has live members; reaps the leader if it was our child."""
-    with contextlib.suppress(ChildProcessError):  # not our child (started by another process): nothing to reap
-        os.waitpid(pid, os.WNOHANG)
+    """Whether the server's process group still has live members (an ended leader of ours reaped first)."""
+    reap()
     return bool(group_members(pid))
 
 
@@ -107,6 +104,7 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
+    adopt(proc)
     url = f"http://{_client_host(settings.bind_host)}:{settings.port}"
     deadline = time.monotonic() + 30
     health = None

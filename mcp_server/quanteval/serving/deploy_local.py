@@ -13,12 +13,14 @@ from typing import Any
 
 from quanteval import ledger, paths
 from quanteval.localproc import (
+    adopt,
     exit_code_wrapper,
     free_port,
     group_members,
     group_rss_bytes,
     interrupts_held,
     port_free,
+    reap,
     stop_group,
 )
 from quanteval.models import ToolError
@@ -36,10 +38,6 @@ from quanteval.serving.deployment import (
 
 NAME = "local"
 LOG_SCAN_BYTES = 512 * 1024
-
-# Local children we started in this process, so their exit is reaped (no zombies) and their code known.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
 
 def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
     notes: list[str] = []
@@ -66,7 +64,7 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
                 wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
             )
-        _CHILDREN[child.pid] = child
+        adopt(child)
         endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"
         ledger.update(record.id, status="loading", details={
             "pid": child.pid, "pgid": child.pid, "port": port, "log_path": str(log_path),
@@ -143,9 +141,7 @@ def _read_log_tail(path: Path) -> str:
 
 def _process(details: dict[str, Any]) -> tuple[bool, int | None]:
     """(running, exit code when known)."""
-    child = _CHILDREN.get(details["pid"])
-    if child is not None and child.poll() is not None:  # reaped: no zombie left behind
-        del _CHILDREN[details["pid"]]
+    reap()  # an ended child of ours is no zombie in its group
     running = bool(group_members(details["pgid"]))
     rc_path = Path(details["exit_code_path"])
     code = int(rc_path.read_text().strip() or -1) if rc_path.is_file() else None

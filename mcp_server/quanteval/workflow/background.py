@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from quanteval import ledger, paths
-from quanteval.localproc import group_members, stop_group
+from quanteval.localproc import adopt, group_members, reap, stop_group
 
 KIND = "evaluation"
 JOB_MODULE = "quanteval.workflow.evaluate_job"
 STOP_GRACE_S = 60.0  # the job stops a vLLM server (20 s grace) and a nel-next run before it exits
 
-_CHILDREN: list[subprocess.Popen[bytes]] = []  # jobs this process started: reaped when they end (no zombies)
 
 
 def start(request: dict[str, Any], root: Path | None = None) -> ledger.Record:
@@ -43,13 +42,13 @@ def start(request: dict[str, Any], root: Path | None = None) -> ledger.Record:
     with open(log_path, "ab") as log:
         child = subprocess.Popen([sys.executable, "-m", JOB_MODULE, record.id], stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    _CHILDREN.append(child)
+    adopt(child)
     return ledger.update(record.id, details={"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
 
 
 def refresh(record: ledger.Record) -> ledger.Record:
     """The record, marked failed when its process is gone without having said how it ended (killed -9, a crash)."""
-    _CHILDREN[:] = [child for child in _CHILDREN if child.poll() is None]
+    reap()
     if record.status == "running" and "pgid" in record.details and not group_members(record.details["pgid"]):
         record = ledger.get(record.id)  # it may have finished between the two reads
         if record.status == "running":

@@ -38,7 +38,7 @@ from typing import Any
 
 from quanteval import envvars, ledger, redact
 from quanteval.clusters import ssh
-from quanteval.localproc import exit_code_wrapper, group_members, require_writable_dir, stop_group
+from quanteval.localproc import adopt, exit_code_wrapper, group_members, reap, require_writable_dir, stop_group
 from quanteval.models import ToolError
 
 LOG_NAME = "quanteval-run.log"
@@ -266,20 +266,14 @@ def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = 
     with open(run_dir / LOG_NAME, "ab") as log:
         child = subprocess.Popen(wrapper, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  cwd=run_dir, env=child_env(), start_new_session=True)
-    _CHILDREN[child.pid] = child
+    adopt(child)
     return {"engine": "nel-next", "pid": child.pid, "pgid": child.pid, "run_dir": str(run_dir), "argv": argv,
             "log_path": str(run_dir / LOG_NAME), "started_at": time.time()}
 
 
-# Children started by this process, so their exit is reaped (no zombies).
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
 def exit_code(details: dict[str, Any]) -> int | None:
     """The run's exit code once it ended, None while it runs. A process that vanished without one counts as killed (-9)."""
-    child = _CHILDREN.get(details["pid"])
-    if child is not None:
-        child.poll()
+    reap()
     path = Path(details["run_dir"]) / EXIT_CODE_NAME
 
     def written() -> int | None:
