@@ -164,12 +164,13 @@ def test_validate_config_refuses_what_would_fail_or_measure_nothing_naming_how_t
 
 
 def test_a_benchmark_whose_data_ships_in_nemo_skills_is_prepared_offline_by_the_check(tmp_path):
-    """comp-math-24-25 (256 AIME 24/25 and HMMT problems in NeMo-Skills' package; no other test uses it): unprepared,
+    """aime25 (30 problems in NeMo-Skills' package; the real runs use aime24 and comp-math-24-25, and this module's
+    tests run on one worker, so deleting its prepared file races with no one): unprepared,
     validate_config over the CLI copies it as NeMo-Skills' prepare does, without network, and the dry run over MCP
     shows the real first problem in NeMo-Skills' prompt. challenge19's .txt lists ids to download: still refused."""
-    package = Path(skills.probe(["comp-math-24-25"]).benchmarks["comp-math-24-25"].data_file).parent
+    package = Path(skills.probe(["aime25"]).benchmarks["aime25"].data_file).parent
     (package / "test.jsonl").unlink(missing_ok=True)
-    config = _config(tmp_path, ["skills://comp-math-24-25", "skills://challenge19"])
+    config = _config(tmp_path, ["skills://aime25", "skills://challenge19"])
     done = subprocess.run([str(Path(sys.executable).parent / "quanteval"), "call", "validate_config", "--json",
                            json.dumps({"config_path": config})], capture_output=True, text=True, timeout=300, check=False)
     problems = {p["key"]: p for p in json.loads(done.stdout)["problems"]}
@@ -177,9 +178,9 @@ def test_a_benchmark_whose_data_ships_in_nemo_skills_is_prepared_offline_by_the_
     assert problems["benchmarks[1].name"]["rule"] == "skills_data_missing", problems
     rows = [json.loads(line) for line in (package / "test.jsonl").read_text().splitlines() if line.strip()]
     assert rows == [json.loads(line) for line in (package / "test.txt").read_text().splitlines() if line.strip()]
-    assert len(rows) == 256 and all(row["problem"] and row["expected_answer"] for row in rows)
+    assert len(rows) == 30 and all(row["problem"] and row["expected_answer"] for row in rows)
     shown = {s["name"]: s for s in _call("dry_run", {"config_path": config})["scripts"]}
-    prompt = shown["prompt of skills://comp-math-24-25, problem 1 (NeMo-Skills generic/math)"]["head"]
+    prompt = shown["prompt of skills://aime25, problem 1 (NeMo-Skills generic/math)"]["head"]
     assert prompt[0].startswith("[user] Solve the following math problem.") and prompt[-1] == rows[0]["problem"]
 
 
