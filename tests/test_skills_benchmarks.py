@@ -164,7 +164,7 @@ def test_validate_config_refuses_what_would_fail_or_measure_nothing_naming_how_t
 
 
 def test_a_benchmark_whose_data_ships_in_nemo_skills_is_prepared_offline_by_the_check(tmp_path):
-    """aime25 (30 problems in NeMo-Skills' package; the real runs use aime24 and comp-math-24-25, and this module's
+    """aime25 (30 problems in NeMo-Skills' package; the real runs use aime24, and this module's
     tests run on one worker, so deleting its prepared file races with no one): unprepared,
     validate_config over the CLI copies it as NeMo-Skills' prepare does, without network, and the dry run over MCP
     shows the real first problem in NeMo-Skills' prompt. challenge19's .txt lists ids to download: still refused."""
