@@ -32,12 +32,8 @@ class EnableToolsetsOutput(BaseModel):
 def enable_toolsets(request: EnableToolsetsInput) -> EnableToolsetsOutput:
     """Use when a tool you were told of is not in your tools/list: turns its toolset on for this server (tools/list
     grows; clients are notified)."""
-    held = held_by(request.toolsets)
-    return EnableToolsetsOutput(tools=held, added=[], message="The CLI runs every tool: nothing to turn on.")
-
-
-def held_by(toolsets: list[str], read_only: bool = False) -> list[str]:
-    return list(registry.select(toolsets, read_only))
+    return EnableToolsetsOutput(tools=list(registry.select(list(request.toolsets))), added=[],
+                                message="The CLI runs every tool: nothing to turn on.")
 
 
 def how_to_enable(name: str, read_only: bool = False) -> str | None:

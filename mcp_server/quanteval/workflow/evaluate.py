@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import configfile, ledger
+from quanteval import configfile, ledger, paths
 from quanteval.clusters import executor as executors
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.nel_next import config as next_config
@@ -48,21 +48,13 @@ from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpo
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
 from quanteval.workflow import anomaly, background, compare, nelconfig, results, runs, validation
-from quanteval.workflow.gate import (
-    RULE_POLICY_NAME,
-    GateResultsInput,
-    GateResultsOutput,
-    gate_results,
-    load_policy,
-    write_rule_policy,
-)
+from quanteval.workflow.gate import RULE_POLICY_NAME, GateResultsInput, GateResultsOutput, gate_results, load_policy
 from quanteval.workflow.noise import NoiseFloor, noise_floor, verdict_within_noise
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
 
 Role = Literal["baseline", "candidate", "noise-floor"]  # noise-floor: the baseline again, on the other numeric path
 Verdict = Literal["acceptable", "not acceptable", "inconclusive", "suspect", "anomalous"]
 VERDICT_OF_GATE = {"GO": "acceptable", "NO-GO": "not acceptable", "INCONCLUSIVE": "inconclusive"}
-POLICY_NAME = RULE_POLICY_NAME
 RESPONSES_SHOWN = 3
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
 DEFAULT_MAX_TOKENS = 1024
@@ -133,7 +125,7 @@ class EvaluateQuantizationOutput(BaseModel):
     report_markdown: str | None
     chart_png: str | None
     gate: GateResultsOutput | None = Field(None, description="gate_results on the two full runs under the rule or policy.")
-    policy_path: str | None = Field(None, description=f"The `nel gate` policy ({POLICY_NAME}) that states max_drop, "
+    policy_path: str | None = Field(None, description=f"The `nel gate` policy ({RULE_POLICY_NAME}) that states max_drop, "
                                     "written next to the report: `nel gate --policy` on it agrees (at 95%).")
     responses: list[Response] = Field(default_factory=list, description="anomalous: a few of the candidate canary's answers.")
     noise_floor: list[NoiseFloor] = Field(default_factory=list, description="With noise_floor: per benchmark, the baseline's "
@@ -557,13 +549,12 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
         confidence=request.confidence, output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint,
         candidate_checkpoint=candidate.checkpoint, reference_scores=request.reference_scores,
         reference_tolerance=request.reference_tolerance))
-    policy_path = request.policy
-    if request.max_drop is not None:
-        policy_path = str(write_rule_policy(report_dir / POLICY_NAME, [row.task for row in compared.comparisons],
-                                            request.max_drop, request.confidence))
+    # the rule in points is written as nel gate's policy by gate_results itself, next to the report
     gated = gate_results(GateResultsInput(
-        baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", policy=policy_path,
-        output_dir=str(report_dir)), request.confidence) if policy_path else None
+        baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", policy=request.policy,
+        max_drop=request.max_drop, output_dir=str(report_dir)), request.confidence) \
+        if request.policy or request.max_drop is not None else None
+    policy_path = gated.policy if gated else None
     seconds = {stage: round(baseline.seconds.get(stage, 0) + candidate.seconds.get(stage, 0), 1)
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
@@ -724,9 +715,6 @@ def start_evaluation(request: EvaluateQuantizationInput) -> StartEvaluationOutpu
     """Use instead of evaluate_quantization when your client times out requests (60 s): the same arguments, started
     as a job; wait_for_run (timeout_s 45) until not running gives the answer. kill_run stops it.
     """
-
-    from quanteval import paths
-
     check_request(request)
     policy = paths.CALL_POLICY.get()  # the job runs in a process of its own: it confines itself to the same root
     record = background.start(request.model_dump(mode="json"), root=policy.root if policy is not None else None)

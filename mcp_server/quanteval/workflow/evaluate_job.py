@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from quanteval import ledger
+from quanteval import ledger, paths
 from quanteval.models import ToolError
 from quanteval.workflow import background
 from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
@@ -31,8 +31,6 @@ def run(record_id: str) -> int:
             last_write[0] = time.monotonic()
 
     if root := record.details.get("root"):  # started over MCP with --root: the evaluation keeps to it, reuse included
-        from quanteval import paths
-
         paths.CALL_POLICY.set(paths.Policy(root=Path(root), absolute_only=True))
     try:
         answer = evaluate_quantization(request, progress)

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from quanteval import engines
+from quanteval import engines, paths
 from quanteval.engines.runresults import GATED_METRICS, ResultsReader, RunBenchmark, problem_values
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow import paired
@@ -428,8 +428,6 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     reader = engines.results_for_pair(request.baseline, request.candidate)
     base, cand = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
     if request.max_drop is not None:  # the user's rule in points, as the policy nel gate reads (its fraction)
-        from quanteval import paths
-
         where = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "gate-policies"
         shared = sorted(set(base.benchmarks) & set(cand.benchmarks))
         if not shared:

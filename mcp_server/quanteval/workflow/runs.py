@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import configfile, engines, ledger
+from quanteval import configfile, engines, ledger, paths
 from quanteval.engines import commands
 from quanteval.engines.base import (
     ACTIVE,
@@ -389,7 +389,6 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
     """Use to find a record_id: runs, evaluations, deployments and eval servers (one left running shows here),
     newest first. Paginated.
     """
-    from quanteval import paths
     from quanteval.workflow import confine
 
     kinds: list[ledger.RecordKind] = [request.kind] if request.kind else list(typing.get_args(ListedKind))
