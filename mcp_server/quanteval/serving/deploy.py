@@ -34,7 +34,7 @@ from quanteval import ledger, redact
 from quanteval.clusters.ssh import LOCAL
 from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import deploy_local, deploy_slurm, frameworks
+from quanteval.serving import deploy_local, deploy_slurm, frameworks, warm_python
 from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -182,15 +182,18 @@ def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, h
     return [*args, "--host", host, "--port", str(port)]
 
 
-_SGLANG_CHECK = """
+# Each check is its imports (what a warm process imports once, warm_python.py) and then its work.
+_SGLANG_IMPORTS = """
 import argparse, json, sys
 from sglang.srt.server_args import ServerArgs
+"""
+_SGLANG_CHECK = _SGLANG_IMPORTS + """
 parser = argparse.ArgumentParser(prog="sglang.launch_server")
 ServerArgs.add_cli_args(parser)
 ServerArgs.from_cli_args(parser.parse_args(json.loads(sys.argv[1])))
 """
 
-_VLLM_CHECK = """
+_VLLM_IMPORTS = """
 import json, sys
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -201,10 +204,12 @@ try:
 except ImportError:
     from vllm.entrypoints.openai.cli_args import make_arg_parser
 import vllm
+from vllm.engine.arg_utils import EngineArgs
+"""
+_VLLM_CHECK = _VLLM_IMPORTS + """
 args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(json.loads(sys.argv[1]))
 resolved = {"vllm_version": vllm.__version__}
 if sys.argv[2] == "1":  # a local checkpoint: vLLM's own config resolution (no weights loaded)
-    from vllm.engine.arg_utils import EngineArgs
     config = EngineArgs.from_cli_args(args).create_model_config()
     resolved.update(quantization=config.quantization, max_model_len=config.max_model_len,
                     head_size=config.get_head_size(), dtype=str(config.dtype).removeprefix("torch."),
@@ -226,9 +231,10 @@ def _checker_python(module: str) -> str | None:
 
 
 def check_server_args(framework: str, server_args: list[str], local_model: bool = False) -> ParserCheck:
-    """Run the framework's own argument parser on the arguments (in a subprocess: heavy imports, prints); for vLLM
-    and a local checkpoint also its model-config resolution."""
-    module, code = {"sglang": ("sglang", _SGLANG_CHECK), "vllm": ("vllm", _VLLM_CHECK)}.get(framework, (None, None))
+    """Run the framework's own argument parser on the arguments (in another process, warm_python: heavy imports,
+    prints); for vLLM and a local checkpoint also its model-config resolution."""
+    module, preload, code = {"sglang": ("sglang", _SGLANG_IMPORTS, _SGLANG_CHECK),
+                             "vllm": ("vllm", _VLLM_IMPORTS, _VLLM_CHECK)}.get(framework, (None, None, None))
     if module is None:
         return ParserCheck(checked=False, message="TensorRT-LLM arguments are not checked (trtllm-serve is not installed here).")
     python = _checker_python(module)
@@ -237,11 +243,8 @@ def check_server_args(framework: str, server_args: list[str], local_model: bool 
                 "vllm": " (bash scripts/setup-vllm builds .venv-vllm)"}[module]
         return ParserCheck(checked=False, message=f"{module} is not importable here{hint}; arguments not checked by its parser.")
     try:
-        done = subprocess.run(
-            [python, "-c", code, json.dumps(server_args), "1" if local_model else "0"],
-            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL, check=False,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
+        done = warm_python.run(python, preload, code, [json.dumps(server_args), "1" if local_model else "0"],
+                               {**os.environ, "HF_HUB_OFFLINE": "1"}, timeout_s=180)
     except subprocess.TimeoutExpired:
         return ParserCheck(checked=False, message=f"{module}'s parser did not answer within 180 s.")
     resolved: dict[str, Any] = {}

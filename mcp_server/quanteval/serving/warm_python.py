@@ -1,0 +1,144 @@
+"""`python -c CODE ARGS` in another Python with a heavy import already done: the frameworks' parser checks.
+
+plan_deployment asks vLLM's or SGLang's own code about the arguments it plans; each such check used to start a
+Python that imported the framework (5-10 s of CPU) to spend milliseconds parsing. One warm process (zygote.py) per
+Python, preload and environment imports the framework once and forks a fresh child per check, so a session's second
+plan costs milliseconds and two checkpoints of one evaluation share one import. Where no warm process can run (no
+fork, a preload that fails) the check runs cold, as before; a check past its timeout kills the warm process with it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quanteval import localproc
+
+ZYGOTE = Path(__file__).with_name("zygote.py")
+MAX_WARM = 2  # each holds a framework's import in memory (vLLM: ~0.5 GB); the least recently used goes first
+# Read by the framework at import time or by a check; other variables (quanteval's own, pytest's) do not make a new
+# warm process, but every check still runs with the caller's whole environment.
+_IGNORED_PREFIXES = ("QUANTEVAL_", "PYTEST_")
+
+
+class ColdStart(Exception):
+    """No warm process for this Python and preload: run the check in a process of its own."""
+
+
+@dataclass
+class _Warm:
+    process: subprocess.Popen[bytes]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    used: float = field(default_factory=time.monotonic)
+
+    def ask(self, message: dict, timeout_s: float) -> dict:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.process.stdin.flush()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout_s):
+                raise subprocess.TimeoutExpired(str(ZYGOTE), timeout_s)
+        line = self.process.stdout.readline()
+        if not line:
+            raise ColdStart(f"the warm process ended (exit {self.process.wait(5)})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            try:
+                self.process.stdin.close()  # its EOF: it ends by itself
+                self.process.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                localproc.stop_group(self.process.pid, grace_s=2, on_wait=self.process.poll)
+        localproc.reap()
+
+
+_WARM: dict[tuple, _Warm] = {}
+_WARM_LOCK = threading.Lock()
+
+
+def _key(python: str, preload: str, env: dict[str, str]) -> tuple:
+    return python, preload, tuple(sorted((k, v) for k, v in env.items() if not k.startswith(_IGNORED_PREFIXES)))
+
+
+def _start(python: str, preload: str, env: dict[str, str], timeout_s: float) -> _Warm:
+    # its own session: a timeout kills it and the check it forked together
+    process = subprocess.Popen([python, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    localproc.adopt(process)
+    warm = _Warm(process)
+    try:
+        ready = warm.ask({"preload": preload}, timeout_s)
+    except (subprocess.TimeoutExpired, ColdStart, ValueError) as exc:
+        warm.close()
+        raise ColdStart(str(exc)) from None
+    if not ready.get("ready"):
+        warm.close()
+        raise ColdStart(ready.get("error", "the preload failed"))
+    return warm
+
+
+def _warm_for(python: str, preload: str, env: dict[str, str], timeout_s: float) -> _Warm:
+    key = _key(python, preload, env)
+    with _WARM_LOCK:
+        warm = _WARM.get(key)
+        if warm is not None and warm.process.poll() is None:
+            return warm
+        _WARM.pop(key, None)
+        while len(_WARM) >= MAX_WARM:
+            oldest = min(_WARM, key=lambda k: _WARM[k].used)
+            _WARM.pop(oldest).close()
+        warm = _WARM[key] = _start(python, preload, env, timeout_s)
+        return warm
+
+
+def run(python: str, preload: str, code: str, argv: list[str], env: dict[str, str],
+        timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """What `python -c code *argv` under `env` gives (returncode, stdout, stderr), `preload` imported beforehand;
+    raises subprocess.TimeoutExpired past timeout_s, as subprocess.run does."""
+    if not hasattr(os, "fork"):
+        return _cold(python, code, argv, env, timeout_s)
+    try:
+        warm = _warm_for(python, preload, env, timeout_s)
+        with warm.lock:
+            warm.used = time.monotonic()
+            try:
+                answer = warm.ask({"code": code, "argv": argv, "env": env}, timeout_s)
+            except subprocess.TimeoutExpired:
+                _forget(warm)
+                raise
+    except ColdStart:
+        return _cold(python, code, argv, env, timeout_s)
+    return subprocess.CompletedProcess([python, "-c", code, *argv], answer["returncode"], answer["stdout"], answer["stderr"])
+
+
+def _forget(warm: _Warm) -> None:
+    with _WARM_LOCK:
+        for key, value in list(_WARM.items()):
+            if value is warm:
+                del _WARM[key]
+    localproc.stop_group(warm.process.pid, grace_s=1, on_wait=warm.process.poll)
+    localproc.reap()
+
+
+def _cold(python: str, code: str, argv: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-c", code, *argv], capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL, check=False, env=env)
+
+
+@atexit.register
+def close_all() -> None:
+    """The warm processes end with this one (they also end at their stdin's EOF if it is killed)."""
+    with _WARM_LOCK:
+        for warm in _WARM.values():
+            warm.close()
+        _WARM.clear()

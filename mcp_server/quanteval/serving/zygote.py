@@ -1,0 +1,91 @@
+"""A warm Python that forks a fresh child per script: run by path in another venv's Python (standard library only).
+
+Importing vLLM or SGLang takes seconds of CPU; their argument parsers take milliseconds. This process imports the
+framework once (the `preload` line), then forks one child per request, so every check starts from the same freshly
+imported state and sees none of the state a previous check left, and a check that crashes or hangs takes only its
+child. warm_python.py is the other end.
+
+Protocol, one JSON object per line: the first line on stdin is {"preload": CODE}, answered {"ready": true} or
+{"ready": false, "error": TEXT}; then each {"code": CODE, "argv": [...], "env": {...}} is answered {"returncode": N,
+"stdout": TEXT, "stderr": TEXT}, as `python -c CODE *argv` with that environment would have ended. Answers go to the
+stdout this process started with; what the preload or a check prints goes to stderr or the check's own capture.
+The process ends at EOF on stdin (its owner closed it, or died) or after IDLE_S without a request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import tempfile
+import traceback
+
+IDLE_S = 600
+
+
+def _run_child(request: dict, out_fd: int, err_fd: int) -> None:
+    """In the forked child: the check as `python -c` would run it; never returns."""
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["-c", *request["argv"]]
+    code = 0
+    try:
+        exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as stop:  # argparse's error exit (2), sys.exit("message")
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - a check's own failure is its answer
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _answer(request: dict) -> dict:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            _run_child(request, out.fileno(), err.fileno())
+        _, status = os.waitpid(pid, 0)
+        out.seek(0)
+        err.seek(0)
+        return {"returncode": os.waitstatus_to_exitcode(status), "stdout": out.read().decode(errors="replace"),
+                "stderr": err.read().decode(errors="replace")}
+
+
+def main() -> None:
+    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # quanteval's serving modules must not shadow the framework's imports
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # whatever the preload prints cannot reach the answers
+    stdin = sys.stdin.buffer
+
+    def reply(message: dict) -> None:
+        answers.write(json.dumps(message) + "\n")
+        answers.flush()
+
+    first = stdin.readline()
+    if not first:
+        return
+    try:
+        exec(compile(json.loads(first)["preload"], "<preload>", "exec"), {"__name__": "__preload__"})
+    except BaseException:  # noqa: BLE001 - said to the owner, who falls back to a cold process
+        reply({"ready": False, "error": traceback.format_exc()[-2000:]})
+        return
+    reply({"ready": True})
+    while select.select([stdin], [], [], IDLE_S)[0]:
+        line = stdin.readline()
+        if not line:
+            return
+        reply(_answer(json.loads(line)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The warm process the parser checks run in (serving/warm_python.py, zygote.py): the same answer as `python -c`, a
+fresh state per check, the caller's environment, a timeout that leaves nothing running, no process outliving its
+owner, and a cold run where no warm one can start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from processes import running_with
+
+from quanteval.serving import warm_python
+from quanteval.serving.deploy import check_server_args
+
+PY = sys.executable
+ENV = dict(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def no_warm_left():
+    yield
+    warm_python.close_all()
+    assert running_with(str(warm_python.ZYGOTE)) == []
+
+
+def _both(code: str, argv: list[str], preload: str = "import json\n") -> tuple:
+    cold = subprocess.run([PY, "-c", code, *argv], capture_output=True, text=True, env=ENV, check=False)
+    warm = warm_python.run(PY, preload, code, argv, ENV, timeout_s=60)
+    return (cold.returncode, cold.stdout, cold.stderr.splitlines()[-1:]), (warm.returncode, warm.stdout, warm.stderr.splitlines()[-1:])
+
+
+@pytest.mark.parametrize("code", [
+    "import json, sys; print(json.dumps(sys.argv[1:]))",
+    "import argparse; argparse.ArgumentParser(prog='p').parse_args(['--nope'])",  # argparse's exit 2 and message
+    "import sys; sys.exit('refused: a reason')",
+    "raise ValueError('a check that crashes')",
+    "import os; os._exit(7)",
+])
+def test_a_check_answers_as_python_dash_c_does(code):
+    cold, warm = _both(code, ["a", "b c"])
+    assert warm == cold
+
+
+def test_each_check_starts_from_the_preloaded_state_not_the_last_checks():
+    code = "import json, sys; seen = getattr(json, 'touched', False); json.touched = True; print(seen)"
+    first = warm_python.run(PY, "import json\n", code, [], ENV, timeout_s=60)
+    second = warm_python.run(PY, "import json\n", code, [], ENV, timeout_s=60)
+    assert first.stdout == second.stdout == "False\n"
+    assert len(running_with(str(warm_python.ZYGOTE))) == 1  # one warm process answered both
+
+
+def test_a_check_gets_the_callers_environment_of_the_moment():
+    code = "import os; print(os.environ.get('QUANTEVAL_PROBE'), os.environ.get('HF_HUB_OFFLINE'))"
+    one = warm_python.run(PY, "import os\n", code, [], {**ENV, "QUANTEVAL_PROBE": "1", "HF_HUB_OFFLINE": "1"}, timeout_s=60)
+    two = warm_python.run(PY, "import os\n", code, [], {**ENV, "QUANTEVAL_PROBE": "2", "HF_HUB_OFFLINE": "1"}, timeout_s=60)
+    assert (one.stdout, two.stdout) == ("1 1\n", "2 1\n")
+
+
+def test_a_framework_variable_gets_a_warm_process_of_its_own_and_at_most_max_warm_live():
+    code = "import os; print(os.environ['VLLM_PROBE'])"
+    for value in "abc":
+        assert warm_python.run(PY, "import os\n", code, [], {**ENV, "VLLM_PROBE": value}, timeout_s=60).stdout == f"{value}\n"
+    assert len(running_with(str(warm_python.ZYGOTE))) == warm_python.MAX_WARM
+
+
+def test_what_the_preload_prints_does_not_reach_the_answers():
+    preload = "print('a framework that logs to stdout at import'); import json\n"
+    answer = warm_python.run(PY, preload, "print('the answer')", [], ENV, timeout_s=60)
+    assert answer.returncode == 0 and answer.stdout == "the answer\n"
+
+
+def test_a_preload_that_fails_falls_back_to_a_cold_run():
+    answer = warm_python.run(PY, "import no_such_framework_here\n", "print('cold')", [], ENV, timeout_s=60)
+    assert answer.stdout == "cold\n"
+    assert running_with(str(warm_python.ZYGOTE)) == []
+
+
+def test_a_check_past_its_timeout_raises_and_leaves_no_process():
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm_python.run(PY, "import time\n", "import time; time.sleep(60)", [], ENV, timeout_s=1)
+    assert running_with(str(warm_python.ZYGOTE)) == []
+    assert warm_python.run(PY, "import time\n", "print('again')", [], ENV, timeout_s=60).stdout == "again\n"
+
+
+def test_the_warm_process_ends_when_its_owner_is_killed():
+    owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        from quanteval.serving import warm_python
+        warm_python.run({PY!r}, "import json\\n", "print(1)", [], dict(os.environ), timeout_s=60)
+        print("warm", flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None and owner.stdout.readline() == "warm\n"
+    assert running_with(str(warm_python.ZYGOTE))
+    owner.send_signal(signal.SIGKILL)
+    owner.wait(10)
+    deadline = time.monotonic() + 10
+    while running_with(str(warm_python.ZYGOTE)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running_with(str(warm_python.ZYGOTE)) == []
+
+
+def test_sglangs_parser_answers_alike_warm_and_cold():
+    """The real check: SGLang's parser (importable in this venv) accepts and refuses the same arguments twice."""
+    pytest.importorskip("sglang.srt.server_args")
+    good, bad = ["--model-path", "/m", "--port", "1"], ["--model-path", "/m", "--tp-size", "two"]
+    first, again = check_server_args("sglang", good), check_server_args("sglang", good)
+    refused, refused_again = check_server_args("sglang", bad), check_server_args("sglang", bad)
+    assert first.ok and again.ok and first.message == again.message
+    assert refused.ok is False and refused.message == refused_again.message and "invalid int value: 'two'" in refused.message
