@@ -18,14 +18,21 @@ from quanteval.serving import warm_python
 from quanteval.serving.deploy import check_server_args
 
 PY = sys.executable
-ENV = dict(os.environ)
+# the warm processes of this worker only (another xdist worker's checks start their own): told apart by this value,
+# which makes no new warm process (quanteval's own variables do not)
+MARK = f"/nonexistent/warm-python-test-{os.getpid()}"
+ENV = {**os.environ, "QUANTEVAL_STATE_DIR": MARK}
+
+
+def _warm_running() -> list[str]:
+    return running_with(str(warm_python.ZYGOTE), state_dir=MARK)
 
 
 @pytest.fixture(autouse=True)
 def no_warm_left():
     yield
     warm_python.close_all()
-    assert running_with(str(warm_python.ZYGOTE)) == []
+    assert _warm_running() == []
 
 
 def _both(code: str, argv: list[str], preload: str = "import json\n") -> tuple:
@@ -51,7 +58,7 @@ def test_each_check_starts_from_the_preloaded_state_not_the_last_checks():
     first = warm_python.run(PY, "import json\n", code, [], ENV, timeout_s=60)
     second = warm_python.run(PY, "import json\n", code, [], ENV, timeout_s=60)
     assert first.stdout == second.stdout == "False\n"
-    assert len(running_with(str(warm_python.ZYGOTE))) == 1  # one warm process answered both
+    assert len(_warm_running()) == 1  # one warm process answered both
 
 
 def test_a_check_gets_the_callers_environment_of_the_moment():
@@ -65,7 +72,7 @@ def test_a_framework_variable_gets_a_warm_process_of_its_own_and_at_most_max_war
     code = "import os; print(os.environ['VLLM_PROBE'])"
     for value in "abc":
         assert warm_python.run(PY, "import os\n", code, [], {**ENV, "VLLM_PROBE": value}, timeout_s=60).stdout == f"{value}\n"
-    assert len(running_with(str(warm_python.ZYGOTE))) == warm_python.MAX_WARM
+    assert len(_warm_running()) == warm_python.MAX_WARM
 
 
 def test_what_the_preload_prints_does_not_reach_the_answers():
@@ -77,13 +84,13 @@ def test_what_the_preload_prints_does_not_reach_the_answers():
 def test_a_preload_that_fails_falls_back_to_a_cold_run():
     answer = warm_python.run(PY, "import no_such_framework_here\n", "print('cold')", [], ENV, timeout_s=60)
     assert answer.stdout == "cold\n"
-    assert running_with(str(warm_python.ZYGOTE)) == []
+    assert _warm_running() == []
 
 
 def test_a_check_past_its_timeout_raises_and_leaves_no_process():
     with pytest.raises(subprocess.TimeoutExpired):
         warm_python.run(PY, "import time\n", "import time; time.sleep(60)", [], ENV, timeout_s=1)
-    assert running_with(str(warm_python.ZYGOTE)) == []
+    assert _warm_running() == []
     assert warm_python.run(PY, "import time\n", "print('again')", [], ENV, timeout_s=60).stdout == "again\n"
 
 
@@ -91,18 +98,18 @@ def test_the_warm_process_ends_when_its_owner_is_killed():
     owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
         import os, sys, time
         from quanteval.serving import warm_python
-        warm_python.run({PY!r}, "import json\\n", "print(1)", [], dict(os.environ), timeout_s=60)
+        warm_python.run({PY!r}, "import json\\n", "print(1)", [], {{**os.environ, "QUANTEVAL_STATE_DIR": {MARK!r}}}, timeout_s=60)
         print("warm", flush=True)
         time.sleep(600)
         """)], stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None and owner.stdout.readline() == "warm\n"
-    assert running_with(str(warm_python.ZYGOTE))
+    assert _warm_running()
     owner.send_signal(signal.SIGKILL)
     owner.wait(10)
     deadline = time.monotonic() + 10
-    while running_with(str(warm_python.ZYGOTE)) and time.monotonic() < deadline:
+    while _warm_running() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert running_with(str(warm_python.ZYGOTE)) == []
+    assert _warm_running() == []
 
 
 def test_sglangs_parser_answers_alike_warm_and_cold():
