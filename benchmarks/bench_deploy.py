@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_deploy.py
 
 Prints, with the stand-in server (tests/standins/fake_inference_server.py) as the launcher:
-  - plan_deployment with SGLang's own argument parser versus without it, and versus the floor a
-    user pays to run that parser at all (`python -c "import sglang.srt.server_args"`);
+  - plan_deployment with SGLang's and vLLM's own argument parsers: the first check of a process (it starts the warm
+    process, quanteval/warm_python.py) and the next ones, versus without a check and versus the import every check
+    paid before (`python -c "import sglang.srt.server_args"`, vLLM's engine arguments in its venv);
   - launch -> ready as deployment_status(wait_s) sees it, versus the server's own load time;
   - one deployment_status probe (process, /health, /v1/models, a chat completion, log scan) versus
     the same three requests with curl, as a user would check by hand;
@@ -42,6 +43,7 @@ from quanteval.serving.deploy import (  # noqa: E402 - the state dir must be set
     launch_deployment,
     plan_deployment,
     stop_deployment,
+    vllm_venv,
 )
 
 
@@ -58,12 +60,18 @@ def launch(*fake: str) -> object:
 
 
 def main() -> None:
-    checked = median_seconds(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT))))
-    unchecked = median_seconds(lambda: plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), check_args=False)))
-    floor = median_seconds(lambda: subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"], check=True))
-    print(f"plan_deployment, SGLang parser check : {checked:7.3f} s")
-    print(f"plan_deployment, no parser check     : {unchecked:7.3f} s")
-    print(f"import sglang.srt.server_args alone  : {floor:7.3f} s   (check / bare import = {checked / floor:.2f}x)")
+    for framework, importing in (("sglang", [sys.executable, "-c", "import sglang.srt.server_args"]),
+                                 ("vllm", [str(vllm_venv() / "bin" / "python"), "-c", "import vllm.engine.arg_utils"])):
+        plan = PlanDeploymentInput(checkpoint=str(CHECKPOINT), framework=framework)
+        started = time.perf_counter()
+        plan_deployment(plan)  # the first check of a process starts its warm process (the framework's import)
+        first = time.perf_counter() - started
+        warm = median_seconds(lambda plan=plan: plan_deployment(plan))
+        unchecked = median_seconds(lambda plan=plan: plan_deployment(plan.model_copy(update={"check_args": False})))
+        floor = median_seconds(lambda importing=importing: subprocess.run(importing, check=True, capture_output=True))
+        print(f"plan_deployment {framework:6}, first check : {first:7.3f} s   (the bare import a cold check paid: {floor:.3f} s)")
+        print(f"plan_deployment {framework:6}, next checks : {warm:7.3f} s   (x{warm / floor:.2f} of that import; "
+              f"no check {unchecked:.3f} s)")
 
     result = launch("--fake-load-s", str(LOAD_S))
     started = time.perf_counter()

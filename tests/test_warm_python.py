@@ -1,4 +1,4 @@
-"""The warm process the parser checks run in (serving/warm_python.py, zygote.py): the same answer as `python -c`, a
+"""The warm process the parser checks run in (quanteval/warm_python.py, zygote.py): the same answer as `python -c`, a
 fresh state per check, the caller's environment, a timeout that leaves nothing running, no process outliving its
 owner, and a cold run where no warm one can start."""
 
@@ -14,7 +14,7 @@ import time
 import pytest
 from processes import running_with
 
-from quanteval.serving import warm_python
+from quanteval import warm_python
 from quanteval.serving.deploy import check_server_args
 
 PY = sys.executable
@@ -61,6 +61,15 @@ def test_each_check_starts_from_the_preloaded_state_not_the_last_checks():
     assert len(_warm_running()) == 1  # one warm process answered both
 
 
+def test_a_check_runs_in_the_callers_working_directory_with_no_stdin(tmp_path, monkeypatch):
+    """A relative path in a check (`--model ./ckpt`) means what it means to the caller; nothing waits on stdin."""
+    code = "import os, sys; print(os.getcwd(), repr(sys.stdin.read()))"
+    monkeypatch.chdir(tmp_path)
+    assert warm_python.run(PY, "import os\n", code, [], ENV, timeout_s=60).stdout == f"{tmp_path} ''\n"
+    monkeypatch.chdir(tmp_path.parent)
+    assert warm_python.run(PY, "import os\n", code, [], ENV, timeout_s=60).stdout == f"{tmp_path.parent} ''\n"
+
+
 def test_a_check_gets_the_callers_environment_of_the_moment():
     code = "import os; print(os.environ.get('QUANTEVAL_PROBE'), os.environ.get('HF_HUB_OFFLINE'))"
     one = warm_python.run(PY, "import os\n", code, [], {**ENV, "QUANTEVAL_PROBE": "1", "HF_HUB_OFFLINE": "1"}, timeout_s=60)
@@ -97,7 +106,7 @@ def test_a_check_past_its_timeout_raises_and_leaves_no_process():
 def test_the_warm_process_ends_when_its_owner_is_killed():
     owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
         import os, sys, time
-        from quanteval.serving import warm_python
+        from quanteval import warm_python
         warm_python.run({PY!r}, "import json\\n", "print(1)", [], {{**os.environ, "QUANTEVAL_STATE_DIR": {MARK!r}}}, timeout_s=60)
         print("warm", flush=True)
         time.sleep(600)

@@ -30,11 +30,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import ledger, redact
+from quanteval import ledger, redact, warm_python
 from quanteval.clusters.ssh import LOCAL
 from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import deploy_local, deploy_slurm, frameworks, warm_python
+from quanteval.serving import deploy_local, deploy_slurm, frameworks
 from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
 from quanteval.serving.deployment import (
     DeploymentPlan,

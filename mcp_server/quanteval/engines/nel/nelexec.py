@@ -5,7 +5,7 @@ call runs in `python -m quanteval.engines.nel.nelexec`: the child points its fd 
 importing NEL and writes one JSON object to the real stdout at the end; the parent reads
 that object with a timeout. Nothing NEL prints can reach the MCP stdout.
 
-Child protocol: request `{"op": ..., "args": {...}}` on stdin; answer `{"ok": true, ...}`
+Child protocol: request `{"op": ..., "args": {...}}` on stdin (or as the one argument); answer `{"ok": true, ...}`
 or `{"ok": false, "error": "<NEL's message, no traceback>"}` on stdout.
 """
 
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from typing import Any
 
-from quanteval import redact
+from quanteval import redact, warm_python
 from quanteval.models import ToolError
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -34,9 +34,31 @@ MAX_ERROR_CHARS = 2000
 # ---------------------------------------------------------------- parent side
 
 
+# What a child imports before its op; a warm process (quanteval/warm_python.py) imports it once for the ops that start
+# nothing lasting: composing, hashing, resolving and dry-running a config. Launches, kills, resumes and the
+# execution-database reads run in a fresh child each (a launch's run scripts must not share a warm process's fate).
+_PRELOAD = """
+import nemo_evaluator_launcher.api.functional, nemo_evaluator_launcher.api.types
+import nemo_evaluator_launcher.common.override_sugar, omegaconf
+import quanteval.engines.nel.nelexec, quanteval.engines.rendering, quanteval.stdio_guard
+"""
+_WARM_CHILD = "from quanteval.engines.nel.nelexec import main; main()"
+
+
+def _warm(op: str, args: dict[str, Any]) -> bool:
+    return op in ("hash", "resolved") or (op == "run" and bool(args.get("dry_run")))
+
+
 def call(op: str, timeout: float, **args: Any) -> dict[str, Any]:
     """Run `op` in a child process; return its JSON answer (ok or not). ToolError when the child dies or hangs."""
     request = json.dumps({"op": op, "args": args})
+    if _warm(op, args):
+        try:
+            done = warm_python.run(sys.executable, _PRELOAD, _WARM_CHILD, [request], {**os.environ, "PYTHONUNBUFFERED": "1"},
+                                   timeout_s=timeout)
+        except subprocess.TimeoutExpired:
+            raise ToolError(f"NEL did not answer within {timeout:.0f} s ({op}).") from None
+        return _answer(op, done.returncode, done.stdout, done.stderr)
     # NEL's stderr goes to a file, not a pipe: the run scripts NEL starts in the background inherit it, and
     # a pipe would keep this call waiting until the whole evaluation ends.
     with tempfile.TemporaryFile(mode="w+") as stderr:
@@ -55,12 +77,16 @@ def call(op: str, timeout: float, **args: Any) -> dict[str, Any]:
                 f"NEL did not answer within {timeout:.0f} s ({op}). A host may be unreachable; "
                 "check it with ssh_check and retry."
             ) from None
-        try:
-            return json.loads(completed.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            stderr.seek(0)
-            last = [line for line in stderr.read().strip().splitlines() if line.strip()][-3:]
-            raise ToolError(f"NEL's {op} ended without an answer (exit {completed.returncode}): {' | '.join(last)}") from None
+        stderr.seek(0)
+        return _answer(op, completed.returncode, completed.stdout, stderr.read())
+
+
+def _answer(op: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    try:
+        return json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        last = [line for line in stderr.strip().splitlines() if line.strip()][-3:]
+        raise ToolError(f"NEL's {op} ended without an answer (exit {returncode}): {' | '.join(last)}") from None
 
 
 # ---------------------------------------------------------------- child side
@@ -281,7 +307,7 @@ def main() -> None:
     from quanteval.stdio_guard import stdout_to_stderr
 
     with stdout_to_stderr() as real_stdout, secrets_private_from_creation():
-        request = json.loads(sys.stdin.read())
+        request = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())  # argv: in a warm process
         try:
             answer = {"ok": True, **OPS[request["op"]](**request["args"])}
         except Exception as exc:  # noqa: BLE001 - every NEL failure becomes a message for the person

@@ -6,8 +6,9 @@ imported state and sees none of the state a previous check left, and a check tha
 child. warm_python.py is the other end.
 
 Protocol, one JSON object per line: the first line on stdin is {"preload": CODE}, answered {"ready": true} or
-{"ready": false, "error": TEXT}; then each {"code": CODE, "argv": [...], "env": {...}} is answered {"returncode": N,
-"stdout": TEXT, "stderr": TEXT}, as `python -c CODE *argv` with that environment would have ended. Answers go to the
+{"ready": false, "error": TEXT}; then each {"code": CODE, "argv": [...], "env": {...}, "cwd": DIR} is answered {"returncode":
+N, "stdout": TEXT, "stderr": TEXT}, as `python -c CODE *argv` run in DIR with that environment and no stdin would have
+ended. Answers go to the
 stdout this process started with; what the preload or a check prints goes to stderr or the check's own capture.
 The process ends at EOF on stdin (its owner closed it, or died) or after IDLE_S without a request.
 """
@@ -28,6 +29,13 @@ def _run_child(request: dict, out_fd: int, err_fd: int) -> None:
     """In the forked child: the check as `python -c` would run it; never returns."""
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # the requests' pipe is this process's, not the check's
+    try:
+        os.chdir(request["cwd"])
+    except OSError as exc:
+        print(f"cannot enter the caller's working directory: {exc}", file=sys.stderr)
+        os._exit(1)
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = ["-c", *request["argv"]]

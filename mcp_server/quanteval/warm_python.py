@@ -103,8 +103,9 @@ def _warm_for(python: str, preload: str, env: dict[str, str], timeout_s: float) 
 
 def run(python: str, preload: str, code: str, argv: list[str], env: dict[str, str],
         timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """What `python -c code *argv` under `env` gives (returncode, stdout, stderr), `preload` imported beforehand;
-    raises subprocess.TimeoutExpired past timeout_s, as subprocess.run does."""
+    """What `python -c code *argv` under `env`, in this working directory and with no stdin, gives (returncode, stdout,
+    stderr), `preload` imported beforehand; raises subprocess.TimeoutExpired past timeout_s, as subprocess.run does.
+    For what starts nothing that outlives it: a timeout stops the warm process's whole process group."""
     if not hasattr(os, "fork"):
         return _cold(python, code, argv, env, timeout_s)
     try:
@@ -112,7 +113,7 @@ def run(python: str, preload: str, code: str, argv: list[str], env: dict[str, st
         with warm.lock:
             warm.used = time.monotonic()
             try:
-                answer = warm.ask({"code": code, "argv": argv, "env": env}, timeout_s)
+                answer = warm.ask({"code": code, "argv": argv, "env": env, "cwd": os.getcwd()}, timeout_s)
             except subprocess.TimeoutExpired:
                 _forget(warm)
                 raise
