@@ -14,8 +14,9 @@ os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 # The tier a fixture puts its tests in (tests/tiers.py): using the cluster makes a test a SLURM test.
 FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 
-# The lanes that start at once: the tiny-add vLLM lane (the longest) and tiny-skills' beside it.
-FIRST_LANES = {"vllm": 0, "vllm-tiny-skills": 1}
+# The lanes first, the longest first (seconds in a full run): tiny-skills' (~500), SLURM's (~500, mostly waiting on
+# the cluster), the tiny-add vLLM lane and the one-call evaluations' (~330 each); the other groups after them.
+FIRST_LANES = {"vllm-tiny-skills": 0, "slurm": 1, "vllm": 2, "vllm-evaluate": 3}
 
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]
@@ -42,8 +43,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the two vLLM lanes first, each on a worker of
-    its own at once (the longest work), then the other groups largest first, as xdist would order them. With --fast,
+    """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the lanes first, each on a worker of its own
+    as workers come free (the longest work), then the other groups largest first, as xdist would order them. With --fast,
     the heavy tiers are deselected."""
     def group(item: pytest.Item) -> str:  # the one pytest_itemcollected gave it
         return item.get_closest_marker("xdist_group").args[0]

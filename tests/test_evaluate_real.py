@@ -22,7 +22,7 @@ import pytest
 from factories import noise_checkpoint
 from mcp import Client, StdioServerParameters
 from processes import running_with
-from tiers import BENCH, CHECKPOINTS, REPO, requires, user_env
+from tiers import BENCH, CHECKPOINTS, REPO, own_lane, requires, user_env
 
 from quanteval.engines.nel_next import nelnext
 from quanteval.faces.cli import evaluation_exit_code, format_evaluation
@@ -31,7 +31,8 @@ from quanteval.workflow.evaluate import EvaluateQuantizationOutput
 
 POLICY = REPO / "examples" / "policies" / "tiny_add_release.yaml"  # the demo's: critical, 1.5 points, as NVFP4 releases
 
-pytestmark = requires("vllm", "nel-next")
+# its "nothing left running" checks name only this module's servers: a vLLM lane of its own, beside the others
+pytestmark = [*requires("vllm", "nel-next"), own_lane("vllm-evaluate")]
 
 
 def _nel_compare(baseline: str | Path, candidate: str | Path) -> dict:
@@ -48,8 +49,9 @@ def _nel_gate(baseline: str | Path, candidate: str | Path, policy: str | Path) -
     return json.loads(done.stdout)
 
 
-def _processes_serving(checkpoint: Path) -> list[str]:
-    return running_with("vllm", str(checkpoint))
+def _processes_serving(checkpoint: Path, state: dict[str, str]) -> list[str]:
+    """This module's servers of the checkpoint (other vLLM lanes may serve the same tiny-add checkpoints meanwhile)."""
+    return running_with("vllm", str(checkpoint), state_dir=Path(state["root"]) / "state")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def lossy(state) -> dict:
     return {"result": result.structured_content, "progress": messages}
 
 
-def test_the_lossy_variant_is_a_regression_and_nel_compare_agrees(lossy):
+def test_the_lossy_variant_is_a_regression_and_nel_compare_agrees(lossy, state):
     result = lossy["result"]
     assert result["verdict"] == "not acceptable", result["table_markdown"]
     (row,) = result["comparisons"]
@@ -100,7 +102,7 @@ def test_the_lossy_variant_is_a_regression_and_nel_compare_agrees(lossy):
     assert "tiny_add" in Path(result["report_markdown"]).read_text()
     # what the servers really served, and nothing left running
     assert result["candidate"]["served_context"] == 256
-    assert _processes_serving(CHECKPOINTS / "tiny-add-bf16") == _processes_serving(CHECKPOINTS / "tiny-add-w2-rtn") == []
+    assert _processes_serving(CHECKPOINTS / "tiny-add-bf16", state) == _processes_serving(CHECKPOINTS / "tiny-add-w2-rtn", state) == []
     # the MCP client saw the workflow's stages as progress
     assert any("canary passed" in m for m in lossy["progress"]) and any("comparing" in m for m in lossy["progress"])
 
@@ -157,7 +159,7 @@ def test_a_candidate_with_noise_for_weights_fails_its_canary_and_that_is_the_ans
     assert result["candidate"]["canary_record_id"] and result["candidate"]["full_run_record_id"] is None  # no full run
     candidate_server = result["candidate"]["deployment_record_id"]  # the server it was served by, named
     assert candidate_server and result["candidate"]["served_model_name"] and result["candidate"]["serving"]
-    assert _processes_serving(noise) == []
+    assert _processes_serving(noise, state) == []
     # validate_run on that canary says what the verdict says, not "raise max_tokens"
     checked = subprocess.run(["quanteval", "call", "validate_run", "--json", json.dumps({"run": result["candidate"]["canary_record_id"]})],
                              capture_output=True, text=True, env=json.loads(state["env"]), timeout=300, check=False)

@@ -5,9 +5,10 @@ the tier markers: `vllm` (starts a real vLLM), `slurm` (the real sshd + SLURM cl
 `setup` (runs the setup scripts), `slow` (anything else that takes tens of seconds). conftest adds the same markers
 from the fixtures a test uses (`slurm_cluster`, the shared vLLM servers), so a test cannot forget them.
 
-`bash scripts/test --fast` (pytest's `--fast`, conftest) runs what none of these mark; the full suite runs everything, on both cores
-with pytest-xdist, each heavy marker in a lane of its own (LANES): one worker owns the SLURM cluster, one starts vLLM
-servers one at a time (the tests that check "no vLLM left running" would see another test's server otherwise).
+`bash scripts/test --fast` (pytest's `--fast`, conftest) runs what none of these mark; the full suite runs everything
+with pytest-xdist on one worker more than the cores, each heavy marker in a lane of its own (LANES): one worker owns
+the SLURM cluster, one starts the tiny-add vLLM servers one at a time (the tests that check "no vLLM left running"
+would see another test's server otherwise); modules that check only their own servers take vLLM lanes of their own.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ TIER_MARKERS = {
 # xdist lanes (--dist loadgroup): a test with one of these markers runs on the lane's one worker, in this order of
 # precedence (a test that needs vLLM and SLURM runs in the vLLM lane, which then starts a cluster of its own).
 LANES = ("vllm", "slurm")
-# A module whose real servers are of checkpoints no other vLLM test serves (its "nothing left running" checks name
-# only those) may take a vLLM lane of its own: `pytestmark = [*requires("vllm"), own_lane("vllm-tiny-skills")]`.
+# A module whose "nothing left running" checks name only its own servers (checkpoints no other vLLM test serves, or
+# servers started under its own state dir) may take a vLLM lane of its own:
+# `pytestmark = [*requires("vllm"), own_lane("vllm-tiny-skills")]`.
 OWN_LANE = "lane"
 
 

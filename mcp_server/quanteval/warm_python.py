@@ -22,7 +22,7 @@ from pathlib import Path
 from quanteval import localproc
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
-MAX_WARM = 2  # each holds a framework's import in memory (vLLM: ~0.5 GB); the least recently used goes first
+MAX_WARM = 3  # vLLM, SGLang, NEL: each holds its import in memory (vLLM ~230 MB); the least recently used goes first
 # Read by the framework at import time or by a check; other variables (quanteval's own, pytest's) do not make a new
 # warm process, but every check still runs with the caller's whole environment.
 _IGNORED_PREFIXES = ("QUANTEVAL_", "PYTEST_")
