@@ -44,16 +44,20 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the lanes first, each on a worker of its own
-    as workers come free (the longest work), then the other groups largest first, as xdist would order them. With --fast,
+    as workers come free (the longest work), then the groups with heavy tests, then the rest, largest first. With --fast,
     the heavy tiers are deselected."""
     def group(item: pytest.Item) -> str:  # the one pytest_itemcollected gave it
         return item.get_closest_marker("xdist_group").args[0]
 
     sizes = Counter(map(group, items))
-    items.sort(key=lambda item: (FIRST_LANES.get(group(item), len(FIRST_LANES)), -sizes[group(item)]))
+    heavy = [item for item in items if any(item.get_closest_marker(marker) for marker in TIER_MARKERS)]
+    # Long work first, short work fills the end: a group with heavy tests (long waits on clients, nel-next and ns
+    # runs) queued last would run on alone while the other workers idle.
+    heavy_groups = {group(item) for item in heavy}
+    items.sort(key=lambda item: (FIRST_LANES.get(group(item), len(FIRST_LANES)), group(item) not in heavy_groups,
+                                 -sizes[group(item)]))
     if not config.getoption("--fast"):
         return
-    heavy = [item for item in items if any(item.get_closest_marker(marker) for marker in TIER_MARKERS)]
     if heavy:
         config.hook.pytest_deselected(items=heavy)
         dropped = set(heavy)
