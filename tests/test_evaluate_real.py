@@ -51,7 +51,7 @@ def _nel_gate(baseline: str | Path, candidate: str | Path, policy: str | Path) -
 
 def _processes_serving(checkpoint: Path, state: dict[str, str]) -> list[str]:
     """This module's servers of the checkpoint (other vLLM lanes may serve the same tiny-add checkpoints meanwhile)."""
-    return running_with("vllm", str(checkpoint), state_dir=Path(state["root"]) / "state")
+    return running_with("vllm", str(checkpoint), state_dir=json.loads(state["env"])["QUANTEVAL_STATE_DIR"])
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +167,9 @@ def test_a_candidate_with_noise_for_weights_fails_its_canary_and_that_is_the_ans
     assert failing and all("not a setting to raise" in message and "raise services" not in message for message in failing), failing
     # the same answer as the CLI prints it without --json (a second run would serve the noise again: a failed canary
     # is not reused; the text path itself runs for real in the release-gate test above)
-    text = format_evaluation(EvaluateQuantizationOutput.model_validate(result))
-    assert evaluation_exit_code(EvaluateQuantizationOutput.model_validate(result)) == 5
+    answer = EvaluateQuantizationOutput.model_validate(result)
+    text = format_evaluation(answer)
+    assert evaluation_exit_code(answer) == 5
     assert "verdict: anomalous" in text and "candidate answer #" in text
 
 

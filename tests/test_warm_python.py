@@ -129,3 +129,12 @@ def test_sglangs_parser_answers_alike_warm_and_cold():
     refused, refused_again = check_server_args("sglang", bad), check_server_args("sglang", bad)
     assert first.ok and again.ok and first.message == again.message
     assert refused.ok is False and refused.message == refused_again.message and "invalid int value: 'two'" in refused.message
+
+
+def test_an_import_that_hangs_times_out_once_and_leaves_no_process():
+    """The warm process's start counts against the check's time: no second, cold try of the same hanging import."""
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm_python.run(PY, "import time; time.sleep(60)\n", "print('never')", [], ENV, timeout_s=2)
+    assert time.monotonic() - started < 10
+    assert _warm_running() == []

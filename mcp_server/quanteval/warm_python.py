@@ -1,7 +1,9 @@
-"""`python -c CODE ARGS` in another Python with a heavy import already done: the frameworks' parser checks.
+"""`python -c CODE ARGS` in another Python with a heavy import already done: the frameworks' parser checks and NEL's
+config ops.
 
-plan_deployment asks vLLM's or SGLang's own code about the arguments it plans; each such check used to start a
-Python that imported the framework (5-10 s of CPU) to spend milliseconds parsing. One warm process (zygote.py) per
+plan_deployment asks vLLM's or SGLang's own code about the arguments it plans (and nelexec asks NEL to compose or
+dry-run a config); each such check used to start a Python that imported the framework (5-10 s of CPU) to spend
+milliseconds parsing. One warm process (zygote.py) per
 Python, preload and environment imports the framework once and forks a fresh child per check, so a session's second
 plan costs milliseconds and two checkpoints of one evaluation share one import. Where no warm process can run (no
 fork, a preload that fails) the check runs cold, as before; a check past its timeout kills the warm process with it.
@@ -40,8 +42,11 @@ class _Warm:
 
     def ask(self, message: dict, timeout_s: float) -> dict:
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write((json.dumps(message) + "\n").encode())
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write((json.dumps(message) + "\n").encode())
+            self.process.stdin.flush()
+        except (OSError, ValueError) as exc:  # it ended, or another thread closed it (least recently used)
+            raise ColdStart(f"the warm process is gone ({exc})") from None
         with selectors.DefaultSelector() as selector:
             selector.register(self.process.stdout, selectors.EVENT_READ)
             if not selector.select(timeout_s):
@@ -78,7 +83,11 @@ def _start(python: str, preload: str, env: dict[str, str], timeout_s: float) -> 
     warm = _Warm(process)
     try:
         ready = warm.ask({"preload": preload}, timeout_s)
-    except (subprocess.TimeoutExpired, ColdStart, ValueError) as exc:
+    except subprocess.TimeoutExpired:  # an import that hangs would hang a cold check too: the caller's timeout
+        localproc.stop_group(process.pid, grace_s=1, on_wait=process.poll)  # not yet in _WARM, whose lock is held
+        localproc.reap()
+        raise
+    except (ColdStart, ValueError) as exc:
         warm.close()
         raise ColdStart(str(exc)) from None
     if not ready.get("ready"):
@@ -108,17 +117,19 @@ def run(python: str, preload: str, code: str, argv: list[str], env: dict[str, st
     For what starts nothing that outlives it: a timeout stops the warm process's whole process group."""
     if not hasattr(os, "fork"):
         return _cold(python, code, argv, env, timeout_s)
+    deadline = time.monotonic() + timeout_s  # starting the warm process counts against the check's time
     try:
         warm = _warm_for(python, preload, env, timeout_s)
         with warm.lock:
             warm.used = time.monotonic()
             try:
-                answer = warm.ask({"code": code, "argv": argv, "env": env, "cwd": os.getcwd()}, timeout_s)
+                answer = warm.ask({"code": code, "argv": argv, "env": env, "cwd": os.getcwd()},
+                                  max(deadline - warm.used, 0.0))
             except subprocess.TimeoutExpired:
                 _forget(warm)
                 raise
     except ColdStart:
-        return _cold(python, code, argv, env, timeout_s)
+        return _cold(python, code, argv, env, max(deadline - time.monotonic(), 1.0))
     return subprocess.CompletedProcess([python, "-c", code, *argv], answer["returncode"], answer["stdout"], answer["stderr"])
 
 

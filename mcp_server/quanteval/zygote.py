@@ -6,10 +6,10 @@ imported state and sees none of the state a previous check left, and a check tha
 child. warm_python.py is the other end.
 
 Protocol, one JSON object per line: the first line on stdin is {"preload": CODE}, answered {"ready": true} or
-{"ready": false, "error": TEXT}; then each {"code": CODE, "argv": [...], "env": {...}, "cwd": DIR} is answered {"returncode":
-N, "stdout": TEXT, "stderr": TEXT}, as `python -c CODE *argv` run in DIR with that environment and no stdin would have
-ended. Answers go to the
-stdout this process started with; what the preload or a check prints goes to stderr or the check's own capture.
+{"ready": false, "error": TEXT}; then each {"code": CODE, "argv": [...], "env": {...}, "cwd": DIR} is answered
+{"returncode": N, "stdout": TEXT, "stderr": TEXT}, as `python -c CODE *argv` run in DIR with that environment and no
+stdin would have ended. Answers go to the stdout this process started with; what the preload or a check prints goes
+to stderr or the check's own capture.
 The process ends at EOF on stdin (its owner closed it, or died) or after IDLE_S without a request.
 """
 
@@ -70,7 +70,7 @@ def _answer(request: dict) -> dict:
 
 def main() -> None:
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
-        del sys.path[0]  # quanteval's serving modules must not shadow the framework's imports
+        del sys.path[0]  # quanteval's own modules (paths, models, ...) must not shadow the framework's imports
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # whatever the preload prints cannot reach the answers
     stdin = sys.stdin.buffer

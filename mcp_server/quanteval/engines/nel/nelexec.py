@@ -57,7 +57,7 @@ def call(op: str, timeout: float, **args: Any) -> dict[str, Any]:
             done = warm_python.run(sys.executable, _PRELOAD, _WARM_CHILD, [request], {**os.environ, "PYTHONUNBUFFERED": "1"},
                                    timeout_s=timeout)
         except subprocess.TimeoutExpired:
-            raise ToolError(f"NEL did not answer within {timeout:.0f} s ({op}).") from None
+            raise _timed_out(op, timeout) from None
         return _answer(op, done.returncode, done.stdout, done.stderr)
     # NEL's stderr goes to a file, not a pipe: the run scripts NEL starts in the background inherit it, and
     # a pipe would keep this call waiting until the whole evaluation ends.
@@ -73,12 +73,14 @@ def call(op: str, timeout: float, **args: Any) -> dict[str, Any]:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         except subprocess.TimeoutExpired:
-            raise ToolError(
-                f"NEL did not answer within {timeout:.0f} s ({op}). A host may be unreachable; "
-                "check it with ssh_check and retry."
-            ) from None
+            raise _timed_out(op, timeout) from None
         stderr.seek(0)
         return _answer(op, completed.returncode, completed.stdout, stderr.read())
+
+
+def _timed_out(op: str, timeout: float) -> ToolError:
+    return ToolError(f"NEL did not answer within {timeout:.0f} s ({op}). A host may be unreachable; "
+                     "check it with ssh_check and retry.")
 
 
 def _answer(op: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
