@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -574,6 +575,53 @@ def test_sigterm_stops_the_http_server_while_a_client_holds_its_event_stream_ope
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_half_sent_http_requests_are_closed_and_the_server_answers_meanwhile(cli_env, tmp_path):
+    """uvicorn has no deadline for a request's headers: 70 sockets that sent part of a request line (or nothing) were
+    held open for ever. Now each is closed at the header deadline, and a client is served while they wait."""
+    import socket
+
+    import httpx
+
+    from quanteval.localproc import free_port
+
+    port = free_port()
+    deadline_s = 2.0  # the real server's code with its deadline shortened, so the test waits seconds, not ten
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from quanteval.faces import server; "
+                             f"server.HTTP_HEADER_DEADLINE_S = {deadline_s}; sys.exit(server.main(sys.argv[1:]))",
+                             "--http", "--port", str(port), "--root", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cli_env)
+    url = f"http://127.0.0.1:{port}/mcp"
+    held: list[socket.socket] = []
+    try:
+        until = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url, timeout=1, trust_env=False)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < until, "the HTTP server did not start"
+                time.sleep(0.2)
+        for number in range(70):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if number % 10:  # one in ten sends nothing at all
+                sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl")
+            held.append(sock)
+        opened = time.monotonic()
+        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        hello = httpx.post(url, headers=headers, trust_env=False, timeout=5, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        assert hello.status_code == 200 and hello.headers["mcp-session-id"]
+        for sock in held:
+            assert sock.recv(1024) == b""  # closed by the server (recv would time out after 10 s otherwise)
+        assert time.monotonic() - opened < deadline_s + 5
+    finally:
+        for sock in held:
+            sock.close()
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @requires("nel-next")  # real_run

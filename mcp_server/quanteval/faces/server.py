@@ -339,13 +339,60 @@ def _root(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path | N
 HTTP_SHUTDOWN_GRACE_S = 5
 
 
+# A connection must send a request's line and headers within this long (from connecting, or from its first byte
+# after a response): uvicorn has no such deadline, so a client that sends part of a request and stops held its
+# socket for ever. Bodies and the event stream are not timed here: they are the SDK's and the session's business.
+HTTP_HEADER_DEADLINE_S = 10.0
+
+
+def _header_deadline_protocol() -> type:
+    """uvicorn's h11 protocol, closing a connection whose request line and headers are not all in by the deadline."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineProtocol(H11Protocol):
+        _deadline: Any = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE:  # still waiting for the end of a request's headers
+                self._arm()
+            else:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(HTTP_HEADER_DEADLINE_S, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderDeadlineProtocol
+
+
 def serve_http(server: Any, port: int, log_level: str) -> None:
-    """Streamable HTTP on 127.0.0.1, as the SDK serves it, but one that SIGTERM always stops."""
+    """Streamable HTTP on 127.0.0.1, as the SDK serves it, but one that SIGTERM always stops and a half-sent request
+    does not hold open."""
     import uvicorn
 
     app = server.streamable_http_app(host="127.0.0.1")
     uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level=log_level.lower(),
-                                  timeout_graceful_shutdown=HTTP_SHUTDOWN_GRACE_S)).run()
+                                  http=_header_deadline_protocol(), timeout_graceful_shutdown=HTTP_SHUTDOWN_GRACE_S)).run()
 
 
 def main(argv: list[str] | None = None) -> int:
