@@ -104,6 +104,31 @@ def test_a_half_sent_body_is_answered_408_and_closed_after_the_timeout(serve_eva
     assert _up(server.url)
 
 
+def test_sigterm_stops_the_server_at_once_while_clients_trickle_their_requests(serve_eval):
+    """A worker blocked reading a slow body held the exit for the whole read deadline (30 s by default; the pool's
+    threads are joined at exit): SIGTERM now cuts those reads, also through 70 half-sent requests."""
+    import signal
+
+    server = serve_eval()
+    held = []
+    try:
+        for _ in range(70):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(b"POST /evaluate HTTP/1.1\r\nHost: x\r\n")
+            held.append(sock)
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.sendall(b"POST /evaluate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        held.append(slow)
+        time.sleep(1)  # the slow body is with a worker now
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_a_body_over_the_limit_is_413_unread(serve_eval):
     server = serve_eval()
     size = 5 * 1024 * 1024

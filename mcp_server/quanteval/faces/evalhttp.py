@@ -194,7 +194,8 @@ class _Server(HTTPServer):
             for connection in late:
                 del self._reading[connection]
         for connection in late:
-            log.warning("a client did not send its request within %.0f s; closing it", self.idle_timeout_s)
+            if not self._closed.is_set():  # at shutdown every read is cut, late or not
+                log.warning("a client did not send its request within %.0f s; closing it", self.idle_timeout_s)
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RD)  # the worker's blocked read returns at once; it closes the socket
 
@@ -224,6 +225,9 @@ class _Server(HTTPServer):
         self._closed.set()
         self._wake_write.send(b"\0")
         self._waiting_room.join(5)
+        # A worker blocked reading a slow body would hold the exit for its whole deadline (the pool's threads are
+        # joined at exit): cut those reads now.
+        self._cut_slow_readers(float("inf"))
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._wake_read.close()
         self._wake_write.close()
