@@ -134,7 +134,7 @@ def real(tmp_path_factory: pytest.TempPathFactory):
                     answer = _request(where, "GET", f"/jobs/{job_id}")[1]
                     if answer["status"] in ("succeeded", "failed", "cancelled"):
                         jobs[name] = answer
-            yield {"health": health, "jobs": jobs, "router": router}
+            yield {"health": health, "jobs": jobs, "router": router, "url": url, "own_url": own_url}
         finally:
             for _, stop, thread in servers:
                 stop.set()
@@ -271,3 +271,18 @@ def test_a_data_dir_of_its_own_is_read_by_the_real_ns(real):
     assert job["raw_metrics"]["gsm8k"]["pass@1"]["num_entries"] == 2
     prompts = [r["messages"][-1]["content"] for r in real["router"].requests]
     assert sum("What is 5+5?" in p or "What is 6+6?" in p for p in prompts) == 2
+
+
+def test_a_benchmark_ns_does_not_know_or_has_no_data_for_is_a_400_before_ns_runs(real):
+    """`ns eval` fails such a benchmark after starting its pipeline (a 502 for what no retry mends): the server asks
+    the NeMo-Skills behind its `ns` first, as `ns eval` resolves names and --data_dir, and answers 400 naming the fix."""
+    sent = len(real["router"].requests)
+    for where, name, expected in ((real["url"], "gsm8", "NeMo-Skills has no benchmark 'gsm8' (close: gsm8k"),
+                                  (real["own_url"], "mmlu", "'mmlu' has no prepared data"),
+                                  (real["url"], "hle", "run `ns prepare_data hle` where the server runs")):
+        started = time.monotonic()
+        status, answer = _request(where, "POST", "/evaluate", {"rollout_id": 7, "router_url": real["router"].url,
+                                                              "benchmarks": [{"name": "gsm8k"}, {"name": name}]})
+        assert status == 400 and expected in answer["error"], answer
+        assert time.monotonic() - started < 30
+    assert len(real["router"].requests) == sent  # nothing was generated

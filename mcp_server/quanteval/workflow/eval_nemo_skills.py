@@ -45,15 +45,23 @@ def ns_path(settings: ServerSettings) -> str | None:
     return shutil.which(settings.ns_command)
 
 
-@functools.lru_cache(maxsize=8)
-def _ns_version(path: str, mtime_ns: int) -> str | None:
-    """NeMo-Skills' version as the Python behind this `ns` sees it (ns has no --version)."""
+def ns_python(path: str) -> str | None:
+    """The Python behind this `ns` (its #! line), or None when it is not a Python script."""
     try:
         first = Path(path).read_bytes()[:256].split(b"\n", 1)[0].decode(errors="replace")  # a binary has no #! line
     except OSError:
         return None
     python = first[2:].strip().split()[0] if first.startswith("#!") else None
     if not python or not Path(python).name.startswith("python") or not os.access(python, os.X_OK):
+        return None
+    return python
+
+
+@functools.lru_cache(maxsize=8)
+def _ns_version(path: str, mtime_ns: int) -> str | None:
+    """NeMo-Skills' version as the Python behind this `ns` sees it (ns has no --version)."""
+    python = ns_python(path)
+    if python is None:
         return None
     try:
         out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('nemo_skills'))"],
@@ -78,6 +86,60 @@ def readiness(settings: ServerSettings) -> dict[str, Any]:
 
 
 def refuse(settings: ServerSettings, request: EvalRequest) -> str | None:
+    """What `ns eval` would fail on after minutes, said now (a 400): a benchmark NeMo-Skills does not know or whose
+    data is not prepared, and top_k sent to an `openai` server type."""
+    return _benchmark_refusal(settings, request) or _top_k_refusal(settings, request)
+
+
+# NeMo-Skills resolves a benchmark as `ns eval` does (467b057's dataset.utils.get_dataset_module: built-in, the extra
+# benchmark map, then --data_dir) and reads DIR/NAME/<EVAL_SPLIT or test>.jsonl: the package's folder (where
+# `ns prepare_data` writes), the mapped folder, or --data_dir. Prints {name: null | why}.
+_BENCHMARK_PROBE = r"""
+import difflib, json, sys
+from pathlib import Path
+from nemo_skills.dataset import utils
+names, data_dir = json.loads(sys.argv[1]), sys.argv[2] or None
+home = Path(utils.__file__).parent
+known = sorted({p.name for p in home.iterdir() if (p / "__init__.py").is_file()} | set(utils.get_extra_benchmark_map()))
+out = {}
+for name in names:
+    try:
+        module = utils.get_dataset_module(name, data_dir=data_dir)[0]
+    except Exception:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        out[name] = f"NeMo-Skills has no benchmark '{name}'" + (f" (close: {', '.join(close)})" if close else "")
+        continue
+    split = getattr(module, "EVAL_SPLIT", "test")
+    folder = Path(data_dir) / name if data_dir else Path(module.__file__).parent
+    data = folder / f"{split}.jsonl"
+    out[name] = None if data.is_file() else (
+        f"'{name}' has no prepared data: {data} is missing; run `ns prepare_data {name}"
+        + (f" --data_dir {data_dir}" if data_dir else "") + "` where the server runs (it may download)")
+print(json.dumps(out))
+"""
+
+
+def _benchmark_refusal(settings: ServerSettings, request: EvalRequest) -> str | None:
+    """Unknown or unprepared benchmarks, asked of the NeMo-Skills behind `ns` (about 0.5 s). Only for the server's own
+    `executor: none` cluster: on a cluster config of the user's, the data lies where its jobs run. None when the
+    question cannot be asked (no `ns`, not a Python script): `ns eval` then says what is wrong."""
+    path = ns_path(settings)
+    python = ns_python(path) if path and not settings.cluster else None
+    if python is None:
+        return None
+    names = sorted({bench.name for bench in request.benchmarks})
+    try:
+        done = subprocess.run([python, "-c", _BENCHMARK_PROBE, json.dumps(names), settings.data_dir or ""],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, **ns_env(settings)},
+                              check=False)
+        found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    problems = [why for name in names if isinstance(why := found.get(name), str)]
+    return "; ".join(problems) or None
+
+
+def _top_k_refusal(settings: ServerSettings, request: EvalRequest) -> str | None:
     """top_k cannot reach an `openai` server type: say so now (400), not after minutes of generation (502)."""
     if settings.server_type in TOP_K_SERVER_TYPES:
         return None
