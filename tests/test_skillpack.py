@@ -279,6 +279,8 @@ def test_the_wheel_carries_the_pack_and_installs_from_it(tmp_path: Path):
 
 
 def test_mcp_serves_the_pack_as_resources_and_the_workflow_as_a_prompt():
+    """Each skill as installed, under skill:// (the Skills extension: tests/test_mcp_skills.py); the shared folders
+    (references/, recipes/) as quanteval://<pack path> besides."""
     from mcp import Client
 
     from quanteval.faces.server import build_server
@@ -287,16 +289,18 @@ def test_mcp_serves_the_pack_as_resources_and_the_workflow_as_a_prompt():
         async with Client(build_server()) as client:
             resources = await client.list_resources()
             uris = {str(resource.uri) for resource in resources.resources}
-            skill = await client.read_resource("quanteval://skills/evaluation/SKILL.md")
+            skill = await client.read_resource("skill://evaluation/SKILL.md")
             recipe = await client.read_resource("quanteval://recipes/tasks/gpqa.md")
             prompts = await client.list_prompts()
             prompt = await client.get_prompt(skillpack.WORKFLOW_PROMPT, {"checkpoint": "/data/model-nvfp4"})
             return uris, skill, recipe, prompts, prompt
 
     uris, skill, recipe, prompts, prompt = anyio.run(scenario)
-    assert {skillpack.resource_uri(path) for path in skillpack.pack_files(REPO)} == uris
-    assert skill.contents[0].text == (REPO / "skills" / "evaluation" / "SKILL.md").read_text()
+    shared = {skillpack.resource_uri(path) for path in skillpack.pack_files(REPO) if not path.startswith("skills/")}
+    skills = {skillpack.skill_uri(name, path) for name in SKILLS for path in skillpack.skill_files(name, REPO)}
+    assert shared | skills == uris
+    assert skill.contents[0].text.encode() == skillpack.skill_files("evaluation", REPO)["SKILL.md"]
     assert "ns_gpqa" in recipe.contents[0].text
     assert [p.name for p in prompts.prompts] == [skillpack.WORKFLOW_PROMPT]
     text = prompt.messages[0].content.text
-    assert "/data/model-nvfp4" in text and "Step 8.2" in text and "quanteval://" in text
+    assert "/data/model-nvfp4" in text and "Step 8.2" in text and "skill://evaluation/" in text

@@ -12,20 +12,26 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server import NotificationOptions
+from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, ResourceLink, TextContent, ToolAnnotations
+from mcp_types import Resource as MCPResource
 from mcp_types import Tool as MCPTool
 
 from quanteval import __version__, paths, registry
 from quanteval.models import ToolError
+
+if TYPE_CHECKING:
+    from quanteval.faces.mcpskills import SkillsExtension
 
 log = logging.getLogger("quanteval.faces.server")
 
@@ -167,8 +173,11 @@ def _error(message: str) -> CallToolResult:
 
 class QuantevalServer(MCPServer):
     def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = True,
-                 read_only: bool = False) -> None:
-        super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS)
+                 read_only: bool = False, skills: SkillsExtension | None = None) -> None:
+        # The Skills extension (faces/mcpskills.py): skills/list, skills/get and the skill:// resources, read live.
+        super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS, extensions=[skills] if skills else [],
+                         middleware=[skills.advertise_on_handshake] if skills else [])
+        self._skills = skills
         self._specs = dict(tools)
         self._policy = policy
         self._output_schemas = output_schemas
@@ -188,6 +197,15 @@ class QuantevalServer(MCPServer):
 
     async def list_tools(self) -> list[MCPTool]:
         return self._tool_listing
+
+    async def list_resources(self) -> list[MCPResource]:
+        skill_files = self._skills.resource_listing() if self._skills else []
+        return [*skill_files, *await super().list_resources()]
+
+    async def read_resource(self, uri: Any, context: Context | None = None) -> Iterable[ReadResourceContents] | Any:
+        if self._skills and str(uri).startswith("skill://"):
+            return self._skills.read(str(uri))  # an unknown or escaping URI: ResourceNotFoundError, -32602
+        return await super().read_resource(uri, context)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
         from quanteval.faces import toolsetting
@@ -303,9 +321,16 @@ def build_server(
     `open_eval_server`, start_eval_server may bind beyond loopback and run an ns/nel command outside the root; with
     `allow_commands`, a config under the root may run commands on launch (engines/commands.py)."""
     policy = paths.Policy(root=root, absolute_only=True, open_eval_server=open_eval_server, allow_commands=allow_commands)
-    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas, read_only)
+    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas, read_only, _skills_extension())
     _add_extras(server)
     return server
+
+
+def _skills_extension() -> SkillsExtension | None:
+    """The MCP Skills extension over the skill pack, when the pack is installed."""
+    from quanteval.faces import mcpskills
+
+    return mcpskills.extension()
 
 
 def _add_extras(server: MCPServer) -> None:

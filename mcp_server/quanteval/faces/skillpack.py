@@ -135,6 +135,24 @@ def _rewrite_links(text: str, source: str, skill: str) -> str:
     return LINK_PATTERN.sub(rewrite, text)
 
 
+def skill_files(skill: str, root: Path | None = None) -> dict[str, bytes]:
+    """The files of `skill` as installed, self-contained: path inside the skill folder (POSIX) -> bytes.
+
+    The one source of a skill's content: `install_skills` writes exactly these, and the MCP server serves exactly
+    these as `skill://<skill>/<path>` (faces/mcpskills.py). Read from the pack on each call.
+    """
+    root = root or pack_root()
+    files = {}
+    for pack_path in _skill_closure(root, skill):
+        relative = posixpath.relpath(_installed_path(pack_path, skill), skill)
+        if pack_path.endswith(".md"):
+            text = (root / pack_path).read_text(encoding="utf-8")
+            files[relative] = _rewrite_links(text, pack_path, skill).encode("utf-8")
+        else:
+            files[relative] = (root / pack_path).read_bytes()
+    return files
+
+
 @dataclass(frozen=True)
 class InstallOutcome:
     skill: str
@@ -166,14 +184,10 @@ def install_skills(destination_root: Path, *, force: bool = False) -> list[Insta
         # Build beside the destination, then swap it in, so a failure never leaves half a skill behind.
         staging = Path(tempfile.mkdtemp(prefix=f".{skill}-", dir=destination_root))
         try:
-            for pack_path in _skill_closure(root, skill):
-                installed = staging / Path(_installed_path(pack_path, skill)).relative_to(skill)
+            for relative, data in skill_files(skill, root).items():
+                installed = staging / relative
                 installed.parent.mkdir(parents=True, exist_ok=True)
-                if pack_path.endswith(".md"):
-                    text = (root / pack_path).read_text(encoding="utf-8")
-                    installed.write_text(_rewrite_links(text, pack_path, skill), encoding="utf-8")
-                else:
-                    shutil.copyfile(root / pack_path, installed)
+                installed.write_bytes(data)
             if destination.exists():
                 shutil.rmtree(destination)
             os.replace(staging, destination)
@@ -186,7 +200,12 @@ def install_skills(destination_root: Path, *, force: bool = False) -> list[Insta
 
 # ---------------------------------------------------------------- MCP resources and prompt
 
+# The skills themselves are served by faces/mcpskills.py as skill://<skill>/<path> (the MCP Skills extension), with
+# the bytes `install_skills` writes. The pack's shared folders (references/, recipes/) are served here as well, as
+# quanteval://<path relative to the pack root>, for clients that read a recipe or reference without a skill.
 RESOURCE_SCHEME = "quanteval"
+SKILL_SCHEME = "skill"
+SHARED_RESOURCE_FOLDERS = ("references", "recipes")
 WORKFLOW_PROMPT = "evaluate_quantized_model"
 
 
@@ -194,24 +213,29 @@ def resource_uri(pack_path: str) -> str:
     return f"{RESOURCE_SCHEME}://{pack_path}"
 
 
-def _mime_type(pack_path: str) -> str:
-    if pack_path.endswith(".md"):
+def skill_uri(skill: str, path: str = "SKILL.md") -> str:
+    """A skill file's URI under the Skills extension: skill://<skill>/<path inside the installed skill folder>."""
+    return f"{SKILL_SCHEME}://{skill}/{path}"
+
+
+def mime_type(path: str) -> str:
+    if path.endswith(".md"):
         return "text/markdown"
-    if pack_path.endswith((".yaml", ".yml")):
+    if path.endswith((".yaml", ".yml")):
         return "text/yaml"  # a text type: MCP clients show it as text (application/yaml is served as a base64 blob)
     return "text/plain"
 
 
-def _description(root: Path, pack_path: str) -> str:
+def describe(text: str, fallback: str) -> str:
     """The frontmatter description of a skill, or the first heading of a Markdown file."""
-    text = (root / pack_path).read_text(encoding="utf-8")
     match = re.search(r"^description:\s*(.+)$", text, re.MULTILINE) or re.search(r"^#\s+(.+)$", text, re.MULTILINE)
-    return match.group(1).strip() if match else pack_path
+    return match.group(1).strip() if match else fallback
 
 
 def workflow_prompt_text(checkpoint: str = "", baseline: str = "") -> str:
-    """The evaluation skill as a prompt, with the user's checkpoint and baseline filled in when given."""
-    skill = (pack_root() / "skills" / "evaluation" / "SKILL.md").read_text(encoding="utf-8")
+    """The evaluation skill as a prompt (as installed, so its links resolve under skill://evaluation/), with the
+    user's checkpoint and baseline filled in when given."""
+    skill = skill_files("evaluation")["SKILL.md"].decode("utf-8")
     body = skill.split("---", 2)[2].lstrip() if skill.startswith("---") else skill
     task = ["Evaluate the accuracy of a (quantized) model with quanteval, following the workflow below."]
     if checkpoint:
@@ -219,14 +243,16 @@ def workflow_prompt_text(checkpoint: str = "", baseline: str = "") -> str:
     if baseline:
         task.append(f"Baseline to compare against: {baseline}")
     task.append(
-        f"Linked files (references, recipes, common guidance) are MCP resources: {RESOURCE_SCHEME}://<path> "
-        "with the path relative to the pack root, e.g. quanteval://references/multi-node.md."
+        f"Linked files (references, recipes, common guidance) are MCP resources under {skill_uri('evaluation', '')}: "
+        f"a link to references/multi-node.md is {skill_uri('evaluation', 'references/multi-node.md')}, "
+        f"one to ../compare-results/SKILL.md is {skill_uri('compare-results')}."
     )
     return "\n".join(task) + "\n\n" + body
 
 
 def register_mcp(server: MCPServer) -> None:
-    """Expose every pack file as a resource (read on demand) and the evaluation workflow as a prompt."""
+    """Expose the pack's shared files (references/, recipes/) as resources (read on demand) and the evaluation
+    workflow as a prompt. The skills are served by the Skills extension (faces/mcpskills.py)."""
     from mcp.server.mcpserver.prompts import Prompt
     from mcp.server.mcpserver.resources import FileResource
 
@@ -236,12 +262,14 @@ def register_mcp(server: MCPServer) -> None:
         log.warning("skill pack not found; serving tools without its resources")
         return
     for pack_path in pack_files(root):
+        if pack_path.split("/", 1)[0] not in SHARED_RESOURCE_FOLDERS:
+            continue
         server.add_resource(
             FileResource(
                 uri=resource_uri(pack_path),
                 name=pack_path,
-                description=_description(root, pack_path),
-                mime_type=_mime_type(pack_path),
+                description=describe((root / pack_path).read_text(encoding="utf-8"), pack_path),
+                mime_type=mime_type(pack_path),
                 encoding="utf-8",  # every pack file is text
                 path=root / pack_path,
             )
