@@ -1,8 +1,9 @@
 """evaluate_quantization takes minutes; MCP clients give up on a request after 60 s. Driven through real clients nobody
-here wrote, at their default timeouts: the MCP Inspector CLI (one stdio server per call) and the TypeScript SDK's client
-(tests/mcp_clients, installed by `scripts/setup --dev`), with the real nel-next on the embedded model. The real vLLM
-(CPU) serves it where the IDE quits mid-call (its whole process tree must go); elsewhere a stand-in answers the sums,
-loading for 50 s where the length of the call is the point, or with child processes of its own where leaving is.
+here wrote, at their default timeouts: the MCP Inspector CLI (2.x, one stdio server per call) and the TypeScript SDK's
+client (tests/mcp_clients, installed by `scripts/setup --dev`, run on the Node 22 installed there), with the real
+nel-next on the embedded model. The real vLLM (CPU) serves it where the IDE quits mid-call (its whole process tree
+must go); elsewhere a stand-in answers the sums, loading for 50 s where the length of the call is the point, or with
+child processes of its own where leaving is.
 
 - start_evaluation + wait_for_run reach the verdict from both clients at their defaults;
 - the one-call form reaches it from a client that asks for progress with resetTimeoutOnProgress;
@@ -26,14 +27,12 @@ import anyio
 import pytest
 from mcp import Client
 from processes import own_state_dir, running_with
-from tiers import BENCH, CHECKPOINTS, REPO, VENV_BIN, requires, user_env
+from tiers import BENCH, CHECKPOINTS, INSPECTOR, MCP_CLIENTS, NODE, REPO, VENV_BIN, requires, user_env
 
 from quanteval import ledger
 from quanteval.workflow import runs
 
 BASELINE, CANDIDATE = CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a8"
-CLIENTS = REPO / "tests" / "mcp_clients"
-INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
 CLIENT_TIMEOUT_S = 60  # both clients' default request timeout (DEFAULT_REQUEST_TIMEOUT_MSEC in the TypeScript SDK)
 STANDIN = [sys.executable, str(REPO / "tests" / "standins" / "fake_inference_server.py"), "--fake-answers", "sum"]
 SERVER_DELAY_S = 35  # two servers this slow to load and the runs between: every evaluation outlasts CLIENT_TIMEOUT_S
@@ -107,19 +106,24 @@ def a_full_run_is_going() -> bool:
 
 
 def node_client(env: dict[str, str], mode: str, tool_arguments: dict, timeout_s: float = 900) -> dict:
-    done = subprocess.run(["node", str(CLIENTS / "ts_client.mjs"), mode, json.dumps(tool_arguments)], cwd=CLIENTS,
+    done = subprocess.run([str(NODE), str(MCP_CLIENTS / "ts_client.mjs"), mode, json.dumps(tool_arguments)], cwd=MCP_CLIENTS,
                           env={**env, "MCP_SERVER_ARGV": json.dumps([str(VENV_BIN / "quanteval-mcp")])},
                           capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert int(answer.pop("node").lstrip("v").split(".")[0]) >= 22, "not the project's Node 22"
+    return answer
 
 
 def inspector(env: dict[str, str], tool: str, **tool_arguments: object) -> dict:
-    """One `mcp-inspector --cli` call: it starts its own quanteval-mcp over stdio, calls the tool, and exits."""
-    argv = [str(INSPECTOR), "--cli", str(VENV_BIN / "quanteval-mcp"), "--method", "tools/call", "--tool-name", tool]
-    for key, value in tool_arguments.items():
-        argv += ["--tool-arg", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
-    done = subprocess.run(argv, cwd=CLIENTS, env=env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S + 30)
+    """One `mcp-inspector --cli` call: it starts its own quanteval-mcp over stdio, calls the tool, prints the result
+    (exit 5 when the result is a tool error), and exits. It gives the server only the basics of its own environment
+    (HOME, PATH, ...) and what -e names, as an IDE's server config does: the test's environment goes by -e."""
+    forwarded = [arg for name, value in env.items() if name.isidentifier() and value  # it refuses an empty value
+                 for arg in ("-e", f"{name}={value}")]
+    argv = [str(NODE), str(INSPECTOR), "--cli", *forwarded, str(VENV_BIN / "quanteval-mcp"), "--method", "tools/call",
+            "--tool-name", tool, "--tool-args-json", json.dumps(tool_arguments)]
+    done = subprocess.run(argv, cwd=MCP_CLIENTS, env=env, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S + 30)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return json.loads(done.stdout)
 

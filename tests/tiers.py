@@ -14,7 +14,6 @@ would see another test's server otherwise); modules that check only their own se
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from functools import cache
 from pathlib import Path
@@ -30,13 +29,16 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 NEL_NEXT = REPO / ".venv-nel-next" / "bin" / "nel"
 NS_VENV = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills")
 MCP_CLIENTS = REPO / "tests" / "mcp_clients"
+# The project's Node 22 (node-linux-* from the npm registry; the system's node may be older), the clients that run on it
+NODE = MCP_CLIENTS / "node_modules" / ".bin" / "node"
 INSPECTOR = MCP_CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
+CONFORMANCE = MCP_CLIENTS / "node_modules" / ".bin" / "conformance"
 F = TypeVar("F")
 
 TIER_MARKERS = {
     "vllm": "starts a real vLLM server (CPU build)",
     "slurm": "uses the real sshd + SLURM cluster on 127.0.0.1",
-    "npm": "drives the npm MCP clients (Inspector, TypeScript SDK) with node",
+    "npm": "drives the npm MCP clients (Inspector, TypeScript SDK, conformance suite) with the project's Node 22",
     "setup": "runs the setup scripts",
     "slow": "takes tens of seconds for another reason (real nel-next runs, ns eval, long waits)",
 }
@@ -66,8 +68,9 @@ def _missing(need: str) -> str | None:
         return None if _nel_next_has_nemo_skills() else ("nel-next's venv has no NeMo-Skills: bash scripts/setup-nel-next "
                                                          "installs the vendored 467b057 (../shared/vendor)")
     if need == "npm":
-        return None if shutil.which("node") and INSPECTOR.exists() else (
-            "needs node and the MCP clients in tests/mcp_clients: bash scripts/setup --dev installs them")
+        return None if all(path.exists() for path in (NODE, INSPECTOR, CONFORMANCE)) else (
+            "needs npm's Node 22 and the MCP clients in tests/mcp_clients: bash scripts/setup --dev installs them "
+            "(npm ci there, with npm on the PATH)")
     if need in ("slurm", "setup", "slow"):
         return None  # markers only: the cluster fixture says itself what it lacks
     raise ValueError(f"unknown need {need!r}")

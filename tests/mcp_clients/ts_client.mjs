@@ -4,7 +4,7 @@
 //   request timeout stays the SDK's default 60 s, restarted by each progress notification);
 // MODE plain-call: the same call with the SDK's defaults (no progress asked: it times out at 60 s);
 // MODE start-and-wait: start_evaluation, then wait_for_run (timeout_s 45) until the status is not running, defaults.
-// Prints {result, error, code, progress, waits} as one JSON line.
+// Prints {result, error, code, progress, waits, node} as one JSON line (node: the version it ran on).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 
@@ -14,7 +14,7 @@ const toolArguments = JSON.parse(argumentsJson);
 const transport = new StdioClientTransport({ command, args, env: process.env, stderr: "inherit" });
 const client = new Client({ name: "quanteval-ts-test", version: "0.0.0" });
 await client.connect(transport);
-const out = { progress: 0, waits: 0 };
+const out = { progress: 0, waits: 0, node: process.version };
 try {
   if (mode === "one-call") {
     out.result = await client.callTool({ name: "evaluate_quantization", arguments: toolArguments }, undefined,
