@@ -279,7 +279,9 @@ def test_a_benchmark_ns_does_not_know_or_has_no_data_for_is_a_400_before_ns_runs
     sent = len(real["router"].requests)
     for where, name, expected in ((real["url"], "gsm8", "NeMo-Skills has no benchmark 'gsm8' (close: gsm8k"),
                                   (real["own_url"], "mmlu", "'mmlu' has no prepared data"),
-                                  (real["url"], "hle", "run `ns prepare_data hle` where the server runs")):
+                                  (real["url"], "hle", "run `ns prepare_data hle` where the server runs"),
+                                  # graded by `cd /opt/benchmarks/IFBench && python -m run_eval`: its container's layout
+                                  (real["url"], "ifbench", "with the code its container has at /opt/benchmarks/IFBench")):
         started = time.monotonic()
         status, answer = _request(where, "POST", "/evaluate", {"rollout_id": 7, "router_url": real["router"].url,
                                                               "benchmarks": [{"name": "gsm8k"}, {"name": name}]})

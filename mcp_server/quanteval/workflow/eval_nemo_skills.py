@@ -91,14 +91,19 @@ def refuse(settings: ServerSettings, request: EvalRequest) -> str | None:
     return _benchmark_refusal(settings, request) or _top_k_refusal(settings, request)
 
 
+# Graders NeMo-Skills 467b057 runs from its container's layout (evaluation/evaluator/<type>.py: `cd DIR && python -m
+# ...`): on a host without DIR the benchmark generates every answer and then fails.
+CONTAINER_GRADERS = {"ifbench": "/opt/benchmarks/IFBench", "if": "/opt/benchmarks/google-research",
+                     "bfcl": "/opt/gorilla/berkeley-function-call-leaderboard"}
+
 # NeMo-Skills resolves a benchmark as `ns eval` does (467b057's dataset.utils.get_dataset_module: built-in, the extra
 # benchmark map, then --data_dir) and reads DIR/NAME/<EVAL_SPLIT or test>.jsonl: the package's folder (where
 # `ns prepare_data` writes), the mapped folder, or --data_dir. Prints {name: null | why}.
 _BENCHMARK_PROBE = r"""
-import difflib, json, sys
+import difflib, json, re, sys
 from pathlib import Path
 from nemo_skills.dataset import utils
-names, data_dir = json.loads(sys.argv[1]), sys.argv[2] or None
+names, data_dir, graders = json.loads(sys.argv[1]), sys.argv[2] or None, json.loads(sys.argv[3])
 home = Path(utils.__file__).parent
 known = sorted({p.name for p in home.iterdir() if (p / "__init__.py").is_file()} | set(utils.get_extra_benchmark_map()))
 out = {}
@@ -108,6 +113,13 @@ for name in names:
     except Exception:
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         out[name] = f"NeMo-Skills has no benchmark '{name}'" + (f" (close: {', '.join(close)})" if close else "")
+        continue
+    eval_type = re.search(r"\+\+eval_type=(\S+)", getattr(module, "GENERATION_ARGS", "") or "")
+    grader = graders.get(eval_type.group(1)) if eval_type else None
+    if grader and not Path(grader).is_dir():
+        out[name] = (f"NeMo-Skills grades '{name}' with the code its container has at {grader}, which this machine "
+                     "lacks: run the eval server inside the NeMo-Skills container, or give it a --cluster config whose "
+                     "jobs run there")
         continue
     split = getattr(module, "EVAL_SPLIT", "test")
     folder = Path(data_dir) / name if data_dir else Path(module.__file__).parent
@@ -129,7 +141,8 @@ def _benchmark_refusal(settings: ServerSettings, request: EvalRequest) -> str | 
         return None
     names = sorted({bench.name for bench in request.benchmarks})
     try:
-        done = subprocess.run([python, "-c", _BENCHMARK_PROBE, json.dumps(names), settings.data_dir or ""],
+        done = subprocess.run([python, "-c", _BENCHMARK_PROBE, json.dumps(names), settings.data_dir or "",
+                               json.dumps(CONTAINER_GRADERS)],
                               capture_output=True, text=True, timeout=60, env={**os.environ, **ns_env(settings)},
                               check=False)
         found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
