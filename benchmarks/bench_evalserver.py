@@ -72,12 +72,12 @@ def start_server(ns: str, out: Path, jobs: int) -> tuple[subprocess.Popen, str]:
 
 def direct(ns: str, router_url: str, out: Path, bench: str, extra: list[str] | None = None) -> float:
     """The same `ns eval` command the server builds, run by hand."""
-    from quanteval.workflow import eval_nemo_skills
-    from quanteval.workflow.evaljobs import EvalRequest, ServerSettings
+    from quanteval.evalserver import nemo_skills
+    from quanteval.evalserver.backend import EvalRequest, ServerSettings
 
     settings = ServerSettings(output_root=out, ns_command=ns)
     request = EvalRequest(rollout_id=0, router_url=router_url, benchmarks=[{"name": bench}])
-    [command] = eval_nemo_skills.commands(settings, request, request.benchmarks[0], out / bench, "direct")
+    [command] = nemo_skills.commands(settings, request, request.benchmarks[0], out / bench, "direct")
     command.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     subprocess.run(command.argv, env={**os.environ, **command.env}, cwd=command.cwd, check=True,

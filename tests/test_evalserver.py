@@ -23,11 +23,11 @@ import yaml
 from mcp import Client
 
 from quanteval import ledger
+from quanteval.evalserver import backend, jobs, nel
 from quanteval.faces import evalhttp, evalserver
 from quanteval.faces.evalserver import ServerSettings
 from quanteval.localproc import free_port, group_members
 from quanteval.models import ToolError
-from quanteval.workflow import eval_nel, evalbackend, evaljobs
 
 STANDINS = Path(__file__).parent / "standins"
 sys.path.insert(0, str(STANDINS))
@@ -324,7 +324,7 @@ def test_a_retry_within_the_grace_period_rescues_the_orphan(make_server, router)
 
 
 def test_finished_jobs_beyond_the_limit_leave_memory_but_stay_in_the_ledger(make_server, router, monkeypatch):
-    monkeypatch.setattr(evaljobs, "FINISHED_JOBS_KEPT", 2)  # 100 in the server: memory stays flat for days
+    monkeypatch.setattr(jobs, "FINISHED_JOBS_KEPT", 2)  # 100 in the server: memory stays flat for days
     server = make_server()
     ids = [server.request("POST", "/evaluate", payload(router.url, {"name": "gsm8k"}, rollout_id=i))[1]["job_id"]
            for i in range(4)]
@@ -466,14 +466,14 @@ def test_nel_backend_maps_benchmarks_to_ns_tasks_and_reads_results_yml(make_serv
 
 def test_nel_backend_config_passes_nels_own_dry_run(tmp_path, router):
     settings = ServerSettings(output_root=tmp_path, backend="nel")
-    request = evalbackend.EvalRequest(rollout_id=1, router_url=router.url,
-                                              benchmarks=[{"name": "gpqa", "n_samples_per_eval_prompt": 2}])
-    config = eval_nel.nel_config(settings, request, request.benchmarks[0], tmp_path / "out")
+    request = backend.EvalRequest(rollout_id=1, router_url=router.url,
+                                  benchmarks=[{"name": "gpqa", "n_samples_per_eval_prompt": 2}])
+    config = nel.nel_config(settings, request, request.benchmarks[0], tmp_path / "out")
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "DUMMY_API_KEY": "EMPTY", "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
-    nel = Path(sys.executable).parent / "nel"
-    out = subprocess.run([str(nel), "run", "--config", str(path), "--dry-run"], capture_output=True, text=True,
+    nel_cli = Path(sys.executable).parent / "nel"
+    out = subprocess.run([str(nel_cli), "run", "--config", str(path), "--dry-run"], capture_output=True, text=True,
                          env=env, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "ns_gpqa" in out.stdout + out.stderr
@@ -489,19 +489,19 @@ def test_unknown_benchmark_for_nel_fails_that_run_with_did_you_mean(make_server,
 
 
 def test_task_map_comes_from_the_task_catalogue():
-    mapping = eval_nel.task_map()
+    mapping = nel.task_map()
     assert mapping["aime25"] == "ns_aime2025" and mapping["gpqa"] == "ns_gpqa"
-    assert eval_nel.nel_task_for("ns_hle") == "ns_hle"
+    assert nel.nel_task_for("ns_hle") == "ns_hle"
 
 
 def test_nel_shard_merge_by_hand():
-    merged = eval_nel.merge_shard_metrics([
+    merged = nel.merge_shard_metrics([
         {"pass@1": {"num_entries": 30, "acc": 50.0}},
         {"pass@1": {"num_entries": 10, "acc": 90.0}},
     ])
     # (30*50 + 10*90) / 40 = 60
     assert merged == {"pass@1": {"num_entries": 40, "acc": 60.0}}
-    assert evaljobs.flatten_metrics({"b": {"m": {"x": 1, "flag": True, "name": "s"}}}) == {"b/m/x": 1.0}
+    assert jobs.flatten_metrics({"b": {"m": {"x": 1, "flag": True, "name": "s"}}}) == {"b/m/x": 1.0}
 
 
 # ---------------------------------------------------------------------------------------------

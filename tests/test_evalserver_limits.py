@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from test_evalserver import _up, commands, http_request, payload, router, wait_for  # noqa: F401  (fixtures)
 
+from quanteval.evalserver.backend import MIN_TOKEN_CHARS
 from quanteval.faces.evalhttp import HTTP_WORKERS, MAX_BODY_BYTES
 from quanteval.localproc import free_port
-from quanteval.workflow.evalbackend import MIN_TOKEN_CHARS
 
 TOKEN = "q7Lm2Xv9Rt4Kp8Wz"  # MIN_TOKEN_CHARS characters, as a random secret is
 

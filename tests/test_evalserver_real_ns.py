@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from tiers import REPO, requires
 
+from quanteval.evalserver.backend import ServerSettings
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
 from quanteval.workflow import tasks
-from quanteval.workflow.evalbackend import ServerSettings
 
 NS_VENV = Path(os.environ.get("QUANTEVAL_NS_VENV") or REPO / ".venv-nemo-skills")
 NS = NS_VENV / "bin" / "ns"

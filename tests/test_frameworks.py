@@ -248,8 +248,8 @@ def test_every_format_inspect_can_name_has_facts_for_every_framework():
 # Lists of framework names that are other facts than "the frameworks": NeMo-Skills' server types, pip packages,
 # and NEL 0.2.6 rules that hold for vLLM and SGLang only (a model source, --quantization).
 OTHER_FACTS = {
-    ("workflow/evalbackend.py", ("sglang", "vllm", "openai")),
-    ("workflow/eval_nemo_skills.py", ("sglang", "vllm")),
+    ("evalserver/backend.py", ("sglang", "vllm", "openai")),
+    ("evalserver/nemo_skills.py", ("sglang", "vllm")),
     ("workflow/environment.py", ("quanteval", "nemo-evaluator-launcher", "nemo-evaluator", "mcp", "pydantic", "paramiko",
                                  "safetensors", "torch", "sglang", "vllm", "nemo-skills")),
     ("engines/nel/rules.py", ("vllm", "sglang")),

@@ -1,8 +1,9 @@
 """The package's folders are its architecture, and imports only point down through them.
 
-faces (MCP, CLI, HTTP) -> workflow (the tools a user calls) -> engines / serving -> clusters -> the core modules at
-the package's top (models, ledger, paths, registry ...). A module that imports upward would make the folders lie about
-where a new engine, framework or executor goes, so every import, lazy ones inside functions too, is checked here.
+faces (MCP, CLI, HTTP) -> workflow (the tools a user calls) -> evalserver (the eval server's job queue and backends)
+-> engines / serving -> clusters -> the core modules at the package's top (models, ledger, paths, registry ...). A
+module that imports upward would make the folders lie about where a new engine, framework or executor goes, so every
+import, lazy ones inside functions too, is checked here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import quanteval
 
 PACKAGE = Path(quanteval.__file__).parent
-LAYER = {"faces": 4, "workflow": 3, "engines": 2, "serving": 2, "clusters": 1}  # top-level modules: 0
+LAYER = {"faces": 5, "workflow": 4, "evalserver": 3, "engines": 2, "serving": 2, "clusters": 1}  # top-level modules: 0
 
 
 def _layer(module: str) -> int:

@@ -26,11 +26,11 @@ from tiers import CHECKPOINTS, REPO, own_lane, requires, user_env
 
 from quanteval import engines
 from quanteval.engines.nel_next import nelnext, nextresults, skills
+from quanteval.evalserver.backend import ServerSettings
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
 from quanteval.serving import deploy
 from quanteval.workflow import runs
-from quanteval.workflow.evalbackend import ServerSettings
 from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
 from quanteval.workflow.results import ValidateRunInput, validate_run
 

@@ -9,8 +9,8 @@ import pytest
 from mcp import Client
 
 from quanteval import redact
+from quanteval.evalserver.backend import tail_lines
 from quanteval.faces.server import build_server
-from quanteval.workflow.evalbackend import tail_lines
 
 HF = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3f"  # the shape of a Hugging Face token (hf_ + 34)
 NVAPI = "nvapi-PLANTED-s3cr3t-9f8e7d"

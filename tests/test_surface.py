@@ -135,9 +135,9 @@ def test_every_cli_flag_of_a_tool_command_is_a_field_with_its_default_help_and_c
     field's description, default and Literal choices, so the CLI cannot drift from what MCP clients see."""
     import typing
 
+    from quanteval.evalserver.backend import ServerSettings
     from quanteval.faces.cli import _unwrap_optional, build_parser
     from quanteval.serving.checkpoint import InspectCheckpointInput
-    from quanteval.workflow.evalbackend import ServerSettings
     from quanteval.workflow.evaluate import EvaluateQuantizationInput
     from quanteval.workflow.gate import GateResultsInput
     from quanteval.workflow.plan import PlanRequest

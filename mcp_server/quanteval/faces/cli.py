@@ -371,7 +371,7 @@ class _FieldParser(argparse.ArgumentParser):
 
 def add_serve_eval_options(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerSettings field (the same list start_eval_server takes), so the two cannot drift."""
-    from quanteval.workflow.evalbackend import ServerSettings
+    from quanteval.evalserver.backend import ServerSettings
 
     for name in ServerSettings.model_fields:
         field_argument(parser, ServerSettings, name, ServerSettings.cli_flag(name), required=name == "output_root")

@@ -1,4 +1,4 @@
-"""The eval server's HTTP layer: slime's eval-delegate API over the job queue (quanteval.workflow.evaljobs).
+"""The eval server's HTTP layer: slime's eval-delegate API over the job queue (quanteval.evalserver.jobs).
 
     GET  /health        200 {"status": "ok", ...} when the backend can run; 503 "not_ready" (with a hint) or "stopping"
     POST /evaluate      slime's payload; blocks; slime's response shape plus `metrics` (flat) and `errors`
@@ -39,10 +39,10 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from quanteval.evalserver.backend import EvalRequest, ServerSettings, payload_errors, token_refusal
+from quanteval.evalserver.jobs import EvalService, Job, ShuttingDown
 from quanteval.localproc import is_loopback
 from quanteval.models import ToolError
-from quanteval.workflow.evalbackend import EvalRequest, ServerSettings, payload_errors, token_refusal
-from quanteval.workflow.evaljobs import EvalService, Job, ShuttingDown
 
 log = logging.getLogger("quanteval.faces.evalserver")
 

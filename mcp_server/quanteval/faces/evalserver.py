@@ -1,9 +1,10 @@
 """The eval server for training loops: NeMo-Skills benchmarks behind slime's eval-delegate API.
 
 This module holds the three tools (start_eval_server, eval_server_status, stop_eval_server) and the
-one list of serve-eval options (`ServerSettings` in evalbackend, from which the CLI's flags are made). The server
-itself is split: the HTTP layer (evalhttp), the job queue (evaljobs), what the queue and its backends share
-(evalbackend) and one module per backend (eval_nemo_skills: `ns eval`; eval_nel: NEL's nemo_skills tasks).
+one list of serve-eval options (`ServerSettings` in evalserver/backend.py, from which the CLI's flags are made). The
+server itself is split: the HTTP layer (faces/evalhttp), and the package quanteval/evalserver: the job queue (jobs),
+what the queue and its backends share (backend) and one module per backend (nemo_skills: `ns eval`; nel: NEL's
+nemo_skills tasks).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pydantic import BaseModel, Field
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
+from quanteval.evalserver.backend import ServerSettings, tail_lines
 from quanteval.faces.evalhttp import is_loopback, required_token, serve
 from quanteval.localproc import adopt, group_members, port_free, reap, stop_group
 from quanteval.models import StrictModel, ToolError
-from quanteval.workflow.evalbackend import ServerSettings, tail_lines
 
 __all__ = ["ServerSettings", "eval_server_status", "option_argv", "serve", "start_eval_server", "stop_eval_server"]
 

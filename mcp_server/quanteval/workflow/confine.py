@@ -12,7 +12,7 @@ SLURM run are on the cluster: not ours.
 Which paths a launch or a record uses is each engine's knowledge (`Engine.launch_paths`, `Engine.record_paths`).
 start_eval_server over MCP binds loopback and runs the ns/nel found on PATH or inside the root unless the server was
 started with --allow-open-eval-server, and its bearer token comes from a QUANTEVAL_...TOKEN variable of at least
-evalbackend.MIN_TOKEN_CHARS characters (evalbackend.token_refusal).
+evalserver/backend.MIN_TOKEN_CHARS characters (evalserver/backend.token_refusal).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _outputs_inside(tool: str, arguments: dict[str, Any], root: Path) -> dict[st
     if tool in ("evaluate_quantization", "start_evaluation") and not arguments.get("output_dir"):
         return {**arguments, "output_dir": str(root / paths.STATE_IN_ROOT / "evaluations")}
     if tool == "start_eval_server" and not arguments.get("output_root"):
-        from quanteval.workflow.evalbackend import DEFAULT_PORT
+        from quanteval.evalserver.backend import DEFAULT_PORT
 
         return {**arguments, "output_root": str(root / paths.STATE_IN_ROOT / "eval-server" / str(arguments.get("port", DEFAULT_PORT)))}
     return arguments
@@ -186,7 +186,7 @@ def _outputs_inside(tool: str, arguments: dict[str, Any], root: Path) -> dict[st
 def _check_eval_server(arguments: dict[str, Any], policy: paths.Policy) -> None:
     """start_eval_server runs commands for anyone who can reach it: over MCP its token must be a real one, and unless
     the server allows it, it binds loopback and runs ns/nel from PATH or the root."""
-    from quanteval.workflow.evalbackend import TOKEN_ENV_DEFAULT, TOKEN_ENV_PATTERN, ServerSettings, token_refusal
+    from quanteval.evalserver.backend import TOKEN_ENV_DEFAULT, TOKEN_ENV_PATTERN, ServerSettings, token_refusal
 
     token_env = arguments.get("token_env", TOKEN_ENV_DEFAULT)
     if not isinstance(token_env, str) or not re.match(TOKEN_ENV_PATTERN, token_env):

@@ -1,6 +1,6 @@
 """The eval server's core: slime's payload, the job queue, idempotency, cancellation and shutdown.
 
-No HTTP here (evalhttp) and no benchmark commands (eval_nemo_skills, eval_nel): a job runs its
+No HTTP here (faces/evalhttp) and no benchmark commands (nemo_skills, nel): a job runs its
 benchmarks one after another through a backend; jobs of different rollouts run concurrently up to
 `max_concurrent_jobs` and queue beyond it.
 
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from quanteval import ledger
+from quanteval.evalserver import nel, nemo_skills
+from quanteval.evalserver.backend import Backend, BackendName, BenchmarkSpec, EvalRequest, ServerSettings, ShardCommand, tail_lines
 from quanteval.localproc import stop_group
 from quanteval.models import ToolError
-from quanteval.workflow import eval_nel, eval_nemo_skills
-from quanteval.workflow.evalbackend import Backend, BackendName, BenchmarkSpec, EvalRequest, ServerSettings, ShardCommand, tail_lines
 
 log = logging.getLogger("quanteval.faces.evalserver")
 
@@ -43,7 +43,7 @@ FINISHED_JOBS_KEPT = 100  # finished jobs kept in memory for GET /jobs/<id> and 
 
 
 # The benchmark backends by the name ServerSettings.backend takes: each module implements Backend.
-BACKENDS: dict[BackendName, Backend] = {"nemo-skills": eval_nemo_skills, "nel": eval_nel}  # type: ignore[dict-item]
+BACKENDS: dict[BackendName, Backend] = {"nemo-skills": nemo_skills, "nel": nel}  # type: ignore[dict-item]
 
 
 def flatten_metrics(raw: dict[str, Any]) -> dict[str, float]:

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quanteval.engines.nel_next.skills import NEMO_SKILLS_UPSTREAM
-from quanteval.models import ToolError
-from quanteval.workflow.evalbackend import (
+from quanteval.evalserver.backend import (
     BenchmarkSpec,
     EvalRequest,
     ServerSettings,
@@ -29,6 +28,7 @@ from quanteval.workflow.evalbackend import (
     generation_value,
     tail_lines,
 )
+from quanteval.models import ToolError
 
 INSTALL_HINT = (
     "NeMo-Skills (`ns`) is not installed here; it is not on PyPI. Build its venv with `bash scripts/setup-nemo-skills` "

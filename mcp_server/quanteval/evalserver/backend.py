@@ -1,8 +1,8 @@
 """What the eval server and its benchmark backends share: slime's payload, the server's settings, the backend
 interface and the shard commands a backend returns.
 
-evaljobs (the job queue) picks a backend from its registry; the backends (eval_nemo_skills, eval_nel) import only
-this module, so neither side imports the other.
+jobs (the job queue) picks a backend from its registry; the backends (nemo_skills, nel) import only this module, so
+neither side imports the other.
 """
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ import yaml
 
 from quanteval.engines.nel import runtree
 from quanteval.engines.nel.catalogue import catalogue
-from quanteval.models import ToolError
-from quanteval.workflow.evalbackend import (
+from quanteval.evalserver.backend import (
     BenchmarkSpec,
     EvalRequest,
     ServerSettings,
     ShardCommand,
     generation_value,
 )
+from quanteval.models import ToolError
 
 SHARD_ENV = ("NEL_SHARD_IDX", "NEL_TOTAL_SHARDS")
 
