@@ -23,7 +23,7 @@ import yaml
 from mcp import Client
 
 from quanteval import ledger
-from quanteval.evalserver import backend, jobs, nel
+from quanteval.evalserver import backend, jobs, liveness, nel
 from quanteval.faces import evalhttp, evalserver
 from quanteval.faces.evalserver import ServerSettings
 from quanteval.localproc import free_port, group_members
@@ -557,3 +557,31 @@ def test_status_of_a_record_that_is_not_an_eval_server_is_refused():
     record = ledger.add("canary", status="running")
     with pytest.raises(ToolError, match="not an eval server"):
         evalserver.eval_server_status(evalserver.EvalServerIdInput(record_id=record.id))
+
+
+def test_one_liveness_check_for_eval_server_status_and_list_runs(tmp_path):
+    """A server whose process group is gone (its owner died and took it, kill -9) is `exited` in eval_server_status
+    and in list_runs alike: both ask evalserver/liveness.py; a live one stays running, a stopped one stopped."""
+    from quanteval.workflow.runs import ListRunsInput, list_runs
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    details = {"pid": proc.pid, "url": f"http://127.0.0.1:{free_port()}", "log_path": str(tmp_path / "server.log"),
+               "output_root": str(tmp_path)}
+    asked, listed, stopped = (ledger.add("eval_server", status=status, details=details) for status in ("running", "running", "stopped"))
+
+    def listed_status() -> dict[str, str]:
+        return {row.record_id: row.status for row in list_runs(ListRunsInput(kind="eval_server")).runs}
+
+    try:
+        assert liveness.running(proc.pid)
+        assert evalserver.eval_server_status(evalserver.EvalServerIdInput(record_id=asked.id)).status == "running"
+        assert listed_status() == {asked.id: "running", listed.id: "running", stopped.id: "stopped"}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not liveness.running(proc.pid)
+    assert evalserver.eval_server_status(evalserver.EvalServerIdInput(record_id=asked.id)).status == "exited"
+    assert ledger.get(asked.id).status == "exited"
+    assert listed_status() == {asked.id: "exited", listed.id: "exited", stopped.id: "stopped"}
+    assert ledger.events(listed.id)[-1].message == "its process is gone (list_runs)"
+    assert evalserver.eval_server_status(evalserver.EvalServerIdInput(record_id=stopped.id)).status == "stopped"

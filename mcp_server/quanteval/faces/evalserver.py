@@ -3,8 +3,8 @@
 This module holds the three tools (start_eval_server, eval_server_status, stop_eval_server) and the
 one list of serve-eval options (`ServerSettings` in evalserver/backend.py, from which the CLI's flags are made). The
 server itself is split: the HTTP layer (faces/evalhttp), and the package quanteval/evalserver: the job queue (jobs),
-what the queue and its backends share (backend) and one module per backend (nemo_skills: `ns eval`; nel: NEL's
-nemo_skills tasks).
+what the queue and its backends share (backend), one module per backend (nemo_skills: `ns eval`; nel: NEL's
+nemo_skills tasks) and whether a recorded server still runs (liveness, which list_runs asks too).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from pydantic import BaseModel, Field
 
 from quanteval import ledger
 from quanteval.envvars import state_dir
+from quanteval.evalserver import liveness
 from quanteval.evalserver.backend import ServerSettings, tail_lines
 from quanteval.faces.evalhttp import is_loopback, required_token, serve
-from quanteval.localproc import adopt, group_members, port_free, reap, stop_group
+from quanteval.localproc import adopt, port_free, stop_group
 from quanteval.models import StrictModel, ToolError
 
 __all__ = ["ServerSettings", "eval_server_status", "option_argv", "serve", "start_eval_server", "stop_eval_server"]
@@ -78,12 +79,6 @@ def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-def _running(pid: int) -> bool:
-    """Whether the server's process group still has live members (an ended leader of ours reaped first)."""
-    reap()
-    return bool(group_members(pid))
-
-
 def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
@@ -120,7 +115,7 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
         raise ToolError(f"the eval server did not answer {url}/health within 30 s; see {log_path}")
     auth = f"bearer token from ${settings.token_env}" if token else "none (loopback)"
     record = ledger.add(
-        "eval_server", status="running", executor=settings.backend,  # host: None, it runs on this machine
+        liveness.KIND, status="running", executor=settings.backend,  # host: None, it runs on this machine
         details={"pid": proc.pid, "url": url, "log_path": str(log_path), "output_root": str(output_root), "auth": auth,
                  "bind_host": settings.bind_host},
     )
@@ -130,7 +125,7 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
 
 def _server_record(record_id: str) -> ledger.Record:
     record = ledger.get(record_id)
-    if record.kind != "eval_server":
+    if record.kind != liveness.KIND:
         raise ToolError(f"'{record_id}' is a {record.kind} record, not an eval server")
     return record
 
@@ -149,12 +144,9 @@ def eval_server_status(request: EvalServerIdInput) -> EvalServerInfo:
     record = _server_record(request.record_id)
     if record.status == "stopped":
         return _info(record, "stopped", None)
-    alive = _running(record.details["pid"])
-    health = _health(record.details["url"]) if alive else None
-    status = "running" if alive else "exited"
-    if status != record.status:
-        record = ledger.update(record.id, status=status)
-    return _info(record, status, health)
+    record = liveness.settle(record)
+    health = _health(record.details["url"]) if record.status == "running" else None
+    return _info(record, record.status, health)
 
 
 def stop_eval_server(request: EvalServerIdInput) -> EvalServerInfo:
@@ -162,6 +154,6 @@ def stop_eval_server(request: EvalServerIdInput) -> EvalServerInfo:
     (waiting clients get 503; SIGTERM, then SIGKILL after 40 s).
     """
     record = _server_record(request.record_id)
-    stop_group(record.details["pid"], grace_s=40, on_wait=lambda: _running(record.details["pid"]))
+    stop_group(record.details["pid"], grace_s=40, on_wait=lambda: liveness.running(record.details["pid"]))
     record = ledger.update(record.id, status="stopped", message="stopped by stop_eval_server")
     return _info(record, "stopped", None)

@@ -34,7 +34,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
 )
 from quanteval.engines.runresults import ValidateRunInput
-from quanteval.localproc import group_members
+from quanteval.evalserver import liveness
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.workflow import background, results
 
@@ -419,8 +419,8 @@ def _settled(record: ledger.Record) -> ledger.Record:
         return background.refresh(record)
     if record.kind == "deployment":
         return deploy.settle(record)
-    if record.kind == "eval_server" and record.status == "running" and not group_members(record.details.get("pid", 0)):
-        return ledger.update(record.id, status="exited", message="its process is gone (list_runs)")
+    if record.kind == liveness.KIND and record.status == "running":
+        return liveness.settle(record, message="its process is gone (list_runs)")
     if record.kind in RUN_KINDS and record.status == "running" and record.executor == "local":
         return _refresh(record).record
     return record
