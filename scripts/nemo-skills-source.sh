@@ -7,7 +7,8 @@
 #   ../shared/vendor/nemo-skills-$NEMO_SKILLS_COMMIT.tar.gz (this project's machines: they have no GitHub);
 #   the pinned upstream commit from GitHub (a user's machine).
 # 467b057 (2026-05-18): nel-next 0.3.0 unpacks two values from get_dataset_module, which NeMo-Skills returned from
-# 144c70b (2026-02-19) on; earlier commits returned three. Also mcp_server/quanteval/engines/nel_next/skills.py.
+# 144c70b (2026-02-19) on; earlier commits returned three. The package reads it from
+# mcp_server/quanteval/engines/nemo_skills_source.py (tests/test_nemo_skills_source.py holds the two equal).
 
 NEMO_SKILLS_COMMIT=467b057
 NEMO_SKILLS_UPSTREAM="git+https://github.com/NVIDIA-NeMo/Skills@$NEMO_SKILLS_COMMIT"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tiers import REPO
 
-from quanteval.engines.nel_next import skills
+from quanteval.engines import nemo_skills_source
 
 
 def _bash(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -26,8 +26,8 @@ def test_the_source_is_the_variable_else_the_vendored_tarball_else_the_pinned_up
     vendor.mkdir()
     ask = "nemo_skills_source QUANTEVAL_NEL_NEXT_SKILLS_SRC"
 
-    assert _bash(ask, tmp_path, QUANTEVAL_VENDOR_DIR=str(vendor)).stdout.strip() == skills.NEMO_SKILLS_UPSTREAM
-    tarball = vendor / f"nemo-skills-{skills.NEMO_SKILLS_COMMIT}.tar.gz"
+    assert _bash(ask, tmp_path, QUANTEVAL_VENDOR_DIR=str(vendor)).stdout.strip() == nemo_skills_source.NEMO_SKILLS_UPSTREAM
+    tarball = vendor / f"nemo-skills-{nemo_skills_source.NEMO_SKILLS_COMMIT}.tar.gz"
     tarball.write_bytes(b"")
     assert _bash(ask, tmp_path, QUANTEVAL_VENDOR_DIR=str(vendor)).stdout.strip() == str(tarball)
     mine = "git+https://example.org/my/Skills@abc1234"
@@ -56,4 +56,4 @@ def test_setup_without_the_tarball_installs_the_pinned_commit_from_github(tmp_pa
                                "QUANTEVAL_SETUP_DRY_RUN": "1", "QUANTEVAL_VENDOR_DIR": str(tmp_path),
                                "QUANTEVAL_SETUP_LOG": str(tmp_path / "setup.log")}, check=False)
     assert done.returncode == 0, done.stderr
-    assert f"install --no-deps {skills.NEMO_SKILLS_UPSTREAM}" in done.stderr, done.stderr
+    assert f"install --no-deps {nemo_skills_source.NEMO_SKILLS_UPSTREAM}" in done.stderr, done.stderr

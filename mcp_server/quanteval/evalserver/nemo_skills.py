@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from quanteval.engines.nel_next.skills import NEMO_SKILLS_UPSTREAM
+from quanteval.engines.nemo_skills_source import NEMO_SKILLS_UPSTREAM
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
     EvalRequest,
