@@ -89,3 +89,15 @@ def test_a_full_disk_is_a_full_disk_naming_its_path_not_missing_credentials(tmp_
     sample.write_text("\n".join(lines) + "\n")
     found = subprocess.run(["grep", "-c", "-i", "-E", failures.FAILURE_PATTERNS["disk_full"], str(sample)], capture_output=True, text=True)
     assert found.stdout.strip() == "1"
+
+
+def test_a_traceback_frame_whose_line_number_is_an_http_status_is_not_that_failure() -> None:
+    """Seen over MCP: run_logs diagnosed a NameError as rate limiting ("Slow down") from `line 429` of a frame."""
+    log = ["Traceback (most recent call last):",
+           '  File "/work/quanteval/workflow/evaluate.py", line 429, in _run_both_runs',
+           '  File "/work/quanteval/engines/nel_next/nelnext.py", line 401, in start',
+           "NameError: name 'executors' is not defined"]
+    assert [failures.classify(line) for line in log] == ["traceback", None, None, "exception"]
+    hits = [("job.log", number, line) for number, line in enumerate(log, 1) if failures.classify(line)]
+    assert failures.diagnose(hits, log).failure_class not in ("rate_limit", "missing_credentials")
+    assert failures.classify("HTTP 429 Too Many Requests from the judge endpoint") == "rate_limit"  # a status still is

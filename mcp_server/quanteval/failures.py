@@ -152,13 +152,19 @@ LAST_LINES = 8
 _SCRIPT_ECHO = re.compile(r"^\s*(\++ |(export\s+)?[A-Za-z_][A-Za-z0-9_]*=\S*$)")
 
 
+# A Python traceback's frame (`  File "x.py", line 429, in f`): where, not what failed; its line number would read as
+# an HTTP status (429 rate limit, 401/403 credentials).
+_TRACEBACK_FRAME = re.compile(r'^\s*File "[^"]*", line [0-9]+')
+
+
 def is_script_echo(line: str) -> bool:
     return bool(_SCRIPT_ECHO.match(line))
 
 
 def classify(line: str) -> str | None:
-    """The failure class of one log line (most specific first), or None; script echoes are never a failure."""
-    if is_script_echo(line):
+    """The failure class of one log line (most specific first), or None; script echoes and traceback frames are never
+    a failure (the exception line after the frames is)."""
+    if is_script_echo(line) or _TRACEBACK_FRAME.match(line):
         return None
     return next((name for name, pattern in COMPILED if pattern.search(line)), None)
 
