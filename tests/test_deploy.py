@@ -148,6 +148,21 @@ def test_formats_that_match_the_hardware_are_not_warned(tmp_path):
     assert plan_deployment(PlanDeploymentInput(checkpoint=str(nvfp4), gpu_type="B200", check_args=False)).warnings == []
 
 
+def test_a_gpu_plan_made_on_a_machine_without_one_is_the_gpu_hosts_command(tmp_path, monkeypatch):
+    """Asked over MCP for "the vLLM command on an H100", the plan gave this machine's vLLM CPU build (its venv's python
+    and release, device gpu). A GPU plan is the framework's own command, says whose host runs it, and claims no release."""
+    import shutil
+
+    monkeypatch.delenv("QUANTEVAL_VLLM_LAUNCHER", raising=False)
+    checkpoint = make_checkpoint(tmp_path / "w8a8", quant="FP8")
+    gpu = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="vllm", gpu_type="H100", check_args=False))
+    assert gpu.device == "gpu" and gpu.command.startswith("vllm serve ") and gpu.serving.version is None, gpu.command
+    if shutil.which("nvidia-smi") is None:
+        assert any("no GPU" in note and "H100 host" in note for note in gpu.notes), gpu.notes
+        cpu = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="vllm", check_args=False))
+        assert cpu.device == "cpu" and cpu.launcher != gpu.launcher
+
+
 def test_mixed_precision_needs_no_quantization_flag_and_sglang_accepts_the_args(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "mixed", quant="MIXED_PRECISION")
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint)))

