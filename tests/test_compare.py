@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from next_runs import make_run
 from results_factory import EXAMPLES, binary_samples, make_invocation, make_task
-from tiers import requires
+from tiers import CHECKPOINTS, requires
 
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
@@ -446,3 +446,21 @@ def test_checkpoints_shipping_different_sampling_are_named_and_neither_file_is_u
     (note,) = [note for note in checkpoint_notes(str(base), str(cand)) if note.startswith("Sampling")]
     assert note is not None and "'temperature': 0.6" in note and "'temperature': 0.8" in note
     assert "taken from neither file" in note
+
+
+def test_a_large_drop_from_a_candidate_without_quantization_is_named_so_not_a_kernel_problem():
+    """Seen over MCP: a colleague's "int8-v2" (BF16 weights with noise, no quantization config) lost 43 points and the
+    answer blamed "an unknown format ... a serving or kernel problem, not quantization loss". It carries no
+    quantization: the answer says so, while a stored-dequantized W2 (weights on a 4-value grid) keeps the format rule."""
+    from quanteval.serving.checkpoint import InspectCheckpointInput, carries_no_quantization, inspect_checkpoint
+    from quanteval.workflow import anomaly
+
+    def report(name: str):
+        return inspect_checkpoint(InspectCheckpointInput(checkpoint=str(CHECKPOINTS / name)))
+
+    assert carries_no_quantization(report("tiny-add-bf16"))
+    assert not carries_no_quantization(report("tiny-add-w8a8")) and not carries_no_quantization(report("tiny-add-w2-rtn"))
+    said = anomaly.anomaly("tiny_add", 1.0, 0.571, None, unquantized=True)
+    assert said is not None and "carries no quantization" in said and "not quantization loss" in said
+    assert "unknown format" in (anomaly.anomaly("tiny_add", 1.0, 0.571, None) or "")
+    assert anomaly.anomaly("tiny_add", 1.0, 0.99, None, unquantized=True) is None  # a small one is no anomaly

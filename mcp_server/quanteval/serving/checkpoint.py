@@ -282,6 +282,15 @@ LOW_BIT_DTYPES = {"F8_E4M3", "F8_E5M2", "I8", "U8", "I32"}
 DEQUANTIZED_MAX_VALUES, DEQUANTIZED_MIN_ROW = 16, 64  # at most 4-bit codes in a row long enough to tell
 
 
+def carries_no_quantization(report: CheckpointReport) -> bool:
+    """No quantization config and 16/32-bit weights off any quantization grid (read from a weight row): whatever its
+    name, no loss of it is quantization's."""
+    if report.weights.row_values is None:
+        return False
+    values, length = report.weights.row_values
+    return not (1 < values <= DEQUANTIZED_MAX_VALUES and length >= DEQUANTIZED_MIN_ROW)
+
+
 def unquantized_warning(report: CheckpointReport) -> str | None:
     """A checkpoint with no quantization config and only 16/32-bit weights is not quantized, whatever its name, unless
     its weights sit on a quantization grid (stored dequantized): said either way, so that one evaluated as a quantized

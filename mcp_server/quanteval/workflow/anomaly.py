@@ -34,10 +34,15 @@ def suspect_drop(weight_bits: int | None) -> float:
     return SUSPECT_DROP_BY_BITS.get(8 if weight_bits >= 8 else 4, SUSPECT_DROP_UNKNOWN)
 
 
-def anomaly(task: str, baseline: float, candidate: float, weight_bits: int | None) -> str | None:
-    """Why this drop looks like a serving or kernel problem rather than quantization; None when it does not."""
+def anomaly(task: str, baseline: float, candidate: float, weight_bits: int | None, unquantized: bool = False) -> str | None:
+    """Why this drop looks like a serving or kernel problem rather than quantization; None when it does not.
+    `unquantized`: the candidate carries no quantization at all, so no drop of it is quantization's."""
     limit = suspect_drop(weight_bits)
     drop = baseline - candidate
+    if drop > limit and unquantized:
+        return (f"{task}: a {100 * drop:.1f}-point drop from a candidate that carries no quantization (no quantization "
+                "config, 16/32-bit weights): not quantization loss. The checkpoint differs from the baseline otherwise "
+                f"(damaged or other weights: compare their files) or is served differently. Check {WHAT_TO_CHECK}.")
     if drop > limit:
         bits = f"{weight_bits}-bit weights" if weight_bits else "an unknown format"
         return (f"{task}: a {100 * drop:.1f}-point drop is far beyond what {bits} costs (suspect above "

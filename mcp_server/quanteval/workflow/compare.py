@@ -295,10 +295,10 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
         reasons.append(f"reference_scores: {', '.join(unmatched)} name no compared benchmark (compared: "
                        f"{', '.join(sorted({row.task for row in rows})) or 'none'}).")
     # each checkpoint read once: the user's, else the one its engine recorded with the run
-    cand_quant = _quantization(request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else None
-    _flag_anomalies(rows, request, _weight_bits(cand_quant))
+    cand_quant, unquantized = _quantization(request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else (None, False)
+    _flag_anomalies(rows, request, _weight_bits(cand_quant), unquantized)
     if rows and (kv_cache := _kv_difference(
-            _quantization(request.baseline_checkpoint or reader.served_checkpoint(base_run)), cand_quant)):
+            _quantization(request.baseline_checkpoint or reader.served_checkpoint(base_run))[0], cand_quant)):
         reasons.append(kv_cache)
     comparability, why_not = comparability_verdict(items)
     reasons += why_not
@@ -331,16 +331,18 @@ def _acceptability(comparability: str, rows: list[TaskComparison], reasons: list
     return "acceptable" if rows else "inconclusive"
 
 
-def _quantization(checkpoint: str | None) -> QuantizationInfo | None:
-    """The checkpoint's quantization facts; None when there is none to read here."""
-    from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
+def _quantization(checkpoint: str | None) -> tuple[QuantizationInfo | None, bool]:
+    """The checkpoint's quantization facts, and whether it carries no quantization at all (a candidate that is not
+    quantized); (None, False) when there is none to read here."""
+    from quanteval.serving.checkpoint import InspectCheckpointInput, carries_no_quantization, inspect_checkpoint
 
     if not checkpoint:
-        return None
+        return None, False
     try:
-        return inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint)).quantization
+        report = inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint))
     except ToolError:
-        return None
+        return None, False
+    return report.quantization, carries_no_quantization(report)
 
 
 def _weight_bits(quant: QuantizationInfo | None) -> int | None:
@@ -360,7 +362,7 @@ def kv_cache_difference(baseline: str | None, candidate: str | None) -> str | No
     checkpoint's KV cache (plan_deployment and apply_checkpoint pass --kv-cache-dtype), so part of the delta is the KV
     cache's, not the weights'. The runs stay comparable: the KV cache is part of what was quantized. None when both
     agree or one is not readable here."""
-    return _kv_difference(_quantization(baseline), _quantization(candidate))
+    return _kv_difference(_quantization(baseline)[0], _quantization(candidate)[0])
 
 
 def _kv_difference(baseline: QuantizationInfo | None, candidate: QuantizationInfo | None) -> str | None:
@@ -372,11 +374,11 @@ def _kv_difference(baseline: QuantizationInfo | None, candidate: QuantizationInf
             "most on long contexts), not the weights alone.")
 
 
-def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, bits: int | None) -> None:
-    """Drops too large to be quantization for the candidate's weight bits, and baselines off their published score
-    (anomaly.py), become 'suspect', never a quantization loss or an acceptable one."""
+def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, bits: int | None, unquantized: bool) -> None:
+    """Drops too large to be quantization for the candidate's weight bits (or from a candidate with none), and
+    baselines off their published score (anomaly.py), become 'suspect', never a quantization loss or an acceptable one."""
     for row in rows:
-        row.anomaly = anomaly.anomaly(row.task, row.baseline, row.candidate, bits)
+        row.anomaly = anomaly.anomaly(row.task, row.baseline, row.candidate, bits, unquantized)
         failed = row.reference_check.message if row.reference_check.status == "failed" else None
         if found := [message for message in (failed, row.anomaly) if message]:
             row.verdict, row.why = "suspect", " ".join(found)
