@@ -1,7 +1,7 @@
 """Bundles the skill pack into the wheel: skills/, recipes/ and references/ are copied to
 quanteval/_pack/ at build time, so `quanteval skills install` and the MCP resources work
 from an installed package with no network. The repository keeps its top-level layout;
-an editable install reads it directly (quanteval.workflow.tasks.pack_dir)."""
+an editable install reads it directly (quanteval.engines.recipes.pack_dir)."""
 
 import shutil
 from pathlib import Path

@@ -36,7 +36,7 @@ def main() -> None:
     env = dict(os.environ, QUANTEVAL_STATE_DIR=state, NEMO_EVALUATOR_TELEMETRY_LEVEL="0")
     os.environ.update(env)
 
-    from quanteval.engines.nel import catalogue
+    from quanteval.engines import catalogue
     from quanteval.workflow import tasks
 
     def nel_ls() -> set[str]:

@@ -18,7 +18,7 @@ import yaml
 from tiers import REPO
 
 from quanteval import envvars
-from quanteval.engines.nel import recipes
+from quanteval.engines import recipes
 from quanteval.workflow import tasks
 
 RECIPES = sorted((REPO / "recipes" / "tasks").glob("*.md"))

@@ -12,7 +12,7 @@ import yaml
 from results_factory import make_invocation, make_task
 from tiers import REPO
 
-from quanteval.engines.nel import recipes
+from quanteval.engines import recipes
 from quanteval.workflow import tasks, validation
 from quanteval.workflow.results import ExtractScoresInput, ValidateRunInput, extract_scores, validate_run
 from quanteval.workflow.validation import ValidateConfigInput

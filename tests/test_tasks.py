@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quanteval.engines.nel import catalogue
-from quanteval.engines.nel import recipes as recipe_files
+from quanteval.engines import catalogue
+from quanteval.engines import recipes as recipe_files
 from quanteval.models import ToolError
 from quanteval.workflow import tasks
 

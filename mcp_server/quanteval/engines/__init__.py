@@ -100,6 +100,12 @@ def for_record(record: ledger.Record) -> Engine:
     return by_name(record.details.get("engine"))
 
 
+def placement_form() -> Engine:
+    """The engine whose config keys a placement view uses (Engine.placement_view: NEL 0.2.6's execution and deployment
+    keys): apply_cluster reads a view's deployment type and what its unset keys stand for from it."""
+    return next(engine for engine in registered() if engine.placement_native)
+
+
 def known_config(doc: Any) -> bool:
     """Is this parsed YAML a config of any engine (and not some other YAML file)?"""
     return any(engine.owns(doc) for engine in registered())
@@ -124,4 +130,4 @@ def is_nel_next(doc: Any) -> bool:
 
 
 __all__ = ["Engine", "registered", "EngineName", "by_name", "check_config", "edit_config", "for_config", "for_record",
-           "is_nel_next", "known_config", "load_config"]
+           "is_nel_next", "known_config", "load_config", "placement_form"]

@@ -9,6 +9,7 @@ shape and in the ledger record of each run, and never compared as a string in th
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -199,6 +200,24 @@ def config_check(owns: Callable[[Any], bool]) -> configfile.Check:
     return check
 
 
+_HOST_REF = re.compile(r"^host:([A-Za-z_][A-Za-z0-9_]*)$")
+_OC_ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(,[^}]*)?\}")
+
+
+def env_references(doc: Any) -> list[tuple[str, str]]:
+    """(path, variable name) for every `host:VAR` value and every `${oc.env:VAR}` without a default, anywhere in a
+    config: what a run reads from the host's environment, in either engine's config."""
+    references = []
+    for path, value in configfile.walk(doc):
+        if not isinstance(value, str):
+            continue
+        host = _HOST_REF.match(value.strip())
+        if host:
+            references.append((path, host.group(1)))
+        references += [(path, match.group(1)) for match in _OC_ENV_REF.finditer(value) if not match.group(2)]
+    return references
+
+
 def unpinned_image(image: Any) -> bool:
     """A container image that names no fixed build: tagged `latest`, or with neither tag nor digest (Docker reads it
     as `latest`). A digest (@sha256:...), a local image file (.sqsh) or an unresolved value is not flagged."""
@@ -230,6 +249,8 @@ class Engine(ABC):
     results_by_location: ClassVar[bool] = False
     # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
     writes_placement_host: ClassVar[bool] = False
+    # The config's own keys are the placement view's (NEL 0.2.6's execution/deployment keys): engines.placement_form.
+    placement_native: ClassVar[bool] = False
 
     # Keys whose string values the engine writes unquoted into the shell script it runs (fnmatch on dotted keys):
     # shell syntax there runs as a command (engines/commands.py).
@@ -277,9 +298,24 @@ class Engine(ABC):
         item) appended to the config's own list in this engine's form; returns the name written. ToolError (why) where
         the engine has no form of it."""
 
-    @abstractmethod
     def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
-        """Environment variables the config (or its tasks' recipes) reads from the host, with the keys that read each."""
+        """Environment variables the config (or its tasks' recipes) reads from the host, with the keys that read each:
+        by default its `host:` and `${oc.env:}` references (env_references), which read the same in every engine's
+        config."""
+        needed: dict[str, list[str]] = {}
+        for path, name in env_references(doc):
+            needed.setdefault(name, []).append(path)
+        return needed
+
+    def config_tasks(self, doc: Any) -> list[tuple[str, Any]]:
+        """(dotted path, entry) for each task in the config's own task list (NEL 0.2.6: evaluation.tasks, which
+        convert_config reads); none where the engine keeps no such list."""
+        return []
+
+    def task_form(self, qualified_name: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
+        """The entry this engine's config holds for a catalogue task (its qualified NEL name) with a recipe's repeats,
+        or None; and what it scores, or why there is none (get_task_recipe's nel_next asks nel-next's engine)."""
+        raise NotImplementedError(f"{self.name} gives no form of a catalogue task")
 
     @abstractmethod
     def execution_type(self, doc: Any) -> str:
@@ -305,6 +341,11 @@ class Engine(ABC):
     def placement_view(self, doc: Any) -> Any:
         """The config seen as NEL 0.2.6's `execution` (SLURM cluster) and `deployment` (server, parallelism) keys."""
         return doc
+
+    def placement_defaults(self, view: Any) -> dict[str, Any]:
+        """What a placement view's unset keys stand for (deployment.tensor_parallel_size and the other parallel sizes,
+        execution.walltime), by dotted key: asked of the engine whose keys the view uses (engines.placement_form)."""
+        return {}
 
     def placement_key(self, key: str) -> str:
         """Where this engine's config keeps a placement key written in NEL 0.2.6's form (execution.partition, ...)."""

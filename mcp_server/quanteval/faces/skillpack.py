@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quanteval.engines.nel.recipes import pack_dir
+from quanteval.engines.recipes import pack_dir
 from quanteval.models import ToolError
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ LINK_PATTERN = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 
 
 def pack_root() -> Path:
-    """The pack root (tasks.pack_dir), checked: a wheel built without the pack is a packaging bug worth naming."""
+    """The pack root (engines.recipes.pack_dir), checked: a wheel built without the pack is a packaging bug worth naming."""
     root = pack_dir()
     if not (root / "skills").is_dir():
         raise ToolError(

@@ -19,8 +19,6 @@ from quanteval import configfile, engines
 from quanteval.clusters import executor as executors
 from quanteval.clusters import slurm, ssh
 from quanteval.engines.base import PARALLEL_KEYS
-from quanteval.engines.nel import config as nel_config
-from quanteval.engines.nel import nelfacts
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 
 
@@ -37,18 +35,24 @@ def _value(doc: Any, key: str, default: Any = None) -> Any:
     return configfile.to_plain(configfile.get_path(doc, key)) if configfile.has_path(doc, key) else default
 
 
+def _framework(doc: Any) -> str:
+    """The placement view's model server (vllm, sglang, ... or none), read as NEL 0.2.6 reads its deployment keys."""
+    return engines.placement_form().deployment_type(doc)
+
+
 def gpus_needed(doc: Any) -> tuple[int, list[str]]:
-    """GPUs per node the config's deployment needs, and notes on where the numbers came from."""
-    framework = nel_config.deployment_type(doc)
+    """GPUs per node the config's deployment needs, and notes on where the numbers came from (a size left unset is
+    NEL 0.2.6's packaged default for the deployment type: engines.placement_form)."""
+    framework = _framework(doc)
     if framework == "none":
         return 0, []
-    defaults = nelfacts.packaged_defaults(f"deployment/{framework}")
+    defaults = engines.placement_form().placement_defaults(doc)
     notes = []
     sizes = []
     for key in PARALLEL_KEYS:
         value = _value(doc, f"deployment.{key}")
-        if value is None and key in defaults:
-            value = defaults[key]
+        if value is None and f"deployment.{key}" in defaults:
+            value = defaults[f"deployment.{key}"]
             if key == "tensor_parallel_size":
                 notes.append(f"deployment.tensor_parallel_size is not set: NEL's {framework} default is {value} "
                              "(apply_checkpoint sets the smallest fit for the checkpoint).")
@@ -110,7 +114,7 @@ def _choose_partition(doc: Any, info: slurm.ClusterInfo, partition: str | None, 
     if isinstance(current, str) and current in by_name:
         return current
     fits = [p for p in info.partitions if p.state == "UP" and p.usable_nodes and p.gpus_per_node >= needed]
-    framework = nel_config.deployment_type(doc)
+    framework = _framework(doc)
     fits.sort(key=lambda p: (not _native(report, p.gpu_model, framework), not p.default, p.name))
     chosen = fits[0].name if fits else None
     if isinstance(current, str) and current != configfile.MISSING:
@@ -122,7 +126,7 @@ def _choose_partition(doc: Any, info: slurm.ClusterInfo, partition: str | None, 
 def _walltime(doc: Any, chosen: slurm.PartitionInfo, walltime: str | None, values: dict[str, Any],
               notes: list[str]) -> None:
     """The asked walltime (or the config's, or NEL's default), capped at the partition's limit, written explicitly."""
-    wanted = walltime or _value(doc, "execution.walltime") or nelfacts.packaged_defaults("execution/slurm/default").get("walltime")
+    wanted = walltime or _value(doc, "execution.walltime") or engines.placement_form().placement_defaults(doc).get("execution.walltime")
     try:
         wanted_s = slurm.slurm_seconds(str(wanted)) if wanted is not None else None
     except ValueError:
@@ -184,9 +188,9 @@ def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = No
     _account(doc, info, chosen, values, warnings)
     if report is not None:
         better = next((p for p in info.partitions if p.state == "UP" and p.gpus_per_node >= needed
-                       and p.gpu_model and _native(report, p.gpu_model, nel_config.deployment_type(doc)) and p.name != partition), None)
-        warnings += _format_warnings(report, nel_config.deployment_type(doc), chosen.gpu_model, partition, better)
-    elif nel_config.deployment_type(doc) != "none":
+                       and p.gpu_model and _native(report, p.gpu_model, _framework(doc)) and p.name != partition), None)
+        warnings += _format_warnings(report, _framework(doc), chosen.gpu_model, partition, better)
+    elif _framework(doc) != "none":
         notes.append("The checkpoint was not inspected here, so its format was not checked against the GPUs: pass "
                      "checkpoint (a local copy or an HF handle).")
     return Placement(partition=partition, gpu_model=chosen.gpu_model, gpus_per_node=needed, values=values,

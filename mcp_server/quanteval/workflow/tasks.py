@@ -1,19 +1,20 @@
 """The task tools: list NEL's tasks and the reviewed recipes, show a recipe, add tasks to a config.
 
-The catalogue lives in engines/nel/catalogue.py, the recipes in engines/nel/recipes.py: the engines' rules read them too.
+The catalogue lives in engines/catalogue.py, the recipes in engines/recipes.py, beside the engines: both engines' rules
+read them too. What a task becomes in a config is each engine's (Engine.add_task, Engine.task_form).
 """
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from quanteval import engines
-from quanteval.engines.nel.catalogue import TaskEntry, catalogue, load_yaml, lookup, nel_version, suggest
-from quanteval.engines.nel.recipes import Recipe, list_recipes, recipe_error, recipes_dir
-from quanteval.engines.nel_next import convert
+from quanteval.engines.catalogue import TaskEntry, catalogue, load_yaml, lookup, nel_version, suggest
+from quanteval.engines.recipes import Recipe, list_recipes, recipe_error, recipes_dir
 from quanteval.models import StrictModel, ToolError
 
 # --- resolving a requested name to a recipe or a catalogue task -------------------------------
@@ -161,13 +162,25 @@ class GetTaskRecipeInput(StrictModel):
     )
 
 
+class NelNextForm(BaseModel):
+    benchmark: dict[str, Any] | None = Field(description="The nel-next `benchmarks` list item, or null when no nel-next benchmark runs the task.")
+    note: str = Field(description="What the nel-next form scores, or why there is none.")
+
+
+def nel_next_form(qualified_name: str, repeats: int = 1) -> NelNextForm:
+    """The task as nel-next runs it (get_task_recipe's `nel_next`, named so in the tool's output), from nel-next's
+    engine: the same mapping as convert_config and add_tasks."""
+    benchmark, note = engines.by_name("nel-next").task_form(qualified_name, repeats)
+    return NelNextForm(benchmark=benchmark, note=note)
+
+
 class GetTaskRecipeOutput(BaseModel):
     name: str = Field(description="The name asked for.")
     has_recipe: bool = Field(description="True when a reviewed recipe exists; false means NEL defaults only.")
     recipe: Recipe | None = Field(description="The recipe: frontmatter fields, Markdown sections and YAML fragment.")
     task: TaskEntry = Field(description="The NEL catalogue entry of the task.")
     yaml_fragment: str = Field(description="The evaluation.tasks list item add_tasks would insert.")
-    nel_next: convert.NelNextForm = Field(description="The task's nel-next (nemo-evaluator >= 0.3) form, or why it has none.")
+    nel_next: NelNextForm = Field(description="The task's nel-next (nemo-evaluator >= 0.3) form, or why it has none.")
     note: str = Field(description="What to keep in mind about this task.")
 
 
@@ -189,7 +202,7 @@ def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
             recipe=recipe,
             task=resolved.entry,
             yaml_fragment=recipe.yaml_fragment,
-            nel_next=convert.nel_next_form(resolved.entry.qualified_name, recipe.repeats),
+            nel_next=nel_next_form(resolved.entry.qualified_name, recipe.repeats),
             note=" ".join(notes),
         )
     return GetTaskRecipeOutput(
@@ -198,7 +211,7 @@ def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
         recipe=None,
         task=resolved.entry,
         yaml_fragment=generic_fragment(resolved.config_name),
-        nel_next=convert.nel_next_form(resolved.entry.qualified_name),
+        nel_next=nel_next_form(resolved.entry.qualified_name),
         note=(
             f"No reviewed recipe for {resolved.entry.qualified_name}: the fragment uses NEL's defaults "
             "(params, repeats and score path unchecked). Check the task's docs before a full run."

@@ -29,13 +29,10 @@ from quanteval.engines.nel.config import (
     deployment_type,
     env_var_defined,
     execution_type,
-    generation_budget,
     is_nemo_skills,
     merge_extra_args,
     model_source_report,
     mount_checkpoint_for_evaluation,
-    owned_flags,
-    parse_extra_args,
     reads_tokenizer,
     render_extra_args,
     sibling,
@@ -45,6 +42,7 @@ from quanteval.engines.nel.config import (
 from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT
 from quanteval.models import ProgressFn, ToolError
 from quanteval.serving import checkpoint, frameworks, quantformat
+from quanteval.serving.serverflags import generation_budget, owned_flags, parse_extra_args
 
 WriteFn = Callable[[CommentedMap, str, Any], None]
 RemoveFn = Callable[[CommentedMap, str, str], None]

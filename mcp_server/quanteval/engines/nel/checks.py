@@ -16,12 +16,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from quanteval.configfile import MISSING, missing_value_paths, to_plain
+from quanteval.engines import catalogue
 from quanteval.engines.base import Problem, Severity
-from quanteval.engines.nel import catalogue, nelfacts
-from quanteval.engines.nel.config import config_tasks, env_var_defined, env_var_references, model_source_report, parse_extra_args
-from quanteval.engines.nel.recipes import Recipe
+from quanteval.engines.nel import nelfacts
+from quanteval.engines.nel.config import config_tasks, env_var_defined, env_var_references, model_source_report
+from quanteval.engines.recipes import Recipe
 from quanteval.models import ToolError
 from quanteval.serving import checkpoint
+from quanteval.serving.serverflags import parse_extra_args
 
 # ---------------------------------------------------------------------------
 # Known keys, from NEL's packaged defaults plus keys NEL's code reads that no default names.

@@ -17,6 +17,7 @@ from quanteval.engines.nel.runtree import METADATA_FILE, RESULTS_FILE, load_yaml
 from quanteval.engines.runresults import TaskScores, family_facts
 from quanteval.models import ToolError
 from quanteval.serving import frameworks
+from quanteval.serving.serverflags import parse_extra_args
 
 PROMPT_KEYS = re.compile(r"prompt|template|system|few_?shot|chat", re.IGNORECASE)
 REASONING_KEYS = re.compile(r"reason|think", re.IGNORECASE)
@@ -53,7 +54,7 @@ def _serving(resolved: dict[str, Any] | None, report: Any) -> dict[str, Any] | N
     if not isinstance(deployment, dict) or not deployment.get("type"):
         return None
     try:
-        flags = dict(nel_config.parse_extra_args(str(deployment.get("extra_args") or "")))
+        flags = dict(parse_extra_args(str(deployment.get("extra_args") or "")))
     except ToolError:
         flags = {}
     scored = {flag: flags[flag] for flag in SCORE_FLAGS if flag in flags}

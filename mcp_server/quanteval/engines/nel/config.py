@@ -14,13 +14,15 @@ from typing import Any, Literal
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from quanteval.configfile import MISSING, list_at, parse_config_text, to_plain, value_at, walk
-from quanteval.engines.nel import catalogue
+from quanteval.configfile import MISSING, list_at, parse_config_text, to_plain, value_at
+from quanteval.engines import catalogue
+from quanteval.engines.base import env_references
 from quanteval.engines.nel.nelexec import UNRESOLVED
 from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT
-from quanteval.engines.nel.recipes import recipes_by_task
+from quanteval.engines.recipes import recipes_by_task
 from quanteval.models import ToolError
 from quanteval.serving import checkpoint, frameworks
+from quanteval.serving.serverflags import parse_extra_args
 
 SECTIONS = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
 
@@ -143,23 +145,11 @@ def config_tasks(doc: Any) -> list[tuple[str, Any]]:
 
 
 
-_HOST_REF = re.compile(r"^host:([A-Za-z_][A-Za-z0-9_]*)$")
-_OC_ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(,[^}]*)?\}")
-
-
 def env_var_references(doc: Any) -> list[tuple[str, str]]:
-    """(path, variable name) for every `host:VAR` value and every `${oc.env:VAR}` without a default.
-
-    `target.api_endpoint.api_key_name` counts too: NEL forwards that variable from the host.
+    """(path, variable name) for every `host:VAR` value and every `${oc.env:VAR}` without a default (engines.base's
+    env_references). `target.api_endpoint.api_key_name` counts too: NEL forwards that variable from the host.
     """
-    references = []
-    for path, value in walk(doc):
-        if not isinstance(value, str):
-            continue
-        host = _HOST_REF.match(value.strip())
-        if host:
-            references.append((path, host.group(1)))
-        references += [(path, match.group(1)) for match in _OC_ENV_REF.finditer(value) if not match.group(2)]
+    references = env_references(doc)
     target = doc.get("target")
     endpoint = target.get("api_endpoint") if isinstance(target, dict) else None
     key_name = endpoint.get("api_key_name") if isinstance(endpoint, dict) else None
@@ -232,28 +222,6 @@ NEL_COMMAND_FLAGS: dict[str, dict[str, str]] = {
 CONTEXT_LENGTH_FLAGS = {name: info.context_flag for name, info in frameworks.FRAMEWORK_INFO.items()}
 
 
-def parse_extra_args(text: str) -> list[tuple[str, str | None]]:
-    """`--a 1 --b --c=x` -> [("--a","1"), ("--b",None), ("--c","x")]; stray words become (word, None)."""
-    try:
-        tokens = shlex.split(text)
-    except ValueError as exc:
-        raise ToolError(f"deployment.extra_args: cannot split '{text}' into flags ({exc}). Balance the quotes.") from None
-    options: list[tuple[str, str | None]] = []
-    index = 0
-    while index < len(tokens):
-        token = tokens[index]
-        if token.startswith("-") and "=" in token:
-            flag, value = token.split("=", 1)
-            options.append((flag, value))
-        elif token.startswith("-") and index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
-            options.append((token, tokens[index + 1]))
-            index += 1
-        else:
-            options.append((token, None))
-        index += 1
-    return options
-
-
 def render_extra_args(options: list[tuple[str, str | None]]) -> str:
     return " ".join(flag if value is None else f"{flag} {shlex.quote(value)}" for flag, value in options)
 
@@ -281,27 +249,9 @@ GLOBAL_TOKENIZER = f"{GLOBAL_PARAMS}.extra.tokenizer"
 SAMPLING_PARAMS = ("temperature", "top_p")  # NEL params; top_k has none, so it reaches the server through params_to_add
 DUMMY_KEY_VALUE = "lit:dummy"  # NeMo-Skills sends some key; a self-deployed server ignores it
 
-# Room left for the prompt when the generation budget comes from the serving context: a quarter of the
-# context, at most 8192 tokens (Qwen3's card: 32768 generated tokens in its 40960 context).
-PROMPT_RESERVE_TOKENS = 8192
-
 # NeMo-Skills overrides in a task's extra.args that set generation: they come after NEL's own flags, so they win.
 _NS_INFERENCE = re.compile(r"^\+{0,2}inference\.(tokens_to_generate|temperature|top_p|top_k)=(.*)$")
 _NS_TO_PARAM = {"tokens_to_generate": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
-
-
-def generation_budget(context: int) -> int:
-    """max_new_tokens that fits a serving context with room left for the prompt."""
-    return context - min(PROMPT_RESERVE_TOKENS, context // 4)
-
-
-def owned_flags(framework: str) -> set[str]:
-    """Server flags apply_checkpoint computes from the checkpoint (and so replaces on every call)."""
-    info = frameworks.FRAMEWORK_INFO[framework]
-    # --kv-cache-dtype follows the checkpoint's KV cache: a BF16 baseline made from an FP8-KV candidate's config must
-    # not keep the candidate's flag.
-    kv_cache = {info.kv_cache_flag} if info.kv_cache_flag else set()
-    return {info.context_flag, info.trust_remote_code_flag, "--quantization", "--reasoning-parser"} | kv_cache
 
 
 def _scalar(text: str) -> Any:

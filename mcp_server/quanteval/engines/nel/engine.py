@@ -9,6 +9,7 @@ from ruamel.yaml.comments import CommentedMap
 
 from quanteval import ledger
 from quanteval.engines.base import (
+    PARALLEL_KEYS,
     ApplyCheckpointInput,
     ApplyCheckpointOutput,
     CanarySpec,
@@ -31,6 +32,7 @@ from quanteval.models import ProgressFn, ToolError
 class NelEngine(Engine):
     name: ClassVar[EngineName] = "nel"
     results_by_location: ClassVar[bool] = True
+    placement_native: ClassVar[bool] = True  # apply_cluster's placement view is in NEL 0.2.6's keys
     sections: ClassVar[frozenset[str]] = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
 
     # run.sh / the sbatch script splice these unquoted into `docker run` / srun lines (executors/*/run.template.sh)
@@ -77,6 +79,9 @@ class NelEngine(Engine):
     def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
         return config.env_var_needs(doc)
 
+    def config_tasks(self, doc: Any) -> list[tuple[str, Any]]:
+        return config.config_tasks(doc)
+
     def execution_type(self, doc: Any) -> str:
         return config.execution_type(doc)
 
@@ -85,6 +90,18 @@ class NelEngine(Engine):
 
     def launch_paths(self, config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
         return runs.launch_paths(config_path, overrides)
+
+    # -- cluster placement (the placement view is this engine's own keys)
+
+    def placement_defaults(self, view: Any) -> dict[str, Any]:
+        """NEL 0.2.6's packaged defaults: the deployment type's parallel sizes (configs/deployment/<type>.yaml) and the
+        SLURM walltime (configs/execution/slurm/default.yaml)."""
+        from quanteval.engines.nel import nelfacts
+
+        deployment = nelfacts.packaged_defaults(f"deployment/{config.deployment_type(view)}")
+        defaults = {f"deployment.{key}": deployment[key] for key in PARALLEL_KEYS if key in deployment}
+        walltime = nelfacts.packaged_defaults("execution/slurm/default").get("walltime")
+        return defaults if walltime is None else {**defaults, "execution.walltime": walltime}
 
     def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
         return runs.record_paths(record, resuming)

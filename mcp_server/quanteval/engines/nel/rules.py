@@ -12,8 +12,9 @@ from typing import Any
 
 from quanteval.clusters import ssh
 from quanteval.configfile import MISSING, value_at, walk
+from quanteval.engines import catalogue
 from quanteval.engines.base import Problem, unpinned_image, unpinned_image_problem
-from quanteval.engines.nel import catalogue, nelfacts
+from quanteval.engines.nel import nelfacts
 from quanteval.engines.nel.checks import (
     Context,
     check_env_vars,
@@ -32,14 +33,14 @@ from quanteval.engines.nel.config import (
     config_tasks,
     deployment_type,
     execution_type,
-    generation_budget,
     serving_context,
     task_generation,
     thinking_setting,
 )
-from quanteval.engines.nel.recipes import Recipe, recipes_by_task
+from quanteval.engines.recipes import Recipe, recipes_by_task, task_context_problem
 from quanteval.models import ToolError
 from quanteval.serving import checkpoint, frameworks
+from quanteval.serving.serverflags import generation_budget
 
 
 def _int_at(section: dict, key: str, default: int | None = None) -> int | None:
@@ -339,25 +340,6 @@ def _check_endpoint_vs_chat_template(ctx: Context) -> None:
         else:
             fix = "This task supports only the chat endpoint: remove it (base-model tasks: build_config model_type base), or add a chat template to the checkpoint."
         ctx.add(path, "error", "no_chat_template", f"'{task['name']}' goes to the chat endpoint, and {report.checkpoint} has no chat template: the server refuses every request.", fix)
-
-
-def task_context_problem(task: str, recipe: Recipe | None, context: int | None, budget: int | None,
-                         context_flag: str) -> tuple[str, str, str, str] | None:
-    """(severity, rule, message, fix) when a task cannot work within the served context or its token budget, from the
-    figures its recipe gives (longest prompt, smallest answer budget); None when fine or unknown."""
-    if not recipe or not recipe.prompt_tokens or not recipe.answer_tokens or not context:
-        return None
-    need = recipe.prompt_tokens + recipe.answer_tokens
-    if context < need:
-        return ("error", "context_too_small_for_task",
-                f"'{task}' needs a context of {need} tokens (prompts up to ~{recipe.prompt_tokens}, answers up to {recipe.answer_tokens}: "
-                f"recipe {recipe.name}); the served context is {context}.",
-                f"Serve a context of at least {need} ({context_flag}) if the model allows it, or drop '{task}'.")
-    if budget is not None and budget < recipe.answer_tokens:
-        return ("warning", "budget_truncates_answers",
-                f"max tokens {budget} is below the {recipe.answer_tokens} '{task}' answers need (recipe {recipe.name}): truncated answers score 0.",
-                f"Set it to at least {recipe.answer_tokens}; the {context}-token context leaves room up to {context - recipe.prompt_tokens}.")
-    return None
 
 
 def _check_task_budget(ctx: Context, task_path: str, task_name: str, budget: tuple[Any, str] | None, context: int | None, where: str,

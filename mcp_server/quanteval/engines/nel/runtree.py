@@ -30,7 +30,7 @@ from quanteval import ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.engines.nel.nelfacts import EVALUATION_CHECKPOINT_MOUNT, REPEAT_KEYS
-from quanteval.engines.nel.recipes import list_recipes
+from quanteval.engines.recipes import list_recipes
 from quanteval.engines.runresults import (
     Problems,
     Scale,

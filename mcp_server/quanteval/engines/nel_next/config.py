@@ -28,13 +28,12 @@ from quanteval.engines.base import (
     unpinned_image,
     unpinned_image_problem,
 )
-from quanteval.engines.nel.config import generation_budget, owned_flags, parse_extra_args
-from quanteval.engines.nel.recipes import recipe_for_benchmark
-from quanteval.engines.nel.rules import task_context_problem
 from quanteval.engines.nel_next import nelnext, skills
+from quanteval.engines.recipes import recipe_for_benchmark, task_context_problem
 from quanteval.models import ProgressFn, ToolError
 from quanteval.paths import looks_local
 from quanteval.serving import checkpoint, frameworks
+from quanteval.serving.serverflags import generation_budget, owned_flags, parse_extra_args
 
 MANAGED = frameworks.NEL_NEXT_SERVICES  # servers nel-next starts from a model path, with flags quanteval knows
 WriteFn = Callable[[CommentedMap, str, Any], None]

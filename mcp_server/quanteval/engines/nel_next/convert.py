@@ -17,9 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval import configfile
+from quanteval import configfile, engines
 from quanteval.clusters import executor as executors
-from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel_next import skills
 from quanteval.engines.nel_next.engine import NelNextEngine
 from quanteval.serving.frameworks import MEMORY_FLAGS, NEL_NEXT_SERVICES
@@ -83,6 +82,7 @@ class Conversion:
 
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
+        self.engine = engines.by_name("nel")  # the config's engine (NEL 0.2.6), which reads its deployment, tasks, execution
         self.out: dict[str, Any] = {}
         self.mapped: list[MappedField] = []
         self.consumed: set[str] = set()
@@ -117,7 +117,7 @@ def convert(doc: dict[str, Any]) -> tuple[Conversion, list[UnmappedField]]:
 
 def _service(c: Conversion) -> str:
     """deployment (+ target.api_endpoint for an existing endpoint) -> services.model."""
-    framework = nel_config.deployment_type(c.doc)
+    framework = c.engine.deployment_type(c.doc)
     service_type = SERVICE_TYPES.get(framework)
     if service_type is None:
         c.put(f"{SERVICE}.type", "api")
@@ -125,7 +125,7 @@ def _service(c: Conversion) -> str:
         return framework
     c.put(f"{SERVICE}.type", service_type, "deployment.type" if c.source("deployment.type") is not None else None)
     c.consumed.add("deployment.type")
-    endpoint_types = {str(task.get("endpoint_type") or "chat") for _, task in nel_config.config_tasks(c.doc) if isinstance(task, dict)}
+    endpoint_types = {str(task.get("endpoint_type") or "chat") for _, task in c.engine.config_tasks(c.doc) if isinstance(task, dict)}
     protocol = "completions" if endpoint_types == {"completions"} else "chat_completions"
     if service_type == "api":
         url = c.source("target.api_endpoint.url")
@@ -174,7 +174,7 @@ def _benchmarks(c: Conversion, framework: str) -> None:
     """evaluation.tasks -> benchmarks: NeMo-Skills tasks as skills://NAME, each with its own samples, repeats, sampling."""
 
     benchmarks: list[dict[str, Any]] = []
-    for path, task in nel_config.config_tasks(c.doc):
+    for path, task in c.engine.config_tasks(c.doc):
         if not isinstance(task, dict) or not isinstance(task.get("name"), str):
             continue
         name, why = nel_next_benchmark(task["name"])
@@ -212,7 +212,7 @@ def _benchmarks(c: Conversion, framework: str) -> None:
 
 def _cluster(c: Conversion) -> None:
     """execution -> cluster (local or slurm with one node pool) and output.dir."""
-    execution = nel_config.execution_type(c.doc)
+    execution = c.engine.execution_type(c.doc)
     output_dir = c.source("execution.output_dir")
     c.put("output.dir", output_dir if output_dir not in (None, "") else configfile.MISSING, "execution.output_dir" if output_dir else None)
     c.put("output.timestamped", False)  # as build_config writes it: quanteval names each run's directory
@@ -286,25 +286,10 @@ def _env_value(value: Any) -> str | None:
     return None
 
 
-# --- a NEL task as a nel-next benchmark (convert_config and get_task_recipe's nel-next form)
+# --- a NEL task as a nel-next benchmark (get_task_recipe's nel-next form is skills.task_form, from the same mapping)
 
 
 def nel_next_benchmark(nel_task: str) -> tuple[str | None, str]:
     """The nel-next benchmark that runs this NEL task in-process (`skills://NAME` for a NeMo-Skills task whose
-    metrics nel-next grades), or None; and why. convert_config and the recipes' nel-next form both come from here."""
+    metrics nel-next grades), or None; and why (skills.benchmark_for_task)."""
     return skills.benchmark_for_task(nel_task)
-
-
-class NelNextForm(BaseModel):
-    benchmark: dict[str, Any] | None = Field(description="The nel-next `benchmarks` list item, or null when no nel-next benchmark runs the task.")
-    note: str = Field(description="What the nel-next form scores, or why there is none.")
-
-
-def nel_next_form(nel_task: str, repeats: int = 1) -> NelNextForm:
-    name, note = nel_next_benchmark(nel_task)
-    if name is None:
-        return NelNextForm(benchmark=None, note=note)
-    benchmark = skills.benchmark_item(name)
-    if repeats > 1:
-        benchmark["repeats"] = repeats
-    return NelNextForm(benchmark=benchmark, note=note)

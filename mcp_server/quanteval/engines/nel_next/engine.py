@@ -24,7 +24,6 @@ from quanteval.engines.base import (
     RunLogsOutput,
     config_check,
 )
-from quanteval.engines.nel import config as nel_config
 from quanteval.engines.nel_next import config, runs, skills
 from quanteval.models import ProgressFn
 
@@ -74,9 +73,8 @@ class NelNextEngine(Engine):
     def add_task(self, doc: CommentedMap, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
         return skills.add_task(doc, qualified_name, repeats)
 
-    def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
-        # `host:` and `${oc.env:}` references read the same in either engine's config (no task recipes here)
-        return nel_config.env_var_needs(doc)
+    def task_form(self, qualified_name: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
+        return skills.task_form(qualified_name, repeats)
 
     def execution_type(self, doc: Any) -> str:
         return config.execution_type(doc)

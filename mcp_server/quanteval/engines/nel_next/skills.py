@@ -412,7 +412,7 @@ def metrics_types(names: list[str]) -> dict[str, str | None]:
 def benchmark_for_task(nel_task: str) -> tuple[str | None, str]:
     """The nel-next benchmark that runs this NEL catalogue task in-process (`skills://NAME` for a NeMo-Skills task
     whose metrics nel-next grades), or None; and why. add_tasks, convert_config and the recipes' nel-next forms use it."""
-    from quanteval.engines.nel.catalogue import lookup
+    from quanteval.engines.catalogue import lookup
 
     entries = lookup(nel_task)
     entry = entries[0] if len(entries) == 1 else None
@@ -431,13 +431,25 @@ def benchmark_for_task(nel_task: str) -> tuple[str | None, str]:
                                "compare nel-next runs only with nel-next runs.")
 
 
+def task_form(nel_task: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
+    """A catalogue task's nel-next form (get_task_recipe): its `benchmarks` list item with the recipe's repeats, or
+    None; and what it scores, or why there is none (benchmark_for_task)."""
+    name, note = benchmark_for_task(nel_task)
+    if name is None:
+        return None, note
+    benchmark = benchmark_item(name)
+    if repeats > 1:
+        benchmark["repeats"] = repeats
+    return benchmark, note
+
+
 def _benchmarks_list(doc: Any) -> list:
     return configfile.list_at(doc, "benchmarks", "benchmarks")
 
 
 def task_keys(doc: Any, clear: bool) -> set[str]:
     """The catalogue tasks a nel-next config runs: its skills://NAME benchmarks, as NeMo-Skills tasks (nemo_skills.ns_NAME)."""
-    from quanteval.engines.nel.catalogue import catalogue
+    from quanteval.engines.catalogue import catalogue
 
     items = _benchmarks_list(doc)
     if clear:

@@ -1,5 +1,7 @@
 """Task recipes: recipes/tasks/<name>.md, reviewed by people, one per benchmark (its NEL task, YAML fragment,
-params, env vars and score path). Both engines' rules read them; the workflow's task tools list and add them.
+params, env vars and score path). Knowledge both engines share, so it lives beside them: both engines' rules read
+the recipes (with task_context_problem: what a task needs of the served context), the workflow's task tools list and
+add them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from quanteval.engines.nel.catalogue import load_yaml, lookup
+from quanteval.engines.catalogue import load_yaml, lookup
 from quanteval.models import ToolError
 
 RECIPE_SECTIONS = ("Task Details", "Params", "YAML", "Score Extraction")
@@ -22,7 +24,7 @@ def pack_dir() -> Path:
     In a source checkout (editable install) that is the repository root next to
     mcp_server/; an installed wheel carries a copy under the package as `_pack/`.
     """
-    package = Path(__file__).resolve().parents[2]  # quanteval/, this module lives in quanteval/engines/nel/
+    package = Path(__file__).resolve().parents[1]  # quanteval/, this module lives in quanteval/engines/
     checkout = package.parent.parent
     if (checkout / "recipes").is_dir():
         return checkout
@@ -180,6 +182,25 @@ def recipe_for_benchmark(name: str) -> Recipe | None:
         entries = lookup(recipe.nel_task if "." in recipe.nel_task else f"{recipe.harness}.{recipe.nel_task}")
         if len(entries) == 1 and entries[0].harness_task == wanted:
             return recipe
+    return None
+
+
+def task_context_problem(task: str, recipe: Recipe | None, context: int | None, budget: int | None,
+                         context_flag: str) -> tuple[str, str, str, str] | None:
+    """(severity, rule, message, fix) when a task cannot work within the served context or its token budget, from the
+    figures its recipe gives (longest prompt, smallest answer budget); None when fine or unknown."""
+    if not recipe or not recipe.prompt_tokens or not recipe.answer_tokens or not context:
+        return None
+    need = recipe.prompt_tokens + recipe.answer_tokens
+    if context < need:
+        return ("error", "context_too_small_for_task",
+                f"'{task}' needs a context of {need} tokens (prompts up to ~{recipe.prompt_tokens}, answers up to {recipe.answer_tokens}: "
+                f"recipe {recipe.name}); the served context is {context}.",
+                f"Serve a context of at least {need} ({context_flag}) if the model allows it, or drop '{task}'.")
+    if budget is not None and budget < recipe.answer_tokens:
+        return ("warning", "budget_truncates_answers",
+                f"max tokens {budget} is below the {recipe.answer_tokens} '{task}' answers need (recipe {recipe.name}): truncated answers score 0.",
+                f"Set it to at least {recipe.answer_tokens}; the {context}-token context leaves room up to {context - recipe.prompt_tokens}.")
     return None
 
 
