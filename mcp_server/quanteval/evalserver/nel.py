@@ -1,7 +1,8 @@
 """The eval server's `nel` backend: each benchmark as NEL's `nemo_skills.ns_*` task against the router.
 
-The benchmark name maps to the NEL task through the task catalogue (quanteval.workflow.tasks); the config is a
-`deployment: none` NEL config; scores are read with quanteval.workflow.results, as extract_scores reads them.
+The benchmark name maps to the NEL task through the task catalogue (engines/catalogue.py); the config is a
+`deployment: none` NEL config; scores are read by NEL 0.2.6's results reader (from the engine registry), as
+extract_scores reads them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 
 import yaml
 
-from quanteval.engines.nel import runtree
-from quanteval.engines.nel.catalogue import catalogue
+from quanteval import engines
+from quanteval.engines.catalogue import catalogue
+from quanteval.engines.runresults import ResultsReader
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
     EvalRequest,
@@ -26,6 +28,7 @@ from quanteval.evalserver.backend import (
 from quanteval.models import ToolError
 
 SHARD_ENV = ("NEL_SHARD_IDX", "NEL_TOTAL_SHARDS")
+RESULTS_FILE = "results.yml"  # what NEL writes into each task's artifacts/ once it has scored it
 
 
 def readiness(settings: ServerSettings) -> dict[str, Any]:
@@ -115,16 +118,20 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
     return result
 
 
+def _nel_reader() -> ResultsReader:
+    """NEL 0.2.6's results reader, from the engine registry: this backend runs `nel run`, so its runs are NEL 0.2.6's."""
+    return next(reader for reader in engines.readers() if reader.name == "nel")
+
+
 def _scores(output_dir: Path, wait_s: float) -> tuple[dict[str, Any], int | None]:
-    """Scores of one NEL output dir as {metric: {score: value}}, read by quanteval.workflow.results."""
+    """Scores of one NEL output dir as {metric: {score: value}}, read by NEL 0.2.6's results reader (extract_scores')."""
     deadline = time.monotonic() + wait_s
-    while not any(output_dir.glob(f"**/artifacts/{runtree.RESULTS_FILE}")) and time.monotonic() < deadline:
+    while not any(output_dir.glob(f"**/artifacts/{RESULTS_FILE}")) and time.monotonic() < deadline:
         time.sleep(2)  # NEL's executors return at submission; results.yml comes later
     try:
-        tree = runtree.locate_run(str(output_dir))
+        found = _nel_reader().extract_scores(str(output_dir)).tasks
     except ToolError:
-        tree = None
-    found = [runtree.task_scores(tree, task_dir) for task_dir in tree.task_dirs] if tree else []
+        found = []
     scores = [score for task in found for score in task.scores]
     if not scores:
         problems = "; ".join(task.problem for task in found if task.problem)
