@@ -7,5 +7,6 @@
 - liveness.py: whether the server a ledger record names still runs (eval_server_status and list_runs).
 
 Its faces are faces/evalhttp.py (the HTTP layer) and faces/evalserver.py (start_eval_server, eval_server_status,
-stop_eval_server); workflow/runs.py (list_runs) and workflow/confine.py read it too. It uses engines, serving and the core.
+stop_eval_server); workflow/runs.py (list_runs) and workflow/confine.py read it too. It uses the engine registry and
+the modules engines share (engines/*.py), serving and the core, never one engine's own package.
 """

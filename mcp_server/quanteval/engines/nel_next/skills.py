@@ -35,12 +35,11 @@ from typing import Any
 
 from quanteval import configfile, envvars, paths
 from quanteval.engines.nel_next import nelnext
+from quanteval.engines.nemo_skills_source import NEMO_SKILLS_COMMIT, NEMO_SKILLS_UPSTREAM  # noqa: F401 (config.py reads skills.NEMO_SKILLS_*)
 from quanteval.models import ToolError
 
 SCHEME = "skills://"
 SETUP = "bash scripts/setup-nel-next"
-NEMO_SKILLS_COMMIT = "467b057"  # the one scripts/nemo-skills-source.sh installs: get_dataset_module returns two values
-NEMO_SKILLS_UPSTREAM = f"git+https://github.com/NVIDIA-NeMo/Skills@{NEMO_SKILLS_COMMIT}"
 REQUIRED_FIELDS = ("problem", "expected_answer")  # what NeMo-Skills' prompt configs and graders read from a row
 # nel-next 0.3.0 grades these two with NeMo-Skills' grader (its _score_handlers); any other METRICS_TYPE goes to
 # get_evaluator_class(type).eval_single({predicted_answer, expected_answer}), which only class evaluators have and
