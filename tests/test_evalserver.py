@@ -387,8 +387,10 @@ def test_sigterm_stops_every_job_and_child_and_answers_in_flight_with_503(tmp_pa
         threads[0].start()
         wait_for(lambda: list(out.glob("*/slowbench/argv.json")), 20, "the first job to start")
         threads[1].start()
-        # ns and the children it started, in their own process group
+        # ns and the children it started, in their own process group; and the second job queued behind the first
+        # (under load its request could still be on its way when SIGTERM came: then no job of it to cancel)
         wait_for(lambda: len(_ns_pids(proc.pid)) >= 3, 20, "ns and its children")
+        wait_for(lambda: len(ledger.find(kind="eval_job")) == 2, 20, "the second job to be queued")
         ns_pids = _ns_pids(proc.pid)
         proc.send_signal(signal.SIGTERM)
         for thread in threads:
