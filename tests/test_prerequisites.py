@@ -151,6 +151,17 @@ def test_check_environment_says_vllm_serves_on_this_cpu(monkeypatch: pytest.Monk
     assert all(option["how_to_get"] for option in serving.values() if not option["available"])
 
 
+def test_check_environment_gives_the_shipped_benchmarks_by_absolute_path() -> None:
+    """An assistant over MCP found `examples/benchmarks/tiny_add.py` in the skill, relative, where every tool wants an
+    absolute path, and had to guess the checkout: check_environment gives the shipped ones as they are on disk."""
+    from tiers import REPO
+
+    examples = _check_environment_over_mcp()["example_benchmarks"]
+    assert str(REPO / "examples" / "benchmarks" / "tiny_add.py") in examples
+    assert str(REPO / "examples" / "benchmarks" / "skills" / "benchmark_map.json") in examples
+    assert all(Path(path).is_absolute() and Path(path).is_file() for path in examples)
+
+
 def test_check_environment_without_the_vllm_venv_says_how_to_get_it(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUANTEVAL_VLLM_VENV", str(tmp_path / "nowhere"))

@@ -79,6 +79,9 @@ class EnvironmentReport(BaseModel):
     workspace_root: str | None = Field(description="MODELOPT_WORKSPACE_ROOT, when set.")
     workspaces: list[Workspace]
     serving: list[ServingOption] = Field(description="Where a model can be served from here, and how to get the rest.")
+    example_benchmarks: list[str] = Field(default_factory=list, description=(
+        "Benchmarks shipped in quanteval's checkout, by absolute path (BYOB .py/.jsonl for nel-next's benchmarks "
+        "list); a skills map there, as NEMO_SKILLS_EXTRA_BENCHMARK_MAP, names skills://tiny_math and tiny_mcq."))
     notes: list[str]
 
 
@@ -225,6 +228,15 @@ def executor_binaries(executor: str | None = None) -> list[LocalBinary]:
             for item in chosen for binary in item.binaries]
 
 
+# The checkout's examples (absent from an installed wheel): mcp_server/quanteval -> the repository root.
+EXAMPLE_BENCHMARKS = Path(__file__).resolve().parents[3] / "examples" / "benchmarks"
+
+
+def _example_benchmarks() -> list[str]:
+    found = [*EXAMPLE_BENCHMARKS.glob("*.py"), *EXAMPLE_BENCHMARKS.glob("*.jsonl"), *EXAMPLE_BENCHMARKS.glob("*/benchmark_map.json")]
+    return sorted(str(path) for path in found)
+
+
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
     """Use first: where a model can be served here (vLLM on CPU, GPUs, Docker, SLURM, endpoints), versions, ssh hosts,
     binaries, env vars set (names only); what is missing and how to get it.
@@ -268,5 +280,6 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
         workspace_root=root,
         workspaces=_workspaces(root),
         serving=serving,
+        example_benchmarks=_example_benchmarks(),
         notes=notes,
     )
