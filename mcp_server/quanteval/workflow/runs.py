@@ -264,12 +264,12 @@ def _evaluation_status(record: ledger.Record) -> RunStatusOutput:
 
 class WaitForRunInput(StrictModel):
     record_id: str = Field(description="The run's record_id (or its NEL 0.2.6 invocation id).")
-    timeout_s: float = Field(300, ge=0, le=3600, description="Longest wait, in seconds.")
+    timeout_s: float = Field(45, ge=0, le=3600, description="Longest wait, in seconds (default: under a 60 s client timeout).")
 
 
 def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -> RunStatusOutput:
     """Use instead of polling run_status (a run, or start_evaluation's job: progress, then result): answers when the
-    status changes or after timeout_s (45 for a 60 s client timeout)."""
+    status changes or after timeout_s; call again while it runs."""
     status = run_status(RunRef(record_id=request.record_id))
     if status.status not in ACTIVE:
         return status
