@@ -7,6 +7,9 @@ engine, as the tools treated it before the seam: neither read over SSH nor rende
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from quanteval import ledger
 from quanteval.clusters import executor as executors
 from quanteval.engines.nel import runtree as results
@@ -34,3 +37,27 @@ def test_only_a_slurm_records_results_are_read_over_ssh():
                        details={"output_dir": "/lustre/run"})
     assert results._output_dir_from_ledger(lepton.id) == "/results/run"
     assert results._output_dir_from_ledger(slurm.id) == "dlcluster:/lustre/run"
+
+
+# Where code outside clusters/ still asks which executor it has (issue 39's count), file by file. Each is a
+# decision the executor should make behind its verbs; the test fails on a new one, and on one removed without
+# lowering its count here.
+DECISIONS_LEFT = {
+    "engines/nel/apply.py": 1, "engines/nel/nelexec.py": 2, "engines/nel/rules.py": 3, "engines/nel/runs.py": 7,
+    "engines/nel/runtree.py": 1, "engines/nel_next/config.py": 4, "engines/nel_next/convert.py": 1,
+    "engines/nel_next/nelnext.py": 5, "engines/nel_next/runs.py": 2, "workflow/confine.py": 2,
+    "workflow/evaluate.py": 2, "workflow/placement.py": 1, "workflow/plan.py": 2, "workflow/runs.py": 1,
+}
+DECISION = re.compile(r"executors\.slurm\(|on_this_machine|is_this_machine|[!=]= \"(slurm|local)\"|in \(\"slurm\"|\"slurm\" in ")
+
+
+def test_executor_decisions_outside_clusters_only_shrink():
+    package = Path(executors.__file__).parents[1]
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith("clusters/"):
+            continue
+        if count := sum(1 for line in path.read_text().splitlines() if DECISION.search(line)):
+            found[relative] = count
+    assert found == DECISIONS_LEFT

@@ -25,6 +25,7 @@ from processes import running_with
 from tiers import BENCH, REPO, requires
 
 from quanteval import ledger
+from quanteval.clusters import executor as executors
 from quanteval.engines.nel_next import nelnext
 from quanteval.faces.server import build_server
 from quanteval.localproc import free_port
@@ -119,7 +120,7 @@ def test_a_launch_is_in_the_ledger_before_its_process_and_says_what_started(tmp_
         assert record.invocation_id and record.config_hash and record.executor == "local"
         assert record.details["engine"] == "nel-next" and record.details["pid"]
     finally:
-        nelnext.stop(record.details, grace_s=5)
+        executors.LOCAL.cancel([nelnext.local_job(record.details)], grace_s=5)
     assert _nel_runs_of(config) == []
 
 

@@ -264,15 +264,20 @@ def test_a_base_model_is_evaluated_through_the_completions_endpoint(standin_vllm
 def test_a_run_whose_wrapper_finishes_between_the_two_reads_is_not_taken_for_killed(tmp_path, monkeypatch):
     """exit_code reads the wrapper's file, then looks for the process group. The wrapper can write its code and exit
     in between (seen in CI: a run that completed recorded as killed, -9): the file is read again once the group is gone."""
+    from quanteval import localproc
+    from quanteval.clusters.executor import LOCAL
+
     def wrapper_finishes_now(pgid: int) -> list[int]:
         (tmp_path / nelnext.EXIT_CODE_NAME).write_text("0\n")
         return []
 
-    monkeypatch.setattr(nelnext, "group_members", wrapper_finishes_now)
-    assert nelnext.exit_code({"pid": -1, "pgid": 999999, "run_dir": str(tmp_path)}) == 0
+    job = nelnext.local_job({"pid": -1, "pgid": 999999, "run_dir": str(tmp_path)})
+    monkeypatch.setattr(localproc, "group_members", wrapper_finishes_now)
+    assert LOCAL.exit_code(job) == 0
     (tmp_path / nelnext.EXIT_CODE_NAME).unlink()
-    monkeypatch.setattr(nelnext, "group_members", lambda pgid: [])
-    assert nelnext.exit_code({"pid": -1, "pgid": 999999, "run_dir": str(tmp_path)}) == -9  # gone without a code: killed
+    monkeypatch.setattr(localproc, "group_members", lambda pgid: [])
+    assert LOCAL.exit_code(job) == -9  # gone without a code: killed
+    assert (LOCAL.states([job])[0].status, LOCAL.states([job])[0].note) == ("failed", "killed (no exit code)")
 
 
 def _dead_endpoint_config(tmp_path: Path) -> str:

@@ -1,20 +1,27 @@
 """Where a run executes, behind one interface: this machine ("local") or a SLURM cluster over SSH ("slurm").
 
-An engine renders and starts its runs; the executor answers for the jobs once they exist: their states (SLURM job
-chains and the auto-resume successors queued behind them included), cancelling them, reading their logs and files.
-The name an executor goes by is stored in each run's ledger record (`record.executor`), and `for_name` gives the
-executor back; a new executor is one class here (or a module beside it) and one line in EXECUTORS.
+An engine renders its runs and starts them (on this machine through LocalExecutor.start; on SLURM with its own
+submit command); the executor answers for the jobs once they exist, through the verbs every executor implements:
+`states` (SLURM job chains and the auto-resume successors queued behind them included), `cancel`, `log_lines` and
+`fetch` (the job's files where this process can read them). A job is the executor's own handle: a LocalJob (a process
+group under the exit-code wrapper) or a ClusterJob (a SLURM job and its chain). The name an executor goes by is stored
+in each run's ledger record (`record.executor`), and `for_name` gives the executor back; a new executor is one class
+here (or a module beside it) with those verbs, and one line in EXECUTORS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
-from abc import ABC
-from typing import ClassVar
+import subprocess
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from quanteval import localproc
 from quanteval.clusters import slurm as slurm_client
 from quanteval.clusters import ssh
 from quanteval.models import ToolError
@@ -55,9 +62,26 @@ class ClusterJob(BaseModel):
     def login(self) -> str:
         return f"{self.username}@{self.hostname}"
 
+    @property
+    def directory(self) -> str:  # as LocalJob's: the job's run directory, on its side
+        return self.remote_dir
+
+
+class LocalJob(BaseModel):
+    """A job on this machine: a process group started under the exit-code wrapper, its log and the file its exit code
+    goes to (any later process can read it), in a directory of its own."""
+    job_id: str
+    pgid: int
+    directory: str
+    exit_file: str
+    log_path: str
+
 
 class Unreachable(Exception):
     """The cluster could not be asked (ssh failed or slurmctld did not answer); nothing is known about the job."""
+
+
+LOG_READ_BYTES = 256 * 1024  # a local log's tail is read from its last bytes, not the whole file
 
 
 class Executor(ABC):
@@ -80,20 +104,118 @@ class Executor(ABC):
         """Why a launch must not start here, checked before the engine runs anything (None: go ahead)."""
         return None
 
+    # ---- the job verbs: `jobs` are this executor's own handles (LocalJob, ClusterJob)
+    @abstractmethod
+    def states(self, jobs: list[Any]) -> list[JobStatus]:
+        """Each job's state now: pending, running, resuming, succeeded, failed, killed or unknown."""
+
+    @abstractmethod
+    def cancel(self, jobs: list[Any], grace_s: float = 10.0) -> str:
+        """Stop the jobs (and what they started); what was done. Raises ToolError when one did not stop."""
+
+    @abstractmethod
+    def log_lines(self, jobs: list[Any], lines: int) -> tuple[str, list[str]]:
+        """Where the jobs' logs are, and their last lines (about `lines` per job)."""
+
+    @abstractmethod
+    def fetch(self, job: Any, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
+        """The files matching `patterns` under the job's directory (or `directory`, on the job's side), where this
+        process can read them: that directory itself on this machine, else a fresh copy under `into`."""
+
 
 class LocalExecutor(Executor):
-    """This machine: the engine's own process (nel-next) or NEL's Docker executor runs the jobs."""
+    """This machine: quanteval's own process groups (one reaper: localproc) or NEL's Docker executor runs the jobs."""
     name: ClassVar[str] = "local"
     binaries: ClassVar[tuple[str, ...]] = ("docker", "bash")
     on_this_machine: ClassVar[bool] = True
 
+    def start(self, job_id: str, argv: list[str], directory: Path, env: dict[str, str], *, log_name: str,
+              exit_name: str) -> LocalJob:
+        """argv in a session of its own, its output appended to DIRECTORY/log_name and its exit code written to
+        DIRECTORY/exit_name by the wrapper (tied to this process inside localproc.tied_to_this_process)."""
+        exit_file = directory / exit_name
+        exit_file.unlink(missing_ok=True)
+        with open(directory / log_name, "ab") as log:
+            child = subprocess.Popen(localproc.exit_code_wrapper(f"quanteval-{job_id}".replace(" ", "-"), exit_file, argv),
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, env=env,
+                                     start_new_session=True)
+        localproc.adopt(child)
+        return LocalJob(job_id=job_id, pgid=child.pid, directory=str(directory), exit_file=str(exit_file),
+                        log_path=str(directory / log_name))
+
+    def exit_code(self, job: LocalJob) -> int | None:
+        """The job's exit code once it ended, None while it runs. A group gone without one counts as killed (-9)."""
+        localproc.reap()
+        path = Path(job.exit_file)
+
+        def written() -> int | None:
+            text = path.read_text().strip() if path.is_file() else ""
+            try:
+                return int(text) if text else None
+            except ValueError:
+                return -1
+
+        if (code := written()) is not None:
+            return code
+        if localproc.group_members(job.pgid):
+            return None
+        # The wrapper writes the code, then exits: it may have done both since the first read (seen in CI as a
+        # finished run recorded as killed). Only a group gone with still no code is a killed run.
+        code = written()
+        return -9 if code is None else code
+
+    def states(self, jobs: list[LocalJob]) -> list[JobStatus]:
+        statuses = []
+        for job in jobs:
+            code = self.exit_code(job)
+            status = "running" if code is None else "succeeded" if code == 0 else "failed"
+            note = None if code in (None, 0) else "killed (no exit code)" if code == -9 else f"exit {code}"
+            statuses.append(JobStatus(job_id=job.job_id, status=status, note=note))
+        return statuses
+
+    def cancel(self, jobs: list[LocalJob], grace_s: float = 10.0) -> str:
+        how = "already stopped"
+        for job in jobs:
+            stopped, how, _left = localproc.stop_group(job.pgid, grace_s, on_wait=lambda job=job: self.exit_code(job))
+            if not stopped:
+                raise ToolError(f"{job.job_id} did not stop ({how}); kill process group {job.pgid}.")
+        return how
+
+    def log_lines(self, jobs: list[LocalJob], lines: int) -> tuple[str, list[str]]:
+        content: list[str] = []
+        for job in jobs:
+            path = Path(job.log_path)
+            if path.is_file():
+                with open(path, "rb") as handle:
+                    handle.seek(max(0, path.stat().st_size - LOG_READ_BYTES))
+                    content += handle.read().decode(errors="replace").splitlines()[-lines:]
+        return ", ".join(job.log_path for job in jobs), content
+
+    def fetch(self, job: LocalJob, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
+        return Path(directory or job.directory)
+
 
 class EngineManagedExecutor(Executor):
     """An executor the engine knows and quanteval does not drive itself (NEL's lepton, ...): the engine's own API
-    answers for its jobs."""
+    answers for its jobs, and the verbs here refuse."""
 
     def __init__(self, name: str) -> None:
         self.name = name  # type: ignore[misc]
+
+    def _refuse(self) -> ToolError:
+        return ToolError(f"runs on the {self.name!r} executor are watched through their engine's own commands, not by quanteval")
+
+    def states(self, jobs: list[Any]) -> list[JobStatus]:
+        raise self._refuse()
+
+    def cancel(self, jobs: list[Any], grace_s: float = 10.0) -> str:
+        raise self._refuse()
+
+    def log_lines(self, jobs: list[Any], lines: int) -> tuple[str, list[str]]:
+        raise self._refuse()
+
+    def fetch(self, job: Any, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
+        raise self._refuse()
 
 
 class SlurmExecutor(Executor):
@@ -115,6 +237,29 @@ class SlurmExecutor(Executor):
     def protect_secrets(self, job: ClusterJob) -> None:
         """NEL rsyncs .secrets.env to the cluster mode 644: make it private there too."""
         self.run(job, f"chmod 600 {shlex.quote(job.remote_dir)}/.secrets.env 2>/dev/null; true")
+
+    def states(self, jobs: list[ClusterJob]) -> list[JobStatus]:
+        return self.job_states(jobs)
+
+    def cancel(self, jobs: list[ClusterJob], grace_s: float = 10.0) -> str:
+        for job in jobs:
+            self.cancel_chain(job)
+        return "scancel of the job chain"
+
+    def log_lines(self, jobs: list[ClusterJob], lines: int) -> tuple[str, list[str]]:
+        """The newest SLURM logs of each job (up to the last four of its chain)."""
+        content: list[str] = []
+        for job in jobs:
+            content += self.tail_job_logs(job, lines)
+        return ", ".join(f"{job.hostname}:{job.remote_dir}/logs" for job in jobs), content
+
+    def fetch(self, job: ClusterJob, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
+        """A fresh copy of the files matching `patterns` (none yet: an empty folder)."""
+        shutil.rmtree(into, ignore_errors=True)  # our own mirror: nothing the cluster has since removed survives
+        into.mkdir(parents=True)
+        with contextlib.suppress(ToolError):  # no directory yet: the job has not started, and has no files
+            ssh.fetch_tree(job.hostname, directory or job.remote_dir, into, list(patterns))
+        return into
 
     def job_states(self, jobs: list[ClusterJob]) -> list[JobStatus]:
         """Per cluster login: the job chain files, `squeue -t all` for the user, then sacct for jobs the queue forgot."""
@@ -155,7 +300,8 @@ class SlurmExecutor(Executor):
                                       restart_job_id=restart, slurm_state=state, note=note))
         return statuses
 
-    def cancel(self, job: ClusterJob, slurm_job_ids: list[str]) -> None:
+    def scancel(self, job: ClusterJob, slurm_job_ids: list[str]) -> None:
+        """scancel these SLURM jobs of the job's login (leftovers of a chain, not the chain itself)."""
         try:
             slurm_client.scancel(job.login, slurm_job_ids)
         except ToolError as exc:

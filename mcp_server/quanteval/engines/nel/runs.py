@@ -343,7 +343,7 @@ def _cancel_chain_leftovers(record: ledger.Record) -> None:
         for status in cluster.job_states(jobs):
             leftovers = [job_id for job_id in (status.current_slurm_job_id, status.restart_job_id) if job_id]
             if leftovers and status.status in ACTIVE:
-                cluster.cancel(by_id[status.job_id], leftovers)
+                cluster.scancel(by_id[status.job_id], leftovers)
     except Unreachable as exc:
         ledger.update(record.id, message=f"kill: could not check the restart chain: {exc}")
 

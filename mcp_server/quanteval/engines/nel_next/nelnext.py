@@ -23,7 +23,6 @@ Facts this module relies on (nemo-evaluator 0.3.0, measured here):
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -37,12 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from quanteval import envvars, ledger, redact
+from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
-from quanteval.localproc import adopt, exit_code_wrapper, group_members, reap, require_writable_dir, stop_group
+from quanteval.clusters.executor import ClusterJob, LocalJob
+from quanteval.localproc import require_writable_dir
 from quanteval.models import ToolError
 
 LOG_NAME = "quanteval-run.log"
 EXIT_CODE_NAME = "quanteval-exit-code"
+LOCAL_JOB = "nel eval run"  # a local run's one job, as run_status and kill_run name it
 CHECK_TIMEOUT_S = 120.0
 SUBMIT_TIMEOUT_S = 180.0
 SUBMITTED = re.compile(r"SLURM job submitted: (\d+)")
@@ -255,57 +257,35 @@ def canary_overrides(benchmark_count: int, max_problems: int, repeats: int | Non
 
 
 def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = False) -> dict[str, Any]:
-    """Start `nel eval run` in a session of its own; returns the details a ledger record keeps."""
+    """Start `nel eval run` on this machine (LocalExecutor: a session of its own); the details a ledger record keeps."""
     require_writable_dir(run_dir, "output.dir", "Choose a writable directory (set_config_value key output.dir).")
     argv = [*nel_command(), "eval", "run", config_path, "-o", str(run_dir)]
     argv += [item for override in overrides for item in ("-O", override)]
     argv += ["--resume"] if resume else []
-    exit_file = run_dir / EXIT_CODE_NAME
-    exit_file.unlink(missing_ok=True)
-    wrapper = exit_code_wrapper("quanteval-nel-next", exit_file, argv)
-    with open(run_dir / LOG_NAME, "ab") as log:
-        child = subprocess.Popen(wrapper, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 cwd=run_dir, env=child_env(), start_new_session=True)
-    adopt(child)
-    return {"engine": "nel-next", "pid": child.pid, "pgid": child.pid, "run_dir": str(run_dir), "argv": argv,
-            "log_path": str(run_dir / LOG_NAME), "started_at": time.time()}
+    job = executors.LOCAL.start(LOCAL_JOB, argv, run_dir, child_env(), log_name=LOG_NAME, exit_name=EXIT_CODE_NAME)
+    return {"engine": "nel-next", "pid": job.pgid, "pgid": job.pgid, "run_dir": str(run_dir), "argv": argv,
+            "log_path": job.log_path, "started_at": time.time()}
 
 
-def exit_code(details: dict[str, Any]) -> int | None:
-    """The run's exit code once it ended, None while it runs. A process that vanished without one counts as killed (-9)."""
-    reap()
-    path = Path(details["run_dir"]) / EXIT_CODE_NAME
-
-    def written() -> int | None:
-        text = path.read_text().strip() if path.is_file() else ""
-        try:
-            return int(text) if text else None
-        except ValueError:
-            return -1
-
-    if (code := written()) is not None:
-        return code
-    if group_members(details["pgid"]):
-        return None
-    # The wrapper writes the code, then exits: it may have done both since the first read (seen in CI as a
-    # finished run recorded as killed). Only a group gone with still no code is a killed run.
-    code = written()
-    return -9 if code is None else code
+def jobs(details: dict[str, Any]) -> list[ClusterJob] | list[LocalJob]:
+    """A run's jobs as its executor finds them again: one SLURM job per shard (with nel-next's job chain, which also
+    retries a failed job), or the local `nel eval run`."""
+    return cluster_jobs(details) if details.get("slurm_jobs") else [local_job(details)]
 
 
-def stop(details: dict[str, Any], grace_s: float = 10.0) -> tuple[bool, str]:
-    """Stop the run's whole process group (SIGTERM, then SIGKILL after grace_s)."""
-    stopped, how, _remaining = stop_group(details["pgid"], grace_s, on_wait=lambda: exit_code(details))
-    return stopped, how
+def cluster_jobs(details: dict[str, Any]) -> list[ClusterJob]:
+    submitted = details["slurm_jobs"]
+    return [ClusterJob(job_id=f"shard {index}" if len(submitted) > 1 else LOCAL_JOB, hostname=job["hostname"],
+                       username=job["username"] or ssh.ssh_user(job["hostname"]), remote_dir=job["remote_dir"],
+                       slurm_job_id=str(job["job_id"]), chain_file=CHAIN_FILE, retries_failed=True)
+            for index, job in enumerate(submitted)]
 
 
-def log_tail(details: dict[str, Any], lines: int) -> list[str]:
-    path = Path(details["log_path"])
-    if not path.is_file():
-        return []
-    with open(path, "rb") as handle:
-        handle.seek(max(0, path.stat().st_size - 256 * 1024))
-        return handle.read().decode(errors="replace").splitlines()[-lines:]
+def local_job(details: dict[str, Any]) -> LocalJob:
+    """A local run's `nel eval run` as LocalExecutor finds it again, from its record's details."""
+    run_dir = Path(details["run_dir"])
+    return LocalJob(job_id=LOCAL_JOB, pgid=details["pgid"], directory=str(run_dir), exit_file=str(run_dir / EXIT_CODE_NAME),
+                    log_path=details.get("log_path") or str(run_dir / LOG_NAME))
 
 
 RUN_FACTS_NAME = "quanteval-run.json"
@@ -382,7 +362,7 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], run_di
                              details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},
                              message=f"started: {shlex.join(started['argv'])}")
     except BaseException:
-        stop(started, grace_s=5)  # a run its record does not name would run on unwatched: nothing is left running
+        executors.LOCAL.cancel([local_job(started)], grace_s=5)  # a run its record does not name would run unwatched
         raise
 
 
@@ -474,8 +454,9 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], checke
                          message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
 
 
-def fetch_results(details: dict[str, Any]) -> Path:
-    """A SLURM run's results, copied from the cluster into its local mirror (details['results_dir']) afresh.
+def fetch_results(executor: executors.Executor, details: dict[str, Any]) -> Path:
+    """The run's results where this process can read them: a local run's own directory; a SLURM run's, copied from
+    the cluster into its local mirror (details['results_dir']) afresh.
 
     nel-next 0.3.0 on SLURM runs each benchmark as a sub-run: RUN/<benchmark key>/checkpoint.json and
     RUN/<benchmark key>/<benchmark>/eval-*.json. With shards, each job writes RUN/shard_<i>/ so, and the last shard
@@ -484,26 +465,33 @@ def fetch_results(details: dict[str, Any]) -> Path:
     bundle is (the merging job died), nel-next's `nel eval merge` is run here on the copy, as a user would."""
     from quanteval.engines.nel_next import nextresults
 
-    jobs = details["slurm_jobs"]
-    local = Path(details["results_dir"])
-    shutil.rmtree(local, ignore_errors=True)  # our own mirror: nothing the cluster has since removed survives
-    local.mkdir(parents=True)
-    first = jobs[0]["remote_dir"].rstrip("/")
-    sharded = len(jobs) > 1 or first.rsplit("/", 1)[-1].startswith("shard_")
+    run_jobs = jobs(details)
+    first = run_jobs[0].directory.rstrip("/")
+    sharded = len(run_jobs) > 1 or first.rsplit("/", 1)[-1].startswith("shard_")
     top = first.rsplit("/", 1)[0] if sharded else first
-    with contextlib.suppress(ToolError):  # no directory yet: the job has not started, and the run has no results
-        ssh.fetch_tree(jobs[0]["hostname"], top, local, RESULT_FILES)
+    local = executor.fetch(run_jobs[0], Path(details.get("results_dir") or top), tuple(RESULT_FILES), directory=top)
     if sharded:
-        for job in jobs:  # a shard whose job never started has no directory: it counts as unfinished
-            (local / job["remote_dir"].rstrip("/").rsplit("/", 1)[-1]).mkdir(exist_ok=True)
+        for job in run_jobs:  # a shard whose job never started has no directory: it counts as unfinished
+            (local / job.directory.rstrip("/").rsplit("/", 1)[-1]).mkdir(exist_ok=True)
         if not nextresults.bundles(local) and any(local.glob("shard_*/**/results.jsonl")):
             done = subprocess.run([str(nel_binary()), "eval", "merge", str(local)], capture_output=True, text=True,
                                   timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=child_env(), check=False)
             if done.returncode != 0:
                 said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
                 raise ToolError(f"nel eval merge of {local} failed: {redact.scrub(' | '.join(said))[-600:]}")
-    (local / RUN_FACTS_NAME).write_text(json.dumps(details.get("run_facts") or {}, indent=1), encoding="utf-8")
+    if "run_facts" in details:  # a submitted run's facts live in its record: nel-next writes none on the node
+        (local / RUN_FACTS_NAME).write_text(json.dumps(details["run_facts"] or {}, indent=1), encoding="utf-8")
     return local
+
+
+def resume(config_path: str, details: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
+    """Resume an ended run where it ran, as nel-next resumes it: (status, details to record, what was done).
+    `nel eval resume` for each submitted SLURM job, `nel eval run --resume` of a local one in its run directory."""
+    if details.get("slurm_jobs"):
+        jobs = [resubmit(job) for job in details["slurm_jobs"]]
+        return "submitted", {"slurm_jobs": jobs}, f"resumed: nel eval resume, SLURM job {', '.join(j['job_id'] for j in jobs)}"
+    overrides = details.get("run_overrides") or details.get("overrides") or []
+    return "running", start(config_path, overrides, Path(details["run_dir"]), resume=True), "resumed: nel eval run --resume"
 
 
 def resubmit(job: dict[str, Any]) -> dict[str, Any]:

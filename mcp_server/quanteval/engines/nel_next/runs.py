@@ -4,7 +4,6 @@ overrides), or one sbatch job per shard on a SLURM cluster (its record keeps slu
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import time
@@ -12,8 +11,7 @@ from pathlib import Path
 
 from quanteval import configfile, failures, ledger
 from quanteval.clusters import executor as executors
-from quanteval.clusters import ssh
-from quanteval.clusters.executor import ClusterJob, JobStatus, Unreachable
+from quanteval.clusters.executor import JobStatus, Unreachable
 from quanteval.engines.base import (
     ACTIVE,
     MAX_HITS,
@@ -37,7 +35,7 @@ from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import secret_values, shown_line, shown_lines
 from quanteval.serving.deployment import serving_at
 
-NOT_FINISHED = "nel eval run ended (exit {code}) without finishing it"
+NOT_FINISHED = "its job ended ({how}) without finishing it"
 
 
 def _on_cluster(checked: dict) -> bool:
@@ -160,44 +158,37 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks:
                         host=record.host, status=record.status, gate=details.get("gate"), notes=notes)
 
 
-# ---------------------------------------------------------------- on a SLURM cluster
+# ---------------------------------------------------------------- state, through the run's executor
 
 
-def _cluster_jobs(record: ledger.Record) -> list[ClusterJob]:
-    """A nel-next SLURM record's jobs (one per shard) as the SLURM executor finds them again."""
-    jobs = record.details["slurm_jobs"]
-    return [ClusterJob(job_id=f"shard {index}" if len(jobs) > 1 else "nel eval run", hostname=job["hostname"],
-                       username=job["username"] or ssh.ssh_user(job["hostname"]), remote_dir=job["remote_dir"],
-                       slurm_job_id=str(job["job_id"]), chain_file=nelnext.CHAIN_FILE, retries_failed=True)
-            for index, job in enumerate(jobs)]
+def _ended(statuses: list[JobStatus]) -> bool:
+    return all(job.status not in ("pending", "running", "resuming") for job in statuses)
 
 
-def _cluster_failures(cluster: executors.SlurmExecutor, jobs: list[ClusterJob]) -> dict[str, str]:
-    """Benchmarks nel-next recorded as failed on the cluster (each benchmark's checkpoint.json): a job can end
-    COMPLETED with one failed, as `nel eval run` can exit 0 with one."""
-    failed: dict[str, str] = {}
-    for job in jobs:
-        for chunk in cluster.cat_each(job, "*/checkpoint.json"):
-            try:
-                failed.update({str(k): shown_line(str(v)) for k, v in (json.loads(chunk).get("failed_benchmarks") or {}).items()})
-            except (json.JSONDecodeError, AttributeError):
-                continue
-    return failed
-
-
-def _cluster_refresh(cluster: executors.SlurmExecutor, record: ledger.Record) -> Refreshed:
-    jobs = _cluster_jobs(record)
+def refresh(record: ledger.Record) -> Refreshed:
+    """The run's jobs as its executor reports them (the local `nel eval run`, or one SLURM job per shard); once all
+    ended, what nel-next itself recorded decides: a job can end well with a benchmark failed (`nel eval run` has
+    exited 0 with one, a SLURM job has ended COMPLETED with one), or with one never finished."""
+    if not record.invocation_id or record.kind == "dry_run" or record.status in ("killed", "cancelled"):
+        return Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
     try:
-        statuses = cluster.job_states(jobs)
-        failed = _cluster_failures(cluster, jobs) if all(job.status == "succeeded" for job in statuses) else {}
+        statuses = executors.for_name(record.executor).states(nelnext.jobs(record.details))
+        outcome = nextresults.run_outcome(results_dir(record)) if _ended(statuses) else None
     except Unreachable as exc:
         ledger.update(record.id, message=f"status poll failed: {exc}")
         return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
                          message=f"{exc}. Status unchanged ({record.status}); retry run_status later.")
     message = None
-    if failed:
-        message = "; ".join(f"{name}: {error}" for name, error in failed.items())[:500]
-        statuses = [job.model_copy(update={"status": "failed", "note": f"nel-next failed {', '.join(failed)}"}) for job in statuses]
+    if outcome is not None:
+        benchmarks = list(record.details.get("tasks") or [])
+        failed = {name: shown_line(str(error)) for name, error in outcome.failed.items()}
+        how = ", ".join(job.note for job in statuses if job.note) or "exit 0"
+        failed.update({name: NOT_FINISHED.format(how=how) for name in benchmarks if name not in outcome.completed and name not in failed})
+        if failed or not benchmarks:
+            message = "; ".join(f"{name}: {error}" for name, error in failed.items())[:500] or "no benchmark completed"
+            statuses = [job.model_copy(update={"status": "failed" if job.status == "succeeded" else job.status,
+                                               "note": job.note or f"nel-next failed {', '.join(failed) or 'every benchmark'}"})
+                        for job in statuses]
     status = overall_status([job.status for job in statuses])
     updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses},
                                                                "error": message},
@@ -205,47 +196,10 @@ def _cluster_refresh(cluster: executors.SlurmExecutor, record: ledger.Record) ->
     return Refreshed(record=updated, jobs=statuses, reachable=True, message=message)
 
 
-# ---------------------------------------------------------------- on this machine
-
-
-def _local_refresh(record: ledger.Record) -> Refreshed:
-    code = nelnext.exit_code(record.details)
-    benchmarks = list(record.details.get("tasks") or [])
-    if code is None:
-        jobs = [JobStatus(job_id=name, status="running") for name in benchmarks]
-        return Refreshed(record=ledger.update(record.id, status="running"), jobs=jobs, reachable=True, message=None)
-    outcome = nextresults.run_outcome(Path(record.details["run_dir"]))
-    jobs = []
-    for name in benchmarks:
-        if name in outcome.failed:
-            jobs.append(JobStatus(job_id=name, status="failed", note=shown_line(outcome.failed[name])))
-        elif name in outcome.completed:
-            jobs.append(JobStatus(job_id=name, status="succeeded"))
-        else:
-            jobs.append(JobStatus(job_id=name, status="failed", note=NOT_FINISHED.format(code=code)))
-    # Never trust the exit code alone: nel eval run has exited 0 with a failed benchmark.
-    status = "succeeded" if code == 0 and jobs and all(job.status == "succeeded" for job in jobs) else "failed"
-    message = None
-    if status == "failed":
-        reasons = [f"{job.job_id}: {job.note}" for job in jobs if job.note] or [f"nel eval run exited {code}"]
-        message = "; ".join(reasons)[:500]
-    updated = ledger.update(record.id, status=status, details={"exit_code": code, "error": message},
-                            message=message if record.status != status else None)
-    return Refreshed(record=updated, jobs=jobs, reachable=True, message=message)
-
-
-def refresh(record: ledger.Record) -> Refreshed:
-    if not record.invocation_id or record.kind == "dry_run" or record.status in ("killed", "cancelled"):
-        return Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
-    cluster = executors.slurm(record.executor)
-    return _cluster_refresh(cluster, record) if cluster else _local_refresh(record)
-
-
 def results_dir(record: ledger.Record) -> Path:
-    """The run's directory here; a SLURM run's results are on the cluster: a fresh local copy, shards merged."""
-    if executors.slurm(record.executor):
-        return nelnext.fetch_results(record.details)
-    return Path(record.details["run_dir"])
+    """The run's directory, where this process can read it: the run's own here; for a run on a SLURM cluster a fresh
+    local copy, shards merged."""
+    return nelnext.fetch_results(executors.for_name(record.executor), record.details)
 
 
 def poll_interval_s(record: ledger.Record) -> float:
@@ -268,21 +222,12 @@ def record_paths(record: ledger.Record, resuming: bool) -> list[tuple[str, Path]
 
 
 def _log_lines(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
-    """Where the run's log is, and its lines: the SLURM job logs of each shard (up to its last four jobs: nel-next's
-    logs/slurm-ID.log, the eval's output tee'd in), or the local child's log file."""
-    cluster = executors.slurm(record.executor)
-    if not cluster:
-        path = record.details["log_path"]
-        return path, Path(path).read_text(errors="replace").splitlines() if Path(path).is_file() else []
-    content: list[str] = []
-    where = ""
+    """Where the run's log is, and its lines: the local child's log file, or each shard's SLURM job logs (up to its
+    last four jobs: nel-next's logs/slurm-ID.log, the eval's output tee'd in)."""
     try:
-        for job in _cluster_jobs(record):
-            where = f"{job.hostname}:{job.remote_dir}/logs"
-            content += cluster.tail_job_logs(job, max(lines, 200))
+        return executors.for_name(record.executor).log_lines(nelnext.jobs(record.details), max(lines, 200))
     except Unreachable as exc:
         raise ToolError(f"run_logs: {exc}; retry when the cluster answers.") from None
-    return where, content
 
 
 def logs(record: ledger.Record, lines: int) -> RunLogsOutput:
@@ -305,36 +250,25 @@ def logs(record: ledger.Record, lines: int) -> RunLogsOutput:
 
 
 def kill(record: ledger.Record) -> KillRunOutput:
-    cluster = executors.slurm(record.executor)
-    if cluster:
-        try:
-            for job in _cluster_jobs(record):
-                cluster.cancel_chain(job)
-        except Unreachable as exc:
-            raise ToolError(f"kill_run: {exc}; nothing was cancelled, retry.") from None
-        updated = ledger.update(record.id, status="killed", message="kill_run: scancel of the job chain")
-        return KillRunOutput(record_id=record.id, status=updated.status,
-                             jobs=[JobStatus(job_id=job.job_id, status="killed") for job in _cluster_jobs(record)])
-    stopped, how = nelnext.stop(record.details)
-    if not stopped:
-        raise ToolError(f"kill_run: {record.id} did not stop ({how}); retry, or kill process group {record.details['pgid']}.")
+    jobs = nelnext.jobs(record.details)
+    try:
+        how = executors.for_name(record.executor).cancel(jobs)
+    except Unreachable as exc:
+        raise ToolError(f"kill_run: {exc}; nothing was cancelled, retry.") from None
+    except ToolError as exc:
+        raise ToolError(f"kill_run: {record.id}: {exc}") from None
     updated = ledger.update(record.id, status="killed", message=f"kill_run: {how}")
     return KillRunOutput(record_id=record.id, status=updated.status,
-                         jobs=[JobStatus(job_id=name, status="killed") for name in record.details.get("tasks") or []])
+                         jobs=[JobStatus(job_id=job.job_id, status="killed") for job in jobs])
 
 
 def resume(record: ledger.Record) -> ResumeRunOutput:
-    if executors.slurm(record.executor):
-        if refresh(record).record.status in ACTIVE:
-            raise ToolError(f"{record.id} is still queued or running; resume_run is for a killed or failed run.")
-        jobs = [nelnext.resubmit(job) for job in record.details["slurm_jobs"]]
-        updated = ledger.update(record.id, status="submitted", details={"slurm_jobs": jobs, "error": None},
-                                message=f"resumed: nel eval resume, SLURM job {', '.join(j['job_id'] for j in jobs)}")
-        return ResumeRunOutput(record_id=updated.id, invocation_id=updated.invocation_id or "", status=updated.status)
-    if nelnext.exit_code(record.details) is None:
-        raise ToolError(f"{record.id} is still running; resume_run is for a killed or failed run.")
-    overrides = record.details.get("run_overrides") or record.details.get("overrides") or []
-    started = nelnext.start(record.config_path or "", overrides, Path(record.details["run_dir"]), resume=True)
-    updated = ledger.update(record.id, status="running", details={**started, "exit_code": None, "error": None},
-                            message="resumed: nel eval run --resume")
+    try:
+        statuses = executors.for_name(record.executor).states(nelnext.jobs(record.details))
+    except Unreachable as exc:
+        raise ToolError(f"resume_run: {exc}; retry when the cluster answers.") from None
+    if not _ended(statuses):
+        raise ToolError(f"{record.id} is still queued or running; resume_run is for a killed or failed run.")
+    status, details, message = nelnext.resume(record.config_path or "", record.details)
+    updated = ledger.update(record.id, status=status, details={**details, "exit_code": None, "error": None}, message=message)
     return ResumeRunOutput(record_id=updated.id, invocation_id=updated.invocation_id or "", status=updated.status)
