@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import configfile, ledger, paths
+from quanteval import configfile, engines, ledger, paths
 from quanteval.clusters import executor as executors
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.nel_next import config as next_config
@@ -476,7 +476,8 @@ def _cancel(record_id: str) -> None:
     record = ledger.get(record_id)
     if record.status not in ACTIVE:
         return  # it finished (succeeded or failed) before the interruption: its own status stands
-    nelnext.stop(record.details, grace_s=5)
+    with contextlib.suppress(ToolError):  # kill_run's own path; one that did not stop is left to its owner's watchdog
+        engines.for_record(record).kill(record, no_progress)
     ledger.update(record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
 
 
