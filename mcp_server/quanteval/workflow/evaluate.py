@@ -17,6 +17,9 @@ Interrupted (Ctrl-C, SIGTERM, a failure): the server it started is stopped (one 
 cancelled), the run in flight is killed and recorded as cancelled, and the next call starts that checkpoint again.
 One call per output directory at a time: a second one is refused, naming the first (a kernel lock in the directory,
 gone with the call however it ends).
+
+Bound to nel-next by design (its input's `engine`): the one engine that evaluates on this machine without Docker.
+It builds nel-next configs and reads nel-next's run facts directly; runs are stopped through the engine seam.
 """
 
 from __future__ import annotations
