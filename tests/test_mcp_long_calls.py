@@ -2,7 +2,7 @@
 here wrote, at their default timeouts: the MCP Inspector CLI (2.x, one stdio server per call) and the TypeScript SDK's
 client (tests/mcp_clients, installed by `scripts/setup --dev`, run on the Node 22 installed there), with the real
 nel-next on the embedded model. The real vLLM (CPU) serves it where the IDE quits mid-call (its whole process tree
-must go); elsewhere a stand-in answers the sums, loading for 50 s where the length of the call is the point, or with
+must go, at each phase of the call); elsewhere a stand-in answers the sums, loading for 35 s where the length of the call is the point, or with
 child processes of its own where leaving is.
 
 - start_evaluation + wait_for_run reach the verdict from both clients at their defaults;
@@ -18,6 +18,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -177,23 +178,54 @@ def test_a_typescript_client_that_times_out_leaves_no_process_and_the_run_cancel
     assert ledger.find(kind="deployment")  # it got as far as serving
 
 
+# Where an IDE may quit during one evaluate_quantization call, in the order they come, each named by the progress
+# message that opens it and the state that proves it was reached: (phase, message, state reached).
+PHASES = [
+    ("baseline server loading", "baseline: starting", lambda: bool(running_with("--model", str(BASELINE), state_dir=own_state_dir()))),
+    ("candidate server loading beside the baseline's runs", "while the baseline runs",
+     lambda: bool(running_with("--model", str(CANDIDATE), state_dir=own_state_dir()))),
+    ("baseline full run", "baseline: canary passed", lambda: bool(ledger.find(kind="full_run", status="running"))),
+    ("candidate full run", "candidate: canary passed",
+     lambda: any(r.details.get("checkpoint") == str(CANDIDATE) for r in ledger.find(kind="full_run", status="running"))),
+    ("compare", "comparing", lambda: True),
+]
+
+
 @requires("vllm")
-def test_closing_stdio_mid_call_stops_the_servers_and_cancels_the_run(env, tmp_path):
-    server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp")], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=env)
-    assert server.stdin is not None
-    for message in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
-                    {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                    {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                     "params": {"name": "evaluate_quantization", "arguments": arguments(tmp_path)}}):
-        server.stdin.write((json.dumps(message) + "\n").encode())
-    server.stdin.flush()
-    wait_until(a_full_run_is_going, 300, "a full run")
-    server.stdin.close()  # the IDE quit
-    assert server.wait(timeout=120) == 0
-    assert_nothing_left(tmp_path)
-    assert any(record.status == "cancelled" for record in ledger.find(kinds=["canary", "full_run"]))
+def test_closing_stdio_at_each_phase_of_an_evaluation_leaves_no_vllm_and_no_open_record(env, tmp_path):
+    """The IDE quits (stdin closes) at each phase in turn, with the real vLLM (its engine core and worker processes):
+    every server of the call stops, and no deployment or run is left loading, ready or running. One ledger for all
+    phases: the candidate-full-run quit comes after the baseline's full run finished, so the compare phase reuses it
+    (as a user's next call would). Served eager: the subject is what is left, not numerics (and each start is cheaper)."""
+    for phase, message, reached in PHASES:
+        server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, env=env, text=True)
+        assert server.stdin is not None and server.stdout is not None
+        call = {"name": "evaluate_quantization", "_meta": {"progressToken": "p"},
+                "arguments": arguments(tmp_path, eager=True, canary_problems=5)}  # full runs of 1000: ~15 s to quit in
+        for line in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                          "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+                     {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                     {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}):
+            server.stdin.write(json.dumps(line) + "\n")
+        server.stdin.flush()
+        seen: list = []
+        answer: dict = {}
+        watchdog = threading.Timer(600, server.kill)  # a server that stops reporting ends the loop below
+        watchdog.start()
+        for line in server.stdout:  # progress notifications, then the answer (id 2) if the call ends first
+            answer = json.loads(line)
+            seen.append(answer.get("params", {}).get("message") or answer.get("id"))
+            if message in str(seen[-1]) or answer.get("id") == 2:
+                break
+        assert any(message in str(text) for text in seen), f"{phase}: never reached; progress: {seen}; answer: {answer}"
+        wait_until(reached, 120, phase)
+        server.stdin.close()  # the IDE quit
+        assert server.wait(timeout=120) == 0, phase
+        watchdog.cancel()
+        assert_nothing_left(tmp_path)
+    full_runs = {(r.details.get("checkpoint"), r.status) for r in ledger.find(kind="full_run")}
+    assert (str(BASELINE), "succeeded") in full_runs and (str(CANDIDATE), "cancelled") in full_runs, full_runs
 
 
 def _free_port() -> int:
