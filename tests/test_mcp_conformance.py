@@ -136,3 +136,22 @@ def test_the_conformance_scenario_passes(server_url: str, scenario: str, tmp_pat
     said = [(check["status"], check["id"], check.get("errorMessage")) for check in checks if check["status"] != "INFO"]
     assert done.returncode == 0 and said and all(status == "SUCCESS" for status, _, _ in said), (
         f"{scenario} ({APPLIES[scenario]}): {said}\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+
+
+def test_the_inspectors_skills_extension_verifier_passes_every_skill_and_digest():
+    """MCP Inspector 2.12's SEP-2640 verifier (`--method skills/list --verify --require-digests`) against quanteval-mcp
+    over stdio: every skill conforms and every file's bytes match the digest and size skills/list gives."""
+    from tiers import INSPECTOR
+
+    from quanteval.faces.skillpack import skill_names
+
+    env = user_env(PATH=f"{NODE.parent}:{user_env()['PATH']}")
+    done = subprocess.run([str(NODE), str(INSPECTOR), "--cli", str(VENV_BIN / "quanteval-mcp"), "--method", "skills/list",
+                           "--verify", "--require-digests"], capture_output=True, text=True, env=env, timeout=120,
+                          check=False, cwd=MCP_CLIENTS)
+    assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-1500:])
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(report["name"] for report in reports) == sorted(skill_names())
+    assert all(not report["conformance"] and not report["frontmatter"] for report in reports), reports
+    files = [entry for report in reports for entry in report["files"]]
+    assert files and all(entry["status"] == "verified" for entry in files), [e for e in files if e["status"] != "verified"]
