@@ -143,26 +143,36 @@ class LocalExecutor(Executor):
         return LocalJob(job_id=job_id, pgid=child.pid, directory=str(directory), exit_file=str(exit_file),
                         log_path=str(directory / log_name))
 
+    @staticmethod
+    def written_code(job: LocalJob) -> int | None:
+        """The exit code the wrapper wrote, None before it did (-1 for a file that is not a number)."""
+        path = Path(job.exit_file)
+        text = path.read_text().strip() if path.is_file() else ""
+        try:
+            return int(text) if text else None
+        except ValueError:
+            return -1
+
+    @staticmethod
+    def running(job: LocalJob) -> bool:
+        """Whether anything of the job's process group is alive (an ended child of ours is reaped first: no zombie)."""
+        localproc.reap()
+        return bool(localproc.group_members(job.pgid))
+
     def exit_code(self, job: LocalJob) -> int | None:
         """The job's exit code once it ended, None while it runs. A group gone without one counts as killed (-9)."""
-        localproc.reap()
-        path = Path(job.exit_file)
-
-        def written() -> int | None:
-            text = path.read_text().strip() if path.is_file() else ""
-            try:
-                return int(text) if text else None
-            except ValueError:
-                return -1
-
-        if (code := written()) is not None:
+        if (code := self.written_code(job)) is not None:
             return code
-        if localproc.group_members(job.pgid):
+        if self.running(job):
             return None
         # The wrapper writes the code, then exits: it may have done both since the first read (seen in CI as a
         # finished run recorded as killed). Only a group gone with still no code is a killed run.
-        code = written()
+        code = self.written_code(job)
         return -9 if code is None else code
+
+    def stop(self, job: LocalJob, grace_s: float) -> tuple[bool, str, list[int]]:
+        """SIGTERM the job's group, SIGKILL what is left after grace_s: (stopped, what was done, pids still alive)."""
+        return localproc.stop_group(job.pgid, grace_s, on_wait=lambda: self.running(job))
 
     def states(self, jobs: list[LocalJob]) -> list[JobStatus]:
         statuses = []
@@ -176,7 +186,7 @@ class LocalExecutor(Executor):
     def cancel(self, jobs: list[LocalJob], grace_s: float = 10.0) -> str:
         how = "already stopped"
         for job in jobs:
-            stopped, how, _left = localproc.stop_group(job.pgid, grace_s, on_wait=lambda job=job: self.exit_code(job))
+            stopped, how, _left = self.stop(job, grace_s)
             if not stopped:
                 raise ToolError(f"{job.job_id} did not stop ({how}); kill process group {job.pgid}.")
         return how

@@ -1,28 +1,19 @@
-"""Deployments on this machine: the server runs in its own process group, its log and exit code under the state
-directory (deployments/<record id>/). The ledger records them as executor "local"."""
+"""Deployments on this machine: the server is a local job (clusters/executor.LocalExecutor: its own process group,
+its log and exit code under the state directory, deployments/<record id>/). The ledger records them as executor
+"local"."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shlex
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from quanteval import ledger, paths
-from quanteval.localproc import (
-    adopt,
-    exit_code_wrapper,
-    free_port,
-    group_members,
-    group_rss_bytes,
-    interrupts_held,
-    port_free,
-    reap,
-    stop_group,
-)
+from quanteval.clusters.executor import LOCAL, LocalJob
+from quanteval.localproc import free_port, group_rss_bytes, interrupts_held, port_free
 from quanteval.models import ToolError
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -36,8 +27,10 @@ from quanteval.serving.deployment import (
     with_option,
 )
 
-NAME = "local"
+NAME = LOCAL.name
 LOG_SCAN_BYTES = 512 * 1024
+JOB = "deploy"  # the server's local job (`quanteval-deploy` in ps)
+LOG_NAME, EXIT_NAME = "server.log", "exit_code"
 
 def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploymentResult:
     notes: list[str] = []
@@ -52,36 +45,29 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
     record = ledger.add("deployment", status="starting", executor=NAME, config_path=plan.checkpoint,
                         details={"framework": plan.framework, "served_model_name": plan.served_model_name,
                                  "serving": plan.serving.model_dump()})
-    child: subprocess.Popen[bytes] | None = None
+    job: LocalJob | None = None
     try:
         run_dir = paths.call_state_dir() / "deployments" / record.id
         run_dir.mkdir(parents=True, exist_ok=True)
-        log_path, rc_path = run_dir / "server.log", run_dir / "exit_code"
-        wrapper = exit_code_wrapper("quanteval-deploy", rc_path, argv)
         # A launcher that cannot start shows up as exit code 127 with the shell's message in the log.
-        with open(log_path, "ab") as log_file:
-            child = subprocess.Popen(
-                wrapper, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=run_dir, env={**os.environ, **plan.env}, start_new_session=True,
-            )
-        adopt(child)
+        job = LOCAL.start(JOB, argv, run_dir, {**os.environ, **plan.env}, log_name=LOG_NAME, exit_name=EXIT_NAME)
         endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"
         ledger.update(record.id, status="loading", details={
-            "pid": child.pid, "pgid": child.pid, "port": port, "log_path": str(log_path),
-            "exit_code_path": str(rc_path), "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
+            "pid": job.pgid, "pgid": job.pgid, "port": port, "log_path": job.log_path,
+            "exit_code_path": job.exit_file, "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
             "startup_timeout_s": request.startup_timeout_s,
         })
     except BaseException as exc:  # interrupted or failed between the record and its process: neither is left behind
         interrupted = not isinstance(exc, Exception)
         with interrupts_held(), contextlib.suppress(ToolError):
-            if child is not None:
-                stop_group(child.pid, 5, on_wait=child.poll)
+            if job is not None:
+                LOCAL.cancel([job], grace_s=5)
             ledger.update(record.id, status="cancelled" if interrupted else "failed",
                           message=f"launch {'interrupted' if interrupted else f'failed: {exc}'}"[:300])
         raise
     return LaunchDeploymentResult(
         record_id=record.id, host=None, status="loading", port=port, endpoint_url=endpoint,
-        served_model_name=plan.served_model_name, command=shlex.join(argv), log_path=str(log_path), pid=child.pid, notes=notes,
+        served_model_name=plan.served_model_name, command=shlex.join(argv), log_path=job.log_path, pid=job.pgid, notes=notes,
     )
 
 
@@ -95,8 +81,7 @@ def observe(record: ledger.Record, chat: bool) -> Observation:
 
 
 def stop(record: ledger.Record, grace_s: float) -> tuple[bool, str, list[int]]:
-    details = record.details
-    return stop_group(details["pgid"], grace_s, on_wait=lambda: _process(details))  # reaps our own child
+    return LOCAL.stop(_job(record.details), grace_s)
 
 
 def memory_bytes(record: ledger.Record) -> int | None:
@@ -139,10 +124,13 @@ def _read_log_tail(path: Path) -> str:
         return ""
 
 
+def _job(details: dict[str, Any]) -> LocalJob:
+    """The server as LocalExecutor finds it again, from its record."""
+    return LocalJob(job_id=JOB, pgid=details["pgid"], directory=str(Path(details["log_path"]).parent),
+                    exit_file=details["exit_code_path"], log_path=details["log_path"])
+
+
 def _process(details: dict[str, Any]) -> tuple[bool, int | None]:
-    """(running, exit code when known)."""
-    reap()  # an ended child of ours is no zombie in its group
-    running = bool(group_members(details["pgid"]))
-    rc_path = Path(details["exit_code_path"])
-    code = int(rc_path.read_text().strip() or -1) if rc_path.is_file() else None
-    return running, code
+    """(running: anything of its group alive, vLLM's engine processes included; the exit code when written)."""
+    job = _job(details)
+    return LOCAL.running(job), LOCAL.written_code(job)

@@ -13,18 +13,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from quanteval import ledger, paths
-from quanteval.localproc import adopt, group_members, reap, stop_group
+from quanteval.clusters.executor import LOCAL, LocalJob
 
 KIND = "evaluation"
 JOB_MODULE = "quanteval.workflow.evaluate_job"
 STOP_GRACE_S = 60.0  # the job stops a vLLM server (20 s grace) and a nel-next run before it exits
+JOB, LOG_NAME, EXIT_NAME = "evaluation", "job.log", "exit_code"
 
 
 
@@ -35,21 +35,24 @@ def start(request: dict[str, Any], root: Path | None = None) -> ledger.Record:
                         details={"request": request, "root": str(root) if root is not None else None})
     job_dir = paths.call_state_dir() / "evaluations" / "jobs" / record.id
     job_dir.mkdir(parents=True, exist_ok=True)
-    log_path, result_path = job_dir / "job.log", job_dir / "result.json"
+    log_path, result_path = job_dir / LOG_NAME, job_dir / "result.json"
     ledger.update(record.id, details={"log_path": str(log_path), "result_path": str(result_path)})  # before the job reads them
     package_root = str(Path(__file__).resolve().parents[2])  # the job imports this same quanteval
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    with open(log_path, "ab") as log:
-        child = subprocess.Popen([sys.executable, "-m", JOB_MODULE, record.id], stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    adopt(child)
-    return ledger.update(record.id, details={"pid": child.pid, "pgid": child.pid, "started_at": time.time()})
+    job = LOCAL.start(JOB, [sys.executable, "-m", JOB_MODULE, record.id], job_dir, env, log_name=LOG_NAME, exit_name=EXIT_NAME)
+    return ledger.update(record.id, details={"pid": job.pgid, "pgid": job.pgid, "started_at": time.time()})
+
+
+def _job(record: ledger.Record) -> LocalJob:
+    """The evaluation's process as LocalExecutor finds it again, from its record."""
+    log_path = Path(record.details["log_path"])
+    return LocalJob(job_id=JOB, pgid=record.details["pgid"], directory=str(log_path.parent),
+                    exit_file=str(log_path.parent / EXIT_NAME), log_path=str(log_path))
 
 
 def refresh(record: ledger.Record) -> ledger.Record:
     """The record, marked failed when its process is gone without having said how it ended (killed -9, a crash)."""
-    reap()
-    if record.status == "running" and "pgid" in record.details and not group_members(record.details["pgid"]):
+    if record.status == "running" and "pgid" in record.details and not LOCAL.running(_job(record)):
         record = ledger.get(record.id)  # it may have finished between the two reads
         if record.status == "running":
             record = ledger.update(record.id, status="failed", details={"error": (
@@ -79,7 +82,7 @@ def result(record: ledger.Record) -> dict[str, Any] | None:
 def kill(record: ledger.Record) -> ledger.Record:
     """SIGTERM: the job stops its server and run and records itself cancelled; SIGKILL after STOP_GRACE_S."""
     if record.status == "running" and "pgid" in record.details:
-        _stopped, _how, _left = stop_group(record.details["pgid"], STOP_GRACE_S)
+        _stopped, _how, _left = LOCAL.stop(_job(record), STOP_GRACE_S)
     record = ledger.get(record.id)
     if record.status == "running":
         record = ledger.update(record.id, status="cancelled", message="cancelled: kill_run")
