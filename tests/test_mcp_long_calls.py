@@ -28,7 +28,7 @@ import anyio
 import pytest
 from mcp import Client
 from processes import own_state_dir, running_with
-from tiers import BENCH, CHECKPOINTS, INSPECTOR, MCP_CLIENTS, NODE, REPO, VENV_BIN, requires, user_env
+from tiers import BENCH, CHECKPOINTS, INSPECTOR, MCP_CLIENTS, NODE, REPO, VENV_BIN, own_lane, requires, user_env
 
 from quanteval import ledger
 from quanteval.workflow import runs
@@ -192,6 +192,7 @@ PHASES = [
 
 
 @requires("vllm")
+@own_lane("vllm-disconnect")  # its leftover checks name only its own state dir's servers: it may run beside the others
 def test_closing_stdio_at_each_phase_of_an_evaluation_leaves_no_vllm_and_no_open_record(env, tmp_path):
     """The IDE quits (stdin closes) at each phase in turn, with the real vLLM (its engine core and worker processes):
     every server of the call stops, and no deployment or run is left loading, ready or running. One ledger for all
