@@ -97,3 +97,17 @@ def test_only_convert_config_names_an_engine_package_outside_engines():
                 if module not in SPEAKS_TWO_ENGINES | BOUND_TO_ONE_ENGINE for imported in sorted(named)]
     assert reaching == []
     assert sorted(BOUND_TO_ONE_ENGINE - set(outside)) == [], "no longer bound to one engine: take it off BOUND_TO_ONE_ENGINE"
+
+
+def test_every_file_the_architecture_page_names_exists():
+    """docs/ARCHITECTURE.md names modules by path (`clusters/executor.py`) or by file name (`deploy_local.py`): each
+    is a file of the package (or the repository), so a move that leaves the page behind fails here."""
+    import re
+
+    page = (PACKAGE.parents[1] / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    names = set(re.findall(r"`([A-Za-z0-9_/]+\.py)`", page))
+    files = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")}
+    basenames = {path.rsplit("/", 1)[-1] for path in files}
+    missing = [name for name in sorted(names)
+               if name not in files and name not in basenames and not (PACKAGE.parents[1] / name).is_file()]
+    assert missing == [], f"ARCHITECTURE.md names files that do not exist: {missing}"
