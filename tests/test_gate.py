@@ -210,6 +210,10 @@ def test_max_drop_in_points_gates_as_the_policy_it_writes_in_nel_gates_fraction(
         gate_results(GateResultsInput(baseline=str(base), candidate=str(cand), max_drop=2, policy=str(written)))
     with pytest.raises(ValueError, match="points"):  # 0.02 typed for two points: refused, not read as 0.02 points
         GateResultsInput(baseline=str(base), candidate=str(cand), max_drop=0.02)
+    # without output_dir each rule's policy has a file of its own (one shared path was rewritten by every gate)
+    strict, loose = (gate_results(GateResultsInput(baseline=str(base), candidate=str(cand), max_drop=points)) for points in (2, 50))
+    assert strict.policy != loose.policy and strict.verdict == "NO-GO" and loose.verdict == "GO"
+    assert "max_drop: 0.02" in Path(strict.policy).read_text() and "max_drop: 0.5" in Path(loose.policy).read_text()
 
 
 @pytest.mark.parametrize(("text", "says"), [

@@ -303,7 +303,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     comparability, why_not = comparability_verdict(items)
     reasons += why_not
     acceptability = _acceptability(comparability, rows, reasons)
-    reasons += [f"{row.task}: {f'{row.nel_verdict} ({row.verdict})' if row.nel_verdict else row.verdict}: {row.why}." for row in rows]
+    reasons += [f"{row.task}: {f'{row.nel_verdict} ({row.verdict})' if row.nel_verdict else row.verdict}: {row.why.rstrip('.')}." for row in rows]
     output_dir = _output_dir(request)
     png = output_dir / "comparison.png" if rows else None
     if png is not None:

@@ -72,7 +72,7 @@ class EvaluateQuantizationInput(StrictModel):
     benchmarks: list[str] = Field(min_length=1, description=(
         "BYOB .py files, skills://NAME or built-in names."))
     engine: Literal["nel-next"] = Field("nel-next", description=(
-        "NEL 0.2.6: the step-by-step tools."))
+        "Runs nel-next (for NEL 0.2.6, use the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="This machine.")
     host: str | None = Field(None, description="Omit or 'local'.")
     framework: Literal["vllm"] = Field("vllm", description="Serves both.")

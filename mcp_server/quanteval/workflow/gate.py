@@ -40,6 +40,7 @@ outputs the headline scores decide, their CI the unpaired sum of each run's 95% 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -428,7 +429,9 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     reader = engines.results_for_pair(request.baseline, request.candidate)
     base, cand = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
     if request.max_drop is not None:  # the user's rule in points, as the policy nel gate reads (its fraction)
-        where = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "gate-policies"
+        # without output_dir: a folder per (runs, rule), so two gates at once never write each other's policy
+        unique = hashlib.sha256(json.dumps([request.baseline, request.candidate, request.max_drop, confidence]).encode()).hexdigest()[:12]
+        where = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "gate-policies" / unique
         shared = sorted(set(base.benchmarks) & set(cand.benchmarks))
         if not shared:
             raise ToolError(f"max_drop: the runs have no benchmark in common (baseline {sorted(base.benchmarks)}, candidate "
