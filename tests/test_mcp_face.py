@@ -525,6 +525,20 @@ def test_a_request_nested_too_deep_gets_an_error_and_the_server_serves_on(cli_en
     assert "result" in answers[3], answers[3]
 
 
+def _wait_for_http(url: str, timeout_s: float = 60) -> None:
+    """Until the server at url answers HTTP at all."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(url, timeout=1, trust_env=False)
+            return
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, "the HTTP server did not start"
+            time.sleep(0.2)
+
+
 def test_sigterm_stops_the_http_server_while_a_client_holds_its_event_stream_open(cli_env):
     """A client's GET /mcp event stream never ends by itself: uvicorn waited for it for ever after SIGTERM. Now the
     server is gone within its shutdown grace."""
@@ -541,14 +555,7 @@ def test_sigterm_stops_the_http_server_while_a_client_holds_its_event_stream_ope
                             stderr=subprocess.DEVNULL, env=cli_env)
     url = f"http://127.0.0.1:{port}/mcp"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url, timeout=1, trust_env=False)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "the HTTP server did not start"
-                time.sleep(0.2)
+        _wait_for_http(url)
         headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
         hello = httpx.post(url, headers=headers, trust_env=False, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
@@ -595,14 +602,7 @@ def test_half_sent_http_requests_are_closed_and_the_server_answers_meanwhile(cli
     url = f"http://127.0.0.1:{port}/mcp"
     held: list[socket.socket] = []
     try:
-        until = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url, timeout=1, trust_env=False)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < until, "the HTTP server did not start"
-                time.sleep(0.2)
+        _wait_for_http(url)
         for number in range(70):
             sock = socket.create_connection(("127.0.0.1", port), timeout=10)
             if number % 10:  # one in ten sends nothing at all
