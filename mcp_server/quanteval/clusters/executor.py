@@ -333,9 +333,10 @@ class SlurmExecutor(Executor):
 
     def tail_job_logs(self, job: ClusterJob, lines: int, last_files: int = 4) -> list[str]:
         """The last `lines` lines of the newest SLURM logs under logs/ (up to `last_files` jobs of the chain, oldest
-        first: a retry's fresh log alone hides why the first one failed)."""
+        first: a retry's fresh log alone hides why the first one failed). Ordered by job id, not by time: a killed
+        job's processes may still write its log after its successor started (seen under load)."""
         logs = f"{shlex.quote(job.remote_dir)}/logs"
-        text = self.run(job, f"for f in $(ls -tr {logs}/slurm-*.log 2>/dev/null | tail -{last_files}); "
+        text = self.run(job, f"for f in $(ls {logs}/slurm-*.log 2>/dev/null | sort -V | tail -{last_files}); "
                              f'do echo "==> $f <=="; tail -n {lines} "$f"; done')
         return text.splitlines()
 
