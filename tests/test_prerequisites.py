@@ -156,7 +156,9 @@ def test_check_environment_gives_the_shipped_benchmarks_by_absolute_path() -> No
     absolute path, and had to guess the checkout: check_environment gives the shipped ones as they are on disk."""
     from tiers import REPO
 
-    examples = _check_environment_over_mcp()["example_benchmarks"]
+    report = _check_environment_over_mcp()
+    examples = report["example_benchmarks"]
+    assert report["quanteval_cli"] and Path(report["quanteval_cli"]).name == "quanteval"  # what CI runs
     assert str(REPO / "examples" / "benchmarks" / "tiny_add.py") in examples
     assert str(REPO / "examples" / "benchmarks" / "skills" / "benchmark_map.json") in examples
     assert all(Path(path).is_absolute() and Path(path).is_file() for path in examples)

@@ -67,6 +67,9 @@ class EnvironmentReport(BaseModel):
         "Installed version per package in this Python (vllm: the vLLM local deployments start, from its own venv); "
         "null when not installed."))
     nel_on_path: str | None = Field(description="Path of the `nel` executable, or null.")
+    quanteval_cli: str | None = Field(None, description=(
+        "Path of the `quanteval` command (CI runs `quanteval evaluate` / `quanteval gate`; elsewhere: pip install the "
+        "checkout), or null."))
     docker_daemon: bool = Field(description="A Docker daemon answers on its socket (NEL's local executor needs one).")
     docker_detail: str
     gpus: list[GpuInfo]
@@ -269,6 +272,7 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
         quanteval=__version__,
         packages={name: _version(name) for name in PACKAGES} | {"vllm": _version("vllm") or vllm_venv_version()},
         nel_on_path=nel,
+        quanteval_cli=shutil.which("quanteval") or shutil.which("quanteval", path=str(Path(sys.executable).parent)),
         docker_daemon=docker_ok,
         docker_detail=docker_detail,
         gpus=gpus,
