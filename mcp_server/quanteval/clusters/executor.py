@@ -325,12 +325,6 @@ class SlurmExecutor(Executor):
         except ToolError as exc:
             raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
 
-    def cat_each(self, job: ClusterJob, pattern: str) -> list[str]:
-        """The text of every file matching `pattern` (a glob under the job's run directory)."""
-        text = self.run(job, f"for f in {shlex.quote(job.remote_dir)}/{pattern}; "
-                             'do [ -f "$f" ] && { cat "$f"; echo; echo @@END; }; done')
-        return [chunk for chunk in text.split("@@END") if chunk.strip()]
-
     def tail_job_logs(self, job: ClusterJob, lines: int, last_files: int = 4) -> list[str]:
         """The last `lines` lines of the newest SLURM logs under logs/ (up to `last_files` jobs of the chain, oldest
         first: a retry's fresh log alone hides why the first one failed). Ordered by job id, not by time: a killed
