@@ -189,6 +189,9 @@ def test_sigkill_of_the_process_that_serves_an_evaluation_leaves_no_server(tmp_p
 
     live = [(run.kind, run.status) for run in list_runs(ListRunsInput(limit=100)).runs if run.status in ("loading", "ready", "running")]
     assert live == []
+    # its servers ended with it, and say so (not "failed": nothing went wrong with them)
+    servers = [(run.record_id, run.status) for run in list_runs(ListRunsInput(limit=100)).runs if run.kind == "deployment"]
+    assert servers and all(status in ("stopped", "cancelled") for _, status in servers), servers
 
 
 def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(tmp_path, monkeypatch):

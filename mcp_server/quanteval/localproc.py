@@ -186,6 +186,22 @@ def tied_to_this_process() -> Iterator[None]:
         _OWNER.pid = previous
 
 
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie counts until reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_pid() -> int:
+    """The process what this thread starts now stops with (inside tied_to_this_process), else 0."""
+    return getattr(_OWNER, "pid", 0)
+
+
 def exit_code_wrapper(name: str, exit_code_path: Path, argv: list[str]) -> list[str]:
     """argv run under the wrapper above (`name` shows in ps), tied to this process when inside tied_to_this_process."""
-    return ["/bin/sh", "-c", _WRAPPER, name, str(exit_code_path), str(getattr(_OWNER, "pid", 0)), *argv]
+    return ["/bin/sh", "-c", _WRAPPER, name, str(exit_code_path), str(owner_pid()), *argv]

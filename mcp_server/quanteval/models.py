@@ -6,6 +6,9 @@ several domains share lives here.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -26,6 +29,29 @@ class ProgressFn(Protocol):
 
 def no_progress(progress: float, total: float | None = None, message: str | None = None) -> None:
     """The progress reporter used when nobody listens (CLI, tests)."""
+
+
+_CANCEL_CHECK = threading.local()
+
+
+@contextlib.contextmanager
+def cancellable_by(check: Callable[[], None]) -> Iterator[None]:
+    """Inside the block, cancellation_point() calls `check` (on this thread): the face running a tool (an MCP call)
+    says there whether its caller still wants the answer."""
+    previous = getattr(_CANCEL_CHECK, "check", None)
+    _CANCEL_CHECK.check = check
+    try:
+        yield
+    finally:
+        _CANCEL_CHECK.check = previous
+
+
+def cancellation_point() -> None:
+    """Called by a wait's every poll: raises into the tool when its call was cancelled (between progress reports, which
+    are seconds apart; a client that gave up may kill this process within 4 s). Nothing where no face set a check."""
+    check = getattr(_CANCEL_CHECK, "check", None)
+    if check is not None:
+        check()
 
 
 class StrictModel(BaseModel):

@@ -75,6 +75,7 @@ class LocalJob(BaseModel):
     directory: str
     exit_file: str
     log_path: str
+    owner_pid: int = 0  # the process it stops with (localproc.tied_to_this_process); 0: it outlives its starter
 
 
 class Unreachable(Exception):
@@ -141,7 +142,7 @@ class LocalExecutor(Executor):
                                      start_new_session=True)
         localproc.adopt(child)
         return LocalJob(job_id=job_id, pgid=child.pid, directory=str(directory), exit_file=str(exit_file),
-                        log_path=str(directory / log_name))
+                        log_path=str(directory / log_name), owner_pid=localproc.owner_pid())
 
     @staticmethod
     def written_code(job: LocalJob) -> int | None:
@@ -169,6 +170,11 @@ class LocalExecutor(Executor):
         # finished run recorded as killed). Only a group gone with still no code is a killed run.
         code = self.written_code(job)
         return -9 if code is None else code
+
+    @staticmethod
+    def owner_ended(job: LocalJob) -> bool:
+        """Whether the process the job was tied to has ended (the wrapper then stops the job: it was the owner's)."""
+        return job.owner_pid > 0 and not localproc.alive(job.owner_pid)
 
     def stop(self, job: LocalJob, grace_s: float) -> tuple[bool, str, list[int]]:
         """SIGTERM the job's group, SIGKILL what is left after grace_s: (stopped, what was done, pids still alive)."""

@@ -28,7 +28,7 @@ from mcp_types import Resource as MCPResource
 from mcp_types import Tool as MCPTool
 
 from quanteval import __version__, paths, registry
-from quanteval.models import ToolError
+from quanteval.models import ToolError, cancellable_by
 
 if TYPE_CHECKING:
     from quanteval.faces.mcpskills import SkillsExtension
@@ -224,9 +224,9 @@ class QuantevalServer(MCPServer):
             call_policy = paths.CALL_POLICY.set(self._policy)  # the worker thread runs in a copy of this context
             try:
                 result = await anyio.to_thread.run_sync(
-                    functools.partial(registry.run, spec, arguments, _progress_reporter(context), self._policy),
+                    functools.partial(_run_cancellable, spec, arguments, _progress_reporter(context), self._policy),
                     # Not abandoned: a cancelled call (the client sent notifications/cancelled, closed stdio or dropped its
-                    # HTTP session) reaches the tool at its next progress report, and the server waits while it cleans up
+                    # HTTP session) reaches the tool at its next poll (cancellation_point), and the server waits while it cleans up
                     # (stops the servers it started, records its runs as cancelled) instead of leaving them running.
                     abandon_on_cancel=False,
                 )
@@ -298,6 +298,13 @@ class QuantevalServer(MCPServer):
         if unknown:
             raise MCPError(INVALID_PARAMS, f"Prompt {name}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(valid)}.")
         return await super().get_prompt(name, arguments, context)  # type: ignore[return-value]
+
+
+def _run_cancellable(spec: registry.ToolSpec, arguments: dict[str, Any], progress: registry.ProgressFn,
+                     policy: Any) -> Any:
+    """registry.run in the worker thread, where every cancellation_point() learns whether the call was cancelled."""
+    with cancellable_by(anyio.from_thread.check_cancelled):
+        return registry.run(spec, arguments, progress, policy)
 
 
 def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:

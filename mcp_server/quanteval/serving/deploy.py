@@ -52,6 +52,9 @@ from quanteval.serving.quantformat import algo_label, framework_verdict
 # server's log states, with their fixes, in quanteval.failures (shared with run_logs and validate_run).
 
 LOG_TAIL_LINES = 30
+# A server's exit code when a signal ended it (128 + SIGTERM or SIGKILL, as the wrapper's shell reports them), or none
+# written (the wrapper itself was stopped with its group)
+STOPPED_BY_SIGNAL = (None, 143, 137)
 # Where a server runs, by the executor name its ledger record keeps: the one place a deployment picks its executor.
 EXECUTORS: dict[str, Executor] = {deploy_local.NAME: deploy_local, deploy_slurm.NAME: deploy_slurm}
 
@@ -493,6 +496,9 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     elif probe.health == 200:
         state, message = "failed", (f"Port {details['port']} answers, but /v1/models lists {probe.models}, not '{name}': another "
                                     "server holds the port, or --served-model-name differs. Stop it, or launch on another port.")
+    elif not seen.running and seen.owner_ended and not failures and seen.exit_code in STOPPED_BY_SIGNAL:
+        # SIGKILLed before its cleanup recorded the stop (an IDE's client allows 4 s): the wrapper stopped the server
+        state, message = "stopped", f"Stopped with the process that started it ({process}): it was that evaluation's server."
     elif not seen.running:
         state = "failed" if failures or (seen.exit_code not in (None, 0)) else "exited"
         message = f"The server is not running ({process}). {_why(failures, log_text)}"

@@ -55,7 +55,7 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
         ledger.update(record.id, status="loading", details={
             "pid": job.pgid, "pgid": job.pgid, "port": port, "log_path": job.log_path,
             "exit_code_path": job.exit_file, "endpoint_url": endpoint, "argv": argv, "started_at": time.time(),
-            "startup_timeout_s": request.startup_timeout_s,
+            "startup_timeout_s": request.startup_timeout_s, "owner_pid": job.owner_pid,
         })
     except BaseException as exc:  # interrupted or failed between the record and its process: neither is left behind
         interrupted = not isinstance(exc, Exception)
@@ -77,7 +77,7 @@ def observe(record: ledger.Record, chat: bool) -> Observation:
     process = "running" if running else f"exited with code {code}" if code is not None else "exited"
     probe = _probe(f"http://127.0.0.1:{details['port']}", details["served_model_name"], chat) if running else Probe()
     return Observation(process=process, running=running, probe=probe, log_text=_read_log_tail(Path(details["log_path"])),
-                       endpoint=details["endpoint_url"], exit_code=code)
+                       endpoint=details["endpoint_url"], exit_code=code, owner_ended=LOCAL.owner_ended(_job(details)))
 
 
 def stop(record: ledger.Record, grace_s: float) -> tuple[bool, str, list[int]]:
@@ -127,7 +127,7 @@ def _read_log_tail(path: Path) -> str:
 def _job(details: dict[str, Any]) -> LocalJob:
     """The server as LocalExecutor finds it again, from its record."""
     return LocalJob(job_id=JOB, pgid=details["pgid"], directory=str(Path(details["log_path"]).parent),
-                    exit_file=details["exit_code_path"], log_path=details["log_path"])
+                    exit_file=details["exit_code_path"], log_path=details["log_path"], owner_pid=details.get("owner_pid", 0))
 
 
 def _process(details: dict[str, Any]) -> tuple[bool, int | None]:

@@ -179,6 +179,7 @@ class Observation:
     log_text: str
     endpoint: str | None  # the chat-completions URL; None while a SLURM job's node is unknown
     exit_code: int | None = None  # known for local servers only (a job's exit code needs accounting)
+    owner_ended: bool = False  # local: the process it was tied to (an evaluation) ended, and stopped it
 
 
 class Executor(Protocol):

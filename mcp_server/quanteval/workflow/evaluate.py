@@ -45,7 +45,7 @@ from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir, tied_to_this_process
-from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.models import ProgressFn, StrictModel, ToolError, cancellation_point, no_progress
 from quanteval.serving import deploy, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
@@ -176,6 +176,7 @@ def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, ste
     deadline = time.monotonic() + timeout_s
     reported: tuple[str, float] = ("", 0.0)
     while True:
+        cancellation_point()
         status = runs.run_status(runs.RunRef(record_id=record_id))
         if status.status not in ACTIVE:
             return ledger.get(record_id)
@@ -191,11 +192,12 @@ def _wait(record_id: str, timeout_s: float, what: str, progress: ProgressFn, ste
 def _every(seconds: float, progress: ProgressFn, step: float, total: float, prefix: str) -> ProgressFn:
     """A reporter for a sub-step that reports often: forwards one message per `seconds` (or when it changes) at `step`.
 
-    Each forwarded report is also where an MCP call learns it was cancelled, and what resets a client's timeout.
+    Every report (forwarded or not) is where an MCP call learns it was cancelled; a forwarded one resets a client's timeout.
     """
     last: list[Any] = ["", 0.0]
 
     def report(_done: float, _total: float | None = None, message: str | None = None) -> None:
+        cancellation_point()
         if message != last[0] or time.monotonic() - last[1] >= seconds:
             progress(step, total, f"{prefix}: {message}")
             last[:] = [message, time.monotonic()]
