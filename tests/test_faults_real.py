@@ -42,7 +42,10 @@ LOADING_STANDIN = shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "12
     pytest.param(signal.SIGTERM, None, id="sigterm", marks=requires("vllm", "nel-next")),
 ])
 def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(tmp_path, signum, launcher):
-    env = user_env(**({"QUANTEVAL_VLLM_LAUNCHER": launcher} if launcher else {}))
+    """With the stand-in, vLLM's own check of the plans is made slow (its Python waits SLOW_CHECK_S before starting), as
+    on a loaded machine (a full test run saw minutes): the interrupted call ends without waiting for it."""
+    env = user_env(**({"QUANTEVAL_VLLM_LAUNCHER": launcher, "QUANTEVAL_VLLM_VENV": str(slow_vllm_venv(tmp_path))}
+                      if launcher else {}))
     argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH),
             "--output-dir", str(tmp_path / "out")]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -55,7 +58,10 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
         assert deployment.status == "loading" and group_members(deployment.details["pgid"])
         assert serving_bf16()
         child.send_signal(signum)
+        signalled = time.monotonic()
         _, stderr = child.communicate(timeout=240)  # it stops the server first: slower on a loaded machine
+        if launcher:
+            assert time.monotonic() - signalled < SLOW_CHECK_S / 2, "the interrupted call waited for vLLM's plan check"
     finally:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
@@ -72,6 +78,21 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
     assert later.status == "stopped" and "Cancelled" in later.message
     assert ledger.get(deployment.id).status == "cancelled"
     assert ledger.find(kind="canary") == []  # nothing was launched against a server that never came up
+
+
+SLOW_CHECK_S = 120
+
+
+def slow_vllm_venv(tmp_path: Path) -> Path:
+    """The vLLM venv, but its Python starts SLOW_CHECK_S late."""
+    real = Path(os.environ.get("QUANTEVAL_VLLM_VENV") or REPO / ".venv-vllm")
+    venv = tmp_path / "slow-vllm-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "lib").symlink_to(real / "lib")  # its version is read from the installed metadata
+    python = venv / "bin" / "python"
+    python.write_text(f"#!/bin/sh\nsleep {SLOW_CHECK_S}\nexec {shlex.quote(str(real / 'bin' / 'python'))} \"$@\"\n")
+    python.chmod(0o755)
+    return venv
 
 
 def serving_bf16() -> list[str]:

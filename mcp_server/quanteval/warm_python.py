@@ -69,6 +69,8 @@ class _Warm:
 
 _WARM: dict[tuple, _Warm] = {}
 _WARM_LOCK = threading.Lock()
+_STARTING: set[subprocess.Popen[bytes]] = set()  # importing their preload (under _WARM_LOCK)
+_CLOSED = threading.Event()  # this process is exiting: a check still asked for starts nothing more
 
 
 def _key(python: str, preload: str, env: dict[str, str]) -> tuple:
@@ -81,6 +83,7 @@ def _start(python: str, preload: str, env: dict[str, str], timeout_s: float) -> 
                                stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     localproc.adopt(process)
     warm = _Warm(process)
+    _STARTING.add(process)
     try:
         ready = warm.ask({"preload": preload}, timeout_s)
     except subprocess.TimeoutExpired:  # an import that hangs would hang a cold check too: the caller's timeout
@@ -90,6 +93,8 @@ def _start(python: str, preload: str, env: dict[str, str], timeout_s: float) -> 
     except (ColdStart, ValueError) as exc:
         warm.close()
         raise ColdStart(str(exc)) from None
+    finally:
+        _STARTING.discard(process)
     if not ready.get("ready"):
         warm.close()
         raise ColdStart(ready.get("error", "the preload failed"))
@@ -99,6 +104,8 @@ def _start(python: str, preload: str, env: dict[str, str], timeout_s: float) -> 
 def _warm_for(python: str, preload: str, env: dict[str, str], timeout_s: float) -> _Warm:
     key = _key(python, preload, env)
     with _WARM_LOCK:
+        if _CLOSED.is_set():
+            raise _exiting(python)
         warm = _WARM.get(key)
         if warm is not None and warm.process.poll() is None:
             return warm
@@ -129,8 +136,15 @@ def run(python: str, preload: str, code: str, argv: list[str], env: dict[str, st
                 _forget(warm)
                 raise
     except ColdStart:
+        if _CLOSED.is_set():
+            raise _exiting(python) from None
         return _cold(python, code, argv, env, max(deadline - time.monotonic(), 1.0))
     return subprocess.CompletedProcess([python, "-c", code, *argv], answer["returncode"], answer["stdout"], answer["stderr"])
+
+
+def _exiting(python: str) -> subprocess.TimeoutExpired:
+    """What a check asked for while this process exits gets: no answer in time (nobody waits for it)."""
+    return subprocess.TimeoutExpired(python, 0)
 
 
 def _forget(warm: _Warm) -> None:
@@ -148,9 +162,23 @@ def _cold(python: str, code: str, argv: list[str], env: dict[str, str], timeout_
 
 
 @atexit.register
+def _at_exit() -> None:
+    """The warm processes end with this one (they also end at their stdin's EOF if it is killed); a check another
+    thread still runs starts nothing more."""
+    _CLOSED.set()
+    close_all()
+
+
 def close_all() -> None:
-    """The warm processes end with this one (they also end at their stdin's EOF if it is killed)."""
-    with _WARM_LOCK:
-        for warm in _WARM.values():
+    """Every warm process stopped, without waiting for one still starting in another thread, whose start holds the lock (vLLM's import, minutes on a loaded machine: an
+    interrupted evaluation waited for it): that one is stopped as it is."""
+    locked = _WARM_LOCK.acquire(timeout=1)
+    try:
+        for process in list(_STARTING):
+            localproc.stop_group(process.pid, grace_s=1, on_wait=process.poll)
+        for warm in list(_WARM.values()):
             warm.close()
         _WARM.clear()
+    finally:
+        if locked:
+            _WARM_LOCK.release()

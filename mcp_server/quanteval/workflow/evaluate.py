@@ -29,11 +29,12 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -57,6 +58,8 @@ from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoi
 
 Role = Literal["baseline", "candidate", "noise-floor"]  # noise-floor: the baseline again, on the other numeric path
 Verdict = Literal["acceptable", "not acceptable", "inconclusive", "suspect", "anomalous"]
+T = TypeVar("T")
+
 VERDICT_OF_GATE = {"GO": "acceptable", "NO-GO": "not acceptable", "INCONCLUSIVE": "inconclusive"}
 RESPONSES_SHOWN = 3
 PROGRESS_EVERY_S = 5.0  # while a run goes on, one progress line per this many seconds
@@ -366,41 +369,40 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
     total = _total(request)
     started = time.monotonic()
     try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            checked = {side.role: pool.submit(_plan, side.dir, request) for side in sides if side.done is None}
-            answers = []
-            for index, side in enumerate(sides):
-                offset = index * STEPS_PER_CHECKPOINT
-                if side.done is not None:
-                    progress(offset + STEPS_PER_CHECKPOINT, total, f"{side.role}: reusing full run {side.done.id}")
-                    answers.append(side.reused())
-                    continue
-                mark = time.monotonic() if index else started
-                if side.launched is None:
-                    progress(offset, total, f"{side.role}: starting {request.framework} on {side.dir.name}")
-                    first = not any(other.launched_at for other in sides)  # its check is not done yet: not waited for
-                    side.launch(_plan(side.dir, request, check_args=False) if first else checked[side.role].result(), request)
-                assert side.launched is not None
-                try:
-                    served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, total, side.role))
-                except ToolError:
-                    checked[side.role].result()  # vLLM's own refusal of the checkpoint explains it better than its log
-                    raise
-                checked[side.role].result()  # refused by vLLM's own check: no run on a server that should not serve
-                side.seconds["serve"] = time.monotonic() - mark
-                if index and side.launched_at < mark:
-                    side.seconds["serve_beside_baseline"] = mark - side.launched_at
-                following = sides[index + 1] if index + 1 < len(sides) else None
-                if following is not None and following.done is None and _room_beside(side.launched):
-                    progress(offset + 1, total, f"{following.role}: starting {request.framework} on {following.dir.name} "
-                             f"while the {side.role} runs")
-                    following.launch(checked[following.role].result(), request)
-                try:
-                    answers.append(_run_both_runs(side, served, request, progress, offset))
-                except CanaryFailed as failed:
-                    if index == 0:
-                        raise  # the baseline's own canary: an error to fix, not a verdict
-                    return answers[0], failed
+        checked = {side.role: _in_background(_plan, side.dir, request) for side in sides if side.done is None}
+        answers = []
+        for index, side in enumerate(sides):
+            offset = index * STEPS_PER_CHECKPOINT
+            if side.done is not None:
+                progress(offset + STEPS_PER_CHECKPOINT, total, f"{side.role}: reusing full run {side.done.id}")
+                answers.append(side.reused())
+                continue
+            mark = time.monotonic() if index else started
+            if side.launched is None:
+                progress(offset, total, f"{side.role}: starting {request.framework} on {side.dir.name}")
+                first = not any(other.launched_at for other in sides)  # its check is not done yet: not waited for
+                side.launch(_plan(side.dir, request, check_args=False) if first else checked[side.role].result(), request)
+            assert side.launched is not None
+            try:
+                served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, total, side.role))
+            except ToolError:
+                checked[side.role].result()  # vLLM's own refusal of the checkpoint explains it better than its log
+                raise
+            checked[side.role].result()  # refused by vLLM's own check: no run on a server that should not serve
+            side.seconds["serve"] = time.monotonic() - mark
+            if index and side.launched_at < mark:
+                side.seconds["serve_beside_baseline"] = mark - side.launched_at
+            following = sides[index + 1] if index + 1 < len(sides) else None
+            if following is not None and following.done is None and _room_beside(side.launched):
+                progress(offset + 1, total, f"{following.role}: starting {request.framework} on {following.dir.name} "
+                         f"while the {side.role} runs")
+                following.launch(checked[following.role].result(), request)
+            try:
+                answers.append(_run_both_runs(side, served, request, progress, offset))
+            except CanaryFailed as failed:
+                if index == 0:
+                    raise  # the baseline's own canary: an error to fix, not a verdict
+                return answers[0], failed
         return answers[0], answers[1]
     except BaseException as exc:
         for side in sides:  # the server of a side that failed or was interrupted, and one started early
@@ -409,6 +411,22 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
     finally:
         for side in sides:
             side.stop()
+
+
+def _in_background(function: Callable[..., T], *args: Any) -> Future[T]:
+    """function(*args) in a daemon thread: an interrupted call stops its servers and ends at once instead of waiting
+    for it (vLLM's plan check may take minutes on a loaded machine; it starts nothing that outlives it)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(function(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result
+                future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name=f"quanteval-{getattr(function, '__name__', 'check')}").start()
+    return future
 
 
 def _total(request: EvaluateQuantizationInput) -> int:
