@@ -170,8 +170,9 @@ def _at_exit() -> None:
 
 
 def close_all() -> None:
-    """Every warm process stopped, without waiting for one still starting in another thread, whose start holds the lock (vLLM's import, minutes on a loaded machine: an
-    interrupted evaluation waited for it): that one is stopped as it is."""
+    """Every warm process stopped, without waiting for one still starting in another thread, whose start holds the
+    lock (vLLM's import, minutes on a loaded machine: an interrupted evaluation waited for it): that one is stopped as
+    it is."""
     locked = _WARM_LOCK.acquire(timeout=1)
     try:
         for process in list(_STARTING):
