@@ -44,8 +44,8 @@ LOADING_STANDIN = shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "12
 def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(tmp_path, signum, launcher):
     """With the stand-in, vLLM's own check of the plans is made slow (its Python waits SLOW_CHECK_S before starting), as
     on a loaded machine (a full test run saw minutes): the interrupted call ends without waiting for it."""
-    env = user_env(**({"QUANTEVAL_VLLM_LAUNCHER": launcher, "QUANTEVAL_VLLM_VENV": str(slow_vllm_venv(tmp_path))}
-                      if launcher else {}))
+    env = user_env(PYTHONFAULTHANDLER="1", **({"QUANTEVAL_VLLM_LAUNCHER": launcher,
+                                               "QUANTEVAL_VLLM_VENV": str(slow_vllm_venv(tmp_path))} if launcher else {}))
     argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH),
             "--output-dir", str(tmp_path / "out")]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -57,9 +57,14 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
         (deployment,) = ledger.find(kind="deployment")
         assert deployment.status == "loading" and group_members(deployment.details["pgid"])
         assert serving_bf16()
+        ignored = _ignored_signals(child.pid)
         child.send_signal(signum)
         signalled = time.monotonic()
-        _, stderr = child.communicate(timeout=240)  # it stops the server first: slower on a loaded machine
+        try:
+            _, stderr = child.communicate(timeout=240)  # it stops the server first: slower on a loaded machine
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: its threads' stacks on stderr
+            raise AssertionError(f"no exit 240 s after the signal; ignored: {ignored}; {child.communicate(timeout=30)[1][-6000:]}") from None
         if launcher:
             assert time.monotonic() - signalled < SLOW_CHECK_S / 2, "the interrupted call waited for vLLM's plan check"
     finally:
@@ -81,6 +86,14 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
 
 
 SLOW_CHECK_S = 120
+
+
+def _ignored_signals(pid: int) -> list[str]:
+    """The signals a process ignores (SigIgn in /proc: what it inherited as SIG_IGN stays so, and Python then installs
+    no KeyboardInterrupt handler)."""
+    mask = next(int(line.split()[1], 16) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("SigIgn:"))
+    return [signal.Signals(n).name for n in range(1, 32) if mask >> (n - 1) & 1 and n in signal.Signals._value2member_map_]
 
 
 def slow_vllm_venv(tmp_path: Path) -> Path:
