@@ -48,7 +48,10 @@ def test_an_interrupt_while_vllm_starts_leaves_no_server_and_a_cancelled_record(
                                                "QUANTEVAL_VLLM_VENV": str(slow_vllm_venv(tmp_path))} if launcher else {}))
     argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BF16), str(W8A8), "--benchmarks", str(BENCH),
             "--output-dir", str(tmp_path / "out")]
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # as from a terminal, where Ctrl-C reaches the foreground command: a suite started in the background (`cmd &`)
+    # passes SIGINT on ignored, and Python then installs no KeyboardInterrupt handler (a full run timed out on it)
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not ledger.find(kind="deployment") and time.monotonic() < deadline and child.poll() is None:
