@@ -225,6 +225,12 @@ def test_apply_cluster_fills_nel_nexts_cluster_from_the_real_cluster(tmp_path, s
     assert any("asks for no GPUs" in note for note in placed.placement.notes)
     result = validate_config(ValidateConfigInput(config_path=config))
     assert result.valid, result.problems
+    # no walltime asked, on a partition without a limit: nel-next's own default is written (what its runs get when the
+    # key is unset), not NEL 0.2.6's one hour
+    doc["cluster"].pop("walltime")
+    Path(config).write_text(yaml.safe_dump(doc))
+    apply_cluster(ApplyClusterInput(config_path=config, partition="debug"))
+    assert yaml.safe_load(Path(config).read_text())["cluster"]["walltime"] == "04:00:00"
 
 
 def _sums_bench(tmp_path: Path) -> str:

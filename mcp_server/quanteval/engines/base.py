@@ -344,7 +344,8 @@ class Engine(ABC):
 
     def placement_defaults(self, view: Any) -> dict[str, Any]:
         """What a placement view's unset keys stand for (deployment.tensor_parallel_size and the other parallel sizes,
-        execution.walltime), by dotted key: asked of the engine whose keys the view uses (engines.placement_form)."""
+        execution.walltime), by dotted key: the parallel sizes are asked of the engine whose keys the view uses
+        (engines.placement_form), the walltime of the config's own engine (its scheduler default)."""
         return {}
 
     def placement_key(self, key: str) -> str:

@@ -124,9 +124,10 @@ def _choose_partition(doc: Any, info: slurm.ClusterInfo, partition: str | None, 
 
 
 def _walltime(doc: Any, chosen: slurm.PartitionInfo, walltime: str | None, values: dict[str, Any],
-              notes: list[str]) -> None:
-    """The asked walltime (or the config's, or NEL's default), capped at the partition's limit, written explicitly."""
-    wanted = walltime or _value(doc, "execution.walltime") or engines.placement_form().placement_defaults(doc).get("execution.walltime")
+              notes: list[str], default: str | None) -> None:
+    """The asked walltime (or the config's, or its engine's default), capped at the partition's limit, written
+    explicitly."""
+    wanted = walltime or _value(doc, "execution.walltime") or default
     try:
         wanted_s = slurm.slurm_seconds(str(wanted)) if wanted is not None else None
     except ValueError:
@@ -135,7 +136,7 @@ def _walltime(doc: Any, chosen: slurm.PartitionInfo, walltime: str | None, value
         values["execution.walltime"] = slurm.slurm_time(chosen.max_time_s)
         notes.append(f"execution.walltime capped at partition {chosen.name}'s limit {chosen.max_time}; NEL's "
                      "auto-resume continues a run past it (up to execution.max_walltime).")
-    elif wanted_s is not None:  # written even when it is NEL's default: the config says what sbatch will be asked
+    elif wanted_s is not None:  # written even when it is the default: the config says what sbatch will be asked
         values["execution.walltime"] = slurm.slurm_time(wanted_s)
 
 
@@ -155,9 +156,10 @@ def _account(doc: Any, info: slurm.ClusterInfo, chosen: slurm.PartitionInfo, val
 
 
 def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = None, report: Any = None,
-                   walltime: str | None = None) -> Placement:
+                   walltime: str | None = None, default_walltime: str | None = None) -> Placement:
     """What a SLURM config should say for this cluster: partition, GPUs per node, walltime (and account when only
-    one is visible), with warnings. `report` is the checkpoint's inspect_checkpoint report, for the format check."""
+    one is visible), with warnings. `report` is the checkpoint's inspect_checkpoint report, for the format check;
+    `default_walltime` what the config's engine runs for when none is set (else NEL 0.2.6's)."""
     needed, notes = gpus_needed(doc)
     warnings: list[str] = []
     partition = _choose_partition(doc, info, partition, needed, report, warnings)
@@ -184,7 +186,8 @@ def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = No
         values["execution.gres"] = f"gpu:{needed}" if needed else None
     if not needed:
         notes.append("No deployment in this config (deployment: none): the evaluation job asks for no GPUs.")
-    _walltime(doc, chosen, walltime, values, notes)
+    _walltime(doc, chosen, walltime, values, notes,
+              default_walltime or engines.placement_form().placement_defaults(doc).get("execution.walltime"))
     _account(doc, info, chosen, values, warnings)
     if report is not None:
         better = next((p for p in info.partitions if p.state == "UP" and p.gpus_per_node >= needed
@@ -254,7 +257,8 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     info = slurm.describe_cluster(host)
     progress(1, 3, "checking the checkpoint's format")
     report, problem = _checkpoint_report(doc, request.checkpoint)
-    placement = plan_placement(doc, info, request.partition, report, request.walltime)
+    placement = plan_placement(doc, info, request.partition, report, request.walltime,
+                               engine.placement_defaults(doc).get("execution.walltime"))
     if problem:
         placement.notes.append(problem)
     if request.host and engine.writes_placement_host:

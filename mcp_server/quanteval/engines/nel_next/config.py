@@ -523,6 +523,10 @@ def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path
     return found
 
 
+# nel-next's walltime when cluster.walltime is unset (nemo_evaluator/config/clusters.py, SlurmCluster.walltime, 0.3):
+# what apply_cluster writes for it, not NEL 0.2.6's 01:00:00.
+WALLTIME_DEFAULT = "04:00:00"
+
 # nel-next's SLURM cluster keys for the NEL 0.2.6 ones placement works in (one node pool, "default").
 NEXT_POOL = "cluster.node_pools.default"
 PLACEMENT_KEYS = {"execution.type": "cluster.type", "execution.hostname": "cluster.hostname",

@@ -101,6 +101,9 @@ class NelNextEngine(Engine):
     def placement_edits(self, values: dict[str, Any]) -> dict[str, Any]:
         return config.placement_edits(values)
 
+    def placement_defaults(self, view: Any) -> dict[str, Any]:
+        return {"execution.walltime": config.WALLTIME_DEFAULT}
+
     # -- the run lifecycle
 
     def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
