@@ -46,7 +46,7 @@ DECISIONS_LEFT = {
     "engines/nel/apply.py": 1, "engines/nel/nelexec.py": 2, "engines/nel/rules.py": 3, "engines/nel/runs.py": 7,
     "engines/nel/runtree.py": 1, "engines/nel_next/config.py": 4, "engines/nel_next/convert.py": 1,
     "engines/nel_next/nelnext.py": 5, "engines/nel_next/runs.py": 2, "workflow/confine.py": 2,
-    "workflow/evaluate.py": 2, "workflow/placement.py": 1, "workflow/plan.py": 2, "workflow/runs.py": 1,
+    "workflow/evaluate.py": 1, "workflow/placement.py": 1, "workflow/plan.py": 2, "workflow/runs.py": 1,
 }
 DECISION = re.compile(r"executors\.slurm\(|on_this_machine|is_this_machine|[!=]= \"(slurm|local)\"|in \(\"slurm\"|\"slurm\" in ")
 

@@ -245,8 +245,9 @@ def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> 
 
 
 def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: bool = True) -> deploy.DeploymentPlan:
-    # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile.
-    port = free_port() if executors.is_this_machine(request.host) else None
+    # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile (the
+    # only machine it serves on: check_request refuses another host).
+    port = free_port()
     eager = [FRAMEWORK_INFO[request.framework].eager_flag] if request.eager else []
     plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework,
                                                              host=request.host, port=port, check_args=check_args,
