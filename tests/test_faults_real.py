@@ -96,7 +96,7 @@ def _ignored_signals(pid: int) -> list[str]:
     no KeyboardInterrupt handler)."""
     mask = next(int(line.split()[1], 16) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                 if line.startswith("SigIgn:"))
-    return [signal.Signals(n).name for n in range(1, 32) if mask >> (n - 1) & 1 and n in signal.Signals._value2member_map_]
+    return [sig.name for sig in signal.Signals if mask >> (sig.value - 1) & 1]
 
 
 def slow_vllm_venv(tmp_path: Path) -> Path:

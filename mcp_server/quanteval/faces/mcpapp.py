@@ -28,7 +28,7 @@ from mcp_types import Resource as MCPResource
 from mcp_types import Tool as MCPTool
 
 from quanteval import __version__, paths, registry
-from quanteval.models import ToolError, cancellable_by
+from quanteval.models import ToolError, cancellable_by, cancellation_point
 
 if TYPE_CHECKING:
     from quanteval.faces.mcpskills import SkillsExtension
@@ -309,7 +309,7 @@ def _run_cancellable(spec: registry.ToolSpec, arguments: dict[str, Any], progres
 
 def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
-        anyio.from_thread.check_cancelled()  # raises into the tool when the call was cancelled or its client left
+        cancellation_point()  # raises into the tool when the call was cancelled or its client left
         if ctx is None:
             return
         try:

@@ -420,13 +420,12 @@ def _in_background(function: Callable[..., T], *args: Any) -> Future[T]:
     future: Future[T] = Future()
 
     def run() -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(function(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result
-                future.set_exception(exc)
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result
+            future.set_exception(exc)
 
-    threading.Thread(target=run, daemon=True, name=f"quanteval-{getattr(function, '__name__', 'check')}").start()
+    threading.Thread(target=run, daemon=True, name="quanteval-background").start()
     return future
 
 

@@ -159,7 +159,7 @@ def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = No
                    walltime: str | None = None, default_walltime: str | None = None) -> Placement:
     """What a SLURM config should say for this cluster: partition, GPUs per node, walltime (and account when only
     one is visible), with warnings. `report` is the checkpoint's inspect_checkpoint report, for the format check;
-    `default_walltime` what the config's engine runs for when none is set (else NEL 0.2.6's)."""
+    `default_walltime` what the config's engine runs for when none is set (Engine.placement_defaults)."""
     needed, notes = gpus_needed(doc)
     warnings: list[str] = []
     partition = _choose_partition(doc, info, partition, needed, report, warnings)
@@ -186,8 +186,7 @@ def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = No
         values["execution.gres"] = f"gpu:{needed}" if needed else None
     if not needed:
         notes.append("No deployment in this config (deployment: none): the evaluation job asks for no GPUs.")
-    _walltime(doc, chosen, walltime, values, notes,
-              default_walltime or engines.placement_form().placement_defaults(doc).get("execution.walltime"))
+    _walltime(doc, chosen, walltime, values, notes, default_walltime)
     _account(doc, info, chosen, values, warnings)
     if report is not None:
         better = next((p for p in info.partitions if p.state == "UP" and p.gpus_per_node >= needed
