@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from quanteval import engines, ledger, redact
+from quanteval import ledger, redact
 from quanteval.engines.base import EngineName
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import (
@@ -32,7 +32,16 @@ from quanteval.engines.runresults import (
     run_verdict,
 )
 from quanteval.failures import Diagnosis
-from quanteval.models import ProgressFn, ToolError, no_progress
+from quanteval.models import ProgressFn, ToolError
+
+
+def _own_record(run: str) -> ledger.Record | None:
+    """The ledger record of a nel-next run named by its id; None for anything else (a path, NEL 0.2.6's run)."""
+    try:
+        record = ledger.get(run.strip())
+    except ToolError:
+        return None
+    return record if record.details.get("engine") == NelNextResults.name else None
 
 
 def next_run_dir(run: str) -> Path | None:
@@ -40,11 +49,11 @@ def next_run_dir(run: str) -> Path | None:
     local = Path(run.strip()).expanduser()
     if local.is_dir():
         return local if nextresults.is_run_dir(local) else None
-    try:
-        record = ledger.get(run.strip())
-    except ToolError:
+    if (record := _own_record(run)) is None:
         return None
-    return engines.for_record(record).results_dir(record)
+    from quanteval.engines.nel_next import runs  # the run code only for a ledger id: a reader of paths stays light
+
+    return runs.results_dir(record)
 
 
 def next_task_scores(bundle: nextresults.Bundle) -> TaskScores:
@@ -142,12 +151,14 @@ def _same_path(served: str, expected: str) -> bool:
 def _next_failure(run: str) -> Diagnosis | None:
     """Why a nel-next run of the ledger failed before writing any result (e.g. a SLURM job whose container could not
     start): run_logs' diagnosis of its log, as NEL 0.2.6 runs get theirs."""
+    record = _own_record(run)
+    if record is None or record.status != "failed":
+        return None
+    from quanteval.engines.nel_next import runs
+
     try:
-        record = ledger.get(run.strip())
-        if record.status != "failed":
-            return None
-        return engines.for_record(record).logs(record, 20, None, no_progress).diagnosis
-    except ToolError:  # not a ledger id, or the cluster does not answer: the finding above stands alone
+        return runs.logs(record, 20).diagnosis
+    except ToolError:  # the cluster does not answer: the finding above stands alone
         return None
 
 
