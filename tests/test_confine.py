@@ -119,19 +119,21 @@ def test_arguments_that_are_lists_of_benchmark_files_and_a_deployment_plan_are_c
 
 
 def test_slurm_paths_are_on_the_cluster_and_not_confined(tmp_path):
-    from quanteval import engines
+    from quanteval.engines import launchplan
 
     nel = tmp_path / "nel.yaml"
     nel.write_text("defaults:\n  - execution: slurm/default\n  - deployment: none\n  - _self_\n"
                    "execution:\n  output_dir: /lustre/me/results\n  hostname: login\n  account: a\n"
                    "target:\n  api_endpoint:\n    url: http://x/v1/chat/completions\n    model_id: m\n"
                    "evaluation:\n  tasks:\n    - name: ifeval\n")
-    assert engines.by_name("nel").launch_paths(str(nel), []) == []
+    plan = launchplan.plan(nel)
+    assert plan.engine.name == "nel" and plan.engine.launch_paths(plan) == []
     nel_next = tmp_path / "next.yaml"
     nel_next.write_text("services:\n  model:\n    type: api\n    url: http://x/v1/chat/completions\n    protocol: chat_completions\n"
                         "benchmarks:\n  - name: /x/b.py\n    solver:\n      type: simple\n      service: model\n"
                         "cluster:\n  type: slurm\n  hostname: login\n  account: a\noutput:\n  dir: /x\n")
-    assert engines.by_name("nel-next").launch_paths(str(nel_next), []) == []
+    plan = launchplan.plan(nel_next)
+    assert plan.engine.name == "nel-next" and plan.engine.launch_paths(plan) == []
 
 
 # ---------------------------------------------------------------- interpolations, overrides, BYOB forms (issue 28: 9, 10)

@@ -207,6 +207,42 @@ def test_files_the_job_reads_by_path_that_the_cluster_lacks_are_named_before_any
     assert ledger.find(kind="canary") == []
 
 
+def test_a_confined_full_run_on_slurm_reads_its_config_once_and_checks_it_once(tmp_path, slurm_cluster, monkeypatch):
+    """Issue 39's walk of a nel-next launch on SLURM as `quanteval-mcp --root` makes it (confinement, then the tool):
+    the YAML is parsed once, nel-next's schema child starts once, the launch check runs once and the ledger is written
+    twice (the record before anything starts, then what was submitted); the job still gets its own output.dir."""
+    from collections import Counter
+
+    from quanteval import configfile, paths, registry
+    from quanteval.engines import launchplan
+    from quanteval.workflow import confine
+
+    config = _config(tmp_path, slurm_cluster)
+    monkeypatch.setattr(launchplan, "_PLANS", {})
+    monkeypatch.setattr(nelnext, "_SCHEMA_CACHE", {})
+    calls: Counter[str] = Counter()
+
+    def counted(what, function):
+        def wrapper(*args, **kwargs):
+            calls[what] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    for owner, name, what in ((configfile, "parse_config_text", "yaml parse"), (nelnext, "_ask_schema", "schema child"),
+                              (nelnext, "launch_blocker", "launch check"), (ledger, "add", "ledger write"),
+                              (ledger, "update", "ledger write")):
+        monkeypatch.setattr(owner, name, counted(what, getattr(owner, name)))
+    policy = paths.Policy(root=tmp_path)
+    arguments = confine.check_call("launch_full_run", {"config_path": config, "force": True, "reason": "the walk"}, policy)
+    full = registry.run(registry.get_tool("launch_full_run"), arguments, policy=policy)
+    assert full.status == "submitted" and full.executor == "slurm"
+    assert dict(calls) == {"yaml parse": 1, "schema child": 1, "launch check": 1, "ledger write": 2}
+    record = ledger.get(full.record_id)
+    assert record.details["overrides"] == [] and record.details["run_overrides"][0].startswith("output.dir=")
+    assert record.details["run_facts"]["config"]["output"]["dir"] == record.details["run_overrides"][0].split("=", 1)[1]
+    kill_run(RunRef(record_id=full.record_id))
+
+
 def test_apply_cluster_fills_nel_nexts_cluster_from_the_real_cluster(tmp_path, slurm_cluster):
     """The skeleton's ??? for the node pool, walltime, account and user come from sinfo/scontrol/sacctmgr over SSH;
     an api service needs no GPU, so the pool asks for none; nel-next's schema accepts the result."""

@@ -20,6 +20,7 @@ from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile, failures, ledger
 from quanteval.clusters.executor import JobStatus
+from quanteval.engines.launchplan import LaunchPlan
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError
 from quanteval.serving.frameworks import FRAMEWORKS, NEL_NEXT_SERVICES, one_of
@@ -326,8 +327,8 @@ class Engine(ABC):
         """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
 
     @abstractmethod
-    def launch_paths(self, config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
-        """(key, absolute path) for every local path a run of this config with these overrides on this machine writes,
+    def launch_paths(self, plan: LaunchPlan) -> list[tuple[str, Path]]:
+        """(key, absolute path) for every local path a run of the plan's config on this machine writes,
         mounts, loads or runs, read as the engine reads the config (its composition, overrides and interpolation); a
         ToolError where a path cannot be resolved; none for a run elsewhere. `quanteval-mcp --root` confines them."""
 
@@ -358,21 +359,26 @@ class Engine(ABC):
 
     # -- the run lifecycle (engines/<engine>/runs.py)
 
+    def read_launch(self, config_path: str, overrides: list[str]) -> dict[str, Any]:
+        """The engine's own reading of a config with overrides, made once per launch and kept in its LaunchPlan
+        (engines/launchplan.py) for the steps below; by default none."""
+        return {}
+
     @abstractmethod
-    def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
+    def dry_run(self, plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
         """Render the config as a launch would, record the dry-run, launch nothing."""
 
     @abstractmethod
-    def compose(self, config_path: str, overrides: list[str]) -> Composed:
+    def compose(self, plan: LaunchPlan) -> Composed:
         """The config's hash and tasks as the engine composes them (what the canary gate matches on)."""
 
     @abstractmethod
-    def check_launchable(self, config_path: str, overrides: list[str]) -> None:
+    def check_launchable(self, plan: LaunchPlan) -> None:
         """Refuse, before anything starts, a launch this machine cannot make (a missing binary, a rejected schema)."""
 
     @abstractmethod
-    def launch(self, record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str],
-               canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:
+    def launch(self, record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: CanarySpec | None, details: dict,
+               progress: ProgressFn) -> LaunchOutput:
         """Start the canary (with `canary`) or full run the workflow has just recorded (`record`, status launching)
         and record in it what started or why nothing did; returns at once."""
 

@@ -107,19 +107,17 @@ def _check_run(field: str, value: str, policy: paths.Policy) -> None:
 
 
 def _check_config(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> None:
-    from quanteval import configfile, engines
-    from quanteval.engines import commands
+    from quanteval.engines import commands, launchplan
 
     config_path = arguments.get("config_path")
     if not isinstance(config_path, str):
         return
     config = paths.local_path(config_path, "config_path", policy)
-    doc = configfile.to_plain(engines.load_config(config))
-    engine = engines.for_config(doc)
     overrides = [o for o in arguments.get("overrides") or [] if isinstance(o, str)]
-    if tool != "dry_run" and (refusal := commands.launch_refusal(engine, doc, overrides, policy.allow_commands)):
+    plan = launchplan.plan(config, overrides)  # the tool gets this plan back: the config is read once per call
+    if tool != "dry_run" and (refusal := commands.launch_refusal(plan.engine, plan.doc, overrides, policy.allow_commands)):
         raise ToolError(refusal)  # dry_run renders without running: it shows what would run
-    for key, path in engine.launch_paths(str(config), overrides):
+    for key, path in plan.engine.launch_paths(plan):
         paths.local_path(str(path), key, paths.Policy(root=policy.root))
 
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import configfile, engines, ledger, paths
-from quanteval.engines import commands
+from quanteval import engines, ledger, paths
+from quanteval.engines import commands, launchplan
 from quanteval.engines.base import (
     ACTIVE,
     CanarySpec,
@@ -33,6 +33,7 @@ from quanteval.engines.base import (
     RunKind,
     RunLogsOutput,
 )
+from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.evalserver import liveness
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -50,25 +51,20 @@ def _config_file(config_path: str) -> str:
     return str(path.resolve())
 
 
-def _engine(config_path: str) -> engines.Engine:
-    return engines.for_config(configfile.to_plain(engines.load_config(config_path)))
-
-
-def _launchable(config_path: str, overrides: list[str]) -> engines.Engine:
-    """The config's engine, once nothing in the config or overrides would run as a shell command by accident
-    (engines/commands.py) and the engine says this machine can launch it."""
-    doc = configfile.to_plain(engines.load_config(config_path))
-    engine = engines.for_config(doc)
-    if refusal := commands.launch_refusal(engine, doc, overrides):
+def _launchable(config_path: str, overrides: list[str]) -> LaunchPlan:
+    """The config read once for this launch, once nothing in it or the overrides would run as a shell command by
+    accident (engines/commands.py) and its engine says this machine can launch it."""
+    plan = launchplan.plan(config_path, overrides)
+    if refusal := commands.launch_refusal(plan.engine, plan.doc, overrides):
         raise ToolError(refusal)
-    engine.check_launchable(config_path, overrides)
-    return engine
+    plan.engine.check_launchable(plan)
+    return plan
 
 
 def config_hash(path: str, overrides: list[str] | None = None) -> str:
     """Hash of the config as its engine composes it (NEL: defaults + file + overrides, env values not resolved)."""
-    config_path = _config_file(path)
-    return _engine(config_path).compose(config_path, overrides or []).config_hash
+    plan = launchplan.plan(_config_file(path), overrides or [])
+    return plan.engine.compose(plan).config_hash
 
 
 # ---------------------------------------------------------------- dry_run
@@ -84,8 +80,8 @@ def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunO
     """Use after validate_config, before launch_canary: the engine's own dry-run: ok, what would run (NEL 0.2.6's
     rendered scripts, nel-next's command and prompts; secrets masked) and the engine's error.
     """
-    config_path = _config_file(request.config_path)
-    return _engine(config_path).dry_run(config_path, request.overrides, progress)
+    plan = launchplan.plan(_config_file(request.config_path), request.overrides)
+    return plan.engine.dry_run(plan, progress)
 
 
 # ---------------------------------------------------------------- launches
@@ -106,22 +102,22 @@ def launch_canary(request: LaunchCanaryInput, progress: ProgressFn = no_progress
     """Use after a passing dry_run: launches a canary (limit_samples per task), returns its record_id at once;
     launch_full_run needs it to pass. Poll with wait_for_run.
     """
-    config_path = _config_file(request.config_path)
-    engine = _launchable(config_path, request.overrides)
-    return _launch(engine, "canary", config_path, request.overrides, request.tasks,
-                   CanarySpec(limit=request.limit_samples, repeats=request.repeats), {}, progress)
+    plan = _launchable(_config_file(request.config_path), request.overrides)
+    return _launch(plan, "canary", request.tasks, CanarySpec(limit=request.limit_samples, repeats=request.repeats), {},
+                   progress)
 
 
-def _launch(engine: engines.Engine, kind: RunKind, config_path: str, overrides: list[str], tasks: list[str],
-            canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:
+def _launch(plan: LaunchPlan, kind: RunKind, tasks: list[str], canary: CanarySpec | None, details: dict,
+            progress: ProgressFn) -> LaunchOutput:
     """Record, then launch, for every engine: the record is written before anything starts, so a ledger that cannot
     be written stops the launch here (and a retry never starts a second, unrecorded copy). A launch that fails or is
     interrupted before the engine recorded its outcome is recorded as failed or cancelled."""
-    record = ledger.add(kind, status="launching", config_path=config_path,
-                        details={**details, "engine": engine.name, "overrides": overrides, "tasks": tasks},
+    engine = plan.engine
+    record = ledger.add(kind, status="launching", config_path=plan.config_path,
+                        details={**details, "engine": engine.name, "overrides": plan.override_list, "tasks": tasks},
                         message=f"recorded; launching through {engine.name}")
     try:
-        return engine.launch(record, config_path, overrides, tasks, canary, details, progress)
+        return engine.launch(record, plan, tasks, canary, details, progress)
     except BaseException as exc:
         interrupted = not isinstance(exc, Exception)  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt), exit
         with contextlib.suppress(ToolError):
@@ -191,14 +187,14 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     if request.force and not (request.reason and request.reason.strip()):
         raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
     progress(0, 3, "checking the canary gate")
-    engine = _launchable(config_path, request.overrides)
-    composed = engine.compose(config_path, request.overrides)
+    plan = _launchable(config_path, request.overrides)
+    composed = plan.engine.compose(plan)
     if request.force:
         gate = f"forced: {request.reason.strip()}"
     else:
         gate = _gate(composed.config_hash, request.tasks or composed.tasks, progress)
     details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if request.force else None}
-    return _launch(engine, "full_run", config_path, request.overrides, request.tasks, None, details, progress)
+    return _launch(plan, "full_run", request.tasks, None, details, progress)
 
 
 # ---------------------------------------------------------------- status

@@ -25,6 +25,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
     config_check,
 )
+from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.nel import apply, config, rules, runs
 from quanteval.models import ProgressFn, ToolError
 
@@ -88,8 +89,8 @@ class NelEngine(Engine):
     def deployment_type(self, doc: Any) -> str:
         return config.deployment_type(doc)
 
-    def launch_paths(self, config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
-        return runs.launch_paths(config_path, overrides)
+    def launch_paths(self, plan: LaunchPlan) -> list[tuple[str, Path]]:
+        return runs.launch_paths(plan.config_path, plan.override_list)
 
     # -- cluster placement (the placement view is this engine's own keys)
 
@@ -108,18 +109,18 @@ class NelEngine(Engine):
 
     # -- the run lifecycle
 
-    def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
-        return runs.dry_run(config_path, overrides, progress)
+    def dry_run(self, plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
+        return runs.dry_run(plan.config_path, plan.override_list, progress)
 
-    def compose(self, config_path: str, overrides: list[str]) -> Composed:
-        return runs.compose(config_path, overrides)
+    def compose(self, plan: LaunchPlan) -> Composed:
+        return runs.compose(plan.config_path, plan.override_list)
 
-    def check_launchable(self, config_path: str, overrides: list[str]) -> None:
-        runs.check_launchable(config_path)
+    def check_launchable(self, plan: LaunchPlan) -> None:
+        runs.check_launchable(plan.config_path)
 
-    def launch(self, record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str],
-               canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:
-        return runs.launch(record, config_path, overrides, tasks, canary, details, progress)
+    def launch(self, record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: CanarySpec | None, details: dict,
+               progress: ProgressFn) -> LaunchOutput:
+        return runs.launch(record, plan.config_path, plan.override_list, tasks, canary, details, progress)
 
     def refresh(self, record: ledger.Record) -> Refreshed:
         return runs.refresh(record)

@@ -485,13 +485,13 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
     return problems
 
 
-def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
+def launch_paths(checked: dict[str, Any], config_path: str) -> list[tuple[str, Path]]:
     """(key, absolute path) for every local path a run of this config on this machine writes, loads or runs: output.dir,
     a managed service's model (the server loads it) and container_mounts, and a benchmark given as a BYOB .py file in
     any form nel-next takes (imported and run); and the YAML files its composer reads (defaults:, playbook:). Read from
     the config as nel-next itself reads it (check_schema: its composer, `${VAR:-default}` expansion, the overrides),
-    so an interpolation or override cannot hide a path; a config nel-next cannot read is refused."""
-    checked = nelnext.check_schema(config_path, overrides)
+    so an interpolation or override cannot hide a path; a config nel-next cannot read is refused. `checked`: that
+    reading of the config with the run's overrides."""
     read = [("defaults/playbook file", Path(file)) for file in checked.get("files_read") or []]
     doc = checked.get("config") or checked.get("expanded")  # a config its schema refuses is still checked (dry_run)
     if not isinstance(doc, dict):

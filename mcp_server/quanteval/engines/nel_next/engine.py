@@ -24,6 +24,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
     config_check,
 )
+from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.nel_next import config, runs, skills
 from quanteval.models import ProgressFn
 
@@ -82,8 +83,8 @@ class NelNextEngine(Engine):
     def deployment_type(self, doc: Any) -> str:
         return config.deployment_type(doc)
 
-    def launch_paths(self, config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
-        return config.launch_paths(config_path, overrides)
+    def launch_paths(self, plan: LaunchPlan) -> list[tuple[str, Path]]:
+        return runs.launch_paths(plan)
 
     def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
         return runs.record_paths(record, resuming)
@@ -106,18 +107,21 @@ class NelNextEngine(Engine):
 
     # -- the run lifecycle
 
-    def dry_run(self, config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
-        return runs.dry_run(config_path, overrides)
+    def read_launch(self, config_path: str, overrides: list[str]) -> dict[str, Any]:
+        return runs.read_launch(config_path, overrides)
 
-    def compose(self, config_path: str, overrides: list[str]) -> Composed:
-        return runs.compose(config_path, overrides)
+    def dry_run(self, plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
+        return runs.dry_run(plan)
 
-    def check_launchable(self, config_path: str, overrides: list[str]) -> None:
-        runs.check_launchable(config_path, overrides)
+    def compose(self, plan: LaunchPlan) -> Composed:
+        return runs.compose(plan)
 
-    def launch(self, record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str],
-               canary: CanarySpec | None, details: dict, progress: ProgressFn) -> LaunchOutput:
-        return runs.launch(record, config_path, overrides, tasks, canary, details, progress)
+    def check_launchable(self, plan: LaunchPlan) -> None:
+        runs.check_launchable(plan)
+
+    def launch(self, record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: CanarySpec | None, details: dict,
+               progress: ProgressFn) -> LaunchOutput:
+        return runs.launch(record, plan, tasks, canary, details, progress)
 
     def refresh(self, record: ledger.Record) -> Refreshed:
         return runs.refresh(record)

@@ -343,23 +343,55 @@ def launch_blocker(checked: dict[str, Any]) -> str | None:
     return None
 
 
-def launch(record: ledger.Record, config_path: str, overrides: list[str], run_dir: Path,
-           details: dict[str, Any]) -> ledger.Record:
-    """Validate with nel-next's own schema, start the run and record it in `record` (written before the start)."""
-    checked = check_schema(config_path, overrides)
-    if problem := launch_blocker(checked):
-        raise ToolError(problem)
+def with_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A copy of a composed config with the overrides quanteval adds to a launch (a canary's max_problems and repeats,
+    a SLURM run's output.dir) applied as nel-next's `-O` applies them (cli/eval._apply_override: dotted keys, list
+    items by index, ints, floats, booleans and null parsed): what the run records as its config without a second
+    schema child for values nel-next's schema check has already seen the kind of."""
+    config = copy.deepcopy(config)
+    for override in overrides:
+        key, _, text = override.partition("=")
+        value: Any = text
+        if text in ("null", "Null", "NULL", "~"):
+            value = None
+        elif text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for parse in (int, float):
+                try:
+                    value = parse(text)
+                    break
+                except ValueError:
+                    continue
+        *parents, last = key.strip().split(".")
+        node: Any = config
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return config
+
+
+def launch(record: ledger.Record, config_path: str, overrides: list[str], extra: list[str], checked: dict[str, Any],
+           run_dir: Path, details: dict[str, Any]) -> ledger.Record:
+    """Start the run of the checked config (the user's `overrides`, then quanteval's `extra`) and record it in `record`
+    (written before the start), in one ledger write."""
+    run_overrides = [*overrides, *extra]
+    checked = {**checked, "config": with_overrides(checked["config"], extra)}
+    details = {**details, "overrides": overrides, "run_overrides": run_overrides}
     if checked["cluster"] == "slurm":
-        return submit(record, config_path, overrides, checked, details)
+        return submit(record, config_path, run_overrides, checked, details)
     if checked["cluster"] != "local":
         raise ToolError(f"cluster.type: {checked['cluster']!r} runs of nel-next are not launched by quanteval yet; "
                         "use cluster.type local (this machine) or slurm.")
-    started = start(config_path, overrides, run_dir)
+    started = start(config_path, run_overrides, run_dir)
     try:
         write_run_facts(run_dir, run_facts(checked["config"], details, local_harness(checked["config"])))
         return ledger.update(record.id, status="running", config_hash=config_hash(config_path, overrides),
                              invocation_id=f"nel-next:{run_dir}", executor="local",
-                             details={**details, **started, "overrides": overrides, "tasks": checked["benchmarks"]},
+                             details={**details, **started, "tasks": checked["benchmarks"]},
                              message=f"started: {shlex.join(started['argv'])}")
     except BaseException:
         executors.LOCAL.cancel([local_job(started)], grace_s=5)  # a run its record does not name would run unwatched
@@ -423,7 +455,8 @@ def node_files_blocker(checked: dict[str, Any], config_path: str) -> str | None:
 
 def submit(record: ledger.Record, config_path: str, overrides: list[str], checked: dict[str, Any],
            details: dict[str, Any]) -> ledger.Record:
-    """`nel eval run --submit` to the config's SLURM cluster; records each shard's job and where it runs."""
+    """`nel eval run --submit` to the config's SLURM cluster (`overrides`: all the run's, quanteval's included);
+    records each shard's job and where it runs."""
     kind = record.kind
     if not (checked["config"].get("cluster") or {}).get("hostname"):
         raise ToolError("cluster.hostname: nel-next submits over ssh to the login host it names; set it (the ssh config "
@@ -449,7 +482,7 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], checke
     facts = run_facts(checked["config"], details)
     return ledger.update(record.id, status="submitted", config_hash=config_hash(config_path, overrides),
                          invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
-                         details={**details, "engine": "nel-next", "overrides": overrides, "tasks": checked["benchmarks"],
+                         details={**details, "engine": "nel-next", "tasks": checked["benchmarks"],
                                   "slurm_jobs": jobs, "argv": argv, "results_dir": str(results_dir), "run_facts": facts},
                          message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
 

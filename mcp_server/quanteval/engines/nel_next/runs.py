@@ -9,7 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
-from quanteval import configfile, failures, ledger
+from quanteval import failures, ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters.executor import JobStatus, Unreachable
 from quanteval.engines.base import (
@@ -29,6 +29,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
     overall_status,
 )
+from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.nel_next import config, nelnext, nextresults, skills
 from quanteval.engines.rendering import rendered_script
 from quanteval.models import ProgressFn, ToolError
@@ -44,14 +45,23 @@ def _on_cluster(checked: dict) -> bool:
     return executors.slurm(checked.get("cluster")) is not None
 
 
-def compose(config_path: str, overrides: list[str]) -> Composed:
-    return Composed(config_hash=nelnext.config_hash(config_path, overrides),
-                    tasks=nelnext.check_schema(config_path, overrides).get("benchmarks", []))
+def read_launch(config_path: str, overrides: list[str]) -> dict:
+    """What a launch plan keeps of the config: nel-next's own reading (its schema check, one child)."""
+    return nelnext.check_schema(config_path, overrides)
 
 
-def dry_run(config_path: str, overrides: list[str]) -> DryRunOutput:
+def launch_paths(plan: LaunchPlan) -> list[tuple[str, Path]]:
+    return config.launch_paths(plan.reading, plan.config_path)
+
+
+def compose(plan: LaunchPlan) -> Composed:
+    return Composed(config_hash=nelnext.config_hash(plan.config_path, plan.override_list),
+                    tasks=plan.reading.get("benchmarks", []))
+
+
+def dry_run(plan: LaunchPlan) -> DryRunOutput:
     """nel-next has nothing to render for the local cluster: its own schema check is the dry-run."""
-    checked = nelnext.check_schema(config_path, overrides)
+    config_path, overrides, checked = plan.config_path, plan.override_list, plan.reading
     error = None
     if not checked["ok"]:
         error = "; ".join(f"{p['path'] or '(config)'}: {p['message']}" for p in checked["problems"][:5])
@@ -98,29 +108,26 @@ def skills_prompts(benchmarks: list[dict]) -> list[RenderedScript]:
 # ---------------------------------------------------------------- launch
 
 
-def check_launchable(config_path: str, overrides: list[str]) -> None:
+def check_launchable(plan: LaunchPlan) -> None:
     """Refuse before the run is recorded: a config nel-next rejects, a machine without what the launch runs here, or a
-    cluster without the files its job reads by path."""
-    checked = nelnext.check_schema(config_path, overrides)
-    if problem := nelnext.launch_blocker(checked) or nelnext.node_files_blocker(checked, config_path):
+    cluster without the files its job reads by path. The one launch check: launch trusts the plan it passed."""
+    if problem := nelnext.launch_blocker(plan.reading) or nelnext.node_files_blocker(plan.reading, plan.config_path):
         raise ToolError(problem)
 
 
 def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
-    if problem := nelnext.launch_blocker(checked):
-        raise ToolError(problem)
     base = Path(checked["output_dir"])
     if not _on_cluster(checked):  # a SLURM output.dir is a path on the cluster, taken as written
         base = base.expanduser() if base.expanduser().is_absolute() else Path(config_path).parent / base.expanduser()
     return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
 
 
-def _model_facts(config_path: str) -> dict:
+def _model_facts(plan: LaunchPlan) -> dict:
     """The checkpoint and served facts behind the config's model service, recorded with the run: compare_results
     checks from them that baseline and candidate are one model family served alike (by a server quanteval started:
     its framework, release and numeric path)."""
     try:
-        _, service = config.model_service(configfile.load_config(config_path), config_path)
+        _, service = config.model_service(plan.doc, plan.config_path)
     except ToolError:
         return {}
     directory, served = config.service_model(service)
@@ -129,14 +136,14 @@ def _model_facts(config_path: str) -> dict:
     return {"checkpoint": directory, "served": served or {}, "serving": serving}
 
 
-def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
-           details: dict, progress: ProgressFn) -> LaunchOutput:
-    """nel-next runs every benchmark of the config: `tasks` narrows nothing here."""
-    kind = record.kind
+def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: CanarySpec | None, details: dict,
+           progress: ProgressFn) -> LaunchOutput:
+    """nel-next runs every benchmark of the config: `tasks` narrows nothing here. The plan was checked
+    (check_launchable) before the record was written."""
+    kind, config_path, overrides, checked = record.kind, plan.config_path, plan.override_list, plan.reading
     progress(1, 3, f"starting the nel-next {kind.replace('_', ' ')}")
     extra: list[str] = []
     notes: list[str] = []
-    checked = nelnext.check_schema(config_path, overrides)
     if canary:
         extra = nelnext.canary_overrides(len(checked.get("benchmarks") or []), canary.limit, canary.repeats)
         notes.append(f"The canary runs max_problems={canary.limit}" + (f" and repeats={canary.repeats}" if canary.repeats else "")
@@ -145,11 +152,10 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks:
     if _on_cluster(checked):  # each run in its own directory on the cluster
         extra.append(f"output.dir={run_dir.as_posix()}")
     if not details.get("checkpoint"):
-        details = {**details, **_model_facts(config_path)}
-    record = nelnext.launch(record, config_path, [*overrides, *extra], run_dir,
+        details = {**details, **_model_facts(plan)}
+    record = nelnext.launch(record, config_path, overrides, extra, checked, run_dir,
                             {**details, "canary_overrides": extra, "limit_samples": canary.limit if canary else None,
                              "repeats": canary.repeats if canary else None})
-    record = ledger.update(record.id, details={"overrides": overrides, "run_overrides": [*overrides, *extra]})
     jobs = record.details.get("slurm_jobs")
     progress(3, 3, f"submitted to {record.host}: SLURM job {', '.join(j['job_id'] for j in jobs)}" if jobs
              else f"running in {run_dir}")
@@ -214,7 +220,8 @@ def record_paths(record: ledger.Record, resuming: bool) -> list[tuple[str, Path]
     found = [("config_path", record.config_path), *((key, record.details.get(key)) for key in ("run_dir", "log_path"))]
     paths = [(what, Path(str(value)).expanduser().absolute()) for what, value in found if value]
     if resuming and record.config_path:
-        paths += config.launch_paths(record.config_path, record.details.get("run_overrides") or record.details.get("overrides") or [])
+        overrides = record.details.get("run_overrides") or record.details.get("overrides") or []
+        paths += config.launch_paths(nelnext.check_schema(record.config_path, overrides), record.config_path)
     return paths
 
 
