@@ -3,25 +3,33 @@
 An engine renders its runs and starts them (on this machine through LocalExecutor.start; on SLURM with its own
 submit command); the executor answers for the jobs once they exist, through the verbs every executor implements:
 `states` (SLURM job chains and the auto-resume successors queued behind them included), `cancel`, `log_lines` and
-`fetch` (the job's files where this process can read them). A job is the executor's own handle: a LocalJob (a process
-group under the exit-code wrapper) or a ClusterJob (a SLURM job and its chain). The name an executor goes by is stored
-in each run's ledger record (`record.executor`), and `for_name` gives the executor back; a new executor is one class
-here (or a module beside it) with those verbs, and one line in EXECUTORS.
+`fetch` (the job's files where this process can read them), `log_failures`, and the extras only some executors have,
+no-ops on the others (`protect_secrets`, `cancel_leftovers`). A job is the executor's own handle: a LocalJob (a
+process group under the exit-code wrapper) or a ClusterJob (a SLURM job and its chain); `adopt` turns what an engine
+recorded of a job it submitted into one, where the executor can watch such a job at all. Beside the jobs, an executor
+answers where a run's files lie (`local_path`, `local_paths`, `results_location`, `resolve_output_dir`), what its
+settings need (`required_settings`, `ignored_settings`, `output_dir_problem`, `login_host`, `gpus_per_node`,
+`container_mount`) and whether what its jobs run under answers here (`daemon_problem`), so that engines call these
+instead of asking which executor a run has. The name an executor goes by is stored in each run's ledger record
+(`record.executor`), and `for_name` gives the executor back; a new executor is one class here (or a module beside
+it) with those verbs, and one line in EXECUTORS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from quanteval import localproc
+from quanteval import failures, localproc
 from quanteval.clusters import slurm as slurm_client
 from quanteval.clusters import ssh
 from quanteval.models import ToolError
@@ -83,6 +91,19 @@ class Unreachable(Exception):
 
 
 LOG_READ_BYTES = 256 * 1024  # a local log's tail is read from its last bytes, not the whole file
+# A job's log tails [(file, last lines)] and its lines of a known failure class [(file, line number, text)].
+LogFailures = tuple[list[tuple[str, list[str]]], list[tuple[str, int, str]]]
+
+
+def read_log_failures(paths: Iterable[Path], lines: int) -> LogFailures:
+    """Log files on this machine: each one's last `lines` lines, and every line failures.classify knows."""
+    tails: list[tuple[str, list[str]]] = []
+    hits: list[tuple[str, int, str]] = []
+    for path in paths:
+        content = path.read_text(errors="replace").splitlines()
+        tails.append((str(path), content[-lines:]))
+        hits.extend((str(path), number, text) for number, text in enumerate(content, 1) if failures.classify(text))
+    return tails, hits
 
 
 class Executor(ABC):
@@ -105,6 +126,55 @@ class Executor(ABC):
         """Why a launch must not start here, checked before the engine runs anything (None: go ahead)."""
         return None
 
+    def daemon_problem(self) -> str | None:
+        """Why the daemon this executor's jobs run under does not answer here, checked as the engine starts them (None:
+        it answers, or the jobs need none)."""
+        return None
+
+    # ---- where a run's files lie
+    def local_path(self, value: str | Path) -> Path | None:
+        """A path of a run as this process reaches it (expanded, made absolute against this process's directory, as
+        NEL does); None on an executor whose paths lie on another machine."""
+        return None
+
+    def local_paths(self, pairs: Iterable[tuple[str, Any]]) -> list[tuple[str, Path]]:
+        """(what, path) for each pair with a value whose path lies on this machine: none on an executor elsewhere, which
+        never reads `pairs` (a generator's queries for the paths are then never made)."""
+        return []
+
+    def results_location(self, host: str | None, directory: str) -> str:
+        """A run's results directory as validate_run and compare_results take it: the path (host:path on a cluster)."""
+        return str(directory)
+
+    def resolve_output_dir(self, value: str) -> str:
+        """An output directory as a config should hold it: as written, a path on the side where the run writes."""
+        return value
+
+    # ---- what a run's settings (NEL 0.2.6's `execution` keys, apply_cluster's vocabulary) need
+    # The settings a run cannot start without, with what each is (a cluster's login node, its account): validation
+    # requires them, and apply_cluster, which fills them in, fits only an executor that has them.
+    required_settings: ClassVar[dict[str, str]] = {}
+    # Settings a run here does not use (one machine, one deployment: num_instances).
+    ignored_settings: ClassVar[frozenset[str]] = frozenset({"num_instances"})
+
+    def output_dir_problem(self, value: str) -> tuple[str, str] | None:
+        """(why, fix) when the jobs cannot write to this output directory as written; None when they can."""
+        return None
+
+    def login_host(self, settings: Mapping[str, Any]) -> str | None:
+        """The host a run logs in to, from its settings (a cluster's login node); None for a run that logs in nowhere."""
+        return None
+
+    def gpus_per_node(self, settings: Mapping[str, Any], default_gres: str) -> int | None:
+        """The GPUs each node of the run has, from its settings (`default_gres`: the engine's when none is set); None
+        where the run is not placed on nodes (the deployment then takes what this machine has)."""
+        return None
+
+    def container_mount(self, path: str | None, mount_point: str) -> str | None:
+        """Where the evaluation container sees `path` of the run's host: `mount_point` on an executor that mounts it
+        there (the config's execution.mounts.evaluation); None on one that mounts nothing."""
+        return None
+
     # ---- the job verbs: `jobs` are this executor's own handles (LocalJob, ClusterJob)
     @abstractmethod
     def states(self, jobs: list[Any]) -> list[JobStatus]:
@@ -122,6 +192,27 @@ class Executor(ABC):
     def fetch(self, job: Any, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
         """The files matching `patterns` under the job's directory (or `directory`, on the job's side), where this
         process can read them: that directory itself on this machine, else a fresh copy under `into`."""
+
+    @abstractmethod
+    def log_failures(self, job: Any, lines: int, max_hits: int) -> LogFailures:
+        """The job's log tails (`lines` each) and its lines of a known failure class (about `max_hits` candidates)."""
+
+    def adopt(self, job_id: str, recorded: Mapping[str, Any]) -> Any | None:
+        """This executor's handle for a job an engine submitted itself, from what the engine recorded of it (by
+        ClusterJob's field names); None when the executor cannot watch a job it did not start (a local process group
+        is known only to its starter): the engine's own API then answers for it."""
+        return None
+
+    # ---- extras only some executors have: no-ops on the others, which never read `jobs` (the engine may pass a
+    # generator whose queries are then never made)
+    def protect_secrets(self, jobs: Iterable[Any]) -> None:
+        """Make the .secrets.env files the engine copied to the jobs' side private there."""
+        return None
+
+    def cancel_leftovers(self, jobs: Iterable[Any]) -> None:
+        """Cancel what the jobs' chains moved on to (the current job and its restart job) after the engine cancelled
+        the jobs it knows; raises Unreachable when their side could not be asked."""
+        return None
 
 
 class LocalExecutor(Executor):
@@ -210,6 +301,32 @@ class LocalExecutor(Executor):
     def fetch(self, job: LocalJob, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
         return Path(directory or job.directory)
 
+    def log_failures(self, job: LocalJob, lines: int, max_hits: int) -> LogFailures:
+        path = Path(job.log_path)
+        return read_log_failures([path] if path.is_file() else [], lines)
+
+    def daemon_problem(self) -> str | None:
+        """NEL's local executor runs every task in Docker: a daemon must answer (`docker info`)."""
+        if shutil.which("docker") is None:
+            return "the `docker` command is not installed"
+        try:
+            probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                                   timeout=15)
+        except subprocess.TimeoutExpired:
+            return "the Docker daemon did not answer within 15 s"
+        if probe.returncode != 0:
+            return "no Docker daemon answers (`docker info` failed)"
+        return None
+
+    def local_path(self, value: str | Path) -> Path:
+        return Path(value).expanduser().absolute()
+
+    def local_paths(self, pairs: Iterable[tuple[str, Any]]) -> list[tuple[str, Path]]:
+        return [(what, self.local_path(str(value))) for what, value in pairs if value]
+
+    def resolve_output_dir(self, value: str) -> str:
+        return str(Path(value).expanduser().resolve())  # one path, whatever directory the run is started from
+
 
 class EngineManagedExecutor(Executor):
     """An executor the engine knows and quanteval does not drive itself (NEL's lepton, ...): the engine's own API
@@ -233,6 +350,9 @@ class EngineManagedExecutor(Executor):
     def fetch(self, job: Any, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
         raise self._refuse()
 
+    def log_failures(self, job: Any, lines: int, max_hits: int) -> LogFailures:
+        raise self._refuse()
+
 
 class SlurmExecutor(Executor):
     """A SLURM cluster reached over quanteval's pooled SSH connections; all of a run's SLURM shell is here."""
@@ -250,9 +370,57 @@ class SlurmExecutor(Executor):
         except ToolError as exc:
             raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
 
-    def protect_secrets(self, job: ClusterJob) -> None:
+    # The settings NEL 0.2.6's SLURM executor cannot submit without (NEL's template leaves them ???).
+    required_settings: ClassVar[dict[str, str]] = {"hostname": "the login node to ssh to",
+                                                   "account": "the SLURM account to charge"}
+    ignored_settings: ClassVar[frozenset[str]] = frozenset()
+
+    def output_dir_problem(self, value: str) -> tuple[str, str] | None:
+        if value.startswith("/"):
+            return None
+        return (f"output_dir '{value}' is relative; SLURM jobs run on compute nodes and need an absolute path on "
+                "shared storage.", "Use an absolute path such as /lustre/<project>/<user>/nel-results.")
+
+    def login_host(self, settings: Mapping[str, Any]) -> str | None:
+        hostname = settings.get("hostname")
+        return None if hostname is None else str(hostname)
+
+    def gpus_per_node(self, settings: Mapping[str, Any], default_gres: str) -> int | None:
+        explicit = settings.get("gpus_per_node")
+        if isinstance(explicit, int) and not isinstance(explicit, bool) and explicit:
+            return explicit
+        gres = settings.get("gres", default_gres)
+        match = re.search(r"gpu(?::[\w.-]+)?:(\d+)$", str(gres)) if gres else None
+        return int(match.group(1)) if match else None
+
+    def container_mount(self, path: str | None, mount_point: str) -> str | None:
+        return mount_point if path else None
+
+    def results_location(self, host: str | None, directory: str) -> str:
+        return f"{host}:{directory}" if host else str(directory)
+
+    def adopt(self, job_id: str, recorded: Mapping[str, Any]) -> ClusterJob:
+        return ClusterJob(job_id=job_id, **recorded)
+
+    def protect_secrets(self, jobs: Iterable[ClusterJob]) -> None:
         """NEL rsyncs .secrets.env to the cluster mode 644: make it private there too."""
-        self.run(job, f"chmod 600 {shlex.quote(job.remote_dir)}/.secrets.env 2>/dev/null; true")
+        for job in jobs:
+            self.run(job, f"chmod 600 {shlex.quote(job.remote_dir)}/.secrets.env 2>/dev/null; true")
+
+    def cancel_leftovers(self, jobs: Iterable[ClusterJob]) -> None:
+        """NEL cancels a job's first SLURM job only; once auto-resume moved on, the chain's current job and its restart
+        job are what runs, so those of a job still active are cancelled too."""
+        by_id = {job.job_id: job for job in jobs}
+        for status in self.job_states(list(by_id.values())):
+            leftovers = [job_id for job_id in (status.current_slurm_job_id, status.restart_job_id) if job_id]
+            if leftovers and status.status in ("pending", "running", "resuming"):  # the states job_states calls active
+                self.scancel(by_id[status.job_id], leftovers)
+
+    def log_failures(self, job: ClusterJob, lines: int, max_hits: int) -> LogFailures:
+        """Grepped on the cluster, in the job's logs/ (one ssh call); only the lines of a known class are hits."""
+        logs = f"{job.remote_dir}/logs"
+        tails, hits = failures.parse_grep(self.run(job, failures.grep_command(logs, max_hits, tail_lines=lines)), logs)
+        return tails, [hit for hit in hits if failures.classify(hit[2])]
 
     def states(self, jobs: list[ClusterJob]) -> list[JobStatus]:
         return self.job_states(jobs)

@@ -243,7 +243,7 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     engine = engines.for_config(written)
     doc = engine.placement_view(written)
     execution = engine.execution_type(written)
-    if executors.slurm(execution) is None:
+    if not executors.for_name(execution).required_settings:  # nothing a cluster must be asked for (a run here)
         raise ToolError(f"{request.config_path}: execution is '{execution}', not slurm ({engine.placement_key('execution.type')}); "
                         f"apply_cluster fits SLURM configs. Build one with build_config engine='{engine.name}' "
                         "execution='slurm'.")

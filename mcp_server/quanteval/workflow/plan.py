@@ -117,7 +117,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         chain.call("set_config_value", {"config_path": str(chain.config_path), "key": key, "yaml_value": value})
         chain.step("set_config_value", f"{key} = {value}")
     cluster_unknowns: list[str] = []
-    if not executors.for_name(request.execution).on_this_machine:  # a cluster: ask it for the placement
+    if executors.for_name(request.execution).required_settings:  # a cluster's login and account: ask it for the placement
         progress(3, TOTAL_STEPS, "asking the cluster")
         cluster_unknowns = _place_on_cluster(request, chain)
     missing_values = _missing_values(chain)
@@ -216,8 +216,7 @@ def _add_tasks(request: PlanRequest, chain: _Chain) -> list[str]:
 
 
 def _set_output_dir(output_dir: str, execution: str, config_path: Path) -> None:
-    # a cluster's output directory is a path there, taken as written
-    value = str(Path(output_dir).expanduser().resolve()) if executors.for_name(execution).on_this_machine else output_dir
+    value = executors.for_name(execution).resolve_output_dir(output_dir)  # a cluster's is a path there, as written
 
     def set_output_dir(doc: Any) -> None:
         configfile.set_path(doc, "execution.output_dir", value)

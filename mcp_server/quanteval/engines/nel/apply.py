@@ -15,6 +15,7 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile
+from quanteval.clusters import executor as executors
 from quanteval.configfile import MISSING, delete_path, get_path, has_path, set_path, to_plain, value_at, walk
 from quanteval.engines.base import ApplyCheckpointInput, ApplyCheckpointOutput, unpinned_image
 from quanteval.engines.nel.config import (
@@ -252,8 +253,7 @@ def _apply_tokenizer(
     (NEL's local executor mounts nothing there) it stays ??? with a note.
     """
     handle = report.hf_handle
-    on_slurm = execution_type(doc) == "slurm"
-    tokenizer = handle or (EVALUATION_CHECKPOINT_MOUNT if local_path and on_slurm else None)
+    tokenizer = handle or executors.for_name(execution_type(doc)).container_mount(local_path, EVALUATION_CHECKPOINT_MOUNT)
     entries = [(path, str(task.get("name"))) for path, task in config_tasks(doc) if isinstance(task, dict)]
     readers = [(path, name) for path, name in entries if reads_tokenizer(name)]
     if readers and len(readers) == len(entries):

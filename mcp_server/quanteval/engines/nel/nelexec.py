@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from typing import Any
 
 from quanteval import redact, warm_python
+from quanteval.clusters import executor as executors
 from quanteval.models import ToolError
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -124,25 +124,13 @@ def content_hash(cfg: Any) -> str:
 
 def _summary(cfg: Any) -> dict[str, Any]:
     execution = cfg.execution
+    executor = str(execution.get("type", "local"))
     return {
-        "executor": str(execution.get("type", "local")),
-        "host": str(execution.get("hostname")) if execution.get("type") == "slurm" else None,
+        "executor": executor,
+        "host": executors.for_name(executor).login_host(execution),
         "output_dir": str(execution.get("output_dir")),
         "tasks": [str(task.name) for task in (cfg.evaluation.tasks or [])],
     }
-
-
-def _docker_daemon_problem() -> str | None:
-    if shutil.which("docker") is None:
-        return "the `docker` command is not installed"
-    try:
-        probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                               timeout=15)
-    except subprocess.TimeoutExpired:
-        return "the Docker daemon did not answer within 15 s"
-    if probe.returncode != 0:
-        return "no Docker daemon answers (`docker info` failed)"
-    return None
 
 
 UNRESOLVED = "\0unresolved: "  # marks a value NEL could not resolve (the reason follows)
@@ -237,13 +225,11 @@ def op_run(config_path: str, overrides: list[str], extra_overrides: list[str], t
     cfg_hash = content_hash(_compose(config_path, overrides))
     cfg = _compose(config_path, overrides + extra_overrides)
     summary = _summary(cfg)
-    if not dry_run and summary["executor"] == "local":
-        problem = _docker_daemon_problem()
-        if problem:
-            return {"ok": False, "error": (
-                f"execution.type local runs every task in Docker, but {problem}. Start a Docker daemon on this "
-                "machine, or set execution to slurm (execution.hostname = your cluster's login node)."),
-                    "config_hash": cfg_hash, **summary}
+    if not dry_run and (problem := executors.for_name(summary["executor"]).daemon_problem()):
+        return {"ok": False, "error": (
+            f"execution.type {summary['executor']} runs every task in Docker, but {problem}. Start a Docker daemon on "
+            "this machine, or set execution to slurm (execution.hostname = your cluster's login node)."),
+                "config_hash": cfg_hash, **summary}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), _nel_warnings() as warnings:
         invocation_id = run_eval(cfg, dry_run=dry_run, tasks=tasks or None)

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.configfile import MISSING, value_at, walk
 from quanteval.engines import catalogue
@@ -153,42 +154,42 @@ def _check_quantization_flag(ctx: Context, report: checkpoint.CheckpointReport, 
 
 def _check_execution(ctx: Context) -> None:
     execution = ctx.section("execution")
+    executor = executors.for_name(ctx.execution)
     output_dir = execution.get("output_dir")
-    if ctx.execution == "slurm":
-        if isinstance(output_dir, str) and not is_unresolved(output_dir) and not output_dir.startswith("/"):
-            ctx.add("execution.output_dir", "error", "slurm_output_dir", f"output_dir '{output_dir}' is relative; SLURM jobs run on compute nodes and need an absolute path on shared storage.", "Use an absolute path such as /lustre/<project>/<user>/nel-results.")
-        for key, what in (("hostname", "the login node to ssh to"), ("account", "the SLURM account to charge")):
-            value = execution.get(key)
-            if key not in execution or value is None or (isinstance(value, str) and not value.strip()):
-                ctx.add(f"execution.{key}", "error", f"slurm_{key}", f"execution.{key} ({what}) is not set.", f"Set execution.{key}.")
-        _check_ssh_user(ctx, execution)
-    elif output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
+    if output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
         ctx.add("execution.output_dir", "error", "wrong_type", "output_dir must be a directory path.", "Set execution.output_dir, e.g. nel-results.")
+    elif isinstance(output_dir, str) and not is_unresolved(output_dir) and (problem := executor.output_dir_problem(output_dir)):
+        ctx.add("execution.output_dir", "error", f"{executor.name}_output_dir", *problem)
+    for key, what in executor.required_settings.items():
+        value = execution.get(key)
+        if key not in execution or value is None or (isinstance(value, str) and not value.strip()):
+            ctx.add(f"execution.{key}", "error", f"{executor.name}_{key}", f"execution.{key} ({what}) is not set.", f"Set execution.{key}.")
+    _check_ssh_user(ctx, execution, executor.login_host(execution))
     for key in ("num_nodes", "num_instances", "ntasks_per_node"):
         value = execution.get(key)
         if key in execution and not is_unresolved(value) and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             ctx.add(f"execution.{key}", "error", "wrong_type", f"{key} must be a positive integer, got {value!r}.", f"Set execution.{key} to an integer such as 1.")
     nodes = _int_at(execution, "num_nodes", 1) or 1
     instances = _int_at(execution, "num_instances", 1) or 1
-    if instances > 1 and ctx.execution != "slurm":
+    if instances > 1 and "num_instances" in executor.ignored_settings:
         ctx.add("execution.num_instances", "warning", "num_instances", "num_instances only applies to the SLURM executor.", "Remove it, or run on SLURM.")
     if instances > 1 and ctx.deployment == "none":
         ctx.add("execution.num_instances", "error", "num_instances", "num_instances > 1 replicates a deployment, but deployment is none.", "Set num_instances to 1, or let NEL deploy the model.")
     if nodes % instances:
         ctx.add("execution.num_instances", "error", "num_instances", f"num_nodes {nodes} is not a multiple of num_instances {instances}: every instance needs the same number of nodes.", f"Use num_nodes {instances * max(1, nodes // instances)} or a num_instances that divides {nodes}.")
-    if ctx.execution == "slurm" and ctx.deployment in frameworks.FRAMEWORKS:
-        _check_gpus_per_node(ctx, nodes // instances if nodes % instances == 0 else 1)
+    if ctx.deployment in frameworks.FRAMEWORKS:
+        _check_gpus_per_node(ctx, executor.gpus_per_node(execution, NEL_DEFAULT_GRES), nodes // instances if nodes % instances == 0 else 1)
 
 
 _ENV_INTERPOLATION = re.compile(r"^\$\{oc\.env:(\w+)(?:,([^}]*))?\}$")
 
 
-def _check_ssh_user(ctx: Context, execution: dict) -> None:
-    """NEL logs in as `execution.username@execution.hostname`, so username overrides the ssh config's User for that
-    host (NEL's template: ${oc.env:USER}). A username other than the User the ssh config names (as OpenSSH resolves
-    it, `ssh -G`) fails the launch while ssh_check and cluster_info, which log in as that User, succeed."""
-    hostname = execution.get("hostname")
-    if not isinstance(hostname, str) or not hostname.strip() or is_unresolved(hostname) or "@" in hostname:
+def _check_ssh_user(ctx: Context, execution: dict, hostname: str | None) -> None:
+    """NEL logs in as `execution.username@execution.hostname` (the executor's login host; none for a run here), so
+    username overrides the ssh config's User for that host (NEL's template: ${oc.env:USER}). A username other than the
+    User the ssh config names (as OpenSSH resolves it, `ssh -G`) fails the launch while ssh_check and cluster_info,
+    which log in as that User, succeed."""
+    if not hostname or not hostname.strip() or is_unresolved(hostname) or "@" in hostname:
         return
     configured = execution.get("username", "${oc.env:USER}")  # NEL's default when the key is absent
     source = "set in the config"
@@ -210,18 +211,12 @@ def _check_ssh_user(ctx: Context, execution: dict) -> None:
             f"Set execution.username: {ssh_user} (apply_cluster writes it), or change User for Host {hostname} in the ssh config if {configured} is right.")
 
 
-def _gpus_per_node(execution: dict) -> int | None:
-    explicit = _int_at(execution, "gpus_per_node")
-    if explicit:
-        return explicit
-    gres = execution.get("gres", "gpu:8")  # NEL's SLURM default
-    match = re.search(r"gpu(?::[\w.-]+)?:(\d+)$", str(gres)) if gres else None
-    return int(match.group(1)) if match else None
+NEL_DEFAULT_GRES = "gpu:8"  # NEL's SLURM executor asks for this without execution.gres
 
 
-def _check_gpus_per_node(ctx: Context, nodes_per_instance: int) -> None:
-    execution, deployment = ctx.section("execution"), ctx.section("deployment")
-    gpus = _gpus_per_node(execution)
+def _check_gpus_per_node(ctx: Context, gpus: int | None, nodes_per_instance: int) -> None:
+    """The deployment's parallel sizes against the GPUs per node the executor places it on (None: not on nodes)."""
+    deployment = ctx.section("deployment")
     tp = _int_at(deployment, "tensor_parallel_size", 8 if ctx.deployment in frameworks.FRAMEWORKS else 1)
     pp = _int_at(deployment, "pipeline_parallel_size", 1) or 1
     dp = _int_at(deployment, "data_parallel_size", 1) or 1

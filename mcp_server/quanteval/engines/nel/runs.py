@@ -1,20 +1,25 @@
 """NEL 0.2.6's run lifecycle: dry-run, launch, state, logs, kill and resume through NEL's Python API.
 
 Every NEL call runs in a child process (engines/nel/nelexec.py) with a timeout, so NEL's prints never reach the MCP
-stdout and a dead host never hangs a tool. SLURM status is read from the cluster directly by the SLURM executor (one
-ssh call: the job chain file NEL's auto-resume writes, `squeue -t all`, and `sacct` for purged jobs) because NEL
-reports every ssh or sacct hiccup as FAILED; a walltime TIMEOUT with NEL's paired restart job queued is reported as
-`resuming`, never as a failure.
+stdout and a dead host never hangs a tool. The record's executor answers for the run's jobs where it adopts them: the
+SLURM executor reads the cluster directly (one ssh call: the job chain file NEL's auto-resume writes, `squeue -t all`,
+and `sacct` for purged jobs) because NEL reports every ssh or sacct hiccup as FAILED; a walltime TIMEOUT with NEL's
+paired restart job queued is reported as `resuming`, never as a failure. NEL's other jobs (its local Docker
+containers, lepton's) are NelApiExecutor's: NEL's API answers for them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from quanteval import configfile, failures, ledger
 from quanteval.clusters import executor as executors
-from quanteval.clusters.executor import ClusterJob, JobStatus, Unreachable
+from quanteval.clusters.executor import Executor, JobStatus, LogFailures, Unreachable, read_log_failures
 from quanteval.engines.base import (
     ACTIVE,
     MAX_HITS,
@@ -80,9 +85,11 @@ def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path
     """Every local path a launch of the config with these overrides uses, as NEL composes and resolves them (NEL makes
     a relative path absolute against its working directory, this process's); none for a run elsewhere."""
     doc = _nel("resolved", QUERY_TIMEOUT_S, config_path=config_path, overrides=overrides)["config"]
-    if not executors.for_name(config.execution_type(doc)).on_this_machine:
-        return []
-    return [(key, Path(value).expanduser().absolute()) for key, value in config.launch_paths(doc)]
+
+    def found() -> Iterator[tuple[str, str]]:  # read only for a run here: a cluster's paths are not checked (or refused) here
+        yield from config.launch_paths(doc)
+
+    return executors.for_name(config.execution_type(doc)).local_paths(found())
 
 
 # ---------------------------------------------------------------- dry-run
@@ -103,9 +110,9 @@ def _rendered_files(answer: dict) -> tuple[Path | None, list[Path], list[tuple[s
     a SLURM dry-run's scripts exist only in NEL's printout."""
     if not answer.get("ok"):
         return None, [], []
-    if not executors.for_name(answer.get("executor")).on_this_machine:
+    if (output_dir := executors.for_name(answer.get("executor")).local_path(answer["output_dir"])) is None:
         return None, [], [(name, None, body) for name, body in _split_printed_scripts(answer.get("printed", ""))]
-    candidates = sorted(Path(answer["output_dir"]).expanduser().absolute().glob(f"*-{answer.get('invocation_id')}"))
+    candidates = sorted(output_dir.glob(f"*-{answer.get('invocation_id')}"))
     if not candidates:
         return None, [], []
     invocation_dir = candidates[-1]
@@ -196,15 +203,65 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks:
 
 
 def _protect_remote_secrets(record: ledger.Record) -> None:
-    """NEL rsyncs .secrets.env to the cluster mode 644; make them private there too."""
-    cluster = executors.slurm(record.executor)
-    if not cluster:
-        return
+    """NEL rsyncs .secrets.env to a cluster mode 644; its executor makes them private there (a no-op elsewhere)."""
+    executor = executors.for_name(record.executor)
     try:
-        for job in _cluster_jobs(_jobs(record)):
-            cluster.protect_secrets(job)
+        executor.protect_secrets(_adopted(executor, record))
     except (Unreachable, ToolError) as exc:
         ledger.update(record.id, message=f"could not chmod the remote .secrets.env: {exc}")
+
+
+# ---------------------------------------------------------------- the jobs and who answers for them
+
+
+class NelJob(BaseModel):
+    """A job NEL's API answers for: NEL's job id, its invocation and the output directory NEL recorded for it."""
+    job_id: str
+    invocation_id: str
+    output_dir: str | None = None
+
+    def log_files(self) -> list[Path]:
+        """NEL writes a job's logs under its task directory's logs/ and the invocation's."""
+        if not self.output_dir:
+            return []
+        task_dir = Path(self.output_dir)
+        return sorted(path for directory in (task_dir / "logs", task_dir.parent / "logs") if directory.is_dir()
+                      for path in directory.iterdir() if path.is_file())
+
+
+class NelApiExecutor(Executor):
+    """The jobs of NEL's executors that quanteval cannot watch itself (local: NEL's Docker containers, not quanteval's
+    process groups; lepton): NEL's API answers for them (status, kill) and their logs are read where NEL writes them.
+    Only the jobs are NEL's: where the run's files lie is `place`'s, the executor of the same name."""
+
+    def __init__(self, place: Executor) -> None:
+        self.place = place
+        self.name = place.name  # type: ignore[misc]
+
+    def states(self, jobs: list[NelJob]) -> list[JobStatus]:
+        statuses = []
+        for invocation in dict.fromkeys(job.invocation_id for job in jobs):
+            answer = _nel("status", QUERY_TIMEOUT_S, invocation_id=invocation)
+            statuses += [JobStatus(job_id=row["job_id"] or invocation, status=NEL_STATE.get(row["status"], "unknown"),
+                                   progress=row.get("progress"), note=row.get("error")) for row in answer["jobs"]]
+        return statuses
+
+    def cancel(self, jobs: list[NelJob], grace_s: float = 10.0) -> str:
+        for invocation in dict.fromkeys(job.invocation_id for job in jobs):
+            _nel("kill", QUERY_TIMEOUT_S, invocation_id=invocation)
+        return "killed through NEL"
+
+    def log_lines(self, jobs: list[NelJob], lines: int) -> tuple[str, list[str]]:
+        tails = [tail for job in jobs for tail in read_log_failures(job.log_files(), lines)[0]]
+        return ", ".join(file for file, _ in tails), [line for _, content in tails for line in content]
+
+    def fetch(self, job: NelJob, into: Path, patterns: tuple[str, ...], directory: str | None = None) -> Path:
+        if not (directory or job.output_dir):
+            raise ToolError(f"{job.job_id}: NEL recorded no output directory for it.")
+        return Path(directory or job.output_dir or "")
+
+    def log_failures(self, job: NelJob, lines: int, max_hits: int) -> LogFailures:
+        return read_log_failures(job.log_files(), lines)
 
 
 # ---------------------------------------------------------------- state
@@ -220,20 +277,35 @@ def _jobs(record: ledger.Record) -> list[dict]:
     return jobs
 
 
-def _cluster_jobs(jobs: list[dict]) -> list[ClusterJob]:
-    """NEL's SLURM job records as the SLURM executor finds them again."""
-    return [ClusterJob(job_id=job["job_id"], hostname=job["data"]["hostname"], username=job["data"]["username"],
-                       remote_dir=job["data"]["remote_rundir_path"], slurm_job_id=str(job["data"]["slurm_job_id"]),
-                       chain_file=NEL_CHAIN_FILE) for job in jobs]
+def _recorded(job: dict) -> dict[str, Any]:
+    """What NEL recorded of a job, by ClusterJob's field names, for the record's executor to adopt (NEL's SLURM jobs
+    record their login, run directory and job id; its other jobs none of these)."""
+    data = job["data"]
+    return {"hostname": data.get("hostname"), "username": data.get("username"), "remote_dir": data.get("remote_rundir_path"),
+            "slurm_job_id": str(data.get("slurm_job_id")), "chain_file": NEL_CHAIN_FILE}
+
+
+def _watch(record: ledger.Record, jobs: list[dict]) -> tuple[Executor, list[Any]]:
+    """The executor that answers for the run's jobs and its handles for them: the record's executor where it adopts
+    NEL's jobs (SLURM: read from the cluster itself), else NelApiExecutor over the same place."""
+    executor = executors.for_name(record.executor)
+    handles = [executor.adopt(job["job_id"], _recorded(job)) for job in jobs]
+    if all(handle is not None for handle in handles):
+        return executor, handles
+    return NelApiExecutor(executor), [NelJob(job_id=job["job_id"], invocation_id=record.invocation_id or "",
+                                             output_dir=job["data"].get("output_dir")) for job in jobs]
+
+
+def _adopted(executor: Executor, record: ledger.Record) -> Iterator[Any]:
+    """The run's jobs as the executor adopts them, asked of NEL only once the executor reads them: an executor without
+    the extra they are passed to (protect_secrets, cancel_leftovers) never does."""
+    for job in _jobs(record):
+        yield executor.adopt(job["job_id"], _recorded(job))
 
 
 def _job_statuses(record: ledger.Record, jobs: list[dict]) -> list[JobStatus]:
-    cluster = executors.slurm(record.executor)
-    if cluster:
-        return cluster.job_states(_cluster_jobs(jobs))
-    answer = _nel("status", QUERY_TIMEOUT_S, invocation_id=record.invocation_id)
-    return [JobStatus(job_id=row["job_id"] or record.invocation_id, status=NEL_STATE.get(row["status"], "unknown"),
-                      progress=row.get("progress"), note=row.get("error")) for row in answer["jobs"]]
+    executor, handles = _watch(record, jobs)
+    return executor.states(handles)
 
 
 def refresh(record: ledger.Record) -> Refreshed:
@@ -266,38 +338,17 @@ def poll_interval_s(record: ledger.Record) -> float:
 
 def record_paths(record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
     """The run's config, the directory a dry-run rendered into and each job's output directory (its run.sh, which
-    resume re-runs, and its logs), as NEL recorded them; none for a run elsewhere."""
-    if not executors.for_name(record.executor).on_this_machine:
-        return []
-    found = [("config_path", record.config_path), ("invocation_dir", record.details.get("invocation_dir"))]
-    if record.invocation_id and record.kind != "dry_run":
-        found += [(f"job {job['job_id']} output_dir", job["data"].get("output_dir")) for job in _jobs(record)]
-    return [(what, Path(str(value)).expanduser().absolute()) for what, value in found if value]
+    resume re-runs, and its logs), as NEL recorded them; none for a run elsewhere (NEL is then not asked for its jobs)."""
+    def found() -> Iterator[tuple[str, Any]]:
+        yield "config_path", record.config_path
+        yield "invocation_dir", record.details.get("invocation_dir")
+        if record.invocation_id and record.kind != "dry_run":
+            yield from ((f"job {job['job_id']} output_dir", job["data"].get("output_dir")) for job in _jobs(record))
+
+    return executors.for_name(record.executor).local_paths(found())
 
 
 # ---------------------------------------------------------------- logs
-
-
-def _local_log_files(job: dict) -> list[Path]:
-    task_dir = Path(job["data"]["output_dir"])
-    return sorted(path for directory in (task_dir / "logs", task_dir.parent / "logs") if directory.is_dir()
-                  for path in directory.iterdir() if path.is_file())
-
-
-def _read_logs(job: dict, lines: int) -> tuple[list[tuple[str, list[str]]], list[tuple[str, int, str]]]:
-    """A job's log tails and its lines of known failure classes: grepped on the cluster, or read here."""
-    cluster = executors.slurm(job["executor"])
-    if cluster:
-        logs = f"{job['data']['remote_rundir_path']}/logs"
-        output = cluster.run(_cluster_jobs([job])[0], failures.grep_command(logs, MAX_HITS * 2, tail_lines=lines))
-        tails, hits = failures.parse_grep(output, logs)
-        return tails, [hit for hit in hits if failures.classify(hit[2])]
-    tails, hits = [], []
-    for path in _local_log_files(job):
-        content = path.read_text(errors="replace").splitlines()
-        tails.append((str(path), content[-lines:]))
-        hits.extend((str(path), number, text) for number, text in enumerate(content, 1) if failures.classify(text))
-    return tails, hits
 
 
 def logs(record: ledger.Record, lines: int, job_id: str | None, progress: ProgressFn) -> RunLogsOutput:
@@ -307,10 +358,11 @@ def logs(record: ledger.Record, lines: int, job_id: str | None, progress: Progre
     tails: list[LogTail] = []
     hits: list[FailureHit] = []
     secrets = secret_values()
-    for index, job in enumerate(jobs):
+    executor, handles = _watch(record, jobs)
+    for index, (job, handle) in enumerate(zip(jobs, handles, strict=True)):
         progress(index, len(jobs), f"reading logs of {job['job_id']}")
-        try:
-            job_tails, job_hits = _read_logs(job, lines)
+        try:  # a job's log tails and its lines of known failure classes: grepped on the cluster, or read here
+            job_tails, job_hits = executor.log_failures(handle, lines, MAX_HITS * 2)
         except Unreachable as exc:
             raise ToolError(f"{record.host}: {exc}. Check the host with ssh_check and retry.") from None
         tails.extend(LogTail(job_id=job["job_id"], file=file, lines=shown_lines(lines, secrets)) for file, lines in job_tails)
@@ -333,17 +385,10 @@ def logs(record: ledger.Record, lines: int, job_id: str | None, progress: Progre
 
 def _cancel_chain_leftovers(record: ledger.Record) -> None:
     """NEL cancels the first SLURM job only; once auto-resume moved on, the chain's current job and its restart job are
-    what runs, so those are cancelled as well."""
-    cluster = executors.slurm(record.executor)
-    if not cluster:
-        return
-    jobs = _cluster_jobs(_jobs(record))
-    by_id = {job.job_id: job for job in jobs}
+    what runs, so the executor cancels those as well (a no-op where jobs have no chain)."""
+    executor = executors.for_name(record.executor)
     try:
-        for status in cluster.job_states(jobs):
-            leftovers = [job_id for job_id in (status.current_slurm_job_id, status.restart_job_id) if job_id]
-            if leftovers and status.status in ACTIVE:
-                cluster.scancel(by_id[status.job_id], leftovers)
+        executor.cancel_leftovers(_adopted(executor, record))
     except Unreachable as exc:
         ledger.update(record.id, message=f"kill: could not check the restart chain: {exc}")
 

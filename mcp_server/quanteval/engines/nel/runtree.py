@@ -172,7 +172,7 @@ def _output_dir_from_ledger(run: str) -> str | None:
         return None
     output_dir = record.details.get("output_dir")
     if output_dir:
-        return f"{record.host}:{output_dir}" if record.host and executors.slurm(record.executor) else str(output_dir)
+        return executors.for_name(record.executor).results_location(record.host, str(output_dir))
     return _nel_output_dir(record.invocation_id) if record.invocation_id else None
 
 
