@@ -435,3 +435,25 @@ def test_the_claude_plugin_manifest_ships_these_skills_and_this_server_at_this_v
     server = manifest["mcpServers"]["quanteval"]
     assert server["command"] == "quanteval-mcp"
     assert shutil.which(server["command"], path=str(repo / ".venv" / "bin")), "the console script the manifest starts"
+
+
+def test_tool_text_says_nel_alone_only_where_both_engines_are_not_meant():
+    """Every tool runs configs of both engines: "NEL" alone reads as either, so a description or argument names NEL
+    0.2.6 where only it is meant (its catalogue, its job ids, its eval-server backend) and says neither otherwise."""
+    bare = re.compile(r"\bNEL\b(?! 0\.2\.6)")
+    found = [f"{name}: {text[max(0, hit.start() - 40):hit.end() + 40]}" for name, texts in _tool_texts().items()
+             for text in texts for hit in bare.finditer(text)]
+    assert found == []
+
+
+def _tool_texts() -> dict[str, list[str]]:
+    from quanteval import registry
+
+    def descriptions(node: object) -> list[str]:
+        if isinstance(node, dict):
+            own = [str(node["description"])] if isinstance(node.get("description"), str) else []
+            return own + [text for value in node.values() for text in descriptions(value)]
+        return [text for value in node for text in descriptions(value)] if isinstance(node, list) else []
+
+    return {name: [spec.description, *descriptions(spec.input_model.model_json_schema())]
+            for name, spec in registry.TOOLS.items()}

@@ -128,7 +128,7 @@ class ServerSettings(StrictModel):
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="TCP port.")
     output_root: Path | None = Field(None, description="Where evaluations write; start_eval_server defaults it to "
                                      "<state dir>/eval-server/<port>.")
-    backend: BackendName = Field("nemo-skills", description="nemo-skills runs `ns eval`; nel runs NEL nemo_skills tasks.")
+    backend: BackendName = Field("nemo-skills", description="nemo-skills runs `ns eval`; nel runs NEL 0.2.6's nemo_skills tasks.")
     max_concurrent_requests: int = Field(512, ge=1, description="Concurrent requests each benchmark sends to the router.")
     max_concurrent_jobs: int = Field(2, ge=1, le=32, description="Evaluations (rollouts) that run at once; more queue.")
     model_name: str = Field("slime-openai-model", description="Model name sent to the router's OpenAI API.")
@@ -143,9 +143,9 @@ class ServerSettings(StrictModel):
         "sglang", description="NeMo-Skills server type for the router: sglang/vllm send top_k, openai cannot "
         "(a top_k then gets a 400).")
     nel_command: str = Field("nel", description="The `nel` executable for the nel backend.")
-    nel_execution: Execution = Field("local", description="NEL executor for the nel backend.")
+    nel_execution: Execution = Field("local", description="NEL 0.2.6's executor for the nel backend.")
     job_timeout_s: float = Field(6 * 3600, gt=0, description="Seconds before a benchmark's processes are killed.")
-    results_wait_s: float = Field(600, ge=0, description="nel backend: seconds to wait for results.yml after NEL returns.")
+    results_wait_s: float = Field(600, ge=0, description="nel backend: seconds to wait for results.yml after NEL 0.2.6 returns.")
     orphan_grace_s: float = Field(600, ge=0, description="A POST /evaluate job that no client waits for any more is "
                                   "cancelled after this many seconds (POST /jobs jobs never are).")
     allow_partial: bool = Field(False, description="Answer 200 when some benchmarks failed and others succeeded "

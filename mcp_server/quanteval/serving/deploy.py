@@ -433,7 +433,7 @@ class DeploymentStatus(BaseModel):
     served_model_name: str
     config_values: dict[str, str] = Field(
         default_factory=dict,
-        description="NEL config values that point a `deployment: none` config at this server (apply with set_config_value).",
+        description="NEL 0.2.6 config values that point a `deployment: none` config at this server (apply with set_config_value).",
     )
     failures: list[KnownFailure] = Field(default_factory=list, description="Known failures found in the log, with fixes.")
     message: str
@@ -543,7 +543,7 @@ def settle(record: ledger.Record) -> ledger.Record:
 
 def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_progress) -> DeploymentStatus:
     """Use to poll a deployment until ready: job state, /health, served name, a test completion, known log
-    failures with fixes; once ready, the endpoint and NEL config values.
+    failures with fixes; once ready, the endpoint and NEL 0.2.6's config values for it.
     """
     deadline = time.monotonic() + request.wait_s
     while True:

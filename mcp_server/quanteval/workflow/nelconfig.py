@@ -32,7 +32,7 @@ class BuildConfigInput(StrictModel):
         "'nel' (NEL 0.2.6, containers) or 'nel-next' (BYOB .py, skills://NAME, built-ins)."))
     execution: Execution = Field(description="'local' (Docker here) or 'slurm' (a cluster over SSH).")
     deployment: Deployment = Field(
-        description="Server NEL starts; 'none': an existing endpoint (target.api_endpoint)."
+        description="The model server the run starts (NEL 0.2.6's deployment, nel-next's service); 'none': an existing endpoint."
     )
     model_type: ModelType = Field(description="Chat or reasoning model (chat endpoint) or base model (completions).")
     benchmarks: list[str] = Field(

@@ -37,7 +37,7 @@ TOTAL_STEPS = 7
 
 class PlanRequest(BaseModel):
     model: str = Field(description="Checkpoint directory or Hugging Face handle already in the local HF cache.")
-    tasks: list[str] = Field(default_factory=list, description="Recipe or NEL task names; empty keeps the bundle's tasks.")
+    tasks: list[str] = Field(default_factory=list, description="Recipe or catalogue task names; empty keeps the bundle's tasks.")
     execution: Execution = Field("local", description="Where NEL runs the jobs.")
     deployment: PlanDeployment = Field("vllm", description="Who serves the model.")
     model_type: Literal["chat_reasoning", "base"] = Field("chat_reasoning", description="chat_reasoning (chat endpoint) or base (completions).")

@@ -102,8 +102,8 @@ def _shorten(text: str, width: int = 200) -> str:
 
 
 def list_tasks(request: ListTasksInput) -> ListTasksOutput:
-    """Use before add_tasks to find a benchmark's exact task name in NEL's catalogue, with harness and whether a
-    reviewed recipe exists. Paginated.
+    """Use before add_tasks to find a benchmark's exact task name in the task catalogue (NEL 0.2.6's), with harness
+    and whether a reviewed recipe exists. Paginated.
     """
     entries = catalogue()
     if request.harness is not None:
@@ -158,7 +158,7 @@ def list_tasks(request: ListTasksInput) -> ListTasksOutput:
 
 class GetTaskRecipeInput(StrictModel):
     name: str = Field(
-        description="Recipe name ('gpqa') or NEL task name, bare or 'harness.task'."
+        description="Recipe name ('gpqa') or catalogue task name, bare or 'harness.task'."
     )
 
 
@@ -185,7 +185,7 @@ class GetTaskRecipeOutput(BaseModel):
 
 
 def get_task_recipe(request: GetTaskRecipeInput) -> GetTaskRecipeOutput:
-    """Use before adding a task: its reviewed recipe (params, repeats, judge, env vars, score path), or NEL's catalogue
+    """Use before adding a task: its reviewed recipe (params, repeats, judge, env vars, score path), or the catalogue's
     entry if none exists.
     """
     resolved = resolve(request.name)
@@ -223,7 +223,7 @@ class AddTasksInput(StrictModel):
     config_path: str = Field(description="The config file (.yaml).")
     tasks: list[str] = Field(
         min_length=1,
-        description="Recipe names ('gpqa', 'aime2025') or NEL task names, bare or 'harness.task'.",
+        description="Recipe names ('gpqa', 'aime2025') or catalogue task names, bare or 'harness.task'.",
     )
     replace: bool = Field(
         False, description="Replace the tasks build_config wrote instead of adding to them.",
@@ -252,7 +252,7 @@ class AddTasksOutput(BaseModel):
 
 
 def add_tasks(request: AddTasksInput) -> AddTasksOutput:
-    """Use after build_config: adds tasks (recipe or NEL task names, checked first; nel-next: as skills://NAME with their
+    """Use after build_config: adds tasks (recipe or catalogue task names, checked first; nel-next: as skills://NAME with their
     prompt); returns a diff.
     """
     from ruamel.yaml import YAML
