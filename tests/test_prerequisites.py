@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from quanteval import ledger
+from quanteval.engines import launchplan
 from quanteval.engines.nel.runs import check_launchable
 from quanteval.models import ToolError
 from quanteval.workflow import runs
@@ -102,11 +103,11 @@ def test_prerequisite_check_passes_with_ssh_and_rsync_and_ignores_local_configs(
         pytest.skip("needs ssh and rsync on this machine")
     config = slurm_config(tmp_path)
     monkeypatch.setenv("PATH", str(bin_dir(tmp_path, set())))
-    check_launchable(str(config))  # no error
+    check_launchable(launchplan.plan(config))  # no error
     local = tmp_path / "local.yaml"
     local.write_text(config.read_text().replace("slurm/default", "local"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    check_launchable(str(local))  # the local executor's docker check stays with NEL's launch
+    check_launchable(launchplan.plan(local))  # the local executor's docker check stays with NEL's launch
 
 
 # ---------------------------------------------------------------- where a model can be served (issue 29, item 5)

@@ -5,31 +5,46 @@
 - engines/nel_next: NeMo Evaluator >= 0.3 (`nel eval run`, benchmarks in-process; configs with services/benchmarks/
   cluster/output), driven through its CLI from its own Python 3.12 venv.
 
-A new engine is one package under engines/ with a subclass of `base.Engine`, and one line in registered() below.
+A new engine is one package under engines/ whose engine.py module has the members of `base.Engine` (defining or
+importing them), and one line in ENGINES below.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from types import MethodType, ModuleType
+from typing import Any, cast
 
 from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile, ledger
-from quanteval.engines.base import Engine, EngineName, config_check
+from quanteval.engines.base import Engine, EngineDefaults, EngineName, config_check
 from quanteval.engines.runresults import ResultsReader
 from quanteval.models import ToolError
 
-# One line per engine, asked in this order (the last is the default): its Engine and its ResultsReader. Both load on
-# first use: an engine brings its config rules and run code (~120 ms, more with ruamel), which a tool that reads a
-# results folder (quanteval gate, extract_scores) never needs; its reader is light.
+# One line per engine, asked in this order (the last is the default): its Engine module and its ResultsReader. Both
+# load on first use: an engine brings its config rules and run code (~120 ms, more with ruamel), which a tool that
+# reads a results folder (quanteval gate, extract_scores) never needs; its reader is light.
 ENGINES = (
-    ("quanteval.engines.nel_next.engine:NelNextEngine", "quanteval.engines.nel_next.results:NelNextResults"),
-    ("quanteval.engines.nel.engine:NelEngine", "quanteval.engines.nel.results:NelResults"),
+    ("quanteval.engines.nel_next.engine", "quanteval.engines.nel_next.results:NelNextResults"),
+    ("quanteval.engines.nel.engine", "quanteval.engines.nel.results:NelResults"),
 )
+
+# The members an engine module may leave out, each with its default (EngineDefaults' value or function).
+OPTIONAL = {member: default for member, default in vars(EngineDefaults).items() if not member.startswith("_")}
+
+
+def with_defaults(module: ModuleType) -> Engine:
+    """An engine module with every optional member it leaves out set to its default (a function bound to the module,
+    which it gets as self)."""
+    for member, default in OPTIONAL.items():
+        if not hasattr(module, member):
+            setattr(module, member, MethodType(default, module) if inspect.isfunction(default) else default)
+    return cast(Engine, module)
 
 
 def _instance(spec: str) -> Any:
@@ -40,7 +55,7 @@ def _instance(spec: str) -> Any:
 @cache
 def registered() -> tuple[Engine, ...]:
     """Every engine, in ENGINES' order: the first that owns a config's shape is its engine; the last is the default."""
-    return tuple(_instance(engine) for engine, _ in ENGINES)
+    return tuple(with_defaults(importlib.import_module(engine)) for engine, _ in ENGINES)
 
 
 @cache

@@ -10,10 +10,9 @@ shape and in the ledger record of each run, and never compared as a string in th
 from __future__ import annotations
 
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 from ruamel.yaml.comments import CommentedMap
@@ -240,64 +239,29 @@ def unpinned_image_problem(path: str, image: str, inherited: str = "") -> Proble
 
 
 # ---------------------------------------------------------------- the interface
+#
+# An engine is a module, engines/<engine>/engine.py, that defines or imports these members (its functions take what a
+# method takes after self). EngineDefaults holds the members it may leave out, with what it then gets: the registry
+# (engines/__init__.py) gives a module each one it lacks, once, when it loads it. tests/test_engines.py checks that
+# every registered engine has every member, with the protocol's parameters.
 
 
-class Engine(ABC):
-    """One evaluation engine. Subclasses live in their own package and are registered in engines/__init__.py."""
-
-    name: ClassVar[EngineName]
-    # The result tools read a run at its location (results_location: a path or host:path), not from results_dir.
-    results_by_location: ClassVar[bool] = False
-    # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
-    writes_placement_host: ClassVar[bool] = False
-    # The config's own keys are the placement view's (NEL 0.2.6's execution/deployment keys): engines.placement_form.
-    placement_native: ClassVar[bool] = False
+class EngineDefaults(Protocol):
+    """The optional members of an Engine, and their defaults (a function here gets the engine module as self)."""
 
     # Keys whose string values the engine writes unquoted into the shell script it runs (fnmatch on dotted keys):
     # shell syntax there runs as a command (engines/commands.py).
-    shell_spliced: ClassVar[tuple[str, ...]] = ()
-
-    @abstractmethod
-    def owns(self, doc: Any) -> bool:
-        """Is this parsed config written for this engine (by its sections)?"""
+    shell_spliced: tuple[str, ...] = ()
+    # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
+    writes_placement_host: bool = False
+    # The config's own keys are the placement view's (NEL 0.2.6's execution/deployment keys): engines.placement_form.
+    placement_native: bool = False
 
     def command_presets(self, doc: Any) -> dict[str, str]:
         """The engine's own command values for this config (key -> value), not named as the user's commands."""
         return {}
 
-    # -- config (engines/<engine>/config.py)
-
-    @abstractmethod
-    def build_problem(self, deployment: str, model_type: str, benchmarks: list[str]) -> str | None:
-        """Why build_config cannot write this engine's config from these choices, or None."""
-
-    @abstractmethod
-    def config_stem(self, execution: str, deployment: str, model_type: str, benchmarks: list[str]) -> str:
-        """The file name (no suffix) build_config gives a new config of this engine."""
-
-    @abstractmethod
-    def skeleton(self, execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str,
-                 directory: Path) -> tuple[CommentedMap, list[str]]:
-        """A new config (its ??? values still to fill) and the tasks it runs; `directory` is where it is written."""
-
-    @abstractmethod
-    def apply_checkpoint(self, request: ApplyCheckpointInput, progress: ProgressFn) -> ApplyCheckpointOutput:
-        """Write into the config what it takes from the checkpoint (model, TP, server flags, budget, sampling, ...)."""
-
-    @abstractmethod
-    def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
-        """Every problem in a parsed config: the engine's schema and rules, and the chain rules on top."""
-
-    @abstractmethod
-    def task_keys(self, doc: CommentedMap, clear: bool) -> set[str]:
-        """add_tasks: the catalogue tasks (qualified NEL names) the config evaluates; with clear, its tasks are removed
-        first (add_tasks' replace) and none are."""
-
-    @abstractmethod
-    def add_task(self, doc: CommentedMap, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
-        """add_tasks: one catalogue task (its qualified NEL name, and its recipe's or NEL's default evaluation.tasks
-        item) appended to the config's own list in this engine's form; returns the name written. ToolError (why) where
-        the engine has no form of it."""
+    # -- config
 
     def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
         """Environment variables the config (or its tasks' recipes) reads from the host, with the keys that read each:
@@ -317,25 +281,6 @@ class Engine(ABC):
         """The entry this engine's config holds for a catalogue task (its qualified NEL name) with a recipe's repeats,
         or None; and what it scores, or why there is none (get_task_recipe's nel_next asks nel-next's engine)."""
         raise NotImplementedError(f"{self.name} gives no form of a catalogue task")
-
-    @abstractmethod
-    def execution_type(self, doc: Any) -> str:
-        """Where the config runs: local or slurm (or another executor the engine knows)."""
-
-    @abstractmethod
-    def deployment_type(self, doc: Any) -> str:
-        """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
-
-    @abstractmethod
-    def launch_paths(self, plan: LaunchPlan) -> list[tuple[str, Path]]:
-        """(key, absolute path) for every local path a run of the plan's config on this machine writes,
-        mounts, loads or runs, read as the engine reads the config (its composition, overrides and interpolation); a
-        ToolError where a path cannot be resolved; none for a run elsewhere. `quanteval-mcp --root` confines them."""
-
-    @abstractmethod
-    def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
-        """(what, absolute path) for every local file or directory the run tools read or run for this record (its
-        config, run directory, logs; with `resuming`, all that resume_run starts again); none for a run elsewhere."""
 
     # -- cluster placement: apply_cluster reads and writes NEL 0.2.6's execution/deployment keys, the neutral form
 
@@ -357,56 +302,137 @@ class Engine(ABC):
         """The keys and values apply_cluster writes into this engine's config for a placement's `values`."""
         return values
 
-    # -- the run lifecycle (engines/<engine>/runs.py)
+    # -- the run lifecycle
 
     def read_launch(self, config_path: str, overrides: list[str]) -> dict[str, Any]:
         """The engine's own reading of a config with overrides, made once per launch and kept in its LaunchPlan
         (engines/launchplan.py) for the steps below; by default none."""
         return {}
 
-    @abstractmethod
+    def results_location(self, record: ledger.Record) -> str:
+        """Where validate_run and the result tools find the run's results (a path, host:path, or the record id): by
+        default the record id (the engine's results reader reads a run it recorded, fetching it from a cluster)."""
+        return record.id
+
+    def results_dir(self, record: ledger.Record) -> Path | None:
+        """A local directory holding the run's results in this engine's own layout (fetched from a cluster where they
+        lie there), or None (the default) where the result tools read the run by its location (results_location)."""
+        return None
+
+    # -- evaluate_quantization (workflow/evaluate.py), which runs the engine it names (nel-next): none by default
+
+    def evaluation_problems(self, benchmarks: list[str]) -> list[Problem]:
+        """What stops a run of these benchmarks (as build_config takes them) before anything is served; a ToolError
+        where the engine cannot run here at all."""
+        raise ToolError(f"{self.name} does not run evaluate_quantization")
+
+    def served_facts(self, url: str) -> dict[str, Any] | None:
+        """What the server behind an endpoint says it serves (its /v1/models entry: id, root, max_model_len), as the
+        engine's run facts keep it; None when it does not answer."""
+        return None
+
+    def endpoint_values(self, url: str, protocol: str, model: str | None, max_tokens: int, output_dir: str,
+                        benchmarks: int, max_problems: int | None) -> dict[str, Any]:
+        """The keys and values set_config_value writes into a config built for an existing endpoint (build_config's
+        deployment none) to evaluate the model served there: its URL for the protocol (chat_completions or
+        completions), its name, the generation budget, where runs write, and a problem limit for each of the config's
+        `benchmarks` (max_problems None: all)."""
+        raise ToolError(f"{self.name} does not run evaluate_quantization")
+
+    def failed_benchmarks(self, run_dir: Path) -> dict[str, str]:
+        """The benchmarks the engine itself recorded as failed in a run's directory, with its error for each."""
+        return {}
+
+    def read_run_facts(self, run_dir: Path) -> dict[str, Any] | None:
+        """What quanteval recorded beside a run (the config as read, checkpoint, what was served and how), or None."""
+        return None
+
+    def write_run_facts(self, run_dir: Path, facts: dict[str, Any]) -> None:
+        """Record these facts beside the run (in place of any there), where compare_results and validate_run read them."""
+        raise ToolError(f"{self.name} keeps no run facts")
+
+    def responses(self, run_dir: Path, limit: int) -> list[dict[str, Any]]:
+        """A run's first answers (problem_idx, expected, response: at most 300 characters), at most `limit` in all."""
+        return []
+
+
+class Engine(EngineDefaults, Protocol):
+    """One evaluation engine: a module of its own package, listed in engines/__init__.py's ENGINES."""
+
+    name: EngineName
+
+    def owns(self, doc: Any) -> bool:
+        """Is this parsed config written for this engine (by its sections)?"""
+
+    # -- config (engines/<engine>/config.py)
+
+    def build_problem(self, deployment: str, model_type: str, benchmarks: list[str]) -> str | None:
+        """Why build_config cannot write this engine's config from these choices, or None."""
+
+    def config_stem(self, execution: str, deployment: str, model_type: str, benchmarks: list[str]) -> str:
+        """The file name (no suffix) build_config gives a new config of this engine."""
+
+    def skeleton(self, execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str,
+                 directory: Path) -> tuple[CommentedMap, list[str]]:
+        """A new config (its ??? values still to fill) and the tasks it runs; `directory` is where it is written."""
+
+    def apply_checkpoint(self, request: ApplyCheckpointInput, progress: ProgressFn) -> ApplyCheckpointOutput:
+        """Write into the config what it takes from the checkpoint (model, TP, server flags, budget, sampling, ...)."""
+
+    def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
+        """Every problem in a parsed config: the engine's schema and rules, and the chain rules on top."""
+
+    def task_keys(self, doc: CommentedMap, clear: bool) -> set[str]:
+        """add_tasks: the catalogue tasks (qualified NEL names) the config evaluates; with clear, its tasks are removed
+        first (add_tasks' replace) and none are."""
+
+    def add_task(self, doc: CommentedMap, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
+        """add_tasks: one catalogue task (its qualified NEL name, and its recipe's or NEL's default evaluation.tasks
+        item) appended to the config's own list in this engine's form; returns the name written. ToolError (why) where
+        the engine has no form of it."""
+
+    def execution_type(self, doc: Any) -> str:
+        """Where the config runs: local or slurm (or another executor the engine knows)."""
+
+    def deployment_type(self, doc: Any) -> str:
+        """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
+
+    def launch_paths(self, plan: LaunchPlan) -> list[tuple[str, Path]]:
+        """(key, absolute path) for every local path a run of the plan's config on this machine writes,
+        mounts, loads or runs, read as the engine reads the config (its composition, overrides and interpolation); a
+        ToolError where a path cannot be resolved; none for a run elsewhere. `quanteval-mcp --root` confines them."""
+
+    def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
+        """(what, absolute path) for every local file or directory the run tools read or run for this record (its
+        config, run directory, logs; with `resuming`, all that resume_run starts again); none for a run elsewhere."""
+
+    # -- the run lifecycle (engines/<engine>/runs.py)
+
     def dry_run(self, plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
         """Render the config as a launch would, record the dry-run, launch nothing."""
 
-    @abstractmethod
     def compose(self, plan: LaunchPlan) -> Composed:
         """The config's hash and tasks as the engine composes them (what the canary gate matches on)."""
 
-    @abstractmethod
     def check_launchable(self, plan: LaunchPlan) -> None:
         """Refuse, before anything starts, a launch this machine cannot make (a missing binary, a rejected schema)."""
 
-    @abstractmethod
     def launch(self, record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: CanarySpec | None, details: dict,
                progress: ProgressFn) -> LaunchOutput:
         """Start the canary (with `canary`) or full run the workflow has just recorded (`record`, status launching)
         and record in it what started or why nothing did; returns at once."""
 
-    @abstractmethod
     def refresh(self, record: ledger.Record) -> Refreshed:
         """Ask the executor for the run's state and record a change."""
 
-    @abstractmethod
-    def logs(self, record: ledger.Record, lines: int, job: str | None, progress: ProgressFn) -> RunLogsOutput:
-        """Each log's tail, failure lines, and for a failed run a diagnosis."""
+    def logs(self, record: ledger.Record, lines: int, job_id: str | None, progress: ProgressFn) -> RunLogsOutput:
+        """Each log's tail (only job_id's, where given), failure lines, and for a failed run a diagnosis."""
 
-    @abstractmethod
     def kill(self, record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
         """Stop every job of the run (auto-resume successors too) and record it killed."""
 
-    @abstractmethod
     def resume(self, record: ledger.Record, progress: ProgressFn) -> ResumeRunOutput:
         """Start a killed or failed run again where it stopped."""
 
-    @abstractmethod
-    def results_location(self, record: ledger.Record) -> str:
-        """Where validate_run and the result tools find the run's results (a path, host:path, or the record id)."""
-
-    @abstractmethod
-    def results_dir(self, record: ledger.Record) -> Path | None:
-        """A local directory holding the run's results in this engine's own layout (fetched from a cluster where they
-        lie there), or None where the result tools read the run by its location (results_location)."""
-
-    @abstractmethod
     def poll_interval_s(self, record: ledger.Record) -> float:
         """How often wait_for_run looks: a local run is cheap to ask, a cluster costs an ssh round trip."""

@@ -97,7 +97,8 @@ def config_stem(execution: str, deployment: str, model_type: str, benchmarks: li
     return f"{execution}_{deployment}_{model_type}_{'_'.join(sorted(benchmarks))}"[:120]
 
 
-def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str) -> tuple[CommentedMap, list[str]]:
+def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str,
+             directory: Path) -> tuple[CommentedMap, list[str]]:
     doc = build_config_document(execution, deployment, model_type, benchmarks, export)
     tasks = [str(task.get("name")) for task in doc.get("evaluation", {}).get("tasks", []) if isinstance(task, dict)]
     return doc, tasks
@@ -493,6 +494,7 @@ def task_keys(doc: CommentedMap, clear: bool) -> set[str]:
     return {task_key(str(item.get("name"))) for item in _tasks_list(doc) if isinstance(item, dict) and item.get("name")}
 
 
-def add_task(doc: CommentedMap, fragment: dict[str, Any]) -> str:
+def add_task(doc: CommentedMap, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
+    """The item (its recipe's or NEL's default) appended to evaluation.tasks as it is."""
     _tasks_list(doc).append(fragment)
     return str(fragment.get("name"))

@@ -37,6 +37,7 @@ from quanteval.engines.base import (
     RunLogsOutput,
     overall_status,
 )
+from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.nel import config, nelexec
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
 from quanteval.engines.rendering import rendered_script, secrets_files
@@ -69,21 +70,24 @@ def config_hash(config_path: str, overrides: list[str] | None = None) -> str:
     return compose(config_path, overrides or []).config_hash
 
 
-def compose(config_path: str, overrides: list[str]) -> Composed:
+def compose(plan: LaunchPlan) -> Composed:
+    config_path, overrides = plan.config_path, plan.override_list
     answer = _nel("hash", QUERY_TIMEOUT_S, config_path=config_path, overrides=overrides)
     return Composed(config_hash=answer["config_hash"], tasks=answer["tasks"])
 
 
-def check_launchable(config_path: str) -> None:
+def check_launchable(plan: LaunchPlan) -> None:
     """Refuse a launch before NEL runs when this machine lacks what the config's executor runs here."""
+    config_path = plan.config_path
     problem = executors.for_name(config.execution_type(_plain_config(config_path))).launch_blocker()
     if problem:
         raise ToolError(f"{config_path}: not launched. {problem} Then launch again (check_environment lists them).")
 
 
-def launch_paths(config_path: str, overrides: list[str]) -> list[tuple[str, Path]]:
+def launch_paths(plan: LaunchPlan) -> list[tuple[str, Path]]:
     """Every local path a launch of the config with these overrides uses, as NEL composes and resolves them (NEL makes
     a relative path absolute against its working directory, this process's); none for a run elsewhere."""
+    config_path, overrides = plan.config_path, plan.override_list
     doc = _nel("resolved", QUERY_TIMEOUT_S, config_path=config_path, overrides=overrides)["config"]
 
     def found() -> Iterator[tuple[str, str]]:  # read only for a run here: a cluster's paths are not checked (or refused) here
@@ -122,7 +126,8 @@ def _rendered_files(answer: dict) -> tuple[Path | None, list[Path], list[tuple[s
     return invocation_dir, protected, scripts
 
 
-def dry_run(config_path: str, overrides: list[str], progress: ProgressFn) -> DryRunOutput:
+def dry_run(plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
+    config_path, overrides = plan.config_path, plan.override_list
     progress(0, 2, "NEL dry-run (composes the config and renders the scripts, ~5 s)")
     answer = nelexec.call("run", DRY_RUN_TIMEOUT_S, config_path=config_path, overrides=overrides,
                           extra_overrides=[], tasks=[], dry_run=True)
@@ -172,8 +177,9 @@ def repeat_overrides(config_path: str, repeats: int) -> tuple[list[str], list[st
     return overrides, notes
 
 
-def launch(record: ledger.Record, config_path: str, overrides: list[str], tasks: list[str], canary: CanarySpec | None,
-           details: dict, progress: ProgressFn) -> LaunchOutput:
+def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: CanarySpec | None, details: dict,
+           progress: ProgressFn) -> LaunchOutput:
+    config_path, overrides = plan.config_path, plan.override_list
     kind = record.kind
     extra: list[str] = []
     notes: list[str] = []

@@ -43,7 +43,7 @@ WriteFn = Callable[[CommentedMap, str, Any], None]
 # The skeleton
 
 
-def build_problem(deployment: str) -> str | None:
+def build_problem(deployment: str, model_type: str, benchmarks: list[str]) -> str | None:
     if deployment not in ("none", *MANAGED):
         return f"deployment '{deployment}': nel-next configs here take none (an existing endpoint), {frameworks.one_of(MANAGED)}"
     return None
@@ -55,7 +55,7 @@ def config_stem(execution: str, deployment: str, model_type: str, benchmarks: li
     return f"nelnext_{execution}_{deployment}_{model_type}_{'_'.join(names)}"[:120]
 
 
-def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[str], directory: Path) -> tuple[CommentedMap, list[str]]:
+def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[str], export: str, directory: Path) -> tuple[CommentedMap, list[str]]:
     """One model service (an existing endpoint, or a vLLM/SGLang server nel-next starts), a simple solver per
     benchmark, the local or SLURM cluster, output without a timestamp (quanteval names each run's directory).
     A BYOB file given by a relative path is written as an absolute one: nel-next resolves it against its own cwd."""
@@ -433,7 +433,8 @@ def _skills_prompt_problems(index: int, item: dict[str, Any], bench: skills.Benc
                     fix="Set " + ", ".join(f"{k}: {v}" for k, v in settings.items()) + " (add_tasks and build_config write it).")]
 
 
-def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None) -> list[Problem]:
+def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[str] | None = None,
+                      check_env: bool = True) -> list[Problem]:
     """A nel-next config: values still ???, nel-next's own schema (its pydantic EvalConfig, run in its venv), then
     the chain rules a schema cannot know: budget vs served context, chat endpoint vs chat template, sampling,
     the served model name."""

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from quanteval import configfile, engines
 from quanteval.clusters import executor as executors
 from quanteval.engines.nel_next import skills
-from quanteval.engines.nel_next.engine import NelNextEngine
+from quanteval.engines.nel_next.engine import owns as nel_next_config
 from quanteval.serving.frameworks import MEMORY_FLAGS, NEL_NEXT_SERVICES
 
 SERVICE = "services.model"
@@ -101,7 +101,7 @@ class Conversion:
 
 def refusal(doc: Any) -> str | None:
     """Why `doc` cannot be converted (it is not a NEL 0.2.6 config), or None."""
-    if NelNextEngine().owns(doc):
+    if nel_next_config(doc):
         return "already a nel-next config (services/benchmarks); nothing to convert."
     return None
 

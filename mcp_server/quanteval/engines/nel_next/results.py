@@ -32,7 +32,7 @@ from quanteval.engines.runresults import (
     run_verdict,
 )
 from quanteval.failures import Diagnosis
-from quanteval.models import ProgressFn, ToolError
+from quanteval.models import ProgressFn, ToolError, no_progress
 
 
 def _own_record(run: str) -> ledger.Record | None:
@@ -157,7 +157,7 @@ def _next_failure(run: str) -> Diagnosis | None:
     from quanteval.engines.nel_next import runs
 
     try:
-        return runs.logs(record, 20).diagnosis
+        return runs.logs(record, 20, None, no_progress).diagnosis
     except ToolError:  # the cluster does not answer: the finding above stands alone
         return None
 

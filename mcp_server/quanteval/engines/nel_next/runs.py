@@ -59,7 +59,7 @@ def compose(plan: LaunchPlan) -> Composed:
                     tasks=plan.reading.get("benchmarks", []))
 
 
-def dry_run(plan: LaunchPlan) -> DryRunOutput:
+def dry_run(plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
     """nel-next has nothing to render for the local cluster: its own schema check is the dry-run."""
     config_path, overrides, checked = plan.config_path, plan.override_list, plan.reading
     error = None
@@ -237,7 +237,7 @@ def _log_lines(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
         raise ToolError(f"run_logs: {exc}; retry when the cluster answers.") from None
 
 
-def logs(record: ledger.Record, lines: int) -> RunLogsOutput:
+def logs(record: ledger.Record, lines: int, job_id: str | None, progress: ProgressFn) -> RunLogsOutput:
     path, content = _log_lines(record, lines)
     secrets = secret_values()
     hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=path, line=number,
@@ -256,7 +256,7 @@ def logs(record: ledger.Record, lines: int) -> RunLogsOutput:
                          failures_truncated=len(hits) > MAX_HITS, failure_classes=classes, diagnosis=diagnosis)
 
 
-def kill(record: ledger.Record) -> KillRunOutput:
+def kill(record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
     jobs = nelnext.jobs(record.details)
     try:
         how = executors.for_name(record.executor).cancel(jobs)
@@ -269,7 +269,7 @@ def kill(record: ledger.Record) -> KillRunOutput:
                          jobs=[JobStatus(job_id=job.job_id, status="killed") for job in jobs])
 
 
-def resume(record: ledger.Record) -> ResumeRunOutput:
+def resume(record: ledger.Record, progress: ProgressFn) -> ResumeRunOutput:
     try:
         statuses = executors.for_name(record.executor).states(nelnext.jobs(record.details))
     except Unreachable as exc:

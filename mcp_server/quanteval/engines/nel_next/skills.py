@@ -430,10 +430,10 @@ def benchmark_for_task(nel_task: str) -> tuple[str | None, str]:
                                "compare nel-next runs only with nel-next runs.")
 
 
-def task_form(nel_task: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
+def task_form(qualified_name: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
     """A catalogue task's nel-next form (get_task_recipe): its `benchmarks` list item with the recipe's repeats, or
     None; and what it scores, or why there is none (benchmark_for_task)."""
-    name, note = benchmark_for_task(nel_task)
+    name, note = benchmark_for_task(qualified_name)
     if name is None:
         return None, note
     benchmark = benchmark_item(name)
@@ -458,8 +458,9 @@ def task_keys(doc: Any, clear: bool) -> set[str]:
     return {e.qualified_name for e in catalogue() if e.harness == "nemo_skills" and e.harness_task in names}
 
 
-def add_task(doc: Any, qualified_name: str, repeats: int | None) -> str:
-    """The task's nel-next form (a skills:// benchmark sent NeMo-Skills' prompt, the recipe's repeats) appended."""
+def add_task(doc: Any, qualified_name: str, fragment: dict[str, Any], repeats: int | None) -> str:
+    """The task's nel-next form (a skills:// benchmark sent NeMo-Skills' prompt, the recipe's repeats) appended; NEL
+    0.2.6's item (fragment) is not its form."""
     from quanteval.models import ToolError
 
     name, why = benchmark_for_task(qualified_name)
