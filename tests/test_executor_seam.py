@@ -45,7 +45,7 @@ def test_only_a_slurm_records_results_are_read_over_ssh():
 # lowering its count here.
 DECISIONS_LEFT = {
     "engines/nel_next/config.py": 4, "engines/nel_next/convert.py": 1, "engines/nel_next/nelnext.py": 5,
-    "engines/nel_next/runs.py": 2, "workflow/confine.py": 2, "workflow/evaluate.py": 1, "workflow/runs.py": 1,
+    "engines/nel_next/runs.py": 2, "workflow/confine.py": 2, "workflow/runs.py": 1,
 }
 DECISION = re.compile(r"executors\.slurm\(|on_this_machine|is_this_machine|[!=]= \"(slurm|local)\"|in \(\"slurm\"|\"slurm\" in ")
 

@@ -59,9 +59,6 @@ def test_registry_names_resolve_to_the_folder_modules():
 ENGINE_PACKAGES = frozenset(p.name for p in (PACKAGE / "engines").iterdir() if (p / "__init__.py").exists())
 # The one tool that speaks two engines by name: convert_config maps a NEL 0.2.6 config to nel-next's.
 SPEAKS_TWO_ENGINES = frozenset({"workflow/convert.py"})
-# Bound to one engine by design, and saying so in its docstring: evaluate_quantization runs nel-next (its input's
-# engine), the one engine that evaluates on this machine without Docker, and reads nel-next's configs and run facts.
-BOUND_TO_ONE_ENGINE = frozenset({"workflow/evaluate.py"})
 
 
 def _engine_package(imported: str) -> str | None:
@@ -94,9 +91,8 @@ def test_only_convert_config_names_an_engine_package_outside_engines():
     Engine interface) and the neutral engines/*.py, never an engine's own package; convert_config alone speaks both."""
     outside = {module: named for module, named in _engine_imports().items() if not module.startswith("engines/")}
     reaching = [f"{module} imports {imported}" for module, named in outside.items()
-                if module not in SPEAKS_TWO_ENGINES | BOUND_TO_ONE_ENGINE for imported in sorted(named)]
+                if module not in SPEAKS_TWO_ENGINES for imported in sorted(named)]
     assert reaching == []
-    assert sorted(BOUND_TO_ONE_ENGINE - set(outside)) == [], "no longer bound to one engine: take it off BOUND_TO_ONE_ENGINE"
 
 
 def test_every_file_the_architecture_page_names_exists():

@@ -19,7 +19,9 @@ One call per output directory at a time: a second one is refused, naming the fir
 gone with the call however it ends).
 
 Bound to nel-next by design (its input's `engine`): the one engine that evaluates on this machine without Docker.
-It builds nel-next configs and reads nel-next's run facts directly; runs are stopped through the engine seam.
+It reaches nel-next through the engine seam alone, picked by that name (`engines.by_name(request.engine)`: what stops
+the benchmarks, what the server says it serves, the config values for an endpoint) and by each run's record
+(`engines.for_record`: what a run recorded, its facts, stopping it); it imports no engine's own package.
 """
 
 from __future__ import annotations
@@ -39,10 +41,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, ledger, paths
-from quanteval.clusters import executor as executors
 from quanteval.engines.base import ACTIVE
-from quanteval.engines.nel_next import config as next_config
-from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir, tied_to_this_process
@@ -77,7 +76,7 @@ class EvaluateQuantizationInput(StrictModel):
     engine: Literal["nel-next"] = Field("nel-next", description=(
         "Runs nel-next (for NEL 0.2.6, use the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="This machine.")
-    host: str | None = Field(None, description="Omit or 'local'.")
+    host: Literal["local"] | None = Field(None, description="Omit or 'local'.")
     framework: Literal["vllm"] = Field("vllm", description="Serves both.")
     eager: bool = Field(False, description="Serve both with --enforce-eager: answers differ from the default path's.")
     noise_floor: bool = Field(False, description="Also run the baseline on its other numeric path: its flips beside the quantization's.")
@@ -210,10 +209,11 @@ def _every(seconds: float, progress: ProgressFn, step: float, total: float, pref
 
 def _require_pass(record: ledger.Record, what: str, max_error_share: float = ValidateRunInput.model_fields["max_error_share"].default) -> None:
     if record.status != "succeeded" and record.details.get("run_dir"):
-        failed = nextresults.run_outcome(Path(record.details["run_dir"])).failed  # what nel-next itself recorded
+        engine = engines.for_record(record)
+        failed = engine.failed_benchmarks(Path(record.details["run_dir"]))  # what the engine itself recorded
         if failed:
             named = "; ".join(f"{Path(name).stem}: {error}" for name, error in list(failed.items())[:3])
-            raise ToolError(f"{what} {record.id} {record.status}: nel-next reports {named}. Logs: {record.details.get('log_path')}")
+            raise ToolError(f"{what} {record.id} {record.status}: {engine.name} reports {named}. Logs: {record.details.get('log_path')}")
     if record.status != "succeeded":
         logs = runs.run_logs(runs.RunLogsInput(record_id=record.id, lines=20))
         diagnosis = logs.diagnosis
@@ -246,7 +246,7 @@ def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> 
 
 def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: bool = True) -> deploy.DeploymentPlan:
     # A port of its own: a fixed default (8000) collides with any other server started on this machine meanwhile (the
-    # only machine it serves on: check_request refuses another host).
+    # only machine it serves on: its input takes no other host).
     port = free_port()
     eager = [FRAMEWORK_INFO[request.framework].eager_flag] if request.eager else []
     plan = deploy.plan_deployment(deploy.PlanDeploymentInput(checkpoint=str(checkpoint_dir), framework=request.framework,
@@ -274,7 +274,7 @@ def _ready(checkpoint_dir: Path, launched: deploy.LaunchDeploymentResult, reques
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
         raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): "
                         f"{status.message} Log: {status.log_path}")
-    return next_config.served_facts(launched.endpoint_url or "") or {}
+    return engines.by_name(request.engine).served_facts(launched.endpoint_url or "") or {}
 
 
 def _room_beside(launched: deploy.LaunchDeploymentResult) -> bool:
@@ -297,16 +297,11 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     # A base model (no chat template) is asked through the completions endpoint: the chat endpoint refuses it.
     has_template = inspect_checkpoint(InspectCheckpointInput(checkpoint=launched_checkpoint)).chat_template
     protocol = "chat_completions" if has_template else "completions"
-    values = {"services.model.url": nelnext.endpoint_url(launched.endpoint_url or "", protocol),
-              "services.model.protocol": protocol,
-              "services.model.model": launched.served_model_name, "services.model.generation.max_tokens": budget,
-              "output.dir": str(workdir / "runs")}
+    values = engines.by_name(request.engine).endpoint_values(
+        launched.endpoint_url or "", protocol, launched.served_model_name, budget, str(workdir / "runs"),
+        len(request.benchmarks), request.max_problems)
     for key, value in values.items():
         nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.config_path, key=key, value=value))
-    if request.max_problems:
-        for index in range(len(request.benchmarks)):
-            nelconfig.set_config_value(nelconfig.SetConfigValueInput(
-                config_path=built.config_path, key=f"benchmarks[{index}].max_problems", value=request.max_problems))
     checked = validation.validate_config(validation.ValidateConfigInput(config_path=built.config_path))
     if not checked.valid:
         first = next(p for p in checked.problems if p.severity == "error")
@@ -356,7 +351,7 @@ class _Checkpoint:
                                     run_dir=done.details["run_dir"], config_path=done.config_path,
                                     served_model_name=done.details.get("served", {}).get("id"),
                                     served_context=done.details.get("served", {}).get("max_model_len"),
-                                    serving=_serving(nelnext.read_run_facts(Path(done.details["run_dir"])) or {}))
+                                    serving=_serving(_run_facts(done)))
 
 
 def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
@@ -470,9 +465,7 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
         # verdict above their share), not a reason to answer nothing
         _require_pass(finished, f"{role} full run", max_error_share=1.0)
         seconds["full_run"] = time.monotonic() - mark
-        run_dir = Path(finished.details["run_dir"])
-        facts = nelnext.read_run_facts(run_dir) or {}
-        nelnext.write_run_facts(run_dir, {**facts, "checkpoint": str(side.dir), "served": served})
+        facts = _add_run_facts(finished, {"checkpoint": str(side.dir), "served": served})
     except BaseException:
         if active is not None:
             with interrupts_held():
@@ -486,6 +479,18 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
                                 config_path=config_path, canary_record_id=canary.record_id, full_run_record_id=full.record_id,
                                 run_dir=finished.details["run_dir"], serving=_serving(facts),
                                 seconds={k: round(v, 1) for k, v in seconds.items()})
+
+
+def _run_facts(record: ledger.Record) -> dict[str, Any]:
+    """What quanteval recorded beside the record's run (its checkpoint, what was served and how): its engine keeps it."""
+    return engines.for_record(record).read_run_facts(Path(record.details["run_dir"])) or {}
+
+
+def _add_run_facts(record: ledger.Record, facts: dict[str, Any]) -> dict[str, Any]:
+    """The run's facts with these added (compare_results and validate_run read them); returns them all."""
+    merged = {**_run_facts(record), **facts}
+    engines.for_record(record).write_run_facts(Path(record.details["run_dir"]), merged)
+    return merged
 
 
 def _serving(run_facts: dict[str, Any]) -> Serving | None:
@@ -506,9 +511,6 @@ def _cancel(record_id: str) -> None:
 
 def check_request(request: EvaluateQuantizationInput) -> Path:
     """What would fail or measure nothing is refused now, not after minutes of serving; the output root, writable."""
-    if not executors.is_this_machine(request.host):
-        raise ToolError(f"host: '{request.host}': evaluate_quantization serves on this machine only for now; for a cluster "
-                        "use the step-by-step tools (launch_deployment with host, launch_canary, launch_full_run).")
     if Path(request.baseline_checkpoint).expanduser().resolve() == Path(request.candidate_checkpoint).expanduser().resolve():
         raise ToolError("baseline_checkpoint and candidate_checkpoint are the same directory: nothing to compare.")
     for name in request.benchmarks:
@@ -519,11 +521,9 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
                         "benchmark, or a `nel gate` policy for tiers per benchmark, not both.")
     if request.policy:
         load_policy(Path(request.policy).expanduser())
-    benchmarks = [{"name": name} for name in request.benchmarks]
-    found = next_config.benchmark_file_problems(benchmarks) + next_config.skills_benchmark_problems(benchmarks)
+    found = engines.by_name(request.engine).evaluation_problems(request.benchmarks)
     if refused := [p for p in found if p.severity == "error"]:
         raise ToolError(" ".join(f"{p.key}: {p.message} {p.fix}" for p in refused))
-    nelnext.nel_binary()
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
     require_writable_dir(root, "output_dir", "Choose a writable directory.")
     return root
@@ -690,14 +690,9 @@ def _max_tokens(config_path: str | None) -> Any:
     return configfile.value_at(config or {}, "services.model.generation.max_tokens")
 
 
-def _canary_responses(run_dir: Path) -> list[Response]:
-    shown: list[Response] = []
-    for bundle in nextresults.bundles(run_dir).values():
-        for (problem, _repeat), record in sorted(nextresults.paired_records(bundle.directory).items())[:RESPONSES_SHOWN]:
-            text = record.get("model_response")
-            shown.append(Response(problem_idx=problem, expected=None if record.get("expected_answer") is None else str(record["expected_answer"]),
-                                  response=text[:300] if isinstance(text, str) else None))
-    return shown[:RESPONSES_SHOWN]
+def _canary_responses(record: ledger.Record) -> list[Response]:
+    answers = engines.for_record(record).responses(Path(record.details["run_dir"]), RESPONSES_SHOWN)
+    return [Response.model_validate(answer) for answer in answers]
 
 
 def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: EvaluateQuantizationInput,
@@ -712,20 +707,19 @@ def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: Ev
            "setting to raise. Its answers are below; check the checkpoint (inspect_checkpoint) and its serving.")
     launched = failed.launched
     if run_dir:  # so validate_run on this canary says what the verdict says
-        facts = nelnext.read_run_facts(Path(run_dir)) or {}
-        nelnext.write_run_facts(Path(run_dir), {**facts, "anomalous": {
+        _add_run_facts(failed.record, {"anomalous": {
             "baseline_run": baseline.canary_record_id or baseline.full_run_record_id, "max_tokens": budget}})
     candidate = CheckpointEvaluation(role="candidate", checkpoint=str(Path(request.candidate_checkpoint).expanduser().resolve()),
                                      reused=False, config_path=failed.config_path, canary_record_id=failed.record.id,
                                      run_dir=run_dir, deployment_record_id=launched.record_id if launched else None,
                                      served_model_name=launched.served_model_name if launched else None,
                                      served_context=failed.served.get("max_model_len"),
-                                     serving=_serving(nelnext.read_run_facts(Path(run_dir)) or {}) if run_dir else None)
+                                     serving=_serving(_run_facts(failed.record)) if run_dir else None)
     return EvaluateQuantizationOutput(
         verdict="anomalous", comparability="inconclusive", table_markdown="", comparisons=[],
         reasons=[why, *checkpoint_notes(baseline.checkpoint, candidate.checkpoint)],
         baseline=baseline, candidate=candidate, report_html=None, report_markdown=None, chart_png=None,
-        responses=_canary_responses(Path(run_dir)) if run_dir else [], seconds={"total": round(time.monotonic() - started, 1)})
+        responses=_canary_responses(failed.record) if run_dir else [], seconds={"total": round(time.monotonic() - started, 1)})
 
 
 class StartEvaluationOutput(BaseModel):
