@@ -13,22 +13,30 @@ from pathlib import Path
 
 from quanteval import ledger
 from quanteval.clusters import executor as executors
+from quanteval.clusters import ssh
 from quanteval.engines.nel import runtree as results
-from quanteval.engines.nel_next import runs as next_runs
+from quanteval.engines.nel_next import clustertypes
 
 
 def test_executors_by_name():
-    assert executors.for_name(None) is executors.LOCAL and executors.for_name("local").on_this_machine
-    assert executors.slurm("slurm") is executors.SLURM and not executors.SLURM.on_this_machine
+    assert executors.for_name(None) is executors.LOCAL and executors.for_name("slurm") is executors.SLURM
     lepton = executors.for_name("lepton")
-    assert lepton.name == "lepton" and executors.slurm("lepton") is None
-    assert executors.is_this_machine(None) and executors.is_this_machine("local") and not executors.is_this_machine("dlcluster")
+    assert lepton.name == "lepton" and isinstance(lepton, executors.EngineManagedExecutor)
+    assert executors.LOCAL.poll_interval_s < lepton.poll_interval_s == executors.SLURM.poll_interval_s  # list_runs asks only here
+    assert ssh.names_this_machine(None) and ssh.names_this_machine("local") and not ssh.names_this_machine("dlcluster")
 
 
-def test_a_nel_next_docker_cluster_is_not_submitted_to_slurm():
-    assert next_runs._on_cluster({"cluster": "slurm"})
-    assert not next_runs._on_cluster({"cluster": "docker"})
-    assert not next_runs._on_cluster({"cluster": "local"})
+def test_nel_nexts_cluster_types_name_their_executor_and_docker_is_not_launched():
+    """nel-next's cluster types are its own vocabulary: local runs here, slurm submits itself (the SLURM executor adopts
+    its jobs), docker is not launched by quanteval (no row: refused by name, not run as a local job)."""
+    slurm = clustertypes.of({"type": "slurm", "hostname": "login"})
+    assert slurm.submits and slurm.executor is executors.SLURM and slurm.binaries == ("ssh", "scp")
+    assert clustertypes.of("local").executor is executors.LOCAL and not clustertypes.of("local").submits
+    assert clustertypes.of(None) is clustertypes.LOCAL  # nel-next's default cluster
+    assert clustertypes.of({"type": "docker"}) is None and "docker" in clustertypes.refusal("docker")
+    section = slurm.cluster_section()
+    section["node_pools"]["default"]["partition"] = "debug"  # a config's copy, never the table's
+    assert clustertypes.SLURM.section["node_pools"]["default"]["partition"] == "???"
 
 
 def test_only_a_slurm_records_results_are_read_over_ssh():
@@ -43,10 +51,7 @@ def test_only_a_slurm_records_results_are_read_over_ssh():
 # Where code outside clusters/ still asks which executor it has (issue 39's count), file by file. Each is a
 # decision the executor should make behind its verbs; the test fails on a new one, and on one removed without
 # lowering its count here.
-DECISIONS_LEFT = {
-    "engines/nel_next/config.py": 4, "engines/nel_next/convert.py": 1, "engines/nel_next/nelnext.py": 5,
-    "engines/nel_next/runs.py": 2, "workflow/confine.py": 2, "workflow/runs.py": 1,
-}
+DECISIONS_LEFT: dict[str, int] = {}
 DECISION = re.compile(r"executors\.slurm\(|on_this_machine|is_this_machine|[!=]= \"(slurm|local)\"|in \(\"slurm\"|\"slurm\" in ")
 
 

@@ -91,3 +91,22 @@ def test_a_config_with_no_model_service_is_refused_and_left_as_it_was(tmp_path):
     with pytest.raises(ToolError, match="exactly one vllm, sglang or api service"):
         apply_checkpoint(ApplyCheckpointInput(config_path=str(config), checkpoint=str(ckpt)))
     assert config.read_text() == text
+
+
+@requires("nel-next")
+def test_a_docker_cluster_nel_next_accepts_is_refused_at_launch_by_name_and_its_record_says_why(tmp_path):
+    """nel-next's docker cluster passes its schema, but quanteval does not launch it: the launch says so, and the
+    record written before it says failed with the reason (not a local run started by mistake)."""
+    from quanteval import ledger
+    from quanteval.workflow.runs import LaunchCanaryInput, launch_canary
+
+    config = tmp_path / "docker.yaml"
+    config.write_text(f"services:\n  model:\n    type: api\n    url: http://127.0.0.1:9/v1\n    protocol: chat_completions\n"
+                      f"    model: m\nbenchmarks:\n  - name: {BENCH}\n    solver:\n      type: simple\n      service: model\n"
+                      f"cluster:\n  type: docker\noutput:\n  dir: {tmp_path / 'out'}\n")
+    with pytest.raises(ToolError, match=r"cluster\.type: 'docker' runs of nel-next are not launched by quanteval yet; "
+                                        r"use cluster\.type local or slurm"):
+        launch_canary(LaunchCanaryInput(config_path=str(config), limit_samples=2))
+    [record] = ledger.find(kind="canary")
+    assert record.status == "failed" and "not launched by quanteval" in record.details["error"]
+    assert not (tmp_path / "out").exists()

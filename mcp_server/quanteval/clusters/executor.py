@@ -110,7 +110,6 @@ class Executor(ABC):
     name: ClassVar[str]
     poll_interval_s: ClassVar[float] = 1.0
     binaries: ClassVar[tuple[str, ...]] = ()  # what it runs on this machine
-    on_this_machine: ClassVar[bool] = False  # runs render, log and write results in this machine's files
 
     def missing_binaries(self) -> str | None:
         """One sentence naming the binaries this executor runs here and PATH lacks, with their packages; None if all are
@@ -219,7 +218,6 @@ class LocalExecutor(Executor):
     """This machine: quanteval's own process groups (one reaper: localproc) or NEL's Docker executor runs the jobs."""
     name: ClassVar[str] = "local"
     binaries: ClassVar[tuple[str, ...]] = ("docker", "bash")
-    on_this_machine: ClassVar[bool] = True
 
     def start(self, job_id: str, argv: list[str], directory: Path, env: dict[str, str], *, log_name: str,
               exit_name: str) -> LocalJob:
@@ -331,6 +329,7 @@ class LocalExecutor(Executor):
 class EngineManagedExecutor(Executor):
     """An executor the engine knows and quanteval does not drive itself (NEL's lepton, ...): the engine's own API
     answers for its jobs, and the verbs here refuse."""
+    poll_interval_s: ClassVar[float] = 10.0  # the engine asks a platform's API over the network, as a cluster costs
 
     def __init__(self, name: str) -> None:
         self.name = name  # type: ignore[misc]
@@ -557,14 +556,3 @@ EXECUTORS: dict[str, Executor] = {executor.name: executor for executor in (SLURM
 def for_name(name: str | None) -> Executor:
     """The executor a config or record names (a record without one ran here)."""
     return EXECUTORS.get(name or LOCAL.name) or EngineManagedExecutor(name or "")
-
-
-def is_this_machine(host: str | None) -> bool:
-    """A deployment host that names this machine: none given, or ssh's LOCAL ("local")."""
-    return host in (None, ssh.LOCAL)
-
-
-def slurm(name: str | None) -> SlurmExecutor | None:
-    """The SLURM executor when `name` is it, else None: for the steps only a cluster has (job chains, remote logs)."""
-    executor = for_name(name)
-    return executor if isinstance(executor, SlurmExecutor) else None

@@ -50,10 +50,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCAL = "local"
+LOCAL = "local"  # the host name that means this machine: run_remote runs its command here, without ssh
 CONNECT_TIMEOUT = 10.0
 OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream (the tail) by run_remote
 MAX_PROXY_HOPS = 4
+
+
+def names_this_machine(host: str | None) -> bool:
+    """A host given to a tool (a deployment's, a host:path's) that means this machine: none, or LOCAL."""
+    return host in (None, LOCAL)
 
 
 @dataclass(frozen=True)

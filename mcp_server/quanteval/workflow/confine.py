@@ -84,7 +84,7 @@ def _check_run(field: str, value: str, policy: paths.Policy) -> None:
     invocation id or prefix of one, which must be a record of this ledger whose paths lie inside the root: NEL's own
     job database would find runs anywhere."""
     from quanteval import ledger
-    from quanteval.clusters import executor as executors
+    from quanteval.clusters import ssh
 
     inside = paths.Policy(root=policy.root)
     prefix, colon, rest = value.partition(":")
@@ -92,7 +92,7 @@ def _check_run(field: str, value: str, policy: paths.Policy) -> None:
         paths.local_path(rest, field, inside)
         return
     if colon and rest.startswith(("/", "~")) and paths.HOST_PATH.match(value):
-        if executors.is_this_machine(prefix):
+        if ssh.names_this_machine(prefix):
             paths.local_path(rest, field, inside)
         return  # a path on a cluster: not ours
     if "/" in value:
@@ -215,9 +215,9 @@ def _check_eval_server(arguments: dict[str, Any], policy: paths.Policy) -> None:
 def _check_plan(plan: Any, host: Any, policy: paths.Policy) -> None:
     """launch_deployment's plan (sent whole by the client): its checkpoint and every absolute path among the server
     arguments (model, chat template, download dir ...) must be inside the root when it runs here."""
-    from quanteval.clusters import executor as executors
+    from quanteval.clusters import ssh
 
-    if not isinstance(plan, dict) or not executors.is_this_machine(host) or not executors.is_this_machine(plan.get("host")):
+    if not isinstance(plan, dict) or not ssh.names_this_machine(host) or not ssh.names_this_machine(plan.get("host")):
         return
     checkpoint = plan.get("checkpoint")
     if isinstance(checkpoint, str) and (paths.looks_local(checkpoint) or paths.on_disk(checkpoint)):

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import engines, ledger, paths
+from quanteval.clusters import executor as executors
 from quanteval.engines import commands, launchplan
 from quanteval.engines.base import (
     ACTIVE,
@@ -287,7 +288,7 @@ def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -
 class RunLogsInput(StrictModel):
     record_id: str = Field(description="The run's record_id (or its NEL 0.2.6 invocation id).")
     lines: int = Field(50, ge=1, le=500, description="Last lines of each log file.")
-    job: str | None = Field(None, description="Only this NEL job id (<invocation>.<index>).")
+    job: str | None = Field(None, description="Only this NEL 0.2.6 job id (<invocation>.<index>).")
 
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
@@ -408,7 +409,8 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
 def _settled(record: ledger.Record) -> ledger.Record:
     """A record that says it is live, checked against its process where that is on this machine: an evaluation,
     server or run whose process is gone (its owner died and took it, a crash, kill -9) shows how it ended, never as
-    loading or running. Remote ones (SLURM) are asked by their own status tools."""
+    loading or running. A run is asked only where its executor is as cheap to ask as a process here (its poll
+    interval): a cluster's runs, a round trip each, are asked by run_status and wait_for_run."""
     from quanteval.serving import deploy
 
     if record.kind == background.KIND:
@@ -417,7 +419,8 @@ def _settled(record: ledger.Record) -> ledger.Record:
         return deploy.settle(record)
     if record.kind == liveness.KIND and record.status == "running":
         return liveness.settle(record, message="its process is gone (list_runs)")
-    if record.kind in RUN_KINDS and record.status == "running" and record.executor == "local":
+    if record.kind in RUN_KINDS and record.status == "running" and \
+            engines.for_record(record).poll_interval_s(record) <= executors.LOCAL.poll_interval_s:
         return _refresh(record).record
     return record
 

@@ -28,7 +28,7 @@ from quanteval.engines.base import (
     unpinned_image,
     unpinned_image_problem,
 )
-from quanteval.engines.nel_next import nelnext, skills
+from quanteval.engines.nel_next import clustertypes, nelnext, skills
 from quanteval.engines.recipes import recipe_for_benchmark, task_context_problem
 from quanteval.models import ProgressFn, ToolError
 from quanteval.paths import looks_local
@@ -61,8 +61,9 @@ def skeleton(execution: str, deployment: str, model_type: str, benchmarks: list[
     A BYOB file given by a relative path is written as an absolute one: nel-next resolves it against its own cwd."""
     benchmarks = [str(Path(name).expanduser().resolve()) if name.endswith(".py") else name for name in benchmarks]
     protocol = "completions" if model_type == "base" else "chat_completions"
-    # on SLURM the results go to a directory on the cluster, which only the person knows
-    output_dir = str(directory / "results") if execution == "local" else MISSING
+    # beside the config where the run writes here; on a cluster a directory there, which only the person knows
+    here = executors.for_name(execution).local_path(directory / "results")
+    output_dir = str(here) if here is not None else MISSING
     plain = nelnext.config_document(benchmarks=benchmarks, protocol=protocol, execution=execution, output_dir=output_dir)
     if names := [name[len(skills.SCHEME):] for name in benchmarks if name.startswith(skills.SCHEME)]:
         found = skills.probe(names)  # NeMo-Skills' prompt for each, as nel-next's instruction_template / system_prompt
@@ -338,11 +339,11 @@ def skills_benchmark_problems(benchmarks: list[Any], cluster: dict[str, Any] | N
                             f"{skills.NEMO_SKILLS_UPSTREAM} (GitHub). Or run the benchmark with NEL 0.2.6's ns_* task "
                             "(its container brings NeMo-Skills).")]
     problems: list[Problem] = []
-    on_slurm = (cluster or {}).get("type") == "slurm"
+    cluster_type = clustertypes.of(cluster)
     for index, name in names.items():
         bench = found.benchmarks.get(name) or skills.Benchmark(name, unknown=True)
         problems += _skills_item_problems(index, benchmarks[index], bench)
-        if on_slurm:
+        if cluster_type and cluster_type.exported_environment:
             problems += _skills_slurm_problems(index, bench, cluster or {})
     return problems
 
@@ -454,11 +455,11 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
                                 message=f"nel-next rejects it: {problem['message']}",
                                 fix="Correct the key or value as nel-next's schema says (extra keys are forbidden)."))
     contexts: dict[str, int | None] = {}
-    on_slurm = isinstance(doc.get("cluster"), dict) and doc["cluster"].get("type") == "slurm"
+    cluster_type = clustertypes.of(doc.get("cluster"))
     for name, service in (doc.get("services") or {}).items():
         if isinstance(service, dict):
             contexts[str(name)] = _next_service_rules(str(name), service, problems)
-            if on_slurm:
+            if cluster_type and cluster_type.appends_protocol_path:
                 _next_slurm_url_rule(str(name), service, problems)
     cluster = doc.get("cluster") if isinstance(doc.get("cluster"), dict) else {}
     images = [("cluster.eval_image", cluster.get("eval_image"))]  # the container nel-next's SLURM job evaluates in
@@ -502,10 +503,10 @@ def launch_paths(checked: dict[str, Any], config_path: str) -> list[tuple[str, P
         raise ToolError(f"{config_path}: nel-next cannot read it ({first['path'] or 'config'}: {first['message']}), so the "
                         "paths it would use cannot be checked against this server's workspace root (--root). Run "
                         "validate_config and fix it.")
-    if not executors.for_name(execution_type(doc)).on_this_machine:
+    written = Path(str((doc.get("output") or {}).get("dir"))).expanduser()
+    output = executors.for_name(execution_type(doc)).local_path(Path(config_path).parent / written)  # as runs._run_dir
+    if output is None:
         return read  # composed here, run on the cluster
-    output = Path(str((doc.get("output") or {}).get("dir"))).expanduser()
-    output = output if output.is_absolute() else Path(config_path).parent / output  # as runs._run_dir places it
     run_dir = output / "run"  # `nel eval run` works in <output.dir>/<run>: relative names resolve there
     found: list[tuple[str, Path]] = [*read, ("output.dir", output)]
     for name, service in (doc.get("services") or {}).items():

@@ -18,8 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
-from quanteval.clusters import executor as executors
-from quanteval.engines.nel_next import skills
+from quanteval.engines.nel_next import clustertypes, skills
 from quanteval.engines.nel_next.engine import owns as nel_next_config
 from quanteval.serving.frameworks import MEMORY_FLAGS, NEL_NEXT_SERVICES
 
@@ -216,12 +215,13 @@ def _cluster(c: Conversion) -> None:
     output_dir = c.source("execution.output_dir")
     c.put("output.dir", output_dir if output_dir not in (None, "") else configfile.MISSING, "execution.output_dir" if output_dir else None)
     c.put("output.timestamped", False)  # as build_config writes it: quanteval names each run's directory
-    if executors.slurm(execution) is None:
-        c.put("cluster.type", executors.LOCAL.name)
-        if execution == executors.LOCAL.name:
+    cluster = clustertypes.of(execution)
+    if cluster is None or not cluster.takes_placement:  # NEL's lepton has no nel-next counterpart: this machine's
+        c.put("cluster.type", clustertypes.LOCAL.name)
+        if cluster is not None:
             c.consumed.add("execution.type")
         return
-    c.put("cluster.type", executors.SLURM.name, "execution.type" if c.source("execution.type") else None)
+    c.put("cluster.type", cluster.name, "execution.type" if c.source("execution.type") else None)
     for key, target in SLURM_KEYS.items():
         value = c.source(f"execution.{key}")
         if value not in (None, configfile.MISSING):

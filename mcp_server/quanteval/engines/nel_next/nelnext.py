@@ -39,6 +39,7 @@ from quanteval import envvars, ledger, redact
 from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
+from quanteval.engines.nel_next import clustertypes
 from quanteval.localproc import require_writable_dir
 from quanteval.models import ToolError
 
@@ -133,16 +134,9 @@ def config_document(*, benchmarks: list[str], endpoint_url: str = MISSING, model
         "services": {"model": {"type": "api", "url": endpoint_url, "protocol": protocol, "model": model_id,
                                "generation": generation}},
         "benchmarks": [{**benchmark_item(name), "repeats": 1} for name in benchmarks],
-        "cluster": slurm_cluster() if execution == "slurm" else {"type": execution},
+        "cluster": cluster.cluster_section() if (cluster := clustertypes.of(execution)) else {"type": execution},
         "output": {"dir": output_dir, "timestamped": False},
     }
-
-
-def slurm_cluster() -> dict[str, Any]:
-    """nel-next's SLURM cluster with what only the cluster can tell left ??? (apply_cluster asks it): the login host,
-    the account, one node pool (partition, GPUs per node). Its walltime default (04:00:00) stays until asked."""
-    return {"type": "slurm", "hostname": MISSING, "account": MISSING,
-            "node_pools": {"default": {"partition": MISSING, "nodes": 1}}}
 
 
 def endpoint_url(base_or_chat_url: str, protocol: str) -> str:
@@ -336,9 +330,9 @@ def launch_blocker(checked: dict[str, Any]) -> str | None:
     for name in skills.skills_names(checked["config"].get("benchmarks") or []).values():
         if problem := skills.name_problem(name):
             return problem  # nel-next would import it as NeMo-Skills' dataset module
-    missing = [program for program in ("ssh", "scp") if shutil.which(program) is None]
-    if checked["cluster"] == "slurm" and missing:  # nel-next runs both on this machine; without them: a bare Errno 2
-        return (f"nel-next submits with ssh and scp from this machine, and {', '.join(missing)} "
+    cluster = clustertypes.of(checked["cluster"])
+    if missing := [program for program in (cluster.binaries if cluster else ()) if shutil.which(program) is None]:
+        return (f"nel-next submits with {' and '.join(cluster.binaries)} from this machine, and {', '.join(missing)} "
                 f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install openssh-client.")
     return None
 
@@ -381,11 +375,11 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], extra:
     run_overrides = [*overrides, *extra]
     checked = {**checked, "config": with_overrides(checked["config"], extra)}
     details = {**details, "overrides": overrides, "run_overrides": run_overrides}
-    if checked["cluster"] == "slurm":
+    cluster = clustertypes.of(checked["cluster"])
+    if cluster is None:
+        raise ToolError(clustertypes.refusal(checked["cluster"]))
+    if cluster.submits:
         return submit(record, config_path, run_overrides, checked, details)
-    if checked["cluster"] != "local":
-        raise ToolError(f"cluster.type: {checked['cluster']!r} runs of nel-next are not launched by quanteval yet; "
-                        "use cluster.type local (this machine) or slurm.")
     started = start(config_path, run_overrides, run_dir)
     try:
         write_run_facts(run_dir, run_facts(checked["config"], details, local_harness(checked["config"])))
@@ -438,8 +432,9 @@ def files_read_on_node(config: dict[str, Any], config_dir: Path) -> list[str]:
 def node_files_blocker(checked: dict[str, Any], config_path: str) -> str | None:
     """For a SLURM config: the files its job reads by path that the cluster's login host does not have (the nodes see
     its shared file systems), asked over ssh before anything is recorded or submitted."""
-    host = ((checked.get("config") or {}).get("cluster") or {}).get("hostname")
-    if checked.get("cluster") != "slurm" or not host:
+    cluster = clustertypes.of(checked.get("cluster"))
+    host = cluster.executor.login_host((checked.get("config") or {}).get("cluster") or {}) if cluster else None
+    if not host:
         return None
     paths = files_read_on_node(checked["config"], Path(config_path).resolve().parent)
     if not paths:

@@ -30,19 +30,13 @@ from quanteval.engines.base import (
     overall_status,
 )
 from quanteval.engines.launchplan import LaunchPlan
-from quanteval.engines.nel_next import config, nelnext, nextresults, skills
+from quanteval.engines.nel_next import clustertypes, config, nelnext, nextresults, skills
 from quanteval.engines.rendering import rendered_script
 from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import secret_values, shown_line, shown_lines
 from quanteval.serving.deployment import serving_at
 
 NOT_FINISHED = "its job ended ({how}) without finishing it"
-
-
-def _on_cluster(checked: dict) -> bool:
-    """Does the checked config submit to a SLURM cluster (its paths are the cluster's)? Its other cluster types (local,
-    docker) run here."""
-    return executors.slurm(checked.get("cluster")) is not None
 
 
 def read_launch(config_path: str, overrides: list[str]) -> dict:
@@ -73,7 +67,7 @@ def dry_run(plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
     scripts = [RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])]
     if error is None:
         scripts += skills_prompts(checked["config"].get("benchmarks") or [])
-    if error is None and _on_cluster(checked):
+    if error is None and (cluster := clustertypes.of(checked.get("cluster"))) and cluster.submits:
         rendered, error = nelnext.render_sbatch(config_path, overrides)
         secrets = secret_values()
         scripts += [rendered_script(path.name, path, body, secrets) for path, body in rendered[:MAX_SCRIPTS]]
@@ -115,10 +109,11 @@ def check_launchable(plan: LaunchPlan) -> None:
         raise ToolError(problem)
 
 
-def _run_dir(config_path: str, checked: dict, kind: str) -> Path:
-    base = Path(checked["output_dir"])
-    if not _on_cluster(checked):  # a SLURM output.dir is a path on the cluster, taken as written
-        base = base.expanduser() if base.expanduser().is_absolute() else Path(config_path).parent / base.expanduser()
+def _run_dir(config_path: str, cluster: clustertypes.ClusterType, checked: dict, kind: str) -> Path:
+    """A directory of its own for the run under output.dir: here, relative to the config as nel-next resolves it; on a
+    cluster, the path there as written."""
+    here = cluster.executor.local_path(Path(config_path).parent / Path(checked["output_dir"]).expanduser())
+    base = Path(checked["output_dir"]) if here is None else here
     return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
 
 
@@ -148,8 +143,11 @@ def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: Ca
         extra = nelnext.canary_overrides(len(checked.get("benchmarks") or []), canary.limit, canary.repeats)
         notes.append(f"The canary runs max_problems={canary.limit}" + (f" and repeats={canary.repeats}" if canary.repeats else "")
                      + " per benchmark; the full run uses the config's.")
-    run_dir = _run_dir(config_path, checked, kind)
-    if _on_cluster(checked):  # each run in its own directory on the cluster
+    cluster = clustertypes.of(checked["cluster"])
+    if cluster is None:
+        raise ToolError(clustertypes.refusal(checked["cluster"]))
+    run_dir = _run_dir(config_path, cluster, checked, kind)
+    if cluster.submits:  # nel-next's submit takes no -o: each run's own directory on the cluster as output.dir
         extra.append(f"output.dir={run_dir.as_posix()}")
     if not details.get("checkpoint"):
         details = {**details, **_model_facts(plan)}
@@ -215,11 +213,10 @@ def poll_interval_s(record: ledger.Record) -> float:
 def record_paths(record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
     """The run's config, run directory and log here; resuming re-reads the config with the run's overrides, so every
     path that launch reads too. None for a run on a SLURM cluster."""
-    if executors.slurm(record.executor):
-        return []
+    executor = executors.for_name(record.executor)
     found = [("config_path", record.config_path), *((key, record.details.get(key)) for key in ("run_dir", "log_path"))]
-    paths = [(what, Path(str(value)).expanduser().absolute()) for what, value in found if value]
-    if resuming and record.config_path:
+    paths = executor.local_paths(found)
+    if paths and resuming and record.config_path:
         overrides = record.details.get("run_overrides") or record.details.get("overrides") or []
         paths += config.launch_paths(nelnext.check_schema(record.config_path, overrides), record.config_path)
     return paths
