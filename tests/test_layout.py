@@ -107,3 +107,31 @@ def test_every_file_the_architecture_page_names_exists():
     missing = [name for name in sorted(names)
                if name not in files and name not in basenames and not (PACKAGE.parents[1] / name).is_file()]
     assert missing == [], f"ARCHITECTURE.md names files that do not exist: {missing}"
+
+
+def test_what_the_architecture_page_says_adding_an_executor_takes_is_what_the_interface_asks():
+    """"Adding one" names what a new executor implements: every job verb the Executor leaves abstract (a class without
+    one cannot be made), and the optional ones it names are methods the Executor gives a default; the executor verbs
+    the Executor paragraph names exist. LocalExecutor and SlurmExecutor are the two that show it."""
+    import inspect
+    import re
+
+    from quanteval.clusters import executor as executors
+
+    page = (PACKAGE.parents[1] / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    bullet = page.split("- **An executor**:")[1].split("\n- **")[0]
+    paragraph = page.split("**Executor** (`clusters/executor.py`).")[1].split("\nWalk of")[0]
+    named = set(re.findall(r"`([a-z_]+)`", bullet))
+    required = set(executors.Executor.__abstractmethods__)
+    assert required <= named, f"the page leaves out verbs a new executor must implement: {sorted(required - named)}"
+    optional = {name for name in named - required if hasattr(executors.Executor, name)}
+    assert {"adopt", "protect_secrets", "cancel_leftovers"} <= optional
+    assert all(inspect.isfunction(getattr(executors.Executor, name)) for name in optional)
+    verbs = set(re.findall(r"`([a-z_]+)`", paragraph)) - {"local", "slurm"}
+    on_a_class = {name for name in verbs for cls in (executors.Executor, executors.LocalExecutor, executors.SlurmExecutor)
+                  if hasattr(cls, name)}
+    not_verbs = {"execution", "localproc", "names_this_machine"}  # a config section, a module, ssh's host check
+    unknown = sorted(verbs - on_a_class - not_verbs)
+    assert unknown == [], f"the Executor paragraph names verbs no executor has: {unknown}"
+    for cls in (executors.LocalExecutor, executors.SlurmExecutor):
+        assert not inspect.isabstract(cls) and type(executors.EXECUTORS[cls.name]) is cls
