@@ -76,7 +76,9 @@ class EvaluateQuantizationInput(StrictModel):
     engine: Literal["nel-next"] = Field("nel-next", description=(
         "Runs nel-next (for NEL 0.2.6, use the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="This machine.")
-    host: Literal["local"] | None = Field(None, description="Omit or 'local'.")
+    host: Literal["local"] | None = Field(None, description=(
+        "Omit or 'local': it serves on this machine only (on a cluster: launch_deployment with host, then launch_canary "
+        "and launch_full_run)."))
     framework: Literal["vllm"] = Field("vllm", description="Serves both.")
     eager: bool = Field(False, description="Serve both with --enforce-eager: answers differ from the default path's.")
     noise_floor: bool = Field(False, description="Also run the baseline on its other numeric path: its flips beside the quantization's.")
