@@ -455,14 +455,14 @@ evaluation:
               num_repeats: 16
     - name: lm-evaluation-harness.ifeval
 """)
-    overrides, notes = repeat_overrides(str(config), 1)
+    overrides, notes = repeat_overrides(_plain(config), 1)
     assert overrides == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=1",
                          "++evaluation.tasks.0.nemo_evaluator_config.config.params.extra.num_repeats=1"]
     assert "ns_aime2025: the canary runs num_repeats=1 (config: 16); the full run uses 16." in notes
     # NEL composes them, and the canary's overrides stay out of the hash that ties it to the full run.
     full = runs.config_hash(str(config))
     assert runs.config_hash(str(config), overrides) != full
-    assert repeat_overrides(str(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]
+    assert repeat_overrides(_plain(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]
 
 
 def test_start_evaluation_refuses_what_evaluate_quantization_refuses_and_starts_nothing(tmp_path):
@@ -510,3 +510,9 @@ def test_run_logs_of_an_evaluation_job_is_its_own_log_not_a_nel_invocation(tmp_p
     assert ok.structured_content["diagnosis"] is None
     assert not bad.is_error, bad.content[0].text
     assert bad.structured_content["diagnosis"]["failure_class"] == "disk_full"
+
+
+def _plain(path) -> dict:
+    from quanteval import configfile
+
+    return configfile.to_plain(configfile.load_config(path))

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from quanteval import configfile, failures, ledger
+from quanteval import failures, ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters.executor import Executor, JobStatus, LogFailures, Unreachable, read_log_failures
 from quanteval.engines.base import (
@@ -60,10 +60,6 @@ def _nel(op: str, timeout: float, **args: object) -> dict:
     return answer
 
 
-def _plain_config(config_path: str) -> dict:
-    doc = configfile.to_plain(configfile.load_config(config_path))
-    return doc if isinstance(doc, dict) else {}
-
 
 def config_hash(config_path: str, overrides: list[str] | None = None) -> str:
     """Hash of the config as NEL composes it (defaults + file + overrides), env values not resolved."""
@@ -78,10 +74,9 @@ def compose(plan: LaunchPlan) -> Composed:
 
 def check_launchable(plan: LaunchPlan) -> None:
     """Refuse a launch before NEL runs when this machine lacks what the config's executor runs here."""
-    config_path = plan.config_path
-    problem = executors.for_name(config.execution_type(_plain_config(config_path))).launch_blocker()
+    problem = executors.for_name(config.execution_type(plan.doc)).launch_blocker()
     if problem:
-        raise ToolError(f"{config_path}: not launched. {problem} Then launch again (check_environment lists them).")
+        raise ToolError(f"{plan.config_path}: not launched. {problem} Then launch again (check_environment lists them).")
 
 
 def launch_paths(plan: LaunchPlan) -> list[tuple[str, Path]]:
@@ -152,14 +147,14 @@ def dry_run(plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
 # ---------------------------------------------------------------- launch
 
 
-def repeat_overrides(config_path: str, repeats: int) -> tuple[list[str], list[str]]:
+def repeat_overrides(doc: dict, repeats: int) -> tuple[list[str], list[str]]:
     """Overrides that run every repeated task `repeats` times, and a note per task changed.
 
     Repeats live in params.extra (num_repeats for NeMo-Skills, n_samples for simple-evals) of a task or of the
     evaluation-wide nemo_evaluator_config; a task's own value wins over the global one, so each is overridden where
     the config sets it, by list index (task names may hold dots, which NEL's task-name override sugar cannot take).
     """
-    evaluation = _plain_config(config_path).get("evaluation")
+    evaluation = doc.get("evaluation")
     evaluation = evaluation if isinstance(evaluation, dict) else {}
     task_list = evaluation.get("tasks") if isinstance(evaluation.get("tasks"), list) else []
     places = [("evaluation", "every task", evaluation)]
@@ -185,7 +180,7 @@ def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: Ca
     notes: list[str] = []
     if canary:
         progress(0, 3, "composing the config")
-        repeat, notes = repeat_overrides(config_path, canary.repeats) if canary.repeats else ([], [])
+        repeat, notes = repeat_overrides(plan.doc, canary.repeats) if canary.repeats else ([], [])
         extra = [LIMIT_SAMPLES_OVERRIDE.format(canary.limit), *repeat]
         details = {**details, "limit_samples": canary.limit, "repeats": canary.repeats, "canary_overrides": repeat}
     progress(1, 3, f"submitting the {kind.replace('_', ' ')} through NEL")
