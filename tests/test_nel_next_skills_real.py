@@ -24,8 +24,8 @@ import pytest
 from processes import running_with
 from tiers import CHECKPOINTS, REPO, own_lane, requires, user_env
 
-from quanteval import engines
 from quanteval.engines.nel_next import nelnext, nextresults, skills
+from quanteval.engines.nel_next import runs as next_runs
 from quanteval.evalserver.backend import ServerSettings
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
@@ -340,7 +340,7 @@ def test_skills_on_slurm_in_shards_with_repeats_and_max_problems_judges_as_the_l
     assert [task.evaluated_samples for task in report.tasks] == [80]
 
     record = runs._record(full.record_id)
-    run_dir = engines.for_record(record).results_dir(record)
+    run_dir = next_runs.results_dir(record)  # the run's results fetched from the cluster, shards merged
     (bundle,) = nextresults.bundles(run_dir).values()
     records = nextresults.paired_records(bundle.directory)
     assert {repeat for _, repeat in records} == {0, 1} and len({problem for problem, _ in records}) == 40

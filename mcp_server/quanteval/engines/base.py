@@ -314,11 +314,6 @@ class EngineDefaults(Protocol):
         default the record id (the engine's results reader reads a run it recorded, fetching it from a cluster)."""
         return record.id
 
-    def results_dir(self, record: ledger.Record) -> Path | None:
-        """A local directory holding the run's results in this engine's own layout (fetched from a cluster where they
-        lie there), or None (the default) where the result tools read the run by its location (results_location)."""
-        return None
-
     # -- evaluate_quantization (workflow/evaluate.py), which runs the engine it names (nel-next): none by default
 
     def evaluation_problems(self, benchmarks: list[str]) -> list[Problem]:

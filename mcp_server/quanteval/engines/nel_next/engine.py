@@ -35,7 +35,6 @@ from quanteval.engines.nel_next.runs import (
     read_launch,
     record_paths,
     refresh,
-    results_dir,
     resume,
 )
 from quanteval.engines.nel_next.skills import add_task, task_form, task_keys
