@@ -441,7 +441,7 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
     the served model name."""
     problems = [Problem(key=key, severity="error", rule="missing_value", message=f"{key} is still ???.",
                         fix="Fill it: apply_checkpoint, the values deployment_status gives, or set_config_value.")
-                for key, value in walk(doc) if value == nelnext.MISSING]
+                for key, value in walk(doc) if value == MISSING]
     if problems:
         return problems  # nel-next's schema would only repeat them, less clearly
     for key, value in walk(doc):  # e.g. NEL's `username: ${oc.env:USER}` pasted into a nel-next config

@@ -39,6 +39,7 @@ from quanteval import envvars, ledger, redact
 from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
+from quanteval.configfile import MISSING
 from quanteval.engines.nel_next import clustertypes
 from quanteval.localproc import require_writable_dir
 from quanteval.models import ToolError
@@ -54,7 +55,6 @@ CHAIN_FILE = ".nel_job_chain"
 RESULT_FILES = ["checkpoint.json", "nel_run.json", "eval-*.json", "results.jsonl", "runtime_stats.json", "nel_eval.sbatch"]
 MAX_PROBLEMS_OVERRIDE = "benchmarks.{index}.max_problems={value}"
 REPEATS_OVERRIDE = "benchmarks.{index}.repeats={value}"
-MISSING = "???"
 
 
 # ---------------------------------------------------------------- where nel-next lives
