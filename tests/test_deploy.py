@@ -562,3 +562,18 @@ def test_a_server_killed_behind_its_records_back_shows_as_ended_in_list_runs(sta
     listed = {run.record_id: run for run in list_runs(ListRunsInput(kind="deployment")).runs}
     assert listed[result.record_id].status in ("failed", "exited"), listed[result.record_id]
     assert "not running" in ledger.events(result.record_id)[-1].message
+
+
+def test_a_watcher_that_saw_a_server_loading_does_not_overwrite_the_stop_recorded_meanwhile(standin, launched):
+    """evaluate stops its server while a client lists runs: list_runs read the record `loading`, the stopper killed the
+    server and wrote `stopped`, then list_runs found the server gone. Its `exited` must not land over the stop (a full
+    run of the suite caught a cancelled evaluation's server listed `exited` this way)."""
+    from quanteval.serving import deploy
+
+    standin("--fake-load-s", "60")
+    result = launched(port=free_port())
+    seen = ledger.get(result.record_id)
+    assert seen.status == "loading"
+    deploy.stop_deployment(deploy.StopDeploymentInput(record_id=result.record_id, grace_s=5))
+    assert deploy.settle(seen).status == "stopped"  # the stale `loading` it read changes nothing now
+    assert [event.status for event in ledger.events(result.record_id)][-1] == "stopped"

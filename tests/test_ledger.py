@@ -90,3 +90,13 @@ def test_details_round_trip_as_json() -> None:
     details = {"gate": "forced: reason", "nested": {"a": [1, 2]}, "unicode": "ü"}
     record = ledger.add("full_run", status="submitted", details=details)
     assert ledger.get(record.id).details == json.loads(json.dumps(details))
+
+
+def test_an_update_only_from_a_status_is_dropped_once_another_writer_moved_the_record() -> None:
+    """A watcher writes what it saw only while the record still says what it read; the stopper's status stands."""
+    record = ledger.add("deployment", status="loading")
+    ledger.update(record.id, status="stopped", message="SIGTERM")
+    unchanged = ledger.update(record.id, status="exited", message="gone", details={"seen": True}, only_from=("loading",))
+    assert (unchanged.status, unchanged.details) == ("stopped", {})
+    assert [event.status for event in ledger.events(record.id)] == ["loading", "stopped"]
+    assert ledger.update(record.id, status="cancelled", only_from=("stopped",)).status == "cancelled"

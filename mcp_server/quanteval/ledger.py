@@ -141,9 +141,14 @@ def update(
     config_hash: str | None = None,
     executor: str | None = None,
     host: str | None = None,
+    only_from: tuple[str, ...] | None = None,
 ) -> Record:
     """Change a record; `details` is merged into the stored details. A status change is logged as an event. The
-    config hash, executor and host are set once a launch knows them (a record is written before its launch starts)."""
+    config hash, executor and host are set once a launch knows them (a record is written before its launch starts).
+
+    `only_from`: change it only while its status is still one of these, in the same transaction as the read (a watcher
+    that saw a server loading and found it gone must not overwrite the `stopped` its stopper wrote meanwhile); else the
+    record is returned unchanged."""
     now = time.time()
     with connect() as conn:
         conn.execute("BEGIN IMMEDIATE")
@@ -152,6 +157,9 @@ def update(
             conn.execute("ROLLBACK")
             raise ToolError(f"No ledger record '{record_id}'. list_runs shows the known ids.")
         current = _record(row)
+        if only_from is not None and current.status not in only_from:
+            conn.execute("ROLLBACK")
+            return current
         merged = {**current.details, **(details or {})}
         conn.execute(
             "UPDATE records SET status = ?, invocation_id = ?, config_hash = ?, executor = ?, host = ?, details = ?,"

@@ -22,4 +22,4 @@ def settle(record: ledger.Record, message: str | None = None) -> ledger.Record:
     status = "running" if running(record.details.get("pid", 0)) else "exited"
     if status == record.status:
         return record
-    return ledger.update(record.id, status=status, message=message)
+    return ledger.update(record.id, status=status, message=message, only_from=(record.status,))  # not over a stop meanwhile

@@ -538,7 +538,7 @@ def settle(record: ledger.Record) -> ledger.Record:
     if record.status not in ("loading", "ready") or "port" not in record.details or not EXECUTORS[record.executor].gone(record):
         return record
     status = _probe_once(record, chat=False)
-    return ledger.update(record.id, status=status.status, message=status.message[:300])
+    return ledger.update(record.id, status=status.status, message=status.message[:300], only_from=(record.status,))
 
 
 def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_progress) -> DeploymentStatus:
@@ -555,7 +555,8 @@ def deployment_status(request: DeploymentStatusInput, progress: ProgressFn = no_
         progress(status.elapsed_s, None, status.message)
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     if record.status != status.status and record.status not in ("stopped", "cancelled"):  # ended by us: it stays so
-        ledger.update(record.id, status=status.status, message=status.message[:300])
+        # from the status read, not over one its stopper wrote since (evaluate stops a server while a client looks)
+        ledger.update(record.id, status=status.status, message=status.message[:300], only_from=(record.status,))
     return status
 
 

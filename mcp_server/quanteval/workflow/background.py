@@ -53,10 +53,9 @@ def _job(record: ledger.Record) -> LocalJob:
 def refresh(record: ledger.Record) -> ledger.Record:
     """The record, marked failed when its process is gone without having said how it ended (killed -9, a crash)."""
     if record.status == "running" and "pgid" in record.details and not LOCAL.running(_job(record)):
-        record = ledger.get(record.id)  # it may have finished between the two reads
-        if record.status == "running":
-            record = ledger.update(record.id, status="failed", details={"error": (
-                f"the evaluation process ended without a result; its log: {record.details.get('log_path')}")})
+        # only while still running: it may have recorded how it ended between the read and now
+        record = ledger.update(record.id, status="failed", only_from=("running",), details={"error": (
+            f"the evaluation process ended without a result; its log: {record.details.get('log_path')}")})
     return record
 
 
