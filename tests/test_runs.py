@@ -516,3 +516,20 @@ def _plain(path) -> dict:
     from quanteval import configfile
 
     return configfile.to_plain(configfile.load_config(path))
+
+
+def test_a_refresh_that_read_a_run_running_leaves_the_cancel_written_meanwhile(tmp_path):
+    """list_runs (or wait_for_run) read a nel-next run running; evaluate cancelled it and recorded why; the refresh
+    that then found its process gone must not land `failed` over `cancelled`."""
+    from quanteval import engines
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record = ledger.add("full_run", status="running", executor="local", invocation_id=f"nel-next:{run_dir}",
+                        details={"engine": "nel-next", "run_dir": str(run_dir), "pgid": gone.pid, "tasks": ["sums"]})
+    seen = ledger.get(record.id)
+    ledger.update(record.id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
+    assert engines.for_record(seen).refresh(seen).record.status == "cancelled"
+    assert ledger.get(record.id).status == "cancelled"

@@ -321,7 +321,8 @@ def refresh(record: ledger.Record) -> Refreshed:
         return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
                          message=f"{exc}. Status unchanged ({record.status}); retry run_status later.")
     status = overall_status([job.status for job in statuses])
-    updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses}})
+    updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses}},
+                            only_from=(record.status,))  # not over a kill or cancel written since the read
     return Refreshed(record=updated, jobs=statuses, reachable=True, message=None)
 
 

@@ -196,7 +196,8 @@ def refresh(record: ledger.Record) -> Refreshed:
     status = overall_status([job.status for job in statuses])
     updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses},
                                                                "error": message},
-                            message=message if message and record.status != status else None)
+                            message=message if message and record.status != status else None,
+                            only_from=(record.status,))  # not over a kill or cancel written since the read
     return Refreshed(record=updated, jobs=statuses, reachable=True, message=message)
 
 
