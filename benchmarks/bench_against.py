@@ -89,8 +89,21 @@ def call(tool: str, arguments: dict) -> Callable[[dict[str, str]], tuple[float, 
     return run
 
 
+def verdicts(out: str) -> str:
+    """What must be the same on both sides: a JSON answer's verdict and its gate's (paths and times may differ)."""
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        return "no JSON answer"
+    gate = answer.get("gate") if isinstance(answer.get("gate"), dict) else {}
+    return json.dumps({"verdict": answer.get("verdict"), **({"gate": gate.get("verdict")} if gate else {})})
+
+
 def command(argv: list[str]) -> Callable[[dict[str, str]], tuple[float, str]]:
-    return lambda env: timed(argv, env)
+    def run(env: dict[str, str]) -> tuple[float, str]:
+        seconds, out = timed(argv, env)
+        return seconds, verdicts(out)
+    return run
 
 
 def evaluate(scratch: Path) -> Callable[[dict[str, str]], tuple[float, str]]:
@@ -102,8 +115,7 @@ def evaluate(scratch: Path) -> Callable[[dict[str, str]], tuple[float, str]]:
         seconds, out = timed([str(BIN / "quanteval"), "evaluate", str(checkpoints / "tiny-add-bf16"),
                               str(checkpoints / "tiny-add-w8a8"), "--benchmarks", str(REPO / "examples" / "benchmarks" / "tiny_add.py"),
                               "--max-drop", "1.5", "--output-dir", output, "--json"], env)
-        answer = json.loads(out) if out.strip().startswith("{") else {}
-        return seconds, json.dumps({key: answer.get(key) for key in ("verdict", "gate") if key in answer})
+        return seconds, verdicts(out)
     return run
 
 
