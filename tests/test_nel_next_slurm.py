@@ -267,6 +267,12 @@ def test_apply_cluster_fills_nel_nexts_cluster_from_the_real_cluster(tmp_path, s
     Path(config).write_text(yaml.safe_dump(doc))
     apply_cluster(ApplyClusterInput(config_path=config, partition="debug"))
     assert yaml.safe_load(Path(config).read_text())["cluster"]["walltime"] == "04:00:00"
+    # a day asked on the hopper partition's 4-hour limit: capped, and the note names nel-next's own keys
+    capped = apply_cluster(ApplyClusterInput(config_path=config, partition="hopper", walltime="1-00:00:00"))
+    assert yaml.safe_load(Path(config).read_text())["cluster"]["walltime"] == "04:00:00"
+    note = next(note for note in capped.placement.notes if "capped at partition hopper" in note)
+    assert note.startswith("cluster.walltime capped") and "cluster.max_walltime" in note and "execution." not in note
+    assert validate_config(ValidateConfigInput(config_path=config)).valid
 
 
 def _sums_bench(tmp_path: Path) -> str:

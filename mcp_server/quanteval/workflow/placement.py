@@ -11,6 +11,7 @@ run the checkpoint's format as it will ship (NVFP4 on Hopper serves through Marl
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -134,7 +135,7 @@ def _walltime(doc: Any, chosen: slurm.PartitionInfo, walltime: str | None, value
         raise ToolError(f"walltime: '{wanted}' is not a SLURM time. Use HH:MM:SS or D-HH:MM:SS.") from None
     if chosen.max_time_s is not None and (wanted_s is None or wanted_s > chosen.max_time_s):
         values["execution.walltime"] = slurm.slurm_time(chosen.max_time_s)
-        notes.append(f"execution.walltime capped at partition {chosen.name}'s limit {chosen.max_time}; NEL's "
+        notes.append(f"execution.walltime capped at partition {chosen.name}'s limit {chosen.max_time}; the engine's "
                      "auto-resume continues a run past it (up to execution.max_walltime).")
     elif wanted_s is not None:  # written even when it is the default: the config says what sbatch will be asked
         values["execution.walltime"] = slurm.slurm_time(wanted_s)
@@ -153,6 +154,11 @@ def _account(doc: Any, info: slurm.ClusterInfo, chosen: slurm.PartitionInfo, val
     if chosen.allowed_accounts and isinstance(account, str) and account not in chosen.allowed_accounts:
         warnings.append(f"Partition {chosen.name} only accepts accounts {', '.join(chosen.allowed_accounts)}, "
                         f"not '{account}'.")
+
+
+def _in_keys_of(engine: engines.Engine, text: str) -> str:
+    """A placement note or warning (written in NEL 0.2.6's execution keys) in the keys of the config's engine."""
+    return re.sub(r"\bexecution\.[a-z_]+\b", lambda key: engine.placement_key(key.group(0)), text)
 
 
 def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = None, report: Any = None,
@@ -260,6 +266,9 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
                                engine.placement_defaults(doc).get("execution.walltime"))
     if problem:
         placement.notes.append(problem)
+    # what the placement says, in the config's own keys (nel-next: cluster.walltime, not execution.walltime)
+    placement.notes = [_in_keys_of(engine, note) for note in placement.notes]
+    placement.warnings = [_in_keys_of(engine, warning) for warning in placement.warnings]
     if request.host and engine.writes_placement_host:
         placement.values["execution.hostname"] = host
     if host != ssh.LOCAL:

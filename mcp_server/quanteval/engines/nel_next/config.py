@@ -533,7 +533,8 @@ WALLTIME_DEFAULT = "04:00:00"
 NEXT_POOL = "cluster.node_pools.default"
 PLACEMENT_KEYS = {"execution.type": "cluster.type", "execution.hostname": "cluster.hostname",
                   "execution.username": "cluster.username", "execution.account": "cluster.account",
-                  "execution.walltime": "cluster.walltime", "execution.partition": f"{NEXT_POOL}.partition",
+                  "execution.walltime": "cluster.walltime", "execution.max_walltime": "cluster.max_walltime",
+                  "execution.partition": f"{NEXT_POOL}.partition",
                   "execution.gres": f"{NEXT_POOL}.gres", "execution.gpus_per_node": f"{NEXT_POOL}.gpus_per_node",
                   "execution.num_nodes": f"{NEXT_POOL}.nodes"}
 
