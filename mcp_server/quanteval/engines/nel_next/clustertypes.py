@@ -16,6 +16,7 @@ from typing import Any
 
 from quanteval.clusters import executor as executors
 from quanteval.configfile import MISSING
+from quanteval.models import ToolError
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,10 @@ def of(cluster: Any) -> ClusterType | None:
 def refusal(name: Any) -> str:
     return (f"cluster.type: {name!r} runs of nel-next are not launched by quanteval yet; use cluster.type "
             f"{' or '.join(CLUSTER_TYPES)}.")
+
+
+def launched(cluster: Any) -> ClusterType:
+    """The row a launch goes by, or a ToolError (refusal) for a cluster type quanteval does not launch."""
+    if (row := of(cluster)) is None:
+        raise ToolError(refusal(cluster.get("type") if isinstance(cluster, dict) else cluster))
+    return row

@@ -369,15 +369,12 @@ def with_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, An
 
 
 def launch(record: ledger.Record, config_path: str, overrides: list[str], extra: list[str], checked: dict[str, Any],
-           run_dir: Path, details: dict[str, Any]) -> ledger.Record:
-    """Start the run of the checked config (the user's `overrides`, then quanteval's `extra`) and record it in `record`
-    (written before the start), in one ledger write."""
+           cluster: clustertypes.ClusterType, run_dir: Path, details: dict[str, Any]) -> ledger.Record:
+    """Start the run of the checked config (the user's `overrides`, then quanteval's `extra`) on its cluster type's
+    row and record it in `record` (written before the start), in one ledger write."""
     run_overrides = [*overrides, *extra]
     checked = {**checked, "config": with_overrides(checked["config"], extra)}
     details = {**details, "overrides": overrides, "run_overrides": run_overrides}
-    cluster = clustertypes.of(checked["cluster"])
-    if cluster is None:
-        raise ToolError(clustertypes.refusal(checked["cluster"]))
     if cluster.submits:
         return submit(record, config_path, run_overrides, checked, details)
     started = start(config_path, run_overrides, run_dir)

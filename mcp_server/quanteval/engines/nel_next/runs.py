@@ -143,15 +143,13 @@ def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: Ca
         extra = nelnext.canary_overrides(len(checked.get("benchmarks") or []), canary.limit, canary.repeats)
         notes.append(f"The canary runs max_problems={canary.limit}" + (f" and repeats={canary.repeats}" if canary.repeats else "")
                      + " per benchmark; the full run uses the config's.")
-    cluster = clustertypes.of(checked["cluster"])
-    if cluster is None:
-        raise ToolError(clustertypes.refusal(checked["cluster"]))
+    cluster = clustertypes.launched(checked["cluster"])
     run_dir = _run_dir(config_path, cluster, checked, kind)
     if cluster.submits:  # nel-next's submit takes no -o: each run's own directory on the cluster as output.dir
         extra.append(f"output.dir={run_dir.as_posix()}")
     if not details.get("checkpoint"):
         details = {**details, **_model_facts(plan)}
-    record = nelnext.launch(record, config_path, overrides, extra, checked, run_dir,
+    record = nelnext.launch(record, config_path, overrides, extra, checked, cluster, run_dir,
                             {**details, "canary_overrides": extra, "limit_samples": canary.limit if canary else None,
                              "repeats": canary.repeats if canary else None})
     jobs = record.details.get("slurm_jobs")
