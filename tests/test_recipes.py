@@ -157,3 +157,78 @@ def test_base_config_leaves_only_person_specific_values_missing():
         ["hostname", "account", "output_dir", "checkpoint_path", "served_model_name", "temperature", "top_p", "max_new_tokens"]
     )
     assert base["target"]["api_endpoint"]["api_key_name"] == "DUMMY_API_KEY"
+
+
+# ---------------------------------------------------------------- what a recipe says of its data, against the data
+
+# What a recipe (its Markdown and get_task_recipe's nel-next note) may say its answers are, and the test a dataset
+# row's expected_answer must pass for that to be true.
+ANSWER_TYPES = {
+    "integer": (re.compile(r"\binteger answers?\b", re.IGNORECASE), re.compile(r"-?\d+")),
+    "multiple choice": (re.compile(r"\bmultiple[- ]choice\b", re.IGNORECASE), re.compile(r"[A-J]")),
+}
+PROBLEM_COUNT = re.compile(r"\bthe (\d[\d,]*) (?:problems|questions)\b")
+NEMO_SKILLS_VENDORED = Path(os.environ.get("QUANTEVAL_VENDOR_DIR") or REPO.parent / "shared" / "vendor")
+
+
+def _nemo_skills_rows(name: str) -> tuple[list[dict], str] | None:
+    """The rows NeMo-Skills ships in its package for benchmark `name` (DIR/NAME/test.txt, JSON lines: aime24, aime25,
+    comp-math-24-25), and where they came from: an installed NeMo-Skills (nel-next's venv, the eval server's), else
+    the vendored source tarball. None when neither has them (other benchmarks' data is downloaded by `ns prepare_data`)."""
+    import json
+    import tarfile
+
+    from quanteval.engines.nemo_skills_source import NEMO_SKILLS_COMMIT
+
+    for venv in (envvars.engine_venv("QUANTEVAL_NEL_NEXT_VENV", ".venv-nel-next"),
+                 envvars.engine_venv("QUANTEVAL_NS_VENV", ".venv-nemo-skills")):
+        for shipped in venv.glob(f"lib/python3*/site-packages/nemo_skills/dataset/{name}/test.txt"):
+            text = shipped.read_text(encoding="utf-8")
+            break
+        else:
+            continue
+        break
+    else:
+        tarball = NEMO_SKILLS_VENDORED / f"nemo-skills-{NEMO_SKILLS_COMMIT}.tar.gz"
+        if not tarball.is_file():
+            return None
+        with tarfile.open(tarball) as archive:
+            member = next((m for m in archive.getmembers() if m.name.endswith(f"/nemo_skills/dataset/{name}/test.txt")), None)
+            if member is None:
+                return None
+            text = archive.extractfile(member).read().decode("utf-8")
+        shipped = tarball
+    try:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError:
+        return None  # ids to download (challenge19's test.txt), not the rows themselves
+    return (rows, str(shipped)) if rows and all(isinstance(row, dict) and "expected_answer" in row for row in rows) else None
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_what_a_recipe_says_of_its_answers_and_count_is_what_its_data_holds(path: Path):
+    """Each answer type a recipe states (its text, and get_task_recipe's note on its nel-next form) and its problem
+    count (frontmatter `samples`, "the N problems") hold for every row of the data it names, where that data is here
+    offline (NeMo-Skills ships a few benchmarks' rows in its package)."""
+    recipe = recipes.parse_recipe(path)
+    if recipe.harness != "nemo_skills":
+        pytest.skip(f"{recipe.nel_task}: harness {recipe.harness}; only NeMo-Skills' packaged data is at hand offline")
+    entry = tasks.resolve(recipe.nel_task).entry
+    data_name = entry.harness_task or recipe.nel_task.removeprefix("ns_")
+    found = _nemo_skills_rows(data_name)
+    if found is None:
+        pytest.skip(f"{recipe.nel_task}: NeMo-Skills' '{data_name}' rows are not shipped in its package (downloaded by "
+                    f"`ns prepare_data`), or no NeMo-Skills is here ({NEMO_SKILLS_VENDORED}, .venv-nel-next, .venv-nemo-skills)")
+    rows, source = found
+    stated = "\n".join([*recipe.sections.values(), tasks.get_task_recipe(tasks.GetTaskRecipeInput(name=recipe.name)).nel_next.note])
+    claims = {kind for kind, (said, _) in ANSWER_TYPES.items() if said.search(stated)}
+    assert claims, f"{path.name} states no answer type ({', '.join(ANSWER_TYPES)})"
+    for kind in sorted(claims):
+        answer = ANSWER_TYPES[kind][1]
+        misfits = [row["expected_answer"] for row in rows if not answer.fullmatch(str(row["expected_answer"]).strip())]
+        said = ANSWER_TYPES[kind][0].search(stated)
+        context = stated[max(0, said.start() - 80):said.end() + 40].replace("\n", " ")
+        assert not misfits, (f"{path.name} (or its nel-next note) says '{said.group(0)}' (…{context}…), but {len(misfits)} "
+                             f"of {len(rows)} answers in {source} are not: {misfits[:3]}")
+    counts = {int(match.replace(",", "")) for match in PROBLEM_COUNT.findall(stated)} | ({recipe.samples} if recipe.samples else set())
+    assert counts <= {len(rows)}, f"{path.name} states {sorted(counts)} problems; {source} holds {len(rows)}"

@@ -49,6 +49,10 @@ SKILLS_GRADED_TYPES = ("math", "multichoice")
 # NeMo-Skills prompt configs that ask for 'Answer: X', and their \boxed{} form (the one nel-next's grading reads).
 BOXED_PROMPTS = {"eval/aai/mcq-4choices": "eval/aai/mcq-4choices-boxed", "eval/aai/mcq-10choices": "eval/aai/mcq-10choices-boxed"}
 ALIAS_MODULE = "nemo_skills.evaluation.evaluator.math_grader"
+# What the prompt asks of an answer, by METRICS_TYPE: the form nel-next's grading reads (the grading facts above).
+ANSWER_FORMS = {"math": "the final answer in \\boxed{}, compared by NeMo-Skills' math_equal",
+                "multichoice": "the choice letter in \\boxed{}: its prompt config's \\boxed{} form, which nel-next's grading reads"}
+ANSWER_FORM_UNKNOWN = "the answer in \\boxed{}, which nel-next's grading reads"
 
 _PROBE = r"""
 import difflib, inspect, json, os, sys
@@ -425,9 +429,9 @@ def benchmark_for_task(nel_task: str) -> tuple[str | None, str]:
         return None, f"{why}. Keep it on NEL 0.2.6."
     graded = f"graded as '{metrics_type}' by NeMo-Skills' grader" if metrics_type else "metrics type unknown: no NeMo-Skills here to ask"
     return f"{SCHEME}{name}", (f"{SCHEME}{name} runs NeMo-Skills' {name} data in-process, {graded}, sent NeMo-Skills' prompt "
-                               "config for it as the benchmark's instruction_template (multiple choice in its \\boxed{} form, "
-                               "which nel-next's grading reads); NEL's container scores may differ in prompt and sampling: "
-                               "compare nel-next runs only with nel-next runs.")
+                               f"config for it as the benchmark's instruction_template ({ANSWER_FORMS.get(metrics_type or '', ANSWER_FORM_UNKNOWN)}); "
+                               "NEL's container scores may differ in prompt and sampling: compare nel-next runs only with "
+                               "nel-next runs.")
 
 
 def task_form(qualified_name: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
