@@ -295,7 +295,7 @@ def referenced(tmp_path: Path, scores: dict[str, tuple[float, float]], **fields)
 
 def test_each_baseline_is_verified_failed_or_unverified_against_its_published_score(tmp_path: Path) -> None:
     result = referenced(tmp_path, {"ns_gpqa": (0.80, 0.80), "ns_mmlu_pro": (0.41, 0.41), "ns_hle": (0.50, 0.50)},
-                        reference_scores={"ns_gpqa": 0.85, "ns_mmlu_pro": 0.623})
+                        reference_scores={"ns_gpqa": 85, "ns_mmlu_pro": 62.3})
     checks = {row.task: row.reference_check for row in result.comparisons}
     # ns_gpqa: |80.0 - 85.0| = 5.0 points, on the default tolerance: verified (not 5.000000000000004)
     assert (checks["ns_gpqa"].status, checks["ns_gpqa"].reference) == ("verified", pytest.approx(0.85))
@@ -316,10 +316,10 @@ def test_each_baseline_is_verified_failed_or_unverified_against_its_published_sc
 
 
 def test_a_baseline_above_its_published_score_fails_too_and_the_tolerance_is_the_users(tmp_path: Path) -> None:
-    above = referenced(tmp_path / "a", {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gpqa": 0.72})
+    above = referenced(tmp_path / "a", {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gpqa": 72})
     assert above.comparisons[0].reference_check.status == "failed"
     assert "8.0 points above, more than 5" in above.comparisons[0].reference_check.message
-    wider = referenced(tmp_path / "b", {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gpqa": 0.72}, reference_tolerance=10)
+    wider = referenced(tmp_path / "b", {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gpqa": 72}, reference_tolerance=10)
     assert wider.comparisons[0].reference_check.status == "verified" and wider.acceptability == "acceptable"
 
 
@@ -333,7 +333,7 @@ def test_a_failed_reference_check_blocks_an_acceptable_verdict(tmp_path: Path) -
     """The same runs: acceptable without a published score, never acceptable with one the baseline misses."""
     scores = {"ns_gpqa": (0.80, 0.795)}
     assert referenced(tmp_path / "a", scores).acceptability == "acceptable"
-    blocked = referenced(tmp_path / "b", scores, reference_scores={"ns_gpqa": 0.90})
+    blocked = referenced(tmp_path / "b", scores, reference_scores={"ns_gpqa": 90})
     assert blocked.acceptability == "suspect" and blocked.comparisons[0].verdict == "suspect"
 
 
@@ -360,37 +360,47 @@ def test_evaluate_quantization_passes_published_scores_on_and_a_failed_check_ove
 
     plain = verdict("plain")
     assert (plain.gate.verdict, plain.verdict) == ("GO", "acceptable")
-    checked = verdict("checked", reference_scores={"ns_gpqa": 0.90}, reference_tolerance=3)
+    checked = verdict("checked", reference_scores={"ns_gpqa": 90}, reference_tolerance=3)
     assert checked.gate.verdict == "GO" and checked.verdict == "suspect"
     assert checked.comparisons[0].reference_check.status == "failed"
-    assert verdict("near", reference_scores={"ns_gpqa": 0.82}, reference_tolerance=3).verdict == "acceptable"
+    assert verdict("near", reference_scores={"ns_gpqa": 82}, reference_tolerance=3).verdict == "acceptable"
 
 
-@pytest.mark.parametrize(("recipe_task", "value", "given", "says"), [
-    ("ns_gpqa", 0.623, 62.3, "reference_scores.ns_gpqa: 62.3 is in points, but the run reports ns_gpqa as a fraction "
-     "(0-1): give 0.623, the scale the run reports."),
-    ("ns_aime2025", 62.0, 0.62, "reference_scores.ns_aime2025: 0.62 reads as a fraction, but the run reports "
-     "ns_aime2025 in points (0-100): give 62, the scale the run reports."),
-])
-def test_a_published_score_on_the_other_scale_is_refused_with_the_fix(tmp_path: Path, recipe_task, value, given, says) -> None:
+@pytest.mark.parametrize(("recipe_task", "value"), [("ns_gpqa", 0.623), ("ns_aime2025", 62.3)])
+def test_a_published_score_is_in_points_whatever_scale_the_run_stores(tmp_path: Path, recipe_task, value) -> None:
+    """One unit for what a person types: 62.3 points checks a run that stores 0.623 and one that stores 62.3."""
     base, cand = runs(tmp_path)
     extra = {"metric": "pass@1", "score": "symbolic_correct"} if recipe_task == "ns_aime2025" else {}
     for run in (base, cand):
         make_task(run, recipe_task, value=value, stderr=0.01 * value, **extra)
-    with pytest.raises(ToolError) as caught:
-        compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), output_dir=str(tmp_path / "report"),
-                                            reference_scores={recipe_task: given}))
-    assert str(caught.value) == says
-    assert not (tmp_path / "report").exists()  # refused before anything is written
+    result = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), output_dir=str(tmp_path / "report"),
+                                                 reference_scores={recipe_task: 62.3}))
+    check = result.comparisons[0].reference_check
+    assert (check.status, check.reference) == ("verified", pytest.approx(0.623))
+
+
+@pytest.mark.parametrize("given", [0.9, 1, 0.623])
+def test_a_published_score_that_reads_as_a_fraction_is_refused_with_its_points(given) -> None:
+    from pydantic import ValidationError
+
+    from quanteval.workflow.evaluate import EvaluateQuantizationInput
+
+    for model, fields in ((CompareResultsInput, {"baseline": "a", "candidate": "b"}),
+                          (EvaluateQuantizationInput, {"baseline_checkpoint": "a", "candidate_checkpoint": "b", "benchmarks": ["x.py"]})):
+        with pytest.raises(ValidationError) as caught:
+            model(**fields, reference_scores={"add3": given})
+        assert (f"reference_scores.add3: reference scores are points 0-100; {given:g} reads as a fraction — "
+                f"use {100 * given:g}.") in str(caught.value)
+    assert CompareResultsInput(baseline="a", candidate="b", reference_scores={"add3": 0}).reference_scores == {"add3": 0}
 
 
 def test_a_published_score_that_is_no_accuracy_or_names_no_benchmark(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    for bad in (-1, 150, math.nan):
-        with pytest.raises(ValidationError, match="is not an accuracy score"):
+    for bad in (-1, 150, math.nan, math.inf):
+        with pytest.raises(ValidationError, match="is not (an accuracy|a number); reference scores are points 0-100"):
             CompareResultsInput(baseline="a", candidate="b", reference_scores={"gsm8k": bad})
-    result = referenced(tmp_path, {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gqpa": 0.8})
+    result = referenced(tmp_path, {"ns_gpqa": (0.80, 0.80)}, reference_scores={"ns_gqpa": 80})
     assert "reference_scores: ns_gqpa name no compared benchmark (compared: ns_gpqa)." in result.reasons
 
 
@@ -405,12 +415,12 @@ def test_published_scores_over_mcp(tmp_path: Path) -> None:
         make_task(base, task, value=b, stderr=0.01)
         make_task(cand, task, value=c, stderr=0.01)
     arguments = {"baseline": str(base), "candidate": str(cand), "max_drop": 10, "output_dir": str(tmp_path / "report"),
-                 "reference_scores": {"ns_gpqa": 0.82, "ns_mmlu_pro": 0.623}}
+                 "reference_scores": {"ns_gpqa": 82, "ns_mmlu_pro": 62.3}}
 
     async def go():
         async with Client(build_server()) as client:
             return (await client.call_tool("compare_results", arguments),
-                    await client.call_tool("compare_results", arguments | {"reference_scores": {"ns_gpqa": 82}}))
+                    await client.call_tool("compare_results", arguments | {"reference_scores": {"ns_gpqa": 0.82}}))
 
     answered, refused = anyio.run(go)
     assert not answered.is_error
@@ -418,17 +428,51 @@ def test_published_scores_over_mcp(tmp_path: Path) -> None:
     assert {row["task"]: row["reference_check"]["status"] for row in content["comparisons"]} == {
         "ns_gpqa": "verified", "ns_mmlu_pro": "failed"}
     assert content["acceptability"] == "suspect"
-    assert refused.is_error and "give 0.82, the scale the run reports" in refused.content[0].text
+    assert refused.is_error and ("reference_scores.ns_gpqa: reference scores are points 0-100; 0.82 reads as a fraction — "
+                                 "use 82.") in refused.content[0].text
+
+
+def test_evaluate_refuses_a_wrong_scale_or_an_unrun_benchmark_over_mcp_before_serving_anything(tmp_path: Path) -> None:
+    """The user's {"add3": 90} ran both models for minutes and then asked for 0.9: now points are the one unit, and
+    what cannot be checked is refused in the call's first second, naming the benchmarks that run; nothing served."""
+    import time
+
+    import anyio
+    from mcp import Client
+
+    from quanteval import ledger
+    from quanteval.faces.server import build_server
+    from quanteval.workflow.evaluate import EvaluateQuantizationInput, check_request
+    from tiers import BENCH
+
+    arguments = {"baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
+                 "benchmarks": [str(BENCH)], "max_drop": 2, "output_dir": str(tmp_path / "out")}
+
+    async def go():
+        async with Client(build_server()) as client:
+            return [await client.call_tool("evaluate_quantization", arguments | {"reference_scores": scores})
+                    for scores in ({"tiny_add": 0.9}, {"add3": 90, "tiny_add": 90})]
+
+    started = time.monotonic()
+    fraction, unrun = anyio.run(go)
+    assert time.monotonic() - started < 30
+    assert fraction.is_error and ("reference_scores.tiny_add: reference scores are points 0-100; 0.9 reads as a "
+                                  "fraction — use 90.") in fraction.content[0].text
+    assert unrun.is_error and ("reference_scores: add3 names no benchmark this evaluation runs (it runs: tiny_add). "
+                               "Key each reference score (points 0-100) by one of them, or drop it.") in unrun.content[0].text
+    assert ledger.find(kind="deployment", limit=5) == [] and not (tmp_path / "out").exists()
+    # the same benchmark in points passes the checks
+    check_request(EvaluateQuantizationInput(**arguments, reference_scores={"tiny_add": 90}))
 
 
 def test_the_cli_takes_published_scores_as_task_equals_score(tmp_path: Path, capsys) -> None:
     from quanteval.faces import cli
 
-    args = cli.build_parser().parse_args(["evaluate", "/a", "/b", "--benchmarks", "x.py", "--reference-score", "tiny_add=0.95",
-                                          "--reference-score", "gsm8k=0.62", "--reference-tolerance", "3"])
-    assert (args.reference_scores, args.reference_tolerance) == ([("tiny_add", "0.95"), ("gsm8k", "0.62")], 3.0)
+    args = cli.build_parser().parse_args(["evaluate", "/a", "/b", "--benchmarks", "x.py", "--reference-score", "tiny_add=95",
+                                          "--reference-score", "gsm8k=62", "--reference-tolerance", "3"])
+    assert (args.reference_scores, args.reference_tolerance) == ([("tiny_add", "95"), ("gsm8k", "62")], 3.0)
     code = cli.main(["evaluate", str(tmp_path / "a"), str(tmp_path / "b"), "--benchmarks", "x.py", "--reference-score", "tiny_add=150"])
-    assert code == cli.EXIT_USAGE and "reference_scores.tiny_add: 150 is not an accuracy score" in capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and "reference_scores.tiny_add: 150 is not an accuracy; reference scores are points 0-100" in capsys.readouterr().err
 
 
 def test_checkpoints_shipping_different_sampling_are_named_and_neither_file_is_used(tmp_path: Path) -> None:

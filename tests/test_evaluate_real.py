@@ -263,9 +263,9 @@ def test_a_drop_too_large_for_the_format_is_suspect_serving_not_quantization_los
 def test_a_baseline_far_below_its_reference_score_is_suspect(lossy, tmp_path):
     # the int2 run as "baseline" (91.9) against a published 95.0: 3.1 points off is within the 5-point tolerance...
     swapped = {"baseline": lossy["result"]["candidate"]["run_dir"], "candidate": lossy["result"]["baseline"]["run_dir"]}
-    near = compare_results(CompareResultsInput(**swapped, reference_scores={"tiny_add": 0.95}, output_dir=str(tmp_path / "a")))
+    near = compare_results(CompareResultsInput(**swapped, reference_scores={"tiny_add": 95}, output_dir=str(tmp_path / "a")))
     assert near.comparisons[0].reference_check.status == "verified" and near.comparisons[0].verdict != "suspect"
     # ...a published 99.5, 7.6 points above what the baseline reaches, points at its serving or protocol, not quantization
-    far = compare_results(CompareResultsInput(**swapped, reference_scores={"tiny_add": 0.995}, output_dir=str(tmp_path / "b")))
+    far = compare_results(CompareResultsInput(**swapped, reference_scores={"tiny_add": 99.5}, output_dir=str(tmp_path / "b")))
     assert far.acceptability == "suspect" and far.comparisons[0].reference_check.status == "failed"
     assert "your baseline scores 91.9 where the published score is 99.5" in far.comparisons[0].reference_check.message

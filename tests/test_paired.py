@@ -9,6 +9,7 @@ the margin in about the stated share of runs.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -111,13 +112,13 @@ def test_inconclusive_advice_gives_the_problems_needed_if_the_delta_is_the_obser
 
 @pytest.mark.parametrize("model", [CompareResultsInput, EvaluateQuantizationInput])
 @pytest.mark.parametrize("value", [0.02, 0.05, 0.1])
-def test_a_margin_that_reads_as_a_fraction_is_refused_with_both_readings(model, value):
+def test_a_margin_that_reads_as_a_fraction_is_refused_with_its_points(model, value):
     fields = {"baseline": "a", "candidate": "b"} if model is CompareResultsInput else {
         "baseline_checkpoint": "a", "candidate_checkpoint": "b", "benchmarks": ["x.py"]}
     with pytest.raises(ValidationError) as caught:
         model(**fields, max_drop=value)
     said = str(caught.value)
-    assert f"max_drop {value:g} → did you mean {value:g} points or {100 * value:g} points" in said, said
+    assert f"max_drop: max_drop is in points 0-100 (2 means two points); {value:g} reads as a fraction — use {100 * value:g}." in said, said
 
 
 def test_points_are_taken_as_points_and_the_default_decides_nothing():
@@ -131,11 +132,19 @@ def test_points_are_taken_as_points_and_the_default_decides_nothing():
             CompareResultsInput(baseline="a", candidate="b", **bad)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_margin_that_is_no_number_is_a_clear_error(value):
+    """NaN passed every range check (comparisons with NaN are false) and reached the statistics."""
+    with pytest.raises(ValidationError) as caught:
+        CompareResultsInput(baseline="a", candidate="b", max_drop=value)
+    assert f"max_drop: {value} is not a number; max_drop is in points 0-100 (2 means two points)." in str(caught.value)
+
+
 def test_a_gate_policy_with_max_drop_in_points_is_refused(tmp_path):
     """nel gate's max_drop is a fraction of the 0-1 score: `max_drop: 2` would allow 200 points."""
     policy = tmp_path / "policy.yaml"
     policy.write_text("version: 1\nbenchmarks:\n  gsm8k: {tier: critical, metric: pass@1, max_drop: 2}\n")
-    with pytest.raises(ToolError, match=r"benchmarks.gsm8k.max_drop: 2 → did you mean 2 points \(max_drop: 0.02\)"):
+    with pytest.raises(ToolError, match=r"benchmarks.gsm8k.max_drop: a `nel gate` policy file takes a fraction of the 0-1 score; 2 reads as points — use 0.02"):
         load_policy(policy)
 
 
@@ -154,7 +163,7 @@ def test_over_mcp_a_fraction_where_points_are_meant_is_refused_before_anything_r
             return evaluate, compare
 
     for result in anyio.run(go):
-        assert result.is_error and "max_drop 0.02 → did you mean 0.02 points or 2 points" in result.content[0].text
+        assert result.is_error and "0.02 reads as a fraction — use 2." in result.content[0].text
     assert not (tmp_path / "out").exists()
 
 
@@ -162,7 +171,7 @@ def test_the_cli_refuses_it_as_bad_usage(tmp_path, capsys):
     from quanteval.faces import cli
 
     code = cli.main(["evaluate", str(tmp_path / "a"), str(tmp_path / "b"), "--benchmarks", "x.py", "--max-drop", "0.05"])
-    assert code == cli.EXIT_USAGE and "did you mean 0.05 points or 5 points" in capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and "max_drop is in points 0-100 (2 means two points); 0.05 reads as a fraction — use 5." in capsys.readouterr().err
 
 
 def test_a_margin_and_a_policy_together_are_refused_before_anything_is_served(tmp_path):

@@ -321,6 +321,11 @@ class EngineDefaults(Protocol):
         where the engine cannot run here at all."""
         raise ToolError(f"{self.name} does not run evaluate_quantization")
 
+    def benchmark_names(self, benchmarks: list[str]) -> list[str] | None:
+        """The names a run of these benchmarks (as build_config takes them) reports its results by (what
+        reference_scores are keyed by); None where the engine cannot tell before it runs them."""
+        return None
+
     def served_facts(self, url: str) -> dict[str, Any] | None:
         """What the server behind an endpoint says it serves (its /v1/models entry: id, root, max_model_len), as the
         engine's run facts keep it; None when it does not answer."""

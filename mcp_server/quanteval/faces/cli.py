@@ -409,7 +409,7 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     field_argument(parser, EvaluateQuantizationInput, "reference_scores", "--reference-score", action="append",
                    type=_task_score, default=None, metavar="TASK=SCORE",
                    help=f"{EvaluateQuantizationInput.model_fields['reference_scores'].description} Repeatable, "
-                   "e.g. --reference-score tiny_add=0.95.")
+                   "e.g. --reference-score tiny_add=95 (points).")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
 
@@ -417,7 +417,7 @@ def _task_score(text: str) -> tuple[str, str]:
     """One --reference-score; the score itself is checked by the input model."""
     task, sep, score = text.partition("=")
     if not sep or not task.strip():
-        raise argparse.ArgumentTypeError(f"takes TASK=SCORE, e.g. tiny_add=0.95 (got {text!r})")
+        raise argparse.ArgumentTypeError(f"takes TASK=SCORE (points 0-100), e.g. tiny_add=95 (got {text!r})")
     return task.strip(), score.strip()
 
 

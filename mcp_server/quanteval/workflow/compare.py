@@ -8,10 +8,10 @@ both runs' saved configs, then per benchmark the delta and its uncertainty:
 - paired, when both runs kept per-problem results (nel-next's results.jsonl; NEL 0.2.6's per-sample outputs when
   they reproduce the headline scores): paired.paired_interval, the same interval gate_results computes.
 
-The verdict is paired.decide's (nel gate's rule) against the user's max_drop, given in points; scores are compared
-as fractions (percent values are divided by 100). The engine's own paired test (nel compare's McNemar and verdict,
-for nel-next) is evidence beside it. The table, a PNG chart and HTML and markdown reports are written to an output
-directory.
+The verdict is paired.decide's (nel gate's rule) against the user's max_drop, given in points (as are reference_scores,
+whatever scale a run stores); scores are compared as fractions (percent values are divided by 100). The engine's own
+paired test (nel compare's McNemar and verdict, for nel-next) is evidence beside it. The table, a PNG chart and HTML
+and markdown reports are written to an output directory.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from quanteval import engines, paths, redact
 from quanteval.engines.base import unpinned_image
@@ -40,23 +40,13 @@ from quanteval.workflow.comparison_report import (
     render_markdown,
     table_markdown,
 )
-from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
+from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints, ReferenceScores
 
 if TYPE_CHECKING:  # inspect_checkpoint is imported only when two runs are compared
     from quanteval.serving.quantformat import QuantizationInfo
 
 
-def _scores(scores: dict[str, float]) -> dict[str, float]:
-    """A published accuracy is 0-1 or 0-100; which of the two it must be is known once the runs are read."""
-    for task, value in scores.items():
-        if not 0 <= value <= 100:
-            raise ValueError(f"reference_scores.{task}: {value:g} is not an accuracy score (0-1 or 0-100).")
-    return scores
-
-
 # The baseline checked against the world (anomaly.reference_check); evaluate_quantization takes the same two fields.
-ReferenceScores = Annotated[dict[str, float], AfterValidator(_scores), Field(default_factory=dict, description=(
-    "Published score per benchmark (the run's scale): checks the baseline."))]
 ReferenceTolerance = Annotated[float, Field(gt=0, description="Points the baseline may be off reference_scores.")]
 
 
@@ -150,23 +140,16 @@ def _as_fraction(score: ScoreValue) -> tuple[float, float | None]:
 
 
 def reference_check(task: str, scale: str, baseline: float, request: CompareResultsInput) -> ReferenceCheck:
-    """The baseline (a fraction) against the user's published score for the task, which is given on the scale the run
-    reports: one that reads as the other scale is refused, never guessed (0.62 and 62 differ a hundredfold)."""
+    """The baseline (a fraction) against the user's published score for the task, given in points whatever scale the
+    run stores (the input refused one that reads as a fraction before anything ran)."""
     given = request.reference_scores.get(task)
     if given is None:
         status, message = anomaly.reference_check(task, baseline, None, request.reference_tolerance)
         return ReferenceCheck(status=status, message=message)
-    if scale == "fraction" and given > 1:
-        raise ToolError(f"reference_scores.{task}: {given:g} is in points, but the run reports {task} as a fraction "
-                        f"(0-1): give {given / 100:g}, the scale the run reports.")
-    # under 1 point on a 0-100 benchmark whose baseline scores more is a fraction given for points
-    if scale == "percent" and 0 < given <= 1 < 100 * baseline:
-        raise ToolError(f"reference_scores.{task}: {given:g} reads as a fraction, but the run reports {task} in points "
-                        f"(0-100): give {100 * given:g}, the scale the run reports.")
     if scale == "unknown":
         return ReferenceCheck(status="unverified", message=f"{task}: its scale is neither 0-1 nor 0-100, so the "
                               "published score is not checked.")
-    reference = given * _fraction_factor(scale)
+    reference = given / 100
     status, message = anomaly.reference_check(task, baseline, reference, request.reference_tolerance)
     return ReferenceCheck(status=status, reference=reference, message=message)
 

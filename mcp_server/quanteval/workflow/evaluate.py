@@ -523,7 +523,13 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
                         "benchmark, or a `nel gate` policy for tiers per benchmark, not both.")
     if request.policy:
         load_policy(Path(request.policy).expanduser())
-    found = engines.by_name(request.engine).evaluation_problems(request.benchmarks)
+    engine = engines.by_name(request.engine)
+    run = engine.benchmark_names(request.benchmarks) if request.reference_scores else None
+    if run is not None and (unrun := sorted(set(request.reference_scores) - set(run))):
+        raise ToolError(f"reference_scores: {', '.join(unrun)} {'names' if len(unrun) == 1 else 'name'} no benchmark this "
+                        f"evaluation runs (it runs: {', '.join(run)}). Key each reference score (points 0-100) by one of "
+                        "them, or drop it.")
+    found = engine.evaluation_problems(request.benchmarks)
     if refused := [p for p in found if p.severity == "error"]:
         raise ToolError(" ".join(f"{p.key}: {p.message} {p.fix}" for p in refused))
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"

@@ -146,8 +146,8 @@ class GatePolicy(BaseModel):
     def drops_in_points(self) -> list[str]:
         """max_drop values above 1: nel gate reads them as fractions of the 0-1 score, so 2 would allow 200 points."""
         entries = {"defaults": self.defaults, **{f"benchmarks.{name}": entry for name, entry in self.benchmarks.items()}}
-        return [f"{where}.max_drop: {entry.max_drop:g} → did you mean {entry.max_drop:g} points (max_drop: "
-                f"{entry.max_drop / 100:g})? nel gate's max_drop is a fraction of the 0-1 score"
+        return [f"{where}.max_drop: a `nel gate` policy file takes a fraction of the 0-1 score; {entry.max_drop:g} "
+                f"reads as points — use {entry.max_drop / 100:g}"
                 for where, entry in entries.items() if entry.max_drop is not None and entry.max_drop > 1]
 
     def problems(self) -> list[str]:

@@ -29,21 +29,43 @@ from pydantic import AfterValidator, Field
 DEFAULT_CONFIDENCE = 0.95  # nel gate's, and the one its policy cannot change
 DEFAULT_POWER = 0.80  # the advised number of problems decides the margin in this share of runs
 MIN_PAIRED_ITEMS = 10  # nel gate's _MIN_PAIRED_ITEMS: fewer paired problems decide nothing
-# A margin in points below this looks like a fraction (0.02 for two points); above 100 no accuracy can drop.
+# Every score a person types is in accuracy points, 0-100 (max_drop 2 = two points; a reference score 90 = 90%),
+# whatever scale a run stores: one unit, checked before anything is served. A value that reads as a fraction is
+# refused with the value in points, never guessed: below this a margin in points looks like a fraction (0.02 for two)...
 SMALLEST_POINTS = 0.2
+# ... and a published score at or below 1 point is a fraction (0.9 for 90); 0 is 0 on either scale.
+SMALLEST_REFERENCE_POINTS = 1.0
 MOST_PROBLEMS_ADVISED = 10_000_000
+
+
+def points_refusal(label: str, unit: str, value: float, fraction_below: float, inclusive: bool = False) -> str | None:
+    """Why `value` (typed as `label`; `unit` says what it must be, e.g. "max_drop is in points 0-100") is no score in
+    points; None when it is one. Above 0 and below `fraction_below` (or equal, `inclusive`) it reads as a fraction and
+    is refused with its value in points."""
+    if not math.isfinite(value):
+        return f"{label}: {value} is not a number; {unit}."
+    if not 0 <= value <= 100:
+        return f"{label}: {value:g} is not an accuracy; {unit}."
+    if 0 < value < fraction_below or (inclusive and value == fraction_below):
+        return f"{label}: {unit}; {value:g} reads as a fraction — use {100 * value:g}."
+    return None
 
 
 def _points(value: float | None) -> float | None:
     """max_drop in accuracy points; a value that reads as a fraction is refused, never guessed."""
-    if value is None:
-        return None
-    if value < 0 or value > 100:
-        raise ValueError(f"max_drop {value:g} is not an accuracy drop in points (0 to 100): 2 means two points.")
-    if 0 < value < SMALLEST_POINTS:
-        raise ValueError(f"max_drop {value:g} → did you mean {value:g} points or {100 * value:g} points ({value:g} as a "
-                         f"fraction)? max_drop is in accuracy points: give {100 * value:g} for {100 * value:g} points.")
+    if value is not None and (refusal := points_refusal("max_drop", "max_drop is in points 0-100 (2 means two points)",
+                                                        value, SMALLEST_POINTS)):
+        raise ValueError(refusal)
     return value
+
+
+def reference_points(scores: dict[str, float]) -> dict[str, float]:
+    """Published scores in points, by benchmark; one that reads as a fraction is refused with its points."""
+    for task, value in scores.items():
+        if refusal := points_refusal(f"reference_scores.{task}", "reference scores are points 0-100", value,
+                                     SMALLEST_REFERENCE_POINTS, inclusive=True):
+            raise ValueError(refusal)
+    return scores
 
 
 def _confidence(value: float) -> float:
@@ -58,6 +80,9 @@ def _confidence(value: float) -> float:
 # acceptability (inconclusive, naming the measured drop), never a margin chosen for the user.
 MaxDropPoints = Annotated[float | None, AfterValidator(_points), Field(description=(
     "Largest acceptable drop in points (2 = two points, not 0.02). Omitted: no acceptability verdict."))]
+# The baseline checked against the world (anomaly.reference_check): compare_results and evaluate_quantization take it.
+ReferenceScores = Annotated[dict[str, float], AfterValidator(reference_points), Field(default_factory=dict, description=(
+    "Published score per benchmark, in points 0-100 (90, not 0.9): checks the baseline."))]
 Confidence = Annotated[float, AfterValidator(_confidence), Field(description=(
     "Confidence of the paired interval (nel gate's is 0.95)."))]
 

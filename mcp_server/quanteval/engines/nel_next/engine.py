@@ -21,7 +21,13 @@ from quanteval.engines.nel_next.config import (
     skeleton,
 )
 from quanteval.engines.nel_next.config import validate_document as validate
-from quanteval.engines.nel_next.evaluation import endpoint_values, evaluation_problems, failed_benchmarks, responses
+from quanteval.engines.nel_next.evaluation import (
+    benchmark_names,
+    endpoint_values,
+    evaluation_problems,
+    failed_benchmarks,
+    responses,
+)
 from quanteval.engines.nel_next.nelnext import read_run_facts, write_run_facts
 from quanteval.engines.nel_next.runs import (
     check_launchable,

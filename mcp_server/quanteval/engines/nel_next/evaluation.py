@@ -4,6 +4,7 @@ config at a served model, and what a finished run recorded beside its scores (fa
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,44 @@ def evaluation_problems(benchmarks: list[str]) -> list[Problem]:
     return problems
 
 
+def benchmark_names(benchmarks: list[str]) -> list[str] | None:
+    """The names nel-next's bundles give these benchmarks: a BYOB file's @benchmark(name=...) (or the one after
+    `file.py:`), a skills:// benchmark's NAME (its full name too), a built-in's name; None when a file's cannot be
+    read without running it."""
+    names: list[str] = []
+    for name in benchmarks:
+        file = nelnext.benchmark_file(name)
+        if file is None:
+            names += [name.removeprefix("skills://"), name] if name.startswith("skills://") else [name]
+        elif file != name:  # path/file.py:bench
+            names.append(name.rsplit(":", 1)[1])
+        elif (declared := _declared_benchmarks(Path(file).expanduser())) is None:
+            return None
+        else:
+            names += declared
+    return list(dict.fromkeys(names))
+
+
+def _declared_benchmarks(path: Path) -> list[str] | None:
+    """The literal names of a BYOB file's @benchmark(name="...") decorators; None when it has none to read."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = [keyword.value.value for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for decorator in node.decorator_list if isinstance(decorator, ast.Call)
+             and getattr(decorator.func, "id", getattr(decorator.func, "attr", None)) == "benchmark"
+             for keyword in decorator.keywords if keyword.arg == "name" and isinstance(keyword.value, ast.Constant)
+             and isinstance(keyword.value.value, str)]
+    return found or None
+
+
 def endpoint_values(url: str, protocol: str, model: str | None, max_tokens: int, output_dir: str, benchmarks: int,
-                    max_problems: int | None) -> dict[str, Any]:
+                    max_problems: int | None, repeats: int = 1, sampling: dict[str, float] | None = None) -> dict[str, Any]:
     """The keys set_config_value writes into a config built for an existing endpoint (build_config's deployment none)
-    to evaluate a served model: its URL for the protocol, its name, the generation budget, where runs write, and a
-    problem limit for each of the config's benchmarks (none: all)."""
+    to evaluate a served model: its URL for the protocol, its name, the generation budget and sampling (the service's
+    `generation`, so every benchmark and both sides get the same), where runs write, and per benchmark a problem limit
+    (none: all) and its repeats (nel-next's `benchmarks[i].repeats`, which the bundle records)."""
     values: dict[str, Any] = {"services.model.url": nelnext.endpoint_url(url, protocol), "services.model.protocol": protocol,
                               "services.model.model": model, "services.model.generation.max_tokens": max_tokens,
                               "output.dir": output_dir}
