@@ -39,9 +39,25 @@ def test_a_drop_no_larger_than_the_serving_noise_is_named_and_is_no_verdict_agai
     assert verdict == "inconclusive" and "within serving noise" in why
 
 
+def test_more_flips_but_a_net_delta_inside_the_serving_interval_is_not_said_to_exceed_the_noise(real_run, tmp_path):
+    # the held-out case: a small net delta inside a wide serving interval was printed as "exceeds the serving noise"
+    # because the candidate flipped more problems than serving did
+    base_wrong = set(range(20, 30))
+    base = make_run(real_run, tmp_path / "base", {"bench": rewards(base_wrong)})
+    cand = make_run(real_run, tmp_path / "cand", {"bench": rewards(base_wrong - set(range(20, 24)) | set(range(5)))})
+    again = make_run(real_run, tmp_path / "again", {"bench": rewards(base_wrong - {24} | {5, 6, 7})})
+    quantization = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), max_drop=5))
+    serving = compare_results(CompareResultsInput(baseline=str(base), candidate=str(again)))
+    (row,) = noise_floor(quantization.comparisons, serving.comparisons, "with --enforce-eager")
+    assert (row.quantization_flips, row.serving_flips, row.within_noise) == (9, 4, False)
+    assert row.delta_within_serving_interval is True
+    assert "exceeds the serving noise" not in row.message
+    assert "delta -2.50 points" in row.message and "inside the serving interval" in row.message
+
+
 def test_a_drop_beyond_the_serving_noise_keeps_its_verdict(real_run, tmp_path):
     _, (row,) = rows(real_run, tmp_path, candidate_wrong=set(range(8)), other_path_wrong={39})
     assert (row.quantization_flips, row.serving_flips, row.within_noise) == (8, 1, False)
-    assert "exceeds the serving noise" in row.message
+    assert "exceeds the serving noise" in row.message and row.delta_within_serving_interval is False
     assert verdict_within_noise("not acceptable", [row], {"bench"}) == ("not acceptable", None)
     assert verdict_within_noise("acceptable", [row], set()) == ("acceptable", None)

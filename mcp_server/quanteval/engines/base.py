@@ -332,11 +332,13 @@ class EngineDefaults(Protocol):
         return None
 
     def endpoint_values(self, url: str, protocol: str, model: str | None, max_tokens: int, output_dir: str,
-                        benchmarks: int, max_problems: int | None) -> dict[str, Any]:
+                        benchmarks: int, max_problems: int | None, repeats: int = 1,
+                        sampling: dict[str, float] | None = None) -> dict[str, Any]:
         """The keys and values set_config_value writes into a config built for an existing endpoint (build_config's
         deployment none) to evaluate the model served there: its URL for the protocol (chat_completions or
         completions), its name, the generation budget, where runs write, and a problem limit for each of the config's
-        `benchmarks` (max_problems None: all)."""
+        `benchmarks` (max_problems None: all), the samples per problem (`repeats`) and the sampling (temperature,
+        top_p: those given; the others stay the config's)."""
         raise ToolError(f"{self.name} does not run evaluate_quantization")
 
     def failed_benchmarks(self, run_dir: Path) -> dict[str, str]:

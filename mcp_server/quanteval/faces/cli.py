@@ -402,7 +402,8 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
     field_argument(parser, EvaluateQuantizationInput, "baseline_checkpoint", metavar="baseline")
     field_argument(parser, EvaluateQuantizationInput, "candidate_checkpoint", metavar="candidate")
-    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "max_drop", "confidence", "policy", "eager", "noise_floor"):
+    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "repeats", "temperature", "top_p", "max_drop", "confidence",
+                 "policy", "eager", "noise_floor"):
         field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
     field_argument(parser, EvaluateQuantizationInput, "reference_tolerance", "--reference-tolerance")
     # reference_scores is a mapping: one TASK=SCORE per --reference-score, collected as pairs (cmd_evaluate makes the dict).

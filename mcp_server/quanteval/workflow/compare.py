@@ -180,7 +180,7 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
     method = f"unpaired: se = sqrt(se_b^2 + se_c^2), CI = delta +/- {z:.2f} se"
     test = reader.paired_test(base, cand, margin(request))
     (base_values, base_why), (cand_values, cand_why) = reader.paired_values(base, base_score), reader.paired_values(cand, cand_score)
-    interval, samples = None, None
+    interval, samples, repeats, within, size = None, None, None, None, ""
     if base_values and cand_values and base.problems is not None:
         sample_account = samples_rule.account(base.name, base.problems, cand.problems, base_values, cand_values,
                                               request.confidence)
@@ -192,13 +192,21 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
             b, c, delta, low, high = interval.baseline, interval.candidate, interval.delta, interval.low, interval.high
             se = interval.spread * math.sqrt(interval.n / (interval.n - 1)) / math.sqrt(interval.n)
             unit = base.problems.unit
-            method = (f"paired over {interval.n} shared {unit}s: {100 * request.confidence:g}% CI by Student t on the "
-                      f"per-{unit} deltas (as nel gate)") + (f"; {test.test} exact test as nel compare" if test else "")
+            repeats, within = _repeats(base.problems.rewards, cand.problems.rewards if cand.problems else {},
+                                       sample_account.kept(base_values))
+            per = f", {repeats} repeats each averaged per {unit}" if repeats and repeats > 1 else ""
+            size = f"{interval.n} {unit}s" + (f" x {repeats} repeats" if repeats and repeats > 1 else "")
+            method = (f"paired over {interval.n} shared {unit}s{per}: {100 * request.confidence:g}% CI by Student t on "
+                      f"the per-{unit} deltas (as nel gate)") + (f"; {test.test} exact test as nel compare" if test else "")
         else:
             interval = None
     if interval is None and (why_not := base_why or cand_why):
         method += f" ({why_not})"
     verdict, why = _verdict_and_advice(interval, low, high, request)
+    if interval is not None and se is not None:
+        why += f"; delta {100 * delta:+.2f} ± {100 * se:.2f} points (SE) over {size}"
+        if verdict == "inconclusive" and repeats is not None:
+            why += paired.repeats_advice(interval, repeats, within, margin(request))
     if samples is not None and samples.counted_as_wrong is not None:
         why += "; " + samples_rule.counted_as_wrong_note(*samples.counted_as_wrong)
     if test is not None and test.p_value is not None:
@@ -210,7 +218,18 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
         task=base.name, metric=base_score.metric, score=base_score.score, scale=base_score.scale, baseline=b, candidate=c,
         baseline_stderr=b_se, candidate_stderr=c_se, delta=delta, delta_stderr=se, ci_low=low, ci_high=high,
         method=method, verdict=verdict, why=why, reference_check=reference_check(base.name, base_score.scale, b, request),
-        samples=samples, **_test_fields(test))
+        samples=samples, repeats=repeats, **_test_fields(test))
+
+
+def _repeats(base: dict[Any, list[float]], cand: dict[Any, list[float]], kept: dict[Any, float]) -> tuple[int | None, float | None]:
+    """The repeats per problem of the paired problems (the fewer of the two sides' most common count) and the per-problem
+    delta's variance that comes from sampling (paired.sampling_variance; None with one repeat)."""
+    problems = [p for p in kept if p in base and p in cand]
+    if not problems:
+        return None, None
+    counts = [min(len(base[p]), len(cand[p])) for p in problems]
+    repeats = max(set(counts), key=counts.count)
+    return repeats, paired.sampling_variance(base, cand, problems)
 
 
 def _test_fields(test: PairedTest | None) -> dict[str, Any]:

@@ -61,6 +61,8 @@ class TaskComparison(BaseModel):
                                 "than quantization; the verdict is then 'suspect'.")
     samples: SampleStatus | None = Field(None, description="Infrastructure errors (left out of the pairing) and unscored "
                                          "answers (counted wrong) per side; null without per-problem results.")
+    repeats: int | None = Field(None, description="Samples per problem on each side, averaged per problem before pairing; "
+                                "null without per-problem results.")
 
 
 class CompareResultsOutput(BaseModel):

@@ -50,7 +50,7 @@ from quanteval.serving import deploy, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
-from quanteval.workflow import anomaly, background, compare, nelconfig, results, runs, validation
+from quanteval.workflow import anomaly, background, compare, nelconfig, results, runs, sampling, validation
 from quanteval.workflow.gate import RULE_POLICY_NAME, GateResultsInput, GateResultsOutput, gate_results, load_policy
 from quanteval.workflow.noise import NoiseFloor, noise_floor, verdict_within_noise
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
@@ -86,6 +86,9 @@ class EvaluateQuantizationInput(StrictModel):
     canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
+    repeats: sampling.Repeats = 1
+    temperature: sampling.Temperature = None
+    top_p: sampling.TopP = None
     max_drop: MaxDropPoints = None
     confidence: Confidence = DEFAULT_CONFIDENCE
     reference_scores: compare.ReferenceScores
@@ -148,6 +151,9 @@ def evaluation_key(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> 
                 "framework": request.framework, "max_problems": request.max_problems, "max_tokens": request.max_tokens,
                 # a run served another way (numeric path, release) is not this evaluation's
                 "eager": request.eager, "framework_version": frameworks.vllm_venv_version()}
+    asked = sampling.sampling_values(request.temperature, request.top_p)
+    if request.repeats > 1 or asked:  # only when asked: a one-pass run finished before these settings is still reused
+        settings |= {"repeats": request.repeats, "sampling": asked}
     blob = json.dumps([str(checkpoint_dir.resolve()), files, settings], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -301,7 +307,8 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     protocol = "chat_completions" if has_template else "completions"
     values = engines.by_name(request.engine).endpoint_values(
         launched.endpoint_url or "", protocol, launched.served_model_name, budget, str(workdir / "runs"),
-        len(request.benchmarks), request.max_problems)
+        len(request.benchmarks), request.max_problems, request.repeats,
+        sampling.sampling_values(request.temperature, request.top_p))
     for key, value in values.items():
         nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.config_path, key=key, value=value))
     checked = validation.validate_config(validation.ValidateConfigInput(config_path=built.config_path))
@@ -543,8 +550,16 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     candidate fails the canary its baseline passed. Resumable. A client with a 60 s timeout: start_evaluation.
     """
     root = check_request(request)
+    for note in _sampling_notes(request):  # before minutes of serving: what these settings can decide
+        progress(0, _total(request), note)
     with _only_call_on(root):
         return _evaluate_and_compare(request, root, progress)
+
+
+def _sampling_notes(request: EvaluateQuantizationInput) -> list[str]:
+    names = [Path(name).stem if name.endswith(".py") else name for name in request.benchmarks]
+    return sampling.notes_before(names, request.max_problems, request.repeats, request.temperature, request.max_drop,
+                                 request.confidence)
 
 
 @contextlib.contextmanager
@@ -591,7 +606,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
     verdict = _verdict(compared, gated)
-    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving)]
+    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving), *_sampling_notes(request)]
     reasons += checkpoint_notes(baseline.checkpoint, candidate.checkpoint)
     floor, floor_run = [], None
     if request.noise_floor:

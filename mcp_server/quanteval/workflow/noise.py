@@ -30,6 +30,9 @@ class NoiseFloor(BaseModel):
     serving_ci_high: float | None
     within_noise: bool | None = Field(description="True: quantization_flips <= serving_flips (this benchmark cannot "
                                       "see a quantization effect of this size); None: flips not counted.")
+    delta_within_serving_interval: bool | None = Field(None, description="True: the quantization's net delta lies inside "
+                                                       "the serving interval (in points, not told from serving noise); "
+                                                       "None: no serving interval.")
     message: str
 
 
@@ -49,18 +52,31 @@ def noise_floor(quantization: list[TaskComparison], serving: list[TaskComparison
             continue
         q, s = _flips(quant), _flips(same)
         within = None if q is None or s is None else q <= s
+        inside = None if same.ci_low is None or same.ci_high is None else same.ci_low <= quant.delta <= same.ci_high
         if within is None:
             message = f"{quant.task}: flips not counted (no per-problem results), so no noise floor."
         else:
             interval = ("" if same.ci_low is None or same.ci_high is None else
                         f", delta {100 * same.delta:+.2f} points, CI [{100 * same.ci_low:+.2f}, {100 * same.ci_high:+.2f}]")
-            message = (f"{quant.task}: the candidate differs from the baseline on {q} problems; the baseline differs from "
-                       f"itself on {s} when served {other_path}{interval}: "
-                       + ("this benchmark cannot see a quantization effect of this size." if within else
-                          "the quantization effect exceeds the serving noise."))
+            message = (f"{quant.task}: the candidate differs from the baseline on {q} problems (delta "
+                       f"{100 * quant.delta:+.2f} points); the baseline differs from itself on {s} when served "
+                       f"{other_path}{interval}: " + _said(within, inside))
         rows.append(NoiseFloor(task=quant.task, quantization_flips=q, serving_flips=s, serving_delta=same.delta,
-                               serving_ci_low=same.ci_low, serving_ci_high=same.ci_high, within_noise=within, message=message))
+                               serving_ci_low=same.ci_low, serving_ci_high=same.ci_high, within_noise=within,
+                               delta_within_serving_interval=inside, message=message))
     return rows
+
+
+def _said(within_flips: bool, delta_inside: bool | None) -> str:
+    """Both measures of the noise in one sentence: a candidate that flips more problems than serving does but whose net
+    delta lies inside the serving interval is not shown to differ by more than serving noise in points."""
+    if within_flips:
+        return "this benchmark cannot see a quantization effect of this size."
+    if delta_inside:
+        return ("it flips more problems than serving does, but its net delta lies inside the serving interval: in points, "
+                "the quantization effect is not told apart from serving noise.")
+    return ("the quantization effect exceeds the serving noise (more flips"
+            + (", and a net delta outside the serving interval)." if delta_inside is False else "; no serving interval)."))
 
 
 def verdict_within_noise(verdict: str, rows: list[NoiseFloor], failing: set[str]) -> tuple[str, str | None]:

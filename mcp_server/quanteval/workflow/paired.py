@@ -251,3 +251,55 @@ def advice(interval: PairedInterval, max_drop: float | None, power: float = DEFA
             f"{100 * power:g}% of runs if the true delta is the observed {delta}"
             + ("" if no_drop is None else f"; ~{no_drop} if there is no true drop")
             + f" ({changed}). Run more problems (max_problems, or a larger benchmark).")
+
+
+def sampling_variance(base_rewards: dict[Any, list[float]], cand_rewards: dict[Any, list[float]],
+                      problems: list[Any]) -> float | None:
+    """The part of the per-problem delta's variance that comes from sampling (it shrinks as 1/repeats): the mean over
+    problems of var_b/R_b + var_c/R_c, each side's sample variance over its repeats. None where a side has one repeat
+    of some problem (its sampling variation is not measured)."""
+    parts = []
+    for problem in problems:
+        term = 0.0
+        for rewards in (base_rewards[problem], cand_rewards[problem]):
+            if len(rewards) < 2:
+                return None
+            mean = sum(rewards) / len(rewards)
+            term += sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1) / len(rewards)
+        parts.append(term)
+    return sum(parts) / len(parts) if parts else None
+
+
+def repeats_to_decide(interval: PairedInterval, repeats: int, within: float, max_drop: float,
+                      power: float = DEFAULT_POWER) -> int | None:
+    """Repeats per side that would decide the margin over the same problems, in a share `power` of runs, if the true
+    delta is the observed one: the spread's sampling part (`within`, at `repeats`) shrinks as 1/repeats, the rest
+    (how problems truly differ) does not. None when no number of repeats can (then only more problems help)."""
+    gap = abs(interval.delta + max_drop)
+    z = normal_quantile(two_sided(interval.confidence)) + normal_quantile(power)
+    target = (gap * math.sqrt(interval.n) / z) ** 2  # the largest per-problem variance that decides
+    between = max(interval.spread**2 - within, 0.0)
+    if gap == 0 or between >= target:
+        return None
+    return max(repeats, math.ceil(within * repeats / (target - between))) if within > 0 else None
+
+
+def repeats_advice(interval: PairedInterval, repeats: int, within: float | None, max_drop: float | None) -> str:
+    """The second dimension of an inconclusive comparison's advice: more repeats (for a benchmark with no more
+    problems, such as AIME's 30), sized from the sampling variation the repeats showed."""
+    if max_drop is None:
+        return ""
+    if within is None:
+        if repeats > 1:
+            return ""
+        return (" Repeats: with 1 sample per problem the sampling variation is not measured; at temperature > 0, 8 or "
+                "more repeats measure it (and average it down), at temperature 0 repeats add nothing.")
+    if within == 0:
+        return (f" Repeats: the {repeats} repeats of every problem scored alike (greedy decoding, or repeats that are "
+                "copies), so more repeats add nothing here: only more problems decide.")
+    needed = repeats_to_decide(interval, repeats, within, max_drop)
+    if needed is None:
+        return (f" Repeats: no number of repeats decides it: most of the spread is how problems differ, not sampling "
+                f"(measured over {repeats} repeats); only more problems do.")
+    return (f" Repeats: ~{needed} repeats per side (now {repeats}) would decide it over the same {interval.n} problems "
+            f"in {100 * DEFAULT_POWER:g}% of runs, if the true delta is the observed one.")

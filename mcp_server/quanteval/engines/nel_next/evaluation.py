@@ -62,8 +62,11 @@ def endpoint_values(url: str, protocol: str, model: str | None, max_tokens: int,
     values: dict[str, Any] = {"services.model.url": nelnext.endpoint_url(url, protocol), "services.model.protocol": protocol,
                               "services.model.model": model, "services.model.generation.max_tokens": max_tokens,
                               "output.dir": output_dir}
+    values.update({f"services.model.generation.{key}": value for key, value in (sampling or {}).items()})
     if max_problems:
         values.update({f"benchmarks[{index}].max_problems": max_problems for index in range(benchmarks)})
+    if repeats > 1:
+        values.update({f"benchmarks[{index}].repeats": repeats for index in range(benchmarks)})
     return values
 
 
