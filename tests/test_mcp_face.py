@@ -7,6 +7,8 @@ Every check runs through a real MCP client session: `mcp.Client(server)` in-proc
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from tiers import requires
+from tiers import CHECKPOINTS, requires
 
 from quanteval import registry, toolsets
 from quanteval.faces import skillpack
@@ -65,8 +67,8 @@ def config(tmp_path: Path) -> Path:
         # a NUL byte and a 100k-character path
         {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/tmp/a\0b.yaml"},
         {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/" + "a" * 100_000 + ".yaml"},
-        # parent directory missing
-        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/nonexistent-dir/eval.yaml"},
+        # a folder that cannot be made (its parent is a file)
+        {"execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["coding"], "config_path": "/dev/null/eval.yaml"},
     ],
 )
 def test_argument_errors_carry_the_cli_message_over_mcp(cli_env, arguments):
@@ -647,3 +649,50 @@ def test_reports_a_tool_wrote_come_back_as_resources_the_client_can_read(real_ru
     assert read["report.md"].text == Path(data["report_markdown"]).read_text()
     assert base64.b64decode(read["comparison.png"].blob) == Path(data["chart_png"]).read_bytes()
     assert links["comparison.png"].mime_type == "image/png" and str(tmp_path) not in links["report.html"].uri
+
+
+# ---------------------------------------------------------------- fixes a client can follow from where it is
+
+
+def _calls(server, *steps: tuple[str, dict]) -> list:
+    async def go():
+        async with Client(server) as client:
+            return [await client.call_tool(name, arguments) for name, arguments in steps]
+
+    return anyio.run(go)
+
+
+def test_a_new_config_gets_its_folder_made_inside_the_root_and_never_outside(tmp_path):
+    """An MCP client has no tool that makes a folder: build_config makes the one it writes into, inside --root only."""
+    root = tmp_path / "root"
+    root.mkdir()
+    wanted = root / "configs" / "model-a" / "eval.yaml"
+    outside = tmp_path / "elsewhere" / "eval.yaml"
+    build = {"engine": "nel-next", "execution": "local", "deployment": "vllm", "model_type": "base", "benchmarks": ["skills://aime25"]}
+    made, refused = _calls(build_server(root=root), ("build_config", build | {"config_path": str(wanted)}),
+                           ("build_config", build | {"config_path": str(root / ".." / "elsewhere" / "eval.yaml")}))
+    assert not made.is_error, made.content[0].text
+    assert made.structured_content["config_path"] == str(wanted) and wanted.is_file()
+    assert refused.is_error and "outside the workspace root" in refused.content[0].text
+    assert not outside.parent.exists()
+
+
+def test_a_missing_engine_names_the_absolute_setup_script_and_variable(tmp_path, monkeypatch):
+    """nel-next missing: the fix is a command the client can run from any folder (the checkout's script by its
+    absolute path, with the venv variable this server reads), not `bash scripts/...` relative to an install it cannot see."""
+    venv = tmp_path / "no-nel-next"
+    monkeypatch.setenv("QUANTEVAL_NEL_NEXT_VENV", str(venv))
+    config = tmp_path / "eval.yaml"
+    build = {"engine": "nel-next", "execution": "local", "deployment": "vllm", "model_type": "base",
+             "benchmarks": ["skills://aime25"], "config_path": str(config)}
+    *_, validated = _calls(build_server(), ("build_config", build),
+                           ("apply_checkpoint", {"config_path": str(config), "checkpoint": str(CHECKPOINTS / "tiny-add-bf16")}),
+                           ("validate_config", {"config_path": str(config)}))
+    assert validated.is_error
+    text = validated.content[0].text
+    command = re.search(r"`([^`]*setup-nel-next[^`]*)`", text)
+    assert command, text
+    words = shlex.split(command.group(1))
+    assert words[0] == f"QUANTEVAL_NEL_NEXT_VENV={venv}"
+    assert words[1] == "bash" and Path(words[2]).is_absolute() and Path(words[2]).is_file(), text
+    assert "QUANTEVAL_NEL_NEXT_VENV" in text and str(venv) in text

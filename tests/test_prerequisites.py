@@ -174,6 +174,8 @@ def test_check_environment_without_the_vllm_venv_says_how_to_get_it(tmp_path: Pa
     [vllm] = [option for option in report["serving"] if option["where"] == "vllm"]
     assert not vllm["available"] and str(tmp_path / "nowhere") in vllm["detail"]
     assert "scripts/setup" in vllm["how_to_get"] and "QUANTEVAL_VLLM_VENV" in vllm["how_to_get"]
+    # a command the client can run from wherever it is: the checkout's script by its absolute path, the server's venv
+    assert f"QUANTEVAL_VLLM_VENV={tmp_path / 'nowhere'} bash {REPO / 'scripts' / 'setup-vllm'}" in vllm["how_to_get"]
     assert report["packages"]["vllm"] is None
     assert any(note.startswith("No vLLM on this machine") and "scripts/setup" in note for note in report["notes"])
     [summary] = [note for note in report["notes"] if note.startswith("Can serve here:")]

@@ -80,6 +80,22 @@ def project_root() -> Path | None:
     return root if (root / "pyproject.toml").is_file() and (root / "scripts").is_dir() else None
 
 
+def setup_command(script: str, venv_variable: str | None = None) -> str:
+    """The command that runs one of the checkout's setup scripts (scripts/setup, setup-nel-next, ...), as a fix a client
+    in another folder or shell can follow: the script's absolute path in the source checkout quanteval runs from (the
+    scripts cd there themselves), with the venv variable this server reads where it is set (the script builds where
+    it says), else where such scripts come from (an installed wheel ships none)."""
+    import shlex
+
+    root = project_root()
+    if root is not None and (root / "scripts" / script).is_file():
+        where = os.environ.get(venv_variable or "")
+        prefix = f"{venv_variable}={shlex.quote(str(Path(where).expanduser().absolute()))} " if venv_variable and where else ""
+        return f"{prefix}bash {shlex.quote(str(root / 'scripts' / script))}"
+    return (f"bash scripts/{script} in a quanteval source checkout (this quanteval, {Path(__file__).resolve().parent}, "
+            "is installed without its scripts)")
+
+
 def engine_venv(variable: str, default_name: str) -> Path:
     """An engine's own venv: $variable, else <checkout>/<default_name> as scripts/setup builds it."""
     explicit = os.environ.get(variable)

@@ -150,5 +150,15 @@ def _check_new_yaml(path: Path, field: str) -> None:
         raise ToolError(f"{field}: {path} must name a .yaml or .yml file, e.g. {path.with_suffix('.yaml')}.")
     if path.is_dir():
         raise ToolError(f"{field}: {path} is a directory; name a .yaml file inside it.")
-    if not path.parent.is_dir():
-        raise ToolError(f"{field}: directory {path.parent} does not exist. Create it first or choose another path.")
+    # A missing folder is no error: the tool creates it (new_file_folder), inside the root the path was checked against.
+
+
+def new_file_folder(path: Path, field: str) -> Path:
+    """The folder of a new file a tool writes, created with its parents where missing (an MCP client has no other way
+    to make one); `path` has passed check_arguments, so under --root the folder lies inside the root."""
+    folder = path.expanduser().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ToolError(f"{field}: cannot create the folder {folder} ({exc.strerror or exc}). Choose another path.") from None
+    return folder

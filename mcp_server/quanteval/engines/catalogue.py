@@ -18,6 +18,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,8 @@ def nel_tasks_file() -> Path:
     spec = importlib.util.find_spec("nemo_evaluator_launcher")
     if spec is None or not spec.submodule_search_locations:
         raise ToolError(
-            "nemo_evaluator_launcher is not installed in this Python. "
-            "Install it with `pip install nemo-evaluator-launcher==0.2.6` (scripts/setup does)."
+            f"nemo_evaluator_launcher is not installed in this Python ({sys.executable}). Install it with "
+            f"`{sys.executable} -m pip install nemo-evaluator-launcher==0.2.6` (`{envvars.setup_command('setup')}` does)."
         )
     return Path(next(iter(spec.submodule_search_locations))) / "resources" / "all_tasks_irs.yaml"
 

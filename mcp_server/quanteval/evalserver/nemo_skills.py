@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from quanteval import envvars
 from quanteval.engines.nemo_skills_source import NEMO_SKILLS_UPSTREAM
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
@@ -31,7 +32,8 @@ from quanteval.evalserver.backend import (
 from quanteval.models import ToolError
 
 INSTALL_HINT = (
-    "NeMo-Skills (`ns`) is not installed here; it is not on PyPI. Build its venv with `bash scripts/setup-nemo-skills` "
+    "NeMo-Skills (`ns`) is not installed here; it is not on PyPI. Build its venv with "
+    f"`{envvars.setup_command('setup-nemo-skills', 'QUANTEVAL_NS_VENV')}` "
     f"(from QUANTEVAL_NEMO_SKILLS_SRC if set, else {NEMO_SKILLS_UPSTREAM}), or run the server inside a NeMo-Skills "
     "container, and pass --ns-command with the path of its `ns` executable."
 )

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import ledger, redact, warm_python
+from quanteval import envvars, ledger, redact, warm_python
 from quanteval.clusters.ssh import LOCAL
 from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -243,8 +243,9 @@ def check_server_args(framework: str, server_args: list[str], local_model: bool 
         return ParserCheck(checked=False, message="TensorRT-LLM arguments are not checked (trtllm-serve is not installed here).")
     python = _checker_python(module)
     if python is None:
-        hint = {"sglang": " (bash scripts/install-sglang-parser installs its CPU-only parser)",
-                "vllm": " (bash scripts/setup-vllm builds .venv-vllm)"}[module]
+        hint = {"sglang": f" (`{envvars.setup_command('install-sglang-parser')}` installs its CPU-only parser)",
+                "vllm": f" (`{envvars.setup_command('setup-vllm', frameworks.VLLM_VENV_ENV)}` builds {vllm_venv()}; or set {frameworks.VLLM_VENV_ENV} "
+                        "to the absolute path of a venv with vLLM)"}[module]
         return ParserCheck(checked=False, message=f"{module} is not importable here{hint}; arguments not checked by its parser.")
     try:
         done = warm_python.run(python, preload, code, [json.dumps(server_args), "1" if local_model else "0"],

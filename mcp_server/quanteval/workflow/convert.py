@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval import configfile, engines
+from quanteval import configfile, engines, paths
 from quanteval.engines.nel_next import convert
 from quanteval.engines.nel_next.convert import MappedField, UnmappedField
 from quanteval.models import StrictModel, ToolError
@@ -45,6 +45,7 @@ def convert_config(request: ConvertConfigInput) -> ConvertConfigOutput:
         raise ToolError(f"output_path: {target} must name a .yaml file.")
     conversion, unmapped = convert.convert(doc)
     text = configfile.dump_config(configfile.as_round_trip(conversion.out))
+    paths.new_file_folder(target, "output_path")
     header = f"# nel-next config converted by quanteval convert_config from {Path(request.config_path).name}.\n"
     try:
         with open(target, "x", encoding="utf-8") as handle:

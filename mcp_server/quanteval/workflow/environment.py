@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import __version__, ledger
+from quanteval import __version__, envvars, ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters.ssh import ssh_config_path
 from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
@@ -178,7 +178,7 @@ def _local_vllm() -> ServingOption:
             "CPU kernels)"))
     return ServingOption(
         where="vllm", available=False, detail=f"no `vllm` on PATH and no vLLM in {venv}",
-        how_to_get=f"run scripts/setup in the quanteval checkout: it builds vLLM's CPU build into {venv} "
+        how_to_get=f"run `{envvars.setup_command('setup-vllm', VLLM_VENV_ENV)}`: it builds vLLM's CPU build into {venv} "
                    f"(${VLLM_VENV_ENV}, default {VLLM_VENV_DEFAULT})")
 
 

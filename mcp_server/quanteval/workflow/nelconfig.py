@@ -17,6 +17,7 @@ from quanteval.configfile import MISSING, as_round_trip, delete_path, get_path, 
 from quanteval.engines import EngineName, load_config
 from quanteval.engines.base import ApplyCheckpointInput, ApplyCheckpointOutput
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.paths import new_file_folder
 from quanteval.serving.frameworks import Execution
 from quanteval.serving.frameworks import NelDeployment as Deployment
 
@@ -64,8 +65,7 @@ def _output_path(request: BuildConfigInput) -> Path:
         path = Path(request.config_path).expanduser()
         if path.exists():
             raise ToolError(f"{path}: already exists; build_config never overwrites a file. Choose another output path, or edit this one with set_config_value.")
-        if not path.parent.is_dir():
-            raise ToolError(f"{path.parent}: directory does not exist. Create it first or choose another output path.")
+        new_file_folder(path, "config_path")
         return path
     directory = Path(request.config_path).expanduser() if request.config_path else Path.cwd()
     if directory.exists() and not directory.is_dir():

@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -41,7 +42,8 @@ REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys NEL's
 def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)  # finds the package without running its __init__
     if spec is None or not spec.submodule_search_locations:
-        raise ToolError(f"{package} is not installed in this Python. Install nemo-evaluator-launcher==0.2.6 (scripts/setup does).")
+        raise ToolError(f"{package} is not installed in this Python ({sys.executable}). Install nemo-evaluator-launcher==0.2.6 "
+                        f"into it (`{envvars.setup_command('setup')}` does).")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

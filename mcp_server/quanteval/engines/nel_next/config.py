@@ -17,7 +17,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
-from quanteval import configfile
+from quanteval import configfile, envvars
 from quanteval.clusters import executor as executors
 from quanteval.configfile import MISSING, has_path, set_path, to_plain, value_at, walk
 from quanteval.engines.base import (
@@ -333,7 +333,7 @@ def skills_benchmark_problems(benchmarks: list[Any], cluster: dict[str, Any] | N
     if found.problem:
         return [Problem(key=f"benchmarks[{min(names)}]", severity="error", rule="skills_unavailable",
                         message=f"skills:// benchmarks run NeMo-Skills inside nel-next, and {found.problem}: the benchmark fails at start.",
-                        fix=f"Run `{skills.SETUP}`: it installs NeMo-Skills {skills.NEMO_SKILLS_COMMIT} (the commit that fits "
+                        fix=f"Run `{envvars.setup_command('setup-nel-next', 'QUANTEVAL_NEL_NEXT_VENV')}`: it installs NeMo-Skills {skills.NEMO_SKILLS_COMMIT} (the commit that fits "
                             f"nel-next 0.3.0) into nel-next's venv ({nelnext.venv()}) with the grader module nel-next "
                             f"imports, from QUANTEVAL_NEL_NEXT_SKILLS_SRC (a source tree, .tar.gz or pip URL) if set, else "
                             f"{skills.NEMO_SKILLS_UPSTREAM} (GitHub). Or run the benchmark with NEL 0.2.6's ns_* task "

@@ -68,8 +68,9 @@ def nel_binary() -> Path:
     """The nel-next CLI, or a ToolError that says how to get it."""
     binary = venv() / "bin" / "nel"
     if not os.access(binary, os.X_OK):
-        raise ToolError(f"nel-next is not installed at {venv()}: run `bash scripts/setup` (it builds .venv-nel-next with "
-                        "Python 3.12), or point QUANTEVAL_NEL_NEXT_VENV at a venv with nemo-evaluator>=0.3.")
+        raise ToolError(f"nel-next is not installed at {venv()}: run `{envvars.setup_command('setup-nel-next', 'QUANTEVAL_NEL_NEXT_VENV')}` (it builds "
+                        f"{venv()} with Python 3.12), or set QUANTEVAL_NEL_NEXT_VENV (in the MCP server's environment) to "
+                        "the absolute path of a venv with nemo-evaluator>=0.3.")
     return binary
 
 

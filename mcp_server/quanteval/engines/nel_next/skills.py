@@ -39,7 +39,6 @@ from quanteval.engines.nemo_skills_source import NEMO_SKILLS_COMMIT, NEMO_SKILLS
 from quanteval.models import ToolError
 
 SCHEME = "skills://"
-SETUP = "bash scripts/setup-nel-next"
 REQUIRED_FIELDS = ("problem", "expected_answer")  # what NeMo-Skills' prompt configs and graders read from a row
 # nel-next 0.3.0 grades these two with NeMo-Skills' grader (its _score_handlers); any other METRICS_TYPE goes to
 # get_evaluator_class(type).eval_single({predicted_answer, expected_answer}), which only class evaluators have and
