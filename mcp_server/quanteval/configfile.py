@@ -18,7 +18,6 @@ import fcntl
 import io
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
+from quanteval import paths
 from quanteval.models import ToolError
 
 MISSING = "???"  # OmegaConf's marker for a value that must be filled in (nel-next configs use it too)
@@ -148,21 +148,6 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as temp:
-            temp.write(text)
-            temp.flush()
-            os.fsync(temp.fileno())
-        os.chmod(temp_name, mode)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-
-
 def unified_diff(before: str, after: str, path: Path) -> str:
     return "".join(
         difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path.name}", f"b/{path.name}")
@@ -185,7 +170,7 @@ def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None], check:
         after = dump_config(doc, guess_layout(before))
         if after == before:
             return ""
-        _write_atomically(path, after)
+        paths.write_file(path, after)
     return unified_diff(before, after, path)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import tempfile
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,7 @@ class Policy:
     open_eval_server: bool = False  # quanteval-mcp --allow-open-eval-server: start_eval_server may bind beyond
     # loopback and run an ns/nel command outside the root
     allow_commands: bool = False  # quanteval-mcp --allow-commands: under --root, a config may run commands on launch
+    read_only: bool = False  # quanteval-mcp --read-only: a call writes no file (write_file refuses)
 
     def __post_init__(self) -> None:
         if self.root is not None:
@@ -78,9 +81,72 @@ def call_state_dir() -> Path:
     policy = CALL_POLICY.get()
     if policy is None or policy.root is None:
         return envvars.state_dir()
-    path = policy.root / STATE_IN_ROOT
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return make_dir(policy.root / STATE_IN_ROOT)
+
+
+# ---------------------------------------------------------------- where a call's own writes land
+
+def _inside(path: Path, what: str) -> None:
+    policy = CALL_POLICY.get()
+    if policy is not None and policy.root is not None and not path.resolve().is_relative_to(policy.root):
+        raise ToolError(f"{what} resolves to {path.resolve()}, outside the workspace root {policy.root} this server was "
+                        "started with (--root): a link inside the root leads there. Remove the link or write elsewhere.")
+
+
+def make_dir(path: Path, what: str = "folder") -> Path:
+    """`path` as a directory (made with its parents), after checking where it resolves: under the MCP call's --root, a
+    link anywhere on the way (a planted ROOT/.quanteval -> /elsewhere) may not lead outside. Returns the resolved path,
+    so what is written next goes where was checked."""
+    path = path.expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:  # the folders mkdir would create through
+        existing = existing.parent
+    _inside(existing, f"{what} {path}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ToolError(f"{what} {path}: cannot create it ({exc.strerror or exc}). Pass a writable directory.") from None
+    _inside(path, f"{what} {path}")
+    return path.resolve()
+
+
+def read_only_call() -> bool:
+    """The MCP call running here is served by a --read-only server: it writes no file."""
+    policy = CALL_POLICY.get()
+    return policy is not None and policy.read_only
+
+
+def write_file(path: Path, data: str | bytes, mode: int | None = None) -> Path:
+    """The one way quanteval writes a file a tool makes: into the destination's resolved folder (checked by make_dir)
+    by a temporary file and a rename, so a link planted at the file's name is replaced, never written through, and a
+    reader sees the old file or the new one, never half. Keeps an existing file's mode unless given one. A call of a
+    --read-only server writes nothing: refused. Returns the path written."""
+    if read_only_call():
+        raise ToolError(f"{path}: this server is --read-only and writes no file. Leave out what asks for one.")
+    target = make_dir(path.expanduser().parent) / path.name
+    if mode is None:
+        try:
+            status = os.lstat(target)
+            mode = status.st_mode & 0o777 if stat.S_ISREG(status.st_mode) else 0o644
+        except FileNotFoundError:
+            mode = 0o644
+    try:
+        handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise ToolError(f"{path}: cannot write it ({exc.strerror or exc}). Pass a writable directory.") from None
+    try:
+        with os.fdopen(handle, "wb") as temp:
+            temp.write(data.encode("utf-8") if isinstance(data, str) else data)
+            temp.flush()
+            os.fsync(temp.fileno())
+        os.chmod(temp_name, mode)
+        os.replace(temp_name, target)
+    except BaseException as exc:
+        Path(temp_name).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ToolError(f"{path}: cannot write it ({exc.strerror or exc}).") from None
+        raise
+    return target
 
 
 def looks_local(value: Any) -> bool:

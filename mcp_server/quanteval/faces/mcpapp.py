@@ -12,7 +12,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import stat
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +26,18 @@ import anyio.to_thread
 from mcp.server import NotificationOptions
 from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, CallToolResult, GetPromptResult, ResourceLink, TextContent, ToolAnnotations
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolResult,
+    GetPromptResult,
+    ListResourcesResult,
+    ListToolsResult,
+    ResourceLink,
+    TextContent,
+    ToolAnnotations,
+)
 from mcp_types import Resource as MCPResource
 from mcp_types import Tool as MCPTool
 
@@ -56,6 +70,23 @@ INSTRUCTIONS = (
 # Files a tool reports by path that a client may need to read: served as resources (QuantevalServer._report_links).
 REPORT_FILES = {"report_html": "text/html", "report_markdown": "text/markdown", "chart_png": "image/png",
                 "report_path": "application/json", "policy_path": "application/yaml"}
+REPORTS_URI = "quanteval://reports/"
+REPORTS_PER_SESSION = 64  # the newest reports a session's calls wrote; older ones are dropped
+REPORT_MAX_BYTES = 16 * 1024 * 1024  # a report is kept in memory: a larger file is not served
+
+
+@dataclass
+class _Report:
+    listing: MCPResource
+    content: bytes | str
+
+
+@dataclass
+class _SessionState:
+    """What one client session changed: the tools enable_toolsets added for it, the reports its calls wrote (the
+    bytes as written, newest last). Nothing here is seen by another session of an HTTP server."""
+    tools: dict[str, registry.ToolSpec]
+    reports: OrderedDict[str, _Report] = field(default_factory=OrderedDict)
 
 
 def compact_schema(node: Any) -> Any:
@@ -173,15 +204,19 @@ def _error(message: str) -> CallToolResult:
 
 class QuantevalServer(MCPServer):
     def __init__(self, tools: dict[str, registry.ToolSpec], policy: paths.Policy, output_schemas: bool = True,
-                 read_only: bool = False, skills: SkillsExtension | None = None) -> None:
+                 read_only: bool = False, skills: SkillsExtension | None = None, ceiling: list[str] | None = None) -> None:
         # The Skills extension (faces/mcpskills.py): skills/list, skills/get and the skill:// resources, read live.
         super().__init__(name="quanteval", version=__version__, instructions=INSTRUCTIONS, extensions=[skills] if skills else [],
                          middleware=[skills.advertise_on_handshake] if skills else [])
         self._skills = skills
-        self._specs = dict(tools)
+        self._specs = dict(tools)  # what every session starts with
+        self._ceiling = ceiling  # the toolsets enable_toolsets may add (the operator's --toolsets); None: any
         self._policy = policy
         self._output_schemas = output_schemas
         self._read_only = read_only
+        # Per client session (an HTTP server has many): weakly keyed, so a session that ends takes its state along.
+        self._sessions: weakref.WeakKeyDictionary[Any, _SessionState] = weakref.WeakKeyDictionary()
+        self._sessionless = _SessionState(dict(tools))  # requests that belong to no session
         # enable_toolsets changes tools/list: say so in the capabilities (the SDK's run paths pass no options).
         options = self._lowlevel_server.create_initialization_options
 
@@ -190,33 +225,69 @@ class QuantevalServer(MCPServer):
 
         self._lowlevel_server.create_initialization_options = with_tools_changed  # type: ignore[method-assign]
 
+    def _state(self, session: Any) -> _SessionState:
+        """The state of the client connection a request came on: one per session of the handshake protocol (an HTTP
+        session, a stdio client). A request of the stateless 2026-07-28 protocol belongs to no session (the SDK makes
+        a connection per request): those share the server's one state, which the operator's --toolsets bounds."""
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        connection = getattr(session, "_connection", None)  # the SDK's per-client Connection behind the per-request proxy
+        if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return self._sessionless
+        if connection not in self._sessions:
+            self._sessions[connection] = _SessionState(dict(self._specs))
+        return self._sessions[connection]
+
+    def _session_state(self, context: Context | None) -> _SessionState:
+        try:
+            return self._state(context.request_context.session if context is not None else None)
+        except ValueError:  # a Context outside any request
+            return self._sessionless
+
     @functools.cached_property
-    def _tool_listing(self) -> list[MCPTool]:
-        listing = _cached_listing(self._output_schemas)
-        return [listing[name] if name in listing else _listing(spec, self._output_schemas) for name, spec in self._specs.items()]
+    def _cached_listing(self) -> dict[str, MCPTool]:
+        return _cached_listing(self._output_schemas)
+
+    def _tool_listing(self, tools: dict[str, registry.ToolSpec]) -> list[MCPTool]:
+        listing = self._cached_listing
+        return [listing[name] if name in listing else _listing(spec, self._output_schemas) for name, spec in tools.items()]
 
     async def list_tools(self) -> list[MCPTool]:
-        return self._tool_listing
+        return self._tool_listing(self._specs)
+
+    async def _handle_list_tools(self, ctx: Any, params: Any) -> ListToolsResult:
+        return ListToolsResult(tools=self._tool_listing(self._state(ctx.session).tools))
 
     async def list_resources(self) -> list[MCPResource]:
         skill_files = self._skills.resource_listing() if self._skills else []
         return [*skill_files, *await super().list_resources()]
 
+    async def _handle_list_resources(self, ctx: Any, params: Any) -> ListResourcesResult:
+        reports = [report.listing for report in self._state(ctx.session).reports.values()]
+        return ListResourcesResult(resources=[*await self.list_resources(), *reports])
+
     async def read_resource(self, uri: Any, context: Context | None = None) -> Iterable[ReadResourceContents] | Any:
         if self._skills and str(uri).startswith("skill://"):
             return self._skills.read(str(uri))  # an unknown or escaping URI: ResourceNotFoundError, -32602
+        if str(uri).startswith(REPORTS_URI):
+            report = self._session_state(context).reports.get(str(uri))
+            if report is None:
+                raise ResourceNotFoundError(f"Unknown resource {uri}: a report is served to the session whose call wrote "
+                                            f"it, its newest {REPORTS_PER_SESSION}. Call the tool again for a fresh one.")
+            return [ReadResourceContents(content=report.content, mime_type=report.listing.mime_type)]
         return await super().read_resource(uri, context)
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> CallToolResult:
         from quanteval.faces import toolsetting
 
-        if name not in self._specs and (how := toolsetting.how_to_enable(name, self._read_only)):
+        state = self._session_state(context)
+        if name not in state.tools and (how := toolsetting.how_to_enable(name, self._read_only, self._ceiling)):
             log.info("tool %s is not served now", name)
             return _error(how)
         try:
-            spec = registry.get_tool(name, self._specs)
+            spec = registry.get_tool(name, state.tools)
             if spec.name == "enable_toolsets":
-                return await self._enable_toolsets(spec, arguments, context)
+                return await self._enable_toolsets(spec, arguments, context, state)
             from quanteval.workflow import confine  # cheap: what a check needs is imported by the check
 
             arguments = confine.check_call(name, arguments, self._policy)
@@ -240,38 +311,62 @@ class QuantevalServer(MCPServer):
         except Exception as exc:  # a bug: the client learns its type, the log gets the traceback
             log.exception("tool %s raised", name)
             return _error(registry.internal_error(name, exc))
-        return CallToolResult(content=[TextContent(type="text", text=text), *self._report_links(data)], structured_content=data)
+        links = self._report_links(data, state)
+        return CallToolResult(content=[TextContent(type="text", text=text), *links], structured_content=data)
 
-    def _report_links(self, data: Any) -> list[ResourceLink]:
+    def _report_links(self, data: Any, state: _SessionState) -> list[ResourceLink]:
         """The reports a tool wrote (report.html/.md, the chart, gate-report.json, the rule's policy), as resources this
-        server serves: a client on another machine or in a sandbox reads them with resources/read, not by path. Only
-        these files are served, each under a name that does not reveal or take a path."""
+        server serves to the calling session: a client on another machine or in a sandbox reads them with
+        resources/read, not by path. Only these files are served, each under a name that does not reveal or take a
+        path, and with the bytes read now: a file swapped for a link afterwards changes nothing that is served."""
         import hashlib
 
-        from mcp.server.mcpserver.resources import FileResource
-
         links = []
-        for field, mime_type in REPORT_FILES.items():
-            value = data.get(field) if isinstance(data, dict) else None
-            if not isinstance(value, str) or not Path(value).is_file():
+        for key, mime_type in REPORT_FILES.items():
+            value = data.get(key) if isinstance(data, dict) else None
+            content = self._report_bytes(value) if isinstance(value, str) else None
+            if content is None:
                 continue
-            path = Path(value).resolve()
-            uri = f"quanteval://reports/{hashlib.sha256(str(path).encode()).hexdigest()[:16]}/{path.name}"
-            self.add_resource(FileResource(uri=uri, name=path.name, description=f"{field} of a quanteval tool call",
-                                           mime_type=mime_type, path=path, encoding=None if mime_type == "image/png" else "utf-8"))
-            links.append(ResourceLink(uri=uri, name=path.name, mime_type=mime_type, size=path.stat().st_size))
+            path = Path(value)  # type: ignore[arg-type]
+            uri = f"{REPORTS_URI}{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}/{path.name}"
+            listing = MCPResource(uri=uri, name=path.name, description=f"{key} of a quanteval tool call", mime_type=mime_type,
+                                  size=len(content))
+            state.reports.pop(uri, None)
+            state.reports[uri] = _Report(listing, content if mime_type == "image/png" else content.decode("utf-8", "replace"))
+            while len(state.reports) > REPORTS_PER_SESSION:
+                state.reports.popitem(last=False)
+            links.append(ResourceLink(uri=uri, name=path.name, mime_type=mime_type, size=len(content)))
         return links
 
-    async def _enable_toolsets(self, spec: registry.ToolSpec, arguments: dict[str, Any], context: Context | None) -> CallToolResult:
-        """enable_toolsets over MCP: this server serves the toolsets' tools from now on (every session of an HTTP server:
-        they share one server), and tells the client its tools/list changed."""
+    def _report_bytes(self, value: str) -> bytes | None:
+        """The file a tool reported, if it is a regular file inside the root (where the tool wrote it), not reached
+        through a link at its name, and small enough to keep."""
+        path = Path(value)
+        try:
+            resolved = path.parent.resolve() / path.name
+            if self._policy.root is not None and not resolved.is_relative_to(self._policy.root):
+                return None
+            fd = os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except (OSError, ValueError):
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            if not stat.S_ISREG(status.st_mode) or status.st_size > REPORT_MAX_BYTES:
+                return None
+            return handle.read(REPORT_MAX_BYTES + 1)[:REPORT_MAX_BYTES]
+
+    async def _enable_toolsets(self, spec: registry.ToolSpec, arguments: dict[str, Any], context: Context | None,
+                               state: _SessionState) -> CallToolResult:
+        """enable_toolsets over MCP: this session is served the toolsets' tools from now on (another session of an
+        HTTP server is not), within the toolsets the operator's --toolsets allows; tells the client its tools/list
+        changed."""
         from quanteval.faces import toolsetting
 
         request = registry.parse_arguments(spec, arguments)
-        held = registry.select(list(request.toolsets), self._read_only)
-        added = [name for name in held if name not in self._specs]
-        self._specs.update(held)
-        self.__dict__.pop("_tool_listing", None)  # rebuilt on the next tools/list
+        allowed = [name for name in request.toolsets if self._ceiling is None or name in self._ceiling]
+        held = registry.select(allowed, self._read_only) if allowed else {}
+        added = [name for name in held if name not in state.tools]
+        state.tools.update(held)
         if added and context is not None:
             try:
                 await context.request_context.session.send_tool_list_changed()  # clients of the 2025 protocol
@@ -280,7 +375,10 @@ class QuantevalServer(MCPServer):
                 log.debug("tools/list_changed not sent", exc_info=True)
         message = (f"Added {', '.join(added)}: callable now (tools/list_changed sent)." if added
                    else "Already served: nothing added.")
-        if self._read_only and (skipped := set(registry.select(list(request.toolsets))) - set(held)):
+        if beyond := [name for name in request.toolsets if name not in allowed]:
+            message += (f" Not served by this server: {', '.join(beyond)} (its operator started it with --toolsets "
+                        f"{','.join(self._ceiling or [])}).")
+        if self._read_only and (skipped := set(registry.select(allowed)) - set(held) if allowed else set()):
             message += f" Not served by this --read-only server: {', '.join(sorted(skipped))}."
         answer = toolsetting.EnableToolsetsOutput(tools=list(held), added=added, message=message)
         data, text = registry.result_json(spec, answer)
@@ -322,13 +420,16 @@ def _progress_reporter(ctx: Context | None) -> registry.ProgressFn:
 
 def build_server(
     toolsets: list[str] | None = None, read_only: bool = False, root: Path | None = None, output_schemas: bool = True,
-    open_eval_server: bool = False, allow_commands: bool = False,
+    open_eval_server: bool = False, allow_commands: bool = False, ceiling: list[str] | None = None,
 ) -> MCPServer:
     """The server: relative paths refused (a client's paths mean nothing in the server's working directory); with
     `open_eval_server`, start_eval_server may bind beyond loopback and run an ns/nel command outside the root; with
-    `allow_commands`, a config under the root may run commands on launch (engines/commands.py)."""
-    policy = paths.Policy(root=root, absolute_only=True, open_eval_server=open_eval_server, allow_commands=allow_commands)
-    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas, read_only, _skills_extension())
+    `allow_commands`, a config under the root may run commands on launch (engines/commands.py); `ceiling`: the only
+    toolsets enable_toolsets may add (the operator's --toolsets; None: any); `read_only`: no tool writes a file."""
+    policy = paths.Policy(root=root, absolute_only=True, open_eval_server=open_eval_server, allow_commands=allow_commands,
+                          read_only=read_only)
+    server = QuantevalServer(registry.select(toolsets, read_only), policy, output_schemas, read_only, _skills_extension(),
+                             ceiling)
     _add_extras(server)
     return server
 

@@ -438,8 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     def build() -> Any:
         from quanteval.faces import mcpapp
 
+        # the operator's --toolsets is a ceiling: a client's enable_toolsets adds only within it
         return mcpapp.build_server(chosen, args.read_only, root, args.output_schemas, args.allow_open_eval_server,
-                                   args.allow_commands)
+                                   args.allow_commands, ceiling=chosen if args.toolsets else None)
 
     if args.http:
         serve_http(build(), args.port, args.log_level)

@@ -36,13 +36,17 @@ def enable_toolsets(request: EnableToolsetsInput) -> EnableToolsetsOutput:
                                 message="The CLI runs every tool: nothing to turn on.")
 
 
-def how_to_enable(name: str, read_only: bool = False) -> str | None:
-    """For a tool this server does not serve now: the call that makes it callable, or None when no toolset holds it."""
+def how_to_enable(name: str, read_only: bool = False, ceiling: list[str] | None = None) -> str | None:
+    """For a tool this server does not serve now: the call that makes it callable, or None when no toolset holds it.
+    `ceiling`: the toolsets the operator's --toolsets allows (None: any)."""
     spec = registry.TOOLS.get(name)
     if spec is None:
         return None
     if read_only and not spec.read_only:
         return (f"{name} changes things, and this server was started --read-only: it serves only tools that change "
                 "nothing. Use the quanteval CLI, or a server started without --read-only.")
+    if ceiling is not None and spec.toolset not in ceiling:
+        return (f"{name} is in the {spec.toolset} toolset, which this server's operator did not serve (--toolsets "
+                f"{','.join(ceiling)}). Use the quanteval CLI, or a server started with that toolset.")
     return (f"{name} is in the {spec.toolset} toolset ({TOOLSETS[spec.toolset].description}), not served by this server "
             f"now: call enable_toolsets with toolsets [\"{spec.toolset}\"], then call {name}.")

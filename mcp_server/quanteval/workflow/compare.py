@@ -307,16 +307,15 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     acceptability = _acceptability(comparability, rows, reasons)
     reasons += [f"{row.task}: {f'{row.nel_verdict} ({row.verdict})' if row.nel_verdict else row.verdict}: {row.why.rstrip('.')}." for row in rows]
     output_dir = _output_dir(request)
-    png = output_dir / "comparison.png" if rows else None
-    if png is not None:
-        render_chart(rows, margin(request), png)
+    chart = render_chart(rows, margin(request)) if rows else None
+    png = paths.write_file(output_dir / "comparison.png", chart) if chart is not None else None
     progress(2, 3, "chart written")
     output = CompareResultsOutput(comparability=comparability, acceptability=acceptability, reasons=list(dict.fromkeys(reasons)), checklist=items,
                                   comparisons=rows, table_markdown=table_markdown(rows), chart_png=str(png) if png else None,
                                   report_html=None)
     report, markdown = output_dir / "report.html", output_dir / "report.md"
-    report.write_text(render_html(output, base_run.label, cand_run.label, png), encoding="utf-8")
-    markdown.write_text(render_markdown(output, base_run.label, cand_run.label, png), encoding="utf-8")
+    report = paths.write_file(report, render_html(output, base_run.label, cand_run.label, chart))
+    markdown = paths.write_file(markdown, render_markdown(output, base_run.label, cand_run.label, png))
     output.report_html, output.report_markdown = str(report), str(markdown)
     return output
 
@@ -388,8 +387,4 @@ def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, bi
 
 def _output_dir(request: CompareResultsInput) -> Path:
     output_dir = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "comparisons" / time.strftime("%Y%m%d-%H%M%S")
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ToolError(f"output_dir {output_dir}: cannot create it ({exc.strerror}). Pass a writable directory.") from None
-    return output_dir
+    return paths.make_dir(output_dir, "output_dir")

@@ -102,8 +102,11 @@ def table_markdown(rows: list[TaskComparison]) -> str:
     return "\n".join(lines)
 
 
-def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path) -> None:
-    """Left: both runs' scores with 95% error bars. Right: deltas with their CIs, zero and -max_drop lines."""
+def render_chart(rows: list[TaskComparison], threshold: float | None) -> bytes:
+    """The chart as PNG bytes. Left: both runs' scores with 95% error bars. Right: deltas with their CIs, zero and
+    -max_drop lines."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,8 +160,10 @@ def render_chart(rows: list[TaskComparison], threshold: float | None, path: Path
     delta_ax.set_title("Delta", loc="left")
     delta_ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    return png.getvalue()
 
 
 NO_REFERENCES = "No published scores given (reference_scores): every baseline is unverified."
@@ -179,10 +184,10 @@ def _references_markdown(rows: list[TaskComparison]) -> str:
     return "\n".join(lines + [f"| {task} | {base} | {published} | {status} |" for task, base, published, status in found])
 
 
-def render_html(output: CompareResultsOutput, baseline: str, candidate: str, png: Path | None) -> str:
+def render_html(output: CompareResultsOutput, baseline: str, candidate: str, chart: bytes | None) -> str:
     image = ""
-    if png is not None:
-        image = f'<img alt="scores and deltas" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}">'
+    if chart is not None:  # the bytes rendered, not the file re-read: it may have been replaced since
+        image = f'<img alt="scores and deltas" src="data:image/png;base64,{base64.b64encode(chart).decode()}">'
     rows = "".join(
         f"<tr><td>{html.escape(r.task)}</td><td>{html.escape(r.metric)}.{html.escape(r.score)}</td>"
         f"<td>{_points(r.baseline)} ± {_points(r.baseline_stderr)}</td><td>{_points(r.candidate)} ± {_points(r.candidate_stderr)}</td>"

@@ -426,21 +426,29 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     if (request.policy is None) == (request.max_drop is None):
         raise ToolError("Give policy (a `nel gate --policy` YAML) or max_drop (points), exactly one: max_drop 2 gates every "
                         "benchmark both runs have at most two points lost, at 95%.")
+    if request.output_dir and paths.read_only_call():
+        raise ToolError("output_dir: this server is --read-only and writes no file; leave output_dir out (the verdict "
+                        "and every benchmark's reasons come back in the answer).")
     reader = engines.results_for_pair(request.baseline, request.candidate)
     base, cand = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
     if request.max_drop is not None:  # the user's rule in points, as the policy nel gate reads (its fraction)
-        # without output_dir: a folder per (runs, rule), so two gates at once never write each other's policy
-        unique = hashlib.sha256(json.dumps([request.baseline, request.candidate, request.max_drop, confidence]).encode()).hexdigest()[:12]
-        where = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "gate-policies" / unique
         shared = sorted(set(base.benchmarks) & set(cand.benchmarks))
         if not shared:
             raise ToolError(f"max_drop: the runs have no benchmark in common (baseline {sorted(base.benchmarks)}, candidate "
                             f"{sorted(cand.benchmarks)}): nothing to gate.")
-        policy_path = write_rule_policy(where / RULE_POLICY_NAME, shared, request.max_drop, confidence)
+        if paths.read_only_call():  # a --read-only server writes nothing: the rule is gated as the policy it states
+            policy = GatePolicy.model_validate(rule_policy(shared, request.max_drop))
+            policy_name = f"max_drop {request.max_drop:g} points (no policy file written: this server is --read-only)"
+        else:
+            # without output_dir: a folder per (runs, rule), so two gates at once never write each other's policy
+            unique = hashlib.sha256(json.dumps([request.baseline, request.candidate, request.max_drop, confidence]).encode()).hexdigest()[:12]
+            where = Path(request.output_dir).expanduser() if request.output_dir else paths.call_state_dir() / "gate-policies" / unique
+            policy_path = write_rule_policy(where / RULE_POLICY_NAME, shared, request.max_drop, confidence)
+            policy, policy_name = load_policy(policy_path), str(policy_path)
     else:
         assert request.policy is not None
         policy_path = Path(request.policy).expanduser()
-    policy = load_policy(policy_path)
+        policy, policy_name = load_policy(policy_path), str(policy_path)
     warnings = list(dict.fromkeys(base.warnings + cand.warnings))
     base_names, cand_names = set(base.benchmarks), set(cand.benchmarks)
     missing = sorted(policy.required_benchmarks() - (base_names & cand_names))
@@ -454,7 +462,7 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
         results.append(gate_benchmark(reader, name, base.benchmarks[name], cand.benchmarks[name], policy.resolve(name, confidence)))
     verdict, reasons = aggregate(results)
     output = GateResultsOutput(verdict=verdict, verdict_reasons=reasons, benchmarks=results, missing=missing,
-                               warnings=warnings, policy=str(policy_path), baseline=base.label, candidate=cand.label)
+                               warnings=warnings, policy=policy_name, baseline=base.label, candidate=cand.label)
     if request.output_dir:
         output.report_path = str(write_report(output, Path(request.output_dir).expanduser()))
     return output
@@ -464,15 +472,14 @@ def write_report(output: GateResultsOutput, directory: Path) -> Path:
     """The report as nel gate's --output JSON (report_version, verdict, verdict_reasons, benchmarks, missing, warnings)."""
     report = {"report_version": REPORT_VERSION, **output.model_dump(mode="json", include={"verdict", "verdict_reasons",
                                                                                           "benchmarks", "missing", "warnings"})}
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / REPORT_NAME
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(report, indent=2), encoding="utf-8")
-        tmp.replace(path)
-    except OSError as exc:
-        raise ToolError(f"output_dir {directory}: cannot write {REPORT_NAME} ({exc.strerror or exc}).") from None
-    return path
+    return paths.write_file(directory / REPORT_NAME, json.dumps(report, indent=2))
+
+
+def rule_policy(benchmarks: list[str], max_drop_points: float) -> dict:
+    """The user's rule ("at most max_drop points lost") as nel gate's policy: every benchmark critical on pass@1,
+    max_drop as nel gate reads it (a fraction of the 0-1 score)."""
+    return {"version": 1, "defaults": {"tier": "critical", "metric": "pass@1", "max_drop": round(max_drop_points / 100, 6)},
+            "benchmarks": {name: {} for name in benchmarks}}
 
 
 def write_rule_policy(path: Path, benchmarks: list[str], max_drop_points: float, confidence: float) -> Path:
@@ -481,16 +488,10 @@ def write_rule_policy(path: Path, benchmarks: list[str], max_drop_points: float,
     only; the comment says when the rule's confidence is another."""
     import yaml
 
-    policy = {"version": 1, "defaults": {"tier": "critical", "metric": "pass@1", "max_drop": round(max_drop_points / 100, 6)},
-              "benchmarks": {name: {} for name in benchmarks}}
+    policy = rule_policy(benchmarks, max_drop_points)
     GatePolicy.model_validate(policy)  # nel gate's schema, so `nel gate --policy` reads it
     note = "" if confidence == paired.DEFAULT_CONFIDENCE else (
         f"\n# nel gate judges at 95% only: the rule's {100 * confidence:g}% was applied by quanteval, not by this file")
     text = (f"# quanteval evaluate: at most {max_drop_points:g} accuracy points lost, at {100 * confidence:g}% confidence"
             f"{note}\n# check: nel gate BASELINE_RUN CANDIDATE_RUN --policy {path.name}\n")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
-    except OSError as exc:
-        raise ToolError(f"{path}: cannot write the gate policy ({exc.strerror or exc}).") from None
-    return path
+    return paths.write_file(path, text + yaml.safe_dump(policy, sort_keys=False))
