@@ -26,6 +26,9 @@ SERVER_LINES = [
     "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'",
     "ValueError: Unsupported CPU attention configuration: head_dim=16",
     "OSError: [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use",
+    "api_server.py: error: unrecognized arguments: --no-such-flag",
+    "/usr/bin/python: Error while finding module specification for 'vllm.entrypoints.openai.api_server' "
+    "(ModuleNotFoundError: No module named 'vllm')",
 ]
 
 

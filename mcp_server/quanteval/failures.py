@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, Field
 
-from quanteval import redact
+from quanteval import envvars, redact
 
 
 class ServerFailure(NamedTuple):
@@ -78,6 +78,14 @@ SERVER_FAILURES: list[ServerFailure] = [
     ServerFailure("server_args", r"Address already in use|error while attempting to bind on address",
      "The port is taken by another process.",
      "Stop the other server or launch with another port."),
+    ServerFailure("server_args", r"error: unrecognized arguments|error: argument --",
+     "The server's argument parser refused a flag (misspelled, removed in this release, or another framework's).",
+     "Correct or drop it in the server's extra arguments (plan_deployment checks them with the framework's own parser)."),
+    ServerFailure("missing_module", r"No module named '?(vllm|sglang)\b",
+     "The Python that started the server has no such framework (the log's first line names it, for a server of a "
+     "nel-next run quanteval started).",
+     f"Install the framework into that Python, or build the project's vLLM venv (`{envvars.setup_command('setup-vllm')}`; "
+     "QUANTEVAL_VLLM_VENV points at another): validate_config names the Python a local vllm or sglang service runs with."),
 ]  # fmt: skip
 
 
@@ -135,6 +143,8 @@ FAILURE_CLASSES: list[tuple[str, str, str]] = [
     ("scoring", r"scor(e|ing).{0,40}(error|fail)", "Scoring failed: see the harness log around the line."),
     ("killed", r"\bkilled\b|SIGKILL|signal 9|CANCELLED AT", "The job was killed (scancel, OOM killer or preemption)."),
     ("parse", r"parse error|failed to parse|could not parse|ParseError|JSONDecodeError", "Output could not be parsed."),
+    ("missing_module", _with_server_failures("missing_module", r"ModuleNotFoundError|No module named"),
+     "A Python package is missing from the Python that ran this: install it there (the module named on the line)."),
     ("traceback", r"Traceback \(most recent call last\)", "A Python exception: see the lines after the traceback."),
     ("exception", r"\b[A-Za-z]+(Error|Exception):|\berror:", "An error line: see the log around it."),
 ]

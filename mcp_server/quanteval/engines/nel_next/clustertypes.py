@@ -37,6 +37,9 @@ class ClusterType:
     exported_environment: bool = False
     # the cluster section takes NEL 0.2.6's placement keys (convert_config maps execution.hostname, partition, ...)
     takes_placement: bool = False
+    # nel-next starts the config's managed servers (vllm, sglang services) on this machine, as `python -m MODULE` from
+    # the PATH of `nel eval run` (servers.py); on SLURM its job starts them on the node
+    starts_servers_here: bool = False
 
     @property
     def executor(self) -> executors.Executor:
@@ -47,7 +50,7 @@ class ClusterType:
         return {"type": self.name, **copy.deepcopy(self.section)}
 
 
-LOCAL = ClusterType("local", submits=False)
+LOCAL = ClusterType("local", submits=False, starts_servers_here=True)
 SLURM = ClusterType("slurm", submits=True, binaries=("ssh", "scp"), appends_protocol_path=True,
                     exported_environment=True, takes_placement=True,
                     # the login host, the account, one node pool (partition, nodes); its walltime default (04:00:00)

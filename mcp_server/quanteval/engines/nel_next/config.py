@@ -28,7 +28,7 @@ from quanteval.engines.base import (
     unpinned_image,
     unpinned_image_problem,
 )
-from quanteval.engines.nel_next import clustertypes, nelnext, skills
+from quanteval.engines.nel_next import clustertypes, nelnext, servers, skills
 from quanteval.engines.recipes import recipe_for_benchmark, task_context_problem
 from quanteval.models import ProgressFn, ToolError
 from quanteval.paths import looks_local
@@ -466,6 +466,8 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
     images += [(f"services.{name}.image", service.get("image")) for name, service in (doc.get("services") or {}).items()
                if isinstance(service, dict)]
     problems += [unpinned_image_problem(path, image) for path, image in images if unpinned_image(image)]
+    problems += [Problem(key=f"services.{name}.type", severity="error", rule="server_framework_missing",
+                         message=str(found.problem), fix=str(found.fix)) for name, found in servers.problems(doc).items()]
     for index, bench in enumerate(doc.get("benchmarks") or []):
         solver = (bench or {}).get("solver") or {}
         service = (doc.get("services") or {}).get(solver.get("service"), {}) if isinstance(doc.get("services"), dict) else {}

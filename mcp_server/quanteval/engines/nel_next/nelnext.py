@@ -40,7 +40,7 @@ from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
 from quanteval.configfile import MISSING
-from quanteval.engines.nel_next import clustertypes
+from quanteval.engines.nel_next import clustertypes, servers
 from quanteval.localproc import require_writable_dir
 from quanteval.models import ToolError
 
@@ -251,13 +251,18 @@ def canary_overrides(benchmark_count: int, max_problems: int, repeats: int | Non
 # ---------------------------------------------------------------- the run lifecycle
 
 
-def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = False) -> dict[str, Any]:
-    """Start `nel eval run` on this machine (LocalExecutor: a session of its own); the details a ledger record keeps."""
+def start(config_path: str, overrides: list[str], run_dir: Path, resume: bool = False,
+          config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start `nel eval run` on this machine (LocalExecutor: a session of its own); the details a ledger record keeps.
+    `config` (as the run reads it) has its managed servers prepared (servers.py); a resumed run keeps its own."""
     require_writable_dir(run_dir, "output.dir", "Choose a writable directory (set_config_value key output.dir).")
+    if config is not None:
+        servers.prepare(config, run_dir, venv() / "bin" / "python")
     argv = [*nel_command(), "eval", "run", config_path, "-o", str(run_dir)]
     argv += [item for override in overrides for item in ("-O", override)]
     argv += ["--resume"] if resume else []
-    job = executors.LOCAL.start(LOCAL_JOB, argv, run_dir, child_env(), log_name=LOG_NAME, exit_name=EXIT_CODE_NAME)
+    job = executors.LOCAL.start(LOCAL_JOB, argv, run_dir, servers.path_env(child_env(), run_dir), log_name=LOG_NAME,
+                                exit_name=EXIT_CODE_NAME)
     return {"engine": "nel-next", "pid": job.pgid, "pgid": job.pgid, "run_dir": str(run_dir), "argv": argv,
             "log_path": job.log_path, "started_at": time.time()}
 
@@ -331,6 +336,9 @@ def launch_blocker(checked: dict[str, Any]) -> str | None:
     for name in skills.skills_names(checked["config"].get("benchmarks") or []).values():
         if problem := skills.name_problem(name):
             return problem  # nel-next would import it as NeMo-Skills' dataset module
+    if unstartable := servers.problems(checked["config"]):
+        name, found = next(iter(unstartable.items()))
+        return f"services.{name}: {found.problem} {found.fix}"
     cluster = clustertypes.of(checked["cluster"])
     if missing := [program for program in (cluster.binaries if cluster else ()) if shutil.which(program) is None]:
         return (f"nel-next submits with {' and '.join(cluster.binaries)} from this machine, and {', '.join(missing)} "
@@ -378,7 +386,7 @@ def launch(record: ledger.Record, config_path: str, overrides: list[str], extra:
     details = {**details, "overrides": overrides, "run_overrides": run_overrides}
     if cluster.submits:
         return submit(record, config_path, run_overrides, checked, details)
-    started = start(config_path, run_overrides, run_dir)
+    started = start(config_path, run_overrides, run_dir, config=checked["config"])
     try:
         write_run_facts(run_dir, run_facts(checked["config"], details, local_harness(checked["config"])))
         return ledger.update(record.id, status="running", config_hash=config_hash(config_path, overrides),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from quanteval import failures, ledger
 from quanteval.clusters import executor as executors
-from quanteval.clusters.executor import JobStatus, Unreachable
+from quanteval.clusters.executor import JobStatus, LogFailures, Unreachable, read_log_failures
 from quanteval.engines.base import (
     ACTIVE,
     MAX_HITS,
@@ -30,7 +30,7 @@ from quanteval.engines.base import (
     overall_status,
 )
 from quanteval.engines.launchplan import LaunchPlan
-from quanteval.engines.nel_next import clustertypes, config, nelnext, nextresults, skills
+from quanteval.engines.nel_next import clustertypes, config, nelnext, nextresults, servers, skills
 from quanteval.engines.rendering import rendered_script
 from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import secret_values, shown_line, shown_lines
@@ -147,6 +147,7 @@ def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: Ca
     run_dir = _run_dir(config_path, cluster, checked, kind)
     if cluster.submits:  # nel-next's submit takes no -o: each run's own directory on the cluster as output.dir
         extra.append(f"output.dir={run_dir.as_posix()}")
+    extra += servers.port_overrides(plan.doc, overrides)
     if not details.get("checkpoint"):
         details = {**details, **_model_facts(plan)}
     record = nelnext.launch(record, config_path, overrides, extra, checked, cluster, run_dir,
@@ -233,22 +234,32 @@ def _log_lines(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
         raise ToolError(f"run_logs: {exc}; retry when the cluster answers.") from None
 
 
+def _server_logs(record: ledger.Record, lines: int) -> LogFailures:
+    """The output of the run's managed servers where this process can read it (a local run's logs/; servers.py)."""
+    run_dir = record.details.get("run_dir")
+    here = executors.for_name(record.executor).local_path(run_dir) if run_dir else None
+    return read_log_failures(servers.server_logs(here), lines) if here is not None else ([], [])
+
+
 def logs(record: ledger.Record, lines: int, job_id: str | None, progress: ProgressFn) -> RunLogsOutput:
     path, content = _log_lines(record, lines)
+    server_tails, server_hits = _server_logs(record, lines)
     secrets = secret_values()
-    hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=path, line=number,
-                       text=shown_line(text, secrets))
-            for number, text in enumerate(content, 1) if failures.classify(text)]
+    found = [(path, number, text) for number, text in enumerate(content, 1) if failures.classify(text)] + server_hits
+    hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=file, line=number,
+                       text=shown_line(text, secrets)) for file, number, text in found]
     tail = shown_lines(content[-lines:], secrets)
+    tails = [LogTail(job_id="nel eval run", file=path, lines=tail),
+             *(LogTail(job_id=f"model server ({Path(file).name})", file=file, lines=shown_lines(server_tail, secrets))
+               for file, server_tail in server_tails)]
     record = refresh(record).record if record.status in ACTIVE else record
     diagnosis = None
     if record.status == "failed":
         error = record.details.get("error")
-        last = ([error] if error else []) + tail
+        last = ([error] if error else []) + tail + [line for server in tails[1:] for line in server.lines]
         diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], last)
     classes = [name for name in failures.FAILURE_ADVICE if any(hit.failure_class == name for hit in hits)]
-    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id,
-                         tails=[LogTail(job_id="nel eval run", file=path, lines=tail)], failures=hits[:MAX_HITS],
+    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id, tails=tails, failures=hits[:MAX_HITS],
                          failures_truncated=len(hits) > MAX_HITS, failure_classes=classes, diagnosis=diagnosis)
 
 
