@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from quanteval import engines
+from quanteval import engines, paths
 from quanteval.engines.catalogue import catalogue
 from quanteval.engines.runresults import ResultsReader
 from quanteval.evalserver.backend import (
@@ -110,8 +110,7 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
         config = nel_config(settings, request, bench, out)
         if shards > 1:  # the shard convention reaches the eval container through the task's env_vars
             config["evaluation"]["tasks"][0]["env_vars"] = shard_env(index, shards)
-        config_path = out / "nel_config.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        config_path = paths.write_file(out / "nel_config.yaml", yaml.safe_dump(config, sort_keys=False))
         argv = [settings.nel_command, "run", "--config", str(config_path)]
         env = {"DUMMY_API_KEY": "EMPTY", "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0", **shard_env(index, shards)}
         result.append(ShardCommand(argv, env, out, out / "eval.log"))

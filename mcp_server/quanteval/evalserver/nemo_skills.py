@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from quanteval import envvars
+from quanteval import envvars, paths
 from quanteval.engines.nemo_skills_source import NEMO_SKILLS_UPSTREAM
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
@@ -174,9 +174,8 @@ def cluster_args(settings: ServerSettings) -> list[str]:
     config_dir = settings.root / "ns-cluster"
     config = config_dir / f"{LOCAL_CLUSTER}.yaml"
     if not config.exists():
-        config_dir.mkdir(parents=True, exist_ok=True)
         # `containers` is required by NeMo-Skills even with executor none (values unused)
-        config.write_text("executor: none\ncontainers:\n  nemo-skills: none\n  sandbox: none\n", encoding="utf-8")
+        paths.write_file(config, "executor: none\ncontainers:\n  nemo-skills: none\n  sandbox: none\n")
     return ["--cluster", LOCAL_CLUSTER, "--config_dir", str(config_dir)]
 
 

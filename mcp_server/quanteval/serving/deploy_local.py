@@ -47,8 +47,7 @@ def launch(plan: DeploymentPlan, request: LaunchDeploymentInput) -> LaunchDeploy
                                  "serving": plan.serving.model_dump()})
     job: LocalJob | None = None
     try:
-        run_dir = paths.call_state_dir() / "deployments" / record.id
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = paths.make_dir(paths.call_state_dir() / "deployments" / record.id)
         # A launcher that cannot start shows up as exit code 127 with the shell's message in the log.
         job = LOCAL.start(JOB, argv, run_dir, {**os.environ, **plan.env}, log_name=LOG_NAME, exit_name=EXIT_NAME)
         endpoint = f"http://127.0.0.1:{port}/v1/chat/completions"

@@ -31,10 +31,10 @@ JOB, LOG_NAME, EXIT_NAME = "evaluation", "job.log", "exit_code"
 def start(request: dict[str, Any], root: Path | None = None) -> ledger.Record:
     """Record the evaluation, then start its process; the record carries the pid, log and result paths (and the
     workspace root of the MCP server that started it, which the job keeps to)."""
+    jobs = paths.make_dir(paths.call_state_dir() / "evaluations" / "jobs")  # checked before anything is recorded
     record = ledger.add(KIND, status="running", executor="local",
                         details={"request": request, "root": str(root) if root is not None else None})
-    job_dir = paths.call_state_dir() / "evaluations" / "jobs" / record.id
-    job_dir.mkdir(parents=True, exist_ok=True)
+    job_dir = paths.make_dir(jobs / record.id)
     log_path, result_path = job_dir / LOG_NAME, job_dir / "result.json"
     ledger.update(record.id, details={"log_path": str(log_path), "result_path": str(result_path)})  # before the job reads them
     package_root = str(Path(__file__).resolve().parents[2])  # the job imports this same quanteval

@@ -7,7 +7,6 @@ second) and its answer next to its log; the record ends succeeded, failed (with 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,10 +42,7 @@ def run(record_id: str) -> int:
     except Exception as exc:  # a bug: its type in the record, the traceback in the job's log
         ledger.update(record_id, status="failed", details={"error": f"internal error ({type(exc).__name__}); see the job log"})
         raise
-    result_path = Path(record.details["result_path"])
-    temporary = result_path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(answer.model_dump(mode="json")), encoding="utf-8")
-    os.replace(temporary, result_path)
+    paths.write_file(Path(record.details["result_path"]), json.dumps(answer.model_dump(mode="json")))
     ledger.update(record_id, status="succeeded", details={"progress": {"done": 1, "total": 1, "message": answer.verdict}})
     return 0
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quanteval import envvars, ledger, redact
+from quanteval import envvars, ledger, paths, redact
 from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
@@ -315,7 +315,7 @@ def local_harness(config: dict[str, Any]) -> dict[str, str]:
 
 
 def write_run_facts(run_dir: Path, facts: dict[str, Any]) -> None:
-    (run_dir / RUN_FACTS_NAME).write_text(json.dumps(facts, indent=1), encoding="utf-8")
+    paths.write_file(run_dir / RUN_FACTS_NAME, json.dumps(facts, indent=1))
 
 
 def read_run_facts(run_dir: Path) -> dict[str, Any] | None:
@@ -514,7 +514,7 @@ def fetch_results(executor: executors.Executor, details: dict[str, Any]) -> Path
                 said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
                 raise ToolError(f"nel eval merge of {local} failed: {redact.scrub(' | '.join(said))[-600:]}")
     if "run_facts" in details:  # a submitted run's facts live in its record: nel-next writes none on the node
-        (local / RUN_FACTS_NAME).write_text(json.dumps(details["run_facts"] or {}, indent=1), encoding="utf-8")
+        paths.write_file(local / RUN_FACTS_NAME, json.dumps(details["run_facts"] or {}, indent=1))
     return local
 
 

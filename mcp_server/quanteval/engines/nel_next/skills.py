@@ -281,9 +281,7 @@ def jinja_template(user: str) -> str:
 
 
 def prompt_dir() -> Path:
-    path = paths.call_state_dir() / "nel-next-prompts"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return paths.make_dir(paths.call_state_dir() / "nel-next-prompts")
 
 
 def template_file(prompt_config: str, user: str) -> Path:
@@ -292,7 +290,7 @@ def template_file(prompt_config: str, user: str) -> Path:
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     path = prompt_dir() / f"nemo-skills-{prompt_config.replace('/', '--')}-{digest}.md"
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
-        path.write_text(text, encoding="utf-8")
+        path = paths.write_file(path, text)
     return path
 
 
