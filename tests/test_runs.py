@@ -533,3 +533,35 @@ def test_a_refresh_that_read_a_run_running_leaves_the_cancel_written_meanwhile(t
     ledger.update(record.id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
     assert engines.for_record(seen).refresh(seen).record.status == "cancelled"
     assert ledger.get(record.id).status == "cancelled"
+
+
+def test_kill_run_changes_only_a_live_status_so_a_succeeded_canary_still_opens_the_gate(tmp_path):
+    """kill_run on a nel-next canary that succeeded (or a run whose process ended since the last poll) leaves its
+    outcome; over MCP, as a client would send it. A live one is killed."""
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    details = {"engine": "nel-next", "run_dir": str(run_dir), "pgid": gone.pid, "tasks": ["sums"]}
+    done = ledger.add("canary", status="succeeded", executor="local", invocation_id=f"nel-next:{run_dir}", details=details)
+    live = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    running = ledger.add("canary", status="running", executor="local", invocation_id=f"nel-next:{run_dir}",
+                         details={**details, "pgid": live.pid})
+
+    async def go():
+        async with Client(build_server()) as client:
+            return [await client.call_tool("kill_run", {"record_id": record.id}) for record in (done, running)]
+
+    try:
+        kept, killed = anyio.run(go)
+    finally:
+        live.kill()
+        live.wait()
+    assert not kept.is_error and kept.structured_content["status"] == "succeeded", kept.content[0].text
+    assert ledger.get(done.id).status == "succeeded"
+    assert not killed.is_error and ledger.get(running.id).status == "killed", killed.content[0].text

@@ -263,7 +263,15 @@ def logs(record: ledger.Record, lines: int, job_id: str | None, progress: Progre
                          failures_truncated=len(hits) > MAX_HITS, failure_classes=classes, diagnosis=diagnosis)
 
 
+LIVE = (*ACTIVE, "launching")  # the statuses kill_run may change to killed
+
+
 def kill(record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
+    # A stop changes only a live status: a run that ended (since the last poll too) keeps its outcome, so a canary
+    # that succeeded still lets the full run through the gate.
+    record = refresh(record).record if record.status in LIVE else record
+    if record.status not in LIVE:
+        return KillRunOutput(record_id=record.id, status=record.status, jobs=[])
     jobs = nelnext.jobs(record.details)
     try:
         how = executors.for_name(record.executor).cancel(jobs)
@@ -271,7 +279,7 @@ def kill(record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
         raise ToolError(f"kill_run: {exc}; nothing was cancelled, retry.") from None
     except ToolError as exc:
         raise ToolError(f"kill_run: {record.id}: {exc}") from None
-    updated = ledger.update(record.id, status="killed", message=f"kill_run: {how}")
+    updated = ledger.update(record.id, status="killed", message=f"kill_run: {how}", only_from=LIVE)
     return KillRunOutput(record_id=record.id, status=updated.status,
                          jobs=[JobStatus(job_id=job.job_id, status="killed") for job in jobs])
 
