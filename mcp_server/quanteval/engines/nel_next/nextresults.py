@@ -179,15 +179,15 @@ INFRA_CATEGORIES = ("infra_error", "system")
 
 def infra_errors(records: dict[tuple[int, int], dict[str, Any]]) -> set[int]:
     """Problems with a request that got no answer: nel-next scored it 0 as an error, not as a wrong answer."""
-    return {problem for (problem, _), record in records.items() if _error_category(record) in INFRA_CATEGORIES}
+    return {problem for (problem, _), record in records.items() if error_category(record) in INFRA_CATEGORIES}
 
 
 def unscored(records: dict[tuple[int, int], dict[str, Any]]) -> set[int]:
     """Problems answered (no infrastructure error) and scored 0 because the grader extracted no answer:
     extracted_answer empty, or the solver ended without one (graceful)."""
     return {problem for (problem, _), record in records.items() if not record.get("reward")
-            and _error_category(record) not in INFRA_CATEGORIES
-            and (_error_category(record) == "graceful" or record.get("extracted_answer") in (None, ""))}
+            and error_category(record) not in INFRA_CATEGORIES
+            and (error_category(record) == "graceful" or record.get("extracted_answer") in (None, ""))}
 
 
 def status_unknown(records: dict[tuple[int, int], dict[str, Any]]) -> str | None:
@@ -197,7 +197,7 @@ def status_unknown(records: dict[tuple[int, int], dict[str, Any]]) -> str | None
     return "results.jsonl records no scoring_details, so an infrastructure error cannot be told from a wrong answer"
 
 
-def _error_category(record: dict[str, Any]) -> str | None:
+def error_category(record: dict[str, Any]) -> str | None:
     details = record.get("scoring_details")
     return details.get("error_category") if isinstance(details, dict) else None
 
@@ -277,3 +277,36 @@ def compare_bundles(baseline: Bundle, candidate: Bundle, max_drop: float = DEFAU
     return PairedTest(test=test, p_value=p_value, n_paired=len(shared), n_regressions=len(regressed_ids),
                       n_improvements=len(improved_ids), verdict=_verdict(len(shared), worse, better, p_value, max_drop),
                       regressed=flips(regressed_ids), improved=flips(improved_ids))
+
+
+# ---------------------------------------------------------------- per-sample outputs (the release rules)
+
+INFERENCE_LOG = "inference_log.jsonl"  # nel-next's step log: one line per answered (problem_idx, repeat), after a meta line
+RUNTIME_STATS = "runtime_stats.json"
+
+
+def inference_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """inference_log.jsonl by (problem_idx, repeat): finish_reason, completion_tokens, reasoning_tokens, response. Its
+    meta line and a torn last line are skipped; the last line of a (problem, repeat) wins, as nel-next reads it."""
+    path = bench_dir / INFERENCE_LOG
+    records: dict[tuple[int, int], dict[str, Any]] = {}
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("_type") != "meta" and record.get("problem_idx") is not None:
+            records[(int(record["problem_idx"]), int(record.get("repeat", 0)))] = record
+    return records
+
+
+def runtime_stats(bench_dir: Path) -> dict[str, Any]:
+    """runtime_stats.json (tokens_per_second, latency_percentiles_ms, finish_reason_counts, ...); {} when absent."""
+    path = bench_dir / RUNTIME_STATS
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -15,6 +15,7 @@ from quanteval.engines.runresults import (
     Evidence,
     ExtractScoresOutput,
     Finding,
+    Outputs,
     PairedTest,
     Problems,
     ResultsReader,
@@ -351,6 +352,30 @@ class NelNextResults(ResultsReader):
 
     def facets(self, run: RunBenchmarks, benchmark: RunBenchmark, checkpoint: str | None) -> dict[str, Any] | None:
         return _facets(benchmark.location, run.root, checkpoint) if run.root else None
+
+    def outputs(self, run: RunBenchmarks, benchmark: RunBenchmark) -> Outputs | None:
+        """From the bundle's folder: inference_log.jsonl (finish_reason, completion and reasoning tokens, the
+        response), results.jsonl (the samples asked and those whose request got no answer: scoring_details'
+        infra_error/system), runtime_stats.json (tokens/s, latency percentiles) and the serving quanteval recorded
+        with the run. None without results.jsonl."""
+        bundle: nextresults.Bundle = benchmark.location
+        results = nextresults.paired_records(bundle.directory)
+        if not results:
+            return None
+        logged = nextresults.inference_records(bundle.directory)
+        stats = nextresults.runtime_stats(bundle.directory)
+        known = results.keys() & logged.keys()
+        counts = lambda key: {k: int(logged[k][key]) for k in known if isinstance(logged[k].get(key), int)}  # noqa: E731
+        failed = None if nextresults.status_unknown(results) else sum(
+            1 for record in results.values() if nextresults.error_category(record) in nextresults.INFRA_CATEGORIES)
+        latency = stats.get("latency_percentiles_ms") or {}
+        return Outputs(
+            samples=len(results), completion_tokens=counts("completion_tokens"), reasoning_tokens=counts("reasoning_tokens"),
+            finish_reasons={k: str(logged[k]["finish_reason"]) for k in known if logged[k].get("finish_reason")},
+            texts={k: str(v.get("model_response")) for k, v in results.items() if isinstance(v.get("model_response"), str)},
+            failed=failed, tokens_per_second=_float(stats.get("tokens_per_second")) or None,
+            latency_ms={k: float(v) for k, v in latency.items() if k in ("p50", "p90") and _float(v)},
+            served=((nelnext.read_run_facts(run.root) or {}).get("serving") or {}) if run.root else {})
 
     def compared_scores(self, base: RunBenchmark, cand: RunBenchmark) -> list[tuple[ScoreValue, ScoreValue]]:
         """The headline (pass@1) of each benchmark, as nel compare reports it; none when the two differ in metric."""

@@ -1,0 +1,122 @@
+"""The release rules beside accuracy, on real-shaped nel-next run folders (a real `nel eval run`, its per-sample records
+set: results.jsonl, inference_log.jsonl): output length (the user's ±N% rule), truncation and failed responses with
+their denominators (unverified where the engine does not say, never 0%), repeats that are copies, and what the
+quantization bought (weight bytes per side, SIZE_NOT_REDUCED; tokens/s labelled with what measured them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from next_runs import sampled_run
+from pydantic import ValidationError
+from tiers import requires
+
+from quanteval.engines.nel_next import nelnext
+from quanteval.workflow.compare import CompareResultsInput, compare_results
+
+pytestmark = requires("nel-next")
+REPO = Path(__file__).resolve().parents[1]
+N = 40
+
+
+def answers(tokens: int = 20, cut: int = 0, right: int = N, repeats: int = 1, response=None) -> list[list[dict]]:
+    """N problems; the first `cut` answers end at the length limit; `right` of them scored right."""
+    return [[{"reward": 1.0 if p < right else 0.0, "completion_tokens": tokens, "finish_reason": "length" if p < cut else "stop",
+              "response": response(p, r) if response else f"answer {p} {r}"} for r in range(repeats)] for p in range(N)]
+
+
+BF16, W8A8 = REPO / "examples/checkpoints/tiny-add-bf16", REPO / "examples/checkpoints/tiny-add-w8a8"
+
+
+def compare(real_run, tmp_path, base, cand, temperature=None, **rule):
+    """Two comparable runs (the same config and serving recorded) of tiny-add BF16 and W8A8."""
+    return compare_results(CompareResultsInput(
+        baseline=str(sampled_run(real_run, tmp_path / "base", base, temperature=temperature, checkpoint=BF16)),
+        candidate=str(sampled_run(real_run, tmp_path / "cand", cand, temperature=temperature, checkpoint=W8A8)),
+        max_drop=5, output_dir=str(tmp_path / "report"), **rule))
+
+
+def test_a_candidate_that_rambles_is_caught_by_the_length_rule(real_run, tmp_path):
+    answer = compare(real_run, tmp_path, answers(tokens=100), answers(tokens=130), max_length_change=5)
+    (check,) = answer.outputs
+    assert answer.comparisons[0].verdict == "acceptable"  # accuracy alone: nothing lost
+    assert answer.acceptability == "not acceptable"
+    assert check.length_change == pytest.approx(0.30) and check.blocks == "not acceptable"
+    assert check.baseline.mean_completion_tokens == 100 and check.candidate.median_completion_tokens == 130
+    said = " ".join(answer.reasons)
+    assert "+30.0% mean completion tokens per problem over 40 problems" in said and "beyond the ±5% length rule" in said
+    # within the rule, or without one, the length is said and decides nothing
+    within = compare(real_run, tmp_path / "w", answers(tokens=100), answers(tokens=103), max_length_change=5)
+    assert within.acceptability == "acceptable" and "+3.0% mean completion tokens" in " ".join(within.reasons)
+
+
+def test_answers_cut_at_max_tokens_on_one_side_block_an_acceptable_verdict_with_the_fix(real_run, tmp_path):
+    answer = compare(real_run, tmp_path, answers(), answers(cut=2))  # 2 of 40: 5%, over the 1% default
+    (check,) = answer.outputs
+    assert (check.candidate.truncated.count, check.candidate.truncated.of) == (2, 40)
+    assert check.baseline.truncated.said == "truncated: 0/40 (0.0%)"
+    assert answer.comparisons[0].verdict == "acceptable" and answer.acceptability == "inconclusive"
+    said = " ".join(answer.reasons)
+    assert "the candidate's truncated: 2/40 (5.0%) is over 1%" in said and "Raise max_tokens" in said
+
+
+def test_no_finish_reasons_is_unverified_never_zero(real_run, tmp_path):
+    bare = [[{"reward": 1.0}] for _ in range(N)]  # no inference_log lines: the engine said nothing of them
+    answer = compare(real_run, tmp_path, bare, bare)
+    (check,) = answer.outputs
+    assert check.candidate.truncated.count is None and check.candidate.mean_completion_tokens is None
+    assert "truncated: unverified (no finish reasons recorded), not 0%" in " ".join(answer.reasons)
+    assert answer.acceptability == "acceptable"  # said, not a failure of the candidate
+
+
+def test_sampled_repeats_that_are_copies_are_named_and_counted_once(real_run, tmp_path):
+    varied = answers(repeats=4, right=20, response=lambda p, r: f"answer {p} take {r}")
+    copied = answers(repeats=4, right=20, response=lambda p, r: f"answer {p}")
+    answer = compare(real_run, tmp_path, varied, copied, temperature=0.8)
+    (check,) = answer.outputs
+    assert check.copies == ["candidate"]
+    (row,) = answer.comparisons
+    assert row.repeats == 1 and "the candidate's 4 repeats are copies: counted as 1 sample per problem" in row.why
+    assert "repeats are copies: every problem got one and the same answer in every repeat" in " ".join(answer.reasons)
+    assert compare(real_run, tmp_path / "v", varied, varied, temperature=0.8).outputs[0].copies == []
+    # greedy repeats are alike by design: not named
+    assert compare(real_run, tmp_path / "g", varied, copied, temperature=0.0).outputs[0].copies == []
+
+
+def test_speed_is_shown_per_side_labelled_with_what_measured_it(real_run, tmp_path):
+    base, cand = sampled_run(real_run, tmp_path / "b", answers()), sampled_run(real_run, tmp_path / "c", answers())
+    stats = json.loads((base / "bench" / "runtime_stats.json").read_text())
+    answer = compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand), output_dir=str(tmp_path / "r")))
+    (check,) = answer.outputs
+    assert check.baseline.tokens_per_second == stats["tokens_per_second"] > 0
+    assert check.baseline.latency_p90_ms == stats["latency_percentiles_ms"]["p90"]
+    assert check.candidate.measured_on == "measured on vllm CPU; GPU kernels differ"
+    nelnext.write_run_facts(cand, {})  # a run served outside quanteval: no label is guessed
+    assert compare_results(CompareResultsInput(baseline=str(base), candidate=str(cand))).outputs[0].candidate.measured_on is None
+
+
+def test_what_the_quantization_bought_and_a_candidate_that_is_not_smaller(real_run, tmp_path):
+    def with_checkpoints(name: str, candidate: str):
+        return compare_results(CompareResultsInput(
+            baseline=str(sampled_run(real_run, tmp_path / name / "b", answers())),
+            candidate=str(sampled_run(real_run, tmp_path / name / "c", answers())), max_drop=5,
+            baseline_checkpoint=str(REPO / "examples/checkpoints/tiny-add-bf16"),
+            candidate_checkpoint=str(REPO / "examples/checkpoints" / candidate), output_dir=str(tmp_path / name / "r")))
+
+    w8a8 = with_checkpoints("w8a8", "tiny-add-w8a8")
+    assert w8a8.weights is not None and not w8a8.weights.size_not_reduced and w8a8.weights.ratio < 0.75
+    assert w8a8.acceptability == "acceptable" and "weights on disk: baseline" in " ".join(w8a8.reasons)
+    w2 = with_checkpoints("w2", "tiny-add-w2-rtn")
+    assert w2.weights is not None and w2.weights.size_not_reduced
+    assert w2.acceptability == "not acceptable"
+    said = " ".join(w2.reasons)
+    assert "SIZE_NOT_REDUCED: the candidate's weights are not smaller" in said and "stored dequantized" in said
+
+
+def test_a_length_rule_that_is_not_a_percentage_is_refused():
+    with pytest.raises(ValidationError, match=r"max_length_change 0.05 reads as a fraction: it is a percentage, use 5"):
+        CompareResultsInput(baseline="a", candidate="b", max_length_change=0.05)
+    with pytest.raises(ValidationError, match=r"max_length_change 250: give a percentage in \(0, 100\]"):
+        CompareResultsInput(baseline="a", candidate="b", max_length_change=250)
