@@ -577,3 +577,66 @@ def test_a_watcher_that_saw_a_server_loading_does_not_overwrite_the_stop_recorde
     deploy.stop_deployment(deploy.StopDeploymentInput(record_id=result.record_id, grace_s=5))
     assert deploy.settle(seen).status == "stopped"  # the stale `loading` it read changes nothing now
     assert [event.status for event in ledger.events(result.record_id)][-1] == "stopped"
+
+
+# ---------------------------------------------------------------- which kernels a named GPU runs, over MCP
+
+
+def _plan_over_mcp(**arguments: object) -> dict:
+    import anyio
+    from mcp import Client
+
+    from quanteval import toolsets
+    from quanteval.faces.server import build_server
+
+    async def go() -> dict:
+        async with Client(build_server(toolsets=list(toolsets.TOOLSETS))) as client:
+            result = await client.call_tool("plan_deployment", {"check_args": False, **arguments})
+            assert not result.is_error, result.content[0].text
+            return result.structured_content
+
+    return anyio.run(go)
+
+
+@pytest.mark.parametrize(("checkpoint", "framework", "gpu", "kernel", "activations", "weight_only"), [
+    # llm-compressor's W8A8 (int8 weights per channel, dynamic int8 activations per token)
+    ("tiny-add-w8a8", "vllm", "A100", "int8 CUTLASS scaled-mm", "int8", False),
+    ("tiny-add-w8a8", "sglang", "A100", "int8 CUTLASS scaled-mm", "int8", False),
+    # ModelOpt NVFP4: Marlin's weight-only FP4 below Blackwell, FP4 tensor cores on it
+    ("qwen3-tiny-nvfp4", "vllm", "H100", "Marlin FP4 weight-only kernels", "16-bit", True),
+    ("qwen3-tiny-nvfp4", "sglang", "H100", "Marlin FP4 weight-only kernels", "16-bit", True),
+    ("qwen3-tiny-nvfp4", "vllm", "B200", "native FP4 (NVFP4) GEMM", "FP4 (NVFP4)", False),
+    # ModelOpt FP8: no FP8 tensor cores on an A100 (vLLM falls back to Marlin; SGLang refuses), native on H100
+    ("llama-tiny-fp8", "vllm", "A100", "Marlin FP8 weight-only kernels", "16-bit", True),
+    ("llama-tiny-fp8", "sglang", "A100", None, "FP8", None),
+    ("llama-tiny-fp8", "vllm", "H100", "native FP8 CUTLASS scaled-mm", "FP8", False),
+    # weight-only by design: Marlin, and the accuracy measured is the format's
+    ("tiny-add-w4a16", "vllm", "A100", "Marlin weight-only (W4A16)", "16-bit", True),
+])
+def test_a_plan_for_a_named_gpu_says_which_kernels_serve_the_checkpoint(checkpoint, framework, gpu, kernel, activations,
+                                                                         weight_only):
+    plan = _plan_over_mcp(checkpoint=str(CHECKPOINTS / checkpoint), framework=framework, gpu_type=gpu)
+    path = plan["kernel_path"]
+    assert (path["gpu"], path["kernel"], path["activations"], path["weight_only"]) == (gpu, kernel, activations, weight_only), path
+    if weight_only and checkpoint != "tiny-add-w4a16":  # a format whose activations are quantized, served weight-only
+        assert "not what ships" in path["meaning"], path
+    if kernel is None:
+        assert "compute capability >= 8.9" in path["meaning"], path
+    assert "cpu_wna16_kernel" not in json.dumps(plan)  # this machine's CPU facts only under parser_check.this_machine
+
+
+def test_a_plan_for_this_cpu_labels_what_it_measured_here_and_names_no_gpu_kernel():
+    plan = _plan_over_mcp(checkpoint=str(CHECKPOINTS / "tiny-add-w4a16"), framework="vllm")
+    assert plan["device"] == "cpu" and plan["kernel_path"] is None
+    assert set(plan["parser_check"]["this_machine"]) <= {"vllm_cpu_gemm_wna16"}
+
+
+def test_a_plan_for_a_host_no_ssh_config_names_says_it_is_unverified(tmp_path, monkeypatch):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host known-login\n  HostName 127.0.0.1\n")
+    monkeypatch.setenv("QUANTEVAL_SSH_CONFIG", str(config))
+    unknown = _plan_over_mcp(checkpoint=str(CHECKPOINTS / "tiny-add-w8a8"), framework="vllm", gpu_type="A100", host="typo-login")
+    [said] = [w for w in unknown["warnings"] if "typo-login" in w["message"]]
+    assert "unverified" in said["message"] and str(config) in said["message"]
+    known = _plan_over_mcp(checkpoint=str(CHECKPOINTS / "tiny-add-w8a8"), framework="vllm", gpu_type="A100", host="user@known-login")
+    assert not [w for w in known["warnings"] if "unverified" in w["message"]]

@@ -203,7 +203,7 @@ def test_a_head_size_the_cpu_has_no_kernel_for_is_refused_before_launch_and_expl
 
 def test_w4a16_needs_a_kernel_some_cpu_builds_lack_and_the_plan_says_which_this_one_is():
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINTS / "tiny-add-w4a16"), framework="vllm"))
-    has_kernel = plan.parser_check.resolved["cpu_wna16_kernel"]
+    has_kernel = plan.parser_check.this_machine["vllm_cpu_gemm_wna16"]
     errors = [w.message for w in plan.warnings if w.level == "error"]
     if has_kernel:  # measured here: it serves and answers (CPUWNA16LinearKernel)
         assert errors == []

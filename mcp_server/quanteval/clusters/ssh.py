@@ -94,6 +94,33 @@ def ssh_config_path() -> Path:
     return user_path(explicit) if explicit else ssh_home() / ".ssh" / "config"
 
 
+def ssh_config_hosts(config_path: Path | None = None) -> list[str]:
+    """Host aliases of the ssh config the remote tools read (~/.ssh/config, or QUANTEVAL_SSH_CONFIG)."""
+    path = config_path or ssh_config_path()
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    hosts: list[str] = []
+    for line in lines:
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[0].lower() == "host":
+            hosts += [h for h in parts[1].split() if not any(c in h for c in "*?!")]
+    return hosts
+
+
+def host_problem(host: str) -> str | None:
+    """Why `host` (`alias`, `user@alias`, `alias:port`) is not a host the remote tools know, or None: a Host alias of
+    the ssh config is known; anything else is unverified (ssh would try it as a hostname; ssh_check tests it)."""
+    if names_this_machine(host):
+        return None
+    _, alias, _ = _split_host(host)
+    if alias in ssh_config_hosts():
+        return None
+    return (f"host '{host}' is no Host alias in {ssh_config_path()}: unverified (quanteval has not reached it). Add it "
+            "there (HostName, User) and run ssh_check, or give an alias that is there.")
+
+
 def default_known_hosts() -> Path:
     return ssh_home() / ".ssh" / "known_hosts"
 

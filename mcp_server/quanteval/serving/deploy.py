@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import envvars, ledger, redact, warm_python
-from quanteval.clusters.ssh import LOCAL
+from quanteval.clusters.ssh import LOCAL, host_problem
 from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy_local, deploy_slurm, frameworks
@@ -39,6 +39,7 @@ from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointRepor
 from quanteval.serving.deployment import (
     DeploymentPlan,
     Executor,
+    KernelPath,
     LaunchDeploymentInput,
     LaunchDeploymentResult,
     ParserCheck,
@@ -218,11 +219,11 @@ if sys.argv[2] == "1":  # a local checkpoint: vLLM's own config resolution (no w
     resolved.update(quantization=config.quantization, max_model_len=config.max_model_len,
                     head_size=config.get_head_size(), dtype=str(config.dtype).removeprefix("torch."),
                     served_model_name=config.served_model_name)
-from vllm.platforms import current_platform
-if current_platform.is_cpu():  # the 4-bit weight-only GEMM is compiled in only for some CPU ISAs
-    import torch, vllm._custom_ops
-    resolved["cpu_wna16_kernel"] = hasattr(torch.ops._C, "cpu_gemm_wna16")
 print("@@resolved" + json.dumps(resolved, default=str))
+from vllm.platforms import current_platform
+if current_platform.is_cpu():  # this machine's vLLM CPU build: its 4-bit weight-only GEMM is compiled in for some ISAs only
+    import torch, vllm._custom_ops
+    print("@@this_machine" + json.dumps({"vllm_cpu_gemm_wna16": hasattr(torch.ops._C, "cpu_gemm_wna16")}))
 """
 
 
@@ -253,16 +254,19 @@ def check_server_args(framework: str, server_args: list[str], local_model: bool 
     except subprocess.TimeoutExpired:
         return ParserCheck(checked=False, message=f"{module}'s parser did not answer within 180 s.")
     resolved: dict[str, Any] = {}
+    this_machine: dict[str, Any] = {}
     for line in done.stdout.splitlines():
         if line.startswith("@@resolved"):
             resolved = json.loads(line.removeprefix("@@resolved"))
+        elif line.startswith("@@this_machine"):
+            this_machine = json.loads(line.removeprefix("@@this_machine"))
     if done.returncode == 0:
         version = f" {resolved['vllm_version']}" if "vllm_version" in resolved else ""
         what = " and its model-config resolution" if len(resolved) > 1 else ""
         message = f"{module}{version}'s own argument parser{what} accept these arguments."
         if module == "vllm":
             message += " (vllm-cpu 0.32 here; GPU releases (0.33) add flags it lacks, none that quanteval plans use.)"
-        return ParserCheck(checked=True, ok=True, message=message, resolved=resolved)
+        return ParserCheck(checked=True, ok=True, message=message, resolved=resolved, this_machine=this_machine)
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     detail = (errors[-1] if errors else done.stderr.strip()[-500:])[:500]
     return ParserCheck(checked=True, ok=False, message=f"{module} rejected the arguments or the checkpoint: {detail}")
@@ -320,15 +324,30 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     check = (check_server_args(framework, server_args, local_model) if request.check_args
              else ParserCheck(checked=False, message="Not checked (check_args is false)."))
     if cpu:  # GPU kernel findings do not apply; the CPU backend's own do
-        warnings = [w for w in warnings if w.level == "error"] + _cpu_warnings(report, check.resolved.get("cpu_wna16_kernel"))
+        warnings = [w for w in warnings if w.level == "error"] + _cpu_warnings(report, check.this_machine.get("vllm_cpu_gemm_wna16"))
     warnings += _resolution_warnings(check, report, name)
+    if not local and (unknown := host_problem(request.host or "")):
+        warnings.append(PlanWarning(level="warning", message=unknown))
     argv = [*launcher, *server_args]
     return DeploymentPlan(
         framework=framework, host=None if local else request.host, device="cpu" if cpu else "gpu",
         checkpoint=_model_ref(report), served_model_name=name, bind_address=host, port=port,
         tensor_parallel_size=tp, gpu_type=request.gpu_type, launcher=launcher, server_args=server_args,
         argv=argv, command=shlex.join(argv), env=env, warnings=warnings, notes=notes, parser_check=check, serving=serving,
+        kernel_path=_kernel_path(report, framework, request.gpu_type) if request.gpu_type and not cpu else None,
     )
+
+
+def _kernel_path(report: CheckpointReport, framework: str, gpu: str) -> KernelPath:
+    quant = report.quantization
+
+    def stored(precision: Any) -> tuple[str, int] | None:
+        return (precision.kind, precision.bits) if precision is not None and precision.kind and precision.bits else None
+
+    facts = frameworks.kernel_facts(framework, quant.format, algo_label(quant) if quant.detected else "BF16",
+                                    stored(quant.weights), stored(quant.activations), gpu)
+    return KernelPath(gpu=gpu, compute_capability=GPUS[gpu].capability / 10, kernel=facts.kernel,
+                      weight_only=facts.weight_only, activations=facts.activations, meaning=facts.meaning)
 
 
 def serving_of(framework: str, launcher: list[str], server_args: list[str], given: list[str], local: bool,

@@ -33,6 +33,24 @@ class ParserCheck(BaseModel):
     resolved: dict[str, Any] = Field(default_factory=dict, description=(
         "What the framework's own config code resolves for a local checkpoint (vLLM: quantization, max_model_len, "
         "head_size, dtype, served_model_name); empty when not run."))
+    this_machine: dict[str, Any] = Field(default_factory=dict, description=(
+        "Measured on the machine quanteval runs on, not on the plan's GPU host: vllm_cpu_gemm_wna16, whether this "
+        "machine's vLLM CPU build has its 4-bit weight-only GEMM (decides only whether W4A16 serves on this CPU)."))
+
+
+class KernelPath(BaseModel):
+    """The GEMM kernels the framework runs this checkpoint's format with on the plan's GPU (serving.frameworks'
+    facts), and what they make of the accuracy measured there."""
+
+    gpu: str
+    compute_capability: float
+    kernel: str | None = Field(description=(
+        "int8 CUTLASS scaled-mm, Marlin FP4/FP8 weight-only kernels, native FP8 / FP4 (NVFP4) GEMM, ...; null: not "
+        "served on this GPU, or no fact known (meaning says which)."))
+    weight_only: bool | None = Field(description=(
+        "True: activations enter the GEMMs 16-bit, whatever the checkpoint stores; null: unknown."))
+    activations: str = Field(description="What the GEMMs take as activations: int8, FP8, FP4 (NVFP4), 16-bit, per layer.")
+    meaning: str = Field(description="What is quantized there, and whether the accuracy measured is the one that ships.")
 
 
 class Serving(BaseModel):
@@ -77,6 +95,9 @@ class DeploymentPlan(BaseModel):
     notes: list[str] = Field(default_factory=list)
     parser_check: ParserCheck
     serving: Serving
+    kernel_path: KernelPath | None = Field(None, description=(
+        "With gpu_type: the kernel path the framework takes for this checkpoint's format on that GPU's compute "
+        "capability. Null on this machine's CPU and without gpu_type (name the GPU to learn it)."))
 
 
 

@@ -523,6 +523,90 @@ def verdict(framework: str, key: str, algo_label: str, gpu: str | None = None, k
     return Verdict(args=args, quantization=facts.quantization, findings=findings, notes=notes)
 
 
+# --- Which GEMM kernels serve a format on a GPU ------------------------------------------------------------------
+# What the framework computes with decides what a run measures: a format whose activations are quantized (W8A8, FP8,
+# NVFP4) served by a weight-only kernel measures weight-only accuracy, not what ships. The fallback below a format's
+# native capability is the Support row's (`fallback`); above it, the native kernel is the stored precisions'.
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    min_capability: int  # the kernel's own lowest compute capability
+    source: str
+
+
+# (weights, activations) as stored: (kind, bits), activations None when they stay 16-bit (weight-only formats).
+NATIVE_KERNELS: dict[tuple[tuple[str, int], tuple[str, int] | None], Kernel] = {
+    (("int", 8), ("int", 8)): Kernel("int8 CUTLASS scaled-mm", 75, "vLLM's CompressedTensorsW8A8Int8 (cutlass_scaled_mm, "
+                                     "SM75+); SGLang's int8_scaled_mm (sgl-kernel, CUTLASS)"),
+    (("float", 8), ("float", 8)): Kernel("native FP8 CUTLASS scaled-mm", FP8_TENSOR_CORES, "FP8 tensor cores (Ada, Hopper, Blackwell)"),
+    (("nvfp4", 4), ("nvfp4", 4)): Kernel("native FP4 (NVFP4) GEMM", BLACKWELL, "FP4 tensor cores (Blackwell, SM100)"),
+    (("nvfp4", 4), ("float", 8)): Kernel("native FP4 x FP8 GEMM", BLACKWELL, "FP4 tensor cores (Blackwell, SM100)"),
+    (("mxfp8", 8), ("mxfp8", 8)): Kernel("native MXFP8 GEMM", BLACKWELL, "block-scaled tensor cores (Blackwell, SM100)"),
+    (("mxfp4", 4), ("mxfp4", 4)): Kernel("native MXFP4 GEMM", BLACKWELL, "block-scaled tensor cores (Blackwell, SM100)"),
+    (("int", 4), None): Kernel("Marlin weight-only (W4A16)", 80, "vLLM gptq_marlin/awq_marlin and compressed-tensors WNA16 "
+                               "(Marlin, SM80+); SGLang gptq_marlin"),
+    (("int", 8), None): Kernel("Marlin weight-only (W8A16)", 80, "Marlin, SM80+"),
+    (("nvfp4", 4), None): Kernel("FP4 weight-only GEMM (W4A16 NVFP4)", 80, "the format quantizes weights only"),
+    (("float", 8), None): Kernel("FP8 weight-only GEMM", 80, "the format quantizes weights only"),
+}
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    kernel: str | None  # None: the framework does not serve the format on this GPU, or quanteval knows no kernel
+    weight_only: bool | None  # activations 16-bit in the GEMMs (None: unknown)
+    activations: str  # what the GEMMs take as activations
+    meaning: str
+
+
+def _precision_name(precision: tuple[str, int] | None) -> str:
+    if precision is None:
+        return "16-bit"
+    kind, bits = precision
+    return {"int": f"int{bits}", "float": f"FP{bits}", "nvfp4": "FP4 (NVFP4)", "mxfp4": "MXFP4", "mxfp8": "MXFP8"}.get(kind, f"{kind}{bits}")
+
+
+def kernel_facts(framework: str, key: str, algo_label: str, weights: tuple[str, int] | None,
+                 activations: tuple[str, int] | None, gpu: str) -> KernelFacts:
+    """The GEMM path `framework` takes for format `key` (stored as `weights`/`activations`: (kind, bits), None for
+    16-bit) on `gpu`, and what it means for the accuracy measured there."""
+    name, capability = DISPLAY_NAMES[framework], GPUS[gpu].capability
+    sm = f"{gpu} (compute capability {capability / 10:.1f})"
+    if weights and weights[0] == "float" and weights[1] == 4:
+        weights = ("nvfp4", 4)  # compressed-tensors' FP4 is NVFP4
+    if key == "none":
+        return KernelFacts("16-bit GEMM", False, "16-bit", "unquantized: the reference the quantized runs are compared with")
+    facts = support(framework, key)
+    if facts.rejected:
+        return KernelFacts(None, None, _precision_name(activations), f"{name} does not load {algo_label}: {facts.rejected}.")
+    if facts.min_capability and capability < facts.min_capability:
+        return KernelFacts(None, None, _precision_name(activations),
+                           f"{name} needs compute capability >= {facts.min_capability / 10:.1f} for {algo_label}; {sm} is below it.")
+    if weights is None:  # MIXED_PRECISION: each layer's format picks its own kernel (the warnings check them one by one)
+        return KernelFacts(None, None, "per layer", f"{algo_label} mixes formats by layer: each takes its own kernel on {sm}.")
+    stored = f"{algo_label} stores {_precision_name(weights)} weights and {_precision_name(activations)} activations"
+    if facts.fallback and facts.native_capability and capability < facts.native_capability:
+        kernel = facts.fallback.split(":")[0].split(" (")[0]
+        return KernelFacts(kernel, True, "16-bit",
+                           f"{stored}; on {sm} {name} serves it through {facts.fallback}.")
+    native = NATIVE_KERNELS.get((weights, activations))
+    if native is None or facts.unverified:
+        return KernelFacts(None, None, _precision_name(activations),
+                           f"{stored}; quanteval has no fact on the kernel {name} runs it with on {sm}: unverified.")
+    if capability < native.min_capability:
+        return KernelFacts(None, None, _precision_name(activations),
+                           f"{stored}; its {native.name} needs compute capability >= {native.min_capability / 10:.1f} "
+                           f"({native.source}), and quanteval knows no {name} fallback on {sm}: unverified.")
+    if activations is None:
+        return KernelFacts(native.name, True, "16-bit", f"{stored}: weight-only by design, so the accuracy measured on "
+                                                          f"{sm} is the format's ({native.source}).")
+    return KernelFacts(native.name, False, _precision_name(activations),
+                       f"{stored}: both are quantized in the GEMMs on {sm} ({native.source}), so the accuracy measured "
+                       "there is the format's as it ships.")
+
+
 def _layer_error(framework: str, key: str, layers: dict[str, str], missing: dict[tuple[str, str], list[str]]) -> str:
     scheme = scheme_of(framework, key)
     loader = LAYER_LOADERS[(framework, scheme or "")]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import __version__, envvars, ledger
 from quanteval.clusters import executor as executors
-from quanteval.clusters.ssh import ssh_config_path
+from quanteval.clusters.ssh import ssh_config_hosts, ssh_config_path
 from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
 from quanteval.models import StrictModel, ToolError
 from quanteval.serving.frameworks import FRAMEWORK_INFO, VLLM_VENV_DEFAULT, VLLM_VENV_ENV, vllm_venv, vllm_venv_version
@@ -134,21 +134,6 @@ def _gpus(probe: bool) -> tuple[list[GpuInfo], str]:
             memory = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
             gpus.append(GpuInfo(index=int(parts[0]), name=parts[1], memory_mib=memory))
     return gpus, f"{len(gpus)} GPU(s) from nvidia-smi"
-
-
-def ssh_config_hosts(config_path: Path | None = None) -> list[str]:
-    """Host aliases of the ssh config the remote tools read (~/.ssh/config, or QUANTEVAL_SSH_CONFIG)."""
-    path = config_path or ssh_config_path()
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    hosts: list[str] = []
-    for line in lines:
-        parts = line.strip().split(None, 1)
-        if len(parts) == 2 and parts[0].lower() == "host":
-            hosts += [h for h in parts[1].split() if not any(c in h for c in "*?!")]
-    return hosts
 
 
 def _workspaces(root: str | None) -> list[Workspace]:
