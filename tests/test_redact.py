@@ -124,3 +124,61 @@ def test_remote_grep_over_mcp_masks_what_it_matched(tmp_path: Path) -> None:
     assert all(shown in text for (_, shown), text in zip(SECRET_LINES, texts, strict=True))
     dumped = result.content[0].text + str(result.structured_content)
     assert not any(secret in dumped for secret in PLANTED)
+
+
+JUDGE = "Zq8mP2_vL9xR4tW7nB5kJ3hG6fD1sA0yC"  # a set secret with no known shape, an underscore in it
+
+
+def _encoded_forms(value: str) -> dict[str, str]:
+    import base64
+
+    return {"base64": base64.b64encode(f"judge:{value}".encode()).decode(),  # inside longer encoded data
+            "urlsafe base64": base64.urlsafe_b64encode(value.encode()).decode(), "hex": value.encode().hex(),
+            "%5F url-encoding": value.replace("_", "%5F"), "all url-encoded": "".join(f"%{ord(c):02X}" for c in value)}
+
+
+def test_a_set_secret_is_masked_wrapped_cut_at_a_line_edge_and_in_its_encoded_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUDGE_API_KEY", JUDGE)
+    for how, form in _encoded_forms(JUDGE).items():
+        assert "<JUDGE_API_KEY>" in redact.scrub(f"sent {form} to the judge"), how
+    assert redact.shown_lines(["judge key:", f"  {JUDGE[:13]}", f"    {JUDGE[13:]}", "done"]) == \
+        ["judge key:", "  <JUDGE_API_KEY>", "    ***", "done"]
+    # each half of a wrapped value shown alone (a grep hit is one line)
+    assert JUDGE[:13] not in redact.shown_line(f"ERROR auth failed for {JUDGE[:13]}")
+    assert JUDGE[13:] not in redact.shown_line(f"    {JUDGE[13:]} rejected")
+
+
+def test_run_logs_over_mcp_masks_the_log_as_one_block_and_the_encoded_forms_of_set_secrets(tmp_path: Path,
+                                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nel-next run's log whose failure lines carry a key wrapped onto its own indented line, and a set secret
+    base64-, hex- and url-encoded: neither its tail, nor any form, reaches the client (tails or failure hits)."""
+    import subprocess
+
+    from quanteval import ledger
+    from quanteval.engines.nel_next.nelnext import LOG_NAME
+
+    monkeypatch.setenv("JUDGE_API_KEY", JUDGE)
+    tail = "Qm9vN3lUb2tlblRhaWwxMjM0NTY3"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    forms = _encoded_forms(JUDGE)
+    (run_dir / LOG_NAME).write_text("\n".join([
+        "starting", "openai.AuthenticationError: Error code: 401 - Authorization: Bearer", f"    {tail}",
+        f"ERROR judge rejected key {JUDGE[:13]}", f"    {JUDGE[13:]}",
+        *(f"ERROR request failed ({how}): {form}" for how, form in forms.items()), "done"]) + "\n")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    record = ledger.add("canary", status="failed", executor="local", invocation_id=f"nel-next:{run_dir}",
+                        details={"engine": "nel-next", "run_dir": str(run_dir), "pgid": gone.pid, "tasks": ["sums"]})
+
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("run_logs", {"record_id": record.id, "lines": 50})
+
+    result = anyio.run(go)
+    assert not result.is_error, result.content[0].text
+    shown = result.content[0].text + str(result.structured_content)
+    hits = [hit["text"] for hit in result.structured_content["failures"]]
+    assert any("Authorization: Bearer" in hit for hit in hits), hits
+    for leaked in (tail, JUDGE, JUDGE[:13], JUDGE[13:], *forms.values()):
+        assert leaked not in shown, leaked

@@ -5,6 +5,7 @@ the eval server's log tails, rendered scripts). It masks:
 - by value: the values of secret env vars that are set here, each shown as its var's name (`<HF_TOKEN>`): the known
   ones (HF_TOKEN, NGC_API_KEY, JUDGE_API_KEY ...) and any other whose name ends in KEY, TOKEN, SECRET or PASSWORD
   (such as the eval server's --token-env); and the values NEL wrote to the .secrets.env files the caller names (`***`);
+  also wrapped across lines, percent-encoded, base64- or hex-encoded, and a part of one cut at a line's edge;
 - by shape, wherever they appear, as `***`: `Authorization: Bearer …`, NVIDIA `nvapi-…` keys, Hugging Face `hf_…` tokens,
   OpenAI-style `sk-…` keys (after `_` too, JSON-escaped, wrapped onto the next line), JWTs, AWS access key ids,
   the password in a URL (`https://user:…@host`), the value of `NAME=value` whose name
@@ -15,6 +16,8 @@ Configs are redacted by key instead (redact_config). A log line is shown scrubbe
 
 from __future__ import annotations
 
+import base64
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -74,12 +77,72 @@ def secret_values(secrets_files: Iterable[Path] = ()) -> Secrets:
 
 
 def scrub(text: str, secrets: Secrets | None = None) -> str:
-    """text with every secret masked; `secrets` defaults to secret_values() (the env's, no .secrets.env files)."""
+    """text with every secret masked; `secrets` defaults to secret_values() (the env's, no .secrets.env files).
+
+    A known value is found as written, wrapped onto the next line (after a backslash, or indented), percent-encoded
+    in any of its characters (`%5F` for `_`), and as its base64 (standard or URL-safe, at any byte offset) or hex; a
+    line that ends with its first MIN_PART_CHARS+ characters, or starts with its last, has that part masked (a line
+    shown alone, cut where a log wrapped the value)."""
     known = secret_values() if secrets is None else secrets
     for value in sorted(known, key=len, reverse=True):
-        text = text.replace(value, known[value])
+        text = _value_pattern(value).sub(functools.partial(_value_masked, known[value]), text)
+        for encoded in _encodings(value):
+            text = text.replace(encoded, known[value])
+    if known:
+        text = "\n".join(_edges_masked(line, known) for line in text.split("\n"))
     text = SECRET_ASSIGNMENT.sub(lambda match: f"{match.group(1)}{MASK}", text)
     return SECRET_SHAPE.sub(_masked, text)
+
+
+MIN_PART_CHARS = 8  # a part of a known value at a line's edge this long is masked (shorter ones occur by chance)
+_WRAP = r"(?:\\?\r?\n[ \t]*)?"  # where a log may have wrapped a value: after a backslash, or indented
+
+
+@functools.lru_cache(maxsize=64)
+def _value_pattern(value: str) -> re.Pattern[str]:
+    """The value as written, each character also percent-encoded (any case), wrappable between characters."""
+    def char(c: str) -> str:
+        encoded = "".join(f"%{byte:02x}" for byte in c.encode("utf-8"))
+        return f"(?:{re.escape(c)}|(?i:{re.escape(encoded)}))"
+
+    return re.compile(_WRAP.join(char(c) for c in value))
+
+
+@functools.lru_cache(maxsize=64)
+def _encodings(value: str) -> tuple[str, ...]:
+    """The value's base64 (standard and URL-safe, as it reads at each of the three byte offsets inside longer encoded
+    data) and hex (either case): forms a log or a URL may carry it in."""
+    raw = value.encode("utf-8")
+    forms = {raw.hex(), raw.hex().upper()}
+    for offset in range(3):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            encoded = encode(b"\0" * offset + raw).decode()
+            # only the characters that depend on the value's bytes alone
+            forms.add(encoded[-(-4 * offset // 3):(4 * (offset + len(raw))) // 3])
+    return tuple(sorted((form for form in forms if len(form) >= MIN_PART_CHARS), key=len, reverse=True))
+
+
+def _value_masked(shown: str, match: re.Match[str]) -> str:
+    """A known value masked; one wrapped onto the next line stays two lines (a log's lines keep their count)."""
+    head, newline, tail = match.group(0).partition("\n")
+    if not newline:
+        return shown
+    return f"{shown}\n{tail[:len(tail) - len(tail.lstrip(' ' + chr(9)))]}{MASK}"
+
+
+def _edges_masked(line: str, known: Secrets) -> str:
+    body = line.rstrip()
+    indent = len(body) - len(body.lstrip())
+    for value, shown in known.items():
+        for size in range(len(value) - 1, MIN_PART_CHARS - 1, -1):
+            if body.endswith(value[:size]):
+                body = body[:-size] + shown
+                break
+        for size in range(len(value) - 1, MIN_PART_CHARS - 1, -1):
+            if body[indent:].startswith(value[-size:]):
+                body = body[:indent] + shown + body[indent + size:]
+                break
+    return body + line[len(line.rstrip()):]
 
 
 def _masked(match: re.Match[str]) -> str:

@@ -245,9 +245,11 @@ def logs(record: ledger.Record, lines: int, job_id: str | None, progress: Progre
     path, content = _log_lines(record, lines)
     server_tails, server_hits = _server_logs(record, lines)
     secrets = secret_values()
-    found = [(path, number, text) for number, text in enumerate(content, 1) if failures.classify(text)] + server_hits
-    hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=file, line=number,
-                       text=shown_line(text, secrets)) for file, number, text in found]
+    shown = shown_lines(content, secrets)  # the log masked as one block: a key wrapped onto the next line is masked on both
+    found = [(path, number, text, shown[number - 1].strip()) for number, text in enumerate(content, 1) if failures.classify(text)]
+    found += [(file, number, text, shown_line(text, secrets)) for file, number, text in server_hits]
+    hits = [FailureHit(failure_class=failures.classify(text) or "exception", file=file, line=number, text=masked)
+            for file, number, text, masked in found]
     tail = shown_lines(content[-lines:], secrets)
     tails = [LogTail(job_id="nel eval run", file=path, lines=tail),
              *(LogTail(job_id=f"model server ({Path(file).name})", file=file, lines=shown_lines(server_tail, secrets))
