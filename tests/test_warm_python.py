@@ -121,6 +121,32 @@ def test_the_warm_process_ends_when_its_owner_is_killed():
     assert _warm_running() == []
 
 
+def test_the_warm_process_and_its_hung_check_end_when_their_owner_is_killed(tmp_path):
+    """The owner SIGKILLed while its check hangs (opening a FIFO nobody writes, as a FIFO given as a config does): the
+    warm process notices its owner's EOF while it waits for the check, and neither is left behind."""
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        from quanteval import warm_python
+        env = {{**os.environ, "QUANTEVAL_STATE_DIR": {MARK!r}}}
+        warm_python.run({PY!r}, "import json\\n", "print(1)", [], env, timeout_s=60)
+        print("warm", flush=True)
+        warm_python.run({PY!r}, "import json\\n", "open({str(fifo)!r}).read()", [], env, timeout_s=600)
+        """)], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None and owner.stdout.readline() == "warm\n"
+    deadline = time.monotonic() + 10
+    while len(_warm_running()) < 2 and time.monotonic() < deadline:  # the warm process and the check it forked
+        time.sleep(0.1)
+    assert len(_warm_running()) == 2, _warm_running()
+    owner.send_signal(signal.SIGKILL)
+    owner.wait(10)
+    deadline = time.monotonic() + 10
+    while _warm_running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _warm_running() == []
+
+
 def test_sglangs_parser_answers_alike_warm_and_cold():
     """The real check: SGLang's parser (importable in this venv) accepts and refuses the same arguments twice."""
     pytest.importorskip("sglang.srt.server_args")

@@ -10,23 +10,44 @@ Protocol, one JSON object per line: the first line on stdin is {"preload": CODE}
 {"returncode": N, "stdout": TEXT, "stderr": TEXT}, as `python -c CODE *argv` run in DIR with that environment and no
 stdin would have ended. Answers go to the stdout this process started with; what the preload or a check prints goes
 to stderr or the check's own capture.
-The process ends at EOF on stdin (its owner closed it, or died) or after IDLE_S without a request.
+The process ends at EOF on stdin (its owner closed it, or died) or after IDLE_S without a request; at EOF while a
+check runs (one that hangs: a FIFO it opens), it kills the check and what the check started first, and a check dies
+with this process (the parent-death signal), so neither outlives an owner that was SIGKILLed.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
+import signal
 import sys
 import tempfile
+import time
 import traceback
 
 IDLE_S = 600
+OWNER_POLL_S = 0.2  # how often a running check's wait looks at stdin for its owner's EOF
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent() -> None:
+    """In the forked child: SIGKILL when this process (its parent) ends, however it ends (Linux; elsewhere the
+    owner's EOF alone stops it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent ended before the signal was armed
+        os._exit(1)
 
 
 def _run_child(request: dict, out_fd: int, err_fd: int) -> None:
     """In the forked child: the check as `python -c` would run it; never returns."""
+    _die_with_parent()
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -56,16 +77,37 @@ def _run_child(request: dict, out_fd: int, err_fd: int) -> None:
     os._exit(code)
 
 
-def _answer(request: dict) -> dict:
+def _answer(request: dict, stdin: io.BufferedReader) -> dict:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:
             _run_child(request, out.fileno(), err.fileno())
-        _, status = os.waitpid(pid, 0)
+        status = _wait(pid, stdin)
         out.seek(0)
         err.seek(0)
         return {"returncode": os.waitstatus_to_exitcode(status), "stdout": out.read().decode(errors="replace"),
                 "stderr": err.read().decode(errors="replace")}
+
+
+def _wait(pid: int, stdin: io.BufferedReader) -> int:
+    """The check's exit status; if its owner goes away meanwhile (EOF on stdin), the check and whatever it started
+    are killed and this process ends: nobody is left to answer."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if select.select([stdin], [], [], OWNER_POLL_S)[0]:
+            if not stdin.peek(1):  # EOF: the owner closed its end or died
+                _kill_check(pid)
+                os._exit(0)
+            time.sleep(OWNER_POLL_S)  # a request before the answer (not the protocol): read after this one
+
+
+def _kill_check(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    if os.getpgrp() == os.getpid():  # a group of its own (warm_python starts it in a new session): what the check
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # started too, and this process with them
+    os.waitpid(pid, 0)
 
 
 def main() -> None:
@@ -92,7 +134,7 @@ def main() -> None:
         line = stdin.readline()
         if not line:
             return
-        reply(_answer(json.loads(line)))
+        reply(_answer(json.loads(line), stdin))
 
 
 if __name__ == "__main__":
