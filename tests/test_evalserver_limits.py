@@ -5,6 +5,7 @@ read-only."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -233,3 +234,34 @@ def test_seventy_half_sent_requests_hold_no_worker_and_health_answers_through_th
         for sock in half_sent:
             sock.close()
     assert server.proc.poll() is None
+
+
+def test_token_holders_trickling_150_bodies_hold_a_bounded_share_of_workers_and_health_answers(serve_eval):
+    """150 connections with the bearer token, each sending its headers and a byte of its body: at most
+    MAX_BODY_READS_PER_CALLER hold a worker (the rest are answered 429 at once), so /health keeps answering."""
+    server = serve_eval("--idle-timeout-s", "30", "--token-env", "EVAL_TOKEN_FOR_TEST", env={"EVAL_TOKEN_FOR_TEST": TOKEN})
+    trickling = []
+    try:
+        for _ in range(150):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(f"POST /evaluate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                         f"Content-Length: 1000\r\n\r\n{{".encode())
+            trickling.append(sock)
+        time.sleep(3)  # every connection is with a worker, or answered
+        answered = []
+        for _ in range(5):
+            started = time.monotonic()
+            status, _ = http_request(server.url, "GET", "/health", timeout=5)
+            answered.append((status, time.monotonic() - started))
+        assert all(status == 503 and waited < 2 for status, waited in answered), answered  # stand-in ns: not ready
+        from quanteval.faces.evalhttp import MAX_BODY_READS_PER_CALLER
+
+        refused = 0
+        for sock in trickling:
+            sock.settimeout(0.2)
+            with contextlib.suppress(OSError):
+                refused += sock.recv(4096).startswith(b"HTTP/1.0 429")
+        assert refused == 150 - MAX_BODY_READS_PER_CALLER, refused
+    finally:
+        for sock in trickling:
+            sock.close()

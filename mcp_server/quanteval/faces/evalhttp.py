@@ -6,7 +6,8 @@
     GET  /jobs/<id>     status, runs and metrics of one job
 
 Status codes: 400 for a payload that can never succeed (slime's client retries these too, pointlessly);
-401 without the bearer token when one is required; 413 for a body over MAX_BODY_BYTES; 502 when a benchmark failed (the good benchmarks'
+401 without the bearer token when one is required; 413 for a body over MAX_BODY_BYTES; 429 when the caller already has
+MAX_BODY_READS_PER_CALLER bodies arriving; 502 when a benchmark failed (the good benchmarks'
 metrics are still in the body; `allow_partial` answers 200 when at least one succeeded); 503 while
 shutting down (in-flight requests get it with the reason).
 
@@ -52,6 +53,9 @@ MAX_BODY_BYTES = 1_000_000
 HTTP_WORKERS = 64
 MAX_HEADER_BYTES = 64 * 1024  # request line and headers, read in the waiting room
 MAX_PENDING_PER_CLIENT = 32  # connections of one address that sent part of their headers and no more
+# Bodies read at once for one caller (the bearer token's holders, or one address where no token is required): a body
+# holds its worker while it arrives, so token holders trickling bodies must leave workers for /health and the rest.
+MAX_BODY_READS_PER_CALLER = HTTP_WORKERS // 4
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, socket.timeout)
 
 
@@ -92,6 +96,8 @@ class _Server(HTTPServer):
         self._reading_lock = threading.Lock()
         self._heads: dict[socket.socket, bytes] = {}
         self._heads_lock = threading.Lock()
+        self._body_reads: dict[str, int] = {}  # bodies being read now, by caller
+        self._body_reads_lock = threading.Lock()
         self._waiting_room = threading.Thread(target=self._watch_idle, name="eval-http-idle", daemon=True)
         self._waiting_room.start()
 
@@ -214,6 +220,22 @@ class _Server(HTTPServer):
             with self._heads_lock:
                 self._heads.pop(connection, None)
             self.shutdown_request(connection)
+
+    @contextlib.contextmanager
+    def body_read(self, caller: str) -> Any:
+        """Yields whether this caller may read one more body now (MAX_BODY_READS_PER_CALLER at once)."""
+        with self._body_reads_lock:
+            allowed = self._body_reads.get(caller, 0) < MAX_BODY_READS_PER_CALLER
+            if allowed:
+                self._body_reads[caller] = self._body_reads.get(caller, 0) + 1
+        try:
+            yield allowed
+        finally:
+            if allowed:
+                with self._body_reads_lock:
+                    self._body_reads[caller] -= 1
+                    if not self._body_reads[caller]:
+                        del self._body_reads[caller]
 
     def head(self, connection: socket.socket) -> bytes:
         """What the waiting room read of this connection's request (its line, headers, maybe some body)."""
@@ -409,7 +431,16 @@ class EvalHandler(BaseHTTPRequestHandler):
         if length <= 0:
             self._send(400, {"error": f"a JSON body of 1..{MAX_BODY_BYTES} bytes is required (with Content-Length)"})
             return None
-        body = self._read_body(length)
+        # the bearer token's holders are one caller (a stolen or shared token is still one budget); else one address
+        caller = "token" if self.bearer_token is not None else self.client_address[0]
+        with self.server.body_read(caller) as allowed:  # type: ignore[attr-defined]
+            if not allowed:
+                self.close_connection = True
+                self._send(429, {"error": f"{MAX_BODY_READS_PER_CALLER} requests of this client are sending their "
+                                          "bodies already; send the whole body at once, or retry when one is in"})
+                self._discard_what_is_in_flight()
+                return None
+            body = self._read_body(length)
         if body is None:
             return None
         try:
