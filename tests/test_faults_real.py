@@ -119,7 +119,7 @@ def serving_bf16() -> list[str]:
 @requires("nel-next", "slow")
 def test_two_evaluate_calls_on_one_output_dir_the_second_is_refused_and_the_first_unharmed(tmp_path):
     """Two real `quanteval evaluate` processes at once (a stand-in answers for vLLM: serving is not the subject)."""
-    env = user_env(QUANTEVAL_VLLM_LAUNCHER=shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"]))
+    env = user_env(QUANTEVAL_VLLM_LAUNCHER=shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2", "--fake-answers", "sum"]))
     out = tmp_path / "out"
     out.mkdir()
     (out / LOCK_NAME).write_text("pid 999999, since yesterday")  # left by a call that was killed: not in the way

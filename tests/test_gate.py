@@ -388,6 +388,8 @@ def test_validate_run_says_which_checkpoint_a_nel_next_run_served_or_that_it_wen
 
     run = tmp_path / "run"
     shutil.copytree(real_run.parent, run)
+    shutil.rmtree(run / "tiny_add")  # half its answers right: a run whose every answer is wrong is suspect
+    shutil.copytree(make_run(real_run, tmp_path / "answers", {"tiny_add": half_right(40)}) / "tiny_add", run / "tiny_add")
     unknown = validate_run(ValidateRunInput(run=str(run)))
     assert unknown.verdict == "pass" and unknown.tasks[0].served_checkpoint is None
     assert any(f.check == "checkpoint" and f.severity == "warning" and "went unchecked" in f.message for f in unknown.tasks[0].findings)

@@ -45,7 +45,8 @@ def broken(sample):
 
 @pytest.fixture
 def standin_vllm(monkeypatch) -> str:
-    launcher = shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2"])
+    # answering the sums: a canary whose every answer is wrong is suspect, and neither the gate nor evaluate goes on
+    launcher = shlex.join([sys.executable, str(STANDIN), "--fake-load-s", "0.2", "--fake-answers", "sum"])
     monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", launcher)
     monkeypatch.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
     return launcher

@@ -49,6 +49,8 @@ class Recipe(BaseModel):
     repeats: int = Field(default=1, description="How many times the recipe repeats each sample.")
     samples: int | None = Field(
         default=None, description="Questions in the full dataset, one repeat (validate_run's expected count); null when unknown.")
+    choices: int | None = Field(
+        default=None, description="Options per question of a multiple-choice benchmark (validate_run's chance level); null otherwise.")
     prompt_tokens: int | None = Field(
         default=None, description="Longest prompt of the benchmark in tokens, its template included (approximate); null when unknown.")
     answer_tokens: int | None = Field(
@@ -124,6 +126,7 @@ def parse_recipe(path: Path) -> Recipe:
             judge=bool(front.get("judge", False)),
             repeats=int(front.get("repeats") or 1),
             samples=int(front["samples"]) if front.get("samples") is not None else None,
+            choices=int(front["choices"]) if front.get("choices") is not None else None,
             prompt_tokens=int(front["prompt_tokens"]) if front.get("prompt_tokens") is not None else None,
             answer_tokens=int(front["answer_tokens"]) if front.get("answer_tokens") is not None else None,
             score_path=f"results.tasks.{fragment_task.split('.')[-1]}.metrics.{front['metric']}.scores.{front['score']}.value",

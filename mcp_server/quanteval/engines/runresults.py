@@ -21,8 +21,8 @@ from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel
 
 Scale = Literal["fraction", "percent", "unknown"]
-Verdict = Literal["pass", "fail", "inconclusive"]
-Severity = Literal["fail", "unknown", "warning", "info"]
+Verdict = Literal["pass", "fail", "suspect", "inconclusive"]
+Severity = Literal["fail", "suspect", "unknown", "warning", "info"]
 
 
 class ScoreValue(BaseModel):
@@ -87,7 +87,9 @@ class Evidence(BaseModel):
 
 
 class Finding(BaseModel):
-    severity: Severity = Field(description="fail: the run cannot be trusted; unknown: could not be checked; warning; info.")
+    severity: Severity = Field(description="fail: the run cannot be trusted; suspect: it ran, but its score says the setup "
+                               "(protocol, template, stop words, answer format) is likely wrong; unknown: could not be "
+                               "checked; warning; info.")
     check: str
     message: str
     evidence: list[Evidence] = Field(default_factory=list)
@@ -118,7 +120,8 @@ class TaskValidation(BaseModel):
 
 class ValidateRunOutput(BaseModel):
     run: str
-    verdict: Verdict = Field(description="pass only when every task passed every check that could be made.")
+    verdict: Verdict = Field(description="pass only when every task passed every check that could be made; suspect: "
+                             "every scored answer wrong, or a multiple-choice score at chance (check the setup first).")
     reasons: list[str] = Field(description="Why the verdict is not pass (empty when it is).")
     tasks: list[TaskValidation]
 
@@ -133,12 +136,47 @@ def failure_finding(diagnosis: Diagnosis) -> Finding:
 
 
 
+# A score no working setup gives: every scored answer wrong, or a multiple-choice score no better than picking at random.
+# A real model that weak exists (a canary of 10 problems of a weak model can score 0), so the verdict is "suspect", not
+# "fail": what it says is to look at the setup before trusting or extending the run, and the canary gate asks the person
+# to confirm (launch_full_run's allow_suspect_canary). Chance: at or below 1/choices, where the recipe knows the choices.
+LIKELY_CAUSES = (
+    "the protocol (a chat model asked through completions, or a base model through chat_completions, rarely answers "
+    "in the form the scorer reads)",
+    "the chat template (missing, or not the model's own)",
+    "stop words or max_tokens ending the answer before it is given",
+    "the answer format (the scorer extracts a letter, a \\boxed{} value or the first integer the prompt never asked for)",
+)
+
+
+def implausible_score(score: ScoreValue | None, scored: int | None, choices: int | None, setup: str = "",
+                      evidence: list[Evidence] | None = None) -> Finding | None:
+    """A suspect finding when the headline score says nothing was answered right (or no better than chance with
+    `choices` options), with the likely causes; None for a plausible score or one that cannot be read as accuracy.
+    scored: the answers the score counts; setup: what the run asked with (e.g. its protocol), as evidence."""
+    if score is None or score.scale == "unknown" or not scored:
+        return None
+    fraction = score.value / 100 if score.scale == "percent" else score.value
+    causes = "; ".join(f"({n}) {cause}" for n, cause in enumerate(LIKELY_CAUSES, 1))
+    check = f"{setup} Likely causes: {causes}. Read a few responses before trusting the score or running more."
+    if fraction <= 0:
+        said = f"every one of the {scored} scored answers is wrong (score 0): a setup problem, more often than the model."
+    elif choices and choices > 1 and fraction <= 1 / choices:
+        said = (f"the score {100 * fraction:.1f} sits at or below chance ({100 / choices:.1f} for {choices} choices) over "
+                f"{scored} scored answers: the model may be guessing or answering in a form the scorer cannot read.")
+    else:
+        return None
+    return Finding(severity="suspect", check="implausible_score", message=f"{said} {check.strip()}", evidence=evidence or [])
+
+
 def run_verdict(run: str, tasks: list[TaskValidation]) -> ValidateRunOutput:
-    """The run's verdict from its tasks' findings: fail on any fail, inconclusive on any unknown, else pass."""
+    """The run's verdict from its tasks' findings: fail on any fail, suspect on any suspect (never pass), inconclusive
+    on any unknown, else pass."""
     reasons = [f"{task.task or task.task_dir}: {finding.message}" for task in tasks for finding in task.findings
-               if finding.severity in ("fail", "unknown")]
+               if finding.severity in ("fail", "suspect", "unknown")]
     severities = {finding.severity for task in tasks for finding in task.findings}
-    verdict: Verdict = "fail" if "fail" in severities else "inconclusive" if "unknown" in severities else "pass"
+    verdict: Verdict = next((v for v in ("fail", "suspect") if v in severities),
+                            "inconclusive" if "unknown" in severities else "pass")  # type: ignore[assignment]
     return ValidateRunOutput(run=run, verdict=verdict, reasons=reasons[:50], tasks=tasks)
 
 

@@ -82,7 +82,7 @@ MaxDropPoints = Annotated[float | None, AfterValidator(_points), Field(descripti
     "Largest acceptable drop in points (2 = two points, not 0.02). Omitted: no acceptability verdict."))]
 # The baseline checked against the world (anomaly.reference_check): compare_results and evaluate_quantization take it.
 ReferenceScores = Annotated[dict[str, float], AfterValidator(reference_points), Field(default_factory=dict, description=(
-    "Published score per benchmark, in points 0-100 (90, not 0.9): checks the baseline."))]
+    "Published score per benchmark in points (90, not 0.9): checks the baseline."))]
 Confidence = Annotated[float, AfterValidator(_confidence), Field(description=(
     "Confidence of the paired interval (nel gate's is 0.95)."))]
 

@@ -137,27 +137,33 @@ class LaunchFullRunInput(StrictModel):
     tasks: list[str] = Field(default_factory=list, description="Only these tasks of the config; empty = all.")
     force: bool = Field(False, description=(
         "Skip the canary gate; only if the person asks. Needs reason."))
-    reason: str | None = Field(None, description="Why the gate is skipped (with force; recorded).")
+    allow_suspect_canary: bool = Field(False, description=(
+        "Accept a suspect canary (every answer wrong, or at chance) once the person confirms the model is that weak. "
+        "Needs reason."))
+    reason: str | None = Field(None, description="Why (with force or allow_suspect_canary; recorded).")
 
 
-def _canary_verdict(canary: ledger.Record) -> tuple[bool, str]:
-    """Did this finished canary pass? results.validate_run decides (scores present, errors and truncation low)."""
+def _canary_verdict(canary: ledger.Record) -> tuple[str, str]:
+    """This finished canary's validate_run verdict (scores present, errors and truncation low, a plausible score) and
+    what it says; "unreadable" when validate_run could not read it."""
     try:
         report = results.validate_run(ValidateRunInput(run=engines.for_record(canary).results_location(canary)))
     except ToolError as exc:
-        return False, f"validate_run could not read it: {exc}"
+        return "unreadable", f"validate_run could not read it: {exc}"
     reasons = f" ({'; '.join(report.reasons[:3])})" if report.reasons else ""
-    return report.verdict == "pass", f"validate_run verdict: {report.verdict}{reasons}"
+    return report.verdict, f"validate_run verdict: {report.verdict}{reasons}"
 
 
-def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn) -> str:
-    """The passing canary that vouches for a full run of these tasks, or a ToolError saying why there is none."""
+def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_suspect: bool = False) -> str:
+    """The passing canary that vouches for a full run of these tasks, or a ToolError saying why there is none. A
+    suspect canary (it ran, but every answer is wrong or at chance) vouches only when the person allowed it: a setup
+    problem found on 10 problems is not run again on all of them."""
     canaries = ledger.find(kind="canary", config_hash=config_hash_value, limit=20)
     if not canaries:
         raise ToolError(
             f"Full run refused: no canary has run for this config (hash {config_hash_value}). Run launch_canary on "
             "the same config and overrides, wait until run_status says succeeded, then launch the full run.")
-    problems = []
+    problems, suspect = [], []
     for canary in canaries:
         if canary.status in ACTIVE and canary.invocation_id:
             progress(0.5, 3, f"refreshing canary {canary.id}")
@@ -169,11 +175,19 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn) -> str
         if untested:
             problems.append(f"{canary.id}: did not run {', '.join(untested)}")
             continue
-        passed, why = _canary_verdict(canary)
-        ledger.update(canary.id, details={"validation": why, "validation_passed": passed}, message=f"gate check: {why}")
-        if passed:
+        verdict, why = _canary_verdict(canary)
+        ledger.update(canary.id, details={"validation": why, "validation_passed": verdict == "pass"}, message=f"gate check: {why}")
+        if verdict == "pass":
             return f"canary {canary.id} ({canary.invocation_id}) passed: {why}"
-        problems.append(f"{canary.id}: {why}")
+        if verdict == "suspect" and allow_suspect:
+            return f"canary {canary.id} ({canary.invocation_id}) suspect, accepted by the person (allow_suspect_canary): {why}"
+        (suspect if verdict == "suspect" else problems).append(f"{canary.id}: {why}")
+    if suspect:
+        raise ToolError(
+            f"Full run refused: the canary of this config (hash {config_hash_value}) ran, but its score is suspect "
+            f"({'; '.join(suspect[:2])}). Read a few of its answers, fix the setup (protocol, chat template, stop words, "
+            "answer format) and launch a new canary. If the model is truly this weak, call again with "
+            "allow_suspect_canary=true and a reason.")
     raise ToolError(
         f"Full run refused: no canary of this config (hash {config_hash_value}) has passed ({'; '.join(problems[:5])}). "
         "Wait for a running canary (run_status), or read run_logs of the failed one, fix the config and launch a "
@@ -187,14 +201,18 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     config_path = _config_file(request.config_path)
     if request.force and not (request.reason and request.reason.strip()):
         raise ToolError("force: a full run without a passing canary needs a written reason. Pass reason='...'.")
+    if request.allow_suspect_canary and not (request.reason and request.reason.strip()):
+        raise ToolError("allow_suspect_canary: a full run on a suspect canary needs a written reason (why the score is "
+                        "the model's, not the setup's). Pass reason='...'.")
     progress(0, 3, "checking the canary gate")
     plan = _launchable(config_path, request.overrides)
     composed = plan.engine.compose(plan)
     if request.force:
         gate = f"forced: {request.reason.strip()}"
     else:
-        gate = _gate(composed.config_hash, request.tasks or composed.tasks, progress)
-    details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if request.force else None}
+        gate = _gate(composed.config_hash, request.tasks or composed.tasks, progress, request.allow_suspect_canary)
+    explained = request.force or request.allow_suspect_canary
+    details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if explained and request.reason else None}
     return _launch(plan, "full_run", request.tasks, None, details, progress)
 
 

@@ -33,6 +33,7 @@ from quanteval.engines.nel.runtree import (
     task_scores,
     tasks_by_name,
 )
+from quanteval.engines.recipes import list_recipes
 from quanteval.engines.runresults import (
     Evidence,
     ExtractScoresOutput,
@@ -46,6 +47,7 @@ from quanteval.engines.runresults import (
     ValidateRunInput,
     ValidateRunOutput,
     failure_finding,
+    implausible_score,
     run_verdict,
 )
 from quanteval.failures import Diagnosis
@@ -153,6 +155,7 @@ def validate_task(tree: RunTree, task_dir: Path, request: ValidateRunInput) -> T
     logs = _scan_logs(tree, task_dir)
     _check_finished(tree, task_dir, scores, logs, report)
     _check_samples(tree, task_dir, scores, report)
+    _check_score(task_dir, scores, report)
     _check_responses(tree, task_dir, request, report)
     _check_reasoning(tree, task_dir, report)
     for check in ("judge_failure", "sandbox_failure"):
@@ -218,6 +221,21 @@ def _check_samples(tree: RunTree, task_dir: Path, scores: TaskScores, report: Ta
             message=f"{report.evaluated_samples} samples scored, {report.expected_samples} expected ({accounting}"
             + (f"; failed_samples_policy={policy}" if policy else "") + "). The score covers a different set than the baseline's.",
             evidence=[Evidence(file=tree.display(artifacts / RESULTS_FILE), text=f"stats.count={report.evaluated_samples}")]))
+
+
+def _check_score(task_dir: Path, scores: TaskScores, report: TaskValidation) -> None:
+    """A finished task whose score no working setup gives (runresults.implausible_score: every answer wrong, or a
+    multiple-choice score at chance where its recipe knows the choices)."""
+    if not report.finished or scores.headline is None:
+        return
+    recipe = next((r for r in list_recipes() if r.name == scores.recipe), None) if scores.recipe else None
+    endpoint = ((run_config(task_dir).get("target") or {}).get("api_endpoint") or {}).get("type")
+    setup = f"The run asked through the {endpoint} endpoint." if endpoint else ""
+    finding = implausible_score(scores.headline, report.evaluated_samples or scores.headline.count,
+                                recipe.choices if recipe else None, setup,
+                                [Evidence(file=scores.task_dir, text=f"{scores.headline.path} = {scores.headline.value:g}")])
+    if finding:
+        report.findings.append(finding)
 
 
 def _check_responses(tree: RunTree, task_dir: Path, request: ValidateRunInput, report: TaskValidation) -> None:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from quanteval import ledger, redact
 from quanteval.engines.base import EngineName
 from quanteval.engines.nel_next import nelnext, nextresults
+from quanteval.engines.recipes import recipe_for_benchmark
 from quanteval.engines.runresults import (
     GATED_METRICS,
     Evidence,
@@ -27,6 +28,7 @@ from quanteval.engines.runresults import (
     ValidateRunInput,
     ValidateRunOutput,
     failure_finding,
+    implausible_score,
     infer_scale,
     model_family,
     problem_values,
@@ -123,6 +125,22 @@ def _against_the_baseline(task: TaskValidation, anomalous: dict | None) -> None:
                 "serving bug, not a setting to raise (evaluate_quantization's verdict: ANOMALOUS)")
 
 
+def _check_score(task: TaskValidation, bundle: nextresults.Bundle, facts: dict | None) -> None:
+    """A score no working setup gives (runresults.implausible_score), with the protocol the run asked through and its
+    first answers as evidence. The answers the score counts: those whose request got one."""
+    scored = (task.evaluated_samples or 0) - sum(bundle.request_failures().values())
+    recipe = recipe_for_benchmark(bundle.name if bundle.name.startswith("skills://") else f"skills://{bundle.name}")
+    services = ((facts or {}).get("config") or {}).get("services") or {}
+    protocols = sorted({str(s.get("protocol") or "chat_completions") for s in services.values() if isinstance(s, dict)})
+    setup = f"The run asked through {' and '.join(protocols)}." if protocols else ""
+    answers = [Evidence(file=str(bundle.directory / "results.jsonl"), text=redact.shown_line(
+        f"problem {problem}: expected {record.get('expected_answer')!r}, extracted {record.get('extracted_answer')!r}, "
+        f"answered {str(record.get('model_response'))[:150]!r}"))
+        for (problem, _), record in sorted(nextresults.paired_records(bundle.directory).items())[:2]]
+    if finding := implausible_score(next_task_scores(bundle).headline, scored, recipe.choices if recipe else None, setup, answers):
+        task.findings.append(finding)
+
+
 def _check_checkpoint(task: TaskValidation, facts: dict | None, facts_file: str, request: ValidateRunInput) -> None:
     """Which checkpoint was served: nel-next records only the served model name, so quanteval records at launch what
     the server reported (a managed server's model path, or an endpoint's /v1/models root) in the run's facts."""
@@ -168,7 +186,8 @@ def _validate_next_run(request: ValidateRunInput, run_dir: Path) -> ValidateRunO
     found = nextresults.bundles(run_dir)
     tasks = [_validate_next_bundle(bundle, request) for bundle in found.values()]
     facts = nelnext.read_run_facts(run_dir)
-    for task in tasks:
+    for task, bundle in zip(tasks, found.values(), strict=True):
+        _check_score(task, bundle, facts)
         _check_checkpoint(task, facts, str(run_dir / nelnext.RUN_FACTS_NAME), request)
         _against_the_baseline(task, (facts or {}).get("anomalous"))
     for name, error in outcome.failed.items():

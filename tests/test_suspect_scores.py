@@ -1,0 +1,173 @@
+"""A run whose every scored answer is wrong (or a multiple-choice score at chance) is suspect, never "pass": validate_run
+says so with the likely causes, for both engines (one rule, runresults.implausible_score), and the canary gate refuses
+the full run on such a canary unless the person accepts it (launch_full_run's allow_suspect_canary, with a reason).
+
+Seen by an assistant over MCP: a base-model completions config scored 0 of 200, validate_run passed it and the canary
+gate opened at 0 of 10."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+from next_runs import make_run
+from results_factory import make_invocation, make_task
+from tiers import BENCH, requires
+
+from quanteval import ledger
+from quanteval.engines.runresults import LIKELY_CAUSES
+from quanteval.faces.server import build_server
+from quanteval.models import ToolError
+from quanteval.workflow import runs
+from quanteval.workflow.results import ValidateRunInput, validate_run
+
+
+def _run(real_run: Path, dest: Path, rewards: list[float] | None) -> Path:
+    """A copy of the real run directory (checkpoint.json and all) with tiny_add's rewards set (None: every answer wrong)."""
+    shutil.copytree(real_run.parent, dest)
+    shutil.rmtree(dest / "tiny_add")
+    shutil.copytree(make_run(real_run, dest.with_name(dest.name + "-benchmarks"), {"tiny_add": rewards}) / "tiny_add",
+                    dest / "tiny_add")
+    return dest
+
+
+def _mcp(*calls: tuple[str, dict]) -> list:
+    async def go():
+        async with Client(build_server()) as client:
+            return [await client.call_tool(name, arguments) for name, arguments in calls]
+
+    return anyio.run(go)
+
+
+def _suspect(report) -> str:
+    (finding,) = [f for task in report.tasks for f in task.findings if f.check == "implausible_score"]
+    assert finding.severity == "suspect"
+    return finding.message
+
+
+def test_a_nel_next_run_with_every_answer_wrong_is_suspect_with_its_causes_over_mcp(real_run, tmp_path):
+    """The real `nel eval run` of tiny_add against a stand-in that answers "hello": 0 of 40."""
+    wrong = _run(real_run, tmp_path / "wrong", None)
+    half = _run(real_run, tmp_path / "half", [1.0, 0.0] * 20)
+    (answered,) = _mcp(("validate_run", {"run": str(wrong)}))
+    assert not answered.is_error, answered.content[0].text
+    report = answered.structured_content
+    assert report["verdict"] == "suspect", report
+    message = next(f["message"] for t in report["tasks"] for f in t["findings"] if f["check"] == "implausible_score")
+    assert message.startswith("every one of the 40 scored answers is wrong (score 0)")
+    assert all(cause in message for cause in LIKELY_CAUSES) and any("every one of the 40" in r for r in report["reasons"])
+    evidence = next(f["evidence"] for t in report["tasks"] for f in t["findings"] if f["check"] == "implausible_score")
+    assert evidence and "expected" in evidence[0]["text"] and "hello" in evidence[0]["text"].lower()
+    assert validate_run(ValidateRunInput(run=str(half))).verdict == "pass"
+
+
+def test_a_nel_026_task_at_zero_or_at_chance_is_suspect_and_above_chance_passes(tmp_path):
+    """gpqa's recipe knows its four choices: 24 points is no better than picking at random; 0 is every answer wrong."""
+    def run(name: str, value: float) -> Path:
+        return make_task(make_invocation(tmp_path / name), "ns_gpqa", metric="pass@1[avg-of-5]", score="symbolic_correct",
+                         value=value, count=10, limit_samples=10)
+
+    zero, chance, weak = (validate_run(ValidateRunInput(run=str(run(n, v)))) for n, v in
+                          (("zero", 0.0), ("chance", 24.0), ("weak", 40.0)))
+    assert zero.verdict == "suspect" and _suspect(zero).startswith("every one of the 10 scored answers is wrong")
+    assert "The run asked through the chat endpoint." in _suspect(zero)
+    assert chance.verdict == "suspect" and _suspect(chance).startswith(
+        "the score 24.0 sits at or below chance (25.0 for 4 choices) over 10 scored answers")
+    assert weak.verdict == "pass", weak.reasons
+
+
+def test_a_failed_run_stays_failed_and_a_score_without_choices_is_judged_by_zero_only(tmp_path):
+    """fail outranks suspect; a benchmark whose choices no recipe knows is suspect only at 0."""
+    failed = make_task(make_invocation(tmp_path / "failed"), "ns_gpqa", metric="pass@1[avg-of-5]", score="symbolic_correct",
+                       value=0.0, count=10, limit_samples=10, status_codes={"200": 5, "500": 5})
+    assert validate_run(ValidateRunInput(run=str(failed))).verdict == "fail"
+    low = make_task(make_invocation(tmp_path / "low"), "some_task", value=0.05, count=10, limit_samples=10)
+    assert validate_run(ValidateRunInput(run=str(low))).verdict == "pass"
+
+
+def _next_config(tmp_path: Path) -> str:
+    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="base",
+                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
+    for key, value in {"services.model.url": "http://127.0.0.1:9/v1/completions", "services.model.model": "tiny",
+                       "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "runs")}.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    return config
+
+
+def _canary_of(config: str, run_dir: Path) -> ledger.Record:
+    """A finished nel-next canary of this config, as the ledger keeps one (its results: run_dir)."""
+    from quanteval.engines import launchplan
+
+    plan = launchplan.plan(config, [])
+    return ledger.add("canary", status="succeeded", config_path=config, config_hash=runs.config_hash(config),
+                      invocation_id="suspect-canary", executor="local",
+                      details={"engine": "nel-next", "run_dir": str(run_dir), "pgid": 0,
+                               "tasks": plan.engine.compose(plan).tasks})
+
+
+def test_the_gate_refuses_a_full_run_on_a_suspect_canary_over_mcp_unless_the_person_accepts_it(real_run, tmp_path):
+    config = _next_config(tmp_path)
+    canary = _canary_of(config, _run(real_run, tmp_path / "canary", None))
+    refused, unexplained = _mcp(("launch_full_run", {"config_path": config}),
+                                ("launch_full_run", {"config_path": config, "allow_suspect_canary": True}))
+    assert refused.is_error
+    said = refused.content[0].text
+    assert f"the canary of this config (hash {canary.config_hash}) ran, but its score is suspect" in said
+    assert "every one of the 40 scored answers is wrong" in said and "allow_suspect_canary=true and a reason" in said
+    assert unexplained.is_error and "allow_suspect_canary: a full run on a suspect canary needs a written reason" in \
+        unexplained.content[0].text
+    assert ledger.find(kind="full_run") == []
+    assert ledger.get(canary.id).details["validation_passed"] is False
+    # accepted by the person: the gate vouches, and says on what
+    gate = runs._gate(canary.config_hash or "", [], lambda *args: None, allow_suspect=True)
+    assert gate.startswith(f"canary {canary.id} (suspect-canary) suspect, accepted by the person (allow_suspect_canary)")
+    with pytest.raises(ToolError, match="its score is suspect"):
+        runs._gate(canary.config_hash or "", [], lambda *args: None)
+
+
+@requires("nel-next", "slow")  # a real nel-next canary: ~30 s
+def test_a_real_canary_whose_model_answers_nothing_gradable_is_suspect_and_closes_the_gate(tmp_path):
+    """End to end: a real `nel eval run` canary against a served model (the stand-in: every answer "hello"), then
+    validate_run and launch_full_run over MCP as the assistant called them."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from tiers import REPO
+
+    from quanteval.localproc import free_port
+    from quanteval.workflow.nelconfig import SetConfigValueInput, set_config_value
+    from quanteval.workflow.runs import LaunchCanaryInput, WaitForRunInput, launch_canary, wait_for_run
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "standins" / "fake_inference_server.py"), "--model",
+                               "tiny", "--served-model-name", "tiny", "--port", str(port), "--fake-load-s", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        config = _next_config(tmp_path)
+        set_config_value(SetConfigValueInput(config_path=config, key="services.model.url",
+                                             value=f"http://127.0.0.1:{port}/v1/completions"))
+        canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=5))
+        assert wait_for_run(WaitForRunInput(record_id=canary.record_id, timeout_s=240)).status == "succeeded"
+        validated, gated = _mcp(("validate_run", {"run": canary.record_id}), ("launch_full_run", {"config_path": config}))
+    finally:
+        server.terminate()
+        server.wait()
+    assert validated.structured_content["verdict"] == "suspect", json.dumps(validated.structured_content)[:2000]
+    assert "The run asked through completions." in validated.structured_content["reasons"][0]
+    assert gated.is_error and "every one of the 5 scored answers is wrong" in gated.content[0].text
+    assert ledger.find(kind="full_run") == []
