@@ -269,13 +269,47 @@ def test_a_retry_with_the_same_payload_attaches_to_the_running_job(make_server, 
     assert server.request("POST", "/evaluate", other)[1]["job_id"] != again["job_id"]
 
 
-def test_idempotency_key_header_attaches_even_when_the_payload_differs(make_server, router):
+def test_an_idempotency_key_attaches_its_own_payload_and_refuses_another_with_409(make_server, router):
+    """A retry under the same Idempotency-Key attaches; the key sent with another payload would answer it with the
+    first payload's results: 409 naming the key, and no job."""
     server = make_server()
     first = server.request("POST", "/jobs", payload(router.url, {"name": "slowbench"}, rollout_id=1),
                            headers={"Idempotency-Key": "step-100"})[1]
-    second = server.request("POST", "/jobs", payload(router.url, {"name": "slowbench"}, rollout_id=2),
-                            headers={"Idempotency-Key": "step-100"})[1]
-    assert first["attached"] is False and second["attached"] is True and first["job_id"] == second["job_id"]
+    retry = server.request("POST", "/jobs", payload(router.url, {"name": "slowbench"}, rollout_id=1),
+                           headers={"Idempotency-Key": "step-100"})[1]
+    status, other = server.request("POST", "/jobs", payload(router.url, {"name": "slowbench"}, rollout_id=2),
+                                   headers={"Idempotency-Key": "step-100"})
+    assert first["attached"] is False and retry["attached"] is True and first["job_id"] == retry["job_id"]
+    assert status == 409 and "'step-100'" in other["error"] and "another payload" in other["error"], other
+    assert sum(server.request("GET", "/health")[1]["jobs"].values()) == 1
+
+
+@pytest.mark.parametrize(("sampling", "reason"), [
+    ({"temperature": float("nan")}, "NaN is not a JSON number"),
+    ({"temperature": 1e308}, "temperature"),
+    ({"top_p": float("inf")}, "Infinity is not a JSON number"),
+    ({"top_k": 10**40}, "top_k"),
+])
+@pytest.mark.parametrize("where", ["benchmark", "defaults"])
+def test_sampling_values_that_are_not_finite_or_sane_get_400(make_server, sampling, reason, where):
+    """NaN and 1e308 were passed to `ns` as they were, in a benchmark or in the defaults it falls back to."""
+    import json as jsonlib
+
+    server = make_server()
+    body = {"rollout_id": 1, "router_url": "http://x", "benchmarks": [{"name": "a", **(sampling if where == "benchmark" else {})}],
+            "defaults": sampling if where == "defaults" else {}}
+    status, answer = server.request("POST", "/evaluate", raw=jsonlib.dumps(body).encode())  # json.dumps writes NaN as is
+    assert status == 400 and reason in answer["error"], answer
+    assert sum(server.request("GET", "/health")[1]["jobs"].values()) == 0
+
+
+def test_a_body_nested_past_the_parsers_depth_gets_a_clear_400(make_server):
+    server = make_server()
+    for depth in (40, 5000):
+        nested = b'{"rollout_id": 1, "defaults": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}"
+        status, answer = server.request("POST", "/evaluate", raw=nested)
+        assert status == 400 and "nested deeper" in answer["error"], (depth, answer)
+    assert server.request("GET", "/health")[0] in (200, 503)  # still serving
 
 
 def test_a_failed_job_is_not_reused_by_a_retry(make_server, router):

@@ -30,6 +30,10 @@ LOG_TAIL_LINES = 40
 # --------------------------------------------------------------------------------------------
 
 
+MAX_TEMPERATURE = 100.0  # far above any sampling setting in use (0-2); beyond it a value is a mistake
+SAMPLING_KEYS = ("n_samples_per_eval_prompt", "temperature", "top_p", "top_k", "max_response_len")
+
+
 class BenchmarkSpec(BaseModel):
     """One benchmark of a delegate request; unset generation params fall back to `defaults`."""
 
@@ -37,10 +41,11 @@ class BenchmarkSpec(BaseModel):
 
     name: str
     n_samples_per_eval_prompt: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = None
-    max_response_len: int | None = Field(None, ge=1)
+    # finite and bounded: NaN or 1e308 would reach `ns` and the router as they are
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)  # -1: off (vLLM, SGLang)
+    max_response_len: int | None = Field(None, ge=1, le=2**31 - 1)
     max_problems: int | None = Field(None, ge=1, description="Evaluate only the first N problems (quick checks).")
     shards: int | None = Field(None, ge=1, le=64, description="Split this benchmark across N workers.")
 
@@ -64,6 +69,17 @@ class EvalRequest(BaseModel):
     router_url: str
     defaults: dict[str, Any] = Field(default_factory=dict)
     benchmarks: list[BenchmarkSpec] = Field(min_length=1)
+
+    @field_validator("defaults")
+    @classmethod
+    def _sampling_defaults(cls, defaults: dict[str, Any]) -> dict[str, Any]:
+        """The generation defaults a benchmark falls back to, held to the benchmark fields' own limits."""
+        given = {key: defaults[key] for key in SAMPLING_KEYS if key in defaults}
+        try:
+            BenchmarkSpec.model_validate({"name": "defaults", **given})
+        except ValidationError as exc:
+            raise ValueError(payload_errors(exc)) from None
+        return defaults
 
     @field_validator("router_url")
     @classmethod

@@ -109,6 +109,10 @@ class ShuttingDown(Exception):
     """The server is stopping: no new jobs."""
 
 
+class KeyReused(Exception):
+    """A client's Idempotency-Key names a job of another payload."""
+
+
 class EvalService:
     """Runs jobs: at most max_concurrent_jobs at once, the rest wait in order."""
 
@@ -151,6 +155,8 @@ class EvalService:
             if self.stopping:
                 raise ShuttingDown(self.stopping)
             existing = self._by_key.get(key)
+            if existing is not None and existing.request.idempotency_key() != request.idempotency_key():
+                raise KeyReused(existing.id)  # attaching would answer this payload with another's results
             if existing is not None and existing.status not in ("failed", "cancelled"):
                 existing.detached = existing.detached or detached
                 return existing, True

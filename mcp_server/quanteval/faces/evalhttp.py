@@ -41,13 +41,14 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from quanteval.evalserver.backend import EvalRequest, ServerSettings, payload_errors, token_refusal
-from quanteval.evalserver.jobs import EvalService, Job, ShuttingDown
+from quanteval.evalserver.jobs import EvalService, Job, KeyReused, ShuttingDown
 from quanteval.localproc import is_loopback
 from quanteval.models import ToolError
 
 log = logging.getLogger("quanteval.faces.evalserver")
 
 MAX_BODY_BYTES = 1_000_000
+MAX_JSON_DEPTH = 32  # slime's payload nests 3 levels; deeper is an attack on the parser and the validators
 # Requests handled at once. A POST /evaluate holds its worker while its job runs (max_concurrent_jobs <= 32 run, the
 # rest queue), so this leaves room for pollers and retries; beyond it, ready connections wait for a free worker.
 HTTP_WORKERS = 64
@@ -384,6 +385,10 @@ class EvalHandler(BaseHTTPRequestHandler):
         except ShuttingDown as exc:
             self._send(503, {"error": f"the eval server is shutting down ({exc}); retry against its successor"})
             return
+        except KeyReused as exc:
+            self._send(409, {"error": f"Idempotency-Key {key!r} names job {exc} of another payload; send a new key "
+                                      "for a new evaluation (a retry of that job sends its payload unchanged)"})
+            return
         if attached:
             log.info("rollout %s: request attached to job %s (%s)", request.rollout_id, job.id, job.status)
         if self.path == "/jobs":
@@ -444,12 +449,18 @@ class EvalHandler(BaseHTTPRequestHandler):
         if body is None:
             return None
         try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raw = json.loads(body, parse_constant=_no_constant)
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
             self._send(400, {"error": f"body is not valid JSON: {exc}"})
+            return None
+        except RecursionError:
+            self._send(400, {"error": f"body is nested deeper than JSON parsing goes here; keep it under {MAX_JSON_DEPTH} levels"})
             return None
         if not isinstance(raw, dict):
             self._send(400, {"error": "body must be a JSON object"})
+            return None
+        if _depth(raw) > MAX_JSON_DEPTH:
+            self._send(400, {"error": f"body is nested deeper than {MAX_JSON_DEPTH} levels; slime's payload needs 3"})
             return None
         return raw
 
@@ -528,6 +539,21 @@ class EvalHandler(BaseHTTPRequestHandler):
             return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; give a finite number")
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in a parsed JSON value (iteratively: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def make_handler(service: EvalService, token: str | None, inflight: Inflight) -> type[EvalHandler]:
