@@ -338,3 +338,29 @@ def test_a_shard_in_quantevals_environment_does_not_shard_its_runs_and_a_shard_r
     assert report.verdict == "fail"
     assert any("3 of 6 samples evaluated: the bundle is shard 0 of 2" in reason and "nel eval merge" in reason
                for reason in report.reasons), report.reasons
+
+
+@requires("slow")  # whole nel-next runs: 25-90 s
+def test_sampled_repeats_reach_both_runs_and_the_answer_shows_them_with_the_release_facts(standin_vllm, tmp_path):
+    """repeats, temperature and top_p are set identically on both sides; the stand-in answers every sample alike, so
+    the sampled repeats are named as copies and counted once; the answer carries each side's answer length,
+    truncation and failures with their denominators, tokens/s and the weight bytes W8A8 saved."""
+    import yaml
+
+    said: list[str] = []
+    result = evaluate_quantization(EvaluateQuantizationInput(
+        baseline_checkpoint=str(BF16), candidate_checkpoint=str(W8A8), benchmarks=[str(BENCH)], output_dir=str(tmp_path / "out"),
+        canary_problems=3, max_problems=20, repeats=3, temperature=0.7, top_p=0.9, max_drop=5),
+        lambda done, total=None, message=None: said.append(message or ""))
+    for side in (result.baseline, result.candidate):
+        config = yaml.safe_load(Path(side.config_path).read_text())
+        assert config["services"]["model"]["generation"] | {"max_tokens": None} == {"temperature": 0.7, "top_p": 0.9, "max_tokens": None}
+        assert [b["repeats"] for b in config["benchmarks"]] == [3]
+    assert any("20 problems x 3 repeats" in message for message in said[:3])  # said before anything was served
+    (row,) = result.comparisons
+    assert row.repeats == 1 and "3 repeats are copies" in row.why
+    (check,) = result.outputs
+    assert check.baseline.samples == check.candidate.samples == 60 and check.copies == ["baseline", "candidate"]
+    assert check.candidate.truncated.said == "truncated: 0/60 (0.0%)" and check.candidate.failed.said == "failed: 0/60 (0.0%)"
+    assert check.candidate.tokens_per_second and check.candidate.measured_on == "measured on vllm CPU; GPU kernels differ"
+    assert result.weights is not None and result.weights.ratio < 0.75 and not result.weights.size_not_reduced

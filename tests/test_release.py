@@ -120,3 +120,31 @@ def test_a_length_rule_that_is_not_a_percentage_is_refused():
         CompareResultsInput(baseline="a", candidate="b", max_length_change=0.05)
     with pytest.raises(ValidationError, match=r"max_length_change 250: give a percentage in \(0, 100\]"):
         CompareResultsInput(baseline="a", candidate="b", max_length_change=250)
+
+
+def test_the_gate_keeps_nel_gates_verdict_and_shows_quantevals_rules_beside_it(real_run, tmp_path, capsys):
+    """On runs where one side cut 5% of its answers at max_tokens: `nel gate` (the real one) and quanteval's own
+    verdict say GO on accuracy; the release verdict beside it is INCONCLUSIVE, with the fix, and is the exit code."""
+    import os
+    import subprocess
+
+    from next_runs import NEL
+
+    from quanteval.faces import cli
+    from quanteval.workflow.gate import GateResultsInput, gate_results, write_rule_policy
+
+    base = sampled_run(real_run, tmp_path / "base", answers(), checkpoint=BF16)
+    cand = sampled_run(real_run, tmp_path / "cand", answers(cut=2), checkpoint=W8A8)
+    gated = gate_results(GateResultsInput(baseline=str(base), candidate=str(cand), max_drop=5))
+    policy = write_rule_policy(tmp_path / "policy.yaml", ["bench"], 5, 0.95)
+    theirs = subprocess.run([str(NEL), "gate", "--policy", str(policy), str(base), str(cand), "--format", "json",
+                             "--no-report", "--no-strict"], capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
+    assert json.loads(theirs.stdout)["verdict"] == gated.verdict == "GO"
+    assert gated.release_verdict == "INCONCLUSIVE"
+    (check,) = gated.release_rules
+    assert check.candidate.truncated.count == 2 and check.blocks == "inconclusive"
+    code = cli.main(["gate", str(base), str(cand), "--max-drop", "5"])
+    shown = capsys.readouterr().out
+    assert code == cli.EXIT_GATE_INCONCLUSIVE and shown.startswith("verdict: GO")
+    assert "release rules (quanteval's, beside nel gate's GO): INCONCLUSIVE" in shown and "Raise max_tokens" in shown

@@ -248,6 +248,8 @@ class Outputs:
     tokens_per_second: float | None = None  # the run's own measurement, all tokens over its wall time
     latency_ms: dict[str, float] = field(default_factory=dict)  # per request: p50, p90
     served: dict[str, Any] = field(default_factory=dict)  # what measured the speed: framework, version, device
+    temperature: float | None = None  # the sampling it ran with, where recorded
+    max_tokens: int | None = None  # its generation budget, where recorded
 
 
 class Flip(BaseModel):

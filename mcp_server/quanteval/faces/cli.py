@@ -28,7 +28,8 @@ EXIT_OK, EXIT_TOOL_ERROR, EXIT_USAGE = 0, 1, 2
 # 5 anomalous (the candidate failed the canary its baseline passed). With --max-drop or --policy the release gate
 # decides it: 0 GO, 3 NO-GO, 4 INCONCLUSIVE (and 4 for a GO over a suspect serving).
 EXIT_NOT_ACCEPTABLE, EXIT_INCONCLUSIVE, EXIT_ANOMALOUS = 3, 4, 5
-# `quanteval gate` (tool gate_results), a release gate for CI, exits as `nel gate` does: 0 GO, 1 NO-GO, 2 INCONCLUSIVE.
+# `quanteval gate` (tool gate_results), a release gate for CI, exits as `nel gate` does: 0 GO, 1 NO-GO, 2 INCONCLUSIVE, on
+# its release verdict: nel gate's, unless one of quanteval's rules beside it (truncation, failures, length) blocks a GO.
 # A gate that cannot run exits 1 or 2 as well (message on stderr, nothing on stdout): a release never passes on an error.
 EXIT_GATE_NO_GO, EXIT_GATE_INCONCLUSIVE = 1, 2
 
@@ -193,9 +194,9 @@ def evaluation_exit_code(result: Any) -> int:
     if result.verdict == "anomalous":
         return EXIT_ANOMALOUS
     if result.gate is not None:
-        if result.gate.verdict == "NO-GO":  # the release gate's answer, as documented; the verdict line says more
+        if result.gate.release_verdict == "NO-GO":  # the release gate's answer, as documented; the verdict line says more
             return EXIT_NOT_ACCEPTABLE
-        return EXIT_INCONCLUSIVE if result.gate.verdict == "INCONCLUSIVE" or result.verdict == "suspect" else EXIT_OK
+        return EXIT_INCONCLUSIVE if result.gate.release_verdict == "INCONCLUSIVE" or result.verdict == "suspect" else EXIT_OK
     return {"not acceptable": EXIT_NOT_ACCEPTABLE, "inconclusive": EXIT_INCONCLUSIVE,
             "suspect": EXIT_INCONCLUSIVE}.get(result.verdict, EXIT_OK)
 
@@ -215,6 +216,7 @@ def format_evaluation(result: Any) -> str:
         for flip in row.regressed[:5]:
             lines.append(f"  regressed {row.task} #{flip.problem_idx}: expected {flip.expected}, "
                          f"baseline {flip.baseline_answer!r}, candidate {flip.candidate_answer!r}")
+    lines += format_outputs(result.outputs, result.weights)
     if result.gate is not None:
         lines += ["", f"release gate ({result.gate.policy}):", format_gate(result.gate)]
     if result.report_markdown:
@@ -223,6 +225,24 @@ def format_evaluation(result: Any) -> str:
         lines.append(f"policy: {result.policy_path} (nel gate's format: the rule as `nel gate --policy` reads it)")
     lines.append("seconds: " + ", ".join(f"{stage} {value:g}" for stage, value in result.seconds.items()))
     return "\n".join(lines)
+
+
+def format_outputs(checks: list[Any], weights: Any) -> list[str]:
+    """Per benchmark and side: answer length, truncated and failed responses with their denominators, speed; the size."""
+    lines = ["", "answers and what the quantization bought:"] if checks or weights else []
+    for check in checks:
+        for name, side in (("baseline", check.baseline), ("candidate", check.candidate)):
+            if side is None:
+                continue
+            tokens = ("tokens unverified" if side.mean_completion_tokens is None else
+                      f"{side.mean_completion_tokens:.1f} mean / {side.median_completion_tokens:g} median completion tokens")
+            speed = f", {side.tokens_per_second:g} tokens/s ({side.measured_on})" if side.tokens_per_second and side.measured_on else ""
+            lines.append(f"  {check.task} {name}: {tokens}, {side.truncated.said}, {side.failed.said}{speed}")
+        if check.length_change is not None:
+            lines.append(f"  {check.task} length change: {100 * check.length_change:+.1f}%")
+    if weights is not None:
+        lines.append(f"  {weights.message}")
+    return lines
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -235,7 +255,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         emit_json(result.model_dump(mode="json"))
     else:
         sys.stdout.write(format_gate(result) + "\n")
-    return {"NO-GO": EXIT_GATE_NO_GO, "INCONCLUSIVE": EXIT_GATE_INCONCLUSIVE}.get(result.verdict, EXIT_OK)
+    return {"NO-GO": EXIT_GATE_NO_GO, "INCONCLUSIVE": EXIT_GATE_INCONCLUSIVE}.get(result.release_verdict, EXIT_OK)
 
 
 def format_gate(result: Any) -> str:
@@ -251,6 +271,10 @@ def format_gate(result: Any) -> str:
                      f"{num(b.candidate_score):>9} {num(b.delta):>8} {ci:>19} {b.n_paired:>5}")
         lines += [f"    {reason}" for reason in b.reasons]
     lines += [f"warning: {warning}" for warning in result.warnings]
+    findings = [finding for check in result.release_rules for finding in check.findings]
+    if findings:  # quanteval's rules beside nel gate's verdict, which stays nel gate's own
+        lines += ["", f"release rules (quanteval's, beside nel gate's {result.verdict}): {result.release_verdict}"]
+        lines += [f"  - {finding}" for finding in findings[:12]]
     if result.report_path:
         lines += ["", f"gate report: {result.report_path}"]
     return "\n".join(lines)
@@ -402,8 +426,8 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
     field_argument(parser, EvaluateQuantizationInput, "baseline_checkpoint", metavar="baseline")
     field_argument(parser, EvaluateQuantizationInput, "candidate_checkpoint", metavar="candidate")
-    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "repeats", "temperature", "top_p", "max_drop", "confidence",
-                 "policy", "eager", "noise_floor"):
+    for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "repeats", "temperature",
+                 "top_p", "max_drop", "max_length_change", "confidence", "policy", "eager", "noise_floor"):
         field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
     field_argument(parser, EvaluateQuantizationInput, "reference_tolerance", "--reference-tolerance")
     # reference_scores is a mapping: one TASK=SCORE per --reference-score, collected as pairs (cmd_evaluate makes the dict).
@@ -430,6 +454,7 @@ def _gate_arguments(parser: argparse.ArgumentParser) -> None:
     field_argument(parser, GateResultsInput, "policy", "--policy")
     field_argument(parser, GateResultsInput, "max_drop", "--max-drop", metavar="POINTS")
     field_argument(parser, GateResultsInput, "output_dir", "--output-dir")
+    field_argument(parser, GateResultsInput, "max_length_change", "--max-length-change", metavar="PERCENT")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
 

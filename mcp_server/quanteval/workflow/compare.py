@@ -284,12 +284,10 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
             reasons.append(f"{name}: only one run has it (missing in the {missing}); it is not compared.")
             continue
         base, cand = base_run.benchmarks[name], cand_run.benchmarks[name]
-        base_facets = reader.facets(base_run, base, request.baseline_checkpoint)
-        items += checklist(name, base_facets, reader.facets(cand_run, cand, request.candidate_checkpoint))
-        generation = (base_facets or {}).get("generation") or {}  # both sides' when comparable (the checklist says)
+        items += checklist(name, reader.facets(base_run, base, request.baseline_checkpoint),
+                           reader.facets(cand_run, cand, request.candidate_checkpoint))
         output_checks.append(release.check(name, reader.outputs(base_run, base), reader.outputs(cand_run, cand),
-                                           generation.get("temperature"), request.max_length_change,
-                                           generation.get("max_tokens")))
+                                           request.max_length_change))
         pairs = reader.compared_scores(base, cand)
         if not pairs:
             reasons.append(f"{name}: not compared: {base.scores.problem or cand.scores.problem or 'the runs share no score'}")

@@ -50,7 +50,7 @@ from quanteval.serving import deploy, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
-from quanteval.workflow import anomaly, background, compare, nelconfig, results, runs, sampling, validation
+from quanteval.workflow import anomaly, background, compare, nelconfig, release, results, runs, sampling, validation
 from quanteval.workflow.gate import RULE_POLICY_NAME, GateResultsInput, GateResultsOutput, gate_results, load_policy
 from quanteval.workflow.noise import NoiseFloor, noise_floor, verdict_within_noise
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
@@ -89,6 +89,7 @@ class EvaluateQuantizationInput(StrictModel):
     repeats: sampling.Repeats = 1
     temperature: sampling.Temperature = None
     top_p: sampling.TopP = None
+    max_length_change: release.MaxLengthChange = None
     max_drop: MaxDropPoints = None
     confidence: Confidence = DEFAULT_CONFIDENCE
     reference_scores: compare.ReferenceScores
@@ -141,6 +142,9 @@ class EvaluateQuantizationOutput(BaseModel):
     noise_floor: list[NoiseFloor] = Field(default_factory=list, description="With noise_floor: per benchmark, the baseline's "
                                           "flips between its two serving paths next to the quantization's.")
     noise_floor_run: CheckpointEvaluation | None = Field(None, description="The baseline's run on the other numeric path.")
+    outputs: list[release.OutputCheck] = Field(default_factory=list, description=(
+        "Per benchmark and side: completion tokens, truncated and failed responses with denominators, tokens/s."))
+    weights: release.WeightsBought | None = Field(None, description="Weight bytes on disk per side; SIZE_NOT_REDUCED named.")
     seconds: dict[str, float] = Field(description="Wall time per stage across both checkpoints, and in total.")
 
 
@@ -596,11 +600,12 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
         baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", max_drop=request.max_drop,
         confidence=request.confidence, output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint,
         candidate_checkpoint=candidate.checkpoint, reference_scores=request.reference_scores,
-        reference_tolerance=request.reference_tolerance))
+        reference_tolerance=request.reference_tolerance, max_length_change=request.max_length_change))
     # the rule in points is written as nel gate's policy by gate_results itself, next to the report
     gated = gate_results(GateResultsInput(
         baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", policy=request.policy,
-        max_drop=request.max_drop, output_dir=str(report_dir)), request.confidence) \
+        max_drop=request.max_drop, output_dir=str(report_dir), max_length_change=request.max_length_change),
+        request.confidence) \
         if request.policy or request.max_drop is not None else None
     policy_path = gated.policy if gated else None
     seconds = {stage: round(baseline.seconds.get(stage, 0) + candidate.seconds.get(stage, 0), 1)
@@ -624,7 +629,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
         comparisons=compared.comparisons, reasons=reasons, baseline=baseline, candidate=candidate,
         report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, gate=gated,
         policy_path=str(policy_path) if request.max_drop is not None else None, noise_floor=floor,
-        noise_floor_run=floor_run, seconds=seconds)
+        noise_floor_run=floor_run, seconds=seconds, outputs=compared.outputs, weights=compared.weights)
 
 
 def _noise_floor(request: EvaluateQuantizationInput, root: Path, report_dir: Path, baseline: CheckpointEvaluation,
@@ -706,7 +711,8 @@ def _verdict(compared: compare.CompareResultsOutput, gated: GateResultsOutput | 
     """The gate decides under the rule; a suspect serving or runs not known comparable keep compare's verdict."""
     if gated is None or compared.acceptability == "suspect" or compared.comparability != "comparable":
         return compared.acceptability
-    return VERDICT_OF_GATE[gated.verdict]  # type: ignore[return-value]
+    # the gate's release verdict: nel gate's, unless a rule beside it blocks; a size not reduced blocks it too
+    return release.verdict_after(VERDICT_OF_GATE[gated.release_verdict], [], compared.weights)[0]  # type: ignore[return-value]
 
 
 def _max_tokens(config_path: str | None) -> Any:

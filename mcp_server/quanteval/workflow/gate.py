@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from quanteval import engines, paths
 from quanteval.engines.runresults import GATED_METRICS, ResultsReader, RunBenchmark, problem_values
 from quanteval.models import StrictModel, ToolError
-from quanteval.workflow import paired
+from quanteval.workflow import paired, release
 from quanteval.workflow import samples as samples_rule
 from quanteval.workflow.paired import MIN_PAIRED_ITEMS
 from quanteval.workflow.samples import SampleStatus
@@ -202,6 +202,7 @@ class GateResultsInput(StrictModel):
         "Instead of policy: the largest acceptable drop in points (2 = two points) on every benchmark both runs have, "
         f"critical on pass@1; the policy stating it in nel gate's fraction is written as {RULE_POLICY_NAME}."))
     output_dir: str | None = Field(None, description=f"Where to write {REPORT_NAME} (nel gate's --output JSON); default none.")
+    max_length_change: release.MaxLengthChange = None
 
 
 class CompareEvidence(BaseModel):
@@ -251,6 +252,11 @@ class GateResultsOutput(BaseModel):
     baseline: str
     candidate: str
     report_path: str | None = None
+    release_verdict: Verdict = Field("GO", description="verdict with quanteval's rules beside nel gate's (release_rules: "
+                                     "truncation, failed requests, sample counts, max_length_change): NO-GO or "
+                                     "INCONCLUSIVE where one fails; `verdict` stays nel gate's own.")
+    release_rules: list[release.OutputCheck] = Field(default_factory=list, description=(
+        "Per benchmark: completion tokens, truncated and failed responses with their denominators, speed, findings."))
 
 
 # ---------------------------------------------------------------- the gate
@@ -461,11 +467,23 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     for name in sorted(base_names & cand_names):
         results.append(gate_benchmark(reader, name, base.benchmarks[name], cand.benchmarks[name], policy.resolve(name, confidence)))
     verdict, reasons = aggregate(results)
+    checks = [release.check(name, reader.outputs(base, base.benchmarks[name]), reader.outputs(cand, cand.benchmarks[name]),
+                            request.max_length_change) for name in sorted(base_names & cand_names)]
     output = GateResultsOutput(verdict=verdict, verdict_reasons=reasons, benchmarks=results, missing=missing,
-                               warnings=warnings, policy=policy_name, baseline=base.label, candidate=cand.label)
+                               warnings=warnings, policy=policy_name, baseline=base.label, candidate=cand.label,
+                               release_verdict=release_verdict(verdict, checks), release_rules=checks)
     if request.output_dir:
         output.report_path = str(write_report(output, Path(request.output_dir).expanduser()))
     return output
+
+
+def release_verdict(verdict: Verdict, checks: list[release.OutputCheck]) -> Verdict:
+    """nel gate's verdict with quanteval's rules beside it: a GO that a rule blocks is NO-GO (the user's length rule)
+    or INCONCLUSIVE (truncation, failed requests, samples: the measurement is not the model's)."""
+    if verdict != "GO":
+        return verdict
+    blocks = {check.blocks for check in checks if check.blocks}
+    return "NO-GO" if "not acceptable" in blocks else "INCONCLUSIVE" if blocks else "GO"
 
 
 def write_report(output: GateResultsOutput, directory: Path) -> Path:

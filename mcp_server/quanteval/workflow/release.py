@@ -135,10 +135,9 @@ def _per_problem_tokens(outputs: Outputs) -> dict[Any, float]:
     return {p: sum(v) / len(v) for p, v in sums.items()}
 
 
-def check(task: str, base: Outputs | None, cand: Outputs | None, temperature: Any, max_length_change: float | None,
-          max_tokens: Any = None) -> OutputCheck:
-    """The release rules on one benchmark's two runs. temperature: the runs' sampling (None: not recorded, and then
-    repeats are not judged as copies)."""
+def check(task: str, base: Outputs | None, cand: Outputs | None, max_length_change: float | None) -> OutputCheck:
+    """The release rules on one benchmark's two runs (the baseline's sampling and budget stand for both where the
+    comparability checklist found them the same; a temperature not recorded judges no repeats as copies)."""
     if base is None or cand is None:
         return OutputCheck(task=task, baseline=side(base) if base else None, candidate=side(cand) if cand else None,
                            findings=[f"{task}: length, truncation and failed requests unverified: "
@@ -146,7 +145,8 @@ def check(task: str, base: Outputs | None, cand: Outputs | None, temperature: An
     sides = {"baseline": side(base), "candidate": side(cand)}
     result = OutputCheck(task=task, baseline=sides["baseline"], candidate=sides["candidate"], findings=[])
     blocks: list[Block] = []
-    budget = f" (now {max_tokens})" if max_tokens else ""
+    temperature = base.temperature if base.temperature is not None else cand.temperature
+    budget = f" (now {base.max_tokens})" if base.max_tokens else ""
     for name, facts in sides.items():
         if facts.truncated.count is not None and facts.truncated.count > MAX_TRUNCATED_SHARE * facts.samples:
             result.findings.append(f"{task}: the {name}'s {facts.truncated.said} is over {100 * MAX_TRUNCATED_SHARE:g}%: "

@@ -291,13 +291,26 @@ def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -
     record = _record(request.record_id)
     interval = 1.0 if record.kind == background.KIND else engines.for_record(record).poll_interval_s(record)
     started = time.monotonic()
+    progress(*_steps(record.id, status))
     while (remaining := request.timeout_s - (time.monotonic() - started)) > 0:
         time.sleep(min(interval, remaining))
         now = run_status(RunRef(record_id=request.record_id))
         if now.status != status.status:
             return now
-        progress(round(time.monotonic() - started), request.timeout_s, now.progress or f"still {now.status}")
+        progress(*_steps(record.id, now))
     return run_status(RunRef(record_id=request.record_id))
+
+
+def _steps(record_id: str, status: RunStatusOutput) -> tuple[float, float | None, str]:
+    """Progress in the run's own units, as the CLI prints them: an evaluation's workflow step of its steps in all (its
+    name as the message); a run's jobs finished of its jobs. The same step again while it lasts: each report tells the
+    client the call is alive."""
+    if status.kind == background.KIND:
+        step = background.progress_step(ledger.get(record_id))
+        return step if step is not None else (0, None, f"{status.status}: starting")
+    finished = sum(job.status not in ACTIVE for job in status.jobs)
+    jobs = f"{finished} of {len(status.jobs)} job(s) finished" if status.jobs else "no job reported yet"
+    return finished, len(status.jobs) or None, f"{status.status}: {jobs}"
 
 
 # ---------------------------------------------------------------- logs

@@ -310,16 +310,23 @@ def _server(serving: dict[str, Any] | None) -> dict[str, Any] | str:
     return {key: serving.get(key) for key in ("framework", "version", "launcher", "numerics", "flags")}
 
 
-def _facets(bundle: nextresults.Bundle, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
-    facts = nelnext.read_run_facts(run_dir)
-    if facts is None:
-        return None
+def _settings(bundle: nextresults.Bundle, facts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The benchmark's entry in the run's recorded config, its solver's service, and the generation settings it ran
+    with (the service's, overridden by the solver's)."""
     config = facts.get("config") or {}
     entry = next((b for b in config.get("benchmarks") or [] if Path(str(b.get("name"))).stem == bundle.name
                   or b.get("name") == bundle.name), {})
     solver = entry.get("solver") or {}
     service = (config.get("services") or {}).get(solver.get("service") or "", {})
-    generation = {**(service.get("generation") or {}), **(solver.get("generation") or {})}
+    return entry, service, {**(service.get("generation") or {}), **(solver.get("generation") or {})}
+
+
+def _facets(bundle: nextresults.Bundle, run_dir: Path, checkpoint: str | None) -> dict[str, Any] | None:
+    facts = nelnext.read_run_facts(run_dir)
+    if facts is None:
+        return None
+    entry, service, generation = _settings(bundle, facts)
+    solver = entry.get("solver") or {}
     served = facts.get("served") or {}
     return {
         "model": model_family(checkpoint or facts.get("checkpoint")),
@@ -388,13 +395,16 @@ class NelNextResults(ResultsReader):
         failed = None if nextresults.status_unknown(results) else sum(
             1 for record in results.values() if nextresults.error_category(record) in nextresults.INFRA_CATEGORIES)
         latency = stats.get("latency_percentiles_ms") or {}
+        facts = (nelnext.read_run_facts(run.root) or {}) if run.root else {}
+        generation = _settings(bundle, facts)[2]
         return Outputs(
             samples=len(results), completion_tokens=counts("completion_tokens"), reasoning_tokens=counts("reasoning_tokens"),
             finish_reasons={k: str(logged[k]["finish_reason"]) for k in known if logged[k].get("finish_reason")},
             texts={k: str(v.get("model_response")) for k, v in results.items() if isinstance(v.get("model_response"), str)},
             failed=failed, tokens_per_second=_float(stats.get("tokens_per_second")) or None,
             latency_ms={k: float(v) for k, v in latency.items() if k in ("p50", "p90") and _float(v)},
-            served=((nelnext.read_run_facts(run.root) or {}).get("serving") or {}) if run.root else {})
+            served=facts.get("serving") or {}, temperature=_float(generation.get("temperature")),
+            max_tokens=generation.get("max_tokens"))
 
     def compared_scores(self, base: RunBenchmark, cand: RunBenchmark) -> list[tuple[ScoreValue, ScoreValue]]:
         """The headline (pass@1) of each benchmark, as nel compare reports it; none when the two differ in metric."""
