@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from results_factory import make_invocation, make_task  # noqa: E402
+from tiers import BENCH, CHECKPOINTS, REPO, requires  # noqa: E402
 
 from quanteval import failures, ledger, paths
 from quanteval.engines.base import SCRIPT_HEAD_LINES
@@ -565,3 +566,53 @@ def test_kill_run_changes_only_a_live_status_so_a_succeeded_canary_still_opens_t
     assert not kept.is_error and kept.structured_content["status"] == "succeeded", kept.content[0].text
     assert ledger.get(done.id).status == "succeeded"
     assert not killed.is_error and ledger.get(running.id).status == "killed", killed.content[0].text
+
+
+@requires("nel-next", "slow")
+def test_wait_for_run_reports_an_evaluations_workflow_steps_over_mcp(tmp_path, monkeypatch):
+    """MCP progress in the evaluation's own units, as the CLI prints them ([8/17] candidate: ...): the step number of
+    the steps in all, its name as the message; not seconds of wait_for_run's own timeout. A stand-in for vLLM
+    (tests/standins, answering each sum) serves both checkpoints: the steps are the point, not the serving."""
+    import shlex
+
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+    from quanteval.workflow.evaluate import STEPS_PER_CHECKPOINT
+
+    standin = [sys.executable, str(REPO / "tests" / "standins" / "fake_inference_server.py"), "--fake-answers", "sum",
+               "--fake-load-s", "2"]
+    monkeypatch.setenv("QUANTEVAL_VLLM_LAUNCHER", shlex.join(standin))
+    seen: list[tuple[float, float | None, str]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message or ""))
+
+    async def go() -> tuple[dict, int]:
+        async with Client(build_server()) as client:
+            started = await client.call_tool("start_evaluation", {
+                "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
+                "benchmarks": [str(BENCH)], "output_dir": str(tmp_path / "out"), "max_drop": 2})
+            assert not started.is_error, started.content[0].text
+            calls = 0
+            while True:
+                waited = await client.call_tool("wait_for_run", {"record_id": started.structured_content["record_id"],
+                                                                 "timeout_s": 20}, progress_callback=on_progress)
+                calls += 1
+                assert not waited.is_error, waited.content[0].text
+                if waited.structured_content["status"] != "running" or calls > 30:
+                    return waited.structured_content, calls
+
+    answer, calls = anyio.run(go)
+    assert answer["status"] == "succeeded", answer
+    steps = 2 * STEPS_PER_CHECKPOINT + 1  # each checkpoint's steps and the comparison
+    stepped = [(done, message) for done, total, message in seen if total is not None]
+    assert stepped and all(total == steps for _, total, _ in seen if total is not None), seen
+    assert all(done == int(done) and 0 <= done <= steps for done, _ in stepped), seen
+    assert [done for done, _ in stepped] == sorted(done for done, _ in stepped), seen  # steps only go forward
+    assert len({done for done, _ in stepped}) >= 3, seen  # it reported the workflow moving, not one number
+    names = {message.split()[0].rstrip(":") for _, message in stepped}  # whose step: "candidate canary ...: running"
+    assert names <= {"baseline", "candidate", "comparing"} and {"baseline", "candidate"} <= names, sorted({m for _, m in stepped})
+    # before the job's first step only its state, never seconds: no total at all
+    assert all(total is None and message.startswith("running") for _, total, message in seen[:len(seen) - len(stepped)]), seen

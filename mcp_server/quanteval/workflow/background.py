@@ -59,12 +59,21 @@ def refresh(record: ledger.Record) -> ledger.Record:
     return record
 
 
-def progress_line(record: ledger.Record) -> str | None:
+def progress_step(record: ledger.Record) -> tuple[float, float | None, str] | None:
+    """The job's last step, as evaluate_quantization reported it (the CLI prints it `[8/25] message`): its number,
+    the steps in all, and what it is doing; None before the first."""
     seen = record.details.get("progress")
     if not seen:
         return None
-    step = f"[{seen['done']:g}/{seen['total']:g}] " if seen.get("total") else ""
-    return f"{step}{seen.get('message') or ''}".strip()
+    return float(seen["done"]), float(seen["total"]) if seen.get("total") else None, str(seen.get("message") or "")
+
+
+def progress_line(record: ledger.Record) -> str | None:
+    step = progress_step(record)
+    if step is None:
+        return None
+    done, total, message = step
+    return ((f"[{done:g}/{total:g}] " if total else "") + message).strip()
 
 
 def result(record: ledger.Record) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from quanteval import ledger, paths
 from quanteval.models import ToolError
@@ -22,12 +23,13 @@ PROGRESS_WRITE_EVERY_S = 1.0
 def run(record_id: str) -> int:
     record = ledger.get(record_id)
     request = EvaluateQuantizationInput.model_validate(record.details["request"])
-    last_write = [0.0]
+    last_write: list[Any] = [0.0, None]  # when, and which step
 
     def progress(done: float, total: float | None = None, message: str | None = None) -> None:
-        if time.monotonic() - last_write[0] >= PROGRESS_WRITE_EVERY_S:
+        # a new step is written at once (wait_for_run reports steps); the same step's new message at most once a second
+        if (done, total) != last_write[1] or time.monotonic() - last_write[0] >= PROGRESS_WRITE_EVERY_S:
             ledger.update(record_id, details={"progress": {"done": done, "total": total, "message": message}})
-            last_write[0] = time.monotonic()
+            last_write[:] = [time.monotonic(), (done, total)]
 
     if root := record.details.get("root"):  # started over MCP with --root: the evaluation keeps to it, reuse included
         paths.CALL_POLICY.set(paths.Policy(root=Path(root), absolute_only=True))
