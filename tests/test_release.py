@@ -148,3 +148,36 @@ def test_the_gate_keeps_nel_gates_verdict_and_shows_quantevals_rules_beside_it(r
     shown = capsys.readouterr().out
     assert code == cli.EXIT_GATE_INCONCLUSIVE and shown.startswith("verdict: GO")
     assert "release rules (quanteval's, beside nel gate's GO): INCONCLUSIVE" in shown and "Raise max_tokens" in shown
+
+
+def test_the_report_shows_each_sides_answers_and_what_the_quantization_bought(real_run, tmp_path):
+    answer = compare(real_run, tmp_path, answers(tokens=100), answers(tokens=130, cut=2), max_length_change=5)
+    markdown = Path(answer.report_markdown).read_text()
+    assert "## Answers and what the quantization bought" in markdown
+    assert "| bench | candidate | 130.0 / 130 | 2/40 (5.0%) | 0/40 (0.0%) |" in markdown
+    assert "| bench | change | +30.0% per problem |" in markdown and "weights on disk: baseline" in markdown
+    page = Path(answer.report_html).read_text()
+    assert "<td>2/40 (5.0%)</td>" in page and "weights on disk: baseline" in page
+
+
+def test_over_mcp_the_rules_arguments_reach_compare_and_gate_and_their_answers_come_back(real_run, tmp_path):
+    """The SDK drops arguments a tool's signature does not name: max_length_change must reach both tools."""
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    base = sampled_run(real_run, tmp_path / "base", answers(tokens=100), checkpoint=BF16)
+    cand = sampled_run(real_run, tmp_path / "cand", answers(tokens=130), checkpoint=W8A8)
+
+    async def go():
+        async with Client(build_server()) as client:
+            arguments = {"baseline": str(base), "candidate": str(cand), "max_drop": 5, "max_length_change": 5}
+            return (await client.call_tool("compare_results", arguments | {"output_dir": str(tmp_path / "r")}),
+                    await client.call_tool("gate_results", arguments))
+
+    compared, gated = anyio.run(go)
+    assert not compared.is_error and not gated.is_error, (compared.content, gated.content)
+    assert compared.structured_content["acceptability"] == "not acceptable"
+    assert compared.structured_content["outputs"][0]["length_change"] == pytest.approx(0.3)
+    assert (gated.structured_content["verdict"], gated.structured_content["release_verdict"]) == ("GO", "NO-GO")

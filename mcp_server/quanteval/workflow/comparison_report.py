@@ -189,6 +189,46 @@ def _references_markdown(rows: list[TaskComparison]) -> str:
     return "\n".join(lines + [f"| {task} | {base} | {published} | {status} |" for task, base, published, status in found])
 
 
+OUTPUT_COLUMNS = ("task", "side", "completion tokens (mean / median)", "truncated", "failed", "tokens/s", "measured on")
+
+
+def _output_rows(output: CompareResultsOutput) -> list[tuple[str, ...]]:
+    """Per benchmark and side: the answers' length, truncated and failed responses with their denominators, speed."""
+    rows = []
+    for check in output.outputs:
+        for name, side in (("baseline", check.baseline), ("candidate", check.candidate)):
+            if side is None:
+                rows.append((check.task, name, "unverified", "unverified", "unverified", "-", "-"))
+                continue
+            tokens = "unverified" if side.mean_completion_tokens is None else \
+                f"{side.mean_completion_tokens:.1f} / {side.median_completion_tokens:g}"
+            rows.append((check.task, name, tokens, side.truncated.said.split(": ", 1)[1], side.failed.said.split(": ", 1)[1],
+                         "-" if side.tokens_per_second is None else f"{side.tokens_per_second:g}", side.measured_on or "-"))
+        if check.length_change is not None:
+            rows.append((check.task, "change", f"{100 * check.length_change:+.1f}% per problem", "", "", "", ""))
+    return rows
+
+
+def _outputs_markdown(output: CompareResultsOutput) -> str:
+    rows = _output_rows(output)
+    size = f"\n{output.weights.message}\n" if output.weights else ""
+    if not rows:
+        return size
+    lines = ["", "## Answers and what the quantization bought", "", "| " + " | ".join(OUTPUT_COLUMNS) + " |",
+             "|" + "---|" * len(OUTPUT_COLUMNS), *("| " + " | ".join(row) + " |" for row in rows), size]
+    return "\n".join(lines)
+
+
+def _outputs_html(output: CompareResultsOutput) -> str:
+    rows = _output_rows(output)
+    size = f"<p>{html.escape(output.weights.message)}</p>" if output.weights else ""
+    if not rows:
+        return size
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in OUTPUT_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<h2>Answers and what the quantization bought</h2>\n<table><tr>{head}</tr>{body}</table>\n{size}"
+
+
 def render_html(output: CompareResultsOutput, baseline: str, candidate: str, chart: bytes | None) -> str:
     image = ""
     if chart is not None:  # the bytes rendered, not the file re-read: it may have been replaced since
@@ -223,6 +263,7 @@ tr.unknown{{background:#f3f3f3}}img{{max-width:100%}}code{{font-size:85%}}</styl
 {image}
 <h2>Scores (points, ± standard error)</h2>
 <table><tr><th>task</th><th>metric</th><th>baseline</th><th>candidate</th><th>delta</th><th>CI</th><th>verdict</th><th>method</th></tr>{rows}</table>
+{_outputs_html(output)}
 <h2>Baseline against published scores (points)</h2>
 {references}
 <h2>Comparability checklist</h2>
@@ -253,5 +294,5 @@ def render_markdown(output: CompareResultsOutput, baseline: str, candidate: str,
     reasons = "\n".join(f"- {reason}" for reason in output.reasons)
     return (f"# Baseline vs candidate\n\nbaseline: `{baseline}`  \ncandidate: `{candidate}`\n\n"
             f"**Comparability:** {output.comparability} — **Acceptability:** {output.acceptability}\n\n{reasons}\n{chart}\n"
-            f"{output.table_markdown}\n\n## Baseline against published scores (points)\n\n"
+            f"{output.table_markdown}\n{_outputs_markdown(output)}\n## Baseline against published scores (points)\n\n"
             f"{_references_markdown(output.comparisons)}\n" + "\n".join(flips) + "\n")
