@@ -165,7 +165,7 @@ def test_base_config_leaves_only_person_specific_values_missing():
 # row's expected_answer must pass for that to be true.
 ANSWER_TYPES = {
     "integer": (re.compile(r"\binteger answers?\b", re.IGNORECASE), re.compile(r"-?\d+")),
-    "multiple choice": (re.compile(r"\bmultiple[- ]choice\b", re.IGNORECASE), re.compile(r"[A-J]")),
+    "multiple choice": (re.compile(r"\bmultiple[- ]choice\b|\bchoice letter\b", re.IGNORECASE), re.compile(r"[A-J]")),
 }
 PROBLEM_COUNT = re.compile(r"\bthe (\d[\d,]*) (?:problems|questions)\b")
 NEMO_SKILLS_VENDORED = Path(os.environ.get("QUANTEVAL_VENDOR_DIR") or REPO.parent / "shared" / "vendor")
