@@ -54,8 +54,9 @@ async def _configured(call, tmp_path: Path, extra_args: list[str] | None = None)
     assert isinstance(applied, dict) and applied["missing_values"] == [], applied
     if extra_args:
         current = await call("get_config_value", {"config_path": config, "key": "services.model.extra_args"})
-        await call("set_config_value", {"config_path": config, "key": "services.model.extra_args",
-                                        "value": [*current["value"], *extra_args]})
+        changed = await call("set_config_value", {"config_path": config, "key": "services.model.extra_args",
+                                                  "value": [*current["value"], *extra_args]})
+        assert isinstance(changed, dict), changed
     return config
 
 
@@ -96,8 +97,9 @@ class TestWithTheRealVllm:
 
         async def steps(call):
             config = await _configured(call, tmp_path)
-            await call("set_config_value", {"config_path": config, "key": "benchmarks.0.max_problems",
-                                            "value": FULL_RUN_PROBLEMS})
+            limited = await call("set_config_value", {"config_path": config, "key": "benchmarks[0].max_problems",
+                                                      "value": FULL_RUN_PROBLEMS})
+            assert isinstance(limited, dict), limited
             validated = await call("validate_config", {"config_path": config})
             assert validated["valid"], validated
             dry = await call("dry_run", {"config_path": config})
