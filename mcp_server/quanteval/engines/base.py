@@ -341,6 +341,13 @@ class EngineDefaults(Protocol):
         top_p: those given; the others stay the config's)."""
         raise ToolError(f"{self.name} does not run evaluate_quantization")
 
+    def serve_in_job(self, values: dict[str, Any], model_path: str, served_model_name: str, port: int,
+                     command: list[str], startup_timeout_s: float, placement: dict[str, Any]) -> dict[str, Any]:
+        """endpoint_values' keys turned into a config whose run serves the model itself inside its own cluster job
+        (evaluate_quantization on SLURM): the server's `command` (argv) at `port` on the job's node, with the job's
+        `placement` (hostname, account, walltime, partition, gres, path: the PATH the job gets)."""
+        raise ToolError(f"{self.name} does not run evaluate_quantization on a cluster")
+
     def failed_benchmarks(self, run_dir: Path) -> dict[str, str]:
         """The benchmarks the engine itself recorded as failed in a run's directory, with its error for each."""
         return {}

@@ -170,10 +170,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """The one-call answer: serve both checkpoints, canary + full run each, compare; prints the verdict table."""
     from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
+    from quanteval.workflow.evaluate_cluster import ClusterSettings
 
+    cluster = {name: value for name in ClusterSettings.model_fields if (value := getattr(args, f"cluster_{name}", None)) is not None}
     try:
         request = EvaluateQuantizationInput.model_validate(field_values(args, EvaluateQuantizationInput)
-                                                           | {"reference_scores": dict(args.reference_scores or [])})
+                                                           | {"reference_scores": dict(args.reference_scores or [])}
+                                                           | ({"cluster": cluster} if cluster else {}))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -423,6 +426,7 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     from quanteval.workflow.evaluate import EvaluateQuantizationInput
+    from quanteval.workflow.evaluate_cluster import ClusterSettings
 
     field_argument(parser, EvaluateQuantizationInput, "baseline_checkpoint", metavar="baseline")
     field_argument(parser, EvaluateQuantizationInput, "candidate_checkpoint", metavar="candidate")
@@ -430,6 +434,12 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                  "top_p", "max_drop", "max_length_change", "confidence", "policy", "eager", "noise_floor"):
         field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
     field_argument(parser, EvaluateQuantizationInput, "reference_tolerance", "--reference-tolerance")
+    for name in ("host", "startup_timeout_s", "run_timeout_s"):
+        field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
+    # with --host a cluster: its settings (cluster_* in the namespace: output_dir is also the evaluation's own)
+    for name in ClusterSettings.model_fields:
+        flag = "--cluster-output-dir" if name == "output_dir" else "--" + name.replace("_", "-")
+        field_argument(parser, ClusterSettings, name, flag, dest=f"cluster_{name}", default=None)
     # reference_scores is a mapping: one TASK=SCORE per --reference-score, collected as pairs (cmd_evaluate makes the dict).
     field_argument(parser, EvaluateQuantizationInput, "reference_scores", "--reference-score", action="append",
                    type=_task_score, default=None, metavar="TASK=SCORE",

@@ -31,10 +31,12 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -50,7 +52,18 @@ from quanteval.serving import deploy, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
 from quanteval.serving.frameworks import FRAMEWORK_INFO
-from quanteval.workflow import anomaly, background, compare, nelconfig, release, results, runs, sampling, validation
+from quanteval.workflow import (
+    anomaly,
+    background,
+    compare,
+    evaluate_cluster,
+    nelconfig,
+    release,
+    results,
+    runs,
+    sampling,
+    validation,
+)
 from quanteval.workflow.gate import RULE_POLICY_NAME, GateResultsInput, GateResultsOutput, gate_results, load_policy
 from quanteval.workflow.noise import NoiseFloor, noise_floor, verdict_within_noise
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
@@ -76,9 +89,11 @@ class EvaluateQuantizationInput(StrictModel):
     engine: Literal["nel-next"] = Field("nel-next", description=(
         "Runs nel-next (for NEL 0.2.6, use the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="This machine.")
-    host: Literal["local"] | None = Field(None, description=(
-        "Omit or 'local': it serves on this machine only (on a cluster: launch_deployment with host, then launch_canary "
-        "and launch_full_run)."))
+    host: str | None = Field(None, description=(
+        "Omit or 'local': serves here. A SLURM login host's ssh alias: each canary and full run is a job there that "
+        "serves the checkpoint itself (placement and paths: cluster)."))
+    cluster: evaluate_cluster.ClusterSettings | None = Field(None, description="With host a cluster: partition, account, "
+                                                             "walltime, GRES and the cluster's paths.")
     framework: Literal["vllm"] = Field("vllm", description="Serves both.")
     eager: bool = Field(False, description="Serve both with --enforce-eager: answers differ from the default path's.")
     noise_floor: bool = Field(False, description="Also run the baseline on its other numeric path: its flips beside the quantization's.")
@@ -113,6 +128,7 @@ class CheckpointEvaluation(BaseModel):
     run_dir: str | None = None
     serving: Serving | None = Field(None, description="How its server computed: framework, release, numeric path, flags.")
     seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per stage: serve, config, canary, full_run.")
+    cluster: evaluate_cluster.ClusterPlacement | None = Field(None, description="On a cluster: where its jobs ran.")
 
 
 class Response(BaseModel):
@@ -154,12 +170,28 @@ def evaluation_key(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> 
     settings = {"benchmarks": [_benchmark_fingerprint(b) for b in request.benchmarks], "engine": request.engine,
                 "framework": request.framework, "max_problems": request.max_problems, "max_tokens": request.max_tokens,
                 # a run served another way (numeric path, release) is not this evaluation's
-                "eager": request.eager, "framework_version": frameworks.vllm_venv_version()}
+                "eager": request.eager, "framework_version": _framework_release(request)}
     asked = sampling.sampling_values(request.temperature, request.top_p)
     if request.repeats > 1 or asked:  # only when asked: a one-pass run finished before these settings is still reused
         settings |= {"repeats": request.repeats, "sampling": asked}
     blob = json.dumps([str(checkpoint_dir.resolve()), files, settings], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _framework_release(request: EvaluateQuantizationInput) -> str | None:
+    """The vLLM that serves: this machine's venv, or the cluster's (host and venv: its release is asked there)."""
+    if not on_cluster(request):
+        return frameworks.vllm_venv_version()
+    return f"{request.host}:{(request.cluster or evaluate_cluster.ClusterSettings()).vllm_venv or 'vllm on the PATH'}"
+
+
+def on_cluster(request: EvaluateQuantizationInput) -> bool:
+    return request.host not in (None, "local")
+
+
+def _dir_of(record: ledger.Record) -> str | None:
+    """Where this process reads a run's files: its own directory here, the fetched copy of a cluster's run."""
+    return record.details.get("run_dir") or record.details.get("results_dir")
 
 
 def _benchmark_ref(name: str) -> str:
@@ -180,7 +212,7 @@ def _finished_run(key: str) -> ledger.Record | None:
     from quanteval.workflow import confine
 
     for record in ledger.find(kind="full_run", status="succeeded", limit=200):
-        if record.details.get("evaluation_key") == key and Path(record.details.get("run_dir", "")).is_dir() \
+        if record.details.get("evaluation_key") == key and Path(_dir_of(record) or "").is_dir() \
                 and confine.visible(record):
             return record
     return None
@@ -220,9 +252,9 @@ def _every(seconds: float, progress: ProgressFn, step: float, total: float, pref
 
 
 def _require_pass(record: ledger.Record, what: str, max_error_share: float = ValidateRunInput.model_fields["max_error_share"].default) -> None:
-    if record.status != "succeeded" and record.details.get("run_dir"):
+    if record.status != "succeeded" and _dir_of(record):
         engine = engines.for_record(record)
-        failed = engine.failed_benchmarks(Path(record.details["run_dir"]))  # what the engine itself recorded
+        failed = engine.failed_benchmarks(Path(_dir_of(record) or ""))  # what the engine itself recorded
         if failed:
             named = "; ".join(f"{Path(name).stem}: {error}" for name, error in list(failed.items())[:3])
             raise ToolError(f"{what} {record.id} {record.status}: {engine.name} reports {named}. Logs: {record.details.get('log_path')}")
@@ -246,6 +278,7 @@ class CanaryFailed(ToolError):
         self.record, self.config_path = record, config_path
         self.launched: deploy.LaunchDeploymentResult | None = None  # the server it ran against, named in the answer
         self.served: dict = {}
+        self.placement: evaluate_cluster.ClusterPlacement | None = None  # on a cluster: its job and node
 
 
 def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> None:
@@ -298,12 +331,15 @@ def _room_beside(launched: deploy.LaunchDeploymentResult) -> bool:
 
 
 def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served: dict, request: EvaluateQuantizationInput,
-                  launched_checkpoint: str) -> str:
+                  launched_checkpoint: str, job: _InJob | None = None) -> str:
+    """The side's nel-next config: against the endpoint `launched` serves, or (job) serving it inside each run's own
+    cluster job."""
     config_path = workdir / "config.yaml"
     if config_path.exists():
         config_path.unlink()  # our own file from an earlier, unfinished call: its endpoint is gone
     built = nelconfig.build_config(nelconfig.BuildConfigInput(
-        engine=request.engine, execution=request.execution, deployment="none", model_type="chat_reasoning",
+        engine=request.engine, execution="slurm" if job else request.execution,
+        deployment=request.framework if job else "none", model_type="chat_reasoning",
         benchmarks=[_benchmark_ref(b) for b in request.benchmarks], config_path=str(config_path)))
     context = served.get("max_model_len")
     budget = request.max_tokens or (min(DEFAULT_MAX_TOKENS, context // 2) if isinstance(context, int) else DEFAULT_MAX_TOKENS)
@@ -311,9 +347,13 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     has_template = inspect_checkpoint(InspectCheckpointInput(checkpoint=launched_checkpoint)).chat_template
     protocol = "chat_completions" if has_template else "completions"
     values = engines.by_name(request.engine).endpoint_values(
-        launched.endpoint_url or "", protocol, launched.served_model_name, budget, str(workdir / "runs"),
+        launched.endpoint_url or "", protocol, launched.served_model_name, budget, job.output_dir if job else str(workdir / "runs"),
         len(request.benchmarks), request.max_problems, request.repeats,
         sampling.sampling_values(request.temperature, request.top_p))
+    if job:
+        values = engines.by_name(request.engine).serve_in_job(
+            values, job.model_path, launched.served_model_name, launched.port, job.command, request.startup_timeout_s,
+            job.placement)
     for key, value in values.items():
         nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.config_path, key=key, value=value))
     checked = validation.validate_config(validation.ValidateConfigInput(config_path=built.config_path))
@@ -362,7 +402,7 @@ class _Checkpoint:
         done = self.done
         assert done is not None
         return CheckpointEvaluation(role=self.role, checkpoint=str(self.dir), reused=True, full_run_record_id=done.id,
-                                    run_dir=done.details["run_dir"], config_path=done.config_path,
+                                    run_dir=_dir_of(done), config_path=done.config_path,
                                     served_model_name=done.details.get("served", {}).get("id"),
                                     served_context=done.details.get("served", {}).get("max_model_len"),
                                     serving=_serving(_run_facts(done)))
@@ -374,6 +414,11 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
     costs nothing: vLLM's own check of both plans (seconds of imports) runs beside the baseline's server start, whose
     plan is launched unchecked and whose check must pass before any run; and the candidate's server loads while the
     baseline's runs go on, when memory allows."""
+    if on_cluster(request):
+        baseline, candidate = _evaluate_on_cluster(request, root, progress, [
+            ("baseline", request.baseline_checkpoint), ("candidate", request.candidate_checkpoint)])
+        assert isinstance(baseline, CheckpointEvaluation)
+        return baseline, candidate
     sides = [_Checkpoint("baseline", request.baseline_checkpoint, request, root),
              _Checkpoint("candidate", request.candidate_checkpoint, request, root)]
     total = _total(request)
@@ -497,13 +542,15 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
 
 def _run_facts(record: ledger.Record) -> dict[str, Any]:
     """What quanteval recorded beside the record's run (its checkpoint, what was served and how): its engine keeps it."""
-    return engines.for_record(record).read_run_facts(Path(record.details["run_dir"])) or {}
+    return engines.for_record(record).read_run_facts(Path(_dir_of(record) or "")) or {}
 
 
 def _add_run_facts(record: ledger.Record, facts: dict[str, Any]) -> dict[str, Any]:
     """The run's facts with these added (compare_results and validate_run read them); returns them all."""
     merged = {**_run_facts(record), **facts}
-    engines.for_record(record).write_run_facts(Path(record.details["run_dir"]), merged)
+    engines.for_record(record).write_run_facts(Path(_dir_of(record) or ""), merged)
+    if "run_facts" in record.details:  # a cluster run's facts live in its record (its fetched copy is rewritten from it)
+        ledger.update(record.id, details={"run_facts": merged})
     return merged
 
 
@@ -546,6 +593,13 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
         raise ToolError(" ".join(f"{p.key}: {p.message} {p.fix}" for p in refused))
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
     require_writable_dir(root, "output_dir", "Choose a writable directory.")
+    if on_cluster(request):  # all the cluster must have, asked before any job is submitted
+        settings = request.cluster or evaluate_cluster.ClusterSettings()
+        evaluate_cluster.preflight(request.host or "", settings, evaluate_cluster.cluster_checkpoints(
+            settings, request.baseline_checkpoint, request.candidate_checkpoint), request.startup_timeout_s)
+    elif request.cluster is not None:
+        raise ToolError("cluster: given without host. Give host, the cluster's login alias in ~/.ssh/config, or leave "
+                        "cluster out to evaluate on this machine.")
     return root
 
 
@@ -595,7 +649,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
         return _anomalous(baseline, candidate, request, started)
     progress(2 * STEPS_PER_CHECKPOINT, _total(request), "comparing")
     mark = time.monotonic()
-    report_dir = root / f"compare-{Path(baseline.run_dir or '').parent.parent.name}-vs-{Path(candidate.run_dir or '').parent.parent.name}"
+    report_dir = root / f"compare-{Path(baseline.config_path or '').parent.name}-vs-{Path(candidate.config_path or '').parent.name}"
     compared = compare.compare_results(compare.CompareResultsInput(
         baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", max_drop=request.max_drop,
         confidence=request.confidence, output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint,
@@ -614,6 +668,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     verdict = _verdict(compared, gated)
     reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving), *_sampling_notes(request)]
     reasons += checkpoint_notes(baseline.checkpoint, candidate.checkpoint)
+    reasons += [line for side in (baseline, candidate) if (line := _where_it_ran(side))]
     floor, floor_run = [], None
     if request.noise_floor:
         mark = time.monotonic()
@@ -657,6 +712,11 @@ def _evaluate_alone(side: _Checkpoint, request: EvaluateQuantizationInput, progr
     """One more side, served and run on its own (its finished run reused as any other)."""
     if side.done is not None:
         return side.reused()
+    if on_cluster(request):
+        (run,) = _evaluate_on_cluster(request, side.workdir.parent, progress, [(side.role, str(side.dir))])
+        if isinstance(run, CanaryFailed):
+            raise run
+        return run
     offset = 2 * STEPS_PER_CHECKPOINT
     try:
         progress(offset, _total(request), f"{side.role}: starting {request.framework} on {side.dir.name}")
@@ -668,6 +728,184 @@ def _evaluate_alone(side: _Checkpoint, request: EvaluateQuantizationInput, progr
     except BaseException as exc:
         side.stop(interrupted=not isinstance(exc, Exception))
         raise
+
+
+@dataclass
+class _InJob:
+    """How a side is served inside its runs' own cluster jobs (evaluate_cluster)."""
+    model_path: str
+    command: list[str]
+    output_dir: str
+    placement: dict[str, Any]
+
+
+CLUSTER_POLL_S = 3.0  # a poll is an ssh round trip per side (squeue, the job's chain file)
+
+
+def _evaluate_on_cluster(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn,
+                         roles: list[tuple[Role, str]]) -> list[CheckpointEvaluation | CanaryFailed]:
+    """Every side's canary submitted at once; as each passes, its full run; as each ends, its results fetched here.
+    A candidate canary that failed is returned as such (the verdict's to judge against the baseline's); any other
+    failure is an error, and an interruption or error cancels every job still queued or running (scancel)."""
+    settings = request.cluster or evaluate_cluster.ClusterSettings()
+    paths = evaluate_cluster.cluster_checkpoints(settings, request.baseline_checkpoint, request.candidate_checkpoint)
+    progress(0, _total(request), f"asking {request.host} for its partitions, paths, nel-next and vLLM")
+    cluster = evaluate_cluster.preflight(request.host or "", settings, paths, request.startup_timeout_s)
+    sides = [_ClusterSide(_Checkpoint(role, checkpoint, request, root), cluster, request) for role, checkpoint in roles]
+    total = _total(request)
+    try:
+        for side in sides:
+            if side.side.done is None:
+                progress(0, total, f"{side.role}: writing its config and submitting its canary to {cluster.host}")
+                side.submit_canary()
+        while not all(side.finished for side in sides):
+            cancellation_point()
+            for side in sides:
+                side.step(progress, total)
+            if not all(side.finished for side in sides):
+                time.sleep(CLUSTER_POLL_S)
+    except BaseException:
+        with interrupts_held():  # a second Ctrl-C must not leave a job holding the cluster's GPUs
+            for side in sides:
+                side.cancel()
+        raise
+    answers = [side.answer for side in sides]
+    for side, answer in zip(sides, answers, strict=True):
+        if isinstance(answer, CanaryFailed) and (side.role != "candidate" or any(
+                not isinstance(other, CheckpointEvaluation) for other in answers if other is not answer)):
+            raise answer  # a baseline's failed canary is an error to fix, not a verdict
+    return answers  # type: ignore[return-value]
+
+
+class _ClusterSide:
+    """One side on the cluster: its config, its canary's job, then its full run's; polled until it has an answer."""
+
+    def __init__(self, side: _Checkpoint, cluster: evaluate_cluster.Cluster, request: EvaluateQuantizationInput) -> None:
+        self.side, self.cluster, self.request, self.role = side, cluster, request, side.role
+        self.stage = "done" if side.done is not None else "config"
+        self.answer: CheckpointEvaluation | CanaryFailed | None = side.reused() if side.done is not None else None
+        self.active: str | None = None  # the record of the run whose job is queued or running
+        self.canary_id = self.full_id = ""
+        self.config_path, self.served, self.serving = "", {}, None
+        self.placement = cluster.placement("baseline" if side.role == "noise-floor" else side.role)
+        self.said, self.said_at, self.started = "", 0.0, time.monotonic()
+
+    @property
+    def finished(self) -> bool:
+        return self.answer is not None
+
+    def submit_canary(self) -> None:
+        mark = time.monotonic()
+        plan = _plan(self.side.dir, self.request, check_args=False)
+        port = plan.port
+        where = "baseline" if self.role == "noise-floor" else self.role
+        command = evaluate_cluster.server_command(self.cluster, where, plan.server_args, plan.env, port)
+        context = _option(plan.server_args, "--max-model-len")
+        self.served = {"id": plan.served_model_name, **({"max_model_len": int(context)} if context else {})}
+        self.serving = plan.serving.model_copy(update={
+            "version": self.cluster.vllm_release, "launcher": shlex.join(self.cluster.vllm_launcher),
+            "device": "cpu" if self.cluster.vllm_cpu else "gpu"})
+        endpoint = deploy.LaunchDeploymentResult(
+            record_id="", host=self.cluster.host, status="planned", port=port, served_model_name=plan.served_model_name,
+            endpoint_url=f"http://localhost:{port}/v1/chat/completions", command=shlex.join(command), log_path="")
+        self.side.workdir.mkdir(parents=True, exist_ok=True)
+        job = _InJob(model_path=self.placement.checkpoint, command=command, placement=self.cluster.job_values(),
+                     output_dir=f"{self.cluster.output_dir.rstrip('/')}/{self.side.workdir.name}")
+        self.config_path = _write_config(self.side.workdir, endpoint, self.served, self.request, str(self.side.dir), job)
+        self.side.seconds["config"] = round(time.monotonic() - mark, 1)
+        canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=self.config_path,
+                                                           limit_samples=self.request.canary_problems))
+        self.canary_id = self.active = canary.record_id
+        self.stage, self.started = "canary", time.monotonic()
+        self._note_job(canary.record_id, "canary")
+
+    def _note_job(self, record_id: str, stage: str) -> None:
+        jobs = ledger.get(record_id).details.get("slurm_jobs") or []
+        if jobs:
+            self.placement.jobs[stage] = ", ".join(job["job_id"] for job in jobs)
+
+    def step(self, progress: ProgressFn, total: int) -> None:
+        """One poll of its active run: progress with its job's SLURM state, and the next stage once it ended."""
+        if self.finished or self.active is None:
+            return
+        status = runs.run_status(runs.RunRef(record_id=self.active))
+        job_ids = [job_id for ids in self.placement.jobs.get(self.stage, "").split(", ") if (job_id := ids.strip())]
+        slurm_jobs = evaluate_cluster.job_facts(self.cluster.host, job_ids) if job_ids else {}
+        for job in slurm_jobs.values():
+            if job.state == "RUNNING" and job.reason:
+                self.placement.nodes[self.stage] = job.reason
+        said = f"{self.role} {self.stage.replace('_', ' ')} {self.active}: " + "; ".join(
+            f"job {job_id} {evaluate_cluster.job_line(slurm_jobs.get(job_id))}" for job_id in job_ids) if job_ids else status.status
+        if said != self.said or time.monotonic() - self.said_at >= PROGRESS_EVERY_S:
+            step = {"canary": 3, "full_run": 5}.get(self.stage, 0) + STEPS_PER_CHECKPOINT * (self.role == "candidate")
+            progress(step, total, said)
+            self.said, self.said_at = said, time.monotonic()
+        if status.status in ACTIVE:
+            if time.monotonic() - self.started > self.request.run_timeout_s:
+                runs.kill_run(runs.RunRef(record_id=self.active))
+                raise ToolError(f"{self.role} {self.stage.replace('_', ' ')} {self.active} did not finish within "
+                                f"{self.request.run_timeout_s:.0f} s; its job was cancelled. Raise run_timeout_s.")
+            return
+        finished = ledger.get(self.active)
+        self.active = None
+        if self.stage == "canary":
+            self._canary_ended(finished)
+        else:
+            self._full_run_ended(finished)
+
+    def _where(self, stage: str) -> str:
+        node = self.placement.nodes.get(stage)
+        return f" (SLURM job {self.placement.jobs.get(stage, '?')} on {self.cluster.host}{f', node {node}' if node else ''})"
+
+    def _canary_ended(self, finished: ledger.Record) -> None:
+        try:
+            _require_canary_pass(finished, f"{self.role} canary{self._where('canary')}", self.config_path)
+        except CanaryFailed as failed:
+            failed.served, failed.placement = self.served, self.placement
+            if self.role != "candidate":
+                raise  # the baseline's own canary: an error to fix, not a verdict (the other side's jobs are cancelled)
+            self.answer, self.stage = failed, "done"
+            return
+        self.side.seconds["canary"] = round(time.monotonic() - self.started, 1)
+        full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=self.config_path))
+        self.full_id = self.active = full.record_id
+        ledger.update(full.record_id, details={"evaluation_key": self.side.key, "checkpoint": str(self.side.dir),
+                                               "served": self.served})
+        self.stage, self.started = "full_run", time.monotonic()
+        self._note_job(full.record_id, "full_run")
+
+    def _full_run_ended(self, finished: ledger.Record) -> None:
+        _require_pass(finished, f"{self.role} full run{self._where('full_run')}", max_error_share=1.0)
+        self.side.seconds["full_run"] = round(time.monotonic() - self.started, 1)
+        facts = _add_run_facts(ledger.get(finished.id), {
+            "checkpoint": str(self.side.dir), "served": self.served,
+            "serving": self.serving.model_dump() if self.serving else None, "cluster": self.placement.model_dump()})
+        self.stage = "done"
+        self.answer = CheckpointEvaluation(
+            role=self.role, checkpoint=str(self.side.dir), reused=False, served_model_name=self.served.get("id"),
+            served_context=self.served.get("max_model_len"), config_path=self.config_path, canary_record_id=self.canary_id,
+            full_run_record_id=finished.id, run_dir=_dir_of(ledger.get(finished.id)), serving=_serving(facts),
+            seconds=dict(self.side.seconds), cluster=self.placement)
+
+    def cancel(self) -> None:
+        if self.active is not None:
+            _cancel(self.active)
+            self.active = None
+
+
+def _option(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+
+
+def _where_it_ran(side: CheckpointEvaluation) -> str | None:
+    """The report's line of where a side ran on a cluster: host, partition, nodes, GRES, jobs and the vLLM."""
+    placed = side.cluster
+    if placed is None:
+        return None
+    jobs = ", ".join(f"{stage.replace('_', ' ')} job {job}" + (f" on {placed.nodes[stage]}" if stage in placed.nodes else "")
+                     for stage, job in placed.jobs.items())
+    return (f"Ran on {placed.host} ({side.role}): partition {placed.partition}, GRES {placed.gres or 'none'}, {jobs or 'no job'}; "
+            f"served by {placed.vllm} from {placed.checkpoint}; nel-next {placed.nel_next}.")
 
 
 def serving_note(baseline: Serving | None, candidate: Serving | None) -> str:
@@ -721,7 +959,7 @@ def _max_tokens(config_path: str | None) -> Any:
 
 
 def _canary_responses(record: ledger.Record) -> list[Response]:
-    answers = engines.for_record(record).responses(Path(record.details["run_dir"]), RESPONSES_SHOWN)
+    answers = engines.for_record(record).responses(Path(_dir_of(record) or ""), RESPONSES_SHOWN)
     return [Response.model_validate(answer) for answer in answers]
 
 
@@ -731,7 +969,7 @@ def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: Ev
     budget = _max_tokens(failed.config_path)
     if budget != _max_tokens(baseline.config_path):
         raise failed  # not the same settings: the failure may be the settings', so it stays an error to fix
-    run_dir = failed.record.details.get("run_dir")
+    run_dir = _dir_of(failed.record)
     why = (f"ANOMALOUS: the candidate's canary failed ({failed}) where the baseline's passed with the same settings "
            f"(max_tokens {budget}, same benchmarks and server flags): a broken quantization or a serving bug, not a "
            "setting to raise. Its answers are below; check the checkpoint (inspect_checkpoint) and its serving.")
@@ -744,7 +982,8 @@ def _anomalous(baseline: CheckpointEvaluation, failed: CanaryFailed, request: Ev
                                      run_dir=run_dir, deployment_record_id=launched.record_id if launched else None,
                                      served_model_name=launched.served_model_name if launched else None,
                                      served_context=failed.served.get("max_model_len"),
-                                     serving=_serving(_run_facts(failed.record)) if run_dir else None)
+                                     serving=_serving(_run_facts(failed.record)) if run_dir else None,
+                                     cluster=failed.placement)
     return EvaluateQuantizationOutput(
         verdict="anomalous", comparability="inconclusive", table_markdown="", comparisons=[],
         reasons=[why, *checkpoint_notes(baseline.checkpoint, candidate.checkpoint)],

@@ -28,6 +28,7 @@ from quanteval.engines.nel_next.evaluation import (
     failed_benchmarks,
     responses,
 )
+from quanteval.engines.nel_next.jobserving import serve_in_job
 from quanteval.engines.nel_next.nelnext import read_run_facts, write_run_facts
 from quanteval.engines.nel_next.runs import (
     check_launchable,

