@@ -303,6 +303,17 @@ def test_yaml_alias_bomb_is_refused(tmp_path):
     assert time.monotonic() - started < 10
 
 
+def test_yaml_nested_past_any_config_is_a_clear_error_not_a_recursion_error(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("execution:\n  x: " + "[" * 2000 + "]" * 2000 + "\n")
+    for tool, arguments in (("get_config_value", {"config_path": str(deep), "key": "execution"}),
+                            ("validate_config", {"config_path": str(deep)}),
+                            ("set_config_value", {"config_path": str(deep), "key": "execution.y", "value": "1"})):
+        refused = call(tool, arguments)
+        text = refused.content[0].text  # ours, or libyaml's own limit (1000 levels) where it parses
+        assert refused.is_error and ("nests deeper than" in text or "maximum nesting depth" in text), (tool, text)
+
+
 def test_an_oversized_answer_says_to_narrow_the_request(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("execution:\n  blob: " + "x" * 100_000 + "\n")

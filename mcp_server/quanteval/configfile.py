@@ -78,6 +78,8 @@ def parse_config_text(text: str, source: str) -> CommentedMap:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = exc.problem or exc.context or "invalid YAML"
         raise ToolError(f"{source}: invalid YAML at {where}: {problem}. Fix the YAML syntax there; the file was not changed.") from None
+    except RecursionError:
+        raise ToolError(_too_deep(source)) from None
     if doc is None:
         return CommentedMap()
     if not isinstance(doc, CommentedMap):
@@ -87,27 +89,36 @@ def parse_config_text(text: str, source: str) -> CommentedMap:
 
 
 MAX_EXPANDED_NODES = 50_000  # a NEL config has a few hundred; nested YAML aliases can expand to billions
+MAX_DEPTH = 64  # a NEL config nests under 10 levels; every reader of a config (JSON, diffs, walks) recurses
+
+
+def _too_deep(source: str) -> str:
+    return (f"{source}: the YAML nests deeper than {MAX_DEPTH} levels (a config nests under 10). Flatten it; the file "
+            "was not changed.")
 
 
 def _check_expansion(doc: Any, source: str) -> None:
-    """Refuse a document whose aliases expand past MAX_EXPANDED_NODES (a "billion laughs" file).
+    """Refuse a document whose aliases expand past MAX_EXPANDED_NODES (a "billion laughs" file), or that nests
+    deeper than MAX_DEPTH.
 
     ruamel shares aliased nodes, so loading is cheap; reading them out (JSON, diffs) is not.
     The walk stops at the bound, so it costs at most MAX_EXPANDED_NODES steps.
     """
-    stack, seen = [doc], 0
+    stack, seen = [(doc, 1)], 0
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         seen += 1
+        if depth > MAX_DEPTH:
+            raise ToolError(_too_deep(source))
         if seen > MAX_EXPANDED_NODES:
             raise ToolError(
                 f"{source}: the YAML expands to more than {MAX_EXPANDED_NODES} values (nested aliases `*name`?). "
                 "Replace the aliases with the values they stand for."
             )
         if isinstance(node, dict):
-            stack.extend(node.values())
+            stack.extend((child, depth + 1) for child in node.values())
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((child, depth + 1) for child in node)
 
 
 def dump_config(doc: CommentedMap, layout: Layout = NEL_LAYOUT) -> str:
@@ -402,6 +413,8 @@ def load_plain(path: Path) -> dict:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         raise ToolError(f"{path}: invalid YAML at {where}: {exc.problem or exc.context or 'invalid YAML'}. Fix the YAML syntax there.") from None
+    except RecursionError:
+        raise ToolError(_too_deep(str(path))) from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
