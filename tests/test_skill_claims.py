@@ -229,11 +229,13 @@ SUSPECT, ANOMALOUS = "suspect", "anomalous"  # anomalous: the candidate's canary
 
 
 def _evaluate_code(verdict: str, gate: str | None) -> int:
-    return cli.evaluation_exit_code(_Outcome(verdict=verdict, gate=None if gate is None else _Outcome(verdict=gate)))
+    # a gate whose release rules pass: its release verdict is nel gate's (the one the docs name)
+    gated = None if gate is None else _Outcome(verdict=gate, release_verdict=gate)
+    return cli.evaluation_exit_code(_Outcome(verdict=verdict, gate=gated))
 
 
 def _gate_code(verdict: str, monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(cli, "run_tool", lambda name, arguments: _Outcome(verdict=verdict))
+    monkeypatch.setattr(cli, "run_tool", lambda name, arguments: _Outcome(verdict=verdict, release_verdict=verdict))
     with contextlib.redirect_stdout(io.StringIO()):
         return cli.main(["gate", "base", "cand", "--policy", "policy.yaml", "--json"])
 
