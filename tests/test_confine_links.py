@@ -171,3 +171,16 @@ def test_the_operators_toolsets_are_a_ceiling_for_enable_toolsets(tmp_path):
     assert beyond.structured_content["added"] and all(name not in listed for name in ("plan_deployment", "launch_deployment"))
     assert "ssh_check" in listed and "deploy (its operator started it with --toolsets setup,cluster)" in beyond.structured_content["message"]
     assert outside.is_error and "did not serve" in outside.content[0].text, outside.content[0].text
+
+
+def test_a_run_named_as_host_path_on_this_machine_by_any_of_its_names_is_confined(workspace):
+    """`localhost:/path`, `127.0.0.1:/path` and `user@localhost:/path` are this machine's files, as `local:/path` is:
+    one outside the root is refused, not taken for a cluster's."""
+    import getpass
+    import socket
+
+    inside, outside = workspace
+    names = ["local", "localhost", "127.0.0.1", f"{getpass.getuser()}@localhost", socket.gethostname()]
+    results = calls(inside, *(("validate_run", {"run": f"{name}:{outside / 'run'}"}) for name in names))
+    for name, result in zip(names, results, strict=True):
+        assert result.is_error and "outside the workspace root" in result.content[0].text, (name, result.content[0].text)

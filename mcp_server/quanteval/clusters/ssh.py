@@ -61,6 +61,28 @@ def names_this_machine(host: str | None) -> bool:
     return host in (None, LOCAL)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "::1", "[::1]", "0.0.0.0"})
+
+
+def reaches_this_machine(host: str | None) -> bool:
+    """A host whose files are this machine's files: none or LOCAL, a loopback name or address (`localhost`,
+    `127.0.0.1`, `user@localhost:2222`), this machine's own name, or an ssh alias whose HostName is one of those.
+    Under --root a path there is checked as a local one."""
+    if names_this_machine(host):
+        return True
+    assert host is not None
+
+    def here(name: str) -> bool:
+        name = name.lower().strip("[]")
+        return name in LOOPBACK_NAMES or name.startswith("127.") or name == socket.gethostname().lower()
+
+    try:
+        _, alias, _ = _split_host(host)
+        return here(alias) or here(resolve_host(host).hostname)
+    except (ToolError, OSError, subprocess.SubprocessError):
+        return False  # not a host at all: nothing is read there
+
+
 @dataclass(frozen=True)
 class RemoteResult:
     exit_code: int

@@ -92,7 +92,7 @@ def _check_run(field: str, value: str, policy: paths.Policy) -> None:
         paths.local_path(rest, field, inside)
         return
     if colon and rest.startswith(("/", "~")) and paths.HOST_PATH.match(value):
-        if ssh.names_this_machine(prefix):
+        if ssh.reaches_this_machine(prefix):  # `local`, `localhost`, 127.0.0.1, this machine's name: its files
             paths.local_path(rest, field, inside)
         return  # a path on a cluster: not ours
     if "/" in value:
