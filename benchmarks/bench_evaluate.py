@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from quanteval.serving.frameworks import VLLM_CPU_KV_CACHE_GIB  # the same KV-cache space quanteval gives vLLM on CPU
+from quanteval.serving.frameworks import VLLM_CPU_ENV  # the environment quanteval gives vLLM on CPU (KV cache, compile cache)
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINTS = REPO / "examples" / "checkpoints"
@@ -73,7 +73,7 @@ def by_hand(baseline: Path, candidate: Path, work: Path, env: dict[str, str]) ->
             [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
              "--served-model-name", checkpoint.name, "--max-model-len", "256", "--host", "127.0.0.1", "--port", str(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            env={**env, "VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KV_CACHE_GIB, "HF_HUB_OFFLINE": "1"})
+            env={**VLLM_CPU_ENV, **env, "HF_HUB_OFFLINE": "1"})
         try:
             while True:
                 try:

