@@ -364,3 +364,23 @@ def test_sampled_repeats_reach_both_runs_and_the_answer_shows_them_with_the_rele
     assert check.candidate.truncated.said == "truncated: 0/60 (0.0%)" and check.candidate.failed.said == "failed: 0/60 (0.0%)"
     assert check.candidate.tokens_per_second and check.candidate.measured_on == "measured on vllm CPU; GPU kernels differ"
     assert result.weights is not None and result.weights.ratio < 0.75 and not result.weights.size_not_reduced
+
+
+@requires("slow")  # whole nel-next runs: 25-90 s
+def test_the_noise_floors_server_loads_while_the_candidate_runs_and_progress_only_goes_forward(standin_vllm, tmp_path):
+    """The noise floor (the baseline on the other numeric path) is a third server: it loads beside the candidate's
+    runs, as the candidate's loads beside the baseline's, never three at a time; its runs follow the candidate's."""
+    steps: list[tuple[float, str]] = []
+    result = evaluate_quantization(EvaluateQuantizationInput(
+        baseline_checkpoint=str(BF16), candidate_checkpoint=str(W8A8), benchmarks=[str(BENCH)], output_dir=str(tmp_path / "out"),
+        canary_problems=3, max_problems=20, noise_floor=True),
+        lambda done, total=None, message=None: steps.append((done, message or "")))
+    floor = result.noise_floor_run
+    assert floor is not None and floor.serving is not None and floor.serving.numerics == "eager"
+    assert floor.seconds["serve_beside_candidate"] > 0, floor.seconds
+    assert any("noise-floor: starting vllm on tiny-add-bf16 while the candidate runs" in said for _, said in steps), steps
+    (row,) = result.noise_floor
+    assert row.serving_flips == 0 and row.message in result.reasons
+    assert [done for done, _ in steps] == sorted(done for done, _ in steps)  # comparing comes after the floor's steps
+    deployments = ledger.find(kind="deployment")
+    assert len(deployments) == 3 and all(record.status == "stopped" for record in deployments)

@@ -377,9 +377,12 @@ class _Checkpoint:
         self.key = evaluation_key(self.dir, request)
         self.done = _finished_run(self.key)
         self.workdir = root / f"{role}-{self.dir.name[:60]}-{self.key[:8]}"  # a person finds it by name; the key keeps it unique
+        self.request = request  # its own: the noise floor's is the baseline's on the other numeric path
         self.launched: deploy.LaunchDeploymentResult | None = None
         self.launched_at = 0.0
         self.seconds: dict[str, float] = {}
+        self.evaluation: CheckpointEvaluation | None = None  # the noise floor's, when evaluated beside the others
+        self.failure: ToolError | None = None  # the noise floor's, when it could not be measured
 
     def launch(self, plan: deploy.DeploymentPlan, request: EvaluateQuantizationInput) -> None:
         self.launched_at = time.monotonic()
@@ -408,52 +411,34 @@ class _Checkpoint:
                                     serving=_serving(_run_facts(done)))
 
 
-def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
-                    progress: ProgressFn) -> tuple[CheckpointEvaluation, CheckpointEvaluation | CanaryFailed]:
-    """Baseline then candidate (or the candidate's failed canary, when the baseline's passed), overlapped where it
-    costs nothing: vLLM's own check of both plans (seconds of imports) runs beside the baseline's server start, whose
-    plan is launched unchecked and whose check must pass before any run; and the candidate's server loads while the
-    baseline's runs go on, when memory allows."""
+def _evaluate_sides(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn, floor: _Checkpoint | None = None,
+                    ) -> tuple[CheckpointEvaluation, CheckpointEvaluation | CanaryFailed]:
+    """Baseline then candidate (or the candidate's failed canary, when the baseline's passed), then the noise floor's
+    side when given (its evaluation or failure kept on it), overlapped where it costs nothing: vLLM's own check of
+    every plan (seconds of imports) runs beside the baseline's server start, whose plan is launched unchecked and whose
+    check must pass before any run; and each next server loads while the side before runs, when memory allows (at
+    most two servers: the one whose runs go on and the next one loading)."""
     if on_cluster(request):
         baseline, candidate = _evaluate_on_cluster(request, root, progress, [
             ("baseline", request.baseline_checkpoint), ("candidate", request.candidate_checkpoint)])
         assert isinstance(baseline, CheckpointEvaluation)
         return baseline, candidate
     sides = [_Checkpoint("baseline", request.baseline_checkpoint, request, root),
-             _Checkpoint("candidate", request.candidate_checkpoint, request, root)]
-    total = _total(request)
+             _Checkpoint("candidate", request.candidate_checkpoint, request, root), *([floor] if floor else [])]
     started = time.monotonic()
     try:
-        checked = {side.role: _in_background(_plan, side.dir, request) for side in sides if side.done is None}
+        checked = {side.role: _in_background(_plan, side.dir, side.request) for side in sides if side.done is None}
         answers = []
         for index, side in enumerate(sides):
-            offset = index * STEPS_PER_CHECKPOINT
-            if side.done is not None:
-                progress(offset + STEPS_PER_CHECKPOINT, total, f"{side.role}: reusing full run {side.done.id}")
-                answers.append(side.reused())
+            if side is floor:
+                try:
+                    side.evaluation = _serve_and_run(sides, index, checked, progress, started)
+                except ToolError as exc:  # said in the answer; the comparison stands without it
+                    side.failure = exc
+                    side.stop()
                 continue
-            mark = time.monotonic() if index else started
-            if side.launched is None:
-                progress(offset, total, f"{side.role}: starting {request.framework} on {side.dir.name}")
-                first = not any(other.launched_at for other in sides)  # its check is not done yet: not waited for
-                side.launch(_plan(side.dir, request, check_args=False) if first else checked[side.role].result(), request)
-            assert side.launched is not None
             try:
-                served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, total, side.role))
-            except ToolError:
-                checked[side.role].result()  # vLLM's own refusal of the checkpoint explains it better than its log
-                raise
-            checked[side.role].result()  # refused by vLLM's own check: no run on a server that should not serve
-            side.seconds["serve"] = time.monotonic() - mark
-            if index and side.launched_at < mark:
-                side.seconds["serve_beside_baseline"] = mark - side.launched_at
-            following = sides[index + 1] if index + 1 < len(sides) else None
-            if following is not None and following.done is None and _room_beside(side.launched):
-                progress(offset + 1, total, f"{following.role}: starting {request.framework} on {following.dir.name} "
-                         f"while the {side.role} runs")
-                following.launch(checked[following.role].result(), request)
-            try:
-                answers.append(_run_both_runs(side, served, request, progress, offset))
+                answers.append(_serve_and_run(sides, index, checked, progress, started))
             except CanaryFailed as failed:
                 if index == 0:
                     raise  # the baseline's own canary: an error to fix, not a verdict
@@ -466,6 +451,38 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path,
     finally:
         for side in sides:
             side.stop()
+
+
+def _serve_and_run(sides: list[_Checkpoint], index: int, checked: dict[str, Future[deploy.DeploymentPlan]],
+                   progress: ProgressFn, started: float) -> CheckpointEvaluation:
+    """The side's server (launched now unless it loads already) until ready, the next side's launched beside it when
+    memory allows, then its runs (its finished run reused instead when there is one)."""
+    side, request = sides[index], sides[index].request
+    offset, total = index * STEPS_PER_CHECKPOINT, _total(request)
+    if side.done is not None:
+        progress(offset + STEPS_PER_CHECKPOINT, total, f"{side.role}: reusing full run {side.done.id}")
+        return side.reused()
+    mark = time.monotonic() if index else started
+    if side.launched is None:
+        progress(offset, total, f"{side.role}: starting {request.framework} on {side.dir.name}")
+        first = not any(other.launched_at for other in sides)  # its check is not done yet: not waited for
+        side.launch(_plan(side.dir, request, check_args=False) if first else checked[side.role].result(), request)
+    assert side.launched is not None
+    try:
+        served = _ready(side.dir, side.launched, request, _every(PROGRESS_EVERY_S, progress, offset, total, side.role))
+    except ToolError:
+        checked[side.role].result()  # vLLM's own refusal of the checkpoint explains it better than its log
+        raise
+    checked[side.role].result()  # refused by vLLM's own check: no run on a server that should not serve
+    side.seconds["serve"] = time.monotonic() - mark
+    if index and side.launched_at < mark:
+        side.seconds[f"serve_beside_{sides[index - 1].role}"] = mark - side.launched_at
+    following = sides[index + 1] if index + 1 < len(sides) else None
+    if following is not None and following.done is None and _room_beside(side.launched):
+        progress(offset + 1, total, f"{following.role}: starting {request.framework} on {following.dir.name} "
+                 f"while the {side.role} runs")
+        following.launch(checked[following.role].result(), following.request)
+    return _run_both_runs(side, served, request, progress, offset)
 
 
 def _in_background(function: Callable[..., T], *args: Any) -> Future[T]:
@@ -644,10 +661,11 @@ def _only_call_on(root: Path) -> Iterator[None]:
 
 def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn) -> EvaluateQuantizationOutput:
     started = time.monotonic()
-    baseline, candidate = _evaluate_sides(request, root, progress)
+    floor_side = _floor_side(request, root)
+    baseline, candidate = _evaluate_sides(request, root, progress, floor_side)
     if isinstance(candidate, CanaryFailed):
         return _anomalous(baseline, candidate, request, started)
-    progress(2 * STEPS_PER_CHECKPOINT, _total(request), "comparing")
+    progress(_total(request) - 1, _total(request), "comparing")
     mark = time.monotonic()
     report_dir = root / f"compare-{Path(baseline.config_path or '').parent.name}-vs-{Path(candidate.config_path or '').parent.name}"
     compared = compare.compare_results(compare.CompareResultsInput(
@@ -672,12 +690,13 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     floor, floor_run = [], None
     if request.noise_floor:
         mark = time.monotonic()
-        floor, floor_run, said = _noise_floor(request, root, report_dir, baseline, compared, progress)
+        floor, floor_run, said = _noise_floor(request, floor_side, report_dir, baseline, compared, progress)
         failing = {row.task for row in compared.comparisons if row.verdict == "not acceptable"}
         failing |= {row.benchmark for row in gated.benchmarks if row.status == "BREACH"} if gated else set()
         verdict, changed = verdict_within_noise(verdict, floor, failing)
         reasons = [*([changed] if changed else []), *reasons, *said]
-        seconds["noise_floor"] = round(time.monotonic() - mark, 1)
+        beside = floor_side.evaluation.seconds if floor_side and floor_side.evaluation else {}  # spent in _evaluate_sides
+        seconds["noise_floor"] = round(time.monotonic() - mark + sum(beside.values()), 1)
     seconds["total"] = round(time.monotonic() - started, 1)
     return EvaluateQuantizationOutput(
         verdict=verdict, comparability=compared.comparability, table_markdown=compared.table_markdown,
@@ -687,17 +706,27 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
         noise_floor_run=floor_run, seconds=seconds, outputs=compared.outputs, weights=compared.weights)
 
 
-def _noise_floor(request: EvaluateQuantizationInput, root: Path, report_dir: Path, baseline: CheckpointEvaluation,
-                 compared: compare.CompareResultsOutput, progress: ProgressFn,
-                 ) -> tuple[list[NoiseFloor], CheckpointEvaluation | None, list[str]]:
-    """The baseline served and run again on the framework's other numeric path, compared with its own run."""
-    flag = FRAMEWORK_INFO[request.framework].eager_flag
-    if flag is None:
-        return [], None, [f"Noise floor: {request.framework} has one numeric path here; nothing measured."]
+def _floor_side(request: EvaluateQuantizationInput, root: Path) -> _Checkpoint | None:
+    """With noise_floor: the baseline once more, on the framework's other numeric path (None where it has one)."""
+    if not request.noise_floor or FRAMEWORK_INFO[request.framework].eager_flag is None:
+        return None
     other = request.model_copy(update={"eager": not request.eager})
-    path = f"with {flag}" if other.eager else f"without {flag} (the default path)"
+    return _Checkpoint("noise-floor", request.baseline_checkpoint, other, root)
+
+
+def _noise_floor(request: EvaluateQuantizationInput, side: _Checkpoint | None, report_dir: Path,
+                 baseline: CheckpointEvaluation, compared: compare.CompareResultsOutput, progress: ProgressFn,
+                 ) -> tuple[list[NoiseFloor], CheckpointEvaluation | None, list[str]]:
+    """The baseline served and run again on the framework's other numeric path (beside the candidate's runs, by
+    _evaluate_sides, or now), compared with its own run."""
+    flag = FRAMEWORK_INFO[request.framework].eager_flag
+    if flag is None or side is None:
+        return [], None, [f"Noise floor: {request.framework} has one numeric path here; nothing measured."]
+    path = f"with {flag}" if side.request.eager else f"without {flag} (the default path)"
     try:
-        run = _evaluate_alone(_Checkpoint("noise-floor", request.baseline_checkpoint, other, root), other, progress)
+        if side.failure is not None:
+            raise side.failure
+        run = side.evaluation or _evaluate_alone(side, side.request, progress)
     except ToolError as exc:
         return [], None, [f"Noise floor not measured: the baseline served {path} failed: {exc}"]
     same = compare.compare_results(compare.CompareResultsInput(
