@@ -7,6 +7,7 @@ exactly as NEL reads them back. SLURM is covered in test_runs_slurm.py against a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -616,3 +617,32 @@ def test_wait_for_run_reports_an_evaluations_workflow_steps_over_mcp(tmp_path, m
     assert names <= {"baseline", "candidate", "comparing"} and {"baseline", "candidate"} <= names, sorted({m for _, m in stepped})
     # before the job's first step only its state, never seconds: no total at all
     assert all(total is None and message.startswith("running") for _, total, message in seen[:len(seen) - len(stepped)]), seen
+
+
+def test_a_cancelled_wait_for_run_returns_within_a_fraction_of_its_poll_interval(tmp_path):
+    """wait_for_run on a SLURM run polls every 10 s; a call cancelled meanwhile (its client left, or SIGTERM) slept
+    out the whole interval before it noticed (7.8 s measured at SIGTERM). Now it stops within a fraction of a second."""
+    import threading
+
+    from quanteval.models import ToolError, cancellable_by
+
+    record = ledger.add("canary", status="running", executor="slurm", invocation_id="nel-next:/cluster/run",
+                        details={"engine": "nel-next", "run_dir": "/cluster/run", "tasks": ["sums"], "slurm_jobs": [
+                            {"hostname": "nowhere.invalid", "username": "u", "remote_dir": "/cluster/run", "job_id": 7}]})
+    cancel_at = time.monotonic() + 1.0
+
+    def check() -> None:
+        if time.monotonic() > cancel_at:
+            raise ToolError("cancelled")
+
+    ended: list[float] = []
+
+    def wait() -> None:
+        with cancellable_by(check), contextlib.suppress(ToolError):
+            runs.wait_for_run(runs.WaitForRunInput(record_id=record.id, timeout_s=30))
+        ended.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(20)
+    assert ended and ended[0] - cancel_at < 1.0, (ended and ended[0] - cancel_at)

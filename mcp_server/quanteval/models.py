@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -52,6 +53,16 @@ def cancellation_point() -> None:
     check = getattr(_CANCEL_CHECK, "check", None)
     if check is not None:
         check()
+
+
+def pause(seconds: float, slice_s: float = 0.2) -> None:
+    """time.sleep that a cancelled call leaves within slice_s (a poll's wait between status reads is seconds long: a
+    SIGTERM or a cancel waited the whole of it)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        cancellation_point()
+        time.sleep(min(slice_s, left))
+    cancellation_point()
 
 
 class StrictModel(BaseModel):

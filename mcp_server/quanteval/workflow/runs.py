@@ -37,7 +37,7 @@ from quanteval.engines.base import (
 from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.evalserver import liveness
-from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
+from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress, pause
 from quanteval.workflow import background, results
 
 RUN_KINDS = ("dry_run", "canary", "full_run", background.KIND)  # what the run tools (status, wait, kill) take
@@ -293,7 +293,7 @@ def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -
     started = time.monotonic()
     progress(*_steps(record.id, status))
     while (remaining := request.timeout_s - (time.monotonic() - started)) > 0:
-        time.sleep(min(interval, remaining))
+        pause(min(interval, remaining))  # a cancelled call (the client left, SIGTERM) stops within a fraction of it
         now = run_status(RunRef(record_id=request.record_id))
         if now.status != status.status:
             return now
