@@ -10,6 +10,10 @@ Two kinds of values, for both engines:
   deployment.* values, docker args, mounts and env values; nel-next's server args, env, mounts, image). A value there
   with shell syntax (`;`, `|`, `&`, `$(`, backquotes, redirections, a newline) would run as a command: validate_config
   calls it an error and every launch refuses it, with or without --root.
+
+Both are checked on the config as the engine will run it (LaunchPlan.reading: composed from its defaults and config
+groups, overridden, interpolated), not on the file as written: a `${other.key}` or a config group
+(`deployment=mine`) brings values the file does not show.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from quanteval.engines.base import Problem
 
 if TYPE_CHECKING:
-    from quanteval.engines.base import Engine
+    from quanteval.engines.launchplan import LaunchPlan
 
 COMMAND_NAME = re.compile(r"(?:^|_)(?:cmd|command|commands)$")
 SHELL_SYNTAX = ("`", "$(", ";", "|", "&", "<", ">", "\n", "\r")
@@ -67,14 +71,43 @@ def shell_syntax(value: str) -> str | None:
 
 
 def spliced_syntax(pairs: list[tuple[str, Any]], patterns: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """(key, value, the shell syntax in it) for every spliced string value carrying some; command keys excluded."""
+    """(key, value, the shell syntax in it) for every spliced string value carrying some, and for every spliced key
+    whose own name carries some (an env var or mount named `X;touch y` is written as `-e X;touch y`); command keys
+    excluded."""
     found = []
     for key, value in pairs:
-        if not isinstance(value, str) or COMMAND_NAME.search(_named_key(key)):
+        if COMMAND_NAME.search(_named_key(key)) or not any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns):
             continue
-        if any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns) and (piece := shell_syntax(value)):
+        if piece := shell_syntax(key):
+            found.append((key, key, piece))
+        elif isinstance(value, str) and (piece := shell_syntax(value)):
             found.append((key, value, piece))
     return found
+
+
+def executed(plan: LaunchPlan) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]], dict[str, Any]]:
+    """The launch's values as the engine will run them (resolved, by dotted key), the same before the engine's own
+    interpolation (what its command presets are written in), and that uninterpolated config; the file with the
+    overrides over it where the engine could not compose the config (its launch then fails before anything runs)."""
+    reading = plan.reading
+    resolved = reading.get("config") or reading.get("expanded")
+    if not isinstance(resolved, dict):
+        pairs = values(plan.doc, plan.override_list)
+        return pairs, pairs, plan.doc
+    raw = reading.get("raw") if isinstance(reading.get("raw"), dict) else resolved
+    written = dict(leaves(raw))
+    # a value the engine could not resolve is marked "\0..." with its error (nelexec.UNRESOLVED): checked as written
+    pairs = [(key, written.get(key, value) if isinstance(value, str) and value.startswith("\0") else value)
+             for key, value in leaves(resolved)]
+    return pairs, list(written.items()), raw
+
+
+def _commands(plan: LaunchPlan) -> list[tuple[str, str]]:
+    """(key, value as it runs) of each command the launch runs beyond the engine's presets, which are compared
+    uninterpolated, as the engine's packaged configs write them."""
+    resolved, raw, raw_doc = executed(plan)
+    shown_as = dict(resolved)
+    return [(key, str(shown_as.get(key, value))) for key, value in commands(raw, plan.engine.command_presets(raw_doc))]
 
 
 def shown(value: str, limit: int = 200) -> str:
@@ -82,32 +115,42 @@ def shown(value: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def problems(engine: Engine, doc: dict[str, Any], reported: list[Problem]) -> list[Problem]:
+def problems(plan: LaunchPlan, reported: list[Problem]) -> list[Problem]:
     """validate_config's findings: shell syntax in a spliced value (an error), and each command the config runs
     (a warning), but for a command key the engine's own rules already call an error (NEL's untrusted pre_cmd)."""
+    engine = plan.engine
     refused = {problem.key.rsplit(".", 1)[-1] for problem in reported if problem.severity == "error"}
     found = [Problem(key=key, severity="error", rule="shell_syntax", message=(
                  f"{shown(value)!r} holds {piece!r}, and {engine.name} writes {key} unquoted into the shell script it "
-                 "runs: it would run as a command."),
+                 f"runs{_as_composed(plan, key, value)}: it would run as a command."),
                  fix="Remove the shell syntax (a value is one argument or name); a command belongs in a command key.")
-             for key, value, piece in spliced_syntax(values(doc), engine.shell_spliced)]
+             for key, value, piece in spliced_syntax(executed(plan)[0], engine.shell_spliced)]
     found += [Problem(key=key, severity="warning", rule="runs_command", message=(
                   f"runs on launch as a shell command on the machine that runs it: {shown(value)!r}."),
                   fix="Keep it only if you wrote it for this run; over `quanteval-mcp --root` a launch with it needs the "
                       "server started with --allow-commands.")
-              for key, value in commands(values(doc), engine.command_presets(doc)) if _named_key(key) not in refused]
+              for key, value in _commands(plan) if _named_key(key) not in refused]
     return found
 
 
-def launch_refusal(engine: Engine, doc: dict[str, Any], overrides: list[str], allow_commands: bool = True) -> str | None:
-    """Why a launch of this config with these overrides is refused: shell syntax in a spliced value (always), a command
-    when commands are not allowed (quanteval-mcp --root without --allow-commands); None when it may start."""
-    pairs = values(doc, overrides)
-    if spliced := spliced_syntax(pairs, engine.shell_spliced):
+def _as_composed(plan: LaunchPlan, key: str, value: str) -> str:
+    """Where a value the file does not hold as such comes from: the engine's composition."""
+    written = dict(values(plan.doc, plan.override_list)).get(key)
+    if written == value:
+        return ""
+    return "; the value is the engine's composition of the config (an interpolation, a config group or a default)"
+
+
+def launch_refusal(plan: LaunchPlan, allow_commands: bool = True) -> str | None:
+    """Why a launch of this plan is refused: shell syntax in a spliced value (always), a command when commands are not
+    allowed (quanteval-mcp --root without --allow-commands); None when it may start."""
+    engine = plan.engine
+    if spliced := spliced_syntax(executed(plan)[0], engine.shell_spliced):
         key, value, piece = spliced[0]
         return (f"{key}: {shown(value)!r} holds {piece!r}, which {engine.name} would run as a shell command (it writes "
-                f"{key} unquoted into its script). Remove it; validate_config lists every such value.")
-    if not allow_commands and (found := commands(pairs, engine.command_presets(doc))):
+                f"{key} unquoted into its script{_as_composed(plan, key, value)}). Remove it; validate_config lists "
+                "every such value.")
+    if not allow_commands and (found := _commands(plan)):
         named = "; ".join(f"{key} = {shown(value, 80)!r}" for key, value in found[:5])
         return (f"this config runs commands on launch ({named}), and this MCP server (--root) does not let a config "
                 "run commands: remove them, or start quanteval-mcp with --allow-commands if you trust every client.")

@@ -9,6 +9,7 @@ size and mtime, so an edit in between is read afresh).
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +28,12 @@ class LaunchPlan:
     overrides: tuple[str, ...]
     doc: dict[str, Any]  # the file as parsed (plain); never mutated
     engine: Engine
-    # the engine's own reading of the config with the overrides (nel-next: its schema check's answer: the composed
-    # config, its benchmarks, cluster type and output dir; NEL 0.2.6: nothing, NEL composes in its own child)
+    # the engine's own reading of the config with the overrides, as the engine will run it: `config` (composed,
+    # overridden, interpolated), `raw` where interpolation is the engine's own (NEL 0.2.6: before it), `files_read` or
+    # `depends_on` (the other files composed in, or that would be); nel-next's schema check also answers its
+    # benchmarks, cluster type and output dir
     reading: dict[str, Any] = field(default_factory=dict)
+    read_stats: tuple[tuple[str, int, int], ...] = ()  # those files as they were when read: an edit reads afresh
 
     @property
     def override_list(self) -> list[str]:
@@ -37,6 +41,7 @@ class LaunchPlan:
 
 
 _PLANS: dict[tuple[str, int, int, tuple[str, ...]], LaunchPlan] = {}
+_SCANNED = 2000  # folder entries self_contained looks at before it gives up and says no
 _LOCK = threading.Lock()
 _KEPT = 16
 
@@ -52,15 +57,61 @@ def plan(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ToolError(f"{config_path}: no such config file. Create one with build_config, or pass the right path.") from None
     key = (str(path), stat.st_size, stat.st_mtime_ns, tuple(overrides))
     with _LOCK:
-        if (kept := _PLANS.get(key)) is not None:
-            return kept
+        kept = _PLANS.get(key)
+    if kept is not None and _stats(kept.reading) == kept.read_stats:
+        return kept
     doc = configfile.to_plain(engines.load_config(path))
     engine = engines.for_config(doc)
-    made = LaunchPlan(config_path=str(path), overrides=tuple(overrides), doc=doc, engine=engine,
-                      reading=engine.read_launch(str(path), list(overrides)))
+    reading = engine.read_launch(str(path), list(overrides))
+    made = LaunchPlan(config_path=str(path), overrides=tuple(overrides), doc=doc, engine=engine, reading=reading,
+                      read_stats=_stats(reading))
     with _LOCK:
         if len(_PLANS) >= _KEPT:
             _PLANS.clear()
         _PLANS[key] = made
     return made
 
+
+def _stats(reading: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
+    """(path, size, mtime) of each other file the engine composed the config from or would (a Hydra config group, a
+    defaults fragment): a plan kept from before one of them changed or appeared is not what the engine would run now."""
+    found = []
+    for file in reading.get("depends_on") or reading.get("files_read") or []:
+        try:
+            stat = Path(file).stat()
+        except OSError:
+            found.append((str(file), -1, -1))
+            continue
+        found.append((str(file), stat.st_size, stat.st_mtime_ns))
+    return tuple(found)
+
+
+def self_contained(config_path: Path, doc: dict[str, Any], overrides: list[str]) -> bool:
+    """Whether the file alone is what its engine runs, so a check needs no composing (validate_config stays a matter
+    of milliseconds): no overrides, no interpolation, no file named to compose in (nel-next's `defaults: [base.yaml]`,
+    `_base_`, a playbook), and no YAML in a subfolder of its folder, where a config group could come from (NEL 0.2.6
+    reads <folder>/<group>/<name>.yaml before its packaged ones, nel-next <folder>/clusters/). The engines' packaged
+    defaults are theirs."""
+    text = config_path.read_text(errors="replace")
+    if overrides or any(mark in text for mark in ("${", "_base_", "playbook")):
+        return False
+    defaults = doc.get("defaults") or []
+    if not isinstance(defaults, list) or any(not isinstance(entry, dict) and entry != "_self_" for entry in defaults):
+        return False
+    top = config_path.resolve().parent
+    seen = 0
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = [name for name in dirs if not name.startswith(".")]
+        seen += len(dirs) + len(files)
+        if seen > _SCANNED or (Path(folder) != top and any(name.endswith((".yaml", ".yml")) for name in files)):
+            return False
+    return True
+
+
+def as_written(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LaunchPlan:
+    """A plan without the engine's reading: the file and the overrides only (for a self_contained config)."""
+    from quanteval import engines
+
+    path = Path(config_path).expanduser().resolve()
+    doc = configfile.to_plain(engines.load_config(path))
+    return LaunchPlan(config_path=str(path), overrides=tuple(overrides), doc=doc, engine=engines.for_config(doc))

@@ -115,7 +115,7 @@ def _check_config(tool: str, arguments: dict[str, Any], policy: paths.Policy) ->
     config = paths.local_path(config_path, "config_path", policy)
     overrides = [o for o in arguments.get("overrides") or [] if isinstance(o, str)]
     plan = launchplan.plan(config, overrides)  # the tool gets this plan back: the config is read once per call
-    if tool != "dry_run" and (refusal := commands.launch_refusal(plan.engine, plan.doc, overrides, policy.allow_commands)):
+    if tool != "dry_run" and (refusal := commands.launch_refusal(plan, policy.allow_commands)):
         raise ToolError(refusal)  # dry_run renders without running: it shows what would run
     for key, path in plan.engine.launch_paths(plan):
         paths.local_path(str(path), key, paths.Policy(root=policy.root))

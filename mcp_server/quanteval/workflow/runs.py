@@ -56,7 +56,7 @@ def _launchable(config_path: str, overrides: list[str]) -> LaunchPlan:
     """The config read once for this launch, once nothing in it or the overrides would run as a shell command by
     accident (engines/commands.py) and its engine says this machine can launch it."""
     plan = launchplan.plan(config_path, overrides)
-    if refusal := commands.launch_refusal(plan.engine, plan.doc, overrides):
+    if refusal := commands.launch_refusal(plan):
         raise ToolError(refusal)
     plan.engine.check_launchable(plan)
     return plan

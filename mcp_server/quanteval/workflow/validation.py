@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
-from quanteval.engines import commands
+from quanteval.engines import commands, launchplan
 from quanteval.engines.base import Problem
 from quanteval.models import StrictModel
 
@@ -48,7 +48,9 @@ def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
     doc = configfile.load_plain(path)
     engine = engines.for_config(doc)
     problems = engine.validate(doc, path, request.overrides, request.check_env)
-    problems += commands.problems(engine, doc, problems)
+    # the shell check reads the config as the engine composes it, where that can differ from the file
+    composed = (launchplan.as_written if launchplan.self_contained(path, doc, request.overrides) else launchplan.plan)
+    problems += commands.problems(composed(path, request.overrides), problems)
     errors = sum(problem.severity == "error" for problem in problems)
     return ValidateConfigOutput(
         config_path=request.config_path,

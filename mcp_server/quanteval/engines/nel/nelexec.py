@@ -157,9 +157,35 @@ def _resolved(node: Any) -> Any:
     return out if isinstance(node, DictConfig) else list(out.values())
 
 
+_NEL_SEARCHPATH = "hydra.searchpath=[pkg://nemo_evaluator_launcher.configs,pkg://nemo_evaluator_launcher_internal.configs]"
+
+
+def _group_files(config_path: str, overrides: list[str]) -> list[str]:
+    """Where Hydra looks first for each config group the config composes (`defaults:` or an override such as
+    `deployment=mine` reads <config dir>/deployment/mine.yaml over NEL's packaged one), whether there is a file or not:
+    one written there later changes what a launch composes."""
+    import pathlib
+
+    from hydra import compose
+    from nemo_evaluator_launcher.common.override_sugar import partition_overrides
+
+    path = pathlib.Path(config_path).expanduser().resolve()
+    hydra_overrides, _ = partition_overrides(overrides)
+    # Hydra as _compose (RunConfig.from_hydra) left it, with the search path RunConfig.from_hydra adds
+    composed = compose(config_name=path.stem, overrides=[*hydra_overrides, _NEL_SEARCHPATH], return_hydra_config=True)
+    return [str(path.parent / str(group) / f"{choice}{suffix}") for group, choice in composed.hydra.runtime.choices.items()
+            if choice is not None and not str(group).startswith("hydra") for suffix in (".yaml", ".yml")]
+
+
 def op_resolved(config_path: str, overrides: list[str]) -> dict[str, Any]:
-    """The config as a launch with these overrides reads it: NEL's composition, overrides and interpolation."""
-    return {"config": _resolved(_compose(config_path, overrides))}
+    """The config as a launch with these overrides reads it: NEL's composition, overrides and interpolation (`config`),
+    the same before interpolation (`raw`: what NEL's packaged command presets compare with), and the config-group
+    files it was or would be composed from (`depends_on`)."""
+    from omegaconf import OmegaConf
+
+    cfg = _compose(config_path, overrides)
+    return {"config": _resolved(cfg), "raw": OmegaConf.to_container(cfg, resolve=False),
+            "depends_on": _group_files(config_path, overrides)}
 
 
 def op_hash(config_path: str, overrides: list[str]) -> dict[str, Any]:

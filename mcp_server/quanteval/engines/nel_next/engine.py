@@ -51,9 +51,23 @@ name: EngineName = "nel-next"
 writes_placement_host = True  # nel-next submits to the host its config names
 _FOREIGN_SECTIONS = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
 
-# a server's argv and environment go into the scripts nel-next writes (sbatch on SLURM)
-shell_spliced = ("services.*.extra_args.*", "services.*.extra_env.*", "services.*.container_mounts.*", "services.*.image",
-                 "services.*.model", "services.*.served_model_name")
+# Every place nel-next 0.3 runs a shell on this machine (shell=True, create_subprocess_shell, os.system), by its
+# function in nemo_evaluator, with the config keys whose values it writes into that shell; () where it splices no
+# config value. tests/test_shell_splices.py finds these sites in nel-next's installed source and fails on one this
+# table lacks. A command key (setup_commands, *_cmd) runs by design: engines/commands.py names and confines those.
+SHELL_SITES: dict[str, tuple[str, ...]] = {
+    "orchestration/orchestrator.py:_start_model_service": (),  # services.*.setup_commands: commands
+    "orchestration/orchestrator.py:_NatServiceHandle.start": ("services.*.nat_config_file", "services.*.port"),
+    "sandbox/ecs_fargate.py:ImageBuilder.ecr_docker_login": ("sandboxes.*.ecr_repository", "sandboxes.*.region",
+                                                            "benchmarks.*.sandbox.ecr_repository", "benchmarks.*.sandbox.region"),
+    "sandbox/local.py:LocalSandbox.exec": (),  # the benchmark's and solver's commands, from their code
+    "sandbox/ecs_fargate.py:_H._exec": (),  # the in-container exec server's source text: runs in the sandbox, not here
+}
+# the keys whose values (and names) reach a shell: these sites, and a server's argv, environment, mounts and image in
+# the sbatch script nel-next writes on SLURM (and its `nat serve` line there)
+shell_spliced = tuple(sorted({key for keys in SHELL_SITES.values() for key in keys} | {
+    "services.*.extra_args.*", "services.*.extra_env.*", "services.*.container_mounts.*", "services.*.image",
+    "services.*.model", "services.*.served_model_name"}))
 
 
 def owns(doc: Any) -> bool:
