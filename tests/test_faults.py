@@ -264,3 +264,23 @@ def test_serve_eval_health_with_a_binary_ns_command_says_what_is_wrong(tmp_path)
     assert body["status"] == "not_ready" and body["backend_ready"] is False
     assert "/bin/false" in body["hint"] and "not a NeMo-Skills" in body["hint"]
     assert "Traceback" not in log.read_text() and "UnicodeDecodeError" not in log.read_text()
+
+
+def test_a_child_that_ends_between_tool_calls_is_reaped_without_one(tmp_path):
+    """A server or job this process started and that ended is collected within a few seconds, with no tool call to
+    reap it: no zombie lingers under a long-running MCP server."""
+    from quanteval import localproc
+
+    child = subprocess.Popen(["true"], start_new_session=True)
+    localproc.adopt(child)
+
+    def state() -> str:
+        try:
+            return Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return "gone"
+
+    deadline = time.monotonic() + 5  # a few reaper intervals
+    while state() != "gone" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert state() == "gone", state()

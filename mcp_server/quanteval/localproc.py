@@ -57,10 +57,24 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 _CHILDREN_LOCK = threading.Lock()
 
 
+REAP_INTERVAL_S = 1.0
+_REAPER: list[threading.Thread] = []  # started with the first child adopted
+
+
 def adopt(child: subprocess.Popen[bytes]) -> None:
-    """Remember a child this process started, so that reap() collects it when it ends."""
+    """Remember a child this process started, so that reap() collects it when it ends (a thread reaps every
+    REAP_INTERVAL_S: a child that ends between tool calls is no zombie for long)."""
     with _CHILDREN_LOCK:
         _CHILDREN[child.pid] = child
+        if not _REAPER:
+            _REAPER.append(threading.Thread(target=_reap_forever, name="quanteval-reaper", daemon=True))
+            _REAPER[0].start()
+
+
+def _reap_forever() -> None:
+    while True:
+        time.sleep(REAP_INTERVAL_S)
+        reap()
 
 
 def reap() -> None:
