@@ -73,7 +73,8 @@ def test_apply_checkpoint_sets_a_budget_that_fits_the_serving_context(tmp_path: 
     result = apply(config, NVFP4)
     assert "--context-length 40960" in str(at(config, "deployment", "extra_args"))
     assert at(config, *PARAMS, "max_new_tokens") == 32768  # 8192 tokens left for the prompt
-    assert any("131072" in note and "40960" in note for note in result.notes)
+    assert any("131072 -> 32768 (131072 is not below the serving context 40960: every request would be refused" in change
+               for change in result.changes)  # the reason is the change's own
     assert not [p for p in problems(config) if p[1].startswith("budget")]
 
 
@@ -141,8 +142,10 @@ def test_baseline_config_from_a_copy_equals_one_built_for_the_baseline(tmp_path:
     apply(fresh, baseline, cluster_checkpoint_path="/lustre/models/qwen3-bf16")
     assert yaml.safe_load(copy.read_text()) == yaml.safe_load(fresh.read_text())
     assert at(copy, "execution", "mounts", "evaluation") == {"/lustre/models/qwen3-bf16": "/checkpoint"}  # the old mount is gone
-    assert "deployment.checkpoint_path: '/lustre/models/qwen3-nvfp4' -> '/lustre/models/qwen3-bf16'" in result.changes
-    assert "execution.mounts.evaluation: removed /lustre/models/qwen3-nvfp4 -> /checkpoint" in result.changes
+    assert ("deployment.checkpoint_path: '/lustre/models/qwen3-nvfp4' -> '/lustre/models/qwen3-bf16' (the checkpoint the "
+            "server loads)") in result.changes
+    assert ("execution.mounts.evaluation: removed /lustre/models/qwen3-nvfp4 -> /checkpoint (another checkpoint's mount at "
+            "the same place)") in result.changes
 
 
 def test_switching_to_a_model_without_thinking_removes_every_qwen3_setting(tmp_path: Path) -> None:

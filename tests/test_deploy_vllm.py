@@ -94,8 +94,8 @@ def test_the_sampling_a_nel_next_config_takes_from_the_checkpoint_reaches_vllm(w
     set_config_value(SetConfigValueInput(config_path=config, key="services.model.url", value=status.endpoint_url))
     set_config_value(SetConfigValueInput(config_path=config, key="services.model.model", value="tiny-add-w8a8"))
     applied = apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(sampling_model)))
-    assert "services.model.proxy.extra_body.top_k: None -> 20" in applied.changes
-    assert "services.model.generation.top_p: None -> 0.95" in applied.changes
+    assert "services.model.proxy.extra_body.top_k: None -> 20 (the checkpoint's generation_config.json)" in applied.changes
+    assert "services.model.generation.top_p: None -> 0.95 (the checkpoint's generation_config.json)" in applied.changes
     assert any("Kept services.model.generation.temperature = 0.0" in note for note in applied.notes)  # build_config's greedy choice
     set_config_value(SetConfigValueInput(config_path=config, key="services.model.generation.temperature", value=0.6))
     report = validate_config(ValidateConfigInput(config_path=config))

@@ -59,7 +59,7 @@ def test_a_base_model_gets_the_completions_endpoint_and_the_config_is_what_nel_n
     result = apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(base)))
     service = _service(config)
     assert service["protocol"] == "completions" and service["url"] == "http://127.0.0.1:9/v1/completions"
-    assert any("no chat template" in note for note in result.notes)
+    assert any(change.startswith("services.model.protocol:") and "no chat template" in change for change in result.changes)
     assert service["generation"]["top_p"] == 0.8 and service["proxy"]["extra_body"]["top_k"] == 40
     assert service["generation"]["temperature"] == 0.0  # build_config's greedy choice is kept, and said
     assert any("Kept services.model.generation.temperature = 0.0" in note for note in result.notes)

@@ -179,7 +179,7 @@ class ApplyCheckpointInput(StrictModel):
 
 class ApplyCheckpointOutput(BaseModel):
     config_path: str
-    changes: list[str] = Field(description="One line per key written or removed: `key: old -> new`.")
+    changes: list[str] = Field(description="One line per key written or removed, with why: `key: old -> new (why)`.")
     diff: str = Field(description="Unified diff of the config file.")
     missing_values: list[str] = Field(description="Paths still set to ??? afterwards.")
     notes: list[str] = Field(description="Checkpoint warnings, framework notes and the defaults taken from the checkpoint, each once.")

@@ -1,7 +1,8 @@
 """NEL 0.2.6's apply_checkpoint: what a config with a server NEL starts (vllm, sglang, trtllm) takes from a checkpoint.
 
 The model, TP, the checkpoint's server flags, the serving image, thinking, the token budget, sampling and the
-evaluation tokenizer; each write is one `key: old -> new` line, and a value a person chose is kept, with a note.
+evaluation tokenizer; each write is one `key: old -> new (why)` line, and a value a person chose is kept, with
+a note.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from quanteval.models import ProgressFn, ToolError
 from quanteval.serving import checkpoint, frameworks, quantformat
 from quanteval.serving.serverflags import generation_budget, owned_flags, parse_extra_args
 
-WriteFn = Callable[[CommentedMap, str, Any], None]
+WriteFn = Callable[[CommentedMap, str, Any, str], None]  # (doc, dotted path, value, why): every change says why
 RemoveFn = Callable[[CommentedMap, str, str], None]
 
 
@@ -60,14 +61,16 @@ class _Plan:
     tp: int | None
     additions: list[tuple[str, str | None]]
     budget: int | None
+    served_why: str = ""
+    tp_why: str = ""
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def write(self, doc: CommentedMap, path: str, value: Any) -> None:
+    def write(self, doc: CommentedMap, path: str, value: Any, why: str) -> None:
         old = value_at(doc, path)
         if old != value or not has_path(doc, path):
             set_path(doc, path, value)
-            self.changes.append(f"{path}: {to_plain(old)!r} -> {to_plain(value)!r}")
+            self.changes.append(f"{path}: {to_plain(old)!r} -> {to_plain(value)!r} ({why})")
 
     def remove(self, doc: CommentedMap, path: str, why: str) -> None:
         if has_path(doc, path):
@@ -114,6 +117,10 @@ def _plan(request: ApplyCheckpointInput, config_path: Path, framework: str, repo
         served_name=request.served_model_name or handle or Path(report.checkpoint).name,
         tp=request.tensor_parallel_size or (report.gpu_fit[0].tensor_parallel_size if report.gpu_fit else None),
         additions=additions, budget=generation_budget(report.context_length) if report.context_length else None,
+        served_why="as asked" if request.served_model_name else
+        f"the name requests use: the checkpoint's {'Hugging Face handle' if handle else 'folder name'}",
+        tp_why="as asked" if request.tensor_parallel_size else
+        f"what its weights need on {report.gpu_fit[0].gpu_type} (inspect_checkpoint's gpu_fit)" if report.gpu_fit else "",
     )
 
 
@@ -124,19 +131,21 @@ def _mutate(plan: _Plan, doc: CommentedMap) -> None:
     old = model_source_report(doc, plan.config_path)  # what the config pointed at before: its values are ours to replace
     old_sources = {str(v) for v in (value_at(doc, "deployment.checkpoint_path"), value_at(doc, "deployment.hf_model_handle")) if v}
     if plan.local_path:
-        write(doc, "deployment.checkpoint_path", plan.local_path)
+        write(doc, "deployment.checkpoint_path", plan.local_path, "the checkpoint the server loads")
         if framework != "trtllm":
-            write(doc, "deployment.hf_model_handle", None)
+            write(doc, "deployment.hf_model_handle", None, "the checkpoint is served from its path, not a handle")
     else:
-        write(doc, "deployment.hf_model_handle", plan.report.hf_handle)
-        write(doc, "deployment.checkpoint_path", None)
-    write(doc, "deployment.served_model_name", plan.served_name)
+        write(doc, "deployment.hf_model_handle", plan.report.hf_handle, "the checkpoint the server loads")
+        write(doc, "deployment.checkpoint_path", None, "the checkpoint is served by its Hugging Face handle")
+    write(doc, "deployment.served_model_name", plan.served_name, plan.served_why)
     if plan.tp:
-        write(doc, "deployment.tensor_parallel_size", plan.tp)
+        write(doc, "deployment.tensor_parallel_size", plan.tp, plan.tp_why)
     # The checkpoint's flags replace ours in place; an owned flag this checkpoint does not need goes.
     merged = parse_extra_args(merge_extra_args(str(value_at(doc, "deployment.extra_args") or ""), plan.additions))
     needed = {flag for flag, _ in plan.additions}
-    write(doc, "deployment.extra_args", render_extra_args([o for o in merged if o[0] in needed or o[0] not in owned_flags(framework)]))
+    write(doc, "deployment.extra_args", render_extra_args([o for o in merged if o[0] in needed or o[0] not in owned_flags(framework)]),
+          f"the flags {framework} needs for this checkpoint: its context, format, reasoning parser; a previous "
+          "checkpoint's are dropped, yours kept")
     _apply_image(doc, framework, write, plan.notes)
     _apply_thinking(doc, plan.report, write, plan.remove)
     _apply_generation(doc, plan.report, old, plan.budget, plan.report.context_length, write, plan.notes)
@@ -149,11 +158,12 @@ def _apply_skills_key(doc: CommentedMap, write: WriteFn, notes: list[str]) -> No
     task_names = [str(task.get("name")) for _, task in config_tasks(doc) if isinstance(task, dict)]
     if not any(is_nemo_skills(name) for name in task_names):
         return
+    why = "NeMo-Skills tasks send an API key even to a self-deployed server"
     if not value_at(doc, "target.api_endpoint.api_key_name"):
-        write(doc, "target.api_endpoint.api_key_name", "DUMMY_API_KEY")
+        write(doc, "target.api_endpoint.api_key_name", "DUMMY_API_KEY", why)
     key_name = str(value_at(doc, "target.api_endpoint.api_key_name"))
     if key_name == "DUMMY_API_KEY" and not env_var_defined(doc, key_name):
-        write(doc, f"evaluation.env_vars.{key_name}", DUMMY_KEY_VALUE)
+        write(doc, f"evaluation.env_vars.{key_name}", DUMMY_KEY_VALUE, why + ": a dummy value, nothing to export")
         notes.append("NeMo-Skills tasks send an API key even to a self-deployed server: the config now gives DUMMY_API_KEY a dummy value (evaluation.env_vars), nothing to export.")
 
 
@@ -164,7 +174,8 @@ def _apply_image(doc: CommentedMap, framework: str, write: WriteFn, notes: list[
     pinned = frameworks.PINNED_IMAGES.get(framework)
     current = value_at(doc, "deployment.image")
     if pinned and (current is None or unpinned_image(current)):
-        write(doc, "deployment.image", pinned)
+        write(doc, "deployment.image", pinned, f"the {framework} release quanteval's facts were checked against, in "
+              f"place of {'a moving tag' if current else 'NEL default latest'}")
         notes.append(f"deployment.image pinned to {pinned}, the {framework} release quanteval's facts were checked against "
                      f"(was {current or 'unset: NEL default latest'}); use your own pinned tag if you serve another release.")
 
@@ -174,10 +185,11 @@ def _apply_thinking(doc: CommentedMap, report: checkpoint.CheckpointReport, writ
     key = f"{GLOBAL_ADAPTER}.params_to_add"
     added = value_at(doc, key)
     if report.reasoning:
+        why = "the chat template has a reasoning toggle: thinking on, as the model is meant to run"
         if added == MISSING or (added is None and has_path(doc, key)):
-            write(doc, key, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)))
+            write(doc, key, CommentedMap(chat_template_kwargs=CommentedMap(enable_thinking=True)), why)
         elif isinstance(added, dict) and thinking_setting(doc) is None:
-            write(doc, f"{key}.chat_template_kwargs.enable_thinking", True)
+            write(doc, f"{key}.chat_template_kwargs.enable_thinking", True, why)
         return
     why = "the chat template has no reasoning toggle"
     if added == MISSING:  # NEL's template says: remove the field for models without a reasoning toggle
@@ -209,9 +221,9 @@ def _apply_generation(
                 continue
             is_global = path == f"{GLOBAL_PARAMS}.max_new_tokens"
             if value >= context or (is_global and (value in template.get("max_new_tokens", ()) or value == old_budget)):
-                write(doc, path, budget)
-                if value >= context:
-                    notes.append(f"{path} was {value}, not below the serving context {context}: every request would be refused. Now {budget}, leaving {context - budget} tokens for the prompt.")
+                write(doc, path, budget, (f"{value} is not below the serving context {context}: every request would be "
+                                          "refused" if value >= context else f"within the serving context {context}") +
+                      f"; leaves {context - budget} tokens for the prompt")
     defaults = report.generation_defaults
     taken = []
     for key in SAMPLING_PARAMS:
@@ -222,7 +234,9 @@ def _apply_generation(
         current = value_at(doc, path)
         if current is None or current in template.get(key, ()) or (old is not None and current == old.generation_defaults.get(key)):
             if current != want:
-                write(doc, path, want)
+                write(doc, path, want, "the checkpoint's generation_config.json, in place of "
+                      + ("none" if current is None else "NEL's template value" if current in template.get(key, ()) else
+                         "the previous checkpoint's"))
                 taken.append(f"{key} {want}")
         elif current != want:
             notes.append(f"Kept {path} = {current}; the checkpoint's generation_config.json recommends {want}.")
@@ -232,7 +246,8 @@ def _apply_generation(
     old_top_k = old.generation_defaults.get("top_k") if old else None
     if top_k is not None and (current_top_k is None or current_top_k == old_top_k):
         if current_top_k != top_k and isinstance(value_at(doc, f"{GLOBAL_ADAPTER}.params_to_add") or {}, dict):
-            write(doc, top_k_path, top_k)
+            write(doc, top_k_path, top_k, "the checkpoint's generation_config.json, sent by the payload modifier: NEL "
+                  "has no top_k param")
             taken.append(f"top_k {top_k} (sent by the payload modifier: NEL has no top_k param)")
     elif top_k is None and current_top_k is not None and current_top_k == old_top_k:
         delete_path(doc, top_k_path)
@@ -283,9 +298,11 @@ def _apply_tokenizer(
         if current is not None and current not in ours:
             notes.append(f"Kept {path} = {current} (set by hand); check it is {report.hf_handle or 'the tokenizer of ' + Path(report.path).name}.")
             continue
-        write(doc, path, tokenizer or MISSING)
+        write(doc, path, tokenizer or MISSING, "the tokenizer " + ", ".join(name for _, name in readers) + " read: " + (
+            "the checkpoint's Hugging Face handle" if handle else f"the checkpoint mounted at {tokenizer}" if tokenizer
+            else "??? until you set it (see notes)"))
         if backend is not None:
-            write(doc, sibling(path, "tokenizer_backend"), backend)
+            write(doc, sibling(path, "tokenizer_backend"), backend, "goes with the tokenizer")
         mounted = mounted or tokenizer == EVALUATION_CHECKPOINT_MOUNT
         if not tokenizer:
             notes.append(

@@ -394,7 +394,8 @@ def mount_checkpoint_for_evaluation(doc: CommentedMap, local_path: str | None) -
     if isinstance(evaluation, dict):
         for source in [key for key, target in evaluation.items() if target == EVALUATION_CHECKPOINT_MOUNT and key != local_path]:
             del evaluation[source]
-            changes.append(f"execution.mounts.evaluation: removed {source} -> {EVALUATION_CHECKPOINT_MOUNT}")
+            changes.append(f"execution.mounts.evaluation: removed {source} -> {EVALUATION_CHECKPOINT_MOUNT} (another "
+                           "checkpoint's mount at the same place)")
     if local_path is None:
         return changes
     execution = doc.setdefault("execution", CommentedMap())
@@ -404,7 +405,8 @@ def mount_checkpoint_for_evaluation(doc: CommentedMap, local_path: str | None) -
         execution["mounts"]["evaluation"] = CommentedMap()
     if execution["mounts"]["evaluation"].get(local_path) != EVALUATION_CHECKPOINT_MOUNT:
         execution["mounts"]["evaluation"][local_path] = EVALUATION_CHECKPOINT_MOUNT
-        changes.append(f"execution.mounts.evaluation: {local_path} -> {EVALUATION_CHECKPOINT_MOUNT}")
+        changes.append(f"execution.mounts.evaluation: {local_path} -> {EVALUATION_CHECKPOINT_MOUNT} (the evaluation "
+                       "container reads the checkpoint's tokenizer there)")
     return changes
 
 

@@ -36,7 +36,7 @@ from quanteval.serving import checkpoint, frameworks
 from quanteval.serving.serverflags import generation_budget, owned_flags, parse_extra_args
 
 MANAGED = frameworks.NEL_NEXT_SERVICES  # servers nel-next starts from a model path, with flags quanteval knows
-WriteFn = Callable[[CommentedMap, str, Any], None]
+WriteFn = Callable[[CommentedMap, str, Any, str], None]  # (doc, dotted path, value, why): every change says why
 
 
 # ---------------------------------------------------------------------------
@@ -108,8 +108,9 @@ def model_service(doc: Any, config_path: str) -> tuple[str, dict[str, Any]]:
 
 
 def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn, check: configfile.Check) -> ApplyCheckpointOutput:
-    """nel-next: the service's model, served name, TP and server flags (managed servers), protocol by the chat template,
-    max_tokens within the context, and the checkpoint's sampling where the config has none of its own."""
+    """nel-next: the service's model, served name, TP and server flags (managed servers), the protocol by the chat
+    template (a person's completions kept, with a warning), max_tokens within the context, and the checkpoint's sampling
+    where the config has none of its own. Each change line says why."""
     config_path = Path(request.config_path).expanduser()
     name, service = model_service(configfile.load_config(config_path, check), request.config_path)
     progress(0, 2, "inspecting checkpoint")
@@ -121,24 +122,18 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn, check:
     changes: list[str] = []
     notes: list[str] = []
 
-    def write(doc: CommentedMap, path: str, value: Any) -> None:
+    def write(doc: CommentedMap, path: str, value: Any, why: str) -> None:
         before = value_at(doc, path)
         if before != value or not has_path(doc, path):
             set_path(doc, path, value)
-            changes.append(f"{path}: {to_plain(before)!r} -> {to_plain(value)!r}")
+            changes.append(f"{path}: {to_plain(before)!r} -> {to_plain(value)!r} ({why})")
 
     def mutate(doc: CommentedMap) -> None:
         changes.clear()
         notes.clear()
         if framework in MANAGED:
             _apply_server(doc, prefix, framework, report, request, write)
-        protocol = "chat_completions" if report.chat_template else "completions"
-        if value_at(doc, f"{prefix}.protocol") != protocol:
-            write(doc, f"{prefix}.protocol", protocol)
-            if framework == "api" and isinstance(service.get("url"), str) and service["url"] != MISSING:
-                write(doc, f"{prefix}.url", nelnext.endpoint_url(service["url"], protocol))
-            if protocol == "completions":
-                notes.append(f"{report.checkpoint} has no chat template: the service uses the completions endpoint (prompts go to the model as they are).")
+        _apply_protocol(doc, prefix, service, report, old, write, notes)
         _apply_generation(doc, prefix, report, old, write, notes)
 
     diff = configfile.edit_config(config_path, mutate, check)
@@ -148,14 +143,48 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn, check:
     return ApplyCheckpointOutput(config_path=request.config_path, changes=changes, diff=diff, missing_values=missing, notes=notes)
 
 
+def _protocol_for(report: checkpoint.CheckpointReport) -> str:
+    return "chat_completions" if report.chat_template else "completions"
+
+
+def _apply_protocol(doc: CommentedMap, prefix: str, service: dict[str, Any], report: checkpoint.CheckpointReport,
+                    old: checkpoint.CheckpointReport | None, write: WriteFn, notes: list[str]) -> None:
+    """The endpoint by the chat template. Without one the chat endpoint refuses every request: chat_completions is
+    switched to completions, saying so. With one, completions is a person's choice (build_config's model_type base, or
+    set by hand: few-shot prompts of a base-model protocol) and is kept, with a warning; only a value the previous
+    checkpoint set (it had no template) or none at all is switched to chat_completions."""
+    path, current, wanted = f"{prefix}.protocol", value_at(doc, f"{prefix}.protocol"), _protocol_for(report)
+    if current == wanted:
+        return
+    ours = current in (None, MISSING) or (old is not None and current == _protocol_for(old))
+    if wanted == "completions":
+        why = f"{report.checkpoint} has no chat template: the chat endpoint would refuse every request"
+    elif ours:
+        why = f"{report.checkpoint} has a chat template" + (f"; {current} came from the previous checkpoint, which had none"
+                                                            if current not in (None, MISSING) else "")
+    else:
+        notes.append(f"Kept {path} = {current} (the config's choice): {report.checkpoint} has a chat template, which "
+                     f"{current} does not apply (prompts go to the model as they are), so a chat-tuned model may answer "
+                     "nothing the scorer reads. Set it to chat_completions (set_config_value) to use the template.")
+        return
+    write(doc, path, wanted, why)
+    url = service.get("url")
+    if service.get("type") == "api" and isinstance(url, str) and url != MISSING:
+        write(doc, f"{prefix}.url", nelnext.endpoint_url(url, wanted), f"the {wanted} endpoint of the same server")
+
+
 def _apply_server(doc: CommentedMap, prefix: str, framework: str, report: checkpoint.CheckpointReport,
                   request: ApplyCheckpointInput, write: WriteFn) -> None:
     """What nel-next's vllm/sglang service starts: the model, its served name, TP, and the checkpoint's server flags."""
-    write(doc, f"{prefix}.model", request.cluster_checkpoint_path or report.hf_handle or report.checkpoint)
-    write(doc, f"{prefix}.served_model_name", request.served_model_name or report.hf_handle or Path(report.checkpoint).name)
+    write(doc, f"{prefix}.model", request.cluster_checkpoint_path or report.hf_handle or report.checkpoint,
+          "the checkpoint the server loads" + (" (its path on the cluster)" if request.cluster_checkpoint_path else ""))
+    write(doc, f"{prefix}.served_model_name", request.served_model_name or report.hf_handle or Path(report.checkpoint).name,
+          "as asked" if request.served_model_name else "the name requests use: the checkpoint's " +
+          ("Hugging Face handle" if report.hf_handle else "folder name"))
     tp = request.tensor_parallel_size or (report.gpu_fit[0].tensor_parallel_size if report.gpu_fit else None)
     if tp:
-        write(doc, f"{prefix}.tensor_parallel_size", tp)
+        write(doc, f"{prefix}.tensor_parallel_size", tp, "as asked" if request.tensor_parallel_size else
+              f"what its weights need on {report.gpu_fit[0].gpu_type} (inspect_checkpoint's gpu_fit)" if report.gpu_fit else "")
     flags = report.deployment_flags.get(framework)
     additions = parse_extra_args(" ".join(shlex.quote(arg) for arg in flags.args)) if flags else []
     parser = frameworks.REASONING_PARSERS.get(report.architecture.model_type or "", {}).get(framework) if report.reasoning else None
@@ -168,7 +197,8 @@ def _apply_server(doc: CommentedMap, prefix: str, framework: str, report: checkp
     merged = [option for option in kept if option[0] not in needed and option[0] not in owned] + additions
     argv = [part for flag, value in merged for part in ((flag,) if value is None else (flag, value))]
     if argv != list(current):
-        write(doc, f"{prefix}.extra_args", argv)
+        write(doc, f"{prefix}.extra_args", argv, f"the flags {framework} needs for this checkpoint: its context, format"
+              + (", reasoning parser" if parser else "") + "; a previous checkpoint's are dropped, yours kept")
 
 
 def _apply_generation(doc: CommentedMap, prefix: str, report: checkpoint.CheckpointReport,
@@ -182,9 +212,9 @@ def _apply_generation(doc: CommentedMap, prefix: str, report: checkpoint.Checkpo
         budget = generation_budget(context)
         old_budget = generation_budget(old.context_length) if old and old.context_length else None
         if current in (MISSING, None, old_budget) or (isinstance(current, int) and current >= context):
-            if isinstance(current, int) and current >= context:
-                notes.append(f"{path} was {current}, not below the context {context}: every request would be refused. Now {budget}.")
-            write(doc, path, budget)
+            write(doc, path, budget, f"{current} is not below the context {context}: every request would be refused"
+                  if isinstance(current, int) and current >= context else f"within the served context {context}, leaving "
+                  f"{context - budget} tokens for the prompt")
     wanted = report.generation_defaults
     previous = old.generation_defaults if old else {}
     for key, target in (("temperature", f"{prefix}.generation.temperature"), ("top_p", f"{prefix}.generation.top_p"),
@@ -193,7 +223,8 @@ def _apply_generation(doc: CommentedMap, prefix: str, report: checkpoint.Checkpo
         if want is None or have == want:
             continue
         if have is None or (key in previous and have == previous[key]):
-            write(doc, target, want)
+            write(doc, target, want, "the checkpoint's generation_config.json" + (
+                "" if have is None else "; the value was the previous checkpoint's"))
         else:
             notes.append(f"Kept {target} = {have}; the checkpoint's generation_config.json recommends {want}.")
 
