@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 from mcp import Client
 from processes import own_state_dir, running_with
-from tiers import BENCH, CHECKPOINTS, own_lane, requires
+from tiers import BENCH, CHECKPOINTS, VLLM_PYTHON, own_lane, requires
 
 from quanteval.faces.server import build_server
 
@@ -121,7 +121,7 @@ class TestWithTheRealVllm:
         # the server's own output is kept with the run, from its first line (the Python with vLLM) to its requests
         run_dir = Path(full["invocation_id"].removeprefix("nel-next:"))
         server_log = (run_dir / "logs" / "quanteval-server-vllm.log").read_text()
-        assert server_log.startswith(f"$ {CHECKPOINTS.parent.parent / '.venv-vllm' / 'bin' / 'python'} -m vllm.")
+        assert server_log.startswith(f"$ {VLLM_PYTHON} -m vllm.entrypoints.openai.api_server ")  # the project's vLLM
         assert "--served-model-name tiny-add-bf16" in server_log.splitlines()[0]
         assert "POST /v1/chat/completions HTTP/1.1\" 200" in server_log
         assert any(tail["job_id"].startswith("model server") and tail["lines"] for tail in canary_logs["tails"])
