@@ -30,11 +30,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import envvars, ledger, redact, warm_python
+from quanteval import envvars, ledger, paths, redact, warm_python
 from quanteval.clusters.ssh import LOCAL, host_problem
 from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
-from quanteval.serving import deploy_local, deploy_slurm, frameworks
+from quanteval.serving import deploy_local, deploy_slurm, frameworks, serverflags
 from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -272,6 +272,17 @@ def check_server_args(framework: str, server_args: list[str], local_model: bool 
     return ParserCheck(checked=True, ok=False, message=f"{module} rejected the arguments or the checkpoint: {detail}")
 
 
+def _code_unallowed(server_args: list[str]) -> str:
+    """Why the framework's argument check may not run here: the arguments make it import code that is not the
+    framework's (the checkpoint's auto_map modelling code with --trust-remote-code) and this MCP server (--root) was
+    not started with --allow-commands; '' when it may."""
+    policy = paths.CALL_POLICY.get()
+    if policy is None or policy.root is None or policy.allow_commands or not (loading := serverflags.code_flags(server_args)):
+        return ""
+    return (f"Not checked: {', '.join(loading)} would make the check import the checkpoint's own Python, which this MCP server "
+            "(--root) runs only when started with --allow-commands; launch_deployment needs that too.")
+
+
 def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_progress) -> DeploymentPlan:
     """Use before launch_deployment, or to give a user the command: an SGLang, vLLM or TensorRT-LLM server for a
     checkpoint (argv, env, flags only where needed) with hardware warnings.
@@ -320,8 +331,8 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
                      f"{framework} on PATH; launch_deployment of this plan here would not start.")
     progress(1, 2, "checking the arguments with the framework's parser")
     local_model = not report.hf_handle and Path(report.checkpoint).is_dir()
-    check = (check_server_args(framework, server_args, local_model) if request.check_args
-             else ParserCheck(checked=False, message="Not checked (check_args is false)."))
+    unchecked = _code_unallowed(server_args) if request.check_args else "Not checked (check_args is false)."
+    check = ParserCheck(checked=False, message=unchecked) if unchecked else check_server_args(framework, server_args, local_model)
     if cpu:  # GPU kernel findings do not apply; the CPU backend's own do
         warnings = [w for w in warnings if w.level == "error"] + _cpu_warnings(report, check.this_machine.get("vllm_cpu_gemm_wna16"))
     warnings += _resolution_warnings(check, report, name)

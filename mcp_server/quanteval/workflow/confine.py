@@ -9,6 +9,11 @@ the result tools given a record id) is read only when its config, run directory 
 ledger is shared with the CLI. Paths of a
 SLURM run are on the cluster: not ours.
 
+A model server's arguments are values too: plan_deployment's extra_args (its framework's argument check reads them
+here, even on --read-only) and a launched plan's server_args name no file outside the root, and a flag or plan
+environment that loads Python (--trust-remote-code, a plugin, LD_PRELOAD) needs --allow-commands, as a config's
+commands do (serving/serverflags.confinement_refusal).
+
 Which paths a launch or a record uses is each engine's knowledge (`Engine.launch_paths`, `Engine.record_paths`).
 start_eval_server over MCP binds loopback and runs the ns/nel found on PATH or inside the root unless the server was
 started with --allow-open-eval-server, and its bearer token comes from a QUANTEVAL_...TOKEN variable of at least
@@ -66,6 +71,8 @@ def check_call(tool: str, arguments: dict[str, Any], policy: paths.Policy) -> di
         return arguments
     if tool == "launch_deployment":
         _check_plan(arguments.get("plan"), arguments.get("host"), policy)
+    elif tool == "plan_deployment":
+        _check_server_args(arguments.get("extra_args"), "extra_args", policy)
     elif tool in LAUNCHING_TOOLS:
         _check_config(tool, arguments, policy)
     elif tool in RECORD_TOOLS:
@@ -213,16 +220,30 @@ def _check_eval_server(arguments: dict[str, Any], policy: paths.Policy) -> None:
 
 
 def _check_plan(plan: Any, host: Any, policy: paths.Policy) -> None:
-    """launch_deployment's plan (sent whole by the client): its checkpoint and every absolute path among the server
-    arguments (model, chat template, download dir ...) must be inside the root when it runs here."""
+    """launch_deployment's plan (sent whole by the client): its checkpoint and every path among the server arguments
+    (model, chat template, download dir ...) must be inside the root when it runs here; a flag or an environment
+    variable that loads code needs --allow-commands."""
     from quanteval.clusters import ssh
+    from quanteval.serving.frameworks import VLLM_CPU_ENV
 
     if not isinstance(plan, dict) or not ssh.names_this_machine(host) or not ssh.names_this_machine(plan.get("host")):
         return
     checkpoint = plan.get("checkpoint")
     if isinstance(checkpoint, str) and (paths.looks_local(checkpoint) or paths.on_disk(checkpoint)):
         paths.local_path(checkpoint, "plan.checkpoint", paths.Policy(root=policy.root))
-    for index, arg in enumerate(plan.get("server_args") or []):
-        value = str(arg).split("=", 1)[-1]
-        if value.startswith(("/", "~")):
-            paths.local_path(value, f"plan.server_args[{index}]", policy)
+    _check_server_args(plan.get("server_args"), "plan.server_args", policy)
+    env, planned = plan.get("env") or {}, {"HF_HUB_OFFLINE", *VLLM_CPU_ENV}  # what plan_deployment puts in a plan's env
+    if isinstance(env, dict) and not policy.allow_commands and (other := sorted(set(map(str, env)) - planned)):
+        raise ToolError(f"plan.env: {', '.join(other)}: a plan's environment is what plan_deployment sets ({', '.join(sorted(planned))}); "
+                        "another variable can make the server load code (LD_PRELOAD, PYTHONPATH, VLLM_PLUGINS ...). Remove it, "
+                        "or start quanteval-mcp with --allow-commands if you trust every client.")
+
+
+def _check_server_args(args: Any, field: str, policy: paths.Policy) -> None:
+    """A model server's arguments (plan_deployment's extra_args, which its framework's argument check reads here too;
+    a plan's server_args) name no path outside the root, and load no Python unless the server allows commands."""
+    from quanteval.serving import serverflags
+
+    if isinstance(args, list) and policy.root is not None and (
+            refusal := serverflags.confinement_refusal([str(arg) for arg in args], field, policy.root, policy.allow_commands)):
+        raise ToolError(refusal)
