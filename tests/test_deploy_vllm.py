@@ -168,6 +168,44 @@ def test_the_nel_next_chain_tool_by_tool_over_mcp_against_the_real_server(w8a8, 
     assert compared["comparability"] == "comparable" and compared["acceptability"] == "acceptable", compared["reasons"]
 
 
+def test_a_chat_model_asked_through_completions_is_a_suspect_canary_and_the_gate_stays_shut(w8a8, tmp_path):
+    """The issue's path over MCP against real vLLM: a config built for a base model (protocol completions), a
+    checkpoint trained with its chat template (apply_checkpoint keeps the person's completions, with a warning), a
+    canary whose answers the scorer cannot read: validate_run says suspect with the causes, launch_full_run refuses."""
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    _, status, _ = w8a8
+    bench = str(REPO / "examples" / "benchmarks" / "tiny_add.py")
+
+    async def chain() -> dict:
+        async with Client(build_server()) as client:
+            async def call(tool: str, **arguments):
+                return await client.call_tool(tool, arguments)
+
+            config = (await call("build_config", engine="nel-next", execution="local", deployment="none", model_type="base",
+                                 benchmarks=[bench], config_path=str(tmp_path / "base.yaml"))).structured_content["config_path"]
+            for key, value in {"services.model.url": status.endpoint_url.replace("/chat/completions", "/completions"),
+                               "services.model.model": "tiny-add-w8a8", "output.dir": str(tmp_path / "results")}.items():
+                await call("set_config_value", config_path=config, key=key, value=value)
+            applied = (await call("apply_checkpoint", config_path=config, checkpoint=str(W8A8))).structured_content
+            canary = (await call("launch_canary", config_path=config, limit_samples=10)).structured_content
+            waited = (await call("wait_for_run", record_id=canary["record_id"], timeout_s=240)).structured_content
+            return {"applied": applied, "waited": waited, "validated": (await call("validate_run", run=canary["record_id"])),
+                    "full": await call("launch_full_run", config_path=config)}
+
+    seen = anyio.run(chain)
+    assert any(note.startswith("Kept services.model.protocol = completions") for note in seen["applied"]["notes"])
+    assert seen["waited"]["status"] == "succeeded", seen["waited"]
+    report = seen["validated"].structured_content
+    assert report["verdict"] == "suspect", report
+    assert "every one of the 10 scored answers is wrong" in report["reasons"][0] and "The run asked through completions." in \
+        report["reasons"][0]
+    assert seen["full"].is_error and "allow_suspect_canary=true and a reason" in seen["full"].content[0].text
+
+
 def test_stopping_leaves_no_process_behind(w8a8, monkeypatch):
     launched, _, state = w8a8
     _use_ledger(monkeypatch, state)
