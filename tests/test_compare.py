@@ -450,11 +450,14 @@ def test_evaluate_refuses_a_wrong_scale_or_an_unrun_benchmark_over_mcp_before_se
 
     async def go():
         async with Client(build_server()) as client:
-            return [await client.call_tool("evaluate_quantization", arguments | {"reference_scores": scores})
+            return [await client.call_tool(tool, arguments | {"reference_scores": scores})
+                    for tool in ("evaluate_quantization", "start_evaluation")
                     for scores in ({"tiny_add": 0.9}, {"add3": 90, "tiny_add": 90})]
 
     started = time.monotonic()
-    fraction, unrun = anyio.run(go)
+    fraction, unrun, job_fraction, job_unrun = anyio.run(go)
+    assert [job_fraction.content[0].text, job_unrun.content[0].text] == [  # start_evaluation's checks are the same
+        fraction.content[0].text.replace("evaluate_quantization", "start_evaluation"), unrun.content[0].text]
     assert time.monotonic() - started < 30
     assert fraction.is_error and ("reference_scores.tiny_add: reference scores are points 0-100; 0.9 reads as a "
                                   "fraction — use 90.") in fraction.content[0].text
