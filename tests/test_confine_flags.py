@@ -93,3 +93,31 @@ def test_a_checkpoint_with_its_own_code_is_planned_but_neither_checked_nor_launc
     (preloaded,) = _call(inside, ("launch_deployment", {"plan": preloading}), read_only=False)
     assert preloaded.is_error and "LD_PRELOAD" in preloaded.content[0].text
     assert not marker.exists()
+
+
+next_config = test_confine.next_config  # the fixture: a nel-next config inside the root
+
+
+def test_a_configs_server_flags_are_confined_and_code_flags_are_commands(workspace, next_config):
+    """A nel-next config's managed server (vLLM started on this machine) reads what its extra_args name, and imports
+    Python with --trust-remote-code: a launch over --root checks both, as plan_deployment does."""
+    inside, outside = workspace
+    outside.mkdir()
+    template = outside / "template.jinja"
+    template.write_text("{{ messages }}")
+    checkpoint = inside / "tiny"
+    shutil.copytree(CHECKPOINT, checkpoint)
+    config, steps = next_config
+    service = {"type": "vllm", "model": str(checkpoint), "protocol": "chat_completions"}
+    *_, outside_file, _, validated, code = _call(
+        inside, *steps,
+        ("set_config_value", {"config_path": config, "key": "services.model", "value": {**service, "extra_args": ["--chat-template", str(template)]}}),
+        ("launch_canary", {"config_path": config}),
+        ("set_config_value", {"config_path": config, "key": "services.model", "value": {**service, "extra_args": ["--trust-remote-code"]}}),
+        ("validate_config", {"config_path": config}),
+        ("launch_canary", {"config_path": config}), read_only=False)
+    assert outside_file.is_error and "services.model.extra_args" in outside_file.content[0].text
+    assert "outside the workspace root" in outside_file.content[0].text
+    [named] = [p for p in validated.structured_content["problems"] if p["rule"] == "runs_command"]
+    assert named["key"] == "services.model.extra_args.0" and "--trust-remote-code" in named["message"]
+    assert code.is_error and "--allow-commands" in code.content[0].text and "services.model.extra_args.0" in code.content[0].text

@@ -93,6 +93,14 @@ def _path_values(value: str) -> list[str]:
     return found
 
 
+def path_values(args: list[str]) -> list[str]:
+    """What among a server's arguments names a local file or folder: a value that starts with / ~ ./ ../ or holds a
+    `/` (a relative path; a Hugging Face handle resolves inside the folder it is read from, harmlessly)."""
+    from quanteval import paths
+
+    return [value for arg in args for value in _path_values(arg) if paths.looks_local(value) or "/" in value]
+
+
 def confinement_refusal(args: list[str], field: str, root: Path, allow_code: bool) -> str | None:
     """Why a model server's arguments reach beyond `root` (quanteval-mcp --root): a value that names a local path
     outside it (--hf-config-path, --config, --tokenizer, --chat-template, --download-dir, a JSON config's model ...,

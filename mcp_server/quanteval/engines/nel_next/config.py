@@ -32,7 +32,7 @@ from quanteval.engines.nel_next import clustertypes, nelnext, servers, skills
 from quanteval.engines.recipes import recipe_for_benchmark, task_context_problem
 from quanteval.models import ProgressFn, ToolError
 from quanteval.paths import looks_local
-from quanteval.serving import checkpoint, frameworks
+from quanteval.serving import checkpoint, frameworks, serverflags
 from quanteval.serving.serverflags import generation_budget, owned_flags, parse_extra_args
 
 MANAGED = frameworks.NEL_NEXT_SERVICES  # servers nel-next starts from a model path, with flags quanteval knows
@@ -549,6 +549,9 @@ def launch_paths(checked: dict[str, Any], config_path: str) -> list[tuple[str, P
                 found.append((f"services.{name}.model", run_dir / Path(model).expanduser()))
             found += [(f"services.{name}.container_mounts", run_dir / Path(str(m).split(":")[0]).expanduser())
                       for m in service.get("container_mounts") or []]
+            # the server reads files its flags name (--config, --chat-template, --hf-config-path, a JSON config's model)
+            found += [(f"services.{name}.extra_args", run_dir / Path(value).expanduser())
+                      for value in serverflags.path_values([str(arg) for arg in service.get("extra_args") or []])]
     for index, benchmark in enumerate(doc.get("benchmarks") or []):
         file = nelnext.benchmark_file(str(benchmark.get("name") or "")) if isinstance(benchmark, dict) else None
         if file:
