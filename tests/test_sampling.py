@@ -70,24 +70,24 @@ def test_both_sides_get_the_same_repeats_and_sampling_and_a_one_pass_key_is_unch
 
 
 def test_repeats_at_temperature_zero_are_said_to_add_nothing():
-    (note,) = sampling.notes_before(["aime25"], None, 8, None, None, 0.95)
+    (note,) = sampling.notes_before({"aime25": None}, 8, None, None, 0.95)
     assert "repeats 8 at temperature 0 (greedy)" in note and "add no evidence" in note
-    assert sampling.notes_before(["aime25"], None, 8, 0.6, None, 0.95) == []
+    assert sampling.notes_before({"aime25": None}, 8, 0.6, None, 0.95) == []
 
 
 def test_thirty_problems_at_one_repeat_cannot_decide_one_point_and_the_repeats_that_could_are_named_up_front():
-    (note,) = sampling.notes_before(["aime25"], 30, 1, 0.6, 1, 0.95)
+    (note,) = sampling.notes_before({"aime25": 30}, 1, 0.6, 1, 0.95)
     needed = sampling.repeats_for_margin(30, 1, 0.95)
     assert "aime25: 30 problems x 1 repeat likely cannot decide the 1-point margin at 95%" in note
     assert f"~{needed} repeats per side would" in note and "or more problems" in note
     # the count is what it says: at that many repeats a model near 50% gives an interval well inside the margin (the
     # rest is power: it decides in 80% of runs), at a quarter of them one wider than the margin
     assert sampling.half_width_points(30, needed, 0.95) < 0.71 and sampling.half_width_points(30, needed // 4, 0.95) > 1
-    (enough,) = sampling.notes_before(["big"], 5000, 8, 0.6, 5, 0.95)
+    (enough,) = sampling.notes_before({"big": 5000}, 8, 0.6, 5, 0.95)
     assert "can decide the 5-point margin" in enough
-    (greedy,) = sampling.notes_before(["aime25"], 30, 1, 0.0, 1, 0.95)
+    (greedy,) = sampling.notes_before({"aime25": 30}, 1, 0.0, 1, 0.95)
     assert "known after the run" in greedy and "repeats add nothing at temperature 0" in greedy
-    (tiny,) = sampling.notes_before(["t"], 5, 1, 0.6, 1, 0.95)
+    (tiny,) = sampling.notes_before({"t": 5}, 1, 0.6, 1, 0.95)
     assert "5 problems cannot decide any margin" in tiny
 
 
@@ -157,3 +157,16 @@ def test_the_repeats_advised_after_the_run_decide_in_about_the_stated_share_of_s
         assert sim is not None and sim.low is not None
         decided += sim.low >= -margin
     assert 0.65 <= decided / 200 <= 0.95
+
+
+@requires("skills-in-nel-next")
+def test_a_skills_benchmarks_size_is_counted_before_serving_and_the_margin_it_cannot_decide_is_said(monkeypatch):
+    from quanteval import engines
+    from quanteval.workflow.evaluate import _sampling_notes
+
+    monkeypatch.setenv("NEMO_SKILLS_EXTRA_BENCHMARK_MAP", str(REPO / "examples/benchmarks/skills/benchmark_map.json"))
+    assert engines.by_name("nel-next").benchmark_sizes(["skills://tiny_mcq", "x.py"]) == {"skills://tiny_mcq": 200}
+    request = EvaluateQuantizationInput(baseline_checkpoint="a", candidate_checkpoint="b", benchmarks=["skills://tiny_mcq"],
+                                        repeats=1, temperature=0.7, max_drop=1)
+    (note,) = _sampling_notes(request)
+    assert note.startswith("skills://tiny_mcq: 200 problems x 1 repeat likely cannot decide the 1-point margin at 95%")

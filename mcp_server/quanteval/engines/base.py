@@ -316,6 +316,11 @@ class EngineDefaults(Protocol):
 
     # -- evaluate_quantization (workflow/evaluate.py), which runs the engine it names (nel-next): none by default
 
+    def benchmark_sizes(self, benchmarks: list[str]) -> dict[str, int]:
+        """Problems per benchmark where the engine can count them before anything is served (evaluate_quantization
+        says up front what they can decide); the others are left out."""
+        return {}
+
     def evaluation_problems(self, benchmarks: list[str]) -> list[Problem]:
         """What stops a run of these benchmarks (as build_config takes them) before anything is served; a ToolError
         where the engine cannot run here at all."""

@@ -626,16 +626,21 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     candidate fails the canary its baseline passed. Resumable. A client with a 60 s timeout: start_evaluation.
     """
     root = check_request(request)
-    for note in _sampling_notes(request):  # before minutes of serving: what these settings can decide
+    notes = _sampling_notes(request)
+    for note in notes:  # before minutes of serving: what these settings can decide
         progress(0, _total(request), note)
     with _only_call_on(root):
-        return _evaluate_and_compare(request, root, progress)
+        return _evaluate_and_compare(request, root, progress, notes)
 
 
 def _sampling_notes(request: EvaluateQuantizationInput) -> list[str]:
-    names = [Path(name).stem if name.endswith(".py") else name for name in request.benchmarks]
-    return sampling.notes_before(names, request.max_problems, request.repeats, request.temperature, request.max_drop,
-                                 request.confidence)
+    """What the sampling can decide, from each benchmark's size: max_problems, else what the engine counts (only
+    when there is a margin to decide at all)."""
+    sizes = {} if request.max_problems or request.max_drop is None else \
+        engines.by_name(request.engine).benchmark_sizes(request.benchmarks)
+    named = {Path(name).stem if name.endswith(".py") else name: request.max_problems or sizes.get(name)
+             for name in request.benchmarks}
+    return sampling.notes_before(named, request.repeats, request.temperature, request.max_drop, request.confidence)
 
 
 @contextlib.contextmanager
@@ -659,7 +664,8 @@ def _only_call_on(root: Path) -> Iterator[None]:
         os.close(descriptor)  # releases the lock
 
 
-def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn) -> EvaluateQuantizationOutput:
+def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn,
+                          notes: list[str]) -> EvaluateQuantizationOutput:
     started = time.monotonic()
     floor_side = _floor_side(request, root)
     baseline, candidate = _evaluate_sides(request, root, progress, floor_side)
@@ -684,7 +690,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
     verdict = _verdict(compared, gated)
-    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving), *_sampling_notes(request)]
+    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving), *notes]
     reasons += checkpoint_notes(baseline.checkpoint, candidate.checkpoint)
     reasons += [line for side in (baseline, candidate) if (line := _where_it_ran(side))]
     floor, floor_run = [], None

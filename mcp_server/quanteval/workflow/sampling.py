@@ -106,12 +106,12 @@ def power_before(benchmark: str, problems: int | None, repeats: int, temperature
             "less), or more problems.")
 
 
-def notes_before(benchmarks: list[str], problems: int | None, repeats: int, temperature: float | None,
+def notes_before(benchmarks: dict[str, int | None], repeats: int, temperature: float | None,
                  max_drop_points: float | None, confidence: float) -> list[str]:
     """What the sampling asked can and cannot show, said before serving: repeats that add nothing at temperature 0,
-    and per benchmark whether its size (`problems`, where known before the run) and the repeats can decide the margin."""
+    and per benchmark whether its size (its problems, where known before the run) and the repeats can decide the margin."""
     notes = [note] if (note := repeats_note(repeats, temperature)) else []
-    for benchmark in benchmarks:
+    for benchmark, problems in benchmarks.items():
         if said := power_before(benchmark, problems, repeats, temperature, max_drop_points, confidence):
             notes.append(said)
     return notes

@@ -23,6 +23,7 @@ from quanteval.engines.nel_next.config import (
 from quanteval.engines.nel_next.config import validate_document as validate
 from quanteval.engines.nel_next.evaluation import (
     benchmark_names,
+    benchmark_sizes,
     endpoint_values,
     evaluation_problems,
     failed_benchmarks,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from quanteval.engines.base import Problem
-from quanteval.engines.nel_next import config, nelnext, nextresults
+from quanteval.engines.nel_next import config, nelnext, nextresults, skills
 
 
 def evaluation_problems(benchmarks: list[str]) -> list[Problem]:
@@ -51,6 +51,16 @@ def _declared_benchmarks(path: Path) -> list[str] | None:
              for keyword in decorator.keywords if keyword.arg == "name" and isinstance(keyword.value, ast.Constant)
              and isinstance(keyword.value.value, str)]
     return found or None
+
+
+def benchmark_sizes(benchmarks: list[str]) -> dict[str, int]:
+    """Problems per skills:// benchmark, the rows of its data as the NeMo-Skills in nel-next's venv finds them (one
+    probe); a BYOB file's size is known only once it runs."""
+    names = {name: name.removeprefix("skills://") for name in benchmarks if name.startswith("skills://")}
+    if not names:
+        return {}
+    found = skills.probe(list(names.values())).benchmarks
+    return {name: found[short].rows for name, short in names.items() if short in found and found[short].rows}
 
 
 def endpoint_values(url: str, protocol: str, model: str | None, max_tokens: int, output_dir: str, benchmarks: int,
