@@ -252,6 +252,9 @@ class EngineDefaults(Protocol):
     # Keys whose string values the engine writes unquoted into the shell script it runs (fnmatch on dotted keys):
     # shell syntax there runs as a command (engines/commands.py).
     shell_spliced: tuple[str, ...] = ()
+    # Keys holding the arguments of a model server the engine starts as a process of this machine (not in a container):
+    # a flag there that imports Python (--trust-remote-code) runs code here, as a command does (engines/commands.py).
+    host_server_args: tuple[str, ...] = ()
     # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
     writes_placement_host: bool = False
     # The config's own keys are the placement view's (NEL 0.2.6's execution/deployment keys): engines.placement_form.

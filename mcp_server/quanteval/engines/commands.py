@@ -5,8 +5,8 @@ Two kinds of values, for both engines:
   setup_commands, pre_cmd, server_cmd, capture_cmd, a sandbox metric's command) runs its value as a shell command on
   launch. Named by validate_config and dry_run; under `quanteval-mcp --root` a launch with one (other than the
   engine's preset) is refused unless the server was started with --allow-commands: who may edit a config must not
-  thereby run programs as the server's user. A model server argument that imports Python (--trust-remote-code, a
-  plugin; serverflags.CODE_FLAGS) in an extra_args value counts as a command.
+  thereby run programs as the server's user. An argument that imports Python (--trust-remote-code, a plugin;
+  serverflags.CODE_FLAGS) of a server the engine starts on this machine (Engine.host_server_args) counts as one.
 - spliced values: the keys each engine writes unquoted into the shell script it runs (Engine.shell_spliced: NEL's
   deployment.* values, docker args, mounts and env values; nel-next's server args, env, mounts, image). A value there
   with shell syntax (`;`, `|`, `&`, `$(`, backquotes, redirections, a newline) would run as a command: validate_config
@@ -61,13 +61,15 @@ def values(doc: dict[str, Any], overrides: list[str] | None = None) -> list[tupl
     return list(found.items())
 
 
-def commands(pairs: list[tuple[str, Any]], presets: dict[str, str]) -> list[tuple[str, str]]:
+def commands(pairs: list[tuple[str, Any]], presets: dict[str, str], server_args: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """(key, value) of every non-empty command value that is not the engine's own preset for that key, and of every
-    model server argument (an extra_args value) that makes the server import Python beyond the framework's own
-    (--trust-remote-code, a plugin: serverflags.CODE_FLAGS), which runs code as a command does."""
+    argument of a server started on this machine (`server_args`: Engine.host_server_args) that makes it import Python
+    beyond the framework's own (--trust-remote-code, a plugin: serverflags.CODE_FLAGS), which runs code as a command
+    does."""
     return [(key, str(value)) for key, value in pairs
             if (COMMAND_NAME.search(_named_key(key)) and value not in (None, "") and str(value).strip() != presets.get(key, "\0").strip())
-            or (_named_key(key) == "extra_args" and isinstance(value, str) and serverflags.code_flags(value.split()))]
+            or (isinstance(value, str) and any(fnmatch.fnmatchcase(key, pattern) for pattern in server_args)
+                and serverflags.code_flags(value.split()))]
 
 
 def shell_syntax(value: str) -> str | None:
@@ -112,7 +114,8 @@ def _commands(plan: LaunchPlan) -> list[tuple[str, str]]:
     uninterpolated, as the engine's packaged configs write them."""
     resolved, raw, raw_doc = executed(plan)
     shown_as = dict(resolved)
-    return [(key, str(shown_as.get(key, value))) for key, value in commands(raw, plan.engine.command_presets(raw_doc))]
+    return [(key, str(shown_as.get(key, value)))
+            for key, value in commands(raw, plan.engine.command_presets(raw_doc), plan.engine.host_server_args)]
 
 
 def shown(value: str, limit: int = 200) -> str:
@@ -132,7 +135,7 @@ def problems(plan: LaunchPlan, reported: list[Problem]) -> list[Problem]:
              for key, value, piece in spliced_syntax(executed(plan)[0], engine.shell_spliced)]
     found += [Problem(key=key, severity="warning", rule="runs_command", message=(
                   f"makes the model server import Python beyond the framework's own on launch: {shown(value)!r}."
-                  if _named_key(key) == "extra_args" else
+                  if any(fnmatch.fnmatchcase(key, pattern) for pattern in engine.host_server_args) else
                   f"runs on launch as a shell command on the machine that runs it: {shown(value)!r}."),
                   fix="Keep it only if you wrote it for this run; over `quanteval-mcp --root` a launch with it needs the "
                       "server started with --allow-commands.")

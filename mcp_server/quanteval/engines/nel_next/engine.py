@@ -66,6 +66,8 @@ SHELL_SITES: dict[str, tuple[str, ...]] = {
 }
 # the keys whose values (and names) reach a shell: these sites, and a server's argv, environment, mounts and image in
 # the sbatch script nel-next writes on SLURM (and its `nat serve` line there)
+# a managed vLLM/SGLang service on the local cluster is a process of this machine (nel-next's model_server)
+host_server_args = ("services.*.extra_args.*",)
 shell_spliced = tuple(sorted({key for keys in SHELL_SITES.values() for key in keys} | {
     "services.*.extra_args.*", "services.*.extra_env.*", "services.*.container_mounts.*", "services.*.image",
     "services.*.model", "services.*.served_model_name"}))
