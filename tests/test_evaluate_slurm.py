@@ -9,16 +9,19 @@ so a difference could show), ends in the same verdict, flips and gate as the sam
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import anyio
 import pytest
-from tiers import CHECKPOINTS, REPO, VLLM_PYTHON, requires
+from tiers import CHECKPOINTS, REPO, VENV_BIN, VLLM_PYTHON, requires
 
 from quanteval import ledger
 from quanteval.clusters import slurm
+from quanteval.clusters.ssh import run_remote
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
@@ -106,18 +109,17 @@ def _evaluate(arguments: list[str], env: dict[str, str]) -> tuple[dict, float]:
 
 
 @requires("vllm", "skills-in-nel-next")
+@pytest.mark.timeout(3600)  # two evaluations of the pair, one after the other (their times are compared)
 def test_the_one_call_on_the_cluster_answers_as_on_this_machine(slurm_cluster, tmp_path):
     """The same pair and benchmark through `quanteval evaluate`, here and with --host the cluster: each side's canary
     and full run are SLURM jobs (both sides' at once) whose vLLM serves inside the job; the verdict, the flips and the
     gate are the local call's, and the answer says where each side ran."""
-    import os
-
     from tiers import user_env
 
     env = user_env(QUANTEVAL_STATE_DIR=str(tmp_path / "state"),
                    NEMO_SKILLS_EXTRA_BENCHMARK_MAP=str(SHIPPED / "benchmark_map.json"))
     env.pop("QUANTEVAL_LEDGER", None)
-    env["PATH"] = os.environ["PATH"]  # the fixture's ssh/scp wrappers first (nel-next submits with them)
+    env["PATH"] = f"{slurm_cluster.bin_dir}{os.pathsep}{env['PATH']}"  # the fixture's ssh/scp wrappers (nel-next submits with them)
     env["QUANTEVAL_SSH_CONFIG"] = os.environ["QUANTEVAL_SSH_CONFIG"]
     settings = _settings(slurm_cluster, tmp_path)
     local, local_s = _evaluate(["--output-dir", str(tmp_path / "local")], env)
@@ -126,7 +128,7 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine(slurm_cluster, t
         "--account", settings["account"], "--walltime", settings["walltime"], "--gpus-per-node", "1",
         "--cluster-output-dir", settings["output_dir"], "--nel-next-venv", settings["nel_next_venv"],
         "--vllm-venv", settings["vllm_venv"], "--startup-timeout-s", "600"], env)
-    print(f"local {local_s:.0f} s, cluster {cluster_s:.0f} s ({cluster_s / local_s:.2f}x); cluster stages {cluster['seconds']}")
+    print(f"local {local_s:.0f} s (stages {local['seconds']}), cluster {cluster_s:.0f} s ({cluster_s / local_s:.2f}x); cluster stages {cluster['seconds']}")
 
     assert cluster["verdict"] == local["verdict"] and cluster["gate"]["verdict"] == local["gate"]["verdict"]
     (here,), (there,) = local["comparisons"], cluster["comparisons"]
@@ -142,3 +144,112 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine(slurm_cluster, t
     assert any(reason.startswith(f"Ran on {slurm_cluster.ssh_alias} (baseline)") for reason in cluster["reasons"])
     assert not [job for job in _queue(slurm_cluster) if job.state in slurm.ACTIVE_JOB_STATES and job.user == slurm_cluster.user
                 and job.name.startswith("nel")]
+
+
+# --- nothing costs GPU hours after the user has gone --------------------------------------------------------------
+
+
+def _blocker(slurm_cluster) -> str:
+    """A job holding the node whole: the evaluation's jobs then wait PENDING (Resources), cheaply."""
+    done = run_remote(slurm_cluster.ssh_alias, "sbatch --parsable -p debug --exclusive -o /dev/null --wrap 'sleep 900'")
+    assert done.exit_code == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def _start(slurm_cluster, tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    """`quanteval evaluate --host CLUSTER` in a process of its own (sharing this test's ledger), its progress in a file."""
+    settings = _settings(slurm_cluster, tmp_path)
+    log = tmp_path / f"{name}.log"
+    argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BASE), str(LOSSY), "--benchmarks", "skills://tiny_mcq",
+            "--max-problems", "10", "--canary-problems", "5", "--max-drop", "1.5", "--json",
+            "--output-dir", str(tmp_path / "evaluate"), "--host", slurm_cluster.ssh_alias, "--startup-timeout-s", "600",
+            "--partition", "debug", "--account", settings["account"], "--walltime", settings["walltime"],
+            "--cluster-output-dir", settings["output_dir"], "--nel-next-venv", settings["nel_next_venv"],
+            "--vllm-venv", settings["vllm_venv"]]
+    with log.open("w") as err:
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
+    return process, log
+
+
+def _canaries(count: int, timeout_s: float = 240) -> list[ledger.Record]:
+    """The evaluation's canary records once each has its SLURM job."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [record for record in ledger.find(kind="canary") if record.details.get("slurm_jobs")
+                 and record.details.get("evaluation_key")]
+        if len(found) >= count:
+            return found
+        time.sleep(1)
+    raise AssertionError(f"no {count} canaries submitted within {timeout_s} s")
+
+
+def _job_ids(records: list[ledger.Record]) -> set[str]:
+    return {job["job_id"] for record in records for job in record.details["slurm_jobs"]}
+
+
+def _until(condition, timeout_s: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def _queued(slurm_cluster, job_ids: set[str]) -> dict[str, slurm.SlurmJob]:
+    return {job.job_id: job for job in _queue(slurm_cluster) if job.job_id in job_ids and job.state in slurm.ACTIVE_JOB_STATES}
+
+
+def test_sigterm_and_sigkill_of_a_cluster_evaluation_leave_no_job_behind_and_a_rerun_picks_its_jobs_up(
+        slurm_cluster, tmp_path):
+    """Both sides' canaries wait PENDING behind a job holding the node (progress says so, with SLURM's reason).
+    SIGTERM (as Ctrl-C): the evaluation scancels both, none left in squeue within 30 s. SIGKILL: the jobs stay;
+    list_runs names them; the same call again picks them up (no second submission) and kill_run stops them."""
+    from quanteval.workflow.runs import ListRunsInput, RunRef, kill_run, list_runs
+
+    blocker = _blocker(slurm_cluster)
+    try:
+        process, log = _start(slurm_cluster, tmp_path, "sigterm")
+        canaries = _canaries(2)
+        jobs = _job_ids(canaries)
+        _until(lambda: "PENDING (Resources)" in log.read_text() and len(_queued(slurm_cluster, jobs)) == 2, 60,
+               "both canaries PENDING (Resources) in the progress")
+        process.send_signal(signal.SIGTERM)
+        gone = _until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel after SIGTERM")  # from the signal
+        process.wait(timeout=120)
+        assert {ledger.get(record.id).status for record in canaries} == {"cancelled"}, log.read_text()[-2000:]
+        print(f"SIGTERM while PENDING: no job left {gone:.1f} s after the signal")
+
+        process, log = _start(slurm_cluster, tmp_path, "sigkill")
+        canaries = _canaries(4)[:2]  # the newest two: this call's
+        jobs = _job_ids(canaries)
+        _until(lambda: len(_queued(slurm_cluster, jobs)) == 2, 60, "both canaries queued")
+        process.kill()
+        process.wait(timeout=30)
+        listed = {run.record_id: run for run in list_runs(ListRunsInput(kind="canary")).runs}
+        assert all(listed[record.id].status in ("submitted", "pending") for record in canaries), listed
+        assert len(_queued(slurm_cluster, jobs)) == 2  # SIGKILL: nothing could cancel them
+
+        process, log = _start(slurm_cluster, tmp_path, "rerun")
+        _until(lambda: log.read_text().count("picking up its canary") == 2, 120, "the rerun picks both canaries up")
+        assert len(ledger.find(kind="canary")) == 4 and _job_ids(ledger.find(kind="canary")[:2]) == jobs  # none submitted again
+        process.kill()
+        process.wait(timeout=30)
+        for record in canaries:
+            assert kill_run(RunRef(record_id=record.id)).status == "killed"
+        gone = _until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel by kill_run")
+        print(f"kill_run after SIGKILL: no job left after {gone:.1f} s")
+    finally:
+        slurm.scancel(slurm_cluster.ssh_alias, [blocker])
+
+
+def test_sigterm_while_the_jobs_run_cancels_them(slurm_cluster, tmp_path):
+    process, log = _start(slurm_cluster, tmp_path, "running")
+    canaries = _canaries(2)
+    jobs = _job_ids(canaries)
+    _until(lambda: {job.state for job in _queued(slurm_cluster, jobs).values()} == {"RUNNING"}, 120, "both canaries RUNNING")
+    _until(lambda: "RUNNING on localhost" in log.read_text(), 30, "progress names the node")
+    process.send_signal(signal.SIGTERM)
+    gone = _until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel after SIGTERM")  # from the signal
+    process.wait(timeout=120)
+    print(f"SIGTERM while RUNNING: no job left {gone:.1f} s after the signal")
+    assert {ledger.get(record.id).status for record in canaries} == {"cancelled"}

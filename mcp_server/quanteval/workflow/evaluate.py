@@ -26,6 +26,7 @@ the benchmarks, what the server says it serves, the config values for an endpoin
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -788,11 +789,17 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, root: Path, progres
     cluster = evaluate_cluster.preflight(request.host or "", settings, paths, request.startup_timeout_s)
     sides = [_ClusterSide(_Checkpoint(role, checkpoint, request, root), cluster, request) for role, checkpoint in roles]
     total = _total(request)
+    submitting: list[Future[None]] = []
     try:
         for side in sides:
-            if side.side.done is None:
+            if side.adopted is not None:
+                progress(0, total, f"{side.role}: picking up its {side.stage.replace('_', ' ')} {side.adopted.id} "
+                         f"(SLURM job {side.placement.jobs.get(side.stage, '?')}), left by a call that ended before it")
+            elif side.side.done is None:
                 progress(0, total, f"{side.role}: writing its config and submitting its canary to {cluster.host}")
-                side.submit_canary()
+                submitting.append(_in_background(side.submit_canary))  # both sides' at once: tens of seconds each
+        for future in submitting:
+            future.result()
         while not all(side.finished for side in sides):
             cancellation_point()
             for side in sides:
@@ -801,6 +808,7 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, root: Path, progres
                 time.sleep(CLUSTER_POLL_S)
     except BaseException:
         with interrupts_held():  # a second Ctrl-C must not leave a job holding the cluster's GPUs
+            concurrent.futures.wait(submitting)  # a submission under way ends with its job recorded, then cancelled
             for side in sides:
                 side.cancel()
         raise
@@ -824,6 +832,31 @@ class _ClusterSide:
         self.config_path, self.served, self.serving = "", {}, None
         self.placement = cluster.placement("baseline" if side.role == "noise-floor" else side.role)
         self.said, self.said_at, self.started = "", 0.0, time.monotonic()
+        self.adopted = self._adopt() if self.answer is None else None
+
+    def _adopt(self) -> ledger.Record | None:
+        """The run of this evaluation that a process which died left behind (its jobs queued, running or ended since),
+        picked up where it is: its canary or full run is polled again, not submitted a second time."""
+        record = _left_behind(self.side.key)
+        if record is None:
+            return None
+        recorded = record.details
+        self.config_path, self.served = record.config_path or "", recorded.get("served") or {}
+        self.serving = Serving.model_validate(recorded["serving"]) if recorded.get("serving") else None
+        self.placement.jobs.update((recorded.get("placement") or {}).get("jobs") or {})
+        self.placement.nodes.update((recorded.get("placement") or {}).get("nodes") or {})
+        self.stage, self.active = record.kind, record.id
+        self.canary_id = record.id if record.kind == "canary" else recorded.get("canary_record_id", "")
+        self.full_id = record.id if record.kind == "full_run" else ""
+        self._note_job(record.id, record.kind)
+        return record
+
+    def _keep(self, record_id: str) -> None:
+        """What a later call needs to pick this run up after this process died (_adopt), in the run's record."""
+        ledger.update(record_id, details={
+            "evaluation_key": self.side.key, "checkpoint": str(self.side.dir), "served": self.served,
+            "serving": self.serving.model_dump() if self.serving else None, "canary_record_id": self.canary_id,
+            "placement": {"jobs": self.placement.jobs, "nodes": self.placement.nodes}})
 
     @property
     def finished(self) -> bool:
@@ -853,6 +886,7 @@ class _ClusterSide:
         self.canary_id = self.active = canary.record_id
         self.stage, self.started = "canary", time.monotonic()
         self._note_job(canary.record_id, "canary")
+        self._keep(canary.record_id)
 
     def _note_job(self, record_id: str, stage: str) -> None:
         jobs = ledger.get(record_id).details.get("slurm_jobs") or []
@@ -869,6 +903,8 @@ class _ClusterSide:
         for job in slurm_jobs.values():
             if job.state == "RUNNING" and job.reason:
                 self.placement.nodes[self.stage] = job.reason
+            if job.state != "PENDING" and f"{self.stage}_queue" not in self.side.seconds:  # the wait, apart from the run
+                self.side.seconds[f"{self.stage}_queue"] = round(time.monotonic() - self.started, 1)
         said = f"{self.role} {self.stage.replace('_', ' ')} {self.active}: " + "; ".join(
             f"job {job_id} {evaluate_cluster.job_line(slurm_jobs.get(job_id))}" for job_id in job_ids) if job_ids else status.status
         if said != self.said or time.monotonic() - self.said_at >= PROGRESS_EVERY_S:
@@ -904,10 +940,9 @@ class _ClusterSide:
         self.side.seconds["canary"] = round(time.monotonic() - self.started, 1)
         full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=self.config_path))
         self.full_id = self.active = full.record_id
-        ledger.update(full.record_id, details={"evaluation_key": self.side.key, "checkpoint": str(self.side.dir),
-                                               "served": self.served})
         self.stage, self.started = "full_run", time.monotonic()
         self._note_job(full.record_id, "full_run")
+        self._keep(full.record_id)
 
     def _full_run_ended(self, finished: ledger.Record) -> None:
         _require_pass(finished, f"{self.role} full run{self._where('full_run')}", max_error_share=1.0)
@@ -926,6 +961,18 @@ class _ClusterSide:
         if self.active is not None:
             _cancel(self.active)
             self.active = None
+
+
+def _left_behind(key: str) -> ledger.Record | None:
+    """The newest run of the evaluation with this key when a call that died left it to go on: its canary or full run
+    still queued or running as last recorded, or its canary passed; None when the newest ended otherwise (failed,
+    killed, cancelled: a new call starts afresh) or there is none."""
+    for record in ledger.find(kinds=["full_run", "canary"], limit=200):
+        if record.details.get("evaluation_key") != key:
+            continue
+        passed_canary = record.kind == "canary" and record.status == "succeeded"
+        return record if record.status in ACTIVE or passed_canary else None
+    return None
 
 
 def _option(args: list[str], flag: str) -> str | None:

@@ -225,7 +225,7 @@ def job_line(job: slurm.SlurmJob | None) -> str:
     if job is None:
         return "not in the queue yet"
     if job.state == "PENDING":
-        return f"PENDING ({job.reason or 'no reason given'})"
+        return f"PENDING ({(job.reason or '').strip('()') or 'no reason given'})"  # squeue prints (Resources)
     if job.state == "RUNNING" and job.reason:
         return f"RUNNING on {job.reason}"  # squeue's %R is the node list once a job runs
     return job.state
