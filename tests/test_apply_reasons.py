@@ -101,9 +101,12 @@ def test_every_change_of_both_engines_says_why(tmp_path):
     nel_next = _next_config(tmp_path, "vllm", "chat_reasoning")
     seen = []
     for config in (nel, nel_next):
-        for checkpoint in (first, second):
+        for checkpoint in (first, second, first):
             changes = apply_checkpoint(ApplyCheckpointInput(config_path=config, checkpoint=str(checkpoint))).changes
             assert changes and all(REASON.match(change) for change in changes), changes
             seen += changes
     assert any("generation_config.json" in change for change in seen)  # sampling taken from the checkpoint, said so
     assert any("within the serv" in change for change in seen)  # the token budget, with its context
+    # back to the first: the second's top_k goes, listed with why (it was a note beside the changes)
+    assert ("evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config.params_to_add.top_k: removed (it came "
+            "from the previous checkpoint's generation_config.json; this one's has none)") in seen

@@ -148,7 +148,7 @@ def _mutate(plan: _Plan, doc: CommentedMap) -> None:
           "checkpoint's are dropped, yours kept")
     _apply_image(doc, framework, write, plan.notes)
     _apply_thinking(doc, plan.report, write, plan.remove)
-    _apply_generation(doc, plan.report, old, plan.budget, plan.report.context_length, write, plan.notes)
+    _apply_generation(doc, plan.report, old, plan.budget, plan.report.context_length, write, plan.remove, plan.notes)
     _apply_tokenizer(doc, plan.report, old, old_sources, plan.local_path, write, plan.remove, plan.notes, plan.changes)
     _apply_skills_key(doc, write, plan.notes)
 
@@ -210,7 +210,7 @@ def _apply_thinking(doc: CommentedMap, report: checkpoint.CheckpointReport, writ
 
 def _apply_generation(
     doc: CommentedMap, report: checkpoint.CheckpointReport, old: checkpoint.CheckpointReport | None,
-    budget: int | None, context: int | None, write: WriteFn, notes: list[str],
+    budget: int | None, context: int | None, write: WriteFn, remove: RemoveFn, notes: list[str],
 ) -> None:
     """max_new_tokens within the serving context, and the checkpoint's sampling where nobody chose other values."""
     template = template_params()
@@ -250,8 +250,7 @@ def _apply_generation(
                   "has no top_k param")
             taken.append(f"top_k {top_k} (sent by the payload modifier: NEL has no top_k param)")
     elif top_k is None and current_top_k is not None and current_top_k == old_top_k:
-        delete_path(doc, top_k_path)
-        notes.append(f"{top_k_path}: removed (it came from the previous checkpoint's generation_config.json).")
+        remove(doc, top_k_path, "it came from the previous checkpoint's generation_config.json; this one's has none")
     if taken:
         notes.append(f"Sampling from the checkpoint's generation_config.json (NEL's template values replaced): {', '.join(taken)}.")
 
