@@ -206,7 +206,8 @@ def compare_task(reader: ResultsReader, base: RunBenchmark, cand: RunBenchmark, 
         method += f" ({why_not})"
     verdict, why = _verdict_and_advice(interval, low, high, request)
     if interval is not None and se is not None:
-        why = why.rstrip(".") + f"; delta {100 * delta:+.2f} ± {100 * se:.2f} points (SE) over {size}"
+        # A sentence of its own: the advice before it is quoted whole by gate_results.
+        why += (" " if why.endswith(".") else "; ") + f"delta {100 * delta:+.2f} ± {100 * se:.2f} points (SE) over {size}"
         if verdict == "inconclusive" and repeats is not None:
             why += paired.repeats_advice(interval, repeats, within, margin(request))
     if samples is not None and samples.counted_as_wrong is not None:
