@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import test_confine
-from test_confine import calls
+from test_confine import _refused, calls
 from tiers import REPO, requires
 
 from quanteval.engines import commands
@@ -105,4 +105,8 @@ def test_a_nat_config_file_cannot_carry_a_command_over_mcp(workspace, next_confi
     [problem] = [p for p in validated.structured_content["problems"] if p["rule"] == "shell_syntax"]
     assert problem["key"] == key and not validated.structured_content["valid"]
     assert canary.is_error and key in canary.content[0].text and "shell command" in canary.content[0].text
+    # the file it names is read by `nat serve`: inside the root
+    (elsewhere,) = calls(inside, ("set_config_value", {"config_path": config, "key": key, "value": str(outside / "agent.yml")}),
+                         ("launch_canary", {"config_path": config}))[1:]
+    _refused(elsewhere, key)
     assert not marker.exists()

@@ -552,6 +552,10 @@ def launch_paths(checked: dict[str, Any], config_path: str) -> list[tuple[str, P
             # the server reads files its flags name (--config, --chat-template, --hf-config-path, a JSON config's model)
             found += [(f"services.{name}.extra_args", run_dir / Path(value).expanduser())
                       for value in serverflags.path_values([str(arg) for arg in service.get("extra_args") or []])]
+    # `nat serve --config_file` reads a NAT agent's config (in the run's folder by default)
+    found += [(f"services.{name}.nat_config_file", run_dir / Path(str(service["nat_config_file"])).expanduser())
+              for name, service in (doc.get("services") or {}).items()
+              if isinstance(service, dict) and service.get("nat_config_file")]
     for index, benchmark in enumerate(doc.get("benchmarks") or []):
         file = nelnext.benchmark_file(str(benchmark.get("name") or "")) if isinstance(benchmark, dict) else None
         if file:
