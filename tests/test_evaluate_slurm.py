@@ -253,3 +253,25 @@ def test_sigterm_while_the_jobs_run_cancels_them(slurm_cluster, tmp_path):
     process.wait(timeout=120)
     print(f"SIGTERM while RUNNING: no job left {gone:.1f} s after the signal")
     assert {ledger.get(record.id).status for record in canaries} == {"cancelled"}
+
+
+@requires("vllm")
+@pytest.mark.timeout(1800)
+def test_a_candidate_whose_canary_fails_on_the_cluster_is_anomalous_with_its_job_and_log(slurm_cluster, tmp_path):
+    """tiny-add (100% on its benchmark) against a copy whose linear weights are noise (a quantization gone wrong): the
+    baseline's canary passes in its job, the candidate's fails in its own, and the answer is ANOMALOUS naming the
+    candidate's SLURM job, node and log folder, with its answers."""
+    from factories import noise_checkpoint
+    from tiers import BENCH
+
+    broken = noise_checkpoint(CHECKPOINTS / "tiny-add-bf16", tmp_path / "tiny-add-noise")
+    request = _request(slurm_cluster, tmp_path).model_copy(update={
+        "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(broken),
+        "benchmarks": [str(BENCH)], "max_problems": 20, "canary_problems": 10})
+    result = evaluate_quantization(request)
+    assert result.verdict == "anomalous", result.reasons
+    placed = result.candidate.cluster
+    assert placed is not None and set(placed.jobs) == {"canary"} and placed.nodes.get("canary") == "localhost"
+    assert f"SLURM job {placed.jobs['canary']} on {slurm_cluster.ssh_alias}, node localhost, logs " in result.reasons[0]
+    assert result.responses and result.baseline.full_run_record_id and result.baseline.cluster.jobs.keys() == {"canary", "full_run"}
+    assert not _queued(slurm_cluster, {job for placed in (result.baseline.cluster, placed) for job in placed.jobs.values()})

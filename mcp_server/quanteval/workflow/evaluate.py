@@ -925,8 +925,12 @@ class _ClusterSide:
             self._full_run_ended(finished)
 
     def _where(self, stage: str) -> str:
+        """The run's job, node and log folder on the cluster, for an answer that says it failed."""
         node = self.placement.nodes.get(stage)
-        return f" (SLURM job {self.placement.jobs.get(stage, '?')} on {self.cluster.host}{f', node {node}' if node else ''})"
+        record_id = self.canary_id if stage == "canary" else self.full_id
+        jobs = (ledger.get(record_id).details.get("slurm_jobs") or []) if record_id else []
+        logs = f", logs {jobs[0]['remote_dir']}/logs" if jobs else ""
+        return f" (SLURM job {self.placement.jobs.get(stage, '?')} on {self.cluster.host}{f', node {node}' if node else ''}{logs})"
 
     def _canary_ended(self, finished: ledger.Record) -> None:
         try:

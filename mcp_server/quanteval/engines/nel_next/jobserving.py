@@ -27,8 +27,10 @@ def serve_in_job(values: dict[str, Any], model_path: str, served_model_name: str
                  "cluster.hostname": placement["hostname"], "cluster.account": placement.get("account"),
                  "cluster.walltime": placement["walltime"],
                  "cluster.node_pools.default.partition": placement["partition"],
-                 # a failed canary is an answer, not something to retry: nel-next's auto-resume would rerun it
-                 "cluster.max_retries": 0})
+                 # a failed canary is an answer, not something to retry; and auto-resume's restart job, waiting
+                 # behind each job for it to fail, would stay in the queue for good once it succeeded
+                 # (DependencyNeverSatisfied): a job that fails or hits its walltime is reported instead
+                 "cluster.max_retries": 0, "cluster.auto_resume": False})
     if placement.get("gres"):
         kept["cluster.node_pools.default.gres"] = placement["gres"]
     # sbatch takes the values as written: the login PATH with nel-next's bin first, and the NeMo-Skills benchmark map
