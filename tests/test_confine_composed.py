@@ -117,3 +117,27 @@ def test_a_group_file_command_is_a_command_under_the_root(workspace):
     assert named["key"] == "deployment.command" and f"touch {marker}" in named["message"]
     assert canary.is_error and "--allow-commands" in canary.content[0].text and "deployment.command" in canary.content[0].text
     assert not marker.exists()
+
+
+next_config = test_confine.next_config  # the fixture: a nel-next config inside the root
+
+
+def test_a_nel_next_playbook_edited_after_a_clean_check_is_read_afresh(workspace, next_config):
+    """nel-next merges a benchmark's `playbook:` file into it: its values are checked as composed, and an edit to the
+    playbook after a clean check is read again (nel-next's answer is kept by the config file's own stat)."""
+    inside, outside = workspace
+    outside.mkdir()
+    marker = outside / "ran"
+    config, steps = next_config
+    playbook = inside / "playbook.yaml"
+    playbook.write_text("repeats: 1\n")
+    calls(inside, *steps)
+    text = Path(config).read_text()
+    Path(config).write_text(text.replace("  - name: ", f"  - playbook: {playbook}\n    name: ", 1))
+    (clean,) = calls(inside, ("validate_config", {"config_path": config}))
+    assert not [p for p in clean.structured_content["problems"] if p["rule"] == "shell_syntax"], clean.structured_content
+    playbook.write_text(f"repeats: 1\nsandbox:\n  type: ecs_fargate\n  region: \"us-east-1$(touch {marker})\"\n")
+    validated, canary = calls(inside, ("validate_config", {"config_path": config}), ("launch_canary", {"config_path": config}))
+    _shell_error(validated, "benchmarks.0.sandbox.region")
+    _launch_refused(canary, "benchmarks.0.sandbox.region")
+    assert not marker.exists()

@@ -196,7 +196,19 @@ print(json.dumps(out, default=str))
 
 
 # check_schema answers by (path, size, mtime, overrides): a launch asks several times and each ask is a ~1 s child.
-_SCHEMA_CACHE: dict[tuple[str, int, int, tuple[str, ...]], dict[str, Any]] = {}
+# An answer is kept with the files it composed in as they were: an edit to a defaults fragment is read afresh.
+_SCHEMA_CACHE: dict[tuple[str, int, int, tuple[str, ...]], tuple[dict[str, Any], tuple[tuple[str, int, int], ...]]] = {}
+
+
+def _files_read_stats(answer: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
+    found = []
+    for file in answer.get("files_read") or []:
+        try:
+            stat = Path(file).stat()
+            found.append((str(file), stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            found.append((str(file), -1, -1))
+    return tuple(found)
 
 
 def check_schema(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -211,13 +223,14 @@ def check_schema(config_path: str, overrides: list[str] | None = None) -> dict[s
         key = (str(Path(config_path).resolve()), stat.st_size, stat.st_mtime_ns, tuple(overrides or []))
     except OSError:
         key = None
-    if key is not None and key in _SCHEMA_CACHE:
-        return copy.deepcopy(_SCHEMA_CACHE[key])
+    kept = _SCHEMA_CACHE.get(key) if key is not None else None
+    if kept is not None and _files_read_stats(kept[0]) == kept[1]:
+        return copy.deepcopy(kept[0])
     answer = _ask_schema(config_path, overrides)
     if key is not None:
         if len(_SCHEMA_CACHE) > 64:
             _SCHEMA_CACHE.clear()
-        _SCHEMA_CACHE[key] = copy.deepcopy(answer)
+        _SCHEMA_CACHE[key] = (copy.deepcopy(answer), _files_read_stats(answer))
     return answer
 
 
