@@ -113,6 +113,13 @@ def test_what_the_quantization_bought_and_a_candidate_that_is_not_smaller(real_r
     assert w2.acceptability == "not acceptable"
     said = " ".join(w2.reasons)
     assert "SIZE_NOT_REDUCED: the candidate's weights are not smaller" in said and "stored dequantized" in said
+    # named whatever the accuracy says: a candidate whose loss is undecided is still told it saved no bytes
+    lost = compare_results(CompareResultsInput(
+        baseline=str(sampled_run(real_run, tmp_path / "lost" / "b", answers())),
+        candidate=str(sampled_run(real_run, tmp_path / "lost" / "c", answers(right=36))), max_drop=5,
+        baseline_checkpoint=str(REPO / "examples/checkpoints/tiny-add-bf16"),
+        candidate_checkpoint=str(REPO / "examples/checkpoints/tiny-add-w2-rtn"), output_dir=str(tmp_path / "lost" / "r")))
+    assert lost.acceptability == "inconclusive" and any(r.startswith("SIZE_NOT_REDUCED") for r in lost.reasons)
 
 
 def test_a_length_rule_that_is_not_a_percentage_is_refused():

@@ -221,7 +221,7 @@ def verdict_after(verdict: str, checks: list[OutputCheck], size: WeightsBought |
     verdict = ("not acceptable" if any(c.blocks == "not acceptable" for c in blocked) else
                "inconclusive" if blocked else verdict)
     if size is not None and size.size_not_reduced:
-        why.append(f"Not acceptable: {size.message}")
+        why.append("Not acceptable: the candidate's weights are not smaller (SIZE_NOT_REDUCED).")
         verdict = "not acceptable"
     return verdict, why
 
