@@ -92,3 +92,12 @@ def test_the_mismatch_check_catches_a_forwarding_gap():
 
 def _needs_more(qualified_name: str, repeats: int = 1, *, more: int) -> None:
     """A function with a parameter beyond the protocol's that has no default."""
+
+
+def test_an_unknown_engine_name_is_refused_with_the_known_ones():
+    """A typo must not run as another engine (it used to become NEL 0.2.6); a record without a name is the default's."""
+    with pytest.raises(engines.ToolError, match="unknown engine 'nel-nxt': the known ones are nel-next, nel"):
+        engines.by_name("nel-nxt")
+    assert engines.by_name(None).name == engines.by_name("nel").name == "nel"  # records made before engines were recorded
+    assert engines.by_name("nel-next").name == "nel-next"
+    assert set(typing.get_args(EngineName)) == {engine.name for engine in engines.registered()}

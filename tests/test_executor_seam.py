@@ -11,11 +11,14 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from quanteval import ledger
 from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.engines.nel import runtree as results
 from quanteval.engines.nel_next import clustertypes
+from quanteval.models import ToolError
 
 
 def test_executors_by_name():
@@ -24,6 +27,27 @@ def test_executors_by_name():
     assert lepton.name == "lepton" and isinstance(lepton, executors.EngineManagedExecutor)
     assert executors.LOCAL.poll_interval_s < lepton.poll_interval_s == executors.SLURM.poll_interval_s  # list_runs asks only here
     assert ssh.names_this_machine(None) and ssh.names_this_machine("local") and not ssh.names_this_machine("dlcluster")
+
+
+def test_an_unknown_executor_is_refused_with_the_known_ones():
+    """A typo must not run as another executor (it used to become an engine-managed one, watched by nobody); a record
+    or config without a name ran here."""
+    with pytest.raises(ToolError, match="unknown executor 'slrum': the known ones are slurm, local, lepton, docker"):
+        executors.for_name("slrum")
+    assert executors.for_name(None) is executors.for_name("") is executors.UNNAMED is executors.LOCAL
+    assert executors.for_name("docker").name == "docker"  # nel-next's, run by nel-next itself
+
+
+def test_the_known_executors_are_the_engines_own():
+    """The names quanteval knows are those NEL 0.2.6 (its execution config groups) and nel-next (its executor registry)
+    register, read from the installed packages."""
+    import nemo_evaluator_launcher
+
+    nel = {path.name.removesuffix(".yaml") for path in (Path(nemo_evaluator_launcher.__file__).parent / "configs" / "execution").iterdir()}
+    registry = next(Path(__file__).parents[1].glob(".venv-nel-next/lib/python3*/site-packages/nemo_evaluator/executors/__init__.py"))
+    nel_next = set(re.findall(r'_REGISTRY\["(\w+)"\] =', registry.read_text()))
+    assert nel == {"local", "slurm", "lepton"} and nel_next == {"local", "slurm", "docker"}
+    assert set(executors.KNOWN) == nel | nel_next
 
 
 def test_nel_nexts_cluster_types_name_their_executor_and_docker_is_not_launched():

@@ -549,10 +549,24 @@ def _map_slurm(state: str, restart_job: str | None, resumed: bool, retries_faile
 
 LOCAL = LocalExecutor()
 SLURM = SlurmExecutor()
-# Every executor by the name stored in run records; a record without one ran here.
+# Every executor by the name stored in run records.
 EXECUTORS: dict[str, Executor] = {executor.name: executor for executor in (SLURM, LOCAL)}
+# What a record or config that names no executor ran on: records made before executors were recorded, configs without
+# execution.type or cluster.type (both engines' default).
+UNNAMED = LOCAL
+# Executors an engine runs itself, which quanteval records but does not drive: NEL 0.2.6's lepton, nel-next's docker.
+ENGINE_MANAGED = ("lepton", "docker")
+KNOWN = (*EXECUTORS, *ENGINE_MANAGED)
 
 
 def for_name(name: str | None) -> Executor:
-    """The executor a config or record names (a record without one ran here)."""
-    return EXECUTORS.get(name or LOCAL.name) or EngineManagedExecutor(name or "")
+    """The executor a config or record names; UNNAMED for none. An unknown name is refused with the known ones (as NEL
+    and nel-next refuse it): a typo must not run as some other executor."""
+    if not name:
+        return UNNAMED
+    if name in ENGINE_MANAGED:
+        return EngineManagedExecutor(name)
+    if (executor := EXECUTORS.get(name)) is None:
+        raise ToolError(f"unknown executor {name!r}: the known ones are {', '.join(KNOWN)}. "
+                        "Set execution.type (NEL 0.2.6) or cluster.type (nel-next) to one of them.")
+    return executor

@@ -101,8 +101,13 @@ def results_for_pair(baseline: str, candidate: str) -> ResultsReader:
 
 
 def by_name(name: str | None) -> Engine:
-    """The engine a stored name stands for; a record made before engines were recorded is NEL 0.2.6's."""
-    return next((engine for engine in registered() if engine.name == name), registered()[-1])
+    """The engine a stored name stands for; a record made before engines were recorded (no name) is the default's, NEL
+    0.2.6's. An unknown name is refused with the known ones: a typo must not run as another engine."""
+    if not name:
+        return registered()[-1]
+    if (engine := next((engine for engine in registered() if engine.name == name), None)) is None:
+        raise ToolError(f"unknown engine {name!r}: the known ones are {', '.join(engine.name for engine in registered())}.")
+    return engine
 
 
 def for_config(doc: Any) -> Engine:

@@ -154,6 +154,10 @@ def _check_quantization_flag(ctx: Context, report: checkpoint.CheckpointReport, 
 
 def _check_execution(ctx: Context) -> None:
     execution = ctx.section("execution")
+    if ctx.execution not in executors.KNOWN:  # the rest of this section's rules are the executor's
+        ctx.add("execution.type", "error", "unknown_executor", f"execution.type {ctx.execution!r} is not an executor.",
+                f"Set execution.type to one of {', '.join(executors.KNOWN)}.")
+        return
     executor = executors.for_name(ctx.execution)
     output_dir = execution.get("output_dir")
     if output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
