@@ -1,8 +1,8 @@
 """Where a run executes, as the tools ask it through clusters/executor.py instead of comparing names.
 
 SLURM is the only executor whose paths and jobs are on another machine's side of an SSH connection; the local
-executor runs here; anything else a config or record names (nel-next's docker cluster, NEL's lepton) is left to its
-engine, as the tools treated it before the seam: neither read over SSH nor rendered as an sbatch job.
+executor runs here; an executor an engine runs itself (nel-next's docker cluster, NEL's lepton) is left to its engine:
+neither read over SSH nor rendered as an sbatch job; any other name is refused.
 """
 
 from __future__ import annotations
