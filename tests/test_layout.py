@@ -41,6 +41,83 @@ def test_every_import_points_down_or_sideways_within_its_folder():
     assert upward == []
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, lazy imports inside functions included; `from a.b import c` is an
+    edge to the module a.b.c where one exists, else to a.b. Imports under `if TYPE_CHECKING:` never run: left out."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+                node.body = []
+        named = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("quanteval"):
+                named.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                named.update(alias.name for alias in node.names if alias.name.startswith("quanteval"))
+        graph[module] = {target for name in named if (target := resolve(name)) and target != module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            module, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                elif target in stack:
+                    low[module] = min(low[module], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                group = stack[stack.index(module):]
+                del stack[stack.index(module):]
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_import_cycles_even_through_imports_inside_functions():
+    """A cycle hidden in a function-level import still ties the modules together: neither can be read, moved or
+    tested without the other, and which one loads first decides what works. The shared piece goes down instead."""
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_lazy_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert any("quanteval.engines.base" in targets for targets in _module_graph().values())
+
+
 def test_the_core_at_the_top_is_small_and_each_folder_holds_its_domain():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
     assert top == ["configfile", "envvars", "failures", "ledger", "localproc", "models", "paths", "redact", "registry", "stdio_guard",

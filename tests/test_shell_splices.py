@@ -15,7 +15,7 @@ from test_confine import _refused, calls
 from tiers import REPO, requires
 
 from quanteval.engines import commands
-from quanteval.engines.launchplan import LaunchPlan
+from quanteval.engines.base import LaunchPlan
 from quanteval.engines.nel import engine as nel
 from quanteval.engines.nel_next import engine as nel_next
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -19,7 +20,6 @@ from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile, failures, ledger
 from quanteval.clusters.executor import JobStatus
-from quanteval.engines.launchplan import LaunchPlan
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError
 from quanteval.serving.frameworks import FRAMEWORKS, NEL_NEXT_SERVICES, one_of
@@ -35,6 +35,26 @@ MAX_HITS = 100
 
 
 # ---------------------------------------------------------------- neutral types: what a tool returns
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A launch's config, read once (engines/launchplan.py makes it): what confinement, the launch check, compose and
+    launch all work from."""
+    config_path: str  # absolute
+    overrides: tuple[str, ...]
+    doc: dict[str, Any]  # the file as parsed (plain); never mutated
+    engine: Engine
+    # the engine's own reading of the config with the overrides, as the engine will run it: `config` (composed,
+    # overridden, interpolated), `raw` where interpolation is the engine's own (NEL 0.2.6: before it), `files_read` or
+    # `depends_on` (the other files composed in, or that would be); nel-next's schema check also answers its
+    # benchmarks, cluster type and output dir
+    reading: dict[str, Any] = field(default_factory=dict)
+    read_stats: tuple[tuple[str, int, int], ...] = ()  # those files as they were when read: an edit reads afresh
+
+    @property
+    def override_list(self) -> list[str]:
+        return list(self.overrides)
 
 
 class RenderedScript(BaseModel):

@@ -22,13 +22,10 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from quanteval.engines.base import Problem
+from quanteval.engines.base import LaunchPlan, Problem
 from quanteval.serving import serverflags
-
-if TYPE_CHECKING:
-    from quanteval.engines.launchplan import LaunchPlan
 
 COMMAND_NAME = re.compile(r"(?:^|_)(?:cmd|command|commands)$")
 SHELL_SYNTAX = ("`", "$(", ";", "|", "&", "<", ">", "\n", "\r")

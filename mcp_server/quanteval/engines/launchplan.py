@@ -11,34 +11,12 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from quanteval import configfile
+from quanteval import configfile, engines
+from quanteval.engines.base import LaunchPlan
 from quanteval.models import ToolError
-
-if TYPE_CHECKING:
-    from quanteval.engines.base import Engine
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    config_path: str  # absolute
-    overrides: tuple[str, ...]
-    doc: dict[str, Any]  # the file as parsed (plain); never mutated
-    engine: Engine
-    # the engine's own reading of the config with the overrides, as the engine will run it: `config` (composed,
-    # overridden, interpolated), `raw` where interpolation is the engine's own (NEL 0.2.6: before it), `files_read` or
-    # `depends_on` (the other files composed in, or that would be); nel-next's schema check also answers its
-    # benchmarks, cluster type and output dir
-    reading: dict[str, Any] = field(default_factory=dict)
-    read_stats: tuple[tuple[str, int, int], ...] = ()  # those files as they were when read: an edit reads afresh
-
-    @property
-    def override_list(self) -> list[str]:
-        return list(self.overrides)
-
 
 _PLANS: dict[tuple[str, int, int, tuple[str, ...]], LaunchPlan] = {}
 _SCANNED = 2000  # folder entries self_contained looks at before it gives up and says no
@@ -48,8 +26,6 @@ _KEPT = 16
 
 def plan(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LaunchPlan:
     """The config at `config_path` with `overrides`, read once: parsed, its engine picked, the engine's reading done."""
-    from quanteval import engines
-
     path = Path(config_path).expanduser().resolve()
     try:
         stat = path.stat()
@@ -110,8 +86,6 @@ def self_contained(config_path: Path, doc: dict[str, Any], overrides: list[str])
 
 def as_written(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LaunchPlan:
     """A plan without the engine's reading: the file and the overrides only (for a self_contained config)."""
-    from quanteval import engines
-
     path = Path(config_path).expanduser().resolve()
     doc = configfile.to_plain(engines.load_config(path))
     return LaunchPlan(config_path=str(path), overrides=tuple(overrides), doc=doc, engine=engines.for_config(doc))

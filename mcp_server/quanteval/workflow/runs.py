@@ -28,13 +28,13 @@ from quanteval.engines.base import (
     JobStatus,
     KillRunOutput,
     LaunchOutput,
+    LaunchPlan,
     LogTail,
     Refreshed,
     ResumeRunOutput,
     RunKind,
     RunLogsOutput,
 )
-from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.evalserver import liveness
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress, pause

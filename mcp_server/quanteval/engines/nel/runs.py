@@ -30,6 +30,7 @@ from quanteval.engines.base import (
     FailureHit,
     KillRunOutput,
     LaunchOutput,
+    LaunchPlan,
     LogTail,
     NelWarning,
     Refreshed,
@@ -37,7 +38,6 @@ from quanteval.engines.base import (
     RunLogsOutput,
     overall_status,
 )
-from quanteval.engines.launchplan import LaunchPlan
 from quanteval.engines.nel import config, nelexec
 from quanteval.engines.nel.nelfacts import REPEAT_KEYS
 from quanteval.engines.rendering import rendered_script, secrets_files

@@ -40,7 +40,7 @@ from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
 from quanteval.configfile import MISSING
-from quanteval.engines.nel_next import clustertypes, servers
+from quanteval.engines.nel_next import clustertypes, servers, skillnames
 from quanteval.localproc import require_writable_dir
 from quanteval.models import ToolError
 
@@ -344,10 +344,8 @@ def launch_blocker(checked: dict[str, Any]) -> str | None:
     if not checked["ok"]:
         first = checked["problems"][0]
         return f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config."
-    from quanteval.engines.nel_next import skills
-
-    for name in skills.skills_names(checked["config"].get("benchmarks") or []).values():
-        if problem := skills.name_problem(name):
+    for name in skillnames.skills_names(checked["config"].get("benchmarks") or []).values():
+        if problem := skillnames.name_problem(name):
             return problem  # nel-next would import it as NeMo-Skills' dataset module
     if unstartable := servers.problems(checked["config"]):
         name, found = next(iter(unstartable.items()))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import string
 import subprocess
 from dataclasses import dataclass, field
@@ -35,10 +34,10 @@ from typing import Any
 
 from quanteval import configfile, envvars, paths
 from quanteval.engines.nel_next import nelnext
+from quanteval.engines.nel_next.skillnames import SCHEME, name_problem, skills_names  # noqa: F401 (config.py, runs.py read skills.*)
 from quanteval.engines.nemo_skills_source import NEMO_SKILLS_COMMIT, NEMO_SKILLS_UPSTREAM  # noqa: F401 (config.py reads skills.NEMO_SKILLS_*)
 from quanteval.models import ToolError
 
-SCHEME = "skills://"
 REQUIRED_FIELDS = ("problem", "expected_answer")  # what NeMo-Skills' prompt configs and graders read from a row
 # nel-next 0.3.0 grades these two with NeMo-Skills' grader (its _score_handlers); any other METRICS_TYPE goes to
 # get_evaluator_class(type).eval_single({predicted_answer, expected_answer}), which only class evaluators have and
@@ -221,25 +220,6 @@ def map_outside_root() -> str | None:
     except ToolError as exc:
         return f"the server's {MAP_VARIABLE} cannot be used under its --root ({exc}); nothing was imported from it"
     return None
-
-
-# NeMo-Skills' benchmark names (aime24, math-500, ruler.niah_single_1 ...): a name is a dataset module NeMo-Skills
-# imports, so one that is a path (`skills://../../elsewhere`) would import a package from anywhere.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def name_problem(name: str) -> str | None:
-    """Why `skills://NAME` is not a NeMo-Skills benchmark name, or None: checked before anything is imported."""
-    if NAME_PATTERN.fullmatch(name) and ".." not in name:
-        return None
-    return (f"skills://{name} is not a NeMo-Skills benchmark name (letters, digits, '_', '-' and '.', no '/' or '..'): "
-            "a name is a dataset module NeMo-Skills imports, never a path. Name a benchmark in NeMo-Skills' dataset folder.")
-
-
-def skills_names(benchmarks: list[Any]) -> dict[int, str]:
-    """index -> NAME for each `skills://NAME` item of a config's benchmarks list."""
-    return {i: str(b["name"])[len(SCHEME):] for i, b in enumerate(benchmarks)
-            if isinstance(b, dict) and str(b.get("name", "")).startswith(SCHEME)}
 
 
 def grading_problem(name: str, metrics_type: str | None) -> str | None:
