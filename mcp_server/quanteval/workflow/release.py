@@ -121,11 +121,11 @@ def side(outputs: Outputs) -> SideOutputs:
 
 def copies(outputs: Outputs) -> bool:
     """Whether the repeats are copies: every problem asked more than once answered with one and the same text."""
-    by_problem: dict[Any, set[str]] = {}
+    by_problem: dict[Any, list[str]] = {}
     for (problem, _repeat), text in outputs.texts.items():
-        by_problem.setdefault(problem, set()).add(text)
-    repeated = {p for p in by_problem if sum(1 for (q, _r) in outputs.texts if q == p) > 1}
-    return bool(repeated) and all(len(by_problem[p]) == 1 for p in repeated)
+        by_problem.setdefault(problem, []).append(text)
+    repeated = [texts for texts in by_problem.values() if len(texts) > 1]
+    return bool(repeated) and all(len(set(texts)) == 1 for texts in repeated)
 
 
 def _per_problem_tokens(outputs: Outputs) -> dict[Any, float]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from quanteval.engines.runresults import Flip, PairedTest
 from quanteval.models import ToolError
 
@@ -161,10 +163,10 @@ def paired_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
     records: dict[tuple[int, int], dict[str, Any]] = {}
     if not path.is_file():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().splitlines():  # orjson: rows carry whole trajectories, parsed several times faster
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
             continue
         if isinstance(record, dict) and record.get("problem_idx") is not None:
             records[(int(record["problem_idx"]), int(record.get("repeat", 0)))] = record
@@ -292,10 +294,10 @@ def inference_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
     records: dict[tuple[int, int], dict[str, Any]] = {}
     if not path.is_file():
         return records
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in path.read_bytes().splitlines():
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
             continue
         if isinstance(record, dict) and record.get("_type") != "meta" and record.get("problem_idx") is not None:
             records[(int(record["problem_idx"]), int(record.get("repeat", 0)))] = record
