@@ -49,6 +49,23 @@ def test_a_command_pulled_into_a_spliced_key_by_interpolation_is_refused(workspa
     assert not marker.exists()
 
 
+def test_a_secret_interpolated_into_a_spliced_key_is_masked_in_the_refusal(workspace, monkeypatch):
+    """The composed value is what is checked, and what the refusal quotes: a secret interpolated from the environment
+    (`${oc.env:...}`) shows as its variable's name, never its value."""
+    inside, outside = workspace
+    secret = "s3cr3t;value-that-must-not-leak"
+    monkeypatch.setenv("QE_PROBE_API_KEY", secret)
+    config, steps = _built(inside, outside)
+    *_, validated, canary = calls(
+        inside, *steps,
+        ("set_config_value", {"config_path": config, "key": "deployment.extra_args", "value": "--api-key ${oc.env:QE_PROBE_API_KEY}"}),
+        ("validate_config", {"config_path": config, "check_env": False}), ("launch_canary", {"config_path": config}))
+    _shell_error(validated, "deployment.extra_args")
+    _launch_refused(canary, "deployment.extra_args")
+    for text in (str(validated.structured_content), canary.content[0].text):
+        assert secret not in text and "<QE_PROBE_API_KEY>" in text, text
+
+
 def _group_file(inside: Path, marker: Path) -> Path:
     """deployment/evil.yaml next to the config: a Hydra config group NEL's compose finds before its packaged ones."""
     group = inside / "deployment"

@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from quanteval import redact
 from quanteval.engines.base import LaunchPlan, Problem
 from quanteval.serving import serverflags
 
@@ -116,7 +117,9 @@ def _commands(plan: LaunchPlan) -> list[tuple[str, str]]:
 
 
 def shown(value: str, limit: int = 200) -> str:
-    text = value.replace("\n", "\\n")
+    """A value as a message shows it: secrets masked (a composed value may hold an interpolated ${oc.env:TOKEN}),
+    newlines visible, bounded."""
+    text = redact.scrub(value).replace("\n", "\\n")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
