@@ -14,7 +14,7 @@ import time
 import pytest
 from processes import running_with
 
-from quanteval import warm_python
+from quanteval import envvars, warm_python
 from quanteval.serving.deploy import check_server_args
 
 PY = sys.executable
@@ -106,7 +106,7 @@ def test_a_check_past_its_timeout_raises_and_leaves_no_process():
 def test_the_warm_process_ends_when_its_owner_is_killed():
     owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
         import os, sys, time
-        from quanteval import warm_python
+        from quanteval import envvars, warm_python
         warm_python.run({PY!r}, "import json\\n", "print(1)", [], {{**os.environ, "QUANTEVAL_STATE_DIR": {MARK!r}}}, timeout_s=60)
         print("warm", flush=True)
         time.sleep(600)
@@ -128,7 +128,7 @@ def test_the_warm_process_and_its_hung_check_end_when_their_owner_is_killed(tmp_
     os.mkfifo(fifo)
     owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
         import os, sys, time
-        from quanteval import warm_python
+        from quanteval import envvars, warm_python
         env = {{**os.environ, "QUANTEVAL_STATE_DIR": {MARK!r}}}
         warm_python.run({PY!r}, "import json\\n", "print(1)", [], env, timeout_s=60)
         print("warm", flush=True)
@@ -157,10 +157,56 @@ def test_sglangs_parser_answers_alike_warm_and_cold():
     assert refused.ok is False and refused.message == refused_again.message and "invalid int value: 'two'" in refused.message
 
 
-def test_an_import_that_hangs_times_out_once_and_leaves_no_process():
-    """The warm process's start counts against the check's time: no second, cold try of the same hanging import."""
+def test_a_preload_that_hangs_is_stopped_and_the_check_answers_cold_in_time():
+    """A preload (or a forked check) that hangs costs the warm try's share of the time, not the whole of it: the warm
+    process is stopped and the check runs cold once in the rest, so it still answers within its timeout."""
+    started = time.monotonic()
+    answer = warm_python.run(PY, "import time; time.sleep(60)\n", "print('cold')", [], ENV, timeout_s=8)
+    assert answer.returncode == 0 and answer.stdout == "cold\n"
+    assert time.monotonic() - started < 8
+    assert _warm_running() == []
+    assert "the check runs cold" in _log()
+
+
+def test_a_check_that_hangs_everywhere_times_out_once_warm_once_cold():
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        warm_python.run(PY, "import time; time.sleep(60)\n", "print('never')", [], ENV, timeout_s=2)
-    assert time.monotonic() - started < 10
+        warm_python.run(PY, "import json\n", "import time; time.sleep(60)", [], ENV, timeout_s=4)
+    assert time.monotonic() - started < 8
     assert _warm_running() == []
+
+
+def _log() -> str:
+    return (envvars.state_dir() / warm_python.LOG_NAME).read_text()
+
+
+THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), name='watcher', daemon=True).start()\n"
+
+
+def test_a_preload_that_leaves_a_python_thread_is_never_forked_beside_and_says_so():
+    """A fork beside a running Python thread could hang the child on a lock that thread holds: the warm process
+    refuses, the check runs cold, and later checks with the same preload go cold without trying again."""
+    for _ in range(2):
+        answer = warm_python.run(PY, THREAD, "print('cold')", [], ENV, timeout_s=60)
+        assert answer.returncode == 0 and answer.stdout == "cold\n"
+        assert _warm_running() == []
+    log = _log()
+    assert log.count("refusing to fork: 1 Python thread(s) besides the main one (watcher)") == 1
+
+
+def test_a_thread_started_after_the_preload_stops_the_forks():
+    late = "import threading, time\nthreading.Timer(0.2, time.sleep, args=(60,)).start()\n"
+    assert warm_python.run(PY, late, "print('warm')", [], ENV, timeout_s=60).stdout == "warm\n"
+    time.sleep(0.5)
+    assert warm_python.run(PY, late, "print('cold')", [], ENV, timeout_s=60).stdout == "cold\n"
+    assert "refusing to fork" in _log() and _warm_running() == []
+
+
+def test_what_the_warm_process_prints_is_kept_in_a_bounded_log(monkeypatch):
+    warm_python.run(PY, "import sys; print('a warning at import', file=sys.stderr)\n", "print(1)", [], ENV, timeout_s=60)
+    assert "a warning at import" in _log()
+    warm_python.close_all()
+    monkeypatch.setattr(warm_python, "MAX_LOG_BYTES", 10)
+    warm_python.run(PY, "import sys; print('the next start', file=sys.stderr)\n", "print(1)", [], ENV, timeout_s=60)
+    assert "a warning at import" not in _log() and "the next start" in _log()
+    assert "a warning at import" in (envvars.state_dir() / (warm_python.LOG_NAME + ".1")).read_text()

@@ -6,12 +6,16 @@ dry-run a config); each such check used to start a Python that imported the fram
 milliseconds parsing. One warm process (zygote.py) per
 Python, preload and environment imports the framework once and forks a fresh child per check, so a session's second
 plan costs milliseconds and two checkpoints of one evaluation share one import. Where no warm process can run (no
-fork, a preload that fails) the check runs cold, as before; a check past its timeout kills the warm process with it.
+fork, a preload that fails, or one that leaves a Python thread running, which zygote.py refuses to fork beside) the
+check runs cold. The warm try may take WARM_SHARE of the check's time: past it (a preload or a forked check that
+hangs) the warm process is stopped and the check runs cold once in the rest. What the warm processes print (the
+preload's warnings, a refusal) goes to LOG_NAME in quanteval's state dir.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import selectors
@@ -21,17 +25,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quanteval import localproc
+from quanteval import envvars, localproc
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
 MAX_WARM = 3  # vLLM, SGLang, NEL: each holds its import in memory (vLLM ~230 MB); the least recently used goes first
 # Read by the framework at import time or by a check; other variables (quanteval's own, pytest's) do not make a new
 # warm process, but every check still runs with the caller's whole environment.
 _IGNORED_PREFIXES = ("QUANTEVAL_", "PYTEST_")
+# The warm try's part of a check's time; the rest is the cold retry's, so a hang costs no more than the check's time.
+WARM_SHARE = 0.5
+LOG_NAME = "warm-python.log"
+MAX_LOG_BYTES = 1 << 20  # past this the log starts afresh, the previous one kept as LOG_NAME.1
 
 
 class ColdStart(Exception):
     """No warm process for this Python and preload: run the check in a process of its own."""
+
+
+class Refused(ColdStart):
+    """The warm process will not fork (a Python thread runs beside it): this preload's checks all run cold."""
 
 
 @dataclass
@@ -54,7 +66,10 @@ class _Warm:
         line = self.process.stdout.readline()
         if not line:
             raise ColdStart(f"the warm process ended (exit {self.process.wait(5)})")
-        return json.loads(line)
+        answer = json.loads(line)
+        if "refused" in answer:
+            raise Refused(answer["refused"])
+        return answer
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -71,6 +86,28 @@ _WARM: dict[tuple, _Warm] = {}
 _WARM_LOCK = threading.Lock()
 _STARTING: set[subprocess.Popen[bytes]] = set()  # importing their preload (under _WARM_LOCK)
 _CLOSED = threading.Event()  # this process is exiting: a check still asked for starts nothing more
+_REFUSED: set[tuple] = set()  # the keys whose warm process refused to fork: cold from then on
+
+
+def _log() -> int:
+    """The log's file descriptor, for appending (the caller closes it); the log starts afresh past MAX_LOG_BYTES."""
+    path = envvars.state_dir() / LOG_NAME
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > MAX_LOG_BYTES:
+            path.replace(path.with_name(LOG_NAME + ".1"))
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+def _note(line: str, fd: int | None = None) -> None:
+    """A line of warm_python's own in the log (through `fd` where the caller holds it open)."""
+    with contextlib.suppress(OSError):
+        own = fd is None
+        fd = _log() if fd is None else fd
+        try:
+            os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n".encode())
+        finally:
+            if own:
+                os.close(fd)
 
 
 def _key(python: str, preload: str, env: dict[str, str]) -> tuple:
@@ -78,21 +115,25 @@ def _key(python: str, preload: str, env: dict[str, str]) -> tuple:
 
 
 def _start(python: str, preload: str, env: dict[str, str], timeout_s: float) -> _Warm:
-    # its own session: a timeout kills it and the check it forked together
-    process = subprocess.Popen([python, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    log = _log()
+    _note(f"starting a warm {python} for: {' '.join(preload.split())[:200]}", log)
+    try:  # its own session: a timeout kills it and the check it forked together
+        process = subprocess.Popen([python, str(ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=log, env=env, start_new_session=True)
+    finally:
+        os.close(log)
     localproc.adopt(process)
     warm = _Warm(process)
     _STARTING.add(process)
     try:
         ready = warm.ask({"preload": preload}, timeout_s)
-    except subprocess.TimeoutExpired:  # an import that hangs would hang a cold check too: the caller's timeout
+    except subprocess.TimeoutExpired:  # run() retries cold: the check's own imports may not hang as the preload did
         localproc.stop_group(process.pid, grace_s=1, on_wait=process.poll)  # not yet in _WARM, whose lock is held
         localproc.reap()
         raise
-    except (ColdStart, ValueError) as exc:
+    except (ColdStart, ValueError) as exc:  # a refusal among them (its answer says "refused")
         warm.close()
-        raise ColdStart(str(exc)) from None
+        raise exc if isinstance(exc, Refused) else ColdStart(str(exc)) from None
     finally:
         _STARTING.discard(process)
     if not ready.get("ready"):
@@ -122,22 +163,29 @@ def run(python: str, preload: str, code: str, argv: list[str], env: dict[str, st
     """What `python -c code *argv` under `env`, in this working directory and with no stdin, gives (returncode, stdout,
     stderr), `preload` imported beforehand; raises subprocess.TimeoutExpired past timeout_s, as subprocess.run does.
     For what starts nothing that outlives it: a timeout stops the warm process's whole process group."""
-    if not hasattr(os, "fork"):
+    key = _key(python, preload, env)
+    if not hasattr(os, "fork") or key in _REFUSED:
         return _cold(python, code, argv, env, timeout_s)
     deadline = time.monotonic() + timeout_s  # starting the warm process counts against the check's time
+    warm_s = timeout_s * WARM_SHARE
+    warm_deadline = time.monotonic() + warm_s
     try:
-        warm = _warm_for(python, preload, env, timeout_s)
+        warm = _warm_for(python, preload, env, warm_s)
         with warm.lock:
             warm.used = time.monotonic()
             try:
                 answer = warm.ask({"code": code, "argv": argv, "env": env, "cwd": os.getcwd()},
-                                  max(deadline - warm.used, 0.0))
-            except subprocess.TimeoutExpired:
+                                  max(warm_deadline - warm.used, 0.0))
+            except (Refused, subprocess.TimeoutExpired):
                 _forget(warm)
                 raise
-    except ColdStart:
+    except (ColdStart, subprocess.TimeoutExpired) as exc:
         if _CLOSED.is_set():
             raise _exiting(python) from None
+        if isinstance(exc, Refused):
+            _REFUSED.add(key)
+        elif isinstance(exc, subprocess.TimeoutExpired):
+            _note(f"no answer from the warm {python} within {warm_s:.0f} s: stopped; the check runs cold")
         return _cold(python, code, argv, env, max(deadline - time.monotonic(), 1.0))
     return subprocess.CompletedProcess([python, "-c", code, *argv], answer["returncode"], answer["stdout"], answer["stderr"])
 

@@ -9,7 +9,12 @@ Protocol, one JSON object per line: the first line on stdin is {"preload": CODE}
 {"ready": false, "error": TEXT}; then each {"code": CODE, "argv": [...], "env": {...}, "cwd": DIR} is answered
 {"returncode": N, "stdout": TEXT, "stderr": TEXT}, as `python -c CODE *argv` run in DIR with that environment and no
 stdin would have ended. Answers go to the stdout this process started with; what the preload or a check prints goes
-to stderr or the check's own capture.
+to stderr (warm_python's log) or the check's own capture.
+It never forks while a Python thread besides its own runs: the child would inherit the locks that thread holds (the
+import lock, logging's, a stream's buffer) held forever and could hang. The preload that leaves one is answered
+{"ready": false, "refused": WHY}, a check asked after one started {"refused": WHY}, and the process ends: the owner
+runs its checks cold. Native threads (a library's idle pool) are noted on stderr, not refused (vLLM's import leaves
+two); a check that hangs in the child anyway is the owner's timeout, after which it retries cold.
 The process ends at EOF on stdin (its owner closed it, or died) or after IDLE_S without a request; at EOF while a
 check runs (one that hangs: a FIFO it opens), it kills the check and what the check started first, and a check dies
 with this process (the parent-death signal), so neither outlives an owner that was SIGKILLed.
@@ -24,6 +29,7 @@ import select
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -75,6 +81,27 @@ def _run_child(request: dict, out_fd: int, err_fd: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _fork_hazard() -> str | None:
+    """Why a fork now could hang the child, or None: the Python threads besides this one."""
+    others = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+    if not others:
+        return None
+    return (f"{len(others)} Python thread(s) besides the main one ({', '.join(others[:5])}): a forked check could hang "
+            "on a lock one of them holds")
+
+
+def _os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # no /proc (macOS): Python's own count
+        return threading.active_count()
+
+
+def _refuse(why: str) -> dict:
+    print(f"zygote {os.getpid()}: refusing to fork: {why}; the checks run cold", file=sys.stderr, flush=True)
+    return {"refused": why}
 
 
 def _answer(request: dict, stdin: io.BufferedReader) -> dict:
@@ -129,10 +156,19 @@ def main() -> None:
     except BaseException:  # noqa: BLE001 - said to the owner, who falls back to a cold process
         reply({"ready": False, "error": traceback.format_exc()[-2000:]})
         return
+    if why := _fork_hazard():
+        reply({"ready": False, **_refuse(why)})
+        return
+    if (native := _os_threads() - threading.active_count()) > 0:
+        print(f"zygote {os.getpid()}: {native} native thread(s) besides Python's (a library's pool) after the preload; "
+              "forking anyway", file=sys.stderr, flush=True)
     reply({"ready": True})
     while select.select([stdin], [], [], IDLE_S)[0]:
         line = stdin.readline()
         if not line:
+            return
+        if why := _fork_hazard():  # one the preload started late (a timer, a watcher)
+            reply(_refuse(why))
             return
         reply(_answer(json.loads(line), stdin))
 
