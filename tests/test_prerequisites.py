@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiers import REPO
 
 from quanteval import ledger
 from quanteval.engines import launchplan
