@@ -212,3 +212,32 @@ def test_what_the_architecture_page_says_adding_an_executor_takes_is_what_the_in
     assert unknown == [], f"the Executor paragraph names verbs no executor has: {unknown}"
     for cls in (executors.LocalExecutor, executors.SlurmExecutor):
         assert not inspect.isabstract(cls) and type(executors.EXECUTORS[cls.name]) is cls
+
+
+# What a newcomer runs first, exactly as the README opens with it.
+README_HEAD = """# quanteval
+
+```bash
+bash scripts/demo    # set up, then answer for real on the embedded model: how much accuracy did its W8A8 and 2-bit variants lose?
+bash scripts/test    # set up everything (venvs, vLLM CPU, nel-next, OpenSSH + SLURM packages) and run the whole test suite
+```
+"""
+README_MAX_CHARACTERS = 12_000
+
+
+def test_the_readme_is_a_front_page_that_opens_with_the_two_commands():
+    """The README is read before anything else: the two commands, the answer, the faces and where to read on fit in a
+    front page; the rest lives in docs/, and every page it links to exists."""
+    import re
+
+    repo = PACKAGE.parents[1]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    assert readme.startswith(README_HEAD)
+    assert len(readme) <= README_MAX_CHARACTERS, f"README.md has {len(readme)} characters; move detail into docs/"
+    linked = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme)
+    assert {"docs/USAGE.md", "docs/EVAL_SERVER.md", "docs/DEVELOPING.md", "docs/ARCHITECTURE.md"} <= set(linked)
+    assert [link for link in linked if not (repo / link).exists()] == []
+    for page in ("USAGE.md", "EVAL_SERVER.md", "DEVELOPING.md"):
+        text = (repo / "docs" / page).read_text(encoding="utf-8")
+        links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+        assert [link for link in links if not (repo / "docs" / link).exists()] == [], page

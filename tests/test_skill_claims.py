@@ -26,7 +26,7 @@ from quanteval import registry
 from quanteval.faces import cli
 
 SKILL_FILES = sorted((REPO / "skills").rglob("*.md"))
-DOCS = [*SKILL_FILES, REPO / "README.md"]
+DOCS = [*SKILL_FILES, REPO / "README.md", *(REPO / "docs" / name for name in ("USAGE.md", "EVAL_SERVER.md", "DEVELOPING.md"))]
 
 # Backticked snake_case names in the skills that are not quanteval tools and not a field or value of any
 # tool's schema: NEL and HF config keys, nemo-evaluator interceptor keys, NEL task and bundle names, finding rules.

@@ -249,7 +249,7 @@ def _stdio_tools_list(cli_env, *options: str) -> list[dict]:
 
 
 def test_default_tools_list_stays_within_its_size_budget(cli_env):
-    """The default toolsets fit the budget the README states; the rest are one flag away (`--toolsets all`)."""
+    """The default toolsets fit the budget docs/USAGE.md states; the rest are one flag away (`--toolsets all`)."""
     default = _stdio_tools_list(cli_env)
     everything = _stdio_tools_list(cli_env, "--toolsets", "all")
     assert {tool["name"] for tool in default} == set(registry.select(list(toolsets.DEFAULT_TOOLSETS)))
@@ -261,7 +261,7 @@ def test_default_tools_list_stays_within_its_size_budget(cli_env):
     assert_readme_states(len(default), size, len(everything), model_visible_characters(everything))
 
 
-# The README's figures for the two listings: "33 tools of which a model reads about 23k characters" (default) and
+# docs/USAGE.md's figures for the two listings: "33 tools of which a model reads about 23k characters" (default) and
 # "--toolsets all` for all 40 tools (~32k characters". Tool counts must be exact; characters within README_K_SLACK.
 README_DEFAULT = re.compile(r"(\d+) tools of which a model reads about (\d+)k characters")
 README_ALL = re.compile(r"`--toolsets all` for all (\d+) tools \(~(\d+)k characters")
@@ -269,18 +269,18 @@ README_K_SLACK = 1_000  # a figure rounded to thousands, plus ~500 characters of
 
 
 def assert_readme_states(default_tools: int, default_chars: int, all_tools: int, all_chars: int) -> None:
-    """The README states what tools/list measures (the figures benchmarks/bench_startup.py also prints)."""
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+    """docs/USAGE.md states what tools/list measures (the figures benchmarks/bench_startup.py also prints)."""
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "USAGE.md").read_text(encoding="utf-8").split())
     stated = {}
     for label, pattern in (("default", README_DEFAULT), ("all", README_ALL)):
         match = pattern.search(readme)
-        assert match, f"README.md no longer states the {label} tools/list figure in the form {pattern.pattern!r}"
+        assert match, f"docs/USAGE.md no longer states the {label} tools/list figure in the form {pattern.pattern!r}"
         stated[label] = (int(match[1]), int(match[2]) * 1000)
     measured = {"default": (default_tools, default_chars), "all": (all_tools, all_chars)}
     for label, (tools, chars) in measured.items():
         said_tools, said_chars = stated[label]
         assert said_tools == tools and abs(said_chars - chars) <= README_K_SLACK, (
-            f"README.md says the {label} tools/list has {said_tools} tools and ~{said_chars // 1000}k model-visible "
+            f"docs/USAGE.md says the {label} tools/list has {said_tools} tools and ~{said_chars // 1000}k model-visible "
             f"characters; measured {tools} tools, {chars} characters: restate it ({round(chars / 1000)}k)")
 
 
@@ -390,7 +390,7 @@ def test_tool_surface_snapshot():
     assert not changed, f"the tool surface changed for {changed}; review the diff, then regenerate: {UPDATE_HINT}"
 
 
-VOCABULARY_RETIRED = {  # old names of one concept; the README's vocabulary table gives the one kept
+VOCABULARY_RETIRED = {  # old names of one concept; docs/USAGE.md's vocabulary table gives the one kept
     "path": "checkpoint / config_path / key", "output": "config_path", "where": "host", "run_id": "record_id",
     "deployment_id": "record_id", "server_id": "record_id", "state": "status", "gpus": "tensor_parallel_size",
 }
@@ -411,11 +411,11 @@ def test_readme_and_server_instructions_name_only_registered_tools(repo):
 
     from quanteval.faces import server
 
-    readme = (repo / "README.md").read_text()
+    readme = (repo / "docs" / "USAGE.md").read_text()
     table = readme[readme.index("| step | tools |"):]
     table = table[:table.index("\n\n")]
     listed = re.findall(r"`([a-z_]+)`", table)
-    assert sorted(listed) == sorted(registry.TOOLS), "README's tool table and the registry differ"
+    assert sorted(listed) == sorted(registry.TOOLS), "docs/USAGE.md's tool table and the registry differ"
     named = re.findall(r"[a-z]+_[a-z_]+", server.INSTRUCTIONS)
     assert set(named) <= set(registry.TOOLS), set(named) - set(registry.TOOLS)
 
