@@ -1,4 +1,4 @@
-"""The evaluation chain as one consistent model (issue 13, items 1-5): apply_checkpoint recomputes everything it
+"""The evaluation chain as one consistent model: apply_checkpoint recomputes everything it
 owns, validate_config catches budget/sampling/thinking contradictions, compare_results refuses to call
 differently configured runs or different model families comparable."""
 

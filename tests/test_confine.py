@@ -136,7 +136,7 @@ def test_slurm_paths_are_on_the_cluster_and_not_confined(tmp_path):
     assert plan.engine.name == "nel-next" and plan.engine.launch_paths(plan) == []
 
 
-# ---------------------------------------------------------------- interpolations, overrides, BYOB forms (issue 28: 9, 10)
+# ---------------------------------------------------------------- interpolations, overrides, BYOB forms
 
 
 def test_a_nel_interpolation_or_override_that_resolves_outside_is_refused_and_dry_run_writes_nothing_there(workspace, monkeypatch):
@@ -264,7 +264,7 @@ def test_resume_run_checks_the_config_it_resumes(workspace, next_config):
     assert not (outside / "imported").exists()
 
 
-# ---------------------------------------------------------------- a handle that is a path on disk (issue 28: 11)
+# ---------------------------------------------------------------- a handle that is a path on disk
 
 
 def test_a_relative_name_that_looks_like_a_handle_but_is_a_link_outside_is_checked_as_a_path(workspace, monkeypatch):
@@ -288,7 +288,7 @@ def test_a_relative_name_that_looks_like_a_handle_but_is_a_link_outside_is_check
     assert not fine.is_error, fine.content[0].text  # a relative name inside the root still works
 
 
-# ---------------------------------------------------------------- default outputs (issue 28: 12)
+# ---------------------------------------------------------------- default outputs
 
 
 def test_evaluate_quantization_without_output_dir_writes_inside_the_root(workspace, isolated_state):
@@ -301,12 +301,12 @@ def test_evaluate_quantization_without_output_dir_writes_inside_the_root(workspa
                                                          "candidate_checkpoint": str(inside / "candidate"), "benchmarks": [str(bench)]}))
     assert result.is_error
     made = sorted((inside / ".quanteval" / "evaluations").iterdir())
-    # the call's output directory holds its lock (issue 28: 20) before anything is served; nothing went to the state dir
+    # the call's output directory holds its lock (two calls cannot share one) before anything is served; nothing went to the state dir
     assert [path.name for path in made] == [".quanteval-evaluate.lock"]
     assert not (isolated_state / "evaluations").exists()
 
 
-# ---------------------------------------------------------------- records read over the root (issue 28: 14)
+# ---------------------------------------------------------------- records read over the root
 
 
 def _nel_next_record(run_dir: Path, log_line: str):
@@ -334,7 +334,7 @@ def test_run_logs_and_run_status_never_read_a_record_outside_the_root(workspace)
     assert not logs_here.is_error and "inside-log-line" in logs_here.content[0].text
 
 
-# ---------------------------------------------------------------- start_eval_server over MCP (issue 28: 13)
+# ---------------------------------------------------------------- start_eval_server over MCP
 
 
 def _start_eval_server(root: Path, open_eval_server: bool, arguments: dict):
@@ -514,7 +514,7 @@ def test_commands_in_a_config_are_named_and_refused_under_root_unless_the_server
     assert not marker.exists()
 
 
-# ---------------------------------------------------------------- every way to a run, one check (issue 37: 5, 6)
+# ---------------------------------------------------------------- every way to a run, one check
 
 
 def test_every_way_a_result_tool_reaches_a_run_is_confined(workspace, real_run):

@@ -242,7 +242,7 @@ def test_an_ns_without_nemo_skills_behind_it_is_not_ready(make_server):
 
 
 # ---------------------------------------------------------------------------------------------
-# Idempotency and orphaned jobs (issue 14, item 2)
+# Idempotency and orphaned jobs: a retried request starts no second job, a dead server's jobs are not left running
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The eval server's limits, each against a real `quanteval serve-eval` process on 127.0.0.1 (issue 28, item 19):
+"""The eval server's limits, each against a real `quanteval serve-eval` process on 127.0.0.1 (a client must not cost it unbounded time or threads):
 idle and body-read timeouts, a bounded worker pool (idle sockets cost no thread and are closed), a token of at least
 16 characters, a case-insensitive `Bearer` scheme, 413 for an oversized body, and a read-only ledger called
 read-only."""

@@ -72,7 +72,7 @@ def test_only_a_slurm_records_results_are_read_over_ssh():
     assert results._output_dir_from_ledger(slurm.id) == "dlcluster:/lustre/run"
 
 
-# Where code outside clusters/ still asks which executor it has (issue 39's count), file by file. Each is a
+# Where code outside clusters/ still asks which executor it has, file by file (none now). Each is a
 # decision the executor should make behind its verbs; the test fails on a new one, and on one removed without
 # lowering its count here.
 DECISIONS_LEFT: dict[str, int] = {}

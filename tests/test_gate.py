@@ -382,7 +382,7 @@ def test_a_nel_026_run_against_a_nel_next_run_is_refused(real_run, tmp_path):
 def test_validate_run_says_which_checkpoint_a_nel_next_run_served_or_that_it_went_unchecked(real_run, tmp_path):
     """nel-next records only the served model name. validate_run reads what quanteval recorded at launch (the server's
     model path) and checks it against expected_checkpoint; where nothing was recorded it says the checkpoint went
-    unchecked instead of passing in silence (issue 29 item 6)."""
+    unchecked instead of passing in silence."""
     from quanteval.engines.nel_next import nelnext
     from quanteval.workflow.results import ValidateRunInput, validate_run
 

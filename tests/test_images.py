@@ -1,4 +1,4 @@
-"""Unpinned images (issue 20, item 4): `latest` or no tag is a validate_config warning, and two runs served from the
+"""Unpinned images (what `latest` means changes under a run): `latest` or no tag is a validate_config warning, and two runs served from the
 same unpinned image are not provably the same serving in compare_results' checklist."""
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def test_files_the_job_reads_by_path_that_the_cluster_lacks_are_named_before_any
 
 
 def test_a_confined_full_run_on_slurm_reads_its_config_once_and_checks_it_once(tmp_path, slurm_cluster, monkeypatch):
-    """Issue 39's walk of a nel-next launch on SLURM as `quanteval-mcp --root` makes it (confinement, then the tool):
+    """The walk of a nel-next launch on SLURM as `quanteval-mcp --root` makes it (confinement, then the tool):
     the YAML is parsed once, nel-next's schema child starts once, the launch check runs once and the ledger is written
     twice (the record before anything starts, then what was submitted); the job still gets its own output.dir."""
     from collections import Counter

@@ -1,4 +1,4 @@
-"""Local prerequisites of NEL's executors (issue 20, item 5): a SLURM launch on a machine without rsync failed with a
+"""Local prerequisites of NEL's executors, named before NEL runs: a SLURM launch on a machine without rsync failed with a
 bare "[Errno 2] No such file or directory: 'rsync'". check_environment names every local binary the executor runs
 with its Debian package, and launch_canary / launch_full_run refuse before NEL runs. PATH is pointed at a directory
 that holds the needed binaries except the one under test."""
@@ -111,7 +111,7 @@ def test_prerequisite_check_passes_with_ssh_and_rsync_and_ignores_local_configs(
     check_launchable(launchplan.plan(local))  # the local executor's docker check stays with NEL's launch
 
 
-# ---------------------------------------------------------------- where a model can be served (issue 29, item 5)
+# ---------------------------------------------------------------- where a model can be served
 
 
 def _check_environment_over_mcp() -> dict:

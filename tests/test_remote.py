@@ -478,7 +478,7 @@ def test_keys_from_a_running_ssh_agent_are_used(slurm_cluster, tmp_path, monkeyp
         agent.wait(10)
 
 
-# --- cluster_info and apply_cluster: the cluster is asked (issue 13, item 9) ------------------------
+# --- cluster_info and apply_cluster: the cluster is asked, never guessed ------------------------
 
 
 def call_over_mcp(tool: str, arguments: dict) -> dict:

@@ -369,7 +369,7 @@ def test_an_output_dir_with_one_invocation_is_enough_and_with_several_asks_which
         validate(tmp_path)
 
 
-# --- issue 13: full runs pass, NEL's mounts, failed runs say why -----------------------------------
+# --- full runs pass, NEL's mounts, failed runs say why ------------------------------------------
 
 
 @pytest.fixture

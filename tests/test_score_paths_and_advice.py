@@ -1,4 +1,4 @@
-"""Issue 20, item 10: the aime2025 recipe's results path (NEL numbers task directories by position, so a second task
+"""Where scores are read and what advice is given: the aime2025 recipe's results path (NEL numbers task directories by position, so a second task
 is `.1`), validate_run's response_stats advice only for a job that ran, and the NeMo-Skills api_key_name rule as an
 error against a self-deployed server."""
 

@@ -1,4 +1,4 @@
-"""The ssh config as OpenSSH reads it (issue 20, items 3 and 6), against the real sshd of the `slurm_cluster` fixture.
+"""The ssh config as OpenSSH reads it, not as paramiko does, against the real sshd of the `slurm_cluster` fixture.
 
 A User that is not $USER, found through Include + Match (which paramiko's SSHConfig does not read), and
 `StrictHostKeyChecking no` with `UserKnownHostsFile /dev/null`: ssh_check and cluster_info get through as that user
