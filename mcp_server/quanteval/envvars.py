@@ -48,6 +48,7 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "QUANTEVAL_NEL_NEXT_PYTHON": "Python 3.12/3.13 scripts/setup-nel-next builds .venv-nel-next with (default: python3.12, python3.13, or pyenv's).",
     "QUANTEVAL_SETUP_LOG": "Where scripts/setup and scripts/setup-* write pip's output (default .venv-setup.log; progress goes to stderr).",
     "QUANTEVAL_SETUP_HEARTBEAT_S": "Seconds between scripts/setup's 'still installing' lines while a step runs (default 15).",
+    "QUANTEVAL_SETUP_INSTALLER": "pip: scripts/setup installs with pip only (default: uv 0.13.9 where it can, scripts/pkg-install).",
     "QUANTEVAL_NS_VENV": "The NeMo-Skills venv scripts/setup-nemo-skills builds and the real-ns tests use (default .venv-nemo-skills).",
 }
 
