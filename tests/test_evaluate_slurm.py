@@ -275,3 +275,63 @@ def test_a_candidate_whose_canary_fails_on_the_cluster_is_anomalous_with_its_job
     assert f"SLURM job {placed.jobs['canary']} on {slurm_cluster.ssh_alias}, node localhost, logs " in result.reasons[0]
     assert result.responses and result.baseline.full_run_record_id and result.baseline.cluster.jobs.keys() == {"canary", "full_run"}
     assert not _queued(slurm_cluster, {job for placed in (result.baseline.cluster, placed) for job in placed.jobs.values()})
+
+
+@requires("vllm")
+@pytest.mark.timeout(1800)
+def test_start_evaluation_and_wait_for_run_over_mcp_carry_a_cluster_evaluation_at_a_60_s_client(slurm_cluster, tmp_path):
+    """An MCP client whose every request must end within 60 s: start_evaluation returns at once, wait_for_run
+    (timeout_s 45) says each job's SLURM state while they run, and the last one carries the answer, with where each
+    side ran."""
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    arguments = _request(slurm_cluster, tmp_path).model_copy(update={
+        "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
+        "benchmarks": [str(REPO / "examples" / "benchmarks" / "tiny_add.py")], "max_problems": 20, "canary_problems": 10,
+    }).model_dump(mode="json", exclude_none=True)
+
+    async def session() -> tuple[dict, list[float], list[str]]:
+        took, said = [], []
+        async with Client(build_server()) as client:
+            async def call(tool: str, given: dict) -> dict:
+                began = time.monotonic()
+                with anyio.fail_after(60):
+                    result = await client.call_tool(tool, given)
+                took.append(time.monotonic() - began)
+                assert not result.is_error, result.content[0].text
+                return result.structured_content
+
+            started = await call("start_evaluation", arguments)
+            while (waited := await call("wait_for_run", {"record_id": started["record_id"], "timeout_s": 45}))["status"] == "running":
+                said.append(waited.get("progress") or "")
+        return waited, took, said
+
+    waited, took, said = anyio.run(session)
+    assert waited["status"] == "succeeded", waited
+    result = waited["result"]
+    assert result["verdict"] in ("acceptable", "inconclusive", "not acceptable") and max(took) < 60 and len(took) > 2
+    assert any("RUNNING on localhost" in line for line in said), said
+    assert {result[role]["cluster"]["host"] for role in ("baseline", "candidate")} == {slurm_cluster.ssh_alias}
+    assert not [job for job in _queue(slurm_cluster) if job.state in slurm.ACTIVE_JOB_STATES and job.name.startswith("nel")]
+
+
+@requires("vllm")
+@pytest.mark.timeout(1800)
+def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tmp_path):
+    """noise_floor on a cluster: the baseline's run on the other numeric path (--enforce-eager) is a third side whose
+    canary goes in with the others', served in its own jobs, and its flips stand beside the quantization's."""
+    request = _request(slurm_cluster, tmp_path).model_copy(update={
+        "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
+        "benchmarks": [str(REPO / "examples" / "benchmarks" / "tiny_add.py")], "max_problems": 10, "canary_problems": 5,
+        "noise_floor": True})
+    messages: list[str] = []
+    result = evaluate_quantization(request, lambda done, total=None, message=None: messages.append(message or ""))
+    floor = result.noise_floor_run
+    assert floor is not None and floor.serving is not None and floor.serving.numerics == "eager", result.reasons
+    assert floor.cluster is not None and set(floor.cluster.jobs) == {"canary", "full_run"}
+    assert result.noise_floor and result.noise_floor[0].message in result.reasons
+    submitted = [index for index, message in enumerate(messages) if "submitting its canary" in message]
+    first_poll = next(index for index, message in enumerate(messages) if " canary canary-" in message)
+    assert len(submitted) == 3 and max(submitted) < first_poll  # all three canaries went in before any was polled

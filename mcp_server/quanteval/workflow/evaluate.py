@@ -419,9 +419,10 @@ def _evaluate_sides(request: EvaluateQuantizationInput, root: Path, progress: Pr
     every plan (seconds of imports) runs beside the baseline's server start, whose plan is launched unchecked and whose
     check must pass before any run; and each next server loads while the side before runs, when memory allows (at
     most two servers: the one whose runs go on and the next one loading)."""
-    if on_cluster(request):
-        baseline, candidate = _evaluate_on_cluster(request, root, progress, [
-            ("baseline", request.baseline_checkpoint), ("candidate", request.candidate_checkpoint)])
+    if on_cluster(request):  # the noise floor's side goes in beside the others
+        baseline, candidate = _evaluate_on_cluster(request, progress, [
+            _Checkpoint("baseline", request.baseline_checkpoint, request, root),
+            _Checkpoint("candidate", request.candidate_checkpoint, request, root)], floor)
         assert isinstance(baseline, CheckpointEvaluation)
         return baseline, candidate
     sides = [_Checkpoint("baseline", request.baseline_checkpoint, request, root),
@@ -749,7 +750,7 @@ def _evaluate_alone(side: _Checkpoint, request: EvaluateQuantizationInput, progr
     if side.done is not None:
         return side.reused()
     if on_cluster(request):
-        (run,) = _evaluate_on_cluster(request, side.workdir.parent, progress, [(side.role, str(side.dir))])
+        (run,) = _evaluate_on_cluster(request, progress, [side])
         if isinstance(run, CanaryFailed):
             raise run
         return run
@@ -778,40 +779,45 @@ class _InJob:
 CLUSTER_POLL_S = 3.0  # a poll is an ssh round trip per side (squeue, the job's chain file)
 
 
-def _evaluate_on_cluster(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn,
-                         roles: list[tuple[Role, str]]) -> list[CheckpointEvaluation | CanaryFailed]:
+def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressFn, checkpoints: list[_Checkpoint],
+                         optional: _Checkpoint | None = None) -> list[CheckpointEvaluation | CanaryFailed]:
     """Every side's canary submitted at once; as each passes, its full run; as each ends, its results fetched here.
     A candidate canary that failed is returned as such (the verdict's to judge against the baseline's); any other
-    failure is an error, and an interruption or error cancels every job still queued or running (scancel)."""
+    failure is an error, and an interruption or error cancels every job still queued or running (scancel). The
+    `optional` side (the noise floor's) runs beside them: its evaluation or failure is kept on it, never the call's."""
     settings = request.cluster or evaluate_cluster.ClusterSettings()
     paths = evaluate_cluster.cluster_checkpoints(settings, request.baseline_checkpoint, request.candidate_checkpoint)
     progress(0, _total(request), f"asking {request.host} for its partitions, paths, nel-next and vLLM")
     cluster = evaluate_cluster.preflight(request.host or "", settings, paths, request.startup_timeout_s)
-    sides = [_ClusterSide(_Checkpoint(role, checkpoint, request, root), cluster, request) for role, checkpoint in roles]
+    sides = [_ClusterSide(checkpoint, cluster, checkpoint.request) for checkpoint in checkpoints]
+    extra = _ClusterSide(optional, cluster, optional.request) if optional is not None else None
     total = _total(request)
     submitting: list[Future[None]] = []
+    every = [*sides, *([extra] if extra else [])]
     try:
-        for side in sides:
+        for side in every:
             if side.adopted is not None:
                 progress(0, total, f"{side.role}: picking up its {side.stage.replace('_', ' ')} {side.adopted.id} "
                          f"(SLURM job {side.placement.jobs.get(side.stage, '?')}), left by a call that ended before it")
             elif side.side.done is None:
                 progress(0, total, f"{side.role}: writing its config and submitting its canary to {cluster.host}")
-                submitting.append(_in_background(side.submit_canary))  # both sides' at once: tens of seconds each
-        for future in submitting:
-            future.result()
-        while not all(side.finished for side in sides):
+                submitting.append(_in_background(side.submit_canary))  # every side's at once: tens of seconds each
+        for side, future in zip([s for s in every if s.adopted is None and s.side.done is None], submitting, strict=True):
+            side.guarded(future.result, side is extra)
+        while not all(side.finished for side in every):
             cancellation_point()
-            for side in sides:
-                side.step(progress, total)
-            if not all(side.finished for side in sides):
+            for side in every:
+                side.guarded(lambda side=side: side.step(progress, total), side is extra)
+            if not all(side.finished for side in every):
                 time.sleep(CLUSTER_POLL_S)
     except BaseException:
         with interrupts_held():  # a second Ctrl-C must not leave a job holding the cluster's GPUs
             concurrent.futures.wait(submitting)  # a submission under way ends with its job recorded, then cancelled
-            for side in sides:
+            for side in every:
                 side.cancel()
         raise
+    if extra is not None and optional is not None:
+        optional.evaluation = extra.answer if isinstance(extra.answer, CheckpointEvaluation) else None
     answers = [side.answer for side in sides]
     for side, answer in zip(sides, answers, strict=True):
         if isinstance(answer, CanaryFailed) and (side.role != "candidate" or any(
@@ -861,6 +867,18 @@ class _ClusterSide:
     @property
     def finished(self) -> bool:
         return self.answer is not None
+
+    def guarded(self, step: Callable[[], Any], optional: bool) -> None:
+        """step(); for the optional side a failure ends it (kept on its _Checkpoint) instead of the call."""
+        if self.finished:
+            return
+        try:
+            step()
+        except ToolError as exc:
+            if not optional:
+                raise
+            self.cancel()
+            self.side.failure, self.answer = exc, exc  # type: ignore[assignment]
 
     def submit_canary(self) -> None:
         mark = time.monotonic()
