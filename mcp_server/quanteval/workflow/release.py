@@ -43,8 +43,7 @@ def _percent(value: float | None) -> float | None:
     return value
 
 
-MaxLengthChange = Annotated[float | None, AfterValidator(_percent), Field(description=(
-    "Largest change of mean completion tokens, in percent (5 = ±5%)."))]
+MaxLengthChange = Annotated[float | None, AfterValidator(_percent), Field(description="Max % change of mean output tokens.")]
 
 
 class Share(BaseModel):

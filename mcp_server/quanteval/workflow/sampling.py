@@ -44,9 +44,9 @@ def _top_p(value: float | None) -> float | None:
     return value
 
 
-Repeats = Annotated[int, AfterValidator(_repeats), Field(description="Samples per problem, per side (needs temperature > 0).")]
+Repeats = Annotated[int, AfterValidator(_repeats), Field(description="Samples per problem per side.")]
 Temperature = Annotated[float | None, AfterValidator(_temperature), Field(description="Both sides; default 0.")]
-TopP = Annotated[float | None, AfterValidator(_top_p), Field(description="Both sides, in (0, 1].")]
+TopP = Annotated[float | None, AfterValidator(_top_p), Field(description="Both sides.")]
 
 
 def sampling_values(temperature: float | None, top_p: float | None) -> dict[str, float]:
