@@ -346,10 +346,10 @@ def test_evaluate_quantization_passes_published_scores_on_and_a_failed_check_ove
     make_task(base, value=0.80, stderr=0.01)
     make_task(cand, value=0.795, stderr=0.01)
 
-    def finished(request, root, progress):
-        return tuple(evaluate.CheckpointEvaluation(role=role, checkpoint=str(EXAMPLES / "llama-tiny-bf16"), reused=True,
+    def finished(request, root, progress, *_):  # the candidate's weights smaller, as a quantized checkpoint's are
+        return tuple(evaluate.CheckpointEvaluation(role=role, checkpoint=str(EXAMPLES / name), reused=True,
                                                    full_run_record_id=str(run), run_dir=str(run / "ns_gpqa.0"))
-                     for role, run in (("baseline", base), ("candidate", cand)))
+                     for role, name, run in (("baseline", "llama-tiny-bf16", base), ("candidate", "llama-tiny-fp8", cand)))
 
     monkeypatch.setattr(evaluate, "_evaluate_sides", finished)
 

@@ -667,7 +667,7 @@ def _only_call_on(root: Path) -> Iterator[None]:
 
 
 def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progress: ProgressFn,
-                          notes: list[str]) -> EvaluateQuantizationOutput:
+                          notes: list[str] | None = None) -> EvaluateQuantizationOutput:
     started = time.monotonic()
     floor_side = _floor_side(request, root)
     baseline, candidate = _evaluate_sides(request, root, progress, floor_side)
@@ -692,7 +692,8 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
     verdict = _verdict(compared, gated)
-    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving), *notes]
+    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving),
+               *(_sampling_notes(request) if notes is None else notes)]
     reasons += checkpoint_notes(baseline.checkpoint, candidate.checkpoint)
     reasons += [line for side in (baseline, candidate) if (line := _where_it_ran(side))]
     floor, floor_run = [], None
