@@ -139,6 +139,7 @@ def test_every_cli_flag_of_a_tool_command_is_a_field_with_its_default_help_and_c
     from quanteval.faces.cli import _unwrap_optional, build_parser
     from quanteval.serving.checkpoint import InspectCheckpointInput
     from quanteval.workflow.evaluate import EvaluateQuantizationInput
+    from quanteval.workflow.evaluate_cluster import ClusterSettings
     from quanteval.workflow.gate import GateResultsInput
     from quanteval.workflow.plan import PlanRequest
 
@@ -152,15 +153,20 @@ def test_every_cli_flag_of_a_tool_command_is_a_field_with_its_default_help_and_c
         for action in parser._actions:
             if action.dest in ("help", "json"):
                 continue
-            assert action.dest in model.model_fields, f"quanteval {command} {action.option_strings}: not a field of {model.__name__}"
-            field = model.model_fields[action.dest]
+            owner, name = model, action.dest
+            if command == "evaluate" and name.startswith("cluster_"):  # --host's settings: fields of its `cluster`
+                owner, name = ClusterSettings, name.removeprefix("cluster_")
+            assert name in owner.model_fields, f"quanteval {command} {action.option_strings}: not a field of {owner.__name__}"
+            field = owner.model_fields[name]
             assert " ".join(field.description.split()) in " ".join(action.help.replace("%%", "%").split()), (command, action.dest)
             kind = _unwrap_optional(field.annotation)
             if typing.get_origin(kind) is typing.Literal:
                 assert list(action.choices) == list(typing.get_args(kind)), (command, action.dest)
             if action.option_strings and not field.is_required() and kind is not bool and action.nargs != argparse.ZERO_OR_MORE:
                 # an appended flag (plan --set) starts empty: the model's own default applies when none is given
-                expected = None if isinstance(action, argparse._AppendAction) else field.get_default(call_default_factory=True)
+                # a nested field's flag (evaluate's cluster settings) too: `cluster` is given only when one is
+                nested = owner is not model
+                expected = None if isinstance(action, argparse._AppendAction) or nested else field.get_default(call_default_factory=True)
                 assert action.default == expected, (command, action.dest)
             mirrored += 1
     assert mirrored >= 43  # inspect 1, plan 10, evaluate 9, gate 4, serve-eval 19 today

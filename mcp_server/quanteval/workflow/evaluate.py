@@ -90,11 +90,10 @@ class EvaluateQuantizationInput(StrictModel):
     engine: Literal["nel-next"] = Field("nel-next", description=(
         "Runs nel-next (for NEL 0.2.6, use the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="This machine.")
-    host: str | None = Field(None, description=(
-        "Omit or 'local': serves here. A SLURM login host's ssh alias: each canary and full run is a job there that "
-        "serves the checkpoint itself (placement and paths: cluster)."))
-    cluster: evaluate_cluster.ClusterSettings | None = Field(None, description="With host a cluster: partition, account, "
-                                                             "walltime, GRES and the cluster's paths.")
+    host: str | None = Field(None, description="Omit: here. A SLURM login alias: each run is a job there.")
+    cluster: evaluate_cluster.ClusterSettings | None = Field(None, description=(
+        "With host: partition, account, walltime, gpus_per_node, and on the cluster output_dir, nel_next_venv, "
+        "vllm_venv, baseline_path, candidate_path."))
     framework: Literal["vllm"] = Field("vllm", description="Serves both.")
     eager: bool = Field(False, description="Serve both with --enforce-eager: answers differ from the default path's.")
     noise_floor: bool = Field(False, description="Also run the baseline on its other numeric path: its flips beside the quantization's.")
@@ -129,7 +128,7 @@ class CheckpointEvaluation(BaseModel):
     run_dir: str | None = None
     serving: Serving | None = Field(None, description="How its server computed: framework, release, numeric path, flags.")
     seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per stage: serve, config, canary, full_run.")
-    cluster: evaluate_cluster.ClusterPlacement | None = Field(None, description="On a cluster: where its jobs ran.")
+    cluster: evaluate_cluster.ClusterPlacement | None = None
 
 
 class Response(BaseModel):

