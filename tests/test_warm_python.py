@@ -210,3 +210,10 @@ def test_what_the_warm_process_prints_is_kept_in_a_bounded_log(monkeypatch):
     warm_python.run(PY, "import sys; print('the next start', file=sys.stderr)\n", "print(1)", [], ENV, timeout_s=60)
     assert "a warning at import" not in _log() and "the next start" in _log()
     assert "a warning at import" in (envvars.state_dir() / (warm_python.LOG_NAME + ".1")).read_text()
+
+
+def test_a_state_dir_that_cannot_take_the_log_costs_no_check(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("QUANTEVAL_STATE_DIR", str(blocked / "state"))  # under a file: never a directory
+    assert warm_python.run(PY, "import json\n", "print('answered')", [], ENV, timeout_s=60).stdout == "answered\n"

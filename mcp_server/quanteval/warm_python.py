@@ -90,24 +90,24 @@ _REFUSED: set[tuple] = set()  # the keys whose warm process refused to fork: col
 
 
 def _log() -> int:
-    """The log's file descriptor, for appending (the caller closes it); the log starts afresh past MAX_LOG_BYTES."""
-    path = envvars.state_dir() / LOG_NAME
-    with contextlib.suppress(OSError):
-        if path.stat().st_size > MAX_LOG_BYTES:
+    """The log, opened for appending (the caller closes it); it starts afresh past MAX_LOG_BYTES. /dev/null where the
+    state dir cannot take it: a check never fails for its log."""
+    try:
+        path = envvars.state_dir() / LOG_NAME
+        if path.exists() and path.stat().st_size > MAX_LOG_BYTES:
             path.replace(path.with_name(LOG_NAME + ".1"))
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError:
+        return os.open(os.devnull, os.O_WRONLY)
 
 
 def _note(line: str, fd: int | None = None) -> None:
     """A line of warm_python's own in the log (through `fd` where the caller holds it open)."""
+    log = _log() if fd is None else fd
     with contextlib.suppress(OSError):
-        own = fd is None
-        fd = _log() if fd is None else fd
-        try:
-            os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n".encode())
-        finally:
-            if own:
-                os.close(fd)
+        os.write(log, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n".encode())
+    if fd is None:
+        os.close(log)
 
 
 def _key(python: str, preload: str, env: dict[str, str]) -> tuple:
