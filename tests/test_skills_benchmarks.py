@@ -218,7 +218,7 @@ def test_without_nemo_skills_in_nel_nexts_venv_the_refusal_names_the_setup_that_
     monkeypatch.setenv("QUANTEVAL_NEL_NEXT_VENV", str(bare))
     (problem,) = next_config.skills_benchmark_problems([{"name": "skills://gsm8k"}])
     assert problem.rule == "skills_unavailable" and "NeMo-Skills is not installed" in problem.message
-    assert "bash scripts/setup-nel-next" in problem.fix and skills.NEMO_SKILLS_COMMIT in problem.fix
+    assert f"bash {REPO / 'scripts' / 'setup-nel-next'}" in problem.fix and skills.NEMO_SKILLS_COMMIT in problem.fix
 
 
 def test_the_config_and_the_dry_run_show_nemo_skills_prompt(shipped, tmp_path):
