@@ -271,7 +271,7 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
 
 def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
     """Use once both runs passed validate_run: comparability, per-task delta with its paired CI, a verdict against
-    max_drop, the problems an inconclusive one needs, a chart and a report."""
+    max_drop, a chart and a report."""
     progress(0, 3, "reading both runs")
     reader = engines.results_for_pair(request.baseline, request.candidate)
     base_run, cand_run = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")

@@ -227,7 +227,7 @@ def _example_benchmarks() -> list[str]:
 
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
     """Use first: where a model can be served here (vLLM on CPU, GPUs, Docker, SLURM, endpoints), versions, ssh hosts,
-    binaries, env vars set (names only); what is missing and how to get it.
+    env var names; what is missing and how to get it.
     """
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)

@@ -88,16 +88,15 @@ class EvaluateQuantizationInput(StrictModel):
     benchmarks: list[str] = Field(min_length=1, description=(
         "BYOB .py files, skills://NAME or built-in names."))
     engine: Literal["nel-next"] = Field("nel-next", description=(
-        "Runs nel-next (for NEL 0.2.6, use the step-by-step tools)."))
+        "nel-next (NEL 0.2.6: the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="This machine.")
     host: str | None = Field(None, description="Omit: here. A SLURM login alias: each run is a job there.")
     cluster: evaluate_cluster.ClusterSettings | None = Field(None, description=(
-        "With host: partition, account, walltime, gpus_per_node, and on the cluster output_dir, nel_next_venv, "
-        "vllm_venv, baseline_path, candidate_path."))
+        "With host: partition, account, walltime, gpus_per_node, the cluster's paths."))
     framework: Literal["vllm"] = Field("vllm", description="Serves both.")
-    eager: bool = Field(False, description="Serve both with --enforce-eager: answers differ from the default path's.")
-    noise_floor: bool = Field(False, description="Also run the baseline on its other numeric path: its flips beside the quantization's.")
-    output_dir: str | None = Field(None, description="Configs, runs and the report; default under the state dir.")
+    eager: bool = Field(False, description="Serve both with --enforce-eager (not the default path).")
+    noise_floor: bool = Field(False, description="Also serve the baseline on its other numeric path: serving noise.")
+    output_dir: str | None = Field(None, description="Configs, runs, report; default: the state dir.")
     canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
@@ -622,9 +621,9 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
 
 
 def evaluate_quantization(request: EvaluateQuantizationInput, progress: ProgressFn = no_progress) -> EvaluateQuantizationOutput:
-    """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call: serves both checkpoints, runs
-    canary and full run, compares (CI, flips, report), gates max_drop points or a `nel gate` policy; ANOMALOUS if the
-    candidate fails the canary its baseline passed. Resumable. A client with a 60 s timeout: start_evaluation.
+    """Use to answer "how much accuracy did this quantized checkpoint lose?" in one call, here or on SLURM (host):
+    serves both, canary, full runs, paired comparison, gate; ANOMALOUS if only the candidate fails its canary.
+    Resumable. 60 s client timeout: start_evaluation.
     """
     root = check_request(request)
     notes = _sampling_notes(request)
@@ -1103,8 +1102,8 @@ class StartEvaluationOutput(BaseModel):
 
 
 def start_evaluation(request: EvaluateQuantizationInput) -> StartEvaluationOutput:
-    """Use instead of evaluate_quantization when your client times out requests (60 s): the same arguments, started
-    as a job; wait_for_run (timeout_s 45) until not running gives the answer. kill_run stops it.
+    """evaluate_quantization as a job, for clients that time out (60 s): wait_for_run (timeout_s 45) until it ends
+    gives the answer; kill_run stops it.
     """
     check_request(request)
     policy = paths.CALL_POLICY.get()  # the job runs in a process of its own: it confines itself to the same root

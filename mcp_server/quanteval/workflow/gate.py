@@ -193,14 +193,11 @@ def load_policy(path: Path) -> GatePolicy:
 
 
 class GateResultsInput(StrictModel):
-    baseline: str = Field(description="Reference run: nel-next run folder or eval-*.json; NEL 0.2.6 directory, host:path or "
-                                      "invocation id; or a record id.")
+    baseline: str = Field(description="Reference run: a run folder, eval-*.json, host:path, invocation or record id.")
     candidate: str = Field(description="Run to judge (e.g. quantized), named like baseline.")
-    policy: str | None = Field(None, description="`nel gate --policy` YAML: version: 1, defaults, benchmarks.<name>.{tier: "
-                                    "critical|supporting|advisory, metric, max_drop (a fraction: 0.02 = two points), max_relative_drop}.")
+    policy: str | None = Field(None, description="`nel gate --policy` YAML (its max_drop is a fraction: 0.02 = two points).")
     max_drop: paired.MaxDropPoints = Field(None, description=(
-        "Instead of policy: the largest acceptable drop in points (2 = two points) on every benchmark both runs have, "
-        f"critical on pass@1; the policy stating it in nel gate's fraction is written as {RULE_POLICY_NAME}."))
+        f"Instead of policy: largest acceptable drop in points (2 = two points) on every shared benchmark; written as {RULE_POLICY_NAME}."))
     output_dir: str | None = Field(None, description=f"Where to write {REPORT_NAME} (nel gate's --output JSON); default none.")
     max_length_change: release.MaxLengthChange = None
 
@@ -426,8 +423,7 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
 
 
 def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_CONFIDENCE) -> GateResultsOutput:
-    """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for a candidate run against a baseline under a policy,
-    with the reason per benchmark; two finished runs of one engine.
+    """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for two finished runs under a policy, per benchmark.
     """
     if (request.policy is None) == (request.max_drop is None):
         raise ToolError("Give policy (a `nel gate --policy` YAML) or max_drop (points), exactly one: max_drop 2 gates every "

@@ -38,8 +38,8 @@ class BuildConfigInput(StrictModel):
     model_type: ModelType = Field(description="Chat or reasoning model (chat endpoint) or base model (completions).")
     benchmarks: list[str] = Field(
         min_length=1,
-        description="nel bundles (general_knowledge, coding, core_reasoning, agentic, long_context, multilingual) or nel-next "
-                    "benchmarks (BYOB .py file, skills://NAME, built-in).",
+        description="nel bundles (general_knowledge, coding, core_reasoning, ...) or nel-next benchmarks (BYOB .py, "
+                    "skills://NAME, built-in).",
     )
     export: Export = Field("none", description="Automatic export after the run.")
     config_path: str | None = Field(

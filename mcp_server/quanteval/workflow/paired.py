@@ -79,12 +79,12 @@ def _confidence(value: float) -> float:
 # The user's rule, as compare_results and evaluate_quantization take it. No margin given: no verdict on
 # acceptability (inconclusive, naming the measured drop), never a margin chosen for the user.
 MaxDropPoints = Annotated[float | None, AfterValidator(_points), Field(description=(
-    "Largest acceptable drop in points (2 = two points, not 0.02). Omitted: no acceptability verdict."))]
+    "Largest acceptable drop in points (2, not 0.02); omitted: no verdict."))]
 # The baseline checked against the world (anomaly.reference_check): compare_results and evaluate_quantization take it.
 ReferenceScores = Annotated[dict[str, float], AfterValidator(reference_points), Field(default_factory=dict, description=(
-    "Published score per benchmark in points (90, not 0.9): checks the baseline."))]
+    "Published score per benchmark, points (90, not 0.9)."))]
 Confidence = Annotated[float, AfterValidator(_confidence), Field(description=(
-    "Confidence of the paired interval (nel gate's is 0.95)."))]
+    "Of the paired interval (nel gate: 0.95)."))]
 
 
 # ---------------------------------------------------------------- quantiles

@@ -78,8 +78,8 @@ class DryRunInput(StrictModel):
 
 
 def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunOutput:
-    """Use after validate_config, before launch_canary: the engine's own dry-run: ok, what would run (NEL 0.2.6's
-    rendered scripts, nel-next's command and prompts; secrets masked) and the engine's error.
+    """Use after validate_config, before launch_canary: the engine's own dry-run: what would run (secrets masked) or
+    the engine's error.
     """
     plan = launchplan.plan(_config_file(request.config_path), request.overrides)
     return plan.engine.dry_run(plan, progress)
@@ -138,8 +138,7 @@ class LaunchFullRunInput(StrictModel):
     force: bool = Field(False, description=(
         "Skip the canary gate; only if the person asks. Needs reason."))
     allow_suspect_canary: bool = Field(False, description=(
-        "Accept a suspect canary (every answer wrong, or at chance) once the person confirms the model is that weak. "
-        "Needs reason."))
+        "Accept a suspect canary (all wrong, or at chance) the person confirms. Needs reason."))
     reason: str | None = Field(None, description="Why (with force or allow_suspect_canary; recorded).")
 
 
@@ -283,8 +282,8 @@ class WaitForRunInput(StrictModel):
 
 
 def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -> RunStatusOutput:
-    """Use instead of polling run_status (a run, or start_evaluation's job: progress, then result): answers when the
-    status changes or after timeout_s; call again while it runs."""
+    """Use instead of polling run_status (a run or start_evaluation's job): answers when the status changes or after
+    timeout_s; call again while it runs."""
     status = run_status(RunRef(record_id=request.record_id))
     if status.status not in ACTIVE:
         return status
@@ -323,8 +322,7 @@ class RunLogsInput(StrictModel):
 
 
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
-    """Use when a run failed or to watch a canary: log tails, known failure lines (file:line) and, for a failed run, a
-    diagnosis and its fix. Secrets masked.
+    """Use when a run failed or to watch a canary: log tails, failure lines and, when failed, a diagnosis and its fix.
     """
     record = _record(request.record_id)
     if record.kind == background.KIND:

@@ -102,8 +102,8 @@ def _shorten(text: str, width: int = 200) -> str:
 
 
 def list_tasks(request: ListTasksInput) -> ListTasksOutput:
-    """Use before add_tasks to find a benchmark's exact task name in the task catalogue (NEL 0.2.6's), with harness
-    and whether a reviewed recipe exists. Paginated.
+    """Use before add_tasks to find a benchmark's exact task name in NEL 0.2.6's catalogue, and whether a recipe
+    exists. Paginated.
     """
     entries = catalogue()
     if request.harness is not None:
