@@ -439,11 +439,11 @@ def test_evaluate_refuses_a_wrong_scale_or_an_unrun_benchmark_over_mcp_before_se
 
     import anyio
     from mcp import Client
+    from tiers import BENCH
 
     from quanteval import ledger
     from quanteval.faces.server import build_server
     from quanteval.workflow.evaluate import EvaluateQuantizationInput, check_request
-    from tiers import BENCH
 
     arguments = {"baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
                  "benchmarks": [str(BENCH)], "max_drop": 2, "output_dir": str(tmp_path / "out")}
