@@ -170,3 +170,24 @@ def test_a_skills_benchmarks_size_is_counted_before_serving_and_the_margin_it_ca
                                         repeats=1, temperature=0.7, max_drop=1)
     (note,) = _sampling_notes(request)
     assert note.startswith("skills://tiny_mcq: 200 problems x 1 repeat likely cannot decide the 1-point margin at 95%")
+
+
+@requires("skills-in-nel-next")
+def test_defaults_come_from_the_benchmarks_recipe_and_a_users_own_benchmark_runs_greedy_once():
+    from quanteval.engines.recipes import load_recipe
+    from quanteval.workflow.evaluate import resolve_protocol
+
+    aime = load_recipe("aime2025")
+    assert (aime.repeats, aime.temperature, aime.top_p) == (16, 0.6, 0.95)  # read from its YAML fragment's params
+    args = {"baseline_checkpoint": "a", "candidate_checkpoint": "b"}
+    request, (note,) = resolve_protocol(EvaluateQuantizationInput(**args, benchmarks=["skills://aime25"]))
+    assert (request.repeats, request.temperature, request.top_p) == (16, 0.6, 0.95)
+    assert note.startswith("repeats 16, temperature 0.6 and top_p 0.95 from the aime2025 recipe, the same for both sides")
+    request, notes = resolve_protocol(EvaluateQuantizationInput(**args, benchmarks=["skills://aime25"], repeats=4, temperature=1))
+    assert (request.repeats, request.temperature, request.top_p) == (4, 1, None)  # the user's values win
+    request, (note,) = resolve_protocol(EvaluateQuantizationInput(**args, benchmarks=["skills://aime25"], temperature=0))
+    assert request.repeats == 1 and "aime2025 recipe's 16 repeats are for sampled answers: greedy runs 1" in note
+    request, (note,) = resolve_protocol(EvaluateQuantizationInput(**args, benchmarks=["mine.py"]))
+    assert (request.repeats, request.temperature, request.top_p) == (1, None, None)
+    assert note == "Greedy (temperature 0), 1 repeat: quanteval knows no recipe for mine.py."
+    assert EvaluateQuantizationInput(**args, benchmarks=["mine.py"]).repeats is None  # None: the recipe's, else 1

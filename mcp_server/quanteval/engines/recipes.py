@@ -47,6 +47,9 @@ class Recipe(BaseModel):
     env_vars: list[str] = Field(default_factory=list, description="Environment variable names the task needs.")
     judge: bool = Field(default=False, description="Whether an LLM judge scores the task.")
     repeats: int = Field(default=1, description="How many times the recipe repeats each sample.")
+    temperature: float | None = Field(
+        default=None, description="Sampling temperature the YAML fragment's params state; null: the model card's.")
+    top_p: float | None = Field(default=None, description="top_p the YAML fragment's params state; null when none.")
     samples: int | None = Field(
         default=None, description="Questions in the full dataset, one repeat (validate_run's expected count); null when unknown.")
     choices: int | None = Field(
@@ -113,6 +116,7 @@ def parse_recipe(path: Path) -> Recipe:
     if fragment_task.split(".")[-1] != str(front["nel_task"]).split(".")[-1]:
         raise recipe_error(path, f"the YAML item's name '{fragment_task}' differs from nel_task '{front['nel_task']}'")
 
+    params = ((items[0].get("nemo_evaluator_config") or {}).get("config") or {}).get("params") or {}
     try:
         return Recipe(
             name=front["name"],
@@ -125,6 +129,8 @@ def parse_recipe(path: Path) -> Recipe:
             env_vars=[str(name) for name in front.get("env_vars") or []],
             judge=bool(front.get("judge", False)),
             repeats=int(front.get("repeats") or 1),
+            temperature=float(params["temperature"]) if params.get("temperature") is not None else None,
+            top_p=float(params["top_p"]) if params.get("top_p") is not None else None,
             samples=int(front["samples"]) if front.get("samples") is not None else None,
             choices=int(front["choices"]) if front.get("choices") is not None else None,
             prompt_tokens=int(front["prompt_tokens"]) if front.get("prompt_tokens") is not None else None,

@@ -45,6 +45,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, ledger, paths
 from quanteval.engines.base import ACTIVE
+from quanteval.engines.recipes import recipe_for_benchmark
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir, tied_to_this_process
@@ -100,7 +101,7 @@ class EvaluateQuantizationInput(StrictModel):
     canary_problems: int = Field(10, ge=1, le=10000, description="Problems per benchmark in each canary.")
     max_problems: int | None = Field(None, ge=1, description="Problems per benchmark in the full runs; default all.")
     max_tokens: int | None = Field(None, ge=1, description="Generation budget; default min(1024, half the served context).")
-    repeats: sampling.Repeats = 1
+    repeats: sampling.Repeats = None
     temperature: sampling.Temperature = None
     top_p: sampling.TopP = None
     max_length_change: release.MaxLengthChange = None
@@ -171,7 +172,7 @@ def evaluation_key(checkpoint_dir: Path, request: EvaluateQuantizationInput) -> 
                 # a run served another way (numeric path, release) is not this evaluation's
                 "eager": request.eager, "framework_version": _framework_release(request)}
     asked = sampling.sampling_values(request.temperature, request.top_p)
-    if request.repeats > 1 or asked:  # only when asked: a one-pass run finished before these settings is still reused
+    if (request.repeats or 1) > 1 or asked:  # only when asked: a one-pass run finished before these settings is still reused
         settings |= {"repeats": request.repeats, "sampling": asked}
     blob = json.dumps([str(checkpoint_dir.resolve()), files, settings], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -347,7 +348,7 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     protocol = "chat_completions" if has_template else "completions"
     values = engines.by_name(request.engine).endpoint_values(
         launched.endpoint_url or "", protocol, launched.served_model_name, budget, job.output_dir if job else str(workdir / "runs"),
-        len(request.benchmarks), request.max_problems, request.repeats,
+        len(request.benchmarks), request.max_problems, request.repeats or 1,
         sampling.sampling_values(request.temperature, request.top_p))
     if job:
         values = engines.by_name(request.engine).serve_in_job(
@@ -625,12 +626,21 @@ def evaluate_quantization(request: EvaluateQuantizationInput, progress: Progress
     serves both, canary, full runs, paired comparison, gate; ANOMALOUS if only the candidate fails its canary.
     Resumable. 60 s client timeout: start_evaluation.
     """
+    request, chosen = resolve_protocol(request)
     root = check_request(request)
-    notes = _sampling_notes(request)
+    notes = [*chosen, *_sampling_notes(request)]
     for note in notes:  # before minutes of serving: what these settings can decide
         progress(0, _total(request), note)
     with _only_call_on(root):
         return _evaluate_and_compare(request, root, progress, notes)
+
+
+def resolve_protocol(request: EvaluateQuantizationInput) -> tuple[EvaluateQuantizationInput, list[str]]:
+    """The request with the sampling both sides run filled in (sampling.protocol: the user's values, else the
+    benchmark recipes', else greedy at 1 repeat), and the notes saying where each value came from."""
+    recipes = {name: None if name.endswith(".py") else recipe_for_benchmark(name) for name in request.benchmarks}
+    repeats, temperature, top_p, notes = sampling.protocol(recipes, request.repeats, request.temperature, request.top_p)
+    return request.model_copy(update={"repeats": repeats, "temperature": temperature, "top_p": top_p}), notes
 
 
 def _sampling_notes(request: EvaluateQuantizationInput) -> list[str]:
@@ -640,7 +650,7 @@ def _sampling_notes(request: EvaluateQuantizationInput) -> list[str]:
         engines.by_name(request.engine).benchmark_sizes(request.benchmarks)
     named = {Path(name).stem if name.endswith(".py") else name: request.max_problems or sizes.get(name)
              for name in request.benchmarks}
-    return sampling.notes_before(named, request.repeats, request.temperature, request.max_drop, request.confidence)
+    return sampling.notes_before(named, request.repeats or 1, request.temperature, request.max_drop, request.confidence)
 
 
 @contextlib.contextmanager

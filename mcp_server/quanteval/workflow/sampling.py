@@ -19,14 +19,15 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+from quanteval.engines.recipes import Recipe
 from quanteval.workflow.paired import DEFAULT_POWER, MIN_PAIRED_ITEMS, normal_quantile, two_sided
 
 MAX_REPEATS = 1000
 WORST_VARIANCE = 0.25  # q(1-q) at q = 1/2: the most a 0/1 answer can vary
 
 
-def _repeats(value: int) -> int:
-    if not 1 <= value <= MAX_REPEATS:
+def _repeats(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= MAX_REPEATS:
         raise ValueError(f"repeats {value}: give 1 to {MAX_REPEATS} samples per problem (1: one pass; 8 or more with "
                          "temperature > 0 to measure a sampled model).")
     return value
@@ -44,9 +45,46 @@ def _top_p(value: float | None) -> float | None:
     return value
 
 
-Repeats = Annotated[int, AfterValidator(_repeats), Field(description="Samples per problem per side.")]
-Temperature = Annotated[float | None, AfterValidator(_temperature), Field(description="Both sides; default 0.")]
+Repeats = Annotated[int | None, AfterValidator(_repeats), Field(description="Per problem and side; default: the recipe's, else 1.")]
+Temperature = Annotated[float | None, AfterValidator(_temperature), Field(description="Both sides; default: the recipe's, else 0.")]
 TopP = Annotated[float | None, AfterValidator(_top_p), Field(description="Both sides.")]
+
+
+def protocol(recipes: dict[str, Recipe | None], repeats: int | None, temperature: float | None,
+             top_p: float | None) -> tuple[int, float | None, float | None, list[str]]:
+    """The sampling both sides run: the user's values where given, else the benchmark recipes' protocol (their YAML
+    fragments' params.temperature/top_p, their repeats), else greedy at 1 repeat (a user's own benchmark). A recipe's
+    repeats apply only to sampled answers (at temperature 0 they would be copies). Returns repeats, temperature, top_p
+    and the notes saying where each came from."""
+    known = {name: recipe for name, recipe in recipes.items() if recipe is not None}
+    taken, notes = [], []
+    if temperature is None:
+        stated = {recipe.temperature for recipe in known.values() if recipe.temperature is not None}
+        if len(stated) == 1:
+            temperature = stated.pop()
+            taken.append(f"temperature {temperature:g}")
+            if top_p is None and len(tops := {r.top_p for r in known.values() if r.temperature == temperature and r.top_p}) == 1:
+                top_p = tops.pop()
+                taken.append(f"top_p {top_p:g}")
+        elif stated:
+            notes.append(f"The recipes of {', '.join(known)} state different temperatures ({', '.join(f'{t:g}' for t in sorted(stated))}): "
+                         "both sides run greedy; give temperature.")
+    most = max((recipe.repeats for recipe in known.values()), default=1)
+    if repeats is None:
+        repeats = most if sampled(temperature) else 1
+        if repeats > 1:
+            taken.insert(0, f"repeats {repeats}")
+        elif most > 1:
+            notes.append(f"The {', '.join(r.name for r in known.values() if r.repeats == most)} recipe's {most} repeats are "
+                         "for sampled answers: greedy runs 1 (give temperature > 0, e.g. the model card's, to run them).")
+    if taken:
+        names = sorted({r.name for r in known.values() if r.repeats == repeats or r.temperature == temperature})
+        notes.insert(0, f"{' and '.join([', '.join(taken[:-1]), taken[-1]] if len(taken) > 1 else taken)} from the "
+                     f"{', '.join(names)} recipe, the same for both sides (give repeats/temperature/top_p to override).")
+    elif not known and not any(v is not None for v in (temperature, top_p)):
+        notes.append(f"Greedy (temperature 0), {repeats} repeat{'s' if repeats > 1 else ''}: quanteval knows no recipe "
+                     f"for {', '.join(recipes)}.")
+    return repeats, temperature, top_p, notes
 
 
 def sampling_values(temperature: float | None, top_p: float | None) -> dict[str, float]:
