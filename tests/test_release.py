@@ -188,3 +188,34 @@ def test_over_mcp_the_rules_arguments_reach_compare_and_gate_and_their_answers_c
     assert compared.structured_content["acceptability"] == "not acceptable"
     assert compared.structured_content["outputs"][0]["length_change"] == pytest.approx(0.3)
     assert (gated.structured_content["verdict"], gated.structured_content["release_verdict"]) == ("GO", "NO-GO")
+
+
+def test_the_chart_has_a_length_and_truncation_panel_a_size_and_speed_panel_and_the_noise_band(real_run, tmp_path):
+    from quanteval.workflow.comparison_report import chart_panels, noise_bands, redraw_with_noise
+    from quanteval.workflow.noise import NoiseFloor
+
+    answer = compare_results(CompareResultsInput(
+        baseline=str(sampled_run(real_run, tmp_path / "b", answers(tokens=100), checkpoint=BF16)),
+        candidate=str(sampled_run(real_run, tmp_path / "c", answers(tokens=130, cut=2), checkpoint=W8A8)), max_drop=5,
+        baseline_checkpoint=str(BF16), candidate_checkpoint=str(W8A8), output_dir=str(tmp_path / "r")))
+    panels = chart_panels(answer.comparisons, answer.outputs, answer.weights)
+    assert [p.title for p in panels] == ["Scores", "Delta", "Length and truncation", "Size and speed"]
+    length, size = panels[2], panels[3]
+    assert (length.labels, length.baseline, length.candidate) == (["bench"], [100.0], [130.0])
+    assert length.notes == ["truncated 0.0% / 5.0%"]
+    assert size.labels == ["weights on disk", "bench tokens/s"] and size.baseline == [1.0, 1.0]
+    assert size.candidate[0] == pytest.approx(answer.weights.ratio, abs=1e-4) and "GB -> " in size.notes[0]
+    assert panels[1].bands == [None]  # no noise floor measured: no band
+    floor = [NoiseFloor(task="bench", quantization_flips=0, serving_flips=1, serving_delta=-0.005, serving_ci_low=-0.014,
+                        serving_ci_high=0.004, within_noise=True, message="")]
+    assert chart_panels(answer.comparisons, answer.outputs, answer.weights, noise_bands(floor))[1].bands == [pytest.approx(1.4)]
+    png = Path(answer.chart_png)
+    before, page = png.read_bytes(), Path(answer.report_html).read_text()
+    assert before.startswith(b"\x89PNG")
+    redraw_with_noise(answer, 0.05, floor)  # evaluate_quantization's, once its noise floor is measured
+    after = png.read_bytes()
+    assert after.startswith(b"\x89PNG") and after != before
+    import base64
+    assert base64.b64encode(after).decode() in Path(answer.report_html).read_text() != page
+    # a run without token counts or speed: only the two accuracy panels
+    assert [p.title for p in chart_panels(answer.comparisons, [], None)] == ["Scores", "Delta"]

@@ -318,7 +318,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     reasons += [weights.message] if weights else []  # SIZE_NOT_REDUCED named whatever the accuracy says
     reasons += [f"{row.task}: {f'{row.nel_verdict} ({row.verdict})' if row.nel_verdict else row.verdict}: {row.why.rstrip('.')}." for row in rows]
     output_dir = _output_dir(request)
-    chart = render_chart(rows, margin(request)) if rows else None
+    chart = render_chart(rows, margin(request), output_checks, weights) if rows else None
     png = paths.write_file(output_dir / "comparison.png", chart) if chart is not None else None
     progress(2, 3, "chart written")
     output = CompareResultsOutput(comparability=comparability, acceptability=acceptability, reasons=list(dict.fromkeys(reasons)), checklist=items,

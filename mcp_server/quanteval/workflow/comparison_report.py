@@ -107,9 +107,76 @@ def table_markdown(rows: list[TaskComparison]) -> str:
     return "\n".join(lines)
 
 
-def render_chart(rows: list[TaskComparison], threshold: float | None) -> bytes:
-    """The chart as PNG bytes. Left: both runs' scores with 95% error bars. Right: deltas with their CIs, zero and
-    -max_drop lines."""
+class ChartPanel(BaseModel):
+    """One panel of the report's chart, the data it is drawn from: per labelled row, each side's value."""
+    title: str
+    xlabel: str
+    labels: list[str]
+    baseline: list[float | None]
+    candidate: list[float | None]
+    notes: list[str] = Field(default_factory=list, description="Per row: the text written beside it.")
+    bands: list[float | None] = Field(default_factory=list, description="Delta panel: per row, the half width (points) "
+                                      "of the serving noise band drawn around zero; None where no noise floor was measured.")
+
+
+def noise_bands(floor: list) -> dict[str, float]:
+    """Per benchmark with a measured noise floor: how far serving alone moved the baseline, in points either way (the
+    serving interval's farther end, else its delta): the band drawn around zero on the delta panel."""
+    bands = {}
+    for row in floor:
+        ends = [v for v in (row.serving_ci_low, row.serving_ci_high) if v is not None] or [row.serving_delta]
+        bands[row.task] = 100 * max(abs(v) for v in ends)
+    return bands
+
+
+def _share(share) -> str:
+    return "unverified" if share.count is None or not share.of else f"{100 * share.count / share.of:.1f}%"
+
+
+def chart_panels(rows: list[TaskComparison], outputs: list[OutputCheck] | None = None, weights: WeightsBought | None = None,
+                 noise: dict[str, float] | None = None) -> list[ChartPanel]:
+    """The chart's panels and their data: scores, deltas (with the serving noise band where measured), answers' length
+    and truncation (where a side recorded token counts), size and speed (where weight bytes or tokens/s exist)."""
+    labels = [r.task if r.score == r.metric else f"{r.task}\n{r.metric}.{r.score}" for r in rows]
+    panels = [
+        ChartPanel(title="Scores", xlabel="score (points, 0-100) with 95% error bars", labels=labels,
+                   baseline=[100 * r.baseline for r in rows], candidate=[100 * r.candidate for r in rows]),
+        ChartPanel(title="Delta", xlabel="candidate - baseline (points) with its CI", labels=labels,
+                   baseline=[None] * len(rows), candidate=[100 * r.delta for r in rows],
+                   bands=[(noise or {}).get(r.task) for r in rows]),
+    ]
+    sided = [c for c in outputs or [] if any(side and side.mean_completion_tokens is not None for side in (c.baseline, c.candidate))]
+    if sided:
+        panels.append(ChartPanel(
+            title="Length and truncation", xlabel="mean completion tokens per answer", labels=[c.task for c in sided],
+            baseline=[c.baseline.mean_completion_tokens if c.baseline else None for c in sided],
+            candidate=[c.candidate.mean_completion_tokens if c.candidate else None for c in sided],
+            notes=[f"truncated {_share(c.baseline.truncated) if c.baseline else 'unverified'} / "
+                   f"{_share(c.candidate.truncated) if c.candidate else 'unverified'}" for c in sided]))
+    size_labels, base, cand, notes, measured = [], [], [], [], None
+    if weights and weights.baseline_bytes and weights.candidate_bytes:
+        size_labels.append("weights on disk")
+        base.append(1.0)
+        cand.append(weights.candidate_bytes / weights.baseline_bytes)
+        notes.append(f"{weights.baseline_bytes / 1e9:.3g} GB -> {weights.candidate_bytes / 1e9:.3g} GB")
+    for c in outputs or []:
+        if c.baseline and c.candidate and c.baseline.tokens_per_second and c.candidate.tokens_per_second:
+            size_labels.append(f"{c.task} tokens/s")
+            base.append(1.0)
+            cand.append(c.candidate.tokens_per_second / c.baseline.tokens_per_second)
+            notes.append(f"{c.baseline.tokens_per_second:g} -> {c.candidate.tokens_per_second:g} tokens/s")
+            measured = measured or c.candidate.measured_on
+    if size_labels:
+        panels.append(ChartPanel(title="Size and speed", labels=size_labels, baseline=base, candidate=cand, notes=notes,
+                                 xlabel="relative to the baseline (= 1)" + (f"\nspeed {measured}" if measured else "")))
+    return panels
+
+
+def render_chart(rows: list[TaskComparison], threshold: float | None, outputs: list[OutputCheck] | None = None,
+                 weights: WeightsBought | None = None, noise: dict[str, float] | None = None) -> bytes:
+    """The chart as PNG bytes, drawn from chart_panels. Top left: both runs' scores with 95% error bars. Top right:
+    deltas with their CIs, zero and -max_drop lines, the serving noise band around zero where measured. Below, where
+    the data exist: answers' length and truncation per side; size and speed relative to the baseline."""
     import io
 
     import matplotlib
@@ -118,10 +185,17 @@ def render_chart(rows: list[TaskComparison], threshold: float | None) -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    labels = [r.task if r.score == r.metric else f"{r.task}\n{r.metric}.{r.score}" for r in rows]
+    panels = chart_panels(rows, outputs, weights, noise)
+    extra = panels[2:]
+    labels = panels[0].labels
     y = np.arange(len(rows))
     height = max(2.8, 0.7 * len(rows) + 1.6)
-    fig, (scores_ax, delta_ax) = plt.subplots(1, 2, figsize=(12, height), gridspec_kw={"width_ratios": [3, 2]}, sharey=True)
+    lower_height = max((max(2.4, 0.6 * len(p.labels) + 1.4) for p in extra), default=0)
+    fig = plt.figure(figsize=(12, height + lower_height))
+    grid = fig.add_gridspec(2 if extra else 1, 2, width_ratios=[3, 2],
+                            height_ratios=[height, lower_height] if extra else [height])
+    scores_ax = fig.add_subplot(grid[0, 0])
+    delta_ax = fig.add_subplot(grid[0, 1], sharey=scores_ax)
 
     def err(values: list[float | None]) -> list[float]:
         # NaN draws no error bar at all: a zero-width bar would claim a precision nobody measured
@@ -139,13 +213,18 @@ def render_chart(rows: list[TaskComparison], threshold: float | None) -> bytes:
     scores_ax.set_yticks(y, labels)
     scores_ax.invert_yaxis()
     scores_ax.set_xlim(0, max(100.0, max(100 * max(r.baseline, r.candidate) for r in rows)) * 1.12)
-    scores_ax.set_xlabel("score (points, 0-100) with 95% error bars")
-    scores_ax.set_title("Scores", loc="left")
+    scores_ax.set_xlabel(panels[0].xlabel)
+    scores_ax.set_title(panels[0].title, loc="left")
     scores_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
     scores_ax.grid(axis="x", alpha=0.3)
 
     colours = {"acceptable": "#55a868", "not acceptable": "#c44e52", "inconclusive": "#8c8c8c", "suspect": "#dd8452"}
-    for row, pos in zip(rows, y, strict=True):
+    banded = False
+    for row, pos, band in zip(rows, y, panels[1].bands, strict=True):
+        if band is not None:  # how far serving alone moved the baseline: a delta inside it is not told from noise
+            delta_ax.fill_betweenx([pos - 0.4, pos + 0.4], -band, band, color="#8c8c8c", alpha=0.25, linewidth=0,
+                                   label=None if banded else "serving noise")
+            banded = True
         lower = None if row.ci_low is None else 100 * (row.delta - row.ci_low)
         upper = None if row.ci_high is None else 100 * (row.ci_high - row.delta)
         xerr = None if lower is None else [[lower], [upper]]
@@ -156,19 +235,51 @@ def render_chart(rows: list[TaskComparison], threshold: float | None) -> bytes:
     delta_ax.axvline(0, color="black", linewidth=0.8)
     if threshold is not None:
         delta_ax.axvline(-100 * threshold, color="#c44e52", linestyle="--", linewidth=1, label=f"-max_drop ({-100 * threshold:.2f})")
-        delta_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    if threshold is not None or banded:
+        delta_ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, ncol=2)
     span = [abs(100 * v) for r in rows for v in (r.delta, r.ci_low, r.ci_high) if v is not None]
+    span += [band for band in panels[1].bands if band is not None]
     limit = max(span + [100 * threshold if threshold else 0.5]) * 1.6
     delta_ax.set_xlim(-limit, limit)
     delta_ax.set_ylim(len(rows) - 0.5, -0.5)
-    delta_ax.set_xlabel("candidate - baseline (points) with its CI")
-    delta_ax.set_title("Delta", loc="left")
+    delta_ax.tick_params(labelleft=False)
+    delta_ax.set_xlabel(panels[1].xlabel)
+    delta_ax.set_title(panels[1].title, loc="left")
     delta_ax.grid(axis="x", alpha=0.3)
+    for column, panel in enumerate(extra):
+        ax = fig.add_subplot(grid[1, column])
+        at = np.arange(len(panel.labels))
+        ax.barh(at - bar / 2, [math.nan if v is None else v for v in panel.baseline], bar, label="baseline", color="#4c72b0")
+        ax.barh(at + bar / 2, [math.nan if v is None else v for v in panel.candidate], bar, label="candidate", color="#dd8452")
+        for pos, value in zip(at, panel.candidate, strict=True):
+            if value is not None:
+                ax.text(value, pos + bar / 2, f" {value:.3g}", va="center", fontsize=8)
+        ax.set_yticks(at, [f"{label}\n{note}" if note else label
+                           for label, note in zip(panel.labels, panel.notes or [""] * len(at), strict=True)], fontsize=8)
+        ax.set_xlim(0, max([v for v in (*panel.baseline, *panel.candidate) if v is not None] + [1e-9]) * 1.15)
+        ax.invert_yaxis()
+        ax.set_xlabel(panel.xlabel)
+        ax.set_title(panel.title, loc="left")
+        ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
     return png.getvalue()
+
+
+def redraw_with_noise(output: CompareResultsOutput, threshold: float | None, floor: list) -> None:
+    """compare_results' chart drawn again with the serving noise band (measured after it ran), in its PNG and in the
+    HTML report that embeds it."""
+    if not output.chart_png or not floor:
+        return
+    chart = render_chart(output.comparisons, threshold, output.outputs, output.weights, noise_bands(floor))
+    old = Path(output.chart_png).read_bytes()
+    Path(output.chart_png).write_bytes(chart)
+    if output.report_html and Path(output.report_html).is_file():
+        page = Path(output.report_html).read_text(encoding="utf-8")
+        Path(output.report_html).write_text(page.replace(base64.b64encode(old).decode(), base64.b64encode(chart).decode()),
+                                            encoding="utf-8")
 
 
 NO_REFERENCES = "No published scores given (reference_scores): every baseline is unverified."

@@ -66,6 +66,7 @@ from quanteval.workflow import (
     sampling,
     validation,
 )
+from quanteval.workflow.comparison_report import redraw_with_noise
 from quanteval.workflow.gate import RULE_POLICY_NAME, GateResultsInput, GateResultsOutput, gate_results, load_policy
 from quanteval.workflow.noise import NoiseFloor, noise_floor, verdict_within_noise
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints
@@ -708,6 +709,7 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     if request.noise_floor:
         mark = time.monotonic()
         floor, floor_run, said = _noise_floor(request, floor_side, report_dir, baseline, compared, progress)
+        redraw_with_noise(compared, None if request.max_drop is None else request.max_drop / 100, floor)
         failing = {row.task for row in compared.comparisons if row.verdict == "not acceptable"}
         failing |= {row.benchmark for row in gated.benchmarks if row.status == "BREACH"} if gated else set()
         verdict, changed = verdict_within_noise(verdict, floor, failing)
