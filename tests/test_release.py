@@ -219,3 +219,57 @@ def test_the_chart_has_a_length_and_truncation_panel_a_size_and_speed_panel_and_
     assert base64.b64encode(after).decode() in Path(answer.report_html).read_text() != page
     # a run without token counts or speed: only the two accuracy panels
     assert [p.title for p in chart_panels(answer.comparisons, [], None)] == ["Scores", "Delta"]
+
+
+def _vllm_log(device: str, tokens: int, max_model_len: int, gib_consumed: float, gpu: bool) -> str:
+    """A server log as vLLM 0.32 prints it: its logger's prefix, then the format strings copied from its source
+    (v1/core/kv_cache_utils.py, v1/worker/cpu_worker.py, v1/worker/gpu_model_runner.py, v1/worker/gpu_worker.py)."""
+    concurrency = tokens / max_model_len
+    lines = ["(EngineCore_DP0 pid=4242) INFO 11-28 04:11:01 [cpu_model_runner.py:68] Starting to load model /m...",
+             "(EngineCore_DP0 pid=4242) INFO 11-28 04:11:09 [kv_cache_utils.py:2328] "
+             + "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx"  # noqa: UP031 (vLLM's own format string)
+             % (device, f"{tokens:,}", f"{max_model_len:,}", concurrency)]
+    if gpu:
+        lines += ["(EngineCore_DP0 pid=4242) INFO 11-28 04:11:05 [gpu_model_runner.py:5150] "
+                  + "Model loading took %s GiB memory and %.6f seconds" % (round(gib_consumed, 2), 3.25),  # noqa: UP031 (vLLM's own format string)
+                  "(EngineCore_DP0 pid=4242) INFO 11-28 04:11:08 [gpu_worker.py:760] Available KV cache memory: %s GiB" % 61.4]  # noqa: UP031 (vLLM's own format string)
+    else:
+        lines.append("(EngineCore_DP0 pid=4242) INFO 11-28 04:11:08 [cpu_worker.py:260] "
+                     + f"Auto set ({4.0}/{125.7}) GiB for KV cache on node 0, with {6.0} GiB requested memory for the "
+                     f"worker. {gib_consumed} GiB memory was consumed by non-kv usages.")
+    return "\n".join(lines) + "\n"
+
+
+def test_served_memory_is_read_from_each_sides_vllm_log_and_unverified_where_it_is_not_printed():
+    from quanteval.workflow import release
+
+    cpu = release.served_memory(_vllm_log("CPU", 58240, 2048, 1.73, gpu=False))
+    assert (cpu.device, cpu.kv_cache_tokens, cpu.max_concurrency, cpu.kv_cache_gib) == ("CPU", 58240, 28.44, 4.0)
+    assert cpu.weights_gib is None and cpu.non_kv_gib == 1.73  # vLLM's CPU runner prints no "Model loading took"
+    assert "model memory" not in cpu.said and "non-KV memory 1.73 GiB" in cpu.said
+    gpu = release.served_memory(_vllm_log("GPU", 1_203_456, 32768, 8.04, gpu=True))
+    assert (gpu.kv_cache_tokens, gpu.weights_gib, gpu.kv_cache_gib) == (1203456, 8.04, 61.4)
+    assert gpu.said.startswith("KV cache 1,203,456 tokens (36.73x requests of 32,768 tokens); KV cache 61.4 GiB; model 8.04 GiB")
+    nothing = release.served_memory("INFO started\n")
+    assert (nothing.kv_cache_tokens, nothing.kv_cache_gib, nothing.weights_gib) == (None, None, None)
+    assert nothing.said == "KV cache tokens unverified; KV cache memory unverified; model memory unverified"
+    bought = release.served_memory_bought(_vllm_log("CPU", 40000, 2048, 2.5, gpu=False), _vllm_log("CPU", 58240, 2048, 1.73, gpu=False))
+    assert "KV cache capacity x1.46" in bought.message and bought.candidate.kv_cache_tokens == 58240
+    assert release.served_memory_bought(None, None).baseline.said.endswith("(no server log)")
+
+
+def test_evaluate_quantization_reads_each_sides_served_memory_from_its_deployments_log(tmp_path):
+    from quanteval import ledger
+    from quanteval.workflow.evaluate import CheckpointEvaluation, _server_log
+    from quanteval.workflow.release import served_memory_bought
+
+    log = tmp_path / "server.log"
+    log.write_text(_vllm_log("CPU", 58240, 2048, 1.73, gpu=False))
+    served = ledger.add("deployment", status="stopped", details={"log_path": str(log)})
+    here = CheckpointEvaluation(role="candidate", checkpoint="c", reused=False, deployment_record_id=served.id)
+    gone = ledger.add("deployment", status="stopped", details={"log_path": "/on/the/cluster/server.log"})
+    there = CheckpointEvaluation(role="baseline", checkpoint="b", reused=False, deployment_record_id=gone.id)
+    bought = served_memory_bought(_server_log(there), _server_log(here))
+    assert bought.candidate.kv_cache_tokens == 58240 and bought.baseline.kv_cache_tokens is None
+    assert bought.baseline.said.endswith("(no server log)")
+    assert _server_log(CheckpointEvaluation(role="baseline", checkpoint="b", reused=True)) is None

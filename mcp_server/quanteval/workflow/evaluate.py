@@ -162,6 +162,8 @@ class EvaluateQuantizationOutput(BaseModel):
     outputs: list[release.OutputCheck] = Field(default_factory=list, description=(
         "Per benchmark and side: completion tokens, truncated and failed responses with denominators, tokens/s."))
     weights: release.WeightsBought | None = Field(None, description="Weight bytes on disk per side; SIZE_NOT_REDUCED named.")
+    served_memory: release.ServedMemoryBought | None = Field(None, description=(
+        "KV cache capacity and memory each side's vLLM log reports; unverified where not printed."))
     seconds: dict[str, float] = Field(description="Wall time per stage across both checkpoints, and in total.")
 
 
@@ -701,7 +703,8 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
                for stage in ("serve", "config", "canary", "full_run")}
     seconds["compare"] = round(time.monotonic() - mark, 1)
     verdict = _verdict(compared, gated)
-    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving),
+    memory = release.served_memory_bought(_server_log(baseline), _server_log(candidate))
+    reasons = [*compared.reasons, serving_note(baseline.serving, candidate.serving), memory.message,
                *(_sampling_notes(request) if notes is None else notes)]
     reasons += checkpoint_notes(baseline.checkpoint, candidate.checkpoint)
     reasons += [line for side in (baseline, candidate) if (line := _where_it_ran(side))]
@@ -722,7 +725,16 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
         comparisons=compared.comparisons, reasons=reasons, baseline=baseline, candidate=candidate,
         report_html=compared.report_html, report_markdown=compared.report_markdown, chart_png=compared.chart_png, gate=gated,
         policy_path=str(policy_path) if request.max_drop is not None else None, noise_floor=floor,
-        noise_floor_run=floor_run, seconds=seconds, outputs=compared.outputs, weights=compared.weights)
+        noise_floor_run=floor_run, seconds=seconds, outputs=compared.outputs, weights=compared.weights, served_memory=memory)
+
+
+def _server_log(side: CheckpointEvaluation) -> str | None:
+    """The side's server log, where this machine has it (a cluster job's stays on the cluster: unverified)."""
+    try:
+        path = Path(ledger.get(side.deployment_record_id).details.get("log_path") or "") if side.deployment_record_id else None
+        return path.read_text(errors="replace") if path and path.is_file() else None
+    except (ToolError, OSError):
+        return None
 
 
 def _floor_side(request: EvaluateQuantizationInput, root: Path) -> _Checkpoint | None:

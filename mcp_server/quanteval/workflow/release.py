@@ -20,6 +20,7 @@ acceptable release.
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Annotated, Any, Literal
 
@@ -85,6 +86,66 @@ class WeightsBought(BaseModel):
     ratio: float | None = Field(description="candidate / baseline weight bytes on disk.")
     size_not_reduced: bool = Field(description="SIZE_NOT_REDUCED: the candidate's weights are not smaller.")
     message: str
+
+
+# vLLM 0.32's own log lines (the format strings copied from its source), found anywhere in a line after its prefix:
+# v1/core/kv_cache_utils.py  "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx"
+# v1/worker/gpu_model_runner.py  "Model loading took %s GiB memory and %.6f seconds"  (GPU; the CPU runner prints none)
+# v1/worker/gpu_worker.py  "Available KV cache memory: %s GiB"
+# v1/worker/cpu_worker.py  "Auto set (%s/%s) GiB for KV cache on node %s, with %s GiB requested memory for the worker.
+#   %s GiB memory was consumed by non-kv usages." or "Explicitly set (%s/%s) GiB for KV cache on node %s."
+_KV_TOKENS = re.compile(r"(\S+(?: \+ host)?) KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per "
+                        r"request: ([\d.]+)x")
+_WEIGHTS_GIB = re.compile(r"Model loading took ([\d.]+) GiB memory")
+_KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB|(?:Auto|Explicitly) set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_NON_KV_GIB = re.compile(r"([\d.]+) GiB memory was consumed by non-kv usages")
+
+
+class ServedMemory(BaseModel):
+    """What the serving framework reported for one side, read from its server log; None: not printed (unverified)."""
+    kv_cache_tokens: int | None = Field(description="KV cache capacity in tokens.")
+    max_concurrency: float | None = Field(description="Requests of max_model_len tokens the KV cache holds at once.")
+    kv_cache_gib: float | None = Field(description="Memory given to the KV cache (GiB).")
+    weights_gib: float | None = Field(description="Memory the loaded model took (GiB; vLLM's GPU runner says it).")
+    non_kv_gib: float | None = Field(None, description="vLLM CPU: memory used besides the KV cache (weights and runtime).")
+    device: str | None = Field(None, description="Where the KV cache lives, as vLLM names it (GPU, CPU).")
+    said: str
+
+
+def served_memory(log_text: str | None) -> ServedMemory:
+    """The KV cache capacity and memory a vLLM server's log reports; each figure not printed is unverified."""
+    text = log_text or ""
+    tokens, weights = _KV_TOKENS.search(text), _WEIGHTS_GIB.search(text)
+    kv, non_kv = _KV_GIB.search(text), _NON_KV_GIB.search(text)
+    found = ServedMemory(
+        kv_cache_tokens=int(tokens.group(2).replace(",", "")) if tokens else None,
+        max_concurrency=float(tokens.group(4)) if tokens else None,
+        kv_cache_gib=float(kv.group(1) or kv.group(2)) if kv else None,
+        weights_gib=float(weights.group(1)) if weights else None,
+        non_kv_gib=float(non_kv.group(1)) if non_kv else None, device=tokens.group(1) if tokens else None, said="")
+    parts = [f"KV cache {found.kv_cache_tokens:,} tokens ({found.max_concurrency:g}x requests of "
+             f"{tokens.group(3)} tokens)" if tokens else "KV cache tokens unverified",
+             f"KV cache {found.kv_cache_gib:g} GiB" if kv else "KV cache memory unverified",
+             f"model {found.weights_gib:g} GiB" if weights else
+             f"non-KV memory {found.non_kv_gib:g} GiB (weights and runtime)" if non_kv else "model memory unverified"]
+    found.said = "; ".join(parts) + ("" if log_text else " (no server log)")
+    return found
+
+
+class ServedMemoryBought(BaseModel):
+    baseline: ServedMemory
+    candidate: ServedMemory
+    message: str
+
+
+def served_memory_bought(baseline_log: str | None, candidate_log: str | None) -> ServedMemoryBought:
+    """Both sides' served memory from their server logs, and the KV cache the candidate gained (the same memory
+    budget holds more tokens when the weights shrink)."""
+    base, cand = served_memory(baseline_log), served_memory(candidate_log)
+    message = f"served memory (the framework's log): baseline {base.said}; candidate {cand.said}"
+    if base.kv_cache_tokens and cand.kv_cache_tokens:
+        message += f"; KV cache capacity x{cand.kv_cache_tokens / base.kv_cache_tokens:.2f}"
+    return ServedMemoryBought(baseline=base, candidate=cand, message=message + ".")
 
 
 def _share(count: int | None, of: int, what: str, why_unknown: str) -> Share:
