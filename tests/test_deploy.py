@@ -651,3 +651,23 @@ def test_a_plan_for_a_host_no_ssh_config_names_says_it_is_unverified(tmp_path, m
     assert "unverified" in said["message"] and str(config) in said["message"]
     known = _plan_over_mcp(checkpoint=str(CHECKPOINTS / "tiny-add-w8a8"), framework="vllm", gpu_type="A100", host="user@known-login")
     assert not [w for w in known["warnings"] if "unverified" in w["message"]]
+
+
+def test_a_cluster_jobs_vllm_for_cpu_gets_the_same_environment_as_a_local_one_and_the_plans_values_win():
+    # The job's server is started by the cluster evaluation's own command line: without VLLM_CPU_ENV there, every job's
+    # vLLM for CPU compiled again (the AOT artifact never loads on torch 2.13).
+    from quanteval.serving.frameworks import VLLM_CPU_ENV
+    from quanteval.workflow.evaluate_cluster import Cluster, server_command
+
+    def cluster(cpu: bool) -> Cluster:
+        return Cluster(host="login", partition="p", walltime="01:00:00", account=None, gpus_per_node=0, output_dir="/o",
+                       job_path="/bin", nel_next="nel", vllm_launcher=["python", "-m", "vllm.entrypoints.openai.api_server"],
+                       vllm_release="vllm-cpu 0.32.0" if cpu else "vllm 0.32.0", vllm_cpu=cpu,
+                       checkpoints={"baseline": "/ckpt"})
+
+    command = server_command(cluster(True), "baseline", ["--max-model-len", "256"], {"VLLM_CPU_KVCACHE_SPACE": "4"}, 8001)
+    env = dict(item.split("=", 1) for item in command[1:command.index("python")])
+    assert env == {**VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"} and env["VLLM_USE_AOT_COMPILE"] == "0"
+    assert command[command.index("--model") + 1] == "/ckpt" and command[command.index("--port") + 1] == "8001"
+    gpu = server_command(cluster(False), "baseline", [], {}, 8002)
+    assert gpu[0] == "python" and not any(part.startswith("VLLM_") for part in gpu)

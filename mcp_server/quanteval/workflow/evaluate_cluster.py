@@ -26,7 +26,7 @@ from quanteval.clusters import slurm
 from quanteval.clusters.ssh import run_remote
 from quanteval.models import StrictModel, ToolError
 from quanteval.serving.deployment import with_option
-from quanteval.serving.frameworks import VLLM_CPU_KV_CACHE_GIB
+from quanteval.serving.frameworks import VLLM_CPU_ENV
 
 # A canary's job starts the server and then answers a few problems: a walltime below the server's startup budget plus
 # this much ends it before it can say anything.
@@ -196,9 +196,7 @@ def server_command(cluster: Cluster, role: str, server_args: list[str], env: dic
     (nel-next in the same job asks it there) and a port of its own (two jobs may share a node)."""
     args = with_option(with_option(with_option(server_args, "--model", cluster.checkpoints[role]), "--host", "127.0.0.1"),
                        "--port", str(port))
-    env = dict(env)
-    if cluster.vllm_cpu:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KV_CACHE_GIB)
+    env = {**VLLM_CPU_ENV, **env} if cluster.vllm_cpu else dict(env)  # the plan's own values win
     return [*(["env", *(f"{k}={v}" for k, v in sorted(env.items()))] if env else []), *cluster.vllm_launcher, *args]
 
 
