@@ -422,3 +422,17 @@ def noise_checkpoint(source: Path, root: Path, seed: int = 0) -> Path:
             tensors[name] = noise.to(tensor.dtype)
     save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
     return root
+
+
+def next_config_against(tmp_path: Path, url: str, model_type: str = "chat_reasoning", model: str = "m") -> str:
+    """A nel-next config of the tiny_add benchmark (examples/benchmarks) pointed at `url`, built and filled with the
+    config tools a user calls (build_config, set_config_value); a closed port makes every request fail at once."""
+    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
+
+    bench = Path(__file__).resolve().parent.parent / "examples" / "benchmarks" / "tiny_add.py"
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type=model_type,
+                                           benchmarks=[str(bench)], config_path=str(tmp_path / "eval.yaml"))).config_path
+    for key, value in {"services.model.url": url, "services.model.model": model,
+                       "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "out")}.items():
+        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+    return config

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import next_config_against
 from processes import own_state_dir, running_with
 from tiers import BENCH, REPO, requires
 
@@ -286,14 +287,7 @@ def test_a_run_whose_wrapper_finishes_between_the_two_reads_is_not_taken_for_kil
 
 def _dead_endpoint_config(tmp_path: Path) -> str:
     """A nel-next config of the tiny_add benchmark against a closed port: every request fails at once."""
-    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
-
-    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
-                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
-    for key, value in {"services.model.url": "http://127.0.0.1:9/v1/chat/completions", "services.model.model": "m",
-                       "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "out")}.items():
-        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
-    return config
+    return next_config_against(tmp_path, "http://127.0.0.1:9/v1/chat/completions")
 
 
 @requires("slow")  # whole nel-next runs: 25-90 s

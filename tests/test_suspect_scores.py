@@ -13,10 +13,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+from factories import next_config_against
 from mcp import Client
 from next_runs import make_run
 from results_factory import make_invocation, make_task
-from tiers import BENCH, requires
+from tiers import requires
 
 from quanteval import ledger
 from quanteval.engines.runresults import LIKELY_CAUSES
@@ -90,14 +91,7 @@ def test_a_failed_run_stays_failed_and_a_score_without_choices_is_judged_by_zero
 
 
 def _next_config(tmp_path: Path) -> str:
-    from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
-
-    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="base",
-                                           benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
-    for key, value in {"services.model.url": "http://127.0.0.1:9/v1/completions", "services.model.model": "tiny",
-                       "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "runs")}.items():
-        set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
-    return config
+    return next_config_against(tmp_path, "http://127.0.0.1:9/v1/completions", model_type="base", model="tiny")
 
 
 def _canary_of(config: str, run_dir: Path) -> ledger.Record:
