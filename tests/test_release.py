@@ -122,6 +122,16 @@ def test_what_the_quantization_bought_and_a_candidate_that_is_not_smaller(real_r
     assert lost.acceptability == "inconclusive" and any(r.startswith("SIZE_NOT_REDUCED") for r in lost.reasons)
 
 
+def test_one_checkpoint_against_itself_has_no_size_question(real_run, tmp_path):
+    # A repeatability or serving check runs the same checkpoint on both sides: not a candidate that saved no bytes.
+    itself = compare_results(CompareResultsInput(
+        baseline=str(sampled_run(real_run, tmp_path / "b", answers())),
+        candidate=str(sampled_run(real_run, tmp_path / "c", answers())), max_drop=5,
+        baseline_checkpoint=str(W8A8), candidate_checkpoint=str(W8A8) + "/", output_dir=str(tmp_path / "r")))
+    assert itself.weights is None and itself.acceptability == "acceptable"
+    assert not any("SIZE_NOT_REDUCED" in reason for reason in itself.reasons)
+
+
 def test_a_length_rule_that_is_not_a_percentage_is_refused():
     with pytest.raises(ValidationError, match=r"max_length_change 0.05 reads as a fraction: it is a percentage, use 5"):
         CompareResultsInput(baseline="a", candidate="b", max_length_change=0.05)

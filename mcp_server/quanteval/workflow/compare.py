@@ -375,6 +375,8 @@ def _weights_bought(baseline: CheckpointReport | None, candidate: CheckpointRepo
 
     if baseline is None or candidate is None:
         return None
+    if Path(baseline.checkpoint).resolve() == Path(candidate.checkpoint).resolve():
+        return None  # one checkpoint against itself (a repeatability or serving check): no size question to answer
     dequantized = not candidate.quantization.detected and candidate.weights.row_values is not None \
         and candidate.weights.row_values[0] > 1 and not carries_no_quantization(candidate)
     return release.weights_bought(baseline.weights.size_bytes, candidate.weights.size_bytes, dequantized)
