@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tiers import BENCH, REPO
@@ -22,11 +24,12 @@ NEL = nelnext.nel_binary()  # `nel gate`, `nel compare`: the oracles, as users r
 NEL_RUN = nelnext.nel_command()  # as quanteval starts runs: test runs side by side must not share one adapter proxy
 
 
-def real_nel_run(out: Path, problems: int) -> Path:
-    """`nel eval run` of tiny_add's first `problems` problems against the stand-in (every answer wrong): its folder."""
+@contextmanager
+def standin_server(*args: str) -> Iterator[int]:
+    """The inference stand-in (tests/standins, OpenAI API) on a free port with `args` (--model, --served-model-name,
+    ...), healthy within 30 s: its port; stopped on exit."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(STANDIN), "--model", "X", "--served-model-name", "m",
-                               "--port", str(port), "--fake-load-s", "0"],
+    server = subprocess.Popen([sys.executable, str(STANDIN), *args, "--port", str(port), "--fake-load-s", "0"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -38,6 +41,15 @@ def real_nel_run(out: Path, problems: int) -> Path:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def real_nel_run(out: Path, problems: int) -> Path:
+    """`nel eval run` of tiny_add's first `problems` problems against the stand-in (every answer wrong): its folder."""
+    with standin_server("--model", "X", "--served-model-name", "m") as port:
         env = {**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
         done = subprocess.run([*NEL_RUN, "eval", "run", "--bench", str(BENCH), "--model-url",
                                f"http://127.0.0.1:{port}/v1/chat/completions", "--model-id", "m", "--max-tokens", "16",
@@ -45,9 +57,6 @@ def real_nel_run(out: Path, problems: int) -> Path:
                               capture_output=True, text=True, env=env, timeout=600, check=False)
         if done.returncode != 0 or len(list((out / "tiny_add").glob("eval-*.json"))) != 1:
             raise RuntimeError(f"nel eval run failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     return out / "tiny_add"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from factories import next_config_against
+from next_runs import standin_server
 from processes import own_state_dir, running_with
 from tiers import BENCH, REPO, requires
 
@@ -199,27 +200,14 @@ def test_sigkill_of_the_process_that_serves_an_evaluation_leaves_no_server(tmp_p
 def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(tmp_path, monkeypatch):
     """Over a real MCP session: the assistant waits in one call instead of polling run_status."""
     import anyio
-    import httpx
     from mcp import Client
 
     from quanteval.faces.server import build_server
-    from quanteval.localproc import free_port
     from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
     from quanteval.workflow.runs import LaunchCanaryInput, launch_canary
 
     monkeypatch.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(STANDIN), "--model", str(BF16), "--served-model-name", "tiny",
-                               "--port", str(port), "--fake-load-s", "0", "--max-model-len", "256"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with standin_server("--model", str(BF16), "--served-model-name", "tiny", "--max-model-len", "256") as port:
         config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
                                                benchmarks=[str(BENCH)], config_path=str(tmp_path / "eval.yaml"))).config_path
         for key, value in {"services.model.url": f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -237,9 +225,6 @@ def test_wait_for_run_returns_when_the_canary_finishes_and_at_once_when_it_has(t
                 return first, waited, again, time.monotonic() - started
 
         first, waited, again, instant = anyio.run(go)
-    finally:
-        server.terminate()
-        server.wait()
     assert not first.is_error, first.content[0].text
     assert first.structured_content["status"] == "succeeded" and waited < 110  # returned at the change, not the timeout
     assert again.structured_content["status"] == "succeeded" and instant < 5  # a finished run: no wait at all

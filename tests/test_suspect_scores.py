@@ -15,7 +15,7 @@ import anyio
 import pytest
 from factories import next_config_against
 from mcp import Client
-from next_runs import make_run
+from next_runs import make_run, standin_server
 from results_factory import make_invocation, make_task
 from tiers import requires
 
@@ -129,38 +129,16 @@ def test_the_gate_refuses_a_full_run_on_a_suspect_canary_over_mcp_unless_the_per
 def test_a_real_canary_whose_model_answers_nothing_gradable_is_suspect_and_closes_the_gate(tmp_path):
     """End to end: a real `nel eval run` canary against a served model (the stand-in: every answer "hello"), then
     validate_run and launch_full_run over MCP as the assistant called them."""
-    import subprocess
-    import sys
-    import time
-
-    import httpx
-    from tiers import REPO
-
-    from quanteval.localproc import free_port
     from quanteval.workflow.nelconfig import SetConfigValueInput, set_config_value
     from quanteval.workflow.runs import LaunchCanaryInput, WaitForRunInput, launch_canary, wait_for_run
 
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "standins" / "fake_inference_server.py"), "--model",
-                               "tiny", "--served-model-name", "tiny", "--port", str(port), "--fake-load-s", "0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with standin_server("--model", "tiny", "--served-model-name", "tiny") as port:
         config = _next_config(tmp_path)
         set_config_value(SetConfigValueInput(config_path=config, key="services.model.url",
                                              value=f"http://127.0.0.1:{port}/v1/completions"))
         canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=5))
         assert wait_for_run(WaitForRunInput(record_id=canary.record_id, timeout_s=240)).status == "succeeded"
         validated, gated = _mcp(("validate_run", {"run": canary.record_id}), ("launch_full_run", {"config_path": config}))
-    finally:
-        server.terminate()
-        server.wait()
     assert validated.structured_content["verdict"] == "suspect", json.dumps(validated.structured_content)[:2000]
     assert "The run asked through completions." in validated.structured_content["reasons"][0]
     assert gated.is_error and "every one of the 5 scored answers is wrong" in gated.content[0].text
