@@ -13,11 +13,12 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
 import pytest
-from tiers import CHECKPOINTS, REPO, VENV_BIN, VLLM_PYTHON, requires
+from tiers import CHECKPOINTS, REPO, VENV_BIN, VLLM_PYTHON, own_lane, requires
 
 from quanteval import ledger
 from quanteval.clusters import slurm
@@ -31,6 +32,9 @@ BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rt
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
 
 pytestmark = requires("nel-next", "skills-in-nel-next", "slurm")
+# The tests that serve with vLLM inside the cluster's jobs: a lane of their own (their cluster is their worker's, and
+# they check only its queue), beside the tiny-add vLLM lane rather than after it.
+CLUSTER_VLLM_LANE = "vllm-cluster"
 
 
 @pytest.fixture(autouse=True)
@@ -109,11 +113,13 @@ def _evaluate(arguments: list[str], env: dict[str, str]) -> tuple[dict, float]:
 
 
 @requires("vllm", "skills-in-nel-next")
-@pytest.mark.timeout(3600)  # two evaluations of the pair, one after the other (their times are compared)
+@own_lane(CLUSTER_VLLM_LANE)
+@pytest.mark.timeout(2400)
 def test_the_one_call_on_the_cluster_answers_as_on_this_machine(slurm_cluster, tmp_path):
-    """The same pair and benchmark through `quanteval evaluate`, here and with --host the cluster: each side's canary
-    and full run are SLURM jobs (both sides' at once) whose vLLM serves inside the job; the verdict, the flips and the
-    gate are the local call's, and the answer says where each side ran."""
+    """The same pair and benchmark through `quanteval evaluate`, here and with --host the cluster, both at once (their
+    times are compared on a quiet machine by benchmarks/bench_evaluate_cluster.py): each side's canary and full run are
+    SLURM jobs (both sides' at once) whose vLLM serves inside the job; the verdict, the flips and the gate are the
+    local call's, and the answer says where each side ran."""
     from tiers import user_env
 
     env = user_env(QUANTEVAL_STATE_DIR=str(tmp_path / "state"),
@@ -122,13 +128,14 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine(slurm_cluster, t
     env["PATH"] = f"{slurm_cluster.bin_dir}{os.pathsep}{env['PATH']}"  # the fixture's ssh/scp wrappers (nel-next submits with them)
     env["QUANTEVAL_SSH_CONFIG"] = os.environ["QUANTEVAL_SSH_CONFIG"]
     settings = _settings(slurm_cluster, tmp_path)
-    local, local_s = _evaluate(["--output-dir", str(tmp_path / "local")], env)
-    cluster, cluster_s = _evaluate([
-        "--output-dir", str(tmp_path / "cluster"), "--host", slurm_cluster.ssh_alias, "--partition", settings["partition"],
-        "--account", settings["account"], "--walltime", settings["walltime"], "--gpus-per-node", "1",
-        "--cluster-output-dir", settings["output_dir"], "--nel-next-venv", settings["nel_next_venv"],
-        "--vllm-venv", settings["vllm_venv"], "--startup-timeout-s", "600"], env)
-    print(f"local {local_s:.0f} s (stages {local['seconds']}), cluster {cluster_s:.0f} s ({cluster_s / local_s:.2f}x); cluster stages {cluster['seconds']}")
+    with ThreadPoolExecutor(2) as pool:
+        here = pool.submit(_evaluate, ["--output-dir", str(tmp_path / "local")], env)
+        there = pool.submit(_evaluate, [
+            "--output-dir", str(tmp_path / "cluster"), "--host", slurm_cluster.ssh_alias, "--partition",
+            settings["partition"], "--account", settings["account"], "--walltime", settings["walltime"],
+            "--gpus-per-node", "1", "--cluster-output-dir", settings["output_dir"], "--nel-next-venv",
+            settings["nel_next_venv"], "--vllm-venv", settings["vllm_venv"], "--startup-timeout-s", "600"], env)
+        (local, _), (cluster, _) = here.result(), there.result()
 
     assert cluster["verdict"] == local["verdict"] and cluster["gate"]["verdict"] == local["gate"]["verdict"]
     (here,), (there,) = local["comparisons"], cluster["comparisons"]
@@ -256,6 +263,7 @@ def test_sigterm_while_the_jobs_run_cancels_them(slurm_cluster, tmp_path):
 
 
 @requires("vllm")
+@own_lane(CLUSTER_VLLM_LANE)
 @pytest.mark.timeout(1800)
 def test_a_candidate_whose_canary_fails_on_the_cluster_is_anomalous_with_its_job_and_log(slurm_cluster, tmp_path):
     """tiny-add (100% on its benchmark) against a copy whose linear weights are noise (a quantization gone wrong): the
@@ -278,6 +286,7 @@ def test_a_candidate_whose_canary_fails_on_the_cluster_is_anomalous_with_its_job
 
 
 @requires("vllm")
+@own_lane(CLUSTER_VLLM_LANE)
 @pytest.mark.timeout(1800)
 def test_start_evaluation_and_wait_for_run_over_mcp_carry_a_cluster_evaluation_at_a_60_s_client(slurm_cluster, tmp_path):
     """An MCP client whose every request must end within 60 s: start_evaluation returns at once, wait_for_run
@@ -318,6 +327,7 @@ def test_start_evaluation_and_wait_for_run_over_mcp_carry_a_cluster_evaluation_a
 
 
 @requires("vllm")
+@own_lane(CLUSTER_VLLM_LANE)
 @pytest.mark.timeout(1800)
 def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tmp_path):
     """noise_floor on a cluster: the baseline's run on the other numeric path (--enforce-eager) is a third side whose
