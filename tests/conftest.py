@@ -14,10 +14,13 @@ os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 # The tier a fixture puts its tests in (tests/tiers.py): using the cluster makes a test a SLURM test.
 FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 
-# The lanes first, the longest first (seconds in a full run, measured 2026-11-26): tiny-skills' (~600), SLURM's (~500,
-# mostly waiting on the cluster), the tiny-add vLLM lane (~450), the disconnect-per-phase test's (~450) and the one-call
-# evaluations' (~330); the other groups after them.
-FIRST_LANES = {"vllm-tiny-skills": 0, "slurm": 1, "vllm": 2, "vllm-disconnect": 3, "vllm-evaluate": 4}
+# The lanes first, the longest first (seconds in a full run on CI's 2 cores, 2026-11-28): SLURM's (~900, mostly
+# waiting on the cluster), the cluster evaluations' (~900: vLLM inside SLURM jobs), the tiny-add vLLM lane's and the
+# one-call evaluations' (~700 each), tiny-skills' against ns eval (~650), its verdict's and its sampled repeats' (~500
+# each), the disconnect-per-phase test's (~350); the other groups after them.
+FIRST_LANES = {name: order for order, name in enumerate((
+    "slurm", "vllm-cluster", "vllm", "vllm-evaluate", "vllm-tiny-skills", "vllm-skills-verdict", "vllm-sampled",
+    "vllm-disconnect"))}
 
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]

