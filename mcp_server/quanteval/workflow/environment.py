@@ -16,19 +16,22 @@ from pydantic import BaseModel, Field
 
 from quanteval import __version__, envvars, ledger
 from quanteval.clusters import executor as executors
+from quanteval.clusters.slurm import PartitionInfo
 from quanteval.clusters.ssh import ssh_config_hosts, ssh_config_path
 from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
 from quanteval.models import StrictModel, ToolError
 from quanteval.serving.frameworks import FRAMEWORK_INFO, VLLM_VENV_DEFAULT, VLLM_VENV_ENV, vllm_venv, vllm_venv_version
+from quanteval.workflow import evaluate_cluster
 
 PACKAGES = ["quanteval", "nemo-evaluator-launcher", "nemo-evaluator", "mcp", "pydantic", "paramiko",
             "safetensors", "torch", "sglang", "vllm", "nemo-skills"]
 
 
 class CheckEnvironmentInput(StrictModel):
-    probe_gpus: bool = Field(True, description="Run nvidia-smi (up to 5 s) to list GPUs.")
-    executor: Literal["local", "slurm"] | None = Field(None, description=(
-        "The config's execution type; null checks both."))
+    probe_gpus: bool = Field(True, description="nvidia-smi (5 s).")
+    executor: Literal["local", "slurm"] | None = Field(None, description="Execution; null: both.")
+    host: str | None = Field(None, description="A SLURM alias to check too.")
+    cluster: evaluate_cluster.ClusterSettings | None = Field(None, description="As evaluate's.")
 
 
 class LocalBinary(BaseModel):
@@ -59,6 +62,19 @@ class ServingOption(BaseModel):
     how_to_get: str | None = Field(None, description="When not available: what makes it available.")
 
 
+class ClusterCheck(BaseModel):
+    """What a cluster evaluation (evaluate_quantization with host) finds on the cluster."""
+    host: str
+    reachable: bool
+    detail: str = Field(description="Why it cannot be reached, else its login user and answer time.")
+    default_partition: str | None = None
+    partitions: list[PartitionInfo] = Field(default_factory=list, description="State, nodes, GPUs per node (GRES), time limit.")
+    nel_next: str | None = Field(None, description="nel's path there; null when missing (see missing).")
+    vllm: str | None = Field(None, description="The vLLM release the jobs serve with; null when missing.")
+    output_dir: str | None = Field(None, description="Where evaluations write there by default.")
+    missing: list[str] = Field(default_factory=list, description="What a cluster evaluation lacks there, each with its fix.")
+
+
 class EnvironmentReport(BaseModel):
     python: str
     platform: str
@@ -85,6 +101,7 @@ class EnvironmentReport(BaseModel):
     example_benchmarks: list[str] = Field(default_factory=list, description=(
         "Benchmarks shipped in quanteval's checkout, by absolute path (BYOB .py/.jsonl for nel-next's benchmarks "
         "list); a skills map there, as NEMO_SKILLS_EXTRA_BENCHMARK_MAP, names skills://tiny_math and tiny_mcq."))
+    cluster: ClusterCheck | None = Field(None, description="With host: what evaluate_quantization finds there.")
     notes: list[str]
 
 
@@ -225,10 +242,26 @@ def _example_benchmarks() -> list[str]:
     return sorted(str(path) for path in found)
 
 
+def check_cluster(host: str, settings: evaluate_cluster.ClusterSettings) -> ClusterCheck:
+    """The cluster as evaluate_quantization's preflight asks it (the same probe), reported instead of refused."""
+    try:
+        found = evaluate_cluster.probe(host, settings, {})
+    except ToolError as exc:
+        return ClusterCheck(host=host, reachable=False, detail=str(exc))
+    missing = [m for m in (found.nel_next_missing, found.vllm_missing, found.output_dir_unwritable) if m]
+    return ClusterCheck(
+        host=host, reachable=True, detail=f"user {found.info.user}, partitions answered in {found.info.query_s:.1f} s",
+        default_partition=found.info.default_partition, partitions=found.info.partitions, nel_next=found.nel,
+        vllm=found.vllm_release, output_dir=found.output_dir, missing=missing)
+
+
 def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
-    """Use first: where a model can be served here (vLLM on CPU, GPUs, Docker, SLURM, endpoints), versions, ssh hosts,
-    env var names; what is missing and how to get it.
+    """Use first: what can serve a model here (vLLM on CPU, GPUs, Docker, SLURM, endpoints), versions, ssh hosts,
+    env vars; what is missing, how to get it.
     """
+    if request.host is None and request.cluster is not None:
+        raise ToolError("cluster: given without host. Give host, the cluster's login alias in ~/.ssh/config, or leave "
+                        "cluster out.")
     docker_ok, docker_detail = _docker_status()
     gpus, gpu_detail = _gpus(request.probe_gpus)
     set_names = set_env_var_names()
@@ -251,6 +284,12 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
               if option.where == "vllm" and option.how_to_get]
     if root and not Path(root).is_dir():
         notes.append(f"MODELOPT_WORKSPACE_ROOT={root} is not a directory.")
+    cluster = check_cluster(request.host, request.cluster or evaluate_cluster.ClusterSettings()) if request.host else None
+    if cluster is not None:
+        notes += [f"Cluster {cluster.host}: " + (
+            "cannot be reached (see cluster.detail)." if not cluster.reachable else
+            f"{len(cluster.missing)} thing(s) a cluster evaluation needs are missing (see cluster.missing)."
+            if cluster.missing else "nel-next and vLLM found; evaluate_quantization can run there.")]
     return EnvironmentReport(
         python=sys.version.split()[0],
         platform=f"{platform.system()} {platform.machine()}",
@@ -270,5 +309,6 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
         workspaces=_workspaces(root),
         serving=serving,
         example_benchmarks=_example_benchmarks(),
+        cluster=cluster,
         notes=notes,
     )

