@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -345,3 +346,91 @@ def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tm
     submitted = [index for index, message in enumerate(messages) if "submitting its canary" in message]
     first_poll = next(index for index, message in enumerate(messages) if " canary canary-" in message)
     assert len(submitted) == 3 and max(submitted) < first_poll  # all three canaries went in before any was polled
+
+
+# --- an MCP client that goes away, a server that restarts, a job SLURM ends or requeues ------------------------------
+
+
+def _mcp_server() -> object:
+    """quanteval-mcp over stdio as an IDE starts it (the mcp SDK's stdio client: on leaving it closes stdin, then
+    SIGTERMs and, 2 s later, SIGKILLs the server's process group)."""
+    from mcp.client.stdio import StdioServerParameters
+
+    return StdioServerParameters(command=str(VENV_BIN / "quanteval-mcp"), env=dict(os.environ))
+
+
+def _cheap_arguments(slurm_cluster, tmp_path: Path) -> dict:
+    return _request(slurm_cluster, tmp_path).model_copy(update={"max_problems": 10, "canary_problems": 5}).model_dump(
+        mode="json", exclude_none=True)
+
+
+def _both_pending(slurm_cluster) -> set[str]:
+    """The job ids of both sides' canaries, once both wait PENDING behind the blocker (Resources, or Priority behind
+    the other)."""
+    jobs = _job_ids(_canaries(2))
+    _until(lambda: [job.state for job in _queued(slurm_cluster, jobs).values()] == ["PENDING"] * 2, 60,
+           "both canaries PENDING")
+    return jobs
+
+
+def test_an_mcp_client_that_leaves_a_blocking_cluster_evaluation_leaves_no_job_behind(slurm_cluster, tmp_path):
+    """The IDE quits while evaluate_quantization (the one blocking call) waits on both canaries' jobs: the SDK's client
+    gives the server 4 s before SIGKILL, and within 30 s no job of the evaluation is left in squeue, its runs cancelled."""
+    from mcp import Client
+
+    blocker = _blocker(slurm_cluster)
+    try:
+        arguments = _cheap_arguments(slurm_cluster, tmp_path)
+        found: dict[str, set[str]] = {}
+
+        async def call_then_leave() -> tuple[float, float]:
+            async with Client(_mcp_server()) as client, anyio.create_task_group() as group:
+                group.start_soon(client.call_tool, "evaluate_quantization", arguments)
+                found["jobs"] = await anyio.to_thread.run_sync(_both_pending, slurm_cluster)
+                left_at = time.monotonic()
+                group.cancel_scope.cancel()  # the IDE quits: the call is cancelled, then stdin closes
+            return left_at, time.monotonic() - left_at
+
+        left_at, closing = anyio.run(call_then_leave)
+        jobs = found["jobs"]
+        _until(lambda: not _queued(slurm_cluster, jobs), 30, "no job of the evaluation in squeue")
+        gone = time.monotonic() - left_at
+        canaries = [record for record in ledger.find(kind="canary") if _job_ids([record]) & jobs]
+        assert {record.status for record in canaries} == {"cancelled"}, [(r.id, r.status) for r in canaries]
+        print(f"MCP client gone: no job left {gone:.1f} s after it left (its close took {closing:.1f} s)")
+    finally:
+        slurm.scancel(slurm_cluster.ssh_alias, [blocker])
+
+
+def test_wait_for_run_on_a_new_mcp_server_follows_a_cluster_evaluation_and_kill_run_cancels_its_jobs(slurm_cluster, tmp_path):
+    """start_evaluation through one stdio server, which then exits (the IDE restarted): a new server's wait_for_run
+    finds the evaluation and says its jobs' SLURM state; kill_run there empties the queue of them."""
+    from mcp import Client
+
+    blocker = _blocker(slurm_cluster)
+    try:
+        async def start() -> str:
+            async with Client(_mcp_server()) as client:
+                started = await client.call_tool("start_evaluation", _cheap_arguments(slurm_cluster, tmp_path))
+                assert not started.is_error, started.content[0].text
+                return started.structured_content["record_id"]
+
+        record_id = anyio.run(start)  # that server is gone
+        jobs = _both_pending(slurm_cluster)
+
+        async def follow_then_kill() -> tuple[dict, float]:
+            async with Client(_mcp_server()) as client:
+                waited = (await client.call_tool("wait_for_run", {"record_id": record_id, "timeout_s": 5})).structured_content
+                killed = await client.call_tool("kill_run", {"record_id": record_id})
+                assert not killed.is_error, killed.content[0].text
+                return waited, time.monotonic()
+
+        waited, killed_at = anyio.run(follow_then_kill)
+        assert waited["status"] == "running" and re.search(r"canary \S+: job \d+ PENDING \((Resources|Priority)\)",
+                                                           waited["progress"] or ""), waited
+        _until(lambda: not _queued(slurm_cluster, jobs), 30, "no job of the evaluation in squeue after kill_run")
+        print(f"kill_run from a new server: no job left {time.monotonic() - killed_at:.1f} s after it answered")
+        assert ledger.get(record_id).status == "cancelled"
+        assert {record.status for record in ledger.find(kind="canary")} == {"cancelled"}
+    finally:
+        slurm.scancel(slurm_cluster.ssh_alias, [blocker])

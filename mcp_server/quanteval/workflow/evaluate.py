@@ -44,12 +44,13 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, ledger, paths
+from quanteval.clusters import slurm
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.recipes import recipe_for_benchmark
 from quanteval.engines.runresults import ValidateRunInput
 from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir, tied_to_this_process
-from quanteval.models import ProgressFn, StrictModel, ToolError, cancellation_point, no_progress
+from quanteval.models import ProgressFn, StrictModel, ToolError, cancellation_point, no_progress, pause
 from quanteval.serving import deploy, frameworks
 from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint, unquantized_warning
 from quanteval.serving.deployment import Serving
@@ -832,12 +833,11 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
             for side in every:
                 side.guarded(lambda side=side: side.step(progress, total), side is extra)
             if not all(side.finished for side in every):
-                time.sleep(CLUSTER_POLL_S)
+                pause(CLUSTER_POLL_S)  # a client that left may SIGKILL this process 4 s later: its jobs are cancelled first
     except BaseException:
         with interrupts_held():  # a second Ctrl-C must not leave a job holding the cluster's GPUs
             concurrent.futures.wait(submitting)  # a submission under way ends with its job recorded, then cancelled
-            for side in every:
-                side.cancel()
+            _cancel_sides(cluster.host, every)
         raise
     if extra is not None and optional is not None:
         optional.evaluation = extra.answer if isinstance(extra.answer, CheckpointEvaluation) else None
@@ -847,6 +847,17 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
                 not isinstance(other, CheckpointEvaluation) for other in answers if other is not answer)):
             raise answer  # a baseline's failed canary is an error to fix, not a verdict
     return answers  # type: ignore[return-value]
+
+
+def _cancel_sides(host: str, sides: list[_ClusterSide]) -> None:
+    """Every side's queued or running job scancelled in one round trip, then each side's run recorded cancelled, all at
+    once: an MCP client that left SIGKILLs this server 4 s after closing stdin."""
+    active = [side for side in sides if side.active is not None]
+    if job_ids := [job_id for side in active for job_id in side.job_ids]:
+        with contextlib.suppress(ToolError):  # unreachable: each side's own cancel below says so in its record
+            slurm.scancel(host, job_ids)
+    with concurrent.futures.ThreadPoolExecutor(max(len(active), 1)) as pool:
+        list(pool.map(lambda side: side.cancel(), active))
 
 
 class _ClusterSide:
@@ -934,12 +945,17 @@ class _ClusterSide:
         if jobs:
             self.placement.jobs[stage] = ", ".join(job["job_id"] for job in jobs)
 
+    @property
+    def job_ids(self) -> list[str]:
+        """The SLURM jobs of its current stage."""
+        return [job_id for ids in self.placement.jobs.get(self.stage, "").split(", ") if (job_id := ids.strip())]
+
     def step(self, progress: ProgressFn, total: int) -> None:
         """One poll of its active run: progress with its job's SLURM state, and the next stage once it ended."""
         if self.finished or self.active is None:
             return
         status = runs.run_status(runs.RunRef(record_id=self.active))
-        job_ids = [job_id for ids in self.placement.jobs.get(self.stage, "").split(", ") if (job_id := ids.strip())]
+        job_ids = self.job_ids
         slurm_jobs = evaluate_cluster.job_facts(self.cluster.host, job_ids) if job_ids else {}
         for job in slurm_jobs.values():
             if job.state == "RUNNING" and job.reason:
