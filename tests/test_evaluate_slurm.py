@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -26,8 +27,8 @@ from quanteval.clusters import slurm
 from quanteval.clusters.ssh import run_remote
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
-from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
-from quanteval.workflow.evaluate_cluster import ClusterSettings
+from quanteval.workflow.evaluate import EvaluateQuantizationInput, cluster_tensor_parallel_size, evaluate_quantization
+from quanteval.workflow.evaluate_cluster import ClusterSettings, preflight
 
 BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rtn"
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
@@ -102,6 +103,46 @@ def test_cluster_settings_without_a_host_are_refused(slurm_cluster, tmp_path):
     request = _request(slurm_cluster, tmp_path).model_copy(update={"host": None})
     with pytest.raises(ToolError, match="cluster: given without host"):
         evaluate_quantization(request)
+
+
+def _needs_two_gpus(tmp_path: Path) -> Path:
+    """BASE's config with 200 GB of weights (a sparse file): more than one B200 holds, so its plan serves it at TP 2."""
+    checkpoint = tmp_path / "needs-tp2"
+    checkpoint.mkdir()
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BASE / name, checkpoint / name)
+    size = 200 * 10**9
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [size // 2 // 128, 128],
+                                                       "data_offsets": [0, size]}}).encode()
+    with (checkpoint / "model.safetensors").open("wb") as file:
+        file.write(len(header).to_bytes(8, "little") + header)
+        file.truncate(8 + len(header) + size)
+    return checkpoint
+
+
+def test_each_job_asks_for_as_many_gpus_as_the_plans_tensor_parallel_size(slurm_cluster, tmp_path):
+    """cluster.gpus_per_node unset: each job's GRES is the larger TP of the two sides' plans, not 1."""
+    big = _needs_two_gpus(tmp_path)
+    request = _request(slurm_cluster, tmp_path, gpus_per_node=None).model_copy(update={"candidate_checkpoint": str(big)})
+    assert cluster_tensor_parallel_size(request) == 2
+    assert request.cluster is not None
+    cluster = preflight(slurm_cluster.ssh_alias, request.cluster, {"candidate": str(big)}, request.startup_timeout_s,
+                        cluster_tensor_parallel_size(request))
+    assert cluster.gres == "gpu:2" and cluster.placement("candidate").gres == "gpu:2"
+
+
+def test_a_partition_with_fewer_gpus_per_node_than_the_plans_tp_is_refused_and_gpus_per_node_wins(slurm_cluster, tmp_path):
+    """The suite's partitions have 8 GPUs per node and a plan's TP stays within 8 (checkpoint.MAX_GPUS_PER_NODE), so
+    the refusal is asked of preflight with TP 16 against the real cluster's partitions."""
+    settings = ClusterSettings(**_settings(slurm_cluster, tmp_path, gpus_per_node=None))
+    before = {job.job_id for job in _queue(slurm_cluster)}
+    with pytest.raises(ToolError, match=re.escape("cluster.partition: debug has 8 GPU(s) per node; each job needs 16 "
+                                                  "(GRES gpu:16, the plan's tensor parallel size, TP 16). Use one of: "
+                                                  "none has as many, or set cluster.gpus_per_node.")):
+        preflight(slurm_cluster.ssh_alias, settings, {}, 600, tensor_parallel_size=16)
+    assert {job.job_id for job in _queue(slurm_cluster)} == before
+    given = settings.model_copy(update={"gpus_per_node": 4})
+    assert preflight(slurm_cluster.ssh_alias, given, {}, 600, tensor_parallel_size=16).gres == "gpu:4"
 
 
 def _evaluate(arguments: list[str], env: dict[str, str]) -> tuple[dict, float]:

@@ -308,6 +308,13 @@ def _plan(checkpoint_dir: Path, request: EvaluateQuantizationInput, check_args: 
     return plan
 
 
+def cluster_tensor_parallel_size(request: EvaluateQuantizationInput) -> int:
+    """The GPUs a side's job needs: the larger tensor-parallel size of the two sides' plans (the fewest GPUs that hold
+    each checkpoint's weights)."""
+    return max(_plan(Path(path).expanduser(), request, check_args=False).tensor_parallel_size
+               for path in (request.baseline_checkpoint, request.candidate_checkpoint))
+
+
 def _launch(plan: deploy.DeploymentPlan, request: EvaluateQuantizationInput) -> deploy.LaunchDeploymentResult:
     """The evaluation's own server: it stops when this process ends, even SIGKILLed (it has no use without it)."""
     with tied_to_this_process():
@@ -618,7 +625,8 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
     if on_cluster(request):  # all the cluster must have, asked before any job is submitted
         settings = request.cluster or evaluate_cluster.ClusterSettings()
         evaluate_cluster.preflight(request.host or "", settings, evaluate_cluster.cluster_checkpoints(
-            settings, request.baseline_checkpoint, request.candidate_checkpoint), request.startup_timeout_s)
+            settings, request.baseline_checkpoint, request.candidate_checkpoint), request.startup_timeout_s,
+            cluster_tensor_parallel_size(request))
     elif request.cluster is not None:
         raise ToolError("cluster: given without host. Give host, the cluster's login alias in ~/.ssh/config, or leave "
                         "cluster out to evaluate on this machine.")
@@ -800,7 +808,12 @@ class _InJob:
     placement: dict[str, Any]
 
 
-CLUSTER_POLL_S = 3.0  # a poll is an ssh round trip per side (squeue, the job's chain file)
+CLUSTER_POLL_S = 3.0
+# How SLURM itself, not the run, ended a job (the engine records such a run as failed).
+SLURM_ENDED = {"TIMEOUT": "at its walltime", "NODE_FAIL": "because its node failed (NODE_FAIL)",
+               "PREEMPTED": "when a job of higher priority preempted it (PREEMPTED)",
+               "OUT_OF_MEMORY": "when it ran out of host memory (OUT_OF_MEMORY)", "BOOT_FAIL": "when its node failed to boot (BOOT_FAIL)",
+               "DEADLINE": "at its deadline (DEADLINE)"}  # a poll is an ssh round trip per side (squeue, the job's chain file)
 
 
 def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressFn, checkpoints: list[_Checkpoint],
@@ -812,7 +825,8 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
     settings = request.cluster or evaluate_cluster.ClusterSettings()
     paths = evaluate_cluster.cluster_checkpoints(settings, request.baseline_checkpoint, request.candidate_checkpoint)
     progress(0, _total(request), f"asking {request.host} for its partitions, paths, nel-next and vLLM")
-    cluster = evaluate_cluster.preflight(request.host or "", settings, paths, request.startup_timeout_s)
+    cluster = evaluate_cluster.preflight(request.host or "", settings, paths, request.startup_timeout_s,
+                                         cluster_tensor_parallel_size(request))
     sides = [_ClusterSide(checkpoint, cluster, checkpoint.request) for checkpoint in checkpoints]
     extra = _ClusterSide(optional, cluster, optional.request) if optional is not None else None
     total = _total(request)
@@ -976,10 +990,26 @@ class _ClusterSide:
             return
         finished = ledger.get(self.active)
         self.active = None
+        if ended_by_slurm := [job for job in status.jobs if job.slurm_state in SLURM_ENDED]:
+            raise ToolError(self._ended_by_slurm(ended_by_slurm[0], slurm_jobs))
         if self.stage == "canary":
             self._canary_ended(finished)
         else:
             self._full_run_ended(finished)
+
+    def _ended_by_slurm(self, job: JobStatus, seen: dict[str, slurm.SlurmJob]) -> str:
+        """Why SLURM, not the run, ended its job, and what to change: never a bare "failed" (not the checkpoint's doing:
+        an answer of neither side, so the call fails, the other sides' jobs cancelled)."""
+        job_id = job.current_slurm_job_id or job.slurm_job_id or "?"
+        what = f"{self.role} {self.stage.replace('_', ' ')} {finished_id}" if (finished_id := self.canary_id if
+                                                                               self.stage == "canary" else self.full_id) else self.role
+        if job.slurm_state == "TIMEOUT":
+            limit = seen[job_id].time_limit if job_id in seen else self.cluster.walltime
+            return (f"{what}: SLURM job {job_id} was killed by its walltime (TIMEOUT) after {limit}{self._where(self.stage)}. "
+                    f"Raise cluster.walltime (now {self.cluster.walltime}) and call again; what already finished is reused.")
+        return (f"{what}: SLURM ended job {job_id} {SLURM_ENDED[job.slurm_state or '']}{self._where(self.stage)}; "
+                "nel-next submits it with --no-requeue, so it is not rerun. Call again to run it anew; what already "
+                "finished is reused.")
 
     def _where(self, stage: str) -> str:
         """The run's job, node and log folder on the cluster, for an answer that says it failed."""

@@ -189,8 +189,9 @@ def probe(host: str, settings: ClusterSettings, checkpoints: dict[str, str]) -> 
 
 
 def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str], startup_timeout_s: float,
-              needed_gpus: int = 1) -> Cluster:
-    """Everything a cluster evaluation needs, asked before any job is submitted; a ToolError naming what and the fix."""
+              tensor_parallel_size: int = 1) -> Cluster:
+    """Everything a cluster evaluation needs, asked before any job is submitted; a ToolError naming what and the fix.
+    Each job gets cluster.gpus_per_node GPUs when given, else the plan's tensor_parallel_size."""
     found = probe(host, settings, checkpoints)
     info = found.info
     names = [p.name for p in info.partitions]
@@ -204,12 +205,14 @@ def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str],
         up = [p.name for p in info.partitions if p.state == "UP" and p.usable_nodes]
         raise ToolError(f"cluster.partition: {partition_name} is {chosen.state} with {chosen.usable_nodes} usable node(s). "
                         f"Use one that is up: {', '.join(up) or 'none is'}.")
-    gpus = settings.gpus_per_node if settings.gpus_per_node is not None else needed_gpus
+    asked = settings.gpus_per_node is not None
+    gpus = settings.gpus_per_node if settings.gpus_per_node is not None else tensor_parallel_size
     if gpus > chosen.gpus_per_node:
         fitting = [p.name for p in info.partitions if p.gpus_per_node >= gpus and p.state == "UP"]
+        why = "cluster.gpus_per_node" if asked else f"the plan's tensor parallel size, TP {tensor_parallel_size}"
         raise ToolError(f"cluster.partition: {partition_name} has {chosen.gpus_per_node} GPU(s) per node; each job needs "
-                        f"{gpus} (GRES gpu:{gpus}). Use one of: {', '.join(fitting) or 'none has as many'}, or set "
-                        "cluster.gpus_per_node.")
+                        f"{gpus} (GRES gpu:{gpus}, {why}). Use one of: {', '.join(fitting) or 'none has as many'}, or "
+                        "set cluster.gpus_per_node.")
     walltime_s = slurm.slurm_seconds(settings.walltime) or 0
     least = int(startup_timeout_s + CANARY_RUN_S)
     if walltime_s < least:
