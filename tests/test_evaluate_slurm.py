@@ -131,7 +131,7 @@ def test_each_job_asks_for_as_many_gpus_as_the_plans_tensor_parallel_size(slurm_
     assert cluster.gres == "gpu:2" and cluster.placement("candidate").gres == "gpu:2"
 
 
-def test_a_partition_with_fewer_gpus_per_node_than_the_plans_tp_is_refused_and_gpus_per_node_wins(slurm_cluster, tmp_path):
+def test_a_partition_or_gpus_per_node_with_fewer_gpus_than_the_plans_tp_is_refused_and_more_gpus_per_node_win(slurm_cluster, tmp_path):
     """The suite's partitions have 8 GPUs per node and a plan's TP stays within 8 (checkpoint.MAX_GPUS_PER_NODE), so
     the refusal is asked of preflight with TP 16 against the real cluster's partitions."""
     settings = ClusterSettings(**_settings(slurm_cluster, tmp_path, gpus_per_node=None))
@@ -141,8 +141,11 @@ def test_a_partition_with_fewer_gpus_per_node_than_the_plans_tp_is_refused_and_g
                                                   "none has as many, or set cluster.gpus_per_node.")):
         preflight(slurm_cluster.ssh_alias, settings, {}, 600, tensor_parallel_size=16)
     assert {job.job_id for job in _queue(slurm_cluster)} == before
-    given = settings.model_copy(update={"gpus_per_node": 4})
-    assert preflight(slurm_cluster.ssh_alias, given, {}, 600, tensor_parallel_size=16).gres == "gpu:4"
+    given = settings.model_copy(update={"gpus_per_node": 8})
+    assert preflight(slurm_cluster.ssh_alias, given, {}, 600, tensor_parallel_size=2).gres == "gpu:8"
+    with pytest.raises(ToolError, match=re.escape("cluster.gpus_per_node: 4 is fewer than the plan's tensor parallel "
+                                                  "size (TP 8): the server would start 8 workers on 4 GPU(s)")):
+        preflight(slurm_cluster.ssh_alias, given.model_copy(update={"gpus_per_node": 4}), {}, 600, tensor_parallel_size=8)
 
 
 def _evaluate(arguments: list[str], env: dict[str, str]) -> tuple[dict, float]:

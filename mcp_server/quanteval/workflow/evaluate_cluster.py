@@ -213,6 +213,10 @@ def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str],
         raise ToolError(f"cluster.partition: {partition_name} has {chosen.gpus_per_node} GPU(s) per node; each job needs "
                         f"{gpus} (GRES gpu:{gpus}, {why}). Use one of: {', '.join(fitting) or 'none has as many'}, or "
                         "set cluster.gpus_per_node.")
+    if 0 < gpus < tensor_parallel_size:  # 0: a CPU partition, no GRES asked
+        raise ToolError(f"cluster.gpus_per_node: {gpus} is fewer than the plan's tensor parallel size (TP "
+                        f"{tensor_parallel_size}): the server would start {tensor_parallel_size} workers on {gpus} "
+                        f"GPU(s). Give at least {tensor_parallel_size}, or leave it unset.")
     walltime_s = slurm.slurm_seconds(settings.walltime) or 0
     least = int(startup_timeout_s + CANARY_RUN_S)
     if walltime_s < least:
