@@ -478,3 +478,43 @@ def test_wait_for_run_on_a_new_mcp_server_follows_a_cluster_evaluation_and_kill_
         assert {record.status for record in ledger.find(kind="canary")} == {"cancelled"}
     finally:
         slurm.scancel(slurm_cluster.ssh_alias, [blocker])
+
+
+def _tiny_add(slurm_cluster, tmp_path: Path) -> EvaluateQuantizationInput:
+    """The cheapest evaluation the cluster serves for real: tiny-add, 10 problems, canaries of 5."""
+    return _request(slurm_cluster, tmp_path).model_copy(update={
+        "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
+        "benchmarks": [str(REPO / "examples" / "benchmarks" / "tiny_add.py")], "max_problems": 10, "canary_problems": 5})
+
+
+def _baseline_canary_running(slurm_cluster) -> tuple[ledger.Record, str]:
+    """The baseline's canary record and its SLURM job, once that job runs."""
+    canary = next(record for record in _canaries(2) if record.details.get("checkpoint") == str(CHECKPOINTS / "tiny-add-bf16"))
+    (job_id,) = _job_ids([canary])
+    _until(lambda: [job.state for job in _queued(slurm_cluster, {job_id}).values()] == ["RUNNING"], 120, "its job RUNNING")
+    return canary, job_id
+
+
+@requires("vllm")
+@pytest.mark.timeout(600)
+def test_a_canary_killed_by_its_walltime_is_reported_with_its_job_and_the_fix(slurm_cluster, tmp_path):
+    """The baseline canary's job, once RUNNING, gets a 1-minute limit (scontrol, as a walltime too short would): SLURM
+    ends it TIMEOUT, and the call fails naming the side, the job, "killed by its walltime (TIMEOUT) after 00:01:00"
+    and the fix; the run is not left running, the other side's job is cancelled."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        evaluation = pool.submit(evaluate_quantization, _tiny_add(slurm_cluster, tmp_path))
+        canary, job_id = _baseline_canary_running(slurm_cluster)
+        limited = run_remote(slurm_cluster.ssh_alias, f"scontrol update JobId={job_id} TimeLimit=1")
+        assert limited.exit_code == 0, limited.stderr
+        limited_at = time.monotonic()
+        with pytest.raises(ToolError) as failed:
+            evaluation.result(timeout=300)
+    print(f"TIMEOUT reported {time.monotonic() - limited_at:.0f} s after the limit was lowered: {failed.value}")
+    assert re.search(rf"baseline canary {canary.id}: SLURM job {job_id} was killed by its walltime \(TIMEOUT\) after "
+                     r"00:01:00 \(SLURM job .* node localhost, logs .*\)\. Raise cluster.walltime \(now 00:30:00\)",
+                     str(failed.value)), failed.value
+    assert ledger.get(canary.id).status == "failed"
+    everything = _job_ids([record for record in ledger.find(kind="canary") if record.details.get("slurm_jobs")])
+    assert not _queued(slurm_cluster, everything)

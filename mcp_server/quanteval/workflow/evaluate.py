@@ -45,6 +45,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, ledger, paths
 from quanteval.clusters import slurm
+from quanteval.clusters.executor import JobStatus
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.recipes import recipe_for_benchmark
 from quanteval.engines.runresults import ValidateRunInput
@@ -808,12 +809,11 @@ class _InJob:
     placement: dict[str, Any]
 
 
-CLUSTER_POLL_S = 3.0
+CLUSTER_POLL_S = 3.0  # a poll is an ssh round trip per side (squeue, the job's chain file)
 # How SLURM itself, not the run, ended a job (the engine records such a run as failed).
 SLURM_ENDED = {"TIMEOUT": "at its walltime", "NODE_FAIL": "because its node failed (NODE_FAIL)",
-               "PREEMPTED": "when a job of higher priority preempted it (PREEMPTED)",
-               "OUT_OF_MEMORY": "when it ran out of host memory (OUT_OF_MEMORY)", "BOOT_FAIL": "when its node failed to boot (BOOT_FAIL)",
-               "DEADLINE": "at its deadline (DEADLINE)"}  # a poll is an ssh round trip per side (squeue, the job's chain file)
+               "PREEMPTED": "for a job of higher priority (PREEMPTED)", "BOOT_FAIL": "as its node failed to boot (BOOT_FAIL)",
+               "DEADLINE": "at its deadline (DEADLINE)"}
 
 
 def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressFn, checkpoints: list[_Checkpoint],
@@ -998,17 +998,17 @@ class _ClusterSide:
             self._full_run_ended(finished)
 
     def _ended_by_slurm(self, job: JobStatus, seen: dict[str, slurm.SlurmJob]) -> str:
-        """Why SLURM, not the run, ended its job, and what to change: never a bare "failed" (not the checkpoint's doing:
-        an answer of neither side, so the call fails, the other sides' jobs cancelled)."""
+        """Why SLURM, not the run, ended its job, and what to change: never a bare "failed". Not the checkpoint's doing,
+        so an answer of neither side: the call fails (the other sides' jobs cancelled)."""
         job_id = job.current_slurm_job_id or job.slurm_job_id or "?"
-        what = f"{self.role} {self.stage.replace('_', ' ')} {finished_id}" if (finished_id := self.canary_id if
-                                                                               self.stage == "canary" else self.full_id) else self.role
+        run = f"{self.role} {self.stage.replace('_', ' ')} {self.canary_id if self.stage == 'canary' else self.full_id}"
         if job.slurm_state == "TIMEOUT":
-            limit = seen[job_id].time_limit if job_id in seen else self.cluster.walltime
-            return (f"{what}: SLURM job {job_id} was killed by its walltime (TIMEOUT) after {limit}{self._where(self.stage)}. "
+            given = seen[job_id].time_limit if job_id in seen else self.cluster.walltime
+            limit = slurm.slurm_time(seconds) if (seconds := slurm.slurm_seconds(given)) else given  # squeue says 1:00
+            return (f"{run}: SLURM job {job_id} was killed by its walltime (TIMEOUT) after {limit}{self._where(self.stage)}. "
                     f"Raise cluster.walltime (now {self.cluster.walltime}) and call again; what already finished is reused.")
-        return (f"{what}: SLURM ended job {job_id} {SLURM_ENDED[job.slurm_state or '']}{self._where(self.stage)}; "
-                "nel-next submits it with --no-requeue, so it is not rerun. Call again to run it anew; what already "
+        return (f"{run}: SLURM ended job {job_id} {SLURM_ENDED[job.slurm_state or '']}{self._where(self.stage)}; nel-next "
+                "submits it with --no-requeue, so SLURM does not rerun it. Call again to run it anew; what already "
                 "finished is reused.")
 
     def _where(self, stage: str) -> str:
