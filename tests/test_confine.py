@@ -167,6 +167,7 @@ def test_a_nel_interpolation_or_override_that_resolves_outside_is_refused_and_dr
     assert not outside.exists()  # no scripts, no .secrets.env
 
 
+@pytest.mark.slow
 def test_nel_dry_run_over_the_root_renders_inside_when_the_interpolation_resolves_inside(workspace, monkeypatch):
     inside, outside = workspace
     monkeypatch.setenv("QE_RESULTS_DIR", str(inside / "results"))
@@ -609,6 +610,7 @@ def test_evaluate_reuses_a_finished_run_only_from_inside_the_root(workspace):
         paths.CALL_POLICY.reset(token)
 
 
+@pytest.mark.slow
 def test_what_a_confined_call_writes_unasked_stays_inside_the_root(workspace, real_run, monkeypatch):
     """A comparison without output_dir, a rule-in-points gate policy, a server's log: under --root they go to
     ROOT/.quanteval, not to the state dir outside it."""

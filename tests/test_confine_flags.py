@@ -98,6 +98,7 @@ def test_a_checkpoint_with_its_own_code_is_planned_but_neither_checked_nor_launc
 next_config = test_confine.next_config  # the fixture: a nel-next config inside the root
 
 
+@requires("slow")
 def test_a_configs_server_flags_are_confined_and_code_flags_are_commands(workspace, next_config):
     """A nel-next config's managed server (vLLM started on this machine) reads what its extra_args name, and imports
     Python with --trust-remote-code: a launch over --root checks both, as plan_deployment does."""

@@ -41,6 +41,7 @@ def _accounted(source: str, result) -> None:
         assert any(path == n or path.startswith(n + ".") for n in named), f"{path} = {value!r} is neither mapped nor named"
 
 
+@pytest.mark.slow
 def test_a_local_vllm_config_converts_to_one_nel_next_accepts(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_dummy_for_the_schema")  # NEL's template forwards it; nel-next expands ${HF_TOKEN} on load
     source = _nel(tmp_path, "local", "vllm")
@@ -79,6 +80,7 @@ def test_a_slurm_config_gets_a_node_pool_and_says_what_is_still_unknown(tmp_path
     _accounted(source, result)
 
 
+@pytest.mark.slow
 def test_an_existing_endpoint_becomes_an_api_service_with_its_key_from_the_environment(tmp_path):
     source = _nel(tmp_path, "local", "none")
     for key, value in {"target.api_endpoint.url": "http://127.0.0.1:8000/v1/chat/completions", "target.api_endpoint.model_id": "m",
@@ -151,6 +153,7 @@ def test_tasks_nel_next_would_not_grade_stay_on_nel_with_the_metrics_type_named(
     _accounted(source, result)
 
 
+@pytest.mark.slow
 @needs_ns
 def test_every_recipe_has_its_nel_next_form_or_says_why_not(tmp_path):
     """The ten recipes' nel-next form, from the same mapping as convert_config: graded NeMo-Skills benchmarks with the

@@ -77,6 +77,7 @@ def launched():
 # --- plans ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", EXAMPLES, ids=lambda p: p.name)
 def test_sglang_argv_for_every_bundled_example_is_accepted_by_sglangs_own_parser(checkpoint: Path):
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(checkpoint), framework="sglang"))
@@ -91,6 +92,7 @@ def test_sglang_argv_for_every_bundled_example_is_accepted_by_sglangs_own_parser
     assert "--quantization" not in args  # SGLang reads the ModelOpt config of all three itself
 
 
+@pytest.mark.slow
 def test_qwen3_reasoning_checkpoint_gets_its_parsers_per_framework():
     checkpoint = str(REPO / "examples" / "checkpoints" / "qwen3-tiny-nvfp4")
     sglang = plan_deployment(PlanDeploymentInput(checkpoint=checkpoint, framework="sglang", gpu_type="B200"))
@@ -211,6 +213,7 @@ def test_bad_plan_inputs_are_clear_errors(tmp_path):
         PlanDeploymentInput(checkpoint=str(LLAMA_BF16), framwork="vllm")
 
 
+@pytest.mark.slow
 def test_plan_deployment_through_the_cli(cli_env):
     out = subprocess.run(
         ["quanteval", "call", "plan_deployment", "--json", json.dumps({"checkpoint": str(LLAMA_BF16), "framework": "vllm"})],

@@ -42,6 +42,7 @@ def _tokenizer_warnings(result: runs.DryRunOutput) -> dict[str | None, str]:
     return {w.task: w.message for w in result.nel_warnings if "config.params.extra.tokenizer" in w.message}
 
 
+@pytest.mark.slow
 def test_slurm_dry_run_returns_nels_warnings_per_task_and_the_launches_in_full(tmp_path):
     config = _config(tmp_path, "valid_slurm_vllm.yaml")
     result = runs.dry_run(runs.DryRunInput(config_path=str(config)))
@@ -59,6 +60,7 @@ def test_slurm_dry_run_returns_nels_warnings_per_task_and_the_launches_in_full(t
     assert PLANTED not in result.model_dump_json()
 
 
+@pytest.mark.slow
 def test_local_dry_run_joins_docker_continuations_and_the_client_body(tmp_path):
     result = runs.dry_run(runs.DryRunInput(config_path=str(_config(tmp_path, "valid_local_vllm.yaml"))))
     assert result.ok, result.error
@@ -69,6 +71,7 @@ def test_local_dry_run_joins_docker_continuations_and_the_client_body(tmp_path):
     assert PLANTED not in result.model_dump_json()
 
 
+@pytest.mark.slow
 def test_apply_checkpoint_puts_the_tokenizer_only_under_the_tasks_that_read_it_and_nel_agrees(tmp_path):
     config = _config(tmp_path, "valid_slurm_vllm.yaml", tokenizer="???")
     add_tasks(AddTasksInput(config_path=str(config), tasks=["lm-evaluation-harness.ifeval"]))

@@ -29,6 +29,7 @@ def transcripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
 SCENARIOS = ["nvfp4-qwen3-sglang-slurm", "fp8-llama-vllm-local", "bf16-baseline-from-quantized-config", "reasoning-thinking-on-vllm-local"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_scenario_reaches_a_canary_ready_config_that_the_server_accepts(transcripts: dict[str, tuple], name: str) -> None:
     scenario, transcript, config = transcripts[name]

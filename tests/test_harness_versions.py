@@ -34,6 +34,7 @@ def container_item(baseline: Path, candidate: Path, tmp_path: Path):
     return result, next(item for item in result.checklist if item.item == "container")
 
 
+@requires("slow")
 def test_the_same_harness_is_comparable_and_another_nel_next_or_nemo_skills_is_named(real_run, tmp_path):
     skills = {"nemo-skills": "0.7.0 (467b057)"}
     baseline = run(real_run, tmp_path / "baseline", harness=skills)

@@ -303,6 +303,7 @@ def test_yaml_alias_bomb_is_refused(tmp_path):
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.slow
 def test_yaml_nested_past_any_config_is_a_clear_error_not_a_recursion_error(tmp_path):
     deep = tmp_path / "deep.yaml"
     deep.write_text("execution:\n  x: " + "[" * 2000 + "]" * 2000 + "\n")

@@ -25,6 +25,7 @@ def env_with_token(cli_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     return cli_env | {"HF_TOKEN": "hf_dummy_value_for_tests", "QUANTEVAL_RECIPES_DIR": str(tmp_path / "no-recipes")}
 
 
+@pytest.mark.slow
 def test_plan_writes_a_config_and_prints_a_readable_summary(repo: Path, env_with_token: dict[str, str], tmp_path: Path) -> None:
     done = plan(repo, env_with_token, tmp_path, "--tasks", "ns_gpqa,ns_aime2025", "--output-dir", "results")
     assert done.returncode == 0, done.stderr
@@ -44,6 +45,7 @@ def test_plan_writes_a_config_and_prints_a_readable_summary(repo: Path, env_with
     assert written["execution"]["output_dir"] == str(tmp_path / "results")
 
 
+@pytest.mark.slow
 def test_plan_never_overwrites_without_force(repo: Path, env_with_token: dict[str, str], tmp_path: Path) -> None:
     config = tmp_path / "mine.yaml"
     config.write_text("# my hand-edited config\n", encoding="utf-8")
@@ -75,6 +77,7 @@ def test_plan_missing_checkpoint_is_a_tool_error(env_with_token: dict[str, str],
     assert list(tmp_path.glob("*.yaml")) == []
 
 
+@pytest.mark.slow
 def test_plan_names_unset_env_vars_without_failing(repo: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
     env = {key: value for key, value in cli_env.items() if key != "HF_TOKEN"}
     done = plan(repo, env | {"QUANTEVAL_RECIPES_DIR": str(tmp_path / "none")}, tmp_path, "--tasks", "ns_gpqa")
@@ -82,6 +85,7 @@ def test_plan_names_unset_env_vars_without_failing(repo: Path, cli_env: dict[str
     assert "HF_TOKEN" in done.stdout and "not ready yet" in done.stdout
 
 
+@pytest.mark.slow
 def test_plan_with_bundled_recipes_keeps_their_repeats(repo: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
     """The demo's command: recipe names resolve to NeMo-Skills tasks with the recipe's repeat counts."""
     env = cli_env | {"HF_TOKEN": "hf_dummy", "DUMMY_API_KEY": "dummy"}
@@ -100,6 +104,7 @@ def test_plan_with_bundled_recipes_keeps_their_repeats(repo: Path, cli_env: dict
     assert not any("DUMMY_API_KEY" in name or "HF_TOKEN" in name for name in report["missing_values"])
 
 
+@pytest.mark.slow
 def test_the_demo_ends_naming_the_one_value_only_the_user_has(repo: Path, cli_env: dict[str, str], tmp_path: Path) -> None:
     """scripts/demo's command without HF_TOKEN: everything else is derived; the token is named once, with how to give it."""
     env = {key: value for key, value in cli_env.items() if key not in ("HF_TOKEN", "DUMMY_API_KEY", "QUANTEVAL_RECIPES_DIR")}
@@ -118,6 +123,7 @@ def test_the_demo_ends_naming_the_one_value_only_the_user_has(repo: Path, cli_en
     assert "missing values: none" in ready.stdout and "ready for a canary" in ready.stdout and "FAILED" not in ready.stdout
 
 
+@pytest.mark.slow
 def test_plan_set_writes_the_users_values_after_the_checkpoint(repo: Path, env_with_token: dict[str, str], tmp_path: Path) -> None:
     config = tmp_path / "slurm.yaml"
     done = plan(repo, env_with_token | {"USER": "tester"}, tmp_path, "--tasks", "gpqa", "--execution", "slurm", "--deployment", "sglang",

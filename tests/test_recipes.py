@@ -126,6 +126,7 @@ def nel_dry_run(tmp_path_factory) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index_and_path", list(enumerate(RECIPES)), ids=lambda item: item[1].stem)
 def test_recipe_in_base_config_passes_nel_dry_run(index_and_path, nel_dry_run):
     index, path = index_and_path

@@ -139,6 +139,7 @@ def test_a_length_rule_that_is_not_a_percentage_is_refused():
         CompareResultsInput(baseline="a", candidate="b", max_length_change=250)
 
 
+@pytest.mark.slow
 def test_the_gate_keeps_nel_gates_verdict_and_shows_quantevals_rules_beside_it(real_run, tmp_path, capsys):
     """On runs where one side cut 5% of its answers at max_tokens: `nel gate` (the real one) and quanteval's own
     verdict say GO on accuracy; the release verdict beside it is INCONCLUSIVE, with the fix, and is the exit code."""

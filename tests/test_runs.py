@@ -316,6 +316,7 @@ def test_failure_patterns_work_in_gnu_grep(tmp_path: Path) -> None:
     assert [line.split(":")[0] for line in found] == ["2", "4"]
 
 
+@pytest.mark.slow
 def test_gate_passes_a_validated_canary_and_refuses_a_failed_one(tmp_path: Path, nel_env: Path) -> None:
     config = write_config(tmp_path)
     config_hash = runs.config_hash(str(config))

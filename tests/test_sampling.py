@@ -159,7 +159,7 @@ def test_the_repeats_advised_after_the_run_decide_in_about_the_stated_share_of_s
     assert 0.65 <= decided / 200 <= 0.95
 
 
-@requires("skills-in-nel-next")
+@requires("skills-in-nel-next", "slow")
 def test_a_skills_benchmarks_size_is_counted_before_serving_and_the_margin_it_cannot_decide_is_said(monkeypatch):
     from quanteval import engines
     from quanteval.workflow.evaluate import _sampling_notes

@@ -162,6 +162,7 @@ VLLM_ONLY_FLAGS = {"--max-model-len", "--enable-auto-tool-choice", "--data-paral
 OTHER_FLAGS = {"--container-image", "--cuda-graph-max-bs", "--noise-floor"}
 
 
+@pytest.mark.slow
 def test_every_server_flag_the_pack_names_exists_in_sglang():
     """Server flags in the pack are checked against SGLang's own argument parser (CPU import)."""
     import argparse
@@ -249,6 +250,7 @@ def test_user_level_install_goes_where_each_assistant_looks(tmp_path: Path):
     assert not (tmp_path / ".claude").exists()
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_the_pack_and_installs_from_it(tmp_path: Path):
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],

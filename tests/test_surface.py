@@ -254,6 +254,7 @@ def _stdio_tools_list(cli_env, *options: str) -> list[dict]:
         proc.wait(timeout=20)
 
 
+@pytest.mark.slow
 def test_default_tools_list_stays_within_its_size_budget(cli_env):
     """The default toolsets fit the budget docs/USAGE.md states; the rest are one flag away (`--toolsets all`)."""
     default = _stdio_tools_list(cli_env)
@@ -298,6 +299,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_stdio_and_http_transports_give_identical_results(cli_env, repo):
     """The same tools and the same structured answers over stdio and streamable HTTP (127.0.0.1 only)."""
     import time

@@ -51,7 +51,7 @@ def test_a_long_enough_context_with_a_short_budget_warns_that_answers_are_trunca
     assert truncated.severity == "warning" and "16384" in truncated.fix
 
 
-@requires("nel-next")
+@requires("nel-next", "slow")
 def test_a_nel_next_skills_benchmark_is_checked_against_its_recipe_too(tmp_path):
     config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="vllm", model_type="chat_reasoning",
                                            benchmarks=["skills://aime25"], config_path=str(tmp_path / "next.yaml"))).config_path
@@ -62,7 +62,7 @@ def test_a_nel_next_skills_benchmark_is_checked_against_its_recipe_too(tmp_path)
     assert "recipe aime2025" in aime.message and "17408" in aime.message
 
 
-@requires("nel-next", "nemo-skills")
+@requires("nel-next", "nemo-skills", "slow")
 def test_a_skills_benchmark_nel_next_does_not_grade_is_an_error_not_a_verdict_of_zero_loss(tmp_path):
     """nel-next 0.3.0 grades NeMo-Skills' math and multichoice metrics; ifbench's 'if' falls back to exact match of the
     whole response (both runs score ~0, 'nothing lost'). The metrics type is read from NeMo-Skills' own dataset module."""

@@ -19,6 +19,7 @@ def collected(*args: str) -> set[str]:
     return {line for line in done.stdout.splitlines() if "::" in line}
 
 
+@pytest.mark.slow
 def test_fast_runs_every_test_no_heavy_marker_names_and_only_those():
     with ThreadPoolExecutor() as pool:  # three collections of the whole suite, side by side
         everything, fast, heavy = pool.map(lambda args: collected(*args), [(), ("--fast",), ("-m", " or ".join(TIER_MARKERS))])

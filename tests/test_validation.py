@@ -111,6 +111,7 @@ def test_every_filled_build_config_validates_clean(tmp_path: Path, execution: st
     assert result.valid
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("execution,deployment,model_type", list(itertools.product(["local", "slurm"], ["none", "vllm", "sglang", "nim", "trtllm"], ["base", "chat_reasoning"])))
 def test_clean_configs_pass_nels_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, execution: str, deployment: str, model_type: str) -> None:
     config = filled_config(tmp_path, execution, deployment, model_type, DRY_RUN_BUNDLES[model_type])

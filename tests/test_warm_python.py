@@ -147,6 +147,7 @@ def test_the_warm_process_and_its_hung_check_end_when_their_owner_is_killed(tmp_
     assert _warm_running() == []
 
 
+@pytest.mark.slow
 def test_sglangs_parser_answers_alike_warm_and_cold():
     """The real check: SGLang's parser (importable in this venv) accepts and refuses the same arguments twice."""
     pytest.importorskip("sglang.srt.server_args")
