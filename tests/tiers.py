@@ -6,7 +6,7 @@ the tier markers: `vllm` (starts a real vLLM), `slurm` (the real sshd + SLURM cl
 from the fixtures a test uses (`slurm_cluster`, the shared vLLM servers), so a test cannot forget them.
 
 `bash scripts/test --fast` (pytest's `--fast`, conftest) runs what none of these mark; the full suite runs everything
-with pytest-xdist on one worker more than the cores, each heavy marker in a lane of its own (LANES): one worker owns
+with pytest-xdist on twice as many workers as cores, each heavy marker in a lane of its own (LANES): one worker owns
 the SLURM cluster, one starts the tiny-add vLLM servers one at a time (the tests that check "no vLLM left running"
 would see another test's server otherwise); modules that check only their own servers take vLLM lanes of their own.
 """
