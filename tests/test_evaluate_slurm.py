@@ -208,11 +208,12 @@ def _blocker(slurm_cluster) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def _start(slurm_cluster, tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+def _start(slurm_cluster, tmp_path: Path, name: str, pair: tuple[Path, Path] = (BASE, LOSSY),
+           benchmark: str = "skills://tiny_mcq") -> tuple[subprocess.Popen, Path]:
     """`quanteval evaluate --host CLUSTER` in a process of its own (sharing this test's ledger), its progress in a file."""
     settings = _settings(slurm_cluster, tmp_path)
     log = tmp_path / f"{name}.log"
-    argv = [str(VENV_BIN / "quanteval"), "evaluate", str(BASE), str(LOSSY), "--benchmarks", "skills://tiny_mcq",
+    argv = [str(VENV_BIN / "quanteval"), "evaluate", *map(str, pair), "--benchmarks", benchmark,
             "--max-problems", "10", "--canary-problems", "5", "--max-drop", "1.5", "--json",
             "--output-dir", str(tmp_path / "evaluate"), "--host", slurm_cluster.ssh_alias, "--startup-timeout-s", "600",
             "--partition", "debug", "--account", settings["account"], "--walltime", settings["walltime"],
@@ -480,16 +481,20 @@ def test_wait_for_run_on_a_new_mcp_server_follows_a_cluster_evaluation_and_kill_
         slurm.scancel(slurm_cluster.ssh_alias, [blocker])
 
 
+TINY_ADD = (CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a8")
+TINY_ADD_BENCHMARK = str(REPO / "examples" / "benchmarks" / "tiny_add.py")
+
+
 def _tiny_add(slurm_cluster, tmp_path: Path) -> EvaluateQuantizationInput:
     """The cheapest evaluation the cluster serves for real: tiny-add, 10 problems, canaries of 5."""
     return _request(slurm_cluster, tmp_path).model_copy(update={
-        "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
-        "benchmarks": [str(REPO / "examples" / "benchmarks" / "tiny_add.py")], "max_problems": 10, "canary_problems": 5})
+        "baseline_checkpoint": str(TINY_ADD[0]), "candidate_checkpoint": str(TINY_ADD[1]), "benchmarks": [TINY_ADD_BENCHMARK],
+        "max_problems": 10, "canary_problems": 5})
 
 
 def _baseline_canary_running(slurm_cluster) -> tuple[ledger.Record, str]:
     """The baseline's canary record and its SLURM job, once that job runs."""
-    canary = next(record for record in _canaries(2) if record.details.get("checkpoint") == str(CHECKPOINTS / "tiny-add-bf16"))
+    canary = next(record for record in _canaries(2) if record.details.get("checkpoint") == str(TINY_ADD[0]))
     (job_id,) = _job_ids([canary])
     _until(lambda: [job.state for job in _queued(slurm_cluster, {job_id}).values()] == ["RUNNING"], 120, "its job RUNNING")
     return canary, job_id
@@ -518,3 +523,37 @@ def test_a_canary_killed_by_its_walltime_is_reported_with_its_job_and_the_fix(sl
     assert ledger.get(canary.id).status == "failed"
     everything = _job_ids([record for record in ledger.find(kind="canary") if record.details.get("slurm_jobs")])
     assert not _queued(slurm_cluster, everything)
+
+
+@requires("vllm")
+@pytest.mark.timeout(900)
+def test_a_requeued_canary_job_is_followed_until_it_runs_again_and_passes(slurm_cluster, tmp_path):
+    """nel-next submits every job --no-requeue, so SLURM refuses to requeue the baseline canary's RUNNING job. Made
+    requeueable (as an admin may) and requeued, it is PENDING again, then RUNNING: the evaluation follows it as one
+    job (never read as ended or failed) and its canary passes on the rerun."""
+    alias = slurm_cluster.ssh_alias
+    process, log = _start(slurm_cluster, tmp_path, "requeue", pair=TINY_ADD, benchmark=TINY_ADD_BENCHMARK)
+    try:
+        canary, job_id = _baseline_canary_running(slurm_cluster)
+        refused = run_remote(alias, f"scontrol requeue {job_id}")
+        assert refused.exit_code != 0 and "presently disabled" in refused.stderr, refused
+        for command in (f"scontrol update JobId={job_id} Requeue=1", f"scontrol requeue {job_id}"):
+            done = run_remote(alias, command)
+            assert done.exit_code == 0, (command, done.stderr)
+        requeued_at = time.monotonic()
+        _until(lambda: f"job {job_id} PENDING" in log.read_text(), 60, "the progress says the requeued job is PENDING")
+        said = log.read_text()
+        run_remote(alias, f"scontrol update JobId={job_id} StartTime=now")  # SLURM holds a requeued job 2 min (BeginTime)
+        _until(lambda: f"job {job_id} RUNNING" in log.read_text()[len(said):], 120, "the progress says it RUNNING again")
+        passed = _until(lambda: ledger.get(canary.id).status not in ("submitted", "pending", "running"), 300,
+                        "the rerun canary ends")
+        print(f"requeued canary: ended {time.monotonic() - requeued_at:.0f} s after the requeue ({passed:.0f} s after it ran again)")
+        statuses = [event.status for event in ledger.events(canary.id)]
+        assert ledger.get(canary.id).status == "succeeded" and "failed" not in statuses, (statuses, log.read_text()[-3000:])
+        assert "Restarts=1 " in run_remote(alias, f"scontrol show job {job_id}").stdout  # it passed on its rerun
+        assert process.poll() is None, log.read_text()[-3000:]  # the evaluation goes on to the full runs
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    everything = _job_ids([record for record in ledger.find(kinds=["canary", "full_run"]) if record.details.get("slurm_jobs")])
+    _until(lambda: not _queued(slurm_cluster, everything), 30, "no job left after SIGTERM")
