@@ -557,3 +557,30 @@ def test_a_requeued_canary_job_is_followed_until_it_runs_again_and_passes(slurm_
         process.wait(timeout=120)
     everything = _job_ids([record for record in ledger.find(kinds=["canary", "full_run"]) if record.details.get("slurm_jobs")])
     _until(lambda: not _queued(slurm_cluster, everything), 30, "no job left after SIGTERM")
+
+
+@requires("vllm")
+@pytest.mark.timeout(600)
+def test_a_canary_whose_node_fails_is_reported_as_not_rerun_with_its_job(slurm_cluster, tmp_path):
+    """What a node failure does to nel-next's --no-requeue jobs: SLURM ends them NODE_FAIL (the node set DOWN under
+    the running canaries) instead of requeueing them, and the call fails naming the side, the job and that nothing
+    reruns it, instead of a bare canary failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    alias = slurm_cluster.ssh_alias
+    with ThreadPoolExecutor(1) as pool:
+        evaluation = pool.submit(evaluate_quantization, _tiny_add(slurm_cluster, tmp_path))
+        _baseline_canary_running(slurm_cluster)
+        try:
+            downed = run_remote(alias, "scontrol update NodeName=localhost State=DOWN Reason=quanteval-test")
+            assert downed.exit_code == 0, downed.stderr
+            downed_at = time.monotonic()
+            with pytest.raises(ToolError) as failed:
+                evaluation.result(timeout=300)
+        finally:
+            run_remote(alias, "scontrol update NodeName=localhost State=RESUME")
+    print(f"NODE_FAIL reported {time.monotonic() - downed_at:.0f} s after the node went down: {failed.value}")
+    assert re.search(r"(baseline|candidate) canary canary-\w+: SLURM ended job \d+ because its node failed \(NODE_FAIL\) "
+                     r"\(SLURM job .*\); nel-next submits it with --no-requeue, so SLURM does not rerun it\. Call again",
+                     str(failed.value)), failed.value
+    _until(lambda: "idle" in run_remote(alias, "sinfo -h -n localhost -p debug -o %t").stdout, 60, "the node back")
