@@ -104,3 +104,19 @@ def test_a_traceback_frame_whose_line_number_is_an_http_status_is_not_that_failu
     hits = [("job.log", number, line) for number, line in enumerate(log, 1) if failures.classify(line)]
     assert failures.diagnose(hits, log).failure_class not in ("rate_limit", "missing_credentials")
     assert failures.classify("HTTP 429 Too Many Requests from the judge endpoint") == "rate_limit"  # a status still is
+
+
+def test_a_traceback_is_diagnosed_by_the_exception_it_ends_in() -> None:
+    """vLLM's worker traceback (a checkpoint without one of its tensors, as a SLURM job's server log has it): the
+    diagnosis shows the exception that says what failed, not the line saying that something did."""
+    log = "server-model-7.log"
+    lines = ["(Worker pid=24342) ERROR 11-28 07:06:41 [multiproc_executor.py:953] Traceback (most recent call last):",
+             '(Worker pid=24342) ERROR 11-28 07:06:41 [multiproc_executor.py:953]   File "/v/loader.py", line 429, in load',
+             "(Worker pid=24342) ERROR 11-28 07:06:41 [multiproc_executor.py:953]     raise ValueError(",
+             "(Worker pid=24342) ERROR 11-28 07:06:41 [multiproc_executor.py:953] ValueError: Following weights were "
+             "not initialized from checkpoint: {'model.norm.weight'}",
+             "RuntimeError: Engine core initialization failed. See root cause above."]
+    hits = [(log, number, text) for number, text in enumerate(lines, 1) if failures.classify(text)]
+    diagnosis = failures.diagnose(hits, lines)
+    assert diagnosis.failure_class == "traceback" and diagnosis.line_number == 4
+    assert diagnosis.line is not None and diagnosis.line.endswith("not initialized from checkpoint: {'model.norm.weight'}")

@@ -163,8 +163,9 @@ _SCRIPT_ECHO = re.compile(r"^\s*(\++ |(export\s+)?[A-Za-z_][A-Za-z0-9_]*=\S*$)")
 
 
 # A Python traceback's frame (`  File "x.py", line 429, in f`): where, not what failed; its line number would read as
-# an HTTP status (429 rate limit, 401/403 credentials).
-_TRACEBACK_FRAME = re.compile(r'^\s*File "[^"]*", line [0-9]+')
+# an HTTP status (429 rate limit, 401/403 credentials). vLLM's processes log theirs behind a prefix:
+# `(Worker pid=7) ERROR 11-28 07:06:41 [multiproc_executor.py:953]   File ...`.
+_TRACEBACK_FRAME = re.compile(r'^(\([^)]*\)\s*)?([A-Z]+ \S+ \S+ \[[^\]]*\])?\s*File "[^"]*", line [0-9]+')
 
 
 def is_script_echo(line: str) -> bool:
@@ -208,6 +209,9 @@ def diagnose(hits: list[tuple[str, int, str]], last_lines: list[str]) -> Diagnos
                          "(run_logs shows more).", last_lines=meaningful(last_lines)[-LAST_LINES:])
     rank, file, number, text = min(ranked, key=lambda item: item[0])
     name = COMPILED[rank][0]
+    if name == "traceback":  # its first exception line after it says what failed; the traceback line only that it did
+        raised = [(n, t) for f, n, t in hits if f == file and n > number and classify(t) == "exception"]
+        number, text = min(raised, default=(number, text))
     known = server_failure(text)
     advice = f"{known.meaning} {known.fix}" if known and known.failure_class == name else FAILURE_ADVICE[name]
     if name == "disk_full" and (path := re.search(r"""['"](/[^'"]+)['"]""", text)):

@@ -268,7 +268,8 @@ def _require_pass(record: ledger.Record, what: str, max_error_share: float = Val
         diagnosis = logs.diagnosis
         why = (f"{diagnosis.failure_class}: {diagnosis.line or ' / '.join(diagnosis.last_lines[-3:])} ({diagnosis.advice})"
                if diagnosis else record.details.get("error") or record.status)
-        raise ToolError(f"{what} {record.id} {record.status}: {why}. Logs: {record.details.get('log_path')}")
+        logs_at = record.details.get("log_path")  # a cluster run's are named in `what`
+        raise ToolError(f"{what} {record.id} {record.status}: {why}." + (f" Logs: {logs_at}" if logs_at else ""))
     report = results.validate_run(ValidateRunInput(run=record.id, max_error_share=max_error_share))
     # a full run's setup was vouched for by its canary: a score at 0 or at chance there is the comparison's to judge
     if report.verdict != "pass" and not (report.verdict == "suspect" and record.kind == "full_run"):

@@ -5,6 +5,7 @@ overrides), or one sbatch job per shard on a SLURM cluster (its record keeps slu
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import time
 from pathlib import Path
@@ -234,11 +235,31 @@ def _log_lines(record: ledger.Record, lines: int) -> tuple[str, list[str]]:
         raise ToolError(f"run_logs: {exc}; retry when the cluster answers.") from None
 
 
+# The log nel-next's SLURM job script writes per service (slurm_gen: logs/server-NAME-JOBID.log, and a link
+# server-NAME.log to the newest, left out here as a copy)
+JOB_SERVER_LOG = re.compile(r"/server-.+-\d+\.log$")
+
+
 def _server_logs(record: ledger.Record, lines: int) -> LogFailures:
-    """The output of the run's managed servers where this process can read it (a local run's logs/; servers.py)."""
+    """The output of the run's managed servers: a local run's logs/ (servers.py); on a cluster, each job's
+    server-NAME-JOBID.log in its logs/ (one ssh call per job directory)."""
     run_dir = record.details.get("run_dir")
-    here = executors.for_name(record.executor).local_path(run_dir) if run_dir else None
-    return read_log_failures(servers.server_logs(here), lines) if here is not None else ([], [])
+    executor = executors.for_name(record.executor)
+    here = executor.local_path(run_dir) if run_dir else None
+    if here is not None:
+        return read_log_failures(servers.server_logs(here), lines)
+    tails: list[tuple[str, list[str]]] = []
+    hits: list[tuple[str, int, str]] = []
+    if not record.details.get("slurm_jobs"):
+        return tails, hits
+    for job in {job.remote_dir: job for job in nelnext.cluster_jobs(record.details)}.values():  # shards share one
+        try:
+            job_tails, job_hits = executor.log_failures(job, lines, MAX_HITS)
+        except Unreachable:
+            continue
+        tails += [(file, tail) for file, tail in job_tails if JOB_SERVER_LOG.search(file)]
+        hits += [hit for hit in job_hits if JOB_SERVER_LOG.search(hit[0])]
+    return tails, hits
 
 
 def logs(record: ledger.Record, lines: int, job_id: str | None, progress: ProgressFn) -> RunLogsOutput:
