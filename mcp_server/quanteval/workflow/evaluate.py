@@ -844,8 +844,8 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
         for side, future in zip([s for s in every if s.adopted is None and s.side.done is None], submitting, strict=True):
             side.guarded(future.result, side is extra)
         while not all(side.finished for side in every):
-            cancellation_point()
-            for side in every:
+            for side in every:  # a poll of a side is a few ssh round trips: a cancel is seen before the next side's
+                cancellation_point()
                 side.guarded(lambda side=side: side.step(progress, total), side is extra)
             if not all(side.finished for side in every):
                 pause(CLUSTER_POLL_S)  # a client that left may SIGKILL this process 4 s later: its jobs are cancelled first
@@ -865,14 +865,22 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
 
 
 def _cancel_sides(host: str, sides: list[_ClusterSide]) -> None:
-    """Every side's queued or running job scancelled in one round trip, then each side's run recorded cancelled, all at
-    once: an MCP client that left SIGKILLs this server 4 s after closing stdin."""
-    active = [side for side in sides if side.active is not None]
-    if job_ids := [job_id for side in active for job_id in side.job_ids]:
-        with contextlib.suppress(ToolError):  # unreachable: each side's own cancel below says so in its record
+    """Every side's queued or running job scancelled in one round trip, then each side's run recorded cancelled: an
+    MCP client that left SIGKILLs this server 4 s after closing stdin, and under load each side's own cancel (a status
+    poll, then scancel) took longer. Their jobs have no auto-resume successor (jobserving), so the scancel is all of it;
+    a cluster that did not answer is left to each side's own cancel, which says so in its record."""
+    active = {side: side.active for side in sides if side.active is not None}
+    try:
+        if job_ids := [job_id for side in active for job_id in side.job_ids]:
             slurm.scancel(host, job_ids)
-    with concurrent.futures.ThreadPoolExecutor(max(len(active), 1)) as pool:
-        list(pool.map(lambda side: side.cancel(), active))
+    except ToolError:
+        with concurrent.futures.ThreadPoolExecutor(max(len(active), 1)) as pool:
+            list(pool.map(lambda side: side.cancel(), active))
+        return
+    for side, record_id in active.items():
+        ledger.update(record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted",
+                      only_from=ACTIVE)
+        side.active = None
 
 
 class _ClusterSide:
