@@ -15,12 +15,12 @@ os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 
 # The lanes first, the longest first (seconds in a full run on CI's 2 cores, 2026-11-28): SLURM's (~900, mostly
-# waiting on the cluster), the cluster evaluations' (~900: vLLM inside SLURM jobs), the tiny-add vLLM lane's and the
-# one-call evaluations' (~700 each), tiny-skills' against ns eval (~650), its verdict's and its sampled repeats' (~500
-# each), the disconnect-per-phase test's (~350); the other groups after them.
+# waiting on the cluster), the cluster evaluations' and their faults' (~900 each: vLLM inside SLURM jobs), the tiny-add
+# vLLM lane's and the one-call evaluations' (~700 each), tiny-skills' against ns eval (~650), its verdict's and its
+# sampled repeats' (~500 each), the disconnect-per-phase test's (~350); the other groups after them.
 FIRST_LANES = {name: order for order, name in enumerate((
-    "slurm", "vllm-cluster", "vllm", "vllm-evaluate", "vllm-tiny-skills", "vllm-skills-verdict", "vllm-sampled",
-    "vllm-disconnect"))}
+    "slurm", "vllm-cluster", "vllm-cluster-faults", "vllm", "vllm-evaluate", "vllm-tiny-skills", "vllm-skills-verdict",
+    "vllm-sampled", "vllm-disconnect"))}
 
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]

@@ -22,7 +22,7 @@ from quanteval.workflow import runs
 from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 from quanteval.workflow.evaluate_cluster import ClusterSettings
 
-pytestmark = [*requires("nel-next", "slurm", "vllm"), own_lane("vllm-cluster")]
+pytestmark = [*requires("nel-next", "slurm", "vllm"), own_lane("vllm-cluster-faults")]  # test_evaluate_slurm's faults lane
 
 
 def _unloadable(tmp_path):
