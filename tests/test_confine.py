@@ -127,13 +127,13 @@ def test_slurm_paths_are_on_the_cluster_and_not_confined(tmp_path):
                    "target:\n  api_endpoint:\n    url: http://x/v1/chat/completions\n    model_id: m\n"
                    "evaluation:\n  tasks:\n    - name: ifeval\n")
     plan = launchplan.plan(nel)
-    assert plan.engine.name == "nel" and plan.engine.launch_paths(plan) == []
+    assert plan.engine.name == "nel" and plan.engine.run.launch_paths(plan) == []
     nel_next = tmp_path / "next.yaml"
     nel_next.write_text("services:\n  model:\n    type: api\n    url: http://x/v1/chat/completions\n    protocol: chat_completions\n"
                         "benchmarks:\n  - name: /x/b.py\n    solver:\n      type: simple\n      service: model\n"
                         "cluster:\n  type: slurm\n  hostname: login\n  account: a\noutput:\n  dir: /x\n")
     plan = launchplan.plan(nel_next)
-    assert plan.engine.name == "nel-next" and plan.engine.launch_paths(plan) == []
+    assert plan.engine.name == "nel-next" and plan.engine.run.launch_paths(plan) == []
 
 
 # ---------------------------------------------------------------- interpolations, overrides, BYOB forms

@@ -534,7 +534,7 @@ def test_a_refresh_that_read_a_run_running_leaves_the_cancel_written_meanwhile(t
                         details={"engine": "nel-next", "run_dir": str(run_dir), "pgid": gone.pid, "tasks": ["sums"]})
     seen = ledger.get(record.id)
     ledger.update(record.id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
-    assert engines.for_record(seen).refresh(seen).record.status == "cancelled"
+    assert engines.for_record(seen).run.refresh(seen).record.status == "cancelled"
     assert ledger.get(record.id).status == "cancelled"
 
 

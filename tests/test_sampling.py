@@ -57,11 +57,11 @@ def test_over_mcp_and_the_cli_bad_sampling_is_refused_before_anything_is_served(
 def test_both_sides_get_the_same_repeats_and_sampling_and_a_one_pass_key_is_unchanged():
     from quanteval import engines
 
-    values = engines.by_name("nel-next").endpoint_values("http://127.0.0.1:9/v1", "chat_completions", "m", 64, "/o", 2,
+    values = engines.evaluating().evaluation.endpoint_values("http://127.0.0.1:9/v1", "chat_completions", "m", 64, "/o", 2,
                                                          None, 8, sampling.sampling_values(0.7, 0.95))
     assert values["benchmarks[0].repeats"] == values["benchmarks[1].repeats"] == 8
     assert values["services.model.generation.temperature"] == 0.7 and values["services.model.generation.top_p"] == 0.95
-    plain = engines.by_name("nel-next").endpoint_values("http://127.0.0.1:9/v1", "chat_completions", "m", 64, "/o", 1, None)
+    plain = engines.evaluating().evaluation.endpoint_values("http://127.0.0.1:9/v1", "chat_completions", "m", 64, "/o", 1, None)
     assert not any("repeats" in key or "temperature" in key or "top_p" in key for key in plain)
     one_pass = EvaluateQuantizationInput(**ARGS)
     sampled = EvaluateQuantizationInput(**ARGS, repeats=8, temperature=0.7)
@@ -165,7 +165,7 @@ def test_a_skills_benchmarks_size_is_counted_before_serving_and_the_margin_it_ca
     from quanteval.workflow.evaluate import _sampling_notes
 
     monkeypatch.setenv("NEMO_SKILLS_EXTRA_BENCHMARK_MAP", str(REPO / "examples/benchmarks/skills/benchmark_map.json"))
-    assert engines.by_name("nel-next").benchmark_sizes(["skills://tiny_mcq", "x.py"]) == {"skills://tiny_mcq": 200}
+    assert engines.evaluating().evaluation.benchmark_sizes(["skills://tiny_mcq", "x.py"]) == {"skills://tiny_mcq": 200}
     request = EvaluateQuantizationInput(baseline_checkpoint="a", candidate_checkpoint="b", benchmarks=["skills://tiny_mcq"],
                                         repeats=1, temperature=0.7, max_drop=1)
     (note,) = _sampling_notes(request)

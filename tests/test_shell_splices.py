@@ -14,10 +14,11 @@ import test_confine
 from test_confine import _refused, calls
 from tiers import REPO, requires
 
+from quanteval import engines
 from quanteval.engines import commands
 from quanteval.engines.base import LaunchPlan
-from quanteval.engines.nel import engine as nel
-from quanteval.engines.nel_next import engine as nel_next
+from quanteval.engines.nel import configrole as nel
+from quanteval.engines.nel_next import configrole as nel_next
 
 RUN_SH = next(REPO.glob(".venv/lib/python3*/site-packages/nemo_evaluator_launcher/executors/local/run.template.sh"), None)
 NEL_NEXT_PACKAGE = next(REPO.glob(".venv-nel-next/lib/python3*/site-packages/nemo_evaluator"), None)
@@ -73,7 +74,7 @@ def _nested(key: str, value: object) -> dict:
     return doc
 
 
-TABLES = [(nel, pattern) for pattern in nel.shell_spliced] + [(nel_next, pattern) for pattern in nel_next.shell_spliced]
+TABLES = [(engine, pattern) for engine in map(engines.by_name, ("nel", "nel-next")) for pattern in engine.config.shell_spliced]
 
 
 @pytest.mark.parametrize(("engine", "pattern"), TABLES, ids=[f"{engine.name}:{pattern}" for engine, pattern in TABLES])

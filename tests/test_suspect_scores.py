@@ -102,7 +102,7 @@ def _canary_of(config: str, run_dir: Path) -> ledger.Record:
     return ledger.add("canary", status="succeeded", config_path=config, config_hash=runs.config_hash(config),
                       invocation_id="suspect-canary", executor="local",
                       details={"engine": "nel-next", "run_dir": str(run_dir), "pgid": 0,
-                               "tasks": plan.engine.compose(plan).tasks})
+                               "tasks": plan.engine.run.compose(plan).tasks})
 
 
 def test_the_gate_refuses_a_full_run_on_a_suspect_canary_over_mcp_unless_the_person_accepts_it(real_run, tmp_path):

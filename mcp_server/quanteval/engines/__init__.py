@@ -5,63 +5,54 @@
 - engines/nel_next: NeMo Evaluator >= 0.3 (`nel eval run`, benchmarks in-process; configs with services/benchmarks/
   cluster/output), driven through its CLI from its own Python 3.12 venv.
 
-A new engine is one package under engines/ whose engine.py module has the members of `base.Engine` (defining or
-importing them), and one line in ENGINES below.
+A new engine is one package under engines/ whose engine.py declares its `base.Engine` (its roles: config, run,
+placement, and the optional evaluation capability), and one line in ENGINES below.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from types import MethodType, ModuleType
-from typing import Any, cast
+from typing import Any, Literal
 
 from ruamel.yaml.comments import CommentedMap
 
 from quanteval import configfile, ledger
-from quanteval.engines.base import Engine, EngineDefaults, EngineName, config_check
+from quanteval.engines.base import Engine, config_check
 from quanteval.engines.runresults import ResultsReader
 from quanteval.models import ToolError
 
-# One line per engine, asked in this order (the last is the default): its Engine module and its ResultsReader. Both
-# load on first use: an engine brings its config rules and run code (~120 ms, more with ruamel), which a tool that
-# reads a results folder (quanteval gate, extract_scores) never needs; its reader is light.
+# One line per engine, asked in this order (the last is the default): its name (what build_config takes and each run's
+# record keeps), its Engine and its ResultsReader. Both load on first use: an engine brings its config rules and run
+# code (~120 ms, more with ruamel), which a tool that reads a results folder (quanteval gate, extract_scores) never
+# needs; its reader is light.
 ENGINES = (
-    ("quanteval.engines.nel_next.engine", "quanteval.engines.nel_next.results:NelNextResults"),
-    ("quanteval.engines.nel.engine", "quanteval.engines.nel.results:NelResults"),
+    ("nel-next", "quanteval.engines.nel_next.engine:ENGINE", "quanteval.engines.nel_next.results:NelNextResults"),
+    ("nel", "quanteval.engines.nel.engine:ENGINE", "quanteval.engines.nel.results:NelResults"),
 )
-
-# The members an engine module may leave out, each with its default (EngineDefaults' value or function).
-OPTIONAL = {member: default for member, default in vars(EngineDefaults).items() if not member.startswith("_")}
+EngineName = Literal[tuple(sorted(name for name, _, _ in ENGINES))]  # type: ignore[valid-type]  # the tools' schema: the known names
 
 
-def with_defaults(module: ModuleType) -> Engine:
-    """An engine module with every optional member it leaves out set to its default (a function bound to the module,
-    which it gets as self)."""
-    for member, default in OPTIONAL.items():
-        if not hasattr(module, member):
-            setattr(module, member, MethodType(default, module) if inspect.isfunction(default) else default)
-    return cast(Engine, module)
-
-
-def _instance(spec: str) -> Any:
+def _load(spec: str) -> Any:
     module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)()
+    return getattr(importlib.import_module(module), name)
 
 
 @cache
 def registered() -> tuple[Engine, ...]:
     """Every engine, in ENGINES' order: the first that owns a config's shape is its engine; the last is the default."""
-    return tuple(with_defaults(importlib.import_module(engine)) for engine, _ in ENGINES)
+    loaded = tuple(_load(engine) for _, engine, _ in ENGINES)
+    if misnamed := [f"{engine.name} (its line: {name})" for (name, _, _), engine in zip(ENGINES, loaded, strict=True) if engine.name != name]:
+        raise ToolError(f"engines not named as their ENGINES line: {', '.join(misnamed)}")
+    return loaded
 
 
 @cache
 def readers() -> tuple[ResultsReader, ...]:
     """Every engine's results reader, in ENGINES' order."""
-    return tuple(_instance(reader) for _, reader in ENGINES)
+    return tuple(_load(reader)() for _, _, reader in ENGINES)
 
 
 def _recognized(run: str) -> ResultsReader | None:
@@ -112,7 +103,7 @@ def by_name(name: str | None) -> Engine:
 
 def for_config(doc: Any) -> Engine:
     """The engine a parsed config is written for: the first that owns its sections."""
-    return next((engine for engine in registered() if engine.owns(doc)), registered()[-1])
+    return next((engine for engine in registered() if engine.config.owns(doc)), registered()[-1])
 
 
 def for_record(record: ledger.Record) -> Engine:
@@ -120,15 +111,24 @@ def for_record(record: ledger.Record) -> Engine:
     return by_name(record.details.get("engine"))
 
 
+def evaluating() -> Engine:
+    """The engine that evaluates a served model in one call (evaluate_quantization, get_task_recipe's nel_next form):
+    the first with the Evaluation capability; an engine without it is never picked."""
+    if (engine := next((engine for engine in registered() if engine.evaluation is not None), None)) is None:
+        raise ToolError(f"no engine here evaluates a served model in one call (none of {', '.join(e.name for e in registered())} "
+                        "has the evaluation capability): use the step-by-step tools (build_config, launch_canary, ...).")
+    return engine
+
+
 def placement_form() -> Engine:
-    """The engine whose config keys a placement view uses (Engine.placement_view: NEL 0.2.6's execution and deployment
+    """The engine whose config keys a placement view uses (PlacementRole.view: NEL 0.2.6's execution and deployment
     keys): apply_cluster reads a view's deployment type and what its unset keys stand for from it."""
-    return next(engine for engine in registered() if engine.placement_native)
+    return next(engine for engine in registered() if engine.placement.native)
 
 
 def known_config(doc: Any) -> bool:
     """Is this parsed YAML a config of any engine (and not some other YAML file)?"""
-    return any(engine.owns(doc) for engine in registered())
+    return any(engine.config.owns(doc) for engine in registered())
 
 
 # Refuses YAML that is not a config of any engine (a docker-compose file, a policy): config tools never touch those.
@@ -145,9 +145,5 @@ def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None]) -> str
     return configfile.edit_config(path, mutate, check_config)
 
 
-def is_nel_next(doc: Any) -> bool:
-    return for_config(doc).name == "nel-next"
-
-
-__all__ = ["Engine", "registered", "EngineName", "by_name", "check_config", "edit_config", "for_config", "for_record",
-           "is_nel_next", "known_config", "load_config", "placement_form"]
+__all__ = ["Engine", "registered", "EngineName", "by_name", "check_config", "edit_config", "evaluating", "for_config",
+           "for_record", "known_config", "load_config", "placement_form"]

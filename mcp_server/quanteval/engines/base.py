@@ -3,8 +3,9 @@
 An engine is one package under engines/ (engines/nel: NEL 0.2.6, engines/nel_next: nel-next) holding everything
 specific to it: its config's shape and rules, how a run is rendered, launched, watched, stopped and resumed, and how
 its results are read. The workflow tools hold one engine-neutral body each and ask `engines.for_config(doc)` or
-`engines.for_record(record)` which engine they talk to; the name an engine goes by is stored once, in the config's
-shape and in the ledger record of each run, and never compared as a string in the tools.
+`engines.for_record(record)` which engine they talk to, then speak to the role they need (config, run, placement;
+evaluation where the engine has it); the name an engine goes by is its line in engines.ENGINES, kept in the ledger
+record of each run, and never compared as a string in the tools.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError
 from quanteval.serving.frameworks import FRAMEWORKS, NEL_NEXT_SERVICES, one_of
 
-EngineName = Literal["nel", "nel-next"]
 RunKind = Literal["dry_run", "canary", "full_run"]
 
 ACTIVE = ("submitted", "pending", "running", "resuming")
@@ -258,150 +258,34 @@ def unpinned_image_problem(path: str, image: str, inherited: str = "") -> Proble
         fix=f"Pin it: {repository}:<version> (the tag the model card recommends) or {repository}@sha256:<digest>.")
 
 
-# ---------------------------------------------------------------- the interface
+def referenced_env_vars(doc: Any) -> dict[str, list[str]]:
+    """Environment variables a config reads from the host, with the keys that read each: its `host:` and `${oc.env:}`
+    references (env_references), which read the same in every engine's config."""
+    needed: dict[str, list[str]] = {}
+    for path, name in env_references(doc):
+        needed.setdefault(name, []).append(path)
+    return needed
+
+
+# ---------------------------------------------------------------- the interface: one role per kind of caller
 #
-# An engine is a module, engines/<engine>/engine.py, that defines or imports these members (its functions take what a
-# method takes after self). EngineDefaults holds the members it may leave out, with what it then gets: the registry
-# (engines/__init__.py) gives a module each one it lacks, once, when it loads it. tests/test_engines.py checks that
-# every registered engine has every member, with the protocol's parameters.
+# An engine is an Engine (engines/<engine>/engine.py) whose roles are modules that define or import the role's members
+# (a function takes what a method takes after self). No role has defaults: a module states each member, so what an
+# engine does is read in its own package. tests/test_engines.py checks every registered engine's roles, parameters too.
 
 
-class EngineDefaults(Protocol):
-    """The optional members of an Engine, and their defaults (a function here gets the engine module as self)."""
+class ConfigRole(Protocol):
+    """What the config tools ask (build_config, validate_config, apply_checkpoint, add_tasks, the command checks)."""
 
     # Keys whose string values the engine writes unquoted into the shell script it runs (fnmatch on dotted keys):
     # shell syntax there runs as a command (engines/commands.py).
-    shell_spliced: tuple[str, ...] = ()
+    shell_spliced: tuple[str, ...]
     # Keys holding the arguments of a model server the engine starts as a process of this machine (not in a container):
     # a flag there that imports Python (--trust-remote-code) runs code here, as a command does (engines/commands.py).
-    host_server_args: tuple[str, ...] = ()
-    # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
-    writes_placement_host: bool = False
-    # The config's own keys are the placement view's (NEL 0.2.6's execution/deployment keys): engines.placement_form.
-    placement_native: bool = False
-
-    def command_presets(self, doc: Any) -> dict[str, str]:
-        """The engine's own command values for this config (key -> value), not named as the user's commands."""
-        return {}
-
-    # -- config
-
-    def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
-        """Environment variables the config (or its tasks' recipes) reads from the host, with the keys that read each:
-        by default its `host:` and `${oc.env:}` references (env_references), which read the same in every engine's
-        config."""
-        needed: dict[str, list[str]] = {}
-        for path, name in env_references(doc):
-            needed.setdefault(name, []).append(path)
-        return needed
-
-    def config_tasks(self, doc: Any) -> list[tuple[str, Any]]:
-        """(dotted path, entry) for each task in the config's own task list (NEL 0.2.6: evaluation.tasks, which
-        convert_config reads); none where the engine keeps no such list."""
-        return []
-
-    def task_form(self, qualified_name: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
-        """The entry this engine's config holds for a catalogue task (its qualified NEL name) with a recipe's repeats,
-        or None; and what it scores, or why there is none (get_task_recipe's nel_next asks nel-next's engine)."""
-        raise NotImplementedError(f"{self.name} gives no form of a catalogue task")
-
-    # -- cluster placement: apply_cluster reads and writes NEL 0.2.6's execution/deployment keys, the neutral form
-
-    def placement_view(self, doc: Any) -> Any:
-        """The config seen as NEL 0.2.6's `execution` (SLURM cluster) and `deployment` (server, parallelism) keys."""
-        return doc
-
-    def placement_defaults(self, view: Any) -> dict[str, Any]:
-        """What a placement view's unset keys stand for (deployment.tensor_parallel_size and the other parallel sizes,
-        execution.walltime), by dotted key: the parallel sizes are asked of the engine whose keys the view uses
-        (engines.placement_form), the walltime of the config's own engine (its scheduler default)."""
-        return {}
-
-    def placement_key(self, key: str) -> str:
-        """Where this engine's config keeps a placement key written in NEL 0.2.6's form (execution.partition, ...)."""
-        return key
-
-    def placement_edits(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The keys and values apply_cluster writes into this engine's config for a placement's `values`."""
-        return values
-
-    # -- the run lifecycle
-
-    def read_launch(self, config_path: str, overrides: list[str]) -> dict[str, Any]:
-        """The engine's own reading of a config with overrides, made once per launch and kept in its LaunchPlan
-        (engines/launchplan.py) for the steps below; by default none."""
-        return {}
-
-    def results_location(self, record: ledger.Record) -> str:
-        """Where validate_run and the result tools find the run's results (a path, host:path, or the record id): by
-        default the record id (the engine's results reader reads a run it recorded, fetching it from a cluster)."""
-        return record.id
-
-    # -- evaluate_quantization (workflow/evaluate.py), which runs the engine it names (nel-next): none by default
-
-    def benchmark_sizes(self, benchmarks: list[str]) -> dict[str, int]:
-        """Problems per benchmark where the engine can count them before anything is served (evaluate_quantization
-        says up front what they can decide); the others are left out."""
-        return {}
-
-    def evaluation_problems(self, benchmarks: list[str]) -> list[Problem]:
-        """What stops a run of these benchmarks (as build_config takes them) before anything is served; a ToolError
-        where the engine cannot run here at all."""
-        raise ToolError(f"{self.name} does not run evaluate_quantization")
-
-    def benchmark_names(self, benchmarks: list[str]) -> list[str] | None:
-        """The names a run of these benchmarks (as build_config takes them) reports its results by (what
-        reference_scores are keyed by); None where the engine cannot tell before it runs them."""
-        return None
-
-    def served_facts(self, url: str) -> dict[str, Any] | None:
-        """What the server behind an endpoint says it serves (its /v1/models entry: id, root, max_model_len), as the
-        engine's run facts keep it; None when it does not answer."""
-        return None
-
-    def endpoint_values(self, url: str, protocol: str, model: str | None, max_tokens: int, output_dir: str,
-                        benchmarks: int, max_problems: int | None, repeats: int = 1,
-                        sampling: dict[str, float] | None = None) -> dict[str, Any]:
-        """The keys and values set_config_value writes into a config built for an existing endpoint (build_config's
-        deployment none) to evaluate the model served there: its URL for the protocol (chat_completions or
-        completions), its name, the generation budget, where runs write, and a problem limit for each of the config's
-        `benchmarks` (max_problems None: all), the samples per problem (`repeats`) and the sampling (temperature,
-        top_p: those given; the others stay the config's)."""
-        raise ToolError(f"{self.name} does not run evaluate_quantization")
-
-    def serve_in_job(self, values: dict[str, Any], model_path: str, served_model_name: str, port: int,
-                     command: list[str], startup_timeout_s: float, placement: dict[str, Any]) -> dict[str, Any]:
-        """endpoint_values' keys turned into a config whose run serves the model itself inside its own cluster job
-        (evaluate_quantization on SLURM): the server's `command` (argv) at `port` on the job's node, with the job's
-        `placement` (hostname, account, walltime, partition, gres, path: the PATH the job gets)."""
-        raise ToolError(f"{self.name} does not run evaluate_quantization on a cluster")
-
-    def failed_benchmarks(self, run_dir: Path) -> dict[str, str]:
-        """The benchmarks the engine itself recorded as failed in a run's directory, with its error for each."""
-        return {}
-
-    def read_run_facts(self, run_dir: Path) -> dict[str, Any] | None:
-        """What quanteval recorded beside a run (the config as read, checkpoint, what was served and how), or None."""
-        return None
-
-    def write_run_facts(self, run_dir: Path, facts: dict[str, Any]) -> None:
-        """Record these facts beside the run (in place of any there), where compare_results and validate_run read them."""
-        raise ToolError(f"{self.name} keeps no run facts")
-
-    def responses(self, run_dir: Path, limit: int) -> list[dict[str, Any]]:
-        """A run's first answers (problem_idx, expected, response: at most 300 characters), at most `limit` in all."""
-        return []
-
-
-class Engine(EngineDefaults, Protocol):
-    """One evaluation engine: a module of its own package, listed in engines/__init__.py's ENGINES."""
-
-    name: EngineName
+    host_server_args: tuple[str, ...]
 
     def owns(self, doc: Any) -> bool:
         """Is this parsed config written for this engine (by its sections)?"""
-
-    # -- config (engines/<engine>/config.py)
 
     def build_problem(self, deployment: str, model_type: str, benchmarks: list[str]) -> str | None:
         """Why build_config cannot write this engine's config from these choices, or None."""
@@ -419,6 +303,23 @@ class Engine(EngineDefaults, Protocol):
     def validate(self, doc: dict[str, Any], config_path: Path, overrides: list[str], check_env: bool) -> list[Problem]:
         """Every problem in a parsed config: the engine's schema and rules, and the chain rules on top."""
 
+    def env_var_needs(self, doc: Any) -> dict[str, list[str]]:
+        """Environment variables the config (or its tasks' recipes) reads from the host, with the keys that read each
+        (referenced_env_vars: its `host:` and `${oc.env:}` references)."""
+
+    def execution_type(self, doc: Any) -> str:
+        """Where the config runs: local or slurm (or another executor the engine knows)."""
+
+    def deployment_type(self, doc: Any) -> str:
+        """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
+
+    def command_presets(self, doc: Any) -> dict[str, str]:
+        """The engine's own command values for this config (key -> value), not named as the user's commands."""
+
+    def config_tasks(self, doc: Any) -> list[tuple[str, Any]]:
+        """(dotted path, entry) for each task in the config's own task list (NEL 0.2.6: evaluation.tasks, which
+        convert_config reads); none where the engine keeps no such list."""
+
     def task_keys(self, doc: CommentedMap, clear: bool) -> set[str]:
         """add_tasks: the catalogue tasks (qualified NEL names) the config evaluates; with clear, its tasks are removed
         first (add_tasks' replace) and none are."""
@@ -428,22 +329,14 @@ class Engine(EngineDefaults, Protocol):
         item) appended to the config's own list in this engine's form; returns the name written. ToolError (why) where
         the engine has no form of it."""
 
-    def execution_type(self, doc: Any) -> str:
-        """Where the config runs: local or slurm (or another executor the engine knows)."""
 
-    def deployment_type(self, doc: Any) -> str:
-        """The model server the engine starts (vllm, sglang, ...), or none for an existing endpoint."""
+class RunRole(Protocol):
+    """What the run tools ask (dry_run, launch_canary / launch_full_run, run_status, run_logs, kill_run, resume_run,
+    wait_for_run) and confinement (`quanteval-mcp --root`, workflow/confine.py)."""
 
-    def launch_paths(self, plan: LaunchPlan) -> list[tuple[str, Path]]:
-        """(key, absolute path) for every local path a run of the plan's config on this machine writes,
-        mounts, loads or runs, read as the engine reads the config (its composition, overrides and interpolation); a
-        ToolError where a path cannot be resolved; none for a run elsewhere. `quanteval-mcp --root` confines them."""
-
-    def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
-        """(what, absolute path) for every local file or directory the run tools read or run for this record (its
-        config, run directory, logs; with `resuming`, all that resume_run starts again); none for a run elsewhere."""
-
-    # -- the run lifecycle (engines/<engine>/runs.py)
+    def read_launch(self, config_path: str, overrides: list[str]) -> dict[str, Any]:
+        """The engine's own reading of a config with overrides, made once per launch and kept in its LaunchPlan
+        (engines/launchplan.py) for the steps below; {} where the engine reads nothing ahead."""
 
     def dry_run(self, plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
         """Render the config as a launch would, record the dry-run, launch nothing."""
@@ -473,3 +366,101 @@ class Engine(EngineDefaults, Protocol):
 
     def poll_interval_s(self, record: ledger.Record) -> float:
         """How often wait_for_run looks: a local run is cheap to ask, a cluster costs an ssh round trip."""
+
+    def results_location(self, record: ledger.Record) -> str:
+        """Where validate_run and the result tools find the run's results (a path, host:path, or the record id, which
+        the engine's results reader reads, fetching the run from a cluster)."""
+
+    def launch_paths(self, plan: LaunchPlan) -> list[tuple[str, Path]]:
+        """(key, absolute path) for every local path a run of the plan's config on this machine writes,
+        mounts, loads or runs, read as the engine reads the config (its composition, overrides and interpolation); a
+        ToolError where a path cannot be resolved; none for a run elsewhere. `quanteval-mcp --root` confines them."""
+
+    def record_paths(self, record: ledger.Record, resuming: bool) -> list[tuple[str, Path]]:
+        """(what, absolute path) for every local file or directory the run tools read or run for this record (its
+        config, run directory, logs; with `resuming`, all that resume_run starts again); none for a run elsewhere."""
+
+
+class PlacementRole(Protocol):
+    """What apply_cluster asks: it reads and writes NEL 0.2.6's execution/deployment keys, the neutral form."""
+
+    # The config's own keys are the placement view's (NEL 0.2.6's execution/deployment keys): engines.placement_form.
+    native: bool
+    # apply_cluster writes a host passed to it into the config (the engine submits to the host its config names).
+    writes_host: bool
+
+    def view(self, doc: Any) -> Any:
+        """The config seen as NEL 0.2.6's `execution` (SLURM cluster) and `deployment` (server, parallelism) keys."""
+
+    def defaults(self, doc: Any) -> dict[str, Any]:
+        """What a placement view's unset keys stand for (deployment.tensor_parallel_size and the other parallel
+        sizes, execution.walltime), by dotted key: the parallel sizes are asked of the engine whose keys the view uses
+        (engines.placement_form), the walltime of the config's own engine (its scheduler default)."""
+
+    def key(self, key: str) -> str:
+        """Where this engine's config keeps a placement key written in NEL 0.2.6's form (execution.partition, ...)."""
+
+    def edits(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The keys and values apply_cluster writes into this engine's config for a placement's `values`."""
+
+
+class Evaluation(Protocol):
+    """The capability evaluate_quantization (workflow/evaluate.py) and get_task_recipe's nel_next form need: evaluating
+    a served model in one call. Optional: the registry picks the engine that has it (engines.evaluating)."""
+
+    def task_form(self, qualified_name: str, repeats: int = 1) -> tuple[dict[str, Any] | None, str]:
+        """The entry this engine's config holds for a catalogue task (its qualified NEL name) with a recipe's repeats,
+        or None; and what it scores, or why there is none."""
+
+    def benchmark_sizes(self, benchmarks: list[str]) -> dict[str, int]:
+        """Problems per benchmark where the engine can count them before anything is served (evaluate_quantization
+        says up front what they can decide); the others are left out."""
+
+    def evaluation_problems(self, benchmarks: list[str]) -> list[Problem]:
+        """What stops a run of these benchmarks (as build_config takes them) before anything is served; a ToolError
+        where the engine cannot run here at all."""
+
+    def benchmark_names(self, benchmarks: list[str]) -> list[str] | None:
+        """The names a run of these benchmarks (as build_config takes them) reports its results by (what
+        reference_scores are keyed by); None where the engine cannot tell before it runs them."""
+
+    def served_facts(self, url: str) -> dict[str, Any] | None:
+        """What the server behind an endpoint says it serves (its /v1/models entry: id, root, max_model_len), as the
+        engine's run facts keep it; None when it does not answer."""
+
+    def endpoint_values(self, url: str, protocol: str, model: str | None, max_tokens: int, output_dir: str,
+                        benchmarks: int, max_problems: int | None, repeats: int = 1,
+                        sampling: dict[str, float] | None = None) -> dict[str, Any]:
+        """The keys and values set_config_value writes into a config built for an existing endpoint (build_config's
+        deployment none) to evaluate the model served there: its URL for the protocol (chat_completions or
+        completions), its name, the generation budget, where runs write, and a problem limit for each of the config's
+        `benchmarks` (max_problems None: all), the samples per problem (`repeats`) and the sampling (temperature,
+        top_p: those given; the others stay the config's)."""
+
+    def serve_in_job(self, values: dict[str, Any], model_path: str, served_model_name: str, port: int,
+                     command: list[str], startup_timeout_s: float, placement: dict[str, Any]) -> dict[str, Any]:
+        """endpoint_values' keys turned into a config whose run serves the model itself inside its own cluster job
+        (evaluate_quantization on SLURM): the server's `command` (argv) at `port` on the job's node, with the job's
+        `placement` (hostname, account, walltime, partition, gres, path: the PATH the job gets)."""
+
+    def failed_benchmarks(self, run_dir: Path) -> dict[str, str]:
+        """The benchmarks the engine itself recorded as failed in a run's directory, with its error for each."""
+
+    def read_run_facts(self, run_dir: Path) -> dict[str, Any] | None:
+        """What quanteval recorded beside a run (the config as read, checkpoint, what was served and how), or None."""
+
+    def write_run_facts(self, run_dir: Path, facts: dict[str, Any]) -> None:
+        """Record these facts beside the run (in place of any there), where compare_results and validate_run read them."""
+
+    def responses(self, run_dir: Path, limit: int) -> list[dict[str, Any]]:
+        """A run's first answers (problem_idx, expected, response: at most 300 characters), at most `limit` in all."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One evaluation engine, declared in engines/<engine>/engine.py and listed in engines/__init__.py's ENGINES."""
+    name: str  # its line's name in ENGINES, kept in each run's record
+    config: ConfigRole
+    run: RunRole
+    placement: PlacementRole
+    evaluation: Evaluation | None = None  # only an engine that evaluates a served model in one call has it

@@ -6,8 +6,8 @@ Two kinds of values, for both engines:
   launch. Named by validate_config and dry_run; under `quanteval-mcp --root` a launch with one (other than the
   engine's preset) is refused unless the server was started with --allow-commands: who may edit a config must not
   thereby run programs as the server's user. An argument that imports Python (--trust-remote-code, a plugin;
-  serverflags.CODE_FLAGS) of a server the engine starts on this machine (Engine.host_server_args) counts as one.
-- spliced values: the keys each engine writes unquoted into the shell script it runs (Engine.shell_spliced: NEL's
+  serverflags.CODE_FLAGS) of a server the engine starts on this machine (ConfigRole.host_server_args) counts as one.
+- spliced values: the keys each engine writes unquoted into the shell script it runs (ConfigRole.shell_spliced: NEL's
   deployment.* values, docker args, mounts and env values; nel-next's server args, env, mounts, image). A value there
   with shell syntax (`;`, `|`, `&`, `$(`, backquotes, redirections, a newline) would run as a command: validate_config
   calls it an error and every launch refuses it, with or without --root.
@@ -61,7 +61,7 @@ def values(doc: dict[str, Any], overrides: list[str] | None = None) -> list[tupl
 
 def commands(pairs: list[tuple[str, Any]], presets: dict[str, str], server_args: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """(key, value) of every non-empty command value that is not the engine's own preset for that key, and of every
-    argument of a server started on this machine (`server_args`: Engine.host_server_args) that makes it import Python
+    argument of a server started on this machine (`server_args`: ConfigRole.host_server_args) that makes it import Python
     beyond the framework's own (--trust-remote-code, a plugin: serverflags.CODE_FLAGS), which runs code as a command
     does."""
     return [(key, str(value)) for key, value in pairs
@@ -113,7 +113,7 @@ def _commands(plan: LaunchPlan) -> list[tuple[str, str]]:
     resolved, raw, raw_doc = executed(plan)
     shown_as = dict(resolved)
     return [(key, str(shown_as.get(key, value)))
-            for key, value in commands(raw, plan.engine.command_presets(raw_doc), plan.engine.host_server_args)]
+            for key, value in commands(raw, plan.engine.config.command_presets(raw_doc), plan.engine.config.host_server_args)]
 
 
 def shown(value: str, limit: int = 200) -> str:
@@ -132,10 +132,10 @@ def problems(plan: LaunchPlan, reported: list[Problem]) -> list[Problem]:
                  f"{shown(value)!r} holds {piece!r}, and {engine.name} writes {key} unquoted into the shell script it "
                  f"runs{_as_composed(plan, key, value)}: it would run as a command."),
                  fix="Remove the shell syntax (a value is one argument or name); a command belongs in a command key.")
-             for key, value, piece in spliced_syntax(executed(plan)[0], engine.shell_spliced)]
+             for key, value, piece in spliced_syntax(executed(plan)[0], engine.config.shell_spliced)]
     found += [Problem(key=key, severity="warning", rule="runs_command", message=(
                   f"makes the model server import Python beyond the framework's own on launch: {shown(value)!r}."
-                  if any(fnmatch.fnmatchcase(key, pattern) for pattern in engine.host_server_args) else
+                  if any(fnmatch.fnmatchcase(key, pattern) for pattern in engine.config.host_server_args) else
                   f"runs on launch as a shell command on the machine that runs it: {shown(value)!r}."),
                   fix="Keep it only if you wrote it for this run; over `quanteval-mcp --root` a launch with it needs the "
                       "server started with --allow-commands.")
@@ -155,7 +155,7 @@ def launch_refusal(plan: LaunchPlan, allow_commands: bool = True) -> str | None:
     """Why a launch of this plan is refused: shell syntax in a spliced value (always), a command when commands are not
     allowed (quanteval-mcp --root without --allow-commands); None when it may start."""
     engine = plan.engine
-    if spliced := spliced_syntax(executed(plan)[0], engine.shell_spliced):
+    if spliced := spliced_syntax(executed(plan)[0], engine.config.shell_spliced):
         key, value, piece = spliced[0]
         return (f"{key}: {shown(value)!r} holds {piece!r}, which {engine.name} would run as a shell command (it writes "
                 f"{key} unquoted into its script{_as_composed(plan, key, value)}). Remove it; validate_config lists "

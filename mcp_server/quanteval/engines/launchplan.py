@@ -38,7 +38,7 @@ def plan(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         return kept
     doc = configfile.to_plain(engines.load_config(path))
     engine = engines.for_config(doc)
-    reading = engine.read_launch(str(path), list(overrides))
+    reading = engine.run.read_launch(str(path), list(overrides))
     made = LaunchPlan(config_path=str(path), overrides=tuple(overrides), doc=doc, engine=engine, reading=reading,
                       read_stats=_stats(reading))
     with _LOCK:

@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import redact
-from quanteval.engines.base import EngineName
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel
 
@@ -296,7 +295,7 @@ class ResultsReader(ABC):
     Registered beside the engine (engines/__init__.py), and kept light: quanteval gate and extract_scores read
     results without loading an engine's config and launch code."""
 
-    name: ClassVar[EngineName]
+    name: ClassVar[str]  # its engine's name in ENGINES
     title: ClassVar[str]  # as people call the engine, in messages
     # Reads runs named by what only it knows (host:path on a cluster, its own invocation ids): the fallback reader.
     reads_by_location: ClassVar[bool] = False

@@ -14,7 +14,7 @@ here, even on --read-only) and a launched plan's server_args name no file outsid
 environment that loads Python (--trust-remote-code, a plugin, LD_PRELOAD) needs --allow-commands, as a config's
 commands do (serving/serverflags.confinement_refusal).
 
-Which paths a launch or a record uses is each engine's knowledge (`Engine.launch_paths`, `Engine.record_paths`).
+Which paths a launch or a record uses is each engine's knowledge (`RunRole.launch_paths`, `RunRole.record_paths`).
 start_eval_server over MCP binds loopback and runs the ns/nel found on PATH or inside the root unless the server was
 started with --allow-open-eval-server, and its bearer token comes from a QUANTEVAL_...TOKEN variable of at least
 evalserver/backend.MIN_TOKEN_CHARS characters (evalserver/backend.token_refusal).
@@ -124,7 +124,7 @@ def _check_config(tool: str, arguments: dict[str, Any], policy: paths.Policy) ->
     plan = launchplan.plan(config, overrides)  # the tool gets this plan back: the config is read once per call
     if tool != "dry_run" and (refusal := commands.launch_refusal(plan, policy.allow_commands)):
         raise ToolError(refusal)  # dry_run renders without running: it shows what would run
-    for key, path in plan.engine.launch_paths(plan):
+    for key, path in plan.engine.run.launch_paths(plan):
         paths.local_path(str(path), key, paths.Policy(root=policy.root))
 
 
@@ -170,7 +170,7 @@ def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
         return
     if record.kind not in RUN_KINDS:
         return  # the tool refuses it
-    for what, path in engines.for_record(record).record_paths(record, resuming):
+    for what, path in engines.for_record(record).run.record_paths(record, resuming):
         paths.local_path(str(path), f"{record.id} {what}", paths.Policy(root=policy.root))
     if resuming and record.config_path and Path(record.config_path).is_file():  # resume launches its config again
         _check_config("resume_run", {"config_path": record.config_path, "overrides": record.details.get("overrides") or []}, policy)

@@ -18,10 +18,10 @@ cancelled), the run in flight is killed and recorded as cancelled, and the next 
 One call per output directory at a time: a second one is refused, naming the first (a kernel lock in the directory,
 gone with the call however it ends).
 
-Bound to nel-next by design (its input's `engine`): the one engine that evaluates on this machine without Docker.
-It reaches nel-next through the engine seam alone, picked by that name (`engines.by_name(request.engine)`: what stops
-the benchmarks, what the server says it serves, the config values for an endpoint) and by each run's record
-(`engines.for_record`: what a run recorded, its facts, stopping it); it imports no engine's own package.
+Bound to the engine that evaluates a served model in one call (nel-next, its input's `engine`: the one engine that
+evaluates on this machine without Docker), found by that capability (`engines.evaluating()`: what stops the
+benchmarks, what the server says it serves, the config values for an endpoint, what a run recorded beside its scores)
+and stopping a run through its record (`engines.for_record`); it imports no engine's own package.
 """
 
 from __future__ import annotations
@@ -258,8 +258,8 @@ def _every(seconds: float, progress: ProgressFn, step: float, total: float, pref
 
 def _require_pass(record: ledger.Record, what: str, max_error_share: float = ValidateRunInput.model_fields["max_error_share"].default) -> None:
     if record.status != "succeeded" and _dir_of(record):
-        engine = engines.for_record(record)
-        failed = engine.failed_benchmarks(Path(_dir_of(record) or ""))  # what the engine itself recorded
+        engine = engines.evaluating()
+        failed = engine.evaluation.failed_benchmarks(Path(_dir_of(record) or ""))  # what the engine itself recorded
         if failed:
             named = "; ".join(f"{Path(name).stem}: {error}" for name, error in list(failed.items())[:3])
             raise ToolError(f"{what} {record.id} {record.status}: {engine.name} reports {named}. Logs: {record.details.get('log_path')}")
@@ -333,7 +333,7 @@ def _ready(checkpoint_dir: Path, launched: deploy.LaunchDeploymentResult, reques
         deploy.stop_deployment(deploy.StopDeploymentInput(record_id=launched.record_id))
         raise ToolError(f"{checkpoint_dir}: the {request.framework} server did not become ready ({status.status}): "
                         f"{status.message} Log: {status.log_path}")
-    return engines.by_name(request.engine).served_facts(launched.endpoint_url or "") or {}
+    return engines.evaluating().evaluation.served_facts(launched.endpoint_url or "") or {}
 
 
 def _room_beside(launched: deploy.LaunchDeploymentResult) -> bool:
@@ -351,7 +351,7 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     if config_path.exists():
         config_path.unlink()  # our own file from an earlier, unfinished call: its endpoint is gone
     built = nelconfig.build_config(nelconfig.BuildConfigInput(
-        engine=request.engine, execution="slurm" if job else request.execution,
+        engine=engines.evaluating().name, execution="slurm" if job else request.execution,
         deployment=request.framework if job else "none", model_type="chat_reasoning",
         benchmarks=[_benchmark_ref(b) for b in request.benchmarks], config_path=str(config_path)))
     context = served.get("max_model_len")
@@ -359,12 +359,12 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     # A base model (no chat template) is asked through the completions endpoint: the chat endpoint refuses it.
     has_template = inspect_checkpoint(InspectCheckpointInput(checkpoint=launched_checkpoint)).chat_template
     protocol = "chat_completions" if has_template else "completions"
-    values = engines.by_name(request.engine).endpoint_values(
+    values = engines.evaluating().evaluation.endpoint_values(
         launched.endpoint_url or "", protocol, launched.served_model_name, budget, job.output_dir if job else str(workdir / "runs"),
         len(request.benchmarks), request.max_problems, request.repeats or 1,
         sampling.sampling_values(request.temperature, request.top_p))
     if job:
-        values = engines.by_name(request.engine).serve_in_job(
+        values = engines.evaluating().evaluation.serve_in_job(
             values, job.model_path, launched.served_model_name, launched.port, job.command, request.startup_timeout_s,
             job.placement)
     for key, value in values.items():
@@ -573,13 +573,13 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
 
 def _run_facts(record: ledger.Record) -> dict[str, Any]:
     """What quanteval recorded beside the record's run (its checkpoint, what was served and how): its engine keeps it."""
-    return engines.for_record(record).read_run_facts(Path(_dir_of(record) or "")) or {}
+    return engines.evaluating().evaluation.read_run_facts(Path(_dir_of(record) or "")) or {}
 
 
 def _add_run_facts(record: ledger.Record, facts: dict[str, Any]) -> dict[str, Any]:
     """The run's facts with these added (compare_results and validate_run read them); returns them all."""
     merged = {**_run_facts(record), **facts}
-    engines.for_record(record).write_run_facts(Path(_dir_of(record) or ""), merged)
+    engines.evaluating().evaluation.write_run_facts(Path(_dir_of(record) or ""), merged)
     if "run_facts" in record.details:  # a cluster run's facts live in its record (its fetched copy is rewritten from it)
         ledger.update(record.id, details={"run_facts": merged})
     return merged
@@ -597,7 +597,7 @@ def _cancel(record_id: str) -> None:
     if record.status not in ACTIVE:
         return  # it finished (succeeded or failed) before the interruption: its own status stands
     with contextlib.suppress(ToolError):  # kill_run's own path; one that did not stop is left to its owner's watchdog
-        engines.for_record(record).kill(record, no_progress)
+        engines.for_record(record).run.kill(record, no_progress)
     ledger.update(record_id, status="cancelled", message="cancelled: evaluate_quantization was interrupted")
 
 
@@ -613,13 +613,13 @@ def check_request(request: EvaluateQuantizationInput) -> Path:
                         "benchmark, or a `nel gate` policy for tiers per benchmark, not both.")
     if request.policy:
         load_policy(Path(request.policy).expanduser())
-    engine = engines.by_name(request.engine)
-    run = engine.benchmark_names(request.benchmarks) if request.reference_scores else None
+    evaluation = engines.evaluating().evaluation
+    run = evaluation.benchmark_names(request.benchmarks) if request.reference_scores else None
     if run is not None and (unrun := sorted(set(request.reference_scores) - set(run))):
         raise ToolError(f"reference_scores: {', '.join(unrun)} {'names' if len(unrun) == 1 else 'name'} no benchmark this "
                         f"evaluation runs (it runs: {', '.join(run)}). Key each reference score (points 0-100) by one of "
                         "them, or drop it.")
-    found = engine.evaluation_problems(request.benchmarks)
+    found = evaluation.evaluation_problems(request.benchmarks)
     if refused := [p for p in found if p.severity == "error"]:
         raise ToolError(" ".join(f"{p.key}: {p.message} {p.fix}" for p in refused))
     root = Path(request.output_dir).expanduser() if request.output_dir else state_dir() / "evaluations"
@@ -661,7 +661,7 @@ def _sampling_notes(request: EvaluateQuantizationInput) -> list[str]:
     """What the sampling can decide, from each benchmark's size: max_problems, else what the engine counts (only
     when there is a margin to decide at all)."""
     sizes = {} if request.max_problems or request.max_drop is None else \
-        engines.by_name(request.engine).benchmark_sizes(request.benchmarks)
+        engines.evaluating().evaluation.benchmark_sizes(request.benchmarks)
     named = {Path(name).stem if name.endswith(".py") else name: request.max_problems or sizes.get(name)
              for name in request.benchmarks}
     return sampling.notes_before(named, request.repeats or 1, request.temperature, request.max_drop, request.confidence)
@@ -1141,7 +1141,7 @@ def _max_tokens(config_path: str | None) -> Any:
 
 
 def _canary_responses(record: ledger.Record) -> list[Response]:
-    answers = engines.for_record(record).responses(Path(_dir_of(record) or ""), RESPONSES_SHOWN)
+    answers = engines.evaluating().evaluation.responses(Path(_dir_of(record) or ""), RESPONSES_SHOWN)
     return [Response.model_validate(answer) for answer in answers]
 
 

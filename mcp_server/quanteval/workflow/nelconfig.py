@@ -49,7 +49,7 @@ class BuildConfigInput(StrictModel):
 
     @model_validator(mode="after")
     def _engine_takes_these_choices(self) -> BuildConfigInput:
-        if problem := engines.by_name(self.engine).build_problem(self.deployment, self.model_type, self.benchmarks):
+        if problem := engines.by_name(self.engine).config.build_problem(self.deployment, self.model_type, self.benchmarks):
             raise ValueError(problem)
         return self
 
@@ -71,7 +71,7 @@ def _output_path(request: BuildConfigInput) -> Path:
     if directory.exists() and not directory.is_dir():
         raise ToolError(f"{directory}: exists and is not a directory. Give a *.yaml path or a directory as output.")
     directory.mkdir(parents=True, exist_ok=True)
-    stem = engines.by_name(request.engine).config_stem(request.execution, request.deployment, request.model_type, request.benchmarks)
+    stem = engines.by_name(request.engine).config.config_stem(request.execution, request.deployment, request.model_type, request.benchmarks)
     candidate, counter = directory / f"{stem}.yaml", 1
     while candidate.exists():  # like NEL: a numbered sibling, never an overwrite
         candidate, counter = directory / f"{stem}_{counter}.yaml", counter + 1
@@ -84,7 +84,7 @@ def build_config(request: BuildConfigInput) -> BuildConfigOutput:
     (apply_checkpoint, set_config_value) and validate_config.
     """
     path = _output_path(request)
-    doc, tasks = engines.by_name(request.engine).skeleton(request.execution, request.deployment, request.model_type,
+    doc, tasks = engines.by_name(request.engine).config.skeleton(request.execution, request.deployment, request.model_type,
                                                           request.benchmarks, request.export, path.parent)
     try:
         with open(path, "x", encoding="utf-8") as handle:
@@ -189,7 +189,7 @@ def list_missing_values(request: ListMissingValuesInput) -> ListMissingValuesOut
     """Use after build_config/apply_checkpoint: what a config still needs (??? values, unset env vars), names only.
     """
     doc = load_config(request.config_path)
-    needed = engines.for_config(doc).env_var_needs(doc)
+    needed = engines.for_config(doc).config.env_var_needs(doc)
     unset = [
         UnsetEnvVar(name=name, paths=list(dict.fromkeys(paths)), note=envvars.KNOWN_ENV_VARS.get(name))
         for name, paths in needed.items()
@@ -207,4 +207,4 @@ def apply_checkpoint(request: ApplyCheckpointInput, progress: ProgressFn = no_pr
     """Use after add_tasks, and whenever the checkpoint changes: sets what the config takes from it (model, TP, server
     flags, token budget, sampling, thinking, tokenizer).
     """
-    return engines.for_config(load_config(request.config_path)).apply_checkpoint(request, progress)
+    return engines.for_config(load_config(request.config_path)).config.apply_checkpoint(request, progress)

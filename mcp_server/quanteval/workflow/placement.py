@@ -38,7 +38,7 @@ def _value(doc: Any, key: str, default: Any = None) -> Any:
 
 def _framework(doc: Any) -> str:
     """The placement view's model server (vllm, sglang, ... or none), read as NEL 0.2.6 reads its deployment keys."""
-    return engines.placement_form().deployment_type(doc)
+    return engines.placement_form().config.deployment_type(doc)
 
 
 def gpus_needed(doc: Any) -> tuple[int, list[str]]:
@@ -47,7 +47,7 @@ def gpus_needed(doc: Any) -> tuple[int, list[str]]:
     framework = _framework(doc)
     if framework == "none":
         return 0, []
-    defaults = engines.placement_form().placement_defaults(doc)
+    defaults = engines.placement_form().placement.defaults(doc)
     notes = []
     sizes = []
     for key in PARALLEL_KEYS:
@@ -158,14 +158,14 @@ def _account(doc: Any, info: slurm.ClusterInfo, chosen: slurm.PartitionInfo, val
 
 def _in_keys_of(engine: engines.Engine, text: str) -> str:
     """A placement note or warning (written in NEL 0.2.6's execution keys) in the keys of the config's engine."""
-    return re.sub(r"\bexecution\.[a-z_]+\b", lambda key: engine.placement_key(key.group(0)), text)
+    return re.sub(r"\bexecution\.[a-z_]+\b", lambda key: engine.placement.key(key.group(0)), text)
 
 
 def plan_placement(doc: Any, info: slurm.ClusterInfo, partition: str | None = None, report: Any = None,
                    walltime: str | None = None, default_walltime: str | None = None) -> Placement:
     """What a SLURM config should say for this cluster: partition, GPUs per node, walltime (and account when only
     one is visible), with warnings. `report` is the checkpoint's inspect_checkpoint report, for the format check;
-    `default_walltime` what the config's engine runs for when none is set (Engine.placement_defaults)."""
+    `default_walltime` what the config's engine runs for when none is set (PlacementRole.defaults)."""
     needed, notes = gpus_needed(doc)
     warnings: list[str] = []
     partition = _choose_partition(doc, info, partition, needed, report, warnings)
@@ -247,15 +247,15 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
 
     written = engines.load_config(request.config_path)
     engine = engines.for_config(written)
-    doc = engine.placement_view(written)
-    execution = engine.execution_type(written)
+    doc = engine.placement.view(written)
+    execution = engine.config.execution_type(written)
     if not executors.for_name(execution).required_settings:  # nothing a cluster must be asked for (a run here)
-        raise ToolError(f"{request.config_path}: execution is '{execution}', not slurm ({engine.placement_key('execution.type')}); "
+        raise ToolError(f"{request.config_path}: execution is '{execution}', not slurm ({engine.placement.key('execution.type')}); "
                         f"apply_cluster fits SLURM configs. Build one with build_config engine='{engine.name}' "
                         "execution='slurm'.")
     host = request.host or _value(doc, "execution.hostname")
     if not isinstance(host, str) or host in ("", configfile.MISSING):
-        key = engine.placement_key("execution.hostname")
+        key = engine.placement.key("execution.hostname")
         raise ToolError(f"{request.config_path}: {key} is not set. Pass host, or set {key} "
                         "to the login node's alias in ~/.ssh/config.")
     progress(0, 3, f"asking {host} for its partitions")
@@ -263,13 +263,13 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     progress(1, 3, "checking the checkpoint's format")
     report, problem = _checkpoint_report(doc, request.checkpoint)
     placement = plan_placement(doc, info, request.partition, report, request.walltime,
-                               engine.placement_defaults(doc).get("execution.walltime"))
+                               engine.placement.defaults(doc).get("execution.walltime"))
     if problem:
         placement.notes.append(problem)
     # what the placement says, in the config's own keys (nel-next: cluster.walltime, not execution.walltime)
     placement.notes = [_in_keys_of(engine, note) for note in placement.notes]
     placement.warnings = [_in_keys_of(engine, warning) for warning in placement.warnings]
-    if request.host and engine.writes_placement_host:
+    if request.host and engine.placement.writes_host:
         placement.values["execution.hostname"] = host
     if host != ssh.LOCAL:
         # NEL logs in as `execution.username@execution.hostname`, which overrides the ssh config's User (NEL's
@@ -280,7 +280,7 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
 
     def mutate(target: Any) -> None:
         changes.clear()
-        for key, value in engine.placement_edits(placement.values).items():
+        for key, value in engine.placement.edits(placement.values).items():
             old = _value(target, key)
             if old != value or not configfile.has_path(target, key):
                 configfile.set_path(target, key, value)

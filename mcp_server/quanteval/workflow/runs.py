@@ -58,14 +58,14 @@ def _launchable(config_path: str, overrides: list[str]) -> LaunchPlan:
     plan = launchplan.plan(config_path, overrides)
     if refusal := commands.launch_refusal(plan):
         raise ToolError(refusal)
-    plan.engine.check_launchable(plan)
+    plan.engine.run.check_launchable(plan)
     return plan
 
 
 def config_hash(path: str, overrides: list[str] | None = None) -> str:
     """Hash of the config as its engine composes it (NEL: defaults + file + overrides, env values not resolved)."""
     plan = launchplan.plan(_config_file(path), overrides or [])
-    return plan.engine.compose(plan).config_hash
+    return plan.engine.run.compose(plan).config_hash
 
 
 # ---------------------------------------------------------------- dry_run
@@ -82,7 +82,7 @@ def dry_run(request: DryRunInput, progress: ProgressFn = no_progress) -> DryRunO
     the engine's error.
     """
     plan = launchplan.plan(_config_file(request.config_path), request.overrides)
-    return plan.engine.dry_run(plan, progress)
+    return plan.engine.run.dry_run(plan, progress)
 
 
 # ---------------------------------------------------------------- launches
@@ -118,7 +118,7 @@ def _launch(plan: LaunchPlan, kind: RunKind, tasks: list[str], canary: CanarySpe
                         details={**details, "engine": engine.name, "overrides": plan.override_list, "tasks": tasks},
                         message=f"recorded; launching through {engine.name}")
     try:
-        return engine.launch(record, plan, tasks, canary, details, progress)
+        return engine.run.launch(record, plan, tasks, canary, details, progress)
     except BaseException as exc:
         interrupted = not isinstance(exc, Exception)  # Ctrl-C, SIGTERM (raised as KeyboardInterrupt), exit
         with contextlib.suppress(ToolError):
@@ -146,7 +146,7 @@ def _canary_verdict(canary: ledger.Record) -> tuple[str, str]:
     """This finished canary's validate_run verdict (scores present, errors and truncation low, a plausible score) and
     what it says; "unreadable" when validate_run could not read it."""
     try:
-        report = results.validate_run(ValidateRunInput(run=engines.for_record(canary).results_location(canary)))
+        report = results.validate_run(ValidateRunInput(run=engines.for_record(canary).run.results_location(canary)))
     except ToolError as exc:
         return "unreadable", f"validate_run could not read it: {exc}"
     reasons = f" ({'; '.join(report.reasons[:3])})" if report.reasons else ""
@@ -205,7 +205,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
                         "the model's, not the setup's). Pass reason='...'.")
     progress(0, 3, "checking the canary gate")
     plan = _launchable(config_path, request.overrides)
-    composed = plan.engine.compose(plan)
+    composed = plan.engine.run.compose(plan)
     if request.force:
         gate = f"forced: {request.reason.strip()}"
     else:
@@ -250,7 +250,7 @@ def _record(run: str) -> ledger.Record:
 
 
 def _refresh(record: ledger.Record) -> Refreshed:
-    return engines.for_record(record).refresh(record)
+    return engines.for_record(record).run.refresh(record)
 
 
 def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatusOutput:
@@ -288,7 +288,7 @@ def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -
     if status.status not in ACTIVE:
         return status
     record = _record(request.record_id)
-    interval = 1.0 if record.kind == background.KIND else engines.for_record(record).poll_interval_s(record)
+    interval = 1.0 if record.kind == background.KIND else engines.for_record(record).run.poll_interval_s(record)
     started = time.monotonic()
     progress(*_steps(record.id, status))
     while (remaining := request.timeout_s - (time.monotonic() - started)) > 0:
@@ -327,7 +327,7 @@ def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLo
     record = _record(request.record_id)
     if record.kind == background.KIND:
         return _evaluation_logs(record, request.lines)
-    return engines.for_record(record).logs(record, request.lines, request.job, progress)
+    return engines.for_record(record).run.logs(record, request.lines, request.job, progress)
 
 
 def _evaluation_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
@@ -365,7 +365,7 @@ def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutp
     if record.kind == background.KIND:
         progress(0, 1, f"stopping {record.id} and the servers and runs it started")
         return KillRunOutput(record_id=record.id, status=background.kill(record).status, jobs=[])
-    return engines.for_record(record).kill(record, progress)
+    return engines.for_record(record).run.kill(record, progress)
 
 
 def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRunOutput:
@@ -377,7 +377,7 @@ def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRun
         raise ToolError(f"{record.id} is an evaluation: call start_evaluation again; it reuses every full run that finished.")
     if record.kind == "dry_run" or not record.invocation_id:
         raise ToolError(f"{record.id} never ran (a dry-run or a failed launch); use launch_canary instead.")
-    return engines.for_record(record).resume(record, progress)
+    return engines.for_record(record).run.resume(record, progress)
 
 
 # ---------------------------------------------------------------- list_runs
@@ -449,7 +449,7 @@ def _settled(record: ledger.Record) -> ledger.Record:
     if record.kind == liveness.KIND and record.status == "running":
         return liveness.settle(record, message="its process is gone (list_runs)")
     if record.kind in RUN_KINDS and record.status == "running" and \
-            engines.for_record(record).poll_interval_s(record) <= executors.LOCAL.poll_interval_s:
+            engines.for_record(record).run.poll_interval_s(record) <= executors.LOCAL.poll_interval_s:
         return _refresh(record).record
     return record
 

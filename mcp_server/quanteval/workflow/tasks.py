@@ -1,7 +1,8 @@
 """The task tools: list NEL's tasks and the reviewed recipes, show a recipe, add tasks to a config.
 
 The catalogue lives in engines/catalogue.py, the recipes in engines/recipes.py, beside the engines: both engines' rules
-read them too. What a task becomes in a config is each engine's (Engine.add_task, Engine.task_form).
+read them too. What a task becomes in a config is each engine's (ConfigRole.add_task, and Evaluation.task_form of
+the engine that evaluates).
 """
 
 from __future__ import annotations
@@ -168,9 +169,9 @@ class NelNextForm(BaseModel):
 
 
 def nel_next_form(qualified_name: str, repeats: int = 1) -> NelNextForm:
-    """The task as nel-next runs it (get_task_recipe's `nel_next`, named so in the tool's output), from nel-next's
-    engine: the same mapping as convert_config and add_tasks."""
-    benchmark, note = engines.by_name("nel-next").task_form(qualified_name, repeats)
+    """The task as nel-next runs it (get_task_recipe's `nel_next`, named so in the tool's output), from the engine that
+    evaluates (engines.evaluating: nel-next): the same mapping as convert_config and add_tasks."""
+    benchmark, note = engines.evaluating().evaluation.task_form(qualified_name, repeats)
     return NelNextForm(benchmark=benchmark, note=note)
 
 
@@ -267,7 +268,7 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
         added.clear()
         skipped.clear()
         engine = engines.for_config(doc)
-        present = engine.task_keys(doc, clear=request.replace)
+        present = engine.config.task_keys(doc, clear=request.replace)
         for task in resolved:
             key = task.entry.qualified_name
             if key in present:
@@ -275,7 +276,7 @@ def add_tasks(request: AddTasksInput) -> AddTasksOutput:
                 continue
             fragment = YAML().load(task.recipe.yaml_fragment if task.recipe else generic_fragment(task.config_name))[0]
             try:
-                written = engine.add_task(doc, key, fragment, task.recipe.repeats if task.recipe else None)
+                written = engine.config.add_task(doc, key, fragment, task.recipe.repeats if task.recipe else None)
             except ToolError as exc:
                 skipped.append(SkippedTask(requested=task.requested, reason=str(exc)))
                 continue

@@ -47,7 +47,7 @@ def validate_config(request: ValidateConfigInput) -> ValidateConfigOutput:
     path = Path(request.config_path).expanduser()
     doc = configfile.load_plain(path)
     engine = engines.for_config(doc)
-    problems = engine.validate(doc, path, request.overrides, request.check_env)
+    problems = engine.config.validate(doc, path, request.overrides, request.check_env)
     # the shell check reads the config as the engine composes it, where that can differ from the file
     composed = (launchplan.as_written if launchplan.self_contained(path, doc, request.overrides) else launchplan.plan)
     problems += commands.problems(composed(path, request.overrides), problems)

@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 from quanteval import failures, redact
 from quanteval.clusters import ssh
-from quanteval.engines.base import EngineName
 from quanteval.engines.nel.runtree import (
     METADATA_FILE,
     METRICS_FILE,
@@ -320,7 +319,7 @@ def validate_run(request: ValidateRunInput, progress: ProgressFn) -> ValidateRun
 class NelResults(ResultsReader):
     """NEL 0.2.6's invocation directories: a local path, host:path on a cluster, a ledger id or NEL's invocation id."""
 
-    name: ClassVar[EngineName] = "nel"
+    name: ClassVar[str] = "nel"
     title: ClassVar[str] = "NEL 0.2.6"
     reads_by_location: ClassVar[bool] = True
 

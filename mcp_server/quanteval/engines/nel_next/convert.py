@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
 from quanteval.engines.nel_next import clustertypes, skills
-from quanteval.engines.nel_next.engine import owns as nel_next_config
+from quanteval.engines.nel_next.configrole import owns as nel_next_config
 from quanteval.serving.frameworks import MEMORY_FLAGS, NEL_NEXT_SERVICES
 
 SERVICE = "services.model"
@@ -81,7 +81,7 @@ class Conversion:
 
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
-        self.engine = engines.by_name("nel")  # the config's engine (NEL 0.2.6), which reads its deployment, tasks, execution
+        self.engine = engines.by_name("nel").config  # the config's engine (NEL 0.2.6), which reads its deployment, tasks, execution
         self.out: dict[str, Any] = {}
         self.mapped: list[MappedField] = []
         self.consumed: set[str] = set()

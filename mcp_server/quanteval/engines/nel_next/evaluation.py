@@ -1,5 +1,5 @@
-"""nel-next's side of evaluate_quantization (workflow/evaluate.py, which reaches it through the Engine members
-engine.py takes from here): what stops its benchmarks before anything is served, the config values that point a
+"""nel-next's Evaluation capability (engines/base.py), what evaluate_quantization (workflow/evaluate.py) reaches
+through engines.evaluating(): what stops its benchmarks before anything is served, the config values that point a
 config at a served model, and what a finished run recorded beside its scores (failed benchmarks, answers)."""
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ from typing import Any
 
 from quanteval.engines.base import Problem
 from quanteval.engines.nel_next import config, nelnext, nextresults, skills
+from quanteval.engines.nel_next.config import served_facts
+from quanteval.engines.nel_next.jobserving import serve_in_job
+from quanteval.engines.nel_next.nelnext import read_run_facts, write_run_facts
+from quanteval.engines.nel_next.skills import task_form
 
 
 def evaluation_problems(benchmarks: list[str]) -> list[Problem]:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from quanteval import ledger, redact
-from quanteval.engines.base import EngineName
 from quanteval.engines.nel_next import nelnext, nextresults
 from quanteval.engines.recipes import recipe_for_benchmark
 from quanteval.engines.runresults import (
@@ -349,7 +348,7 @@ def _facets(bundle: nextresults.Bundle, run_dir: Path, checkpoint: str | None) -
 class NelNextResults(ResultsReader):
     """nel-next's run directories (checkpoint.json, one bundle per benchmark), named by path or ledger id."""
 
-    name: ClassVar[EngineName] = "nel-next"
+    name: ClassVar[str] = "nel-next"
     title: ClassVar[str] = "nel-next"
 
     def is_run_dir(self, path: Path) -> bool:

@@ -207,6 +207,10 @@ def results_dir(record: ledger.Record) -> Path:
     return nelnext.fetch_results(executors.for_name(record.executor), record.details)
 
 
+def results_location(record: ledger.Record) -> str:
+    return record.id  # nel-next's results reader reads a run it recorded by its id, fetching it from a cluster
+
+
 def poll_interval_s(record: ledger.Record) -> float:
     return executors.for_name(record.executor).poll_interval_s
 
