@@ -552,3 +552,25 @@ def test_cli_bad_input_is_a_one_line_error(tmp_path: Path, cli_env: dict[str, st
 def test_every_modelopt_algo_in_the_factory_is_in_the_fact_table():
     assert set(MODELOPT_ALGOS) <= set(MODELOPT_FACTS)
     assert set(OTHER_METHODS) == {"gptq", "awq", "compressed-tensors", "fp8", "bitsandbytes"}
+
+
+@pytest.mark.parametrize(("key", "value"), [("intermediate_size", 256), ("hidden_size", 256), ("vocab_size", 999)])
+def test_a_config_that_contradicts_its_weights_is_named_and_no_plan_serves_it(tmp_path: Path, key: str, value: int):
+    """tiny-add-bf16's weights under a config.json with one size changed. vLLM (CPU build) served the narrower MLP
+    without a word, loading a slice of each weight, and answered every problem wrong (the canary then blamed the
+    protocol); now inspect names the contradiction and plan_deployment refuses, so nothing is served."""
+    import shutil
+
+    from quanteval.serving.deploy import LaunchDeploymentInput, PlanDeploymentInput, launch_deployment, plan_deployment
+
+    broken = tmp_path / "misdescribed"
+    shutil.copytree(EXAMPLES / "tiny-add-bf16", broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, key: value}))
+    said = [warning for warning in inspect(broken).warnings if warning.startswith(f"config.json says {key} {value}, but ")]
+    assert len(said) == 1 and "does not describe these weights" in said[0], inspect(broken).warnings
+    plan = plan_deployment(PlanDeploymentInput(checkpoint=str(broken), framework="vllm", check_args=False))
+    assert [w.message for w in plan.warnings if w.level == "error"] == said
+    with pytest.raises(ToolError, match=f"config.json says {key} {value}"):
+        launch_deployment(LaunchDeploymentInput(plan=plan))
+    assert not [w for w in inspect(EXAMPLES / "tiny-add-bf16").warnings if w.startswith("config.json says")]

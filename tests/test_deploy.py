@@ -485,7 +485,7 @@ def test_weights_that_do_not_fit_the_gpus_are_an_error_and_the_default_tp_fits(t
     for shard in root.glob("*.safetensors"):
         shard.unlink()
     size = 200 * 10**9
-    header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [size // 2 // 8192, 8192],
+    header = json.dumps({"lm_head.weight": {"dtype": "BF16", "shape": [size // 2 // 8192, 8192],
                                                        "data_offsets": [0, size]}}).encode()
     header += b" " * (-len(header) % 8)
     with open(root / "model.safetensors", "wb") as handle:

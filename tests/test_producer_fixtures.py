@@ -139,3 +139,10 @@ def test_inspect_reports_what_the_producer_wrote(name, fact, reports):
         # llm-compressor's config carries the compressed-tensors version that wrote the format
         version = MANIFEST["versions"]["compressed-tensors"] if entry["producer"] == "llmcompressor" else entry["producer_version"]
         assert quant.producer and version in quant.producer, quant.producer
+
+
+@pytest.mark.parametrize("name", WRITTEN)
+def test_no_producers_config_contradicts_its_weights(name):
+    """Every real quantizer's checkpoint (packed, mixed-precision and 8-bit alike) agrees with its own config.json by
+    checkpoint.config_conflicts: the check that refuses a misdescribed checkpoint names none of these."""
+    assert inspect(name)._conflicts == []

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import frameworks
@@ -100,6 +100,7 @@ class CheckpointReport(BaseModel):
     deployment_flags: dict[str, FrameworkFlags] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
     files_read: list[str] = Field(default_factory=list)
+    _conflicts: list[str] = PrivateAttr(default_factory=list)  # config_conflicts, among the warnings: plans refuse them
 
 
 # --- Locating the checkpoint --------------------------------------------------------------------
@@ -311,6 +312,27 @@ def unquantized_warning(report: CheckpointReport) -> str | None:
             "candidate is not).")
 
 
+# The config values each SHAPED tensor's (rows, columns) state.
+_SHAPE_STATES = {"embed_tokens.weight": ("vocab_size", "hidden_size"),
+                 "mlp.gate_proj.weight": ("intermediate_size", "hidden_size"),
+                 "mlp.up_proj.weight": ("intermediate_size", "hidden_size"),
+                 "mlp.down_proj.weight": ("hidden_size", "intermediate_size")}
+
+
+def config_conflicts(weights: WeightsInfo, config: dict, text_config: dict) -> list[str]:
+    """Where config.json contradicts the weights' own shapes. vLLM builds the model from the config and loads what
+    fits: a narrower config serves a slice of each weight without a word (every answer wrong), a wider one fails."""
+    found: dict[str, str] = {}
+    for suffix, (name, shape) in weights._shapes.items():
+        for size, key in zip(shape, _SHAPE_STATES[suffix], strict=True):
+            said = config_int(_config_value(config, text_config, key))
+            if said is not None and said != size and key not in found:
+                found[key] = (f"config.json says {key} {said}, but {name} is {shape[0]} x {shape[1]} ({size}): the "
+                              "config does not describe these weights (a server builds the model from the config and "
+                              "loads a slice of each weight, or fails). Fix config.json from the weights' producer.")
+    return list(found.values())
+
+
 # --- The tool -----------------------------------------------------------------------------------
 
 
@@ -364,7 +386,8 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
     trust_remote_code = bool(config.get("auto_map"))
     template = _chat_template(root, tokenizer_config, files_read)
     weight_memory_gb = round(weights.weight_bytes / 1e9, 3)
-    warnings += _quant_warnings(quant, weights)
+    conflicts = config_conflicts(weights, config, text_config)
+    warnings += _quant_warnings(quant, weights) + conflicts
     report = CheckpointReport(
         checkpoint=str(root.resolve()),
         hf_handle=hf_handle,
@@ -388,6 +411,7 @@ def _inspect(root: Path, hf_handle: str | None, progress: ProgressFn) -> Checkpo
     )
     if unquantized := unquantized_warning(report):
         report.warnings.append(unquantized)
+    report._conflicts = conflicts
     return report
 
 

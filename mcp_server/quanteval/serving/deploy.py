@@ -123,7 +123,7 @@ def _parsers(report: CheckpointReport, framework: str) -> tuple[str | None, str 
 
 def _hardware_warnings(report: CheckpointReport, framework: str, gpu_type: str | None, tp: int) -> list[PlanWarning]:
     quant = report.quantization
-    warnings: list[PlanWarning] = []
+    warnings = [PlanWarning(level="error", message=conflict) for conflict in report._conflicts]  # no server serves it right
     if quant.detected:
         found = framework_verdict(framework, quant, gpu_type)
         warnings += [PlanWarning(level=level, message=message) for level, message in found.findings]

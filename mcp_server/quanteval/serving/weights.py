@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from quanteval.models import ProgressFn, ToolError
 from quanteval.serving.quantformat import QuantizationInfo
@@ -51,6 +51,15 @@ class WeightsInfo(BaseModel):
     row_values: list[int] | None = Field(None, description=(
         "Without a quantization config, all weights 16/32-bit: [distinct values, length] of one projection weight's "
         "first row. A handful of values in a long row: quantized and stored dequantized."))
+    # name and shape of the first full-width (unpacked) tensor seen per SHAPED suffix: what checkpoint checks the
+    # config against
+    _shapes: dict[str, tuple[str, list[int]]] = PrivateAttr(default_factory=dict)
+
+
+# The tensors whose shape states a config value, by name suffix; read in dtypes that store one value per element
+# (packed low-bit weights are narrower than the model).
+SHAPED = ("embed_tokens.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+_UNPACKED = frozenset({"BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "I8"})
 
 
 # --- Reading files ------------------------------------------------------------------------------
@@ -161,6 +170,7 @@ def read_weights(
     tensor_count = parameter_count = weight_bytes = size_bytes = 0
     logical: int | None = 0
     dtype_parameters: dict[str, int] = {}
+    shapes: dict[str, tuple[str, list[int]]] = {}
     for number, path in enumerate(files, start=1):
         header, data_bytes = read_safetensors_header(path)
         size_bytes += path.stat().st_size
@@ -179,6 +189,8 @@ def read_weights(
             weight_bytes += end - begin
             if end > data_end:
                 data_end = end
+            if len(shapes) < len(SHAPED) and dtype in _UNPACKED and len(shape) == 2 and name.endswith(SHAPED):
+                shapes.setdefault(next(suffix for suffix in SHAPED if name.endswith(suffix)), (name, shape))
             if logical is not None and not name.endswith(_AUX_TENSOR_SUFFIXES):
                 factor = _packing_factor(name, dtype, quant, bits_by_module or [])
                 logical = None if factor is None else logical + count * factor
@@ -188,7 +200,7 @@ def read_weights(
             )
         if len(files) > 1:
             progress(number, len(files), f"read header {number}/{len(files)}: {path.name}")
-    return WeightsInfo(
+    info = WeightsInfo(
         parameter_count=parameter_count,
         logical_parameter_count=logical,
         tensor_count=tensor_count,
@@ -198,6 +210,8 @@ def read_weights(
         size_bytes=size_bytes,
         missing_shards=missing,
     )
+    info._shapes = shapes
+    return info
 
 
 # A projection weight's row read to tell a full-precision checkpoint from a quantized one stored dequantized: per
