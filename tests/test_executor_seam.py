@@ -118,8 +118,7 @@ def test_where_a_runs_files_lie_is_the_executors_answer(tmp_path, monkeypatch):
 
 def test_what_an_executors_settings_need():
     slurm, local = executors.SLURM, executors.LOCAL
-    assert set(slurm.required_settings) == {"hostname", "account"} and local.required_settings == {}
-    assert "num_instances" in local.ignored_settings and "num_instances" not in slurm.ignored_settings
+    assert slurm.on_cluster and not local.on_cluster and not executors.for_name("lepton").on_cluster  # apply_cluster asks
     why, fix = slurm.output_dir_problem("nel-results") or ("", "")
     assert "relative" in why and "absolute" in fix
     assert slurm.output_dir_problem("/lustre/nel-results") is None and local.output_dir_problem("nel-results") is None
@@ -149,9 +148,14 @@ def test_nels_rules_ask_the_executor(tmp_path):
 
 
 def test_the_docker_daemon_is_asked_only_of_an_executor_that_runs_docker(monkeypatch):
-    monkeypatch.setattr(executors.shutil, "which", lambda name, *args, **kwargs: None)
-    assert executors.LOCAL.daemon_problem() == "the `docker` command is not installed"
-    assert executors.SLURM.daemon_problem() is None and executors.for_name("lepton").daemon_problem() is None
+    """What NEL's executors run here is NEL's fact, not the executor's: its local one runs docker (whose daemon it asks
+    as a run starts), its SLURM one ssh and rsync, lepton nothing here."""
+    from quanteval.engines.nel import nelexec, nelfacts
+
+    monkeypatch.setattr(nelexec.shutil, "which", lambda name, *args, **kwargs: None)
+    assert nelexec.docker_problem() == "the `docker` command is not installed"
+    assert {name for name, programs in nelfacts.EXECUTOR_PROGRAMS.items() if "docker" in programs} == {"local"}
+    assert nelfacts.EXECUTOR_PROGRAMS["slurm"] == ("ssh", "rsync") and "lepton" not in nelfacts.EXECUTOR_PROGRAMS
 
 
 def test_a_cluster_adopts_an_engines_jobs_and_a_local_executor_does_not():

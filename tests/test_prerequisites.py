@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiers import REPO
+from tiers import REPO, requires
 
 from quanteval import ledger
 from quanteval.engines import launchplan
@@ -109,6 +109,29 @@ def test_prerequisite_check_passes_with_ssh_and_rsync_and_ignores_local_configs(
     local.write_text(config.read_text().replace("slurm/default", "local"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     check_launchable(launchplan.plan(local))  # the local executor's docker check stays with NEL's launch
+
+
+@pytest.mark.slow
+@requires("nel-next")
+def test_docker_is_what_nels_local_executor_runs_not_what_a_local_run_takes(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nel-next run here starts on a machine without docker (nel-next runs its benchmarks in-process), while NEL
+    0.2.6's local launch, whose executor runs every task in Docker, is refused naming it."""
+    from test_faults import _nel_next_config
+    from test_runs import write_config
+
+    from quanteval.clusters import executor as executors
+    from quanteval.engines.nel_next import nelnext
+
+    config = _nel_next_config(tmp_path)
+    monkeypatch.setenv("PATH", str(bin_dir(tmp_path, {"docker"})))
+    started = runs.launch_canary(runs.LaunchCanaryInput(config_path=config, limit_samples=2))
+    try:
+        assert started.executor == "local" and started.status == "running"
+    finally:
+        executors.LOCAL.cancel([nelnext.local_job(ledger.get(started.record_id).details)], grace_s=5)
+    with pytest.raises(ToolError, match="Docker"):
+        runs.launch_canary(runs.LaunchCanaryInput(config_path=str(write_config(tmp_path))))
 
 
 # ---------------------------------------------------------------- where a model can be served

@@ -1,5 +1,6 @@
-"""Local ports, process groups and output directories: the one place that decides whether a port is free, stops a
-server, and finds out whether a directory can be written before anything is started that would write there.
+"""Local ports, process groups, output directories and programs: the one place that decides whether a port is free,
+stops a server, finds out whether a directory can be written before anything is started that would write there, and
+names the programs PATH lacks.
 
 Deployments and the eval server both start servers in their own session (process group) and
 must stop all of it, including workers the server forked, without leaving anything behind.
@@ -10,15 +11,31 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from quanteval.models import ToolError
+
+# The Debian package that provides each program an engine runs on this machine.
+DEBIAN_PACKAGES = {"ssh": "openssh-client", "scp": "openssh-client", "rsync": "rsync", "docker": "docker.io", "bash": "bash"}
+
+
+def missing_programs(who: str, programs: Iterable[str]) -> str | None:
+    """One sentence naming the programs `who` runs on this machine that PATH lacks, with their Debian packages; None
+    when all are there."""
+    programs = tuple(programs)
+    missing = [program for program in programs if shutil.which(program) is None]
+    if not missing:
+        return None
+    packages = " ".join(sorted({DEBIAN_PACKAGES[program] for program in missing}))
+    return (f"{who} runs {', '.join(programs)} on this machine, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install {packages}.")
 
 
 def is_loopback(host: str) -> bool:

@@ -4,15 +4,16 @@ An engine renders its runs and starts them (on this machine through LocalExecuto
 submit command); the executor answers for the jobs once they exist, through the verbs every executor implements:
 `states` (SLURM job chains and the auto-resume successors queued behind them included), `cancel`, `log_lines` and
 `fetch` (the job's files where this process can read them), `log_failures`, and the extras only some executors have,
-no-ops on the others (`protect_secrets`, `cancel_leftovers`). A job is the executor's own handle: a LocalJob (a
-process group under the exit-code wrapper) or a ClusterJob (a SLURM job and its chain); `adopt` turns what an engine
-recorded of a job it submitted into one, where the executor can watch such a job at all. Beside the jobs, an executor
-answers where a run's files lie (`local_path`, `local_paths`, `results_location`, `resolve_output_dir`), what its
-settings need (`required_settings`, `ignored_settings`, `output_dir_problem`, `login_host`, `gpus_per_node`,
-`container_mount`) and whether what its jobs run under answers here (`daemon_problem`), so that engines call these
-instead of asking which executor a run has. The name an executor goes by is stored in each run's ledger record
-(`record.executor`), and `for_name` gives the executor back; a new executor is one class here (or a module beside
-it) with those verbs, and one line in EXECUTORS.
+no-ops on the others (`protect_secrets`, `cancel_leftovers`); `stop` (local and SLURM) ends one job and waits for it,
+as a deployment's server is stopped. A job is the executor's own handle: a LocalJob (a process group under the
+exit-code wrapper) or a ClusterJob (a SLURM job and its chain); `adopt` turns what an engine recorded of a job it
+submitted into one, where the executor can watch such a job at all. Beside the jobs, an executor answers where a run's
+files lie (`local_path`, `local_paths`, `results_location`, `resolve_output_dir`) and what its settings mean
+(`on_cluster`, `output_dir_problem`, `login_host`, `gpus_per_node`, `container_mount`), so that engines call these
+instead of asking which executor a run has; what an engine itself runs or requires there (NEL's programs on this
+machine, its required `execution` keys) is the engine's. The name an executor goes by is stored in each run's ledger
+record (`record.executor`), and `for_name` gives the executor back; a new executor is one class here (or a module
+beside it) with those verbs, and one line in EXECUTORS.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -35,12 +37,7 @@ from quanteval.clusters import ssh
 from quanteval.models import ToolError
 
 SSH_TIMEOUT_S = 60.0
-# The local programs NEL 0.2.6's executors run here (read from its source): the slurm executor opens an ssh
-# ControlMaster and submits with `ssh ... sbatch` (executors/slurm/executor.py, common/ssh_utils.py) and uploads the run
-# directories with `rsync -qcaz` over ssh (common/ssh_utils.rsync_upload); it never calls scp. The local executor needs
-# `docker` on PATH and starts each task's run.sh with bash (executors/local/executor.py).
-# The Debian package that provides each binary an executor runs on this machine.
-DEBIAN_PACKAGES = {"ssh": "openssh-client", "rsync": "rsync", "docker": "docker.io", "bash": "bash"}
+ACTIVE = ("pending", "running", "resuming")  # the JobStatus.status of a job that holds or waits for resources
 
 
 class JobStatus(BaseModel):
@@ -62,7 +59,8 @@ class ClusterJob(BaseModel):
     username: str
     remote_dir: str = Field(description="The job's run directory on the cluster.")
     slurm_job_id: str
-    chain_file: str = Field(description="File in remote_dir listing every SLURM job of the job's auto-resume chain.")
+    chain_file: str | None = Field(None, description=(
+        "File in remote_dir listing every SLURM job of the job's auto-resume chain; None for a lone job (a deployment)."))
     retries_failed: bool = Field(False, description=(
         "The chain's successor also reruns a FAILED job (nel-next's cluster.max_retries), not only a walltime end."))
 
@@ -109,26 +107,8 @@ def read_log_failures(paths: Iterable[Path], lines: int) -> LogFailures:
 class Executor(ABC):
     name: ClassVar[str]
     poll_interval_s: ClassVar[float] = 1.0
-    binaries: ClassVar[tuple[str, ...]] = ()  # what it runs on this machine
-
-    def missing_binaries(self) -> str | None:
-        """One sentence naming the binaries this executor runs here and PATH lacks, with their packages; None if all are
-        there."""
-        missing = [binary for binary in self.binaries if shutil.which(binary) is None]
-        if not missing:
-            return None
-        packages = " ".join(sorted({DEBIAN_PACKAGES[binary] for binary in missing}))
-        return (f"NEL's {self.name} executor runs {', '.join(self.binaries)} on this machine, and {', '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} not on PATH: install {packages} (apt-get install {packages}).")
-
-    def launch_blocker(self) -> str | None:
-        """Why a launch must not start here, checked before the engine runs anything (None: go ahead)."""
-        return None
-
-    def daemon_problem(self) -> str | None:
-        """Why the daemon this executor's jobs run under does not answer here, checked as the engine starts them (None:
-        it answers, or the jobs need none)."""
-        return None
+    # Its jobs run on a cluster's nodes, placed by login node, partition and account (apply_cluster asks the cluster).
+    on_cluster: ClassVar[bool] = False
 
     # ---- where a run's files lie
     def local_path(self, value: str | Path) -> Path | None:
@@ -149,13 +129,7 @@ class Executor(ABC):
         """An output directory as a config should hold it: as written, a path on the side where the run writes."""
         return value
 
-    # ---- what a run's settings (NEL 0.2.6's `execution` keys, apply_cluster's vocabulary) need
-    # The settings a run cannot start without, with what each is (a cluster's login node, its account): validation
-    # requires them, and apply_cluster, which fills them in, fits only an executor that has them.
-    required_settings: ClassVar[dict[str, str]] = {}
-    # Settings a run here does not use (one machine, one deployment: num_instances).
-    ignored_settings: ClassVar[frozenset[str]] = frozenset({"num_instances"})
-
+    # ---- what a run's settings (apply_cluster's vocabulary: hostname, gres, gpus_per_node) mean on this executor
     def output_dir_problem(self, value: str) -> tuple[str, str] | None:
         """(why, fix) when the jobs cannot write to this output directory as written; None when they can."""
         return None
@@ -217,7 +191,6 @@ class Executor(ABC):
 class LocalExecutor(Executor):
     """This machine: quanteval's own process groups (one reaper: localproc) or NEL's Docker executor runs the jobs."""
     name: ClassVar[str] = "local"
-    binaries: ClassVar[tuple[str, ...]] = ("docker", "bash")
 
     def start(self, job_id: str, argv: list[str], directory: Path, env: dict[str, str], *, log_name: str,
               exit_name: str) -> LocalJob:
@@ -303,19 +276,6 @@ class LocalExecutor(Executor):
         path = Path(job.log_path)
         return read_log_failures([path] if path.is_file() else [], lines)
 
-    def daemon_problem(self) -> str | None:
-        """NEL's local executor runs every task in Docker: a daemon must answer (`docker info`)."""
-        if shutil.which("docker") is None:
-            return "the `docker` command is not installed"
-        try:
-            probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                                   timeout=15)
-        except subprocess.TimeoutExpired:
-            return "the Docker daemon did not answer within 15 s"
-        if probe.returncode != 0:
-            return "no Docker daemon answers (`docker info` failed)"
-        return None
-
     def local_path(self, value: str | Path) -> Path:
         return Path(value).expanduser().absolute()
 
@@ -357,10 +317,7 @@ class SlurmExecutor(Executor):
     """A SLURM cluster reached over quanteval's pooled SSH connections; all of a run's SLURM shell is here."""
     name: ClassVar[str] = "slurm"
     poll_interval_s: ClassVar[float] = 10.0  # each poll is an SSH round trip and a squeue
-    binaries: ClassVar[tuple[str, ...]] = ("ssh", "rsync")
-
-    def launch_blocker(self) -> str | None:
-        return self.missing_binaries()  # NEL fails with a bare Errno 2 without them
+    on_cluster: ClassVar[bool] = True
 
     def run(self, job: ClusterJob, command: str, timeout: float = SSH_TIMEOUT_S) -> str:
         """Run a command on the job's login node; stdout comes back, Unreachable when ssh fails."""
@@ -368,11 +325,6 @@ class SlurmExecutor(Executor):
             return ssh.run_remote(job.login, command, timeout=timeout).stdout
         except ToolError as exc:
             raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
-
-    # The settings NEL 0.2.6's SLURM executor cannot submit without (NEL's template leaves them ???).
-    required_settings: ClassVar[dict[str, str]] = {"hostname": "the login node to ssh to",
-                                                   "account": "the SLURM account to charge"}
-    ignored_settings: ClassVar[frozenset[str]] = frozenset()
 
     def output_dir_problem(self, value: str) -> tuple[str, str] | None:
         if value.startswith("/"):
@@ -412,7 +364,7 @@ class SlurmExecutor(Executor):
         by_id = {job.job_id: job for job in jobs}
         for status in self.job_states(list(by_id.values())):
             leftovers = [job_id for job_id in (status.current_slurm_job_id, status.restart_job_id) if job_id]
-            if leftovers and status.status in ("pending", "running", "resuming"):  # the states job_states calls active
+            if leftovers and status.status in ACTIVE:
                 self.scancel(by_id[status.job_id], leftovers)
 
     def log_failures(self, job: ClusterJob, lines: int, max_hits: int) -> LogFailures:
@@ -452,9 +404,9 @@ class SlurmExecutor(Executor):
         return [status for host_jobs in by_login.values() for status in self._login_states(host_jobs)]
 
     def _chains(self, host_jobs: list[ClusterJob]) -> dict[str, list[str]]:
+        files = {job.job_id: f"{job.remote_dir}/{job.chain_file}" for job in host_jobs if job.chain_file}
         try:
-            return slurm_client.job_chains(host_jobs[0].login, {job.job_id: f"{job.remote_dir}/{job.chain_file}"
-                                                                for job in host_jobs}, timeout=SSH_TIMEOUT_S)
+            return slurm_client.job_chains(host_jobs[0].login, files, timeout=SSH_TIMEOUT_S) if files else {}
         except ToolError as exc:
             raise Unreachable(f"ssh {host_jobs[0].hostname} failed: {exc}") from None
 
@@ -464,12 +416,8 @@ class SlurmExecutor(Executor):
         # the newest of the chain and the recorded id: a resubmitted job is recorded before it writes the chain
         latest_ids = {job.job_id: max([*chains.get(job.job_id, []), job.slurm_job_id],
                                       key=lambda i: int(i) if i.isdigit() else -1) for job in host_jobs}
-        try:
-            queue = {entry.job_id: entry for entry in slurm_client.squeue(first.login, user=first.username, all_states=True)}
-            purged = [job_id for job_id in latest_ids.values() if job_id not in queue]
-            if purged:
-                _, finished, _ = slurm_client.sacct(first.login, job_ids=purged)
-                queue.update({entry.job_id: entry for entry in finished if entry.job_id in purged})
+        try:  # the user's whole queue: the restart jobs queued behind these are in it
+            queue = slurm_client.job_states(first.login, list(latest_ids.values()), user=first.username)
         except ToolError as exc:
             raise Unreachable(f"ssh {first.hostname}: {exc}") from None
         statuses = []
@@ -493,10 +441,21 @@ class SlurmExecutor(Executor):
     def cancel_chain(self, job: ClusterJob) -> None:
         """scancel every job of the job's chain and the auto-resume successors queued behind them (afternotok)."""
         try:
-            slurm_client.cancel_chain(job.login, job.username, f"{job.remote_dir}/{job.chain_file}", job.slurm_job_id,
-                                      timeout=SSH_TIMEOUT_S)
+            slurm_client.cancel_chain(job.login, job.username, job.chain_file and f"{job.remote_dir}/{job.chain_file}",
+                                      job.slurm_job_id, timeout=SSH_TIMEOUT_S)
         except ToolError as exc:
             raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
+
+    def stop(self, job: ClusterJob, grace_s: float) -> tuple[bool, str, list[int]]:
+        """scancel the job's chain and wait up to grace_s for SLURM to end it: (stopped, what was done, no pids: none of
+        it runs here), as LocalExecutor.stop answers for a process group."""
+        self.cancel_chain(job)
+        deadline = time.monotonic() + grace_s
+        while (status := self.job_states([job])[0]).status in ACTIVE:
+            if time.monotonic() >= deadline:
+                return False, f"scancel {job.slurm_job_id} (job still {status.slurm_state})", []
+            time.sleep(0.5)
+        return True, f"scancel {job.slurm_job_id}", []
 
     def tail_job_logs(self, job: ClusterJob, lines: int, last_files: int = 4) -> list[str]:
         """The last `lines` lines of the newest SLURM logs under logs/ (up to `last_files` jobs of the chain, oldest
@@ -530,10 +489,10 @@ def _map_slurm(state: str, restart_job: str | None, resumed: bool, retries_faile
     where NEL 0.2.6's restart job only continues after walltime."""
     if state == "FAILED" and retries_failed and restart_job:
         return "resuming", f"failed; nel-next's auto-resume job {restart_job} retries it (cluster.max_retries)"
-    if state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
-        return "running", "resumed after walltime by NEL's restart job" if resumed else None
     if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
         return ("resuming", "restart job queued after walltime") if resumed else ("pending", None)
+    if state in slurm_client.ACTIVE_JOB_STATES:  # running, suspended, completing, signalled, staging out, ...
+        return "running", "resumed after walltime by NEL's restart job" if resumed else None
     if state == "COMPLETED":
         return "succeeded", None
     if state in ("TIMEOUT", "PREEMPTED", "NODE_FAIL"):

@@ -127,8 +127,9 @@ def sacct(host: str, *, user: str | None = None, job_ids: list[str] | tuple[str,
 
 
 def job_states(host: str, job_ids: list[str], *, user: str | None = None) -> dict[str, SlurmJob]:
-    """What SLURM knows about these jobs: the queue first, accounting for those it has forgotten."""
-    jobs = {job.job_id: job for job in squeue(host, user=user, job_ids=job_ids, all_states=True)}
+    """What SLURM knows about these jobs: the queue first (with `user`, all of that user's jobs: those queued behind
+    these too), accounting for those it has forgotten. The one poll of job state, for runs and deployments alike."""
+    jobs = {job.job_id: job for job in squeue(host, user=user, job_ids=() if user else job_ids, all_states=True)}
     forgotten = [job_id for job_id in job_ids if job_id not in jobs]
     if forgotten:
         _, finished, _ = sacct(host, job_ids=forgotten)
@@ -164,25 +165,13 @@ def sbatch(host: str, directory: str, script: str, file_name: str = "job.sbatch"
     return job_line.split(";")[0].strip(), absolute_dir
 
 
-def cancel_and_wait(host: str, job_id: str, grace_s: float) -> SlurmJob | None:
-    """scancel one job and wait up to grace_s for SLURM to end it: None once it has, else the job as it still is."""
-    scancel(host, [job_id])
-    deadline = time.monotonic() + grace_s
-    while True:
-        entry = job_states(host, [job_id]).get(job_id)
-        if entry is None or entry.state not in ACTIVE_JOB_STATES:
-            return None
-        if time.monotonic() >= deadline:
-            return entry
-        time.sleep(0.5)
-
-
-def cancel_chain(host: str, user: str, chain_file: str, job_id: str, timeout: float = 60) -> None:
-    """scancel a job chain: `job_id`, the ids its chain file lists (one per resubmission), and the auto-resume
-    successors queued behind any of them (`afternotok:<id>` dependencies of `user`'s jobs). Raises ToolError only
-    when the host cannot be reached; ids that already ended are no error."""
+def cancel_chain(host: str, user: str, chain_file: str | None, job_id: str, timeout: float = 60) -> None:
+    """scancel a job chain: `job_id`, the ids its chain file lists (one per resubmission; none without one), and the
+    auto-resume successors queued behind any of them (`afternotok:<id>` dependencies of `user`'s jobs). Raises
+    ToolError only when the host cannot be reached; ids that already ended are no error."""
     check_job_ids([job_id])
-    ids = f"$( (cat {shlex.quote(chain_file)} 2>/dev/null; echo {job_id}) | sort -u)"
+    listed = f"cat {shlex.quote(chain_file)} 2>/dev/null; " if chain_file else ""
+    ids = f"$( ({listed}echo {job_id}) | sort -u)"
     successors = (f"$(squeue -h -u {shlex.quote(user)} -o '%i %E' | "
                   f"grep -E \"afternotok:($(echo {ids} | tr ' ' '|'))\" | cut -d' ' -f1)")
     run_remote(host, f"scancel {ids} {successors}", timeout=timeout)

@@ -334,6 +334,10 @@ class RunRole(Protocol):
     """What the run tools ask (dry_run, launch_canary / launch_full_run, run_status, run_logs, kill_run, resume_run,
     wait_for_run) and confinement (`quanteval-mcp --root`, workflow/confine.py)."""
 
+    # The programs the engine runs on this machine for a run on each executor (by its name) besides itself, where a
+    # launch without one fails with a bare Errno 2: check_environment lists NEL 0.2.6's.
+    local_programs: dict[str, tuple[str, ...]]
+
     def read_launch(self, config_path: str, overrides: list[str]) -> dict[str, Any]:
         """The engine's own reading of a config with overrides, made once per launch and kept in its LaunchPlan
         (engines/launchplan.py) for the steps below; {} where the engine reads nothing ahead."""

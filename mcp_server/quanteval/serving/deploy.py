@@ -11,7 +11,7 @@ SLURM node).
 
 Local servers run in their own process group with their log under the state directory (serving.deploy_local);
 SLURM servers are sbatch jobs submitted over SSH (serving.deploy_slurm). Both are ledger records of kind
-"deployment"; the tools here pick the executor once, by host at launch and by the record's executor after.
+"deployment"; the tools here pick the deployment host once, by host at launch and by the record's executor after.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy_local, deploy_slurm, frameworks, serverflags
 from quanteval.serving.checkpoint import WEIGHT_MEMORY_FRACTION, CheckpointReport, InspectCheckpointInput, inspect_checkpoint
 from quanteval.serving.deployment import (
+    DeploymentHost,
     DeploymentPlan,
-    Executor,
     KernelPath,
     LaunchDeploymentInput,
     LaunchDeploymentResult,
@@ -56,8 +56,8 @@ LOG_TAIL_LINES = 30
 # A server's exit code when a signal ended it (128 + SIGTERM or SIGKILL, as the wrapper's shell reports them), or none
 # written (the wrapper itself was stopped with its group)
 STOPPED_BY_SIGNAL = (None, 143, 137)
-# Where a server runs, by the executor name its ledger record keeps: the one place a deployment picks its executor.
-EXECUTORS: dict[str, Executor] = {deploy_local.NAME: deploy_local, deploy_slurm.NAME: deploy_slurm}
+# Where a server runs, by the executor name its ledger record keeps: the one place a deployment picks its host.
+DEPLOYMENT_HOSTS: dict[str, DeploymentHost] = {deploy_local.NAME: deploy_local, deploy_slurm.NAME: deploy_slurm}
 
 
 # --- plan_deployment ----------------------------------------------------------------------------
@@ -86,8 +86,6 @@ class PlanDeploymentInput(StrictModel):
     )
 
 
-
-
 def _launcher(framework: str, here_on_cpu: bool) -> list[str]:
     """The launcher argv: setup's vLLM CPU build for a server on this machine's CPU, else the framework's own command
     (a GPU host's, a cluster node's); replaceable by QUANTEVAL_<FRAMEWORK>_LAUNCHER."""
@@ -104,9 +102,9 @@ def _is_local(host: str | None) -> bool:
     return host in (None, LOCAL)
 
 
-def _executor_for(host: str | None) -> Executor:
-    """The executor a new deployment on `host` uses: this machine for no host or 'local', SLURM for any other."""
-    return deploy_local if _is_local(host) else deploy_slurm
+def _deployment_host(host: str | None) -> DeploymentHost:
+    """Where a new deployment on `host` runs: this machine for no host or 'local', a SLURM job for any other."""
+    return DEPLOYMENT_HOSTS[deploy_local.NAME if _is_local(host) else deploy_slurm.NAME]
 
 
 def _cpu_here(framework: str, gpu_type: str | None, local: bool) -> bool:
@@ -398,8 +396,6 @@ def _resolution_warnings(check: ParserCheck, report: CheckpointReport, name: str
 # --- launch_deployment --------------------------------------------------------------------------
 
 
-
-
 def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_progress) -> LaunchDeploymentResult:
     """Use to serve a checkpoint for evaluation: starts a server from a plan (or checkpoint) here or as a SLURM
     job on host; returns its record_id at once. Poll deployment_status.
@@ -423,7 +419,7 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     # What the record says of its numerics comes from the arguments that run, not from what a client sent.
     plan = plan.model_copy(update={"serving": serving_of(plan.framework, plan.launcher, plan.server_args,
                                                          plan.serving.flags, local, plan.device)})
-    return _executor_for(request.host).launch(plan, request)  # 'local' means this machine, as in every tool with a host
+    return _deployment_host(request.host).launch(plan, request)  # 'local' means this machine, as in every tool with a host
 
 
 # --- deployment_status --------------------------------------------------------------------------
@@ -507,7 +503,7 @@ def _probe_once(record: ledger.Record, chat: bool) -> DeploymentStatus:
     details = record.details
     name = details["served_model_name"]
     elapsed = time.time() - details.get("started_at", record.created_at)
-    seen = EXECUTORS[record.executor].observe(record, chat)
+    seen = DEPLOYMENT_HOSTS[record.executor].observe(record, chat)
     probe, log_text, endpoint, process = seen.probe, seen.log_text, seen.endpoint, seen.process
     failures = _scan_log(log_text)
     ready = probe.health == 200 and name in probe.models
@@ -565,7 +561,7 @@ def _deployment(record_id: str) -> ledger.Record:
 def settle(record: ledger.Record) -> ledger.Record:
     """A deployment recorded loading or ready whose server is gone (its owner's death took it, a crash, kill -9): the
     record says how it ended, as deployment_status would, so list_runs never shows a dead server as live."""
-    if record.status not in ("loading", "ready") or "port" not in record.details or not EXECUTORS[record.executor].gone(record):
+    if record.status not in ("loading", "ready") or "port" not in record.details or not DEPLOYMENT_HOSTS[record.executor].gone(record):
         return record
     status = _probe_once(record, chat=False)
     return ledger.update(record.id, status=status.status, message=status.message[:300], only_from=(record.status,))
@@ -610,15 +606,14 @@ def stop_deployment(request: StopDeploymentInput, progress: ProgressFn = no_prog
     """
     record = _deployment(request.record_id)
     progress(0, 1, f"stopping {record.id} (up to {request.grace_s:.0f} s grace)")
-    stopped, how, remaining = EXECUTORS[record.executor].stop(record, request.grace_s)
+    stopped, how, remaining = DEPLOYMENT_HOSTS[record.executor].stop(record, request.grace_s)
     if stopped:
         ledger.update(record.id, status="stopped", message=how)
     return StopDeploymentResult(record_id=record.id, stopped=stopped, how=how, remaining_pids=remaining)
-
 
 
 def deployment_memory_bytes(record_id: str) -> int | None:
     """Memory a running deployment holds on this machine (None: it runs on a cluster), e.g. to decide whether a
     second server fits beside it."""
     record = _deployment(record_id)
-    return EXECUTORS[record.executor].memory_bytes(record)
+    return DEPLOYMENT_HOSTS[record.executor].memory_bytes(record)

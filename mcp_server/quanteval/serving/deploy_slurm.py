@@ -1,6 +1,7 @@
 """Deployments on a SLURM cluster: the server is a one-node batch job submitted over SSH (clusters.slurm), its job
 script, log and endpoint_host file in a directory of its own on the login host. The ledger records them as executor
-"slurm"; the login node reaches the server on its compute node (curl over SSH), this machine may not."""
+"slurm", whose SlurmExecutor watches and stops the job as it does a run's; the login node reaches the server on its
+compute node (curl over SSH), this machine may not."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import time
 
 from quanteval import ledger
 from quanteval.clusters import slurm
-from quanteval.clusters.ssh import run_remote
+from quanteval.clusters.executor import ACTIVE, SLURM, ClusterJob, Unreachable
+from quanteval.clusters.ssh import run_remote, ssh_user
 from quanteval.models import ToolError
 from quanteval.serving.deployment import (
     DeploymentPlan,
@@ -26,7 +28,7 @@ from quanteval.serving.deployment import (
     with_option,
 )
 
-NAME = "slurm"
+NAME = SLURM.name
 # Over SSH the probe's output is capped (ssh.OUTPUT_LIMIT keeps the tail): the log part stays well
 # below it so the probe sections before it are never cut off.
 REMOTE_LOG_SCAN_BYTES = 128 * 1024
@@ -91,24 +93,33 @@ echo; echo @@log; tail -c {scan} server.log 2>/dev/null
 """
 
 
+def _job(record: ledger.Record) -> ClusterJob:
+    """The server's job as SlurmExecutor finds it again, from its record: a lone job, no chain."""
+    host = record.host or ""
+    return ClusterJob(job_id=record.id, hostname=host, username=ssh_user(host), remote_dir=record.details["remote_dir"],
+                      slurm_job_id=record.details["job_id"])
+
+
 def observe(record: ledger.Record, chat: bool) -> Observation:
     """The job's state, then one round trip on the login node: the node's name, /health, /v1/models, a test chat
     completion and the log's tail."""
-    details = record.details
-    host = record.host or ""
-    job = slurm.job_states(host, [details["job_id"]]).get(details["job_id"])
-    job_state = job.state if job else ""
+    details, job = record.details, _job(record)
     script = _REMOTE_PROBE.format(dir=shlex.quote(details["remote_dir"]), port=details["port"], chat=int(chat),
                                   body=shlex.quote(json.dumps(chat_body(details["served_model_name"]))),
                                   scan=REMOTE_LOG_SCAN_BYTES)
-    result = run_remote(host, script, timeout=120)
+    try:
+        [status] = SLURM.states([job])
+    except Unreachable as exc:
+        raise ToolError(str(exc)) from None
+    result = run_remote(job.login, script, timeout=120)  # the login node's own curl, over the executor's connection
     if result.exit_code == 3:
         raise ToolError(f"{record.host}:{details['remote_dir']}: deployment directory is gone.")
-    out = _sections(result.stdout)
-    node = out.get("host") or None
+    sections = _sections(result.stdout)
+    node = sections.get("host") or None
+    known = status.status != "unknown"
     return Observation(
-        process=f"SLURM job {details['job_id']}: {job_state or 'no longer in the queue'}",
-        running=job_state in slurm.ACTIVE_JOB_STATES, probe=_read_probe(out), log_text=out.get("log", ""),
+        process=f"SLURM job {details['job_id']}: {status.slurm_state if known else 'no longer in the queue'}",
+        running=status.status in ACTIVE, probe=_read_probe(sections), log_text=sections.get("log", ""),
         endpoint=f"http://{node}:{details['port']}/v1/chat/completions" if node else None,
     )
 
@@ -134,9 +145,10 @@ def _read_probe(out: dict[str, str]) -> Probe:
 
 
 def stop(record: ledger.Record, grace_s: float) -> tuple[bool, str, list[int]]:
-    job = record.details["job_id"]
-    left = slurm.cancel_and_wait(record.host or "", job, grace_s)
-    return (True, f"scancel {job}", []) if left is None else (False, f"scancel {job} (job still {left.state})", [])
+    try:
+        return SLURM.stop(_job(record), grace_s)
+    except Unreachable as exc:
+        raise ToolError(str(exc)) from None
 
 
 def memory_bytes(record: ledger.Record) -> int | None:

@@ -1,5 +1,5 @@
-"""A deployment as every executor sees it: the plan, the launch request and its result, what a probe of the server
-found, and the Executor protocol each executor module (serving.deploy_local, serving.deploy_slurm) implements.
+"""A deployment as every host of one sees it: the plan, the launch request and its result, what a probe of the server
+found, and the DeploymentHost protocol each host's module (serving.deploy_local, serving.deploy_slurm) implements.
 
 How a server computes is part of what it serves (`Serving`): the same weights answer differently on another numeric
 path. Measured with vLLM CPU 0.32 on a weak model (26% of 200 problems, greedy): `--enforce-eager` against vLLM's
@@ -100,7 +100,6 @@ class DeploymentPlan(BaseModel):
         "capability. Null on this machine's CPU and without gpu_type (name the GPU to learn it)."))
 
 
-
 class LaunchDeploymentInput(StrictModel):
     plan: DeploymentPlan | None = Field(None, description="A plan from plan_deployment, as returned; or give checkpoint.")
     checkpoint: str | None = Field(None, description="Checkpoint to plan and launch in one step.")
@@ -142,7 +141,6 @@ class LaunchDeploymentResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-
 class Probe(BaseModel):
     health: int | None = None
     models: list[str] = Field(default_factory=list)
@@ -156,14 +154,11 @@ def chat_body(name: str) -> dict[str, Any]:
     return {"model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
 
 
-
 def read_models(probe: Probe, models: dict[str, Any]) -> None:
     data = [m for m in models.get("data", []) if isinstance(m, dict)]
     probe.models = [m.get("id") for m in data]
     lengths = [m["max_model_len"] for m in data if isinstance(m.get("max_model_len"), int)]
     probe.max_model_len = lengths[0] if lengths else None
-
-
 
 
 def read_chat(probe: Probe, status: int, text: str) -> None:
@@ -179,7 +174,6 @@ def read_chat(probe: Probe, status: int, text: str) -> None:
         probe.chat_error = f"HTTP {status}: {text[:300]}"
 
 
-
 def with_option(args: list[str], flag: str, value: str) -> list[str]:
     args = list(args)
     if flag in args:
@@ -189,10 +183,9 @@ def with_option(args: list[str], flag: str, value: str) -> list[str]:
     return args
 
 
-
 @dataclass(frozen=True)
 class Observation:
-    """What an executor saw of a deployment's server: its process or job, the probe of its endpoint, its log."""
+    """What a deployment host saw of its server: its process or job, the probe of its endpoint, its log."""
 
     process: str  # local: running / exited with code N; SLURM: the job state
     running: bool
@@ -203,8 +196,9 @@ class Observation:
     owner_ended: bool = False  # local: the process it was tied to (an evaluation) ended, and stopped it
 
 
-class Executor(Protocol):
-    """Where a server runs. One module per executor implements it; `NAME` is what its ledger records say."""
+class DeploymentHost(Protocol):
+    """Where a server runs: this machine or a SLURM job. One module per host implements it; `NAME` is the executor
+    (clusters/executor.py) its ledger records name, which watches and stops its process or job."""
 
     NAME: str
 

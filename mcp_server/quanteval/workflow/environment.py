@@ -14,11 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import __version__, envvars, ledger
-from quanteval.clusters import executor as executors
+from quanteval import __version__, engines, envvars, ledger
 from quanteval.clusters.slurm import PartitionInfo
 from quanteval.clusters.ssh import ssh_config_hosts, ssh_config_path
 from quanteval.envvars import KNOWN_ENV_VARS, set_env_var_names
+from quanteval.localproc import DEBIAN_PACKAGES, missing_programs
 from quanteval.models import StrictModel, ToolError
 from quanteval.serving.frameworks import FRAMEWORK_INFO, VLLM_VENV_DEFAULT, VLLM_VENV_ENV, vllm_venv, vllm_venv_version
 from quanteval.workflow import evaluate_cluster
@@ -185,10 +185,9 @@ def _local_vllm() -> ServingOption:
 
 
 def _slurm_option() -> ServingOption:
-    executor = executors.SLURM
     sbatch = shutil.which("sbatch")
     hosts = ssh_config_hosts()
-    missing = executor.missing_binaries()
+    missing = missing_programs("NEL's slurm executor", engines.by_name("nel").run.local_programs["slurm"])
     reach = (f"ssh hosts: {', '.join(hosts[:10])}" if hosts else "no ssh host configured") + (
         "; runs go over ssh to the config's execution.hostname (ssh_check tests a host)")
     if missing:
@@ -225,12 +224,16 @@ def serving_options(gpus: list[GpuInfo], gpu_detail: str, docker_ok: bool, docke
     return [_local_vllm(), gpu, docker, _slurm_option(), _endpoints()]
 
 
+def _nel_programs(executor: str | None) -> dict[str, tuple[str, ...]]:
+    """The programs NEL 0.2.6 runs on this machine for a run on the executor (every executor when None)."""
+    programs = engines.by_name("nel").run.local_programs
+    return {executor: programs[executor]} if executor else dict(programs)
+
+
 def executor_binaries(executor: str | None = None) -> list[LocalBinary]:
     """The local binaries NEL's executor (both when None) runs, each with where PATH has it."""
-    chosen = [executors.for_name(executor)] if executor else list(executors.EXECUTORS.values())
-    return [LocalBinary(executor=item.name, binary=binary, path=shutil.which(binary),
-                        debian_package=executors.DEBIAN_PACKAGES[binary])
-            for item in chosen for binary in item.binaries]
+    return [LocalBinary(executor=name, binary=binary, path=shutil.which(binary), debian_package=DEBIAN_PACKAGES[binary])
+            for name, programs in _nel_programs(executor).items() for binary in programs]
 
 
 # The checkout's examples (absent from an installed wheel): mcp_server/quanteval -> the repository root.
@@ -272,9 +275,8 @@ def check_environment(request: CheckEnvironmentInput) -> EnvironmentReport:
     if not nel:
         notes.append("`nel` is not on PATH: install nemo-evaluator-launcher==0.2.6 (quanteval uses its Python API).")
     binaries = executor_binaries(request.executor)
-    for executor in [executors.for_name(request.executor)] if request.executor else executors.EXECUTORS.values():
-        if message := executor.missing_binaries():
-            notes.append(message)
+    notes += [message for name, programs in _nel_programs(request.executor).items()
+              if (message := missing_programs(f"NEL's {name} executor", programs))]
     if not docker_ok:
         notes.append("No Docker daemon: NEL's local executor cannot run here; use execution: slurm or a remote host.")
     serving = serving_options(gpus, gpu_detail, docker_ok, docker_detail)

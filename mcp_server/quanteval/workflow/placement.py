@@ -249,7 +249,7 @@ def apply_cluster(request: ApplyClusterInput, progress: ProgressFn = no_progress
     engine = engines.for_config(written)
     doc = engine.placement.view(written)
     execution = engine.config.execution_type(written)
-    if not executors.for_name(execution).required_settings:  # nothing a cluster must be asked for (a run here)
+    if not executors.for_name(execution).on_cluster:  # nothing a cluster must be asked for (a run here)
         raise ToolError(f"{request.config_path}: execution is '{execution}', not slurm ({engine.placement.key('execution.type')}); "
                         f"apply_cluster fits SLURM configs. Build one with build_config engine='{engine.name}' "
                         "execution='slurm'.")

@@ -117,7 +117,7 @@ def make_plan(request: PlanRequest, progress: ProgressFn = no_progress) -> PlanR
         chain.call("set_config_value", {"config_path": str(chain.config_path), "key": key, "yaml_value": value})
         chain.step("set_config_value", f"{key} = {value}")
     cluster_unknowns: list[str] = []
-    if executors.for_name(request.execution).required_settings:  # a cluster's login and account: ask it for the placement
+    if executors.for_name(request.execution).on_cluster:  # its login, partition and account: ask it for the placement
         progress(3, TOTAL_STEPS, "asking the cluster")
         cluster_unknowns = _place_on_cluster(request, chain)
     missing_values = _missing_values(chain)

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from typing import Any
 
 from quanteval import redact, warm_python
 from quanteval.clusters import executor as executors
+from quanteval.engines.nel.nelfacts import EXECUTOR_PROGRAMS
 from quanteval.models import ToolError
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -244,6 +246,19 @@ def _nel_warnings() -> Any:
         functional.get_eval_factory_config, functional.validate_params_in_command = merge, check
 
 
+def docker_problem() -> str | None:
+    """Why no Docker daemon answers here (`docker info`), for the executor that runs every task in Docker; None when
+    one does."""
+    if shutil.which("docker") is None:
+        return "the `docker` command is not installed"
+    try:
+        probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                               timeout=15)
+    except subprocess.TimeoutExpired:
+        return "the Docker daemon did not answer within 15 s"
+    return "no Docker daemon answers (`docker info` failed)" if probe.returncode != 0 else None
+
+
 def op_run(config_path: str, overrides: list[str], extra_overrides: list[str], tasks: list[str],
            dry_run: bool) -> dict[str, Any]:
     from nemo_evaluator_launcher.api.functional import run_eval
@@ -251,7 +266,7 @@ def op_run(config_path: str, overrides: list[str], extra_overrides: list[str], t
     cfg_hash = content_hash(_compose(config_path, overrides))
     cfg = _compose(config_path, overrides + extra_overrides)
     summary = _summary(cfg)
-    if not dry_run and (problem := executors.for_name(summary["executor"]).daemon_problem()):
+    if not dry_run and "docker" in EXECUTOR_PROGRAMS.get(summary["executor"], ()) and (problem := docker_problem()):
         return {"ok": False, "error": (
             f"execution.type {summary['executor']} runs every task in Docker, but {problem}. Start a Docker daemon on "
             "this machine, or set execution to slurm (execution.hostname = your cluster's login node)."),

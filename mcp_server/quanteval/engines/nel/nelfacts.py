@@ -1,4 +1,5 @@
-"""The few NEL facts validate_config needs, cached per NEL version so validation does not import NEL.
+"""The few NEL facts validation and launches need: what NEL 0.2.6's executors run here and require (read from its
+source), and its config models, cached per NEL version so validation does not import NEL.
 
 Importing NEL's config models costs about a second (nemo_evaluator pulls flask, structlog and
 its adapters); validation needs only their field names and types. The first use per NEL
@@ -35,6 +36,15 @@ MODELS = {
     "TaskModel": "nemo_evaluator_launcher.common.config_models",
 }
 
+# What NEL 0.2.6's executors run on this machine: the slurm executor opens an ssh ControlMaster and submits with
+# `ssh ... sbatch` (executors/slurm/executor.py, common/ssh_utils.py) and uploads the run directories with `rsync -qcaz`
+# over ssh (common/ssh_utils.rsync_upload), never scp; the local executor runs every task in Docker and starts each
+# task's run.sh with bash (executors/local/executor.py).
+EXECUTOR_PROGRAMS: dict[str, tuple[str, ...]] = {"slurm": ("ssh", "rsync"), "local": ("docker", "bash")}
+# The `execution` keys an executor cannot submit without (NEL's SLURM template leaves them ???), with what each is.
+REQUIRED_EXECUTION_KEYS: dict[str, dict[str, str]] = {
+    "slurm": {"hostname": "the login node to ssh to", "account": "the SLURM account to charge"}}
+REPLICATING_EXECUTORS = frozenset({"slurm"})  # they start execution.num_instances deployments; the others start one
 EVALUATION_CHECKPOINT_MOUNT = "/checkpoint"  # where a local checkpoint is mounted in the evaluation container
 REPEAT_KEYS = ("n_samples", "num_repeats", "repeats")  # params.extra keys NEL's harnesses use for repeats
 

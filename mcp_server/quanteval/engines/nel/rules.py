@@ -164,7 +164,7 @@ def _check_execution(ctx: Context) -> None:
         ctx.add("execution.output_dir", "error", "wrong_type", "output_dir must be a directory path.", "Set execution.output_dir, e.g. nel-results.")
     elif isinstance(output_dir, str) and not is_unresolved(output_dir) and (problem := executor.output_dir_problem(output_dir)):
         ctx.add("execution.output_dir", "error", f"{executor.name}_output_dir", *problem)
-    for key, what in executor.required_settings.items():
+    for key, what in nelfacts.REQUIRED_EXECUTION_KEYS.get(executor.name, {}).items():
         value = execution.get(key)
         if key not in execution or value is None or (isinstance(value, str) and not value.strip()):
             ctx.add(f"execution.{key}", "error", f"{executor.name}_{key}", f"execution.{key} ({what}) is not set.", f"Set execution.{key}.")
@@ -175,7 +175,7 @@ def _check_execution(ctx: Context) -> None:
             ctx.add(f"execution.{key}", "error", "wrong_type", f"{key} must be a positive integer, got {value!r}.", f"Set execution.{key} to an integer such as 1.")
     nodes = _int_at(execution, "num_nodes", 1) or 1
     instances = _int_at(execution, "num_instances", 1) or 1
-    if instances > 1 and "num_instances" in executor.ignored_settings:
+    if instances > 1 and executor.name not in nelfacts.REPLICATING_EXECUTORS:
         ctx.add("execution.num_instances", "warning", "num_instances", "num_instances only applies to the SLURM executor.", "Remove it, or run on SLURM.")
     if instances > 1 and ctx.deployment == "none":
         ctx.add("execution.num_instances", "error", "num_instances", "num_instances > 1 replicates a deployment, but deployment is none.", "Set num_instances to 1, or let NEL deploy the model.")

@@ -39,8 +39,9 @@ from quanteval.engines.base import (
     overall_status,
 )
 from quanteval.engines.nel import config, nelexec
-from quanteval.engines.nel.nelfacts import REPEAT_KEYS
+from quanteval.engines.nel.nelfacts import EXECUTOR_PROGRAMS, REPEAT_KEYS
 from quanteval.engines.rendering import rendered_script, secrets_files
+from quanteval.localproc import missing_programs
 from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import scrub, secret_values, shown_line, shown_lines
 
@@ -50,6 +51,7 @@ DRY_RUN_TIMEOUT_S = 180.0
 LAUNCH_TIMEOUT_S = 600.0
 QUERY_TIMEOUT_S = 120.0
 NEL_STATE = {"success": "succeeded", "failed": "failed", "killed": "killed", "pending": "pending", "running": "running"}
+local_programs = EXECUTOR_PROGRAMS
 NEL_CHAIN_FILE = ".slurm_job_id.list"  # NEL 0.2.6 lists a run's SLURM jobs (its auto-resume chain) here
 
 
@@ -74,8 +76,11 @@ def compose(plan: LaunchPlan) -> Composed:
 
 def check_launchable(plan: LaunchPlan) -> None:
     """Refuse a launch before NEL runs when this machine lacks what the config's executor runs here."""
-    problem = executors.for_name(config.execution_type(plan.doc)).launch_blocker()
-    if problem:
+    execution = config.execution_type(plan.doc)
+    programs = EXECUTOR_PROGRAMS.get(execution, ())
+    # NEL fails on a missing one with a bare Errno 2; Docker is asked as the run starts, daemon and all (a dry run
+    # needs none)
+    if "docker" not in programs and (problem := missing_programs(f"NEL's {execution} executor", programs)):
         raise ToolError(f"{plan.config_path}: not launched. {problem} Then launch again (check_environment lists them).")
 
 

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
 from quanteval.configfile import MISSING
 from quanteval.engines.nel_next import clustertypes, servers, skillnames
-from quanteval.localproc import require_writable_dir
+from quanteval.localproc import missing_programs, require_writable_dir
 from quanteval.models import ToolError
 
 LOG_NAME = "quanteval-run.log"
@@ -351,10 +350,7 @@ def launch_blocker(checked: dict[str, Any]) -> str | None:
         name, found = next(iter(unstartable.items()))
         return f"services.{name}: {found.problem} {found.fix}"
     cluster = clustertypes.of(checked["cluster"])
-    if missing := [program for program in (cluster.binaries if cluster else ()) if shutil.which(program) is None]:
-        return (f"nel-next submits with {' and '.join(cluster.binaries)} from this machine, and {', '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} not on PATH: apt-get install openssh-client.")
-    return None
+    return missing_programs(f"nel-next's {cluster.name} launch", cluster.binaries) if cluster else None
 
 
 def with_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from quanteval.models import ProgressFn, ToolError
 from quanteval.redact import secret_values, shown_line, shown_lines
 from quanteval.serving.deployment import serving_at
 
+local_programs = {name: row.binaries for name, row in clustertypes.CLUSTER_TYPES.items()}
 NOT_FINISHED = "its job ended ({how}) without finishing it"
 
 
