@@ -102,11 +102,6 @@ def _is_local(host: str | None) -> bool:
     return host in (None, LOCAL)
 
 
-def _deployment_host(host: str | None) -> DeploymentHost:
-    """Where a new deployment on `host` runs: this machine for no host or 'local', a SLURM job for any other."""
-    return DEPLOYMENT_HOSTS[deploy_local.NAME if _is_local(host) else deploy_slurm.NAME]
-
-
 def _cpu_here(framework: str, gpu_type: str | None, local: bool) -> bool:
     """vLLM on this machine's CPU: a local server, no GPU named and none here."""
     return framework == "vllm" and local and gpu_type is None and shutil.which("nvidia-smi") is None
@@ -419,7 +414,8 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     # What the record says of its numerics comes from the arguments that run, not from what a client sent.
     plan = plan.model_copy(update={"serving": serving_of(plan.framework, plan.launcher, plan.server_args,
                                                          plan.serving.flags, local, plan.device)})
-    return _deployment_host(request.host).launch(plan, request)  # 'local' means this machine, as in every tool with a host
+    # 'local' means this machine, as in every tool with a host; any other host is a SLURM login node
+    return DEPLOYMENT_HOSTS[deploy_local.NAME if local else deploy_slurm.NAME].launch(plan, request)
 
 
 # --- deployment_status --------------------------------------------------------------------------
