@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
-from quanteval import engines, paths, redact
+from quanteval import paths, redact
 from quanteval.engines.base import unpinned_image
 from quanteval.engines.runresults import CHECK_ITEMS, PairedTest, ResultsReader, RunBenchmark, ScoreValue
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -41,6 +41,7 @@ from quanteval.workflow.comparison_report import (
     table_markdown,
 )
 from quanteval.workflow.paired import DEFAULT_CONFIDENCE, Confidence, MaxDropPoints, ReferenceScores
+from quanteval.workflow.results import RunPair, read_pair
 
 if TYPE_CHECKING:  # inspect_checkpoint is imported only when two runs are compared
     from quanteval.serving.checkpoint import CheckpointReport
@@ -269,12 +270,11 @@ def comparability_verdict(items: list[ChecklistItem]) -> tuple[str, list[str]]:
     return "inconclusive", reasons
 
 
-def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress) -> CompareResultsOutput:
+def compare_results(request: CompareResultsInput, progress: ProgressFn = no_progress, runs: RunPair | None = None) -> CompareResultsOutput:
     """Use once both runs passed validate_run: comparability, per-task delta with its paired CI, a verdict against
     max_drop, a chart and a report."""
     progress(0, 3, "reading both runs")
-    reader = engines.results_for_pair(request.baseline, request.candidate)
-    base_run, cand_run = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
+    reader, base_run, cand_run = runs or read_pair(request.baseline, request.candidate)
     reasons: list[str] = list(dict.fromkeys(base_run.warnings + cand_run.warnings))
     items: list[ChecklistItem] = []
     rows: list[TaskComparison] = []
@@ -355,10 +355,6 @@ def _report(checkpoint: str | None) -> CheckpointReport | None:
         return None
 
 
-def _quantization(checkpoint: str | None) -> tuple[QuantizationInfo | None, bool]:
-    return _quantization_of(_report(checkpoint))
-
-
 def _quantization_of(report: CheckpointReport | None) -> tuple[QuantizationInfo | None, bool]:
     """The checkpoint's quantization facts, and whether it carries no quantization at all (a candidate that is not
     quantized); (None, False) when there is none to read here."""
@@ -404,16 +400,11 @@ def _kv_cache(quant: QuantizationInfo | None) -> str | None:
     return str(quant.kv_cache_quant_algo).upper() if quant.kv_cache is not None else "16-bit"
 
 
-def kv_cache_difference(baseline: str | None, candidate: str | None) -> str | None:
+def _kv_difference(baseline: QuantizationInfo | None, candidate: QuantizationInfo | None) -> str | None:
     """A KV cache quantized in one checkpoint and not (or otherwise) in the other, named: the server follows each
     checkpoint's KV cache (plan_deployment and apply_checkpoint pass --kv-cache-dtype), so part of the delta is the KV
     cache's, not the weights'. The runs stay comparable: the KV cache is part of what was quantized. None when both
     agree or one is not readable here."""
-    return _kv_difference(_quantization(baseline)[0], _quantization(candidate)[0])
-
-
-def _kv_difference(baseline: QuantizationInfo | None, candidate: QuantizationInfo | None) -> str | None:
-    """kv_cache_difference on quantization facts already read."""
     base, cand = _kv_cache(baseline), _kv_cache(candidate)
     if base is None or cand is None or base == cand:
         return None

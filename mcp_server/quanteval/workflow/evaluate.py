@@ -2,8 +2,8 @@
 
 It runs the workflow's own tools in the skill's order, for the baseline and then the candidate checkpoint:
 plan_deployment (refuses what the framework cannot serve here) -> launch_deployment -> deployment_status (ready, what
-is really served) -> build_config (nel-next, the served endpoint) -> set_config_value -> validate_config -> dry_run ->
-launch_canary -> wait_for_run -> validate_run -> launch_full_run (gated by that canary) -> wait_for_run ->
+is really served) -> build_config (nel-next, the served endpoint's values in its one write) -> validate_config -> dry_run ->
+launch_canary -> wait_for_run -> validate_run -> launch_full_run (gated by that canary's verdict) -> wait_for_run ->
 validate_run -> stop_deployment; then compare_results on the two full runs and gate_results on them, under the
 user's rule (max_drop in points at a confidence: the `nel gate` policy for it is written next to the report) or a
 given `nel gate` policy: the release verdict (GO / NO-GO / INCONCLUSIVE) with the reason per benchmark.
@@ -48,7 +48,7 @@ from quanteval.clusters import slurm
 from quanteval.clusters.executor import JobStatus
 from quanteval.engines.base import ACTIVE
 from quanteval.engines.recipes import recipe_for_benchmark
-from quanteval.engines.runresults import ValidateRunInput
+from quanteval.engines.runresults import ValidateRunInput, ValidateRunOutput
 from quanteval.envvars import state_dir
 from quanteval.localproc import available_memory_bytes, free_port, interrupts_held, require_writable_dir, tied_to_this_process
 from quanteval.models import ProgressFn, StrictModel, ToolError, cancellation_point, no_progress, pause
@@ -256,7 +256,7 @@ def _every(seconds: float, progress: ProgressFn, step: float, total: float, pref
     return report
 
 
-def _require_pass(record: ledger.Record, what: str, max_error_share: float = ValidateRunInput.model_fields["max_error_share"].default) -> None:
+def _require_pass(record: ledger.Record, what: str, max_error_share: float = ValidateRunInput.model_fields["max_error_share"].default) -> ValidateRunOutput:
     if record.status != "succeeded" and _dir_of(record):
         engine = engines.evaluating()
         failed = engine.evaluation.failed_benchmarks(Path(_dir_of(record) or ""))  # what the engine itself recorded
@@ -274,6 +274,7 @@ def _require_pass(record: ledger.Record, what: str, max_error_share: float = Val
     # a full run's setup was vouched for by its canary: a score at 0 or at chance there is the comparison's to judge
     if report.verdict != "pass" and not (report.verdict == "suspect" and record.kind == "full_run"):
         raise ToolError(f"{what} {record.id} did not pass validate_run ({report.verdict}): {'; '.join(report.reasons[:3])}")
+    return report
 
 
 class CanaryFailed(ToolError):
@@ -287,9 +288,9 @@ class CanaryFailed(ToolError):
         self.placement: evaluate_cluster.ClusterPlacement | None = None  # on a cluster: its job and node
 
 
-def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> None:
+def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> ValidateRunOutput:
     try:
-        _require_pass(record, what)
+        return _require_pass(record, what)
     except ToolError as exc:
         if record.status in ("succeeded", "failed"):  # it ran to its end: not killed, timed out or cancelled
             raise CanaryFailed(str(exc), record, config_path) from None
@@ -350,10 +351,6 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
     config_path = workdir / "config.yaml"
     if config_path.exists():
         config_path.unlink()  # our own file from an earlier, unfinished call: its endpoint is gone
-    built = nelconfig.build_config(nelconfig.BuildConfigInput(
-        engine=engines.evaluating().name, execution="slurm" if job else request.execution,
-        deployment=request.framework if job else "none", model_type="chat_reasoning",
-        benchmarks=[_benchmark_ref(b) for b in request.benchmarks], config_path=str(config_path)))
     context = served.get("max_model_len")
     budget = request.max_tokens or (min(DEFAULT_MAX_TOKENS, context // 2) if isinstance(context, int) else DEFAULT_MAX_TOKENS)
     # A base model (no chat template) is asked through the completions endpoint: the chat endpoint refuses it.
@@ -367,8 +364,10 @@ def _write_config(workdir: Path, launched: deploy.LaunchDeploymentResult, served
         values = engines.evaluating().evaluation.serve_in_job(
             values, job.model_path, launched.served_model_name, launched.port, job.command, request.startup_timeout_s,
             job.placement)
-    for key, value in values.items():
-        nelconfig.set_config_value(nelconfig.SetConfigValueInput(config_path=built.config_path, key=key, value=value))
+    built = nelconfig.build_config(nelconfig.BuildConfigInput(  # written once, its values in it
+        engine=engines.evaluating().name, execution="slurm" if job else request.execution,
+        deployment=request.framework if job else "none", model_type="chat_reasoning",
+        benchmarks=[_benchmark_ref(b) for b in request.benchmarks], config_path=str(config_path)), values)
     checked = validation.validate_config(validation.ValidateConfigInput(config_path=built.config_path))
     if not checked.valid:
         first = next(p for p in checked.problems if p.severity == "error")
@@ -538,7 +537,7 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
         active = canary.record_id
         finished = _wait(canary.record_id, request.run_timeout_s, f"{role} canary", progress, offset + 3, total)
         try:
-            _require_canary_pass(finished, f"{role} canary", config_path)
+            passed = _require_canary_pass(finished, f"{role} canary", config_path)
         except CanaryFailed as failed:
             failed.launched, failed.served = launched, served
             raise
@@ -546,7 +545,7 @@ def _run_both_runs(side: _Checkpoint, served: dict, request: EvaluateQuantizatio
         progress(offset + 4, total, f"{role}: canary passed, launching the full run")
         mark = time.monotonic()
         with tied_to_this_process():
-            full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config_path))
+            full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config_path), validated={canary.record_id: passed})
         active = full.record_id
         ledger.update(full.record_id, details={"evaluation_key": side.key, "checkpoint": str(side.dir), "served": served})
         finished = _wait(full.record_id, request.run_timeout_s, f"{role} full run", progress, offset + 5, total)
@@ -698,16 +697,15 @@ def _evaluate_and_compare(request: EvaluateQuantizationInput, root: Path, progre
     progress(_total(request) - 1, _total(request), "comparing")
     mark = time.monotonic()
     report_dir = root / f"compare-{Path(baseline.config_path or '').parent.name}-vs-{Path(candidate.config_path or '').parent.name}"
+    both = {"baseline": baseline.full_run_record_id or "", "candidate": candidate.full_run_record_id or ""}
+    pair = results.read_pair(both["baseline"], both["candidate"])  # each run's bundles read once, for compare and gate
     compared = compare.compare_results(compare.CompareResultsInput(
-        baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", max_drop=request.max_drop,
-        confidence=request.confidence, output_dir=str(report_dir), baseline_checkpoint=baseline.checkpoint,
-        candidate_checkpoint=candidate.checkpoint, reference_scores=request.reference_scores,
-        reference_tolerance=request.reference_tolerance, max_length_change=request.max_length_change))
+        **both, max_drop=request.max_drop, confidence=request.confidence, output_dir=str(report_dir),
+        baseline_checkpoint=baseline.checkpoint, candidate_checkpoint=candidate.checkpoint, reference_scores=request.reference_scores,
+        reference_tolerance=request.reference_tolerance, max_length_change=request.max_length_change), runs=pair)
     # the rule in points is written as nel gate's policy by gate_results itself, next to the report
-    gated = gate_results(GateResultsInput(
-        baseline=baseline.full_run_record_id or "", candidate=candidate.full_run_record_id or "", policy=request.policy,
-        max_drop=request.max_drop, output_dir=str(report_dir), max_length_change=request.max_length_change),
-        request.confidence) \
+    gated = gate_results(GateResultsInput(**both, policy=request.policy, max_drop=request.max_drop, output_dir=str(report_dir),
+                                          max_length_change=request.max_length_change), request.confidence, pair) \
         if request.policy or request.max_drop is not None else None
     policy_path = gated.policy if gated else None
     seconds = {stage: round(baseline.seconds.get(stage, 0) + candidate.seconds.get(stage, 0), 1)
@@ -1030,7 +1028,7 @@ class _ClusterSide:
 
     def _canary_ended(self, finished: ledger.Record) -> None:
         try:
-            _require_canary_pass(finished, f"{self.role} canary{self._where('canary')}", self.config_path)
+            passed = _require_canary_pass(finished, f"{self.role} canary{self._where('canary')}", self.config_path)
         except CanaryFailed as failed:
             failed.served, failed.placement = self.served, self.placement
             if self.role != "candidate":
@@ -1038,7 +1036,7 @@ class _ClusterSide:
             self.answer, self.stage = failed, "done"
             return
         self.side.seconds["canary"] = round(time.monotonic() - self.started, 1)
-        full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=self.config_path))
+        full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=self.config_path), validated={finished.id: passed})
         self.full_id = self.active = full.record_id
         self.stage, self.started = "full_run", time.monotonic()
         self._note_job(full.record_id, "full_run")

@@ -47,12 +47,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from quanteval import engines, paths
+from quanteval import paths
 from quanteval.engines.runresults import GATED_METRICS, ResultsReader, RunBenchmark, problem_values
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow import paired, release
 from quanteval.workflow import samples as samples_rule
 from quanteval.workflow.paired import MIN_PAIRED_ITEMS
+from quanteval.workflow.results import RunPair, read_pair
 from quanteval.workflow.samples import SampleStatus
 
 REPORT_VERSION = 1
@@ -422,7 +423,7 @@ def aggregate(benchmarks: list[BenchmarkGate]) -> tuple[Verdict, list[str]]:
     return "GO", [f"All {passed} gated benchmark(s) passed" if passed else "No gated benchmarks evaluated"]
 
 
-def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_CONFIDENCE) -> GateResultsOutput:
+def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_CONFIDENCE, runs: RunPair | None = None) -> GateResultsOutput:
     """Release gate by `nel gate`'s rules: GO / NO-GO / INCONCLUSIVE for two finished runs under a policy, per benchmark.
     """
     if (request.policy is None) == (request.max_drop is None):
@@ -431,8 +432,7 @@ def gate_results(request: GateResultsInput, confidence: float = paired.DEFAULT_C
     if request.output_dir and paths.read_only_call():
         raise ToolError("output_dir: this server is --read-only and writes no file; leave output_dir out (the verdict "
                         "and every benchmark's reasons come back in the answer).")
-    reader = engines.results_for_pair(request.baseline, request.candidate)
-    base, cand = reader.run_benchmarks(request.baseline, "baseline"), reader.run_benchmarks(request.candidate, "candidate")
+    reader, base, cand = runs or read_pair(request.baseline, request.candidate)
     if request.max_drop is not None:  # the user's rule in points, as the policy nel gate reads (its fraction)
         shared = sorted(set(base.benchmarks) & set(cand.benchmarks))
         if not shared:

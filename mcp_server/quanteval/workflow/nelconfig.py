@@ -78,14 +78,15 @@ def _output_path(request: BuildConfigInput) -> Path:
     return candidate
 
 
-
-def build_config(request: BuildConfigInput) -> BuildConfigOutput:
+def build_config(request: BuildConfigInput, values: dict[str, Any] | None = None) -> BuildConfigOutput:
     """Use when there is no config yet: writes a new evaluation config, NEL 0.2.6 or nel-next (never overwrites). Then fill its missing_values
     (apply_checkpoint, set_config_value) and validate_config.
     """
     path = _output_path(request)
     doc, tasks = engines.by_name(request.engine).config.skeleton(request.execution, request.deployment, request.model_type,
                                                           request.benchmarks, request.export, path.parent)
+    for key, value in (values or {}).items():  # a caller's dotted keys (evaluate's endpoint), set before the one write
+        set_path(doc, key, as_round_trip(value))
     try:
         with open(path, "x", encoding="utf-8") as handle:
             handle.write(configfile.dump_config(doc))
@@ -142,7 +143,6 @@ class ConfigEditOutput(BaseModel):
     key: str
     changed: bool = Field(description="False when the file already held this value.")
     diff: str = Field(description="Unified diff of the file (empty when unchanged).")
-
 
 
 def set_config_value(request: SetConfigValueInput) -> ConfigEditOutput:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from quanteval import engines
-from quanteval.engines.runresults import ExtractScoresOutput, ValidateRunInput, ValidateRunOutput
+from quanteval.engines.runresults import ExtractScoresOutput, ResultsReader, RunBenchmarks, ValidateRunInput, ValidateRunOutput
 from quanteval.models import ProgressFn, StrictModel, no_progress
 
 
@@ -30,3 +30,12 @@ def validate_run(request: ValidateRunInput, progress: ProgressFn = no_progress) 
     leaked reasoning, judge, served checkpoint).
     """
     return engines.results_for(request.run).validate_run(request, progress)
+
+
+# Two runs read once by their engine's reader (reader, baseline, candidate): compare_results and gate_results share it.
+RunPair = tuple[ResultsReader, RunBenchmarks, RunBenchmarks]
+
+
+def read_pair(baseline: str, candidate: str) -> RunPair:
+    reader = engines.results_for_pair(baseline, candidate)
+    return reader, reader.run_benchmarks(baseline, "baseline"), reader.run_benchmarks(candidate, "candidate")

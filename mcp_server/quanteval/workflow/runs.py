@@ -35,7 +35,7 @@ from quanteval.engines.base import (
     RunKind,
     RunLogsOutput,
 )
-from quanteval.engines.runresults import ValidateRunInput
+from quanteval.engines.runresults import ValidateRunInput, ValidateRunOutput
 from quanteval.evalserver import liveness
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress, pause
 from quanteval.workflow import background, results
@@ -142,21 +142,22 @@ class LaunchFullRunInput(StrictModel):
     reason: str | None = Field(None, description="Why (with force or allow_suspect_canary; recorded).")
 
 
-def _canary_verdict(canary: ledger.Record) -> tuple[str, str]:
+def _canary_verdict(canary: ledger.Record, report: ValidateRunOutput | None) -> tuple[str, str]:
     """This finished canary's validate_run verdict (scores present, errors and truncation low, a plausible score) and
-    what it says; "unreadable" when validate_run could not read it."""
+    what it says; "unreadable" when validate_run could not read it. report: the one its caller already read."""
     try:
-        report = results.validate_run(ValidateRunInput(run=engines.for_record(canary).run.results_location(canary)))
+        report = report or results.validate_run(ValidateRunInput(run=engines.for_record(canary).run.results_location(canary)))
     except ToolError as exc:
         return "unreadable", f"validate_run could not read it: {exc}"
     reasons = f" ({'; '.join(report.reasons[:3])})" if report.reasons else ""
     return report.verdict, f"validate_run verdict: {report.verdict}{reasons}"
 
 
-def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_suspect: bool = False) -> str:
+def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_suspect: bool = False,
+          validated: dict[str, ValidateRunOutput] | None = None) -> str:
     """The passing canary that vouches for a full run of these tasks, or a ToolError saying why there is none. A
     suspect canary (it ran, but every answer is wrong or at chance) vouches only when the person allowed it: a setup
-    problem found on 10 problems is not run again on all of them."""
+    problem found on 10 problems is not run again on all of them. validated: canaries' reports already read, by id."""
     canaries = ledger.find(kind="canary", config_hash=config_hash_value, limit=20)
     if not canaries:
         raise ToolError(
@@ -174,7 +175,7 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_
         if untested:
             problems.append(f"{canary.id}: did not run {', '.join(untested)}")
             continue
-        verdict, why = _canary_verdict(canary)
+        verdict, why = _canary_verdict(canary, (validated or {}).get(canary.id))
         ledger.update(canary.id, details={"validation": why, "validation_passed": verdict == "pass"}, message=f"gate check: {why}")
         if verdict == "pass":
             return f"canary {canary.id} ({canary.invocation_id}) passed: {why}"
@@ -193,7 +194,7 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_
         "new canary. To override, call again with force=true and a reason.")
 
 
-def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progress) -> LaunchOutput:
+def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progress, validated: dict[str, ValidateRunOutput] | None = None) -> LaunchOutput:
     """Use after the canary passed: launches the full run of the same config (refused without a passing canary unless
     force). Returns its record_id at once.
     """
@@ -209,7 +210,7 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     if request.force:
         gate = f"forced: {request.reason.strip()}"
     else:
-        gate = _gate(composed.config_hash, request.tasks or composed.tasks, progress, request.allow_suspect_canary)
+        gate = _gate(composed.config_hash, request.tasks or composed.tasks, progress, request.allow_suspect_canary, validated)
     explained = request.force or request.allow_suspect_canary
     details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if explained and request.reason else None}
     return _launch(plan, "full_run", request.tasks, None, details, progress)
