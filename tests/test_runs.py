@@ -570,6 +570,30 @@ def test_kill_run_changes_only_a_live_status_so_a_succeeded_canary_still_opens_t
     assert not killed.is_error and ledger.get(running.id).status == "killed", killed.content[0].text
 
 
+def test_a_record_of_a_kind_this_version_does_not_know_is_named_with_the_known_kinds():
+    """A ledger shared with a newer quanteval may hold a kind this one does not know: run_status (over MCP) names it
+    and the kinds it knows instead of failing on validation; ledger.add refuses one before writing anything."""
+    import anyio
+    from mcp import Client
+
+    from quanteval.faces.server import build_server
+
+    with ledger.connect() as conn:
+        conn.execute("INSERT INTO records (id, kind, status, created_at, updated_at) VALUES ('probe-1', 'probe', 'running', 0, 0)")
+
+    async def go():
+        async with Client(build_server()) as client:
+            return await client.call_tool("run_status", {"record_id": "probe-1"})
+
+    result = anyio.run(go)
+    assert result.is_error
+    assert "Unknown record kind 'probe'" in result.content[0].text and "canary, full_run, evaluation" in result.content[0].text
+    before = ledger.count()
+    with pytest.raises(ToolError, match="knows dry_run, canary, full_run, evaluation, deployment, eval_server, eval_job"):
+        ledger.add("probe", status="running")  # type: ignore[arg-type]
+    assert ledger.count() == before
+
+
 @requires("nel-next", "slow")
 def test_wait_for_run_reports_an_evaluations_workflow_steps_over_mcp(tmp_path, monkeypatch):
     """MCP progress in the evaluation's own units, as the CLI prints them ([8/17] candidate: ...): the step number of

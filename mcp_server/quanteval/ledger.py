@@ -22,7 +22,22 @@ from pydantic import BaseModel, Field
 from quanteval.envvars import ledger_path
 from quanteval.models import ToolError
 
-RecordKind = Literal["dry_run", "canary", "full_run", "evaluation", "deployment", "eval_job", "eval_server"]
+# Every kind of record, by what takes its id: the run tools an engine's "run" and an "evaluation" (start_evaluation's
+# job); list_runs also the "server"s (deployment_status, eval_server_status); the eval server its own "eval_job"s.
+KINDS = {"dry_run": "run", "canary": "run", "full_run": "run", "evaluation": "evaluation", "deployment": "server",
+         "eval_server": "server", "eval_job": "eval_job"}
+RecordKind = Literal[tuple(KINDS)]  # type: ignore[valid-type]
+
+
+def kinds(*families: str) -> tuple[str, ...]:
+    return tuple(kind for kind, family in KINDS.items() if family in families)
+
+
+def family(kind: str) -> str:
+    """The family of a record kind; a kind this version does not know (a newer quanteval's ledger) is named."""
+    if kind not in KINDS:
+        raise ToolError(f"Unknown record kind {kind!r}: this quanteval knows {', '.join(KINDS)}; a newer one may have written it.")
+    return KINDS[kind]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -101,6 +116,7 @@ def _unusable(path: Path, exc: sqlite3.DatabaseError) -> str:
 def _record(row: sqlite3.Row) -> Record:
     data = dict(row)
     data["details"] = json.loads(data["details"] or "{}")
+    family(data["kind"])
     return Record(**data)
 
 
@@ -116,7 +132,7 @@ def add(
     details: dict[str, Any] | None = None,
     message: str | None = None,
 ) -> Record:
-    now = time.time()
+    now, _ = time.time(), family(kind)  # an unknown kind is refused before anything is written
     record_id = f"{kind.replace('_', '')}-{uuid.uuid4().hex[:10]}"
     with connect() as conn:
         conn.execute("BEGIN IMMEDIATE")

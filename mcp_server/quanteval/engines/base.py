@@ -25,7 +25,7 @@ from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError
 from quanteval.serving.frameworks import FRAMEWORKS, NEL_NEXT_SERVICES, one_of
 
-RunKind = Literal["dry_run", "canary", "full_run"]
+RunKind = Literal[ledger.kinds("run")]  # type: ignore[valid-type]
 
 ACTIVE = ("submitted", "pending", "running", "resuming")
 FINISHED = ("succeeded", "failed", "killed")
@@ -144,6 +144,8 @@ class Refreshed(BaseModel):
     jobs: list[JobStatus]
     reachable: bool = Field(description="False when the cluster could not be asked; the record keeps its last status.")
     message: str | None
+    progress: str | None = None  # an evaluation (start_evaluation): its last progress line
+    result: dict[str, Any] | None = None  # an evaluation that succeeded: evaluate_quantization's answer
 
 
 class Composed(BaseModel):

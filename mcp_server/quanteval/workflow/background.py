@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quanteval import ledger, paths
+from quanteval import failures, ledger, paths, redact
 from quanteval.clusters.executor import LOCAL, LocalJob
+from quanteval.engines.base import FailureHit, KillRunOutput, LogTail, Refreshed, ResumeRunOutput, RunLogsOutput
+from quanteval.models import ProgressFn, ToolError
 
-KIND = "evaluation"
+KIND: ledger.RecordKind = "evaluation"
 JOB_MODULE = "quanteval.workflow.evaluate_job"
 STOP_GRACE_S = 60.0  # the job stops a vLLM server (20 s grace) and a nel-next run before it exits
 JOB, LOG_NAME, EXIT_NAME = "evaluation", "job.log", "exit_code"
@@ -103,3 +105,44 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+class Runs:
+    """An evaluation's part of the run tools (run_status, wait_for_run, run_logs, kill_run), as a run's engine's RunRole."""
+
+    def refresh(self, record: ledger.Record) -> Refreshed:
+        record = refresh(record)
+        return Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"),
+                         progress=progress_line(record), result=result(record))
+
+    def poll_interval_s(self, record: ledger.Record) -> float:
+        return LOCAL.poll_interval_s
+
+    def logs(self, record: ledger.Record, lines: int, job_id: str | None, progress: ProgressFn) -> RunLogsOutput:
+        """The job's own log (its progress, and the error that ended it), read like a run's; its servers and runs
+        have their own records (list_runs; deployment_status for a server)."""
+        path = Path(str(record.details.get("log_path") or ""))
+        try:
+            content = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+        except OSError:
+            content = []
+        secrets = redact.secret_values()
+        hits = [FailureHit(failure_class=found, file=str(path), line=number, text=redact.shown_line(text, secrets))
+                for number, text in enumerate(content, 1) if (found := failures.classify(text))]
+        error = record.details.get("error")
+        diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], ([error] if error else []) + content[-lines:]) \
+            if record.status == "failed" else None
+        return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id, failures=hits[:50], failures_truncated=len(hits) > 50,
+                             tails=[LogTail(job_id=JOB, file=str(path), lines=redact.shown_lines(content[-lines:], secrets))],
+                             failure_classes=[name for name in failures.FAILURE_ADVICE if any(h.failure_class == name for h in hits)],
+                             diagnosis=diagnosis)
+
+    def kill(self, record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
+        progress(0, 1, f"stopping {record.id} and the servers and runs it started")
+        return KillRunOutput(record_id=record.id, status=kill(record).status, jobs=[])
+
+    def resume(self, record: ledger.Record, progress: ProgressFn) -> ResumeRunOutput:
+        raise ToolError(f"{record.id} is an evaluation: call start_evaluation again; it reuses every full run that finished.")
+
+
+RUNS = Runs()

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quanteval import paths
+from quanteval import ledger, paths
 from quanteval.localproc import is_loopback
 from quanteval.models import ToolError
 
@@ -37,7 +37,6 @@ from quanteval.models import ToolError
 LAUNCHING_TOOLS = frozenset({"dry_run", "launch_canary", "launch_full_run"})
 RECORD_TOOLS = frozenset({"run_status", "wait_for_run", "run_logs", "kill_run", "resume_run"})
 SERVER_TOOLS = frozenset({"deployment_status", "stop_deployment", "eval_server_status", "stop_eval_server"})
-RUN_KINDS = frozenset({"dry_run", "canary", "full_run"})
 EVAL_SERVER_COMMANDS = ("ns_command", "nel_command")
 
 
@@ -48,14 +47,14 @@ def visible(record: Any) -> bool:
     if policy is None or policy.root is None:
         return True
     try:
-        if record.kind in ("deployment", "eval_server"):
+        if ledger.family(record.kind) == "server":
             where = record.config_path or (record.details.get("output_root") if record.kind == "eval_server" else None)
             if not isinstance(where, str) or not paths.looks_local(where):
                 return False
             paths.local_path(where, record.id, paths.Policy(root=policy.root))
         else:
             _check_record(record.id, policy, resuming=False)
-            if record.kind in RUN_KINDS and not record.config_path:
+            if ledger.family(record.kind) == "run" and not record.config_path:
                 return False
     except Exception:  # noqa: BLE001 - a record whose paths cannot be read is not shown to a confined client
         return False
@@ -168,7 +167,7 @@ def _check_record(record_id: Any, policy: paths.Policy, resuming: bool) -> None:
                             f"so it is not known to lie inside the workspace root {policy.root}; this server leaves it alone.")
         paths.local_path(output_dir, f"{record.id} output_dir", paths.Policy(root=policy.root))
         return
-    if record.kind not in RUN_KINDS:
+    if ledger.family(record.kind) != "run":
         return  # the tool refuses it
     for what, path in engines.for_record(record).run.record_paths(record, resuming):
         paths.local_path(str(path), f"{record.id} {what}", paths.Policy(root=policy.root))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,25 +23,23 @@ from quanteval.engines.base import (
     ACTIVE,
     CanarySpec,
     DryRunOutput,
-    FailureHit,
     JobStatus,
     KillRunOutput,
     LaunchOutput,
     LaunchPlan,
-    LogTail,
-    Refreshed,
     ResumeRunOutput,
     RunKind,
     RunLogsOutput,
+    RunRole,
 )
 from quanteval.engines.runresults import ValidateRunInput, ValidateRunOutput
 from quanteval.evalserver import liveness
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress, pause
 from quanteval.workflow import background, results
 
-RUN_KINDS = ("dry_run", "canary", "full_run", background.KIND)  # what the run tools (status, wait, kill) take
 # list_runs also lists the servers: a deployment or eval server left running is visible, and stop_* takes its id.
-ListedKind = Literal["dry_run", "canary", "full_run", "evaluation", "deployment", "eval_server"]
+LISTED = ledger.kinds("run", "evaluation", "server")
+ListedKind = Literal[LISTED]  # type: ignore[valid-type]
 
 
 def _config_file(config_path: str) -> str:
@@ -167,7 +164,7 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_
     for canary in canaries:
         if canary.status in ACTIVE and canary.invocation_id:
             progress(0.5, 3, f"refreshing canary {canary.id}")
-            canary = _refresh(canary).record
+            canary = engines.for_record(canary).run.refresh(canary).record
         if canary.status != "succeeded":
             problems.append(f"{canary.id}: {canary.status}")
             continue
@@ -239,42 +236,35 @@ class RunStatusOutput(BaseModel):
     result: dict[str, Any] | None = Field(None, description="An evaluation that succeeded: evaluate_quantization's answer.")
 
 
-def _record(run: str) -> ledger.Record:
+def _record(run: str) -> tuple[ledger.Record, RunRole | background.Runs]:
     record = ledger.get(run.strip())
-    if record.kind not in RUN_KINDS:
+    return record, _runs(record)
+
+
+def _runs(record: ledger.Record) -> RunRole | background.Runs:
+    """What answers the run tools for this record: a run's engine, an evaluation's job; a server is refused."""
+    if ledger.family(record.kind) == "run":
+        return engines.for_record(record).run
+    if record.kind != background.KIND:
         where = {"deployment": "deployment_status and stop_deployment take it (the deploy toolset: over MCP, enable_toolsets "
                                'with ["deploy"] if they are not listed)',
                  "eval_server": 'eval_server_status and stop_eval_server take it (the evalserver toolset: enable_toolsets with '
                                 '["evalserver"] if they are not listed)'}
-        raise ToolError(f"{run} is a {record.kind}, not a run: {where.get(record.kind, 'list_runs shows what it is')}.")
-    return record
-
-
-def _refresh(record: ledger.Record) -> Refreshed:
-    return engines.for_record(record).run.refresh(record)
+        raise ToolError(f"{record.id} is a {record.kind}, not a run: {where.get(record.kind, 'list_runs shows what it is')}.")
+    return background.RUNS
 
 
 def run_status(request: RunRef, progress: ProgressFn = no_progress) -> RunStatusOutput:
     """Use to poll a canary or full run: each job's status, with the ledger's history."""
     progress(0, 1, "asking the executor")
-    record = _record(request.record_id)
-    if record.kind == background.KIND:
-        return _evaluation_status(record)
-    refreshed = _refresh(record)
+    record, runs = _record(request.record_id)
+    refreshed = runs.refresh(record)
     record = refreshed.record
     progress(1, 1, record.status)
     return RunStatusOutput(record_id=record.id, kind=record.kind, invocation_id=record.invocation_id,
                            status=record.status, executor=record.executor, host=record.host,
                            reachable=refreshed.reachable, message=refreshed.message, jobs=refreshed.jobs,
-                           history=ledger.events(record.id)[-20:])
-
-
-def _evaluation_status(record: ledger.Record) -> RunStatusOutput:
-    record = background.refresh(record)
-    return RunStatusOutput(record_id=record.id, kind=record.kind, invocation_id=None, status=record.status,
-                           executor=record.executor, host=None, reachable=True, message=record.details.get("error"),
-                           jobs=[], history=ledger.events(record.id)[-20:], progress=background.progress_line(record),
-                           result=background.result(record))
+                           history=ledger.events(record.id)[-20:], progress=refreshed.progress, result=refreshed.result)
 
 
 class WaitForRunInput(StrictModel):
@@ -288,12 +278,11 @@ def wait_for_run(request: WaitForRunInput, progress: ProgressFn = no_progress) -
     status = run_status(RunRef(record_id=request.record_id))
     if status.status not in ACTIVE:
         return status
-    record = _record(request.record_id)
-    interval = 1.0 if record.kind == background.KIND else engines.for_record(record).run.poll_interval_s(record)
+    record, runs = _record(request.record_id)
     started = time.monotonic()
     progress(*_steps(record.id, status))
     while (remaining := request.timeout_s - (time.monotonic() - started)) > 0:
-        pause(min(interval, remaining))  # a cancelled call (the client left, SIGTERM) stops within a fraction of it
+        pause(min(runs.poll_interval_s(record), remaining))  # a cancelled call (the client left, SIGTERM) stops within a fraction of it
         now = run_status(RunRef(record_id=request.record_id))
         if now.status != status.status:
             return now
@@ -325,34 +314,8 @@ class RunLogsInput(StrictModel):
 def run_logs(request: RunLogsInput, progress: ProgressFn = no_progress) -> RunLogsOutput:
     """Use when a run failed or to watch a canary: log tails, failure lines and, when failed, a diagnosis and its fix.
     """
-    record = _record(request.record_id)
-    if record.kind == background.KIND:
-        return _evaluation_logs(record, request.lines)
-    return engines.for_record(record).run.logs(record, request.lines, request.job, progress)
-
-
-def _evaluation_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
-    """An evaluation job's own log (its progress, and the error that ended it), read like a run's; its servers and runs
-    have their own records (list_runs; deployment_status for a server)."""
-    from quanteval import failures, redact
-
-    path = Path(str(record.details.get("log_path") or ""))
-    try:
-        content = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-    except OSError:
-        content = []
-    secrets = redact.secret_values()
-    hits = [FailureHit(failure_class=found, file=str(path), line=number, text=redact.shown_line(text, secrets))
-            for number, text in enumerate(content, 1) if (found := failures.classify(text))]
-    diagnosis = None
-    if record.status == "failed":
-        error = record.details.get("error")
-        diagnosis = failures.diagnose([(hit.file, hit.line, hit.text) for hit in hits], ([error] if error else []) + content[-lines:])
-    return RunLogsOutput(record_id=record.id, invocation_id=record.invocation_id,
-                         tails=[LogTail(job_id="evaluation", file=str(path), lines=redact.shown_lines(content[-lines:], secrets))],
-                         failures=hits[:50], failures_truncated=len(hits) > 50,
-                         failure_classes=[name for name in failures.FAILURE_ADVICE if any(h.failure_class == name for h in hits)],
-                         diagnosis=diagnosis)
+    record, runs = _record(request.record_id)
+    return runs.logs(record, request.lines, request.job, progress)
 
 
 # ---------------------------------------------------------------- kill / resume
@@ -360,25 +323,20 @@ def _evaluation_logs(record: ledger.Record, lines: int) -> RunLogsOutput:
 
 def kill_run(request: RunRef, progress: ProgressFn = no_progress) -> KillRunOutput:
     """Use when a run is wrong or stuck: stops it through its engine (NEL 0.2.6: with its restart job) and records it as killed."""
-    record = _record(request.record_id)
+    record, runs = _record(request.record_id)
     if record.kind == "dry_run":
         raise ToolError(f"{record.id} is a dry-run; nothing runs. list_runs kind=canary or full_run shows runs.")
-    if record.kind == background.KIND:
-        progress(0, 1, f"stopping {record.id} and the servers and runs it started")
-        return KillRunOutput(record_id=record.id, status=background.kill(record).status, jobs=[])
-    return engines.for_record(record).run.kill(record, progress)
+    return runs.kill(record, progress)
 
 
 def resume_run(request: RunRef, progress: ProgressFn = no_progress) -> ResumeRunOutput:
     """Use after a kill or a transient failure: re-runs the run's scripts under the same invocation id (config edits need a
     new canary).
     """
-    record = _record(request.record_id)
-    if record.kind == background.KIND:
-        raise ToolError(f"{record.id} is an evaluation: call start_evaluation again; it reuses every full run that finished.")
-    if record.kind == "dry_run" or not record.invocation_id:
+    record, runs = _record(request.record_id)
+    if record.kind == "dry_run" or not record.invocation_id and runs is not background.RUNS:
         raise ToolError(f"{record.id} never ran (a dry-run or a failed launch); use launch_canary instead.")
-    return engines.for_record(record).run.resume(record, progress)
+    return runs.resume(record, progress)
 
 
 # ---------------------------------------------------------------- list_runs
@@ -418,7 +376,7 @@ def list_runs(request: ListRunsInput) -> ListRunsOutput:
     """
     from quanteval.workflow import confine
 
-    kinds: list[ledger.RecordKind] = [request.kind] if request.kind else list(typing.get_args(ListedKind))
+    kinds: list[ledger.RecordKind] = [request.kind] if request.kind else list(LISTED)
     if paths.CALL_POLICY.get() is not None:  # over MCP: only what the call may see (--root), paged after filtering
         every = ledger.find(kinds=kinds, status=request.status, limit=-1)  # SQLite: no limit
         seen = [record for record in every if confine.visible(record)]
@@ -443,15 +401,13 @@ def _settled(record: ledger.Record) -> ledger.Record:
     interval): a cluster's runs, a round trip each, are asked by run_status and wait_for_run."""
     from quanteval.serving import deploy
 
-    if record.kind == background.KIND:
-        return background.refresh(record)
     if record.kind == "deployment":
         return deploy.settle(record)
     if record.kind == liveness.KIND and record.status == "running":
         return liveness.settle(record, message="its process is gone (list_runs)")
-    if record.kind in RUN_KINDS and record.status == "running" and \
-            engines.for_record(record).run.poll_interval_s(record) <= executors.LOCAL.poll_interval_s:
-        return _refresh(record).record
+    if record.status == "running" and ledger.family(record.kind) in ("run", "evaluation"):
+        runs = _runs(record)
+        return runs.refresh(record).record if runs.poll_interval_s(record) <= executors.LOCAL.poll_interval_s else record
     return record
 
 
@@ -461,6 +417,6 @@ def _note(record: ledger.Record) -> str | None:
         return str(details["error"])[:300]
     if record.kind == "full_run":
         return details.get("gate")
-    if record.kind in ("deployment", "eval_server"):  # where it listens, so a forgotten one can be found and stopped
+    if ledger.family(record.kind) == "server":  # where it listens, so a forgotten one can be found and stopped
         return details.get("endpoint_url") or (f"port {details['port']}" if "port" in details else None)
     return background.progress_line(record) if record.kind == background.KIND else None
