@@ -183,7 +183,7 @@ def test_every_recipe_has_its_nel_next_form_or_says_why_not(tmp_path):
                        "output.dir": str(tmp_path / "out")}.items():
         set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
     checked = nelnext.check_schema(config, [])
-    assert checked["ok"], checked["problems"]
+    assert checked.ok, checked.problems
 
 
 @needs_ns
@@ -215,7 +215,7 @@ def test_nel_interpolations_and_unconverted_tasks_are_carried_as_nel_next_reads_
     assert to_plain(load_config(result.output_path))["cluster"]["username"] == "${USER}"
     from quanteval.engines.nel_next import nelnext
 
-    assert nelnext.check_schema(result.output_path, [])["config"]["cluster"]["username"] == "alice"
+    assert nelnext.check_schema(result.output_path, []).resolved["cluster"]["username"] == "alice"
     reasons = {u.source: u.reason for u in result.unmapped}
     ifbench = next(key[: -len(".name")] for key, u in ((u.source, u) for u in result.unmapped) if u.value == "ns_ifbench")
     assert "not converted" in reasons[f"{ifbench}.nemo_evaluator_config.config.params.extra.num_repeats"]

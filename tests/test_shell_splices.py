@@ -16,7 +16,7 @@ from tiers import REPO, requires
 
 from quanteval import engines
 from quanteval.engines import commands
-from quanteval.engines.base import LaunchPlan
+from quanteval.engines.base import LaunchPlan, Reading
 from quanteval.engines.nel import configrole as nel
 from quanteval.engines.nel_next import configrole as nel_next
 
@@ -81,11 +81,11 @@ TABLES = [(engine, pattern) for engine in map(engines.by_name, ("nel", "nel-next
 def test_every_spliced_key_refuses_shell_syntax_as_composed_and_in_its_name(engine, pattern):
     key = pattern.replace("*", "x")
     composed = LaunchPlan(config_path="/nowhere.yaml", overrides=(), doc={}, engine=engine,
-                          reading={"config": _nested(key, "ok $(touch /tmp/never)")})
+                          reading=Reading(resolved=_nested(key, "ok $(touch /tmp/never)")))
     assert (refusal := commands.launch_refusal(composed)) and key in refusal and "$(" in refusal, refusal
     if pattern.endswith(".*"):  # a name there (an env var's, a mount's) is written too
         named = LaunchPlan(config_path="/nowhere.yaml", overrides=(), doc={}, engine=engine,
-                           reading={"config": _nested(pattern[:-1] + "X;touch /tmp/never", "ok")})
+                           reading=Reading(resolved=_nested(pattern[:-1] + "X;touch /tmp/never", "ok")))
         assert (refusal := commands.launch_refusal(named)) and ";" in refusal, refusal
 
 

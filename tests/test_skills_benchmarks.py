@@ -250,7 +250,7 @@ def test_add_tasks_on_a_nel_next_config_adds_nemo_skills_tasks_as_skills_benchma
     assert "evaluation:" not in text and "NeMo-Skills' prompt config eval/aai/mcq-4choices-boxed" in text
     again = _call("add_tasks", {"config_path": config, "tasks": ["aime2025"]})
     assert not again["added"] and "already" in again["skipped"][0]["reason"]
-    assert nelnext.check_schema(config, [])["ok"]  # nel-next still reads it
+    assert nelnext.check_schema(config, []).ok  # nel-next still reads it
 
 
 def test_recipes_nel_next_forms_are_sent_nemo_skills_prompt(tmp_path):

@@ -201,43 +201,26 @@ def get(record_id_or_invocation: str) -> Record:
     return _record(row)
 
 
-def _where(
-    kind: RecordKind | None, kinds: list[RecordKind] | None, status: str | None, config_hash: str | None
-) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    for column, value in (("kind", kind), ("status", status), ("config_hash", config_hash)):
+def _where(kinds: list[RecordKind] | None, status: str | None, config_hash: str | None) -> tuple[str, list[Any]]:
+    clauses, params = [f"kind IN ({','.join('?' * len(kinds))})"] if kinds else [], list(kinds or [])
+    for column, value in (("status", status), ("config_hash", config_hash)):
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
-    if kinds:
-        clauses.append(f"kind IN ({','.join('?' * len(kinds))})")
-        params.extend(kinds)
     return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), params
 
 
-def find(
-    *,
-    kind: RecordKind | None = None,
-    kinds: list[RecordKind] | None = None,
-    status: str | None = None,
-    config_hash: str | None = None,
-    limit: int = 50,
-    offset: int = 0,
-) -> list[Record]:
+def find(*, kind: RecordKind | None = None, kinds: list[RecordKind] | None = None, status: str | None = None,
+         config_hash: str | None = None, limit: int = 50, offset: int = 0) -> list[Record]:
     """Records newest first, filtered by whatever is given (`kinds`: any of several kinds)."""
-    where, params = _where(kind, kinds, status, config_hash)
+    where, params = _where([kind] if kind else kinds, status, config_hash)
     with connect() as conn:
-        rows = conn.execute(
-            f"SELECT * FROM records {where} ORDER BY created_at DESC LIMIT ? OFFSET ?", (*params, limit, offset)
-        ).fetchall()
+        rows = conn.execute(f"SELECT * FROM records {where} ORDER BY created_at DESC LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
     return [_record(row) for row in rows]
 
 
-def count(
-    *, kind: RecordKind | None = None, kinds: list[RecordKind] | None = None, status: str | None = None
-) -> int:
-    where, params = _where(kind, kinds, status, None)
+def count(*, kind: RecordKind | None = None, kinds: list[RecordKind] | None = None, status: str | None = None) -> int:
+    where, params = _where([kind] if kind else kinds, status, None)
     with connect() as conn:
         return conn.execute(f"SELECT COUNT(*) FROM records {where}", params).fetchone()[0]
 

@@ -38,6 +38,26 @@ MAX_HITS = 100
 
 
 @dataclass(frozen=True)
+class Reading:
+    """An engine's own reading of a config with overrides, as the engine will run it (its read_launch), in the part
+    every engine has: what the launch checks (engines/commands.py) and a kept plan's freshness (launchplan.py) read."""
+    resolved: dict[str, Any] | None = None  # composed, overridden, interpolated; None where the engine could not read it
+    raw: dict[str, Any] | None = None  # the same before the engine's own interpolation (NEL 0.2.6); None: as resolved
+    files_read: list[str] = field(default_factory=list)  # the other files composed in, or that would be if written
+
+    def stats(self) -> tuple[tuple[str, int, int], ...]:
+        """(path, size, mtime) of each of files_read (-1: missing): a reading older than one of them is not what runs now."""
+        found = []
+        for file in self.files_read:
+            try:
+                stat = Path(file).stat()
+            except OSError:
+                stat = None
+            found.append((str(file), stat.st_size, stat.st_mtime_ns) if stat else (str(file), -1, -1))
+        return tuple(found)
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """A launch's config, read once (engines/launchplan.py makes it): what confinement, the launch check, compose and
     launch all work from."""
@@ -45,11 +65,7 @@ class LaunchPlan:
     overrides: tuple[str, ...]
     doc: dict[str, Any]  # the file as parsed (plain); never mutated
     engine: Engine
-    # the engine's own reading of the config with the overrides, as the engine will run it: `config` (composed,
-    # overridden, interpolated), `raw` where interpolation is the engine's own (NEL 0.2.6: before it), `files_read` or
-    # `depends_on` (the other files composed in, or that would be); nel-next's schema check also answers its
-    # benchmarks, cluster type and output dir
-    reading: dict[str, Any] = field(default_factory=dict)
+    reading: Reading = field(default_factory=Reading)  # each engine's own kind of it (NelReading, NextReading)
     read_stats: tuple[tuple[str, int, int], ...] = ()  # those files as they were when read: an edit reads afresh
 
     @property
@@ -340,9 +356,9 @@ class RunRole(Protocol):
     # launch without one fails with a bare Errno 2: check_environment lists NEL 0.2.6's.
     local_programs: dict[str, tuple[str, ...]]
 
-    def read_launch(self, config_path: str, overrides: list[str]) -> dict[str, Any]:
+    def read_launch(self, config_path: str, overrides: list[str]) -> Reading:
         """The engine's own reading of a config with overrides, made once per launch and kept in its LaunchPlan
-        (engines/launchplan.py) for the steps below; {} where the engine reads nothing ahead."""
+        (engines/launchplan.py) for the steps below."""
 
     def dry_run(self, plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
         """Render the config as a launch would, record the dry-run, launch nothing."""

@@ -94,12 +94,10 @@ def executed(plan: LaunchPlan) -> tuple[list[tuple[str, Any]], list[tuple[str, A
     """The launch's values as the engine will run them (resolved, by dotted key), the same before the engine's own
     interpolation (what its command presets are written in), and that uninterpolated config; the file with the
     overrides over it where the engine could not compose the config (its launch then fails before anything runs)."""
-    reading = plan.reading
-    resolved = reading.get("config") or reading.get("expanded")
-    if not isinstance(resolved, dict):
+    resolved, raw = plan.reading.resolved, plan.reading.raw or plan.reading.resolved
+    if resolved is None:
         pairs = values(plan.doc, plan.override_list)
         return pairs, pairs, plan.doc
-    raw = reading.get("raw") if isinstance(reading.get("raw"), dict) else resolved
     written = dict(leaves(raw))
     # a value the engine could not resolve is marked "\0..." with its error (nelexec.UNRESOLVED): checked as written
     pairs = [(key, written.get(key, value) if isinstance(value, str) and value.startswith("\0") else value)

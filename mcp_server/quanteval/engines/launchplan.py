@@ -34,32 +34,18 @@ def plan(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     key = (str(path), stat.st_size, stat.st_mtime_ns, tuple(overrides))
     with _LOCK:
         kept = _PLANS.get(key)
-    if kept is not None and _stats(kept.reading) == kept.read_stats:
+    if kept is not None and kept.reading.stats() == kept.read_stats:
         return kept
     doc = configfile.to_plain(engines.load_config(path))
     engine = engines.for_config(doc)
     reading = engine.run.read_launch(str(path), list(overrides))
     made = LaunchPlan(config_path=str(path), overrides=tuple(overrides), doc=doc, engine=engine, reading=reading,
-                      read_stats=_stats(reading))
+                      read_stats=reading.stats())
     with _LOCK:
         if len(_PLANS) >= _KEPT:
             _PLANS.clear()
         _PLANS[key] = made
     return made
-
-
-def _stats(reading: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
-    """(path, size, mtime) of each other file the engine composed the config from or would (a Hydra config group, a
-    defaults fragment): a plan kept from before one of them changed or appeared is not what the engine would run now."""
-    found = []
-    for file in reading.get("depends_on") or reading.get("files_read") or []:
-        try:
-            stat = Path(file).stat()
-        except OSError:
-            found.append((str(file), -1, -1))
-            continue
-        found.append((str(file), stat.st_size, stat.st_mtime_ns))
-    return tuple(found)
 
 
 def self_contained(config_path: Path, doc: dict[str, Any], overrides: list[str]) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from quanteval.engines.base import (
     LaunchPlan,
     LogTail,
     NelWarning,
+    Reading,
     Refreshed,
     ResumeRunOutput,
     RunLogsOutput,
@@ -84,22 +86,26 @@ def check_launchable(plan: LaunchPlan) -> None:
         raise ToolError(f"{plan.config_path}: not launched. {problem} Then launch again (check_environment lists them).")
 
 
-def read_launch(config_path: str, overrides: list[str]) -> dict:
+@dataclass(frozen=True)
+class NelReading(Reading):
+    error: str | None = None  # NEL's message where it cannot compose the config (its launch would fail the same way)
+
+
+def read_launch(config_path: str, overrides: list[str]) -> NelReading:
     """NEL's own reading of the config with the overrides (one warm child): composed from its defaults and config
-    groups, overridden and interpolated (`config`), the same uninterpolated (`raw`), the group files it composes or
-    would compose if written (`depends_on`); or {"error": NEL's message} when NEL cannot compose it (its launch would fail the same way)."""
+    groups, overridden and interpolated, the same uninterpolated (`raw`), the group files it composes or would compose
+    if written; or NEL's error when it cannot compose it."""
     answer = nelexec.call("resolved", QUERY_TIMEOUT_S, config_path=config_path, overrides=overrides)
     if not answer.get("ok"):
-        return {"error": scrub(answer.get("error", "unknown error"))}
-    return {key: answer[key] for key in ("config", "raw", "depends_on")}
+        return NelReading(error=scrub(answer.get("error", "unknown error")))
+    return NelReading(resolved=answer["config"], raw=answer["raw"], files_read=answer["depends_on"])
 
 
 def launch_paths(plan: LaunchPlan) -> list[tuple[str, Path]]:
     """Every local path a launch of the config with these overrides uses, as NEL composes and resolves them (NEL makes
     a relative path absolute against its working directory, this process's); none for a run elsewhere."""
-    if "config" not in plan.reading:
-        raise ToolError(f"NEL: {plan.reading.get('error', 'the config could not be composed')}")
-    doc = plan.reading["config"]
+    if (doc := plan.reading.resolved) is None:
+        raise ToolError(f"NEL: {isinstance(plan.reading, NelReading) and plan.reading.error or 'the config could not be composed'}")
 
     def found() -> Iterator[tuple[str, str]]:  # read only for a run here: a cluster's paths are not checked (or refused) here
         yield from config.launch_paths(doc)

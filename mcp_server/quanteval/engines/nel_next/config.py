@@ -481,7 +481,7 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
                 f"{key}: {value!r} is OmegaConf syntax (NEL's); nel-next expands only ${{VAR}} and ${{VAR:-default}} and "
                 "would use the text as it is."), fix="Write ${VAR} (or ${VAR:-default}) for an environment variable, or the value itself."))
     checked = nelnext.check_schema(str(config_path), overrides)
-    for problem in checked.get("problems", []):
+    for problem in checked.problems:
         problems.append(Problem(key=problem["path"] or "(config)", severity="error", rule="nel_next_schema",
                                 message=f"nel-next rejects it: {problem['message']}",
                                 fix="Correct the key or value as nel-next's schema says (extra keys are forbidden)."))
@@ -520,17 +520,17 @@ def validate_document(doc: dict[str, Any], config_path: Path, overrides: list[st
     return problems
 
 
-def launch_paths(checked: dict[str, Any], config_path: str) -> list[tuple[str, Path]]:
+def launch_paths(checked: nelnext.NextReading, config_path: str) -> list[tuple[str, Path]]:
     """(key, absolute path) for every local path a run of this config on this machine writes, loads or runs: output.dir,
     a managed service's model (the server loads it) and container_mounts, and a benchmark given as a BYOB .py file in
     any form nel-next takes (imported and run); and the YAML files its composer reads (defaults:, playbook:). Read from
     the config as nel-next itself reads it (check_schema: its composer, `${VAR:-default}` expansion, the overrides),
     so an interpolation or override cannot hide a path; a config nel-next cannot read is refused. `checked`: that
     reading of the config with the run's overrides."""
-    read = [("defaults/playbook file", Path(file)) for file in checked.get("files_read") or []]
-    doc = checked.get("config") or checked.get("expanded")  # a config its schema refuses is still checked (dry_run)
-    if not isinstance(doc, dict):
-        first = checked["problems"][0]
+    read = [("defaults/playbook file", Path(file)) for file in checked.files_read]
+    doc = checked.resolved  # a config its schema refuses is still checked (dry_run)
+    if doc is None:
+        first = checked.problems[0]
         if read:  # a file it read may be why
             return read
         raise ToolError(f"{config_path}: nel-next cannot read it ({first['path'] or 'config'}: {first['message']}), so the "

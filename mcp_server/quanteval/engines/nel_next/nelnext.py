@@ -24,6 +24,7 @@ Facts this module relies on (nemo-evaluator 0.3.0, measured here):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
 from quanteval.configfile import MISSING
+from quanteval.engines.base import Reading
 from quanteval.engines.nel_next import clustertypes, servers, skillnames
 from quanteval.localproc import missing_programs, require_writable_dir
 from quanteval.models import ToolError
@@ -178,7 +180,7 @@ try:
         expanded.setdefault("output", {}).setdefault("dir", OutputConfig.model_fields["dir"].default)
     config = parse_eval_config(raw)
     out = {"ok": True, "benchmarks": [b.name for b in config.benchmarks], "cluster": config.cluster.type,
-           "output_dir": config.output.dir, "config": config.model_dump(mode="json")}
+           "output_dir": config.output.dir, "resolved": config.model_dump(mode="json")}
 except ValidationError as exc:
     def where(loc):
         # pydantic puts a discriminated union's tag into loc (services.model.api.x): drop it, users write no such key
@@ -186,7 +188,7 @@ except ValidationError as exc:
         return ".".join(kept)
     tags = {"api", "vllm", "sglang", "nim", "docker_model", "dynamo", "simple", "local", "slurm", "docker", "gym", "nat"}
     parents = set(raw.get("services") or {}) | {"solver", "cluster"}
-    out = {"ok": False, "problems": [{"path": where(e["loc"]), "message": e["msg"]} for e in exc.errors()], "expanded": expanded}
+    out = {"ok": False, "problems": [{"path": where(e["loc"]), "message": e["msg"]} for e in exc.errors()], "resolved": expanded}
 except Exception as exc:
     out = {"ok": False, "problems": [{"path": "", "message": f"{type(exc).__name__}: {exc}"}]}
 out["files_read"] = files_read
@@ -194,46 +196,41 @@ print(json.dumps(out, default=str))
 """
 
 
+@dataclasses.dataclass(frozen=True)
+class NextReading(Reading):
+    """nel-next's reading (check_schema): `resolved` is the schema-checked config where `ok`, else as read before the
+    schema check (composed, overridden, ${VAR} expanded) where only that failed; `files_read`: defaults, playbooks."""
+    ok: bool = False
+    problems: list[dict[str, str]] = dataclasses.field(default_factory=list)  # each {"path", "message"}, where not ok
+    benchmarks: list[str] = dataclasses.field(default_factory=list)
+    cluster: str | None = None  # its cluster type
+    output_dir: str | None = None
+
+
 # check_schema answers by (path, size, mtime, overrides): a launch asks several times and each ask is a ~1 s child.
 # An answer is kept with the files it composed in as they were: an edit to a defaults fragment is read afresh.
-_SCHEMA_CACHE: dict[tuple[str, int, int, tuple[str, ...]], tuple[dict[str, Any], tuple[tuple[str, int, int], ...]]] = {}
+_SCHEMA_CACHE: dict[tuple[str, int, int, tuple[str, ...]], tuple[NextReading, tuple[tuple[str, int, int], ...]]] = {}
 
 
-def _files_read_stats(answer: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
-    found = []
-    for file in answer.get("files_read") or []:
-        try:
-            stat = Path(file).stat()
-            found.append((str(file), stat.st_size, stat.st_mtime_ns))
-        except OSError:
-            found.append((str(file), -1, -1))
-    return tuple(found)
-
-
-def check_schema(config_path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """nel-next's own reading of the config: its composer, override parser and pydantic EvalConfig (the oracle).
-
-    Returns {"ok": True, "benchmarks", "cluster", "output_dir", "config"} or {"ok": False, "problems": [...]}, with
-    "expanded" (the config as read before the schema check: composed, overridden, ${VAR} expanded) when only the
-    schema check failed, and "files_read": the other YAML files composing it read (defaults fragments, playbooks).
-    """
+def check_schema(config_path: str, overrides: list[str] | None = None) -> NextReading:
+    """nel-next's own reading of the config: its composer, override parser and pydantic EvalConfig (the oracle)."""
     try:
         stat = Path(config_path).stat()
         key = (str(Path(config_path).resolve()), stat.st_size, stat.st_mtime_ns, tuple(overrides or []))
     except OSError:
         key = None
     kept = _SCHEMA_CACHE.get(key) if key is not None else None
-    if kept is not None and _files_read_stats(kept[0]) == kept[1]:
+    if kept is not None and kept[0].stats() == kept[1]:
         return copy.deepcopy(kept[0])
     answer = _ask_schema(config_path, overrides)
     if key is not None:
         if len(_SCHEMA_CACHE) > 64:
             _SCHEMA_CACHE.clear()
-        _SCHEMA_CACHE[key] = (copy.deepcopy(answer), _files_read_stats(answer))
+        _SCHEMA_CACHE[key] = (copy.deepcopy(answer), answer.stats())
     return answer
 
 
-def _ask_schema(config_path: str, overrides: list[str] | None) -> dict[str, Any]:
+def _ask_schema(config_path: str, overrides: list[str] | None) -> NextReading:
     python = venv() / "bin" / "python"
     nel_binary()
     try:
@@ -243,7 +240,7 @@ def _ask_schema(config_path: str, overrides: list[str] | None) -> dict[str, Any]
     answer = last_json(done.stdout) if done.returncode == 0 else None
     if answer is None:
         raise ToolError(f"nel-next could not be asked about {config_path}: {redact.scrub(done.stderr.strip() or 'no output')[-400:]}")
-    return answer
+    return NextReading(**answer)
 
 
 def config_hash(config_path: str, overrides: list[str]) -> str:
@@ -338,18 +335,18 @@ def read_run_facts(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def launch_blocker(checked: dict[str, Any]) -> str | None:
+def launch_blocker(checked: NextReading) -> str | None:
     """What this machine lacks to start a run of the (schema-checked) config: told before anything is recorded."""
-    if not checked["ok"]:
-        first = checked["problems"][0]
+    if not checked.ok or checked.resolved is None:
+        first = checked.problems[0]
         return f"nel-next rejects the config: {first['path'] or '(config)'}: {first['message']}. Run validate_config."
-    for name in skillnames.skills_names(checked["config"].get("benchmarks") or []).values():
+    for name in skillnames.skills_names(checked.resolved.get("benchmarks") or []).values():
         if problem := skillnames.name_problem(name):
             return problem  # nel-next would import it as NeMo-Skills' dataset module
-    if unstartable := servers.problems(checked["config"]):
+    if unstartable := servers.problems(checked.resolved):
         name, found = next(iter(unstartable.items()))
         return f"services.{name}: {found.problem} {found.fix}"
-    cluster = clustertypes.of(checked["cluster"])
+    cluster = clustertypes.of(checked.cluster)
     return missing_programs(f"nel-next's {cluster.name} launch", cluster.binaries) if cluster else None
 
 
@@ -384,21 +381,21 @@ def with_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, An
     return config
 
 
-def launch(record: ledger.Record, config_path: str, overrides: list[str], extra: list[str], checked: dict[str, Any],
+def launch(record: ledger.Record, config_path: str, overrides: list[str], extra: list[str], checked: NextReading,
            cluster: clustertypes.ClusterType, run_dir: Path, details: dict[str, Any]) -> ledger.Record:
     """Start the run of the checked config (the user's `overrides`, then quanteval's `extra`) on its cluster type's
     row and record it in `record` (written before the start), in one ledger write."""
     run_overrides = [*overrides, *extra]
-    checked = {**checked, "config": with_overrides(checked["config"], extra)}
+    config = with_overrides(checked.resolved or {}, extra)
     details = {**details, "overrides": overrides, "run_overrides": run_overrides}
     if cluster.submits:
-        return submit(record, config_path, run_overrides, checked, details)
-    started = start(config_path, run_overrides, run_dir, config=checked["config"])
+        return submit(record, config_path, run_overrides, config, {**details, "tasks": checked.benchmarks})
+    started = start(config_path, run_overrides, run_dir, config=config)
     try:
-        write_run_facts(run_dir, run_facts(checked["config"], details, local_harness(checked["config"])))
+        write_run_facts(run_dir, run_facts(config, details, local_harness(config)))
         return ledger.update(record.id, status="running", config_hash=config_hash(config_path, overrides),
                              invocation_id=f"nel-next:{run_dir}", executor="local",
-                             details={**details, **started, "tasks": checked["benchmarks"]},
+                             details={**details, **started, "tasks": checked.benchmarks},
                              message=f"started: {shlex.join(started['argv'])}")
     except BaseException:
         executors.LOCAL.cancel([local_job(started)], grace_s=5)  # a run its record does not name would run unwatched
@@ -442,14 +439,14 @@ def files_read_on_node(config: dict[str, Any], config_dir: Path) -> list[str]:
     return list(dict.fromkeys(str(config_dir / Path(path).expanduser()) for path in paths))
 
 
-def node_files_blocker(checked: dict[str, Any], config_path: str) -> str | None:
+def node_files_blocker(checked: NextReading, config_path: str) -> str | None:
     """For a SLURM config: the files its job reads by path that the cluster's login host does not have (the nodes see
     its shared file systems), asked over ssh before anything is recorded or submitted."""
-    cluster = clustertypes.of(checked.get("cluster"))
-    host = cluster.executor.login_host((checked.get("config") or {}).get("cluster") or {}) if cluster else None
+    cluster, config = clustertypes.of(checked.cluster), checked.resolved or {}
+    host = cluster.executor.login_host(config.get("cluster") or {}) if cluster else None
     if not host:
         return None
-    paths = files_read_on_node(checked["config"], Path(config_path).resolve().parent)
+    paths = files_read_on_node(config, Path(config_path).resolve().parent)
     if not paths:
         return None
     command = "for f in " + " ".join(shlex.quote(p) for p in paths) + '; do test -e "$f" || printf "%s\\n" "$f"; done'
@@ -461,12 +458,11 @@ def node_files_blocker(checked: dict[str, Any], config_path: str) -> str | None:
             f"(scp FILE {host}:FILE), or point the config at the cluster's copies.")
 
 
-def submit(record: ledger.Record, config_path: str, overrides: list[str], checked: dict[str, Any],
-           details: dict[str, Any]) -> ledger.Record:
-    """`nel eval run --submit` to the config's SLURM cluster (`overrides`: all the run's, quanteval's included);
-    records each shard's job and where it runs."""
+def submit(record: ledger.Record, config_path: str, overrides: list[str], config: dict[str, Any], details: dict[str, Any]) -> ledger.Record:
+    """`nel eval run --submit` of `config` (as the run reads it) to its SLURM cluster (`overrides`: all the run's,
+    quanteval's included); records each shard's job and where it runs (`details` with the run's tasks)."""
     kind = record.kind
-    if not (checked["config"].get("cluster") or {}).get("hostname"):
+    if not (config.get("cluster") or {}).get("hostname"):
         raise ToolError("cluster.hostname: nel-next submits over ssh to the login host it names; set it (the ssh config "
                         "alias, as for ssh_check), or run on this machine with cluster.type local.")
     argv = [str(nel_binary()), "eval", "run", str(Path(config_path).resolve()), "--submit"]
@@ -487,10 +483,10 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], checke
         jobs.append({"job_id": job_id, "hostname": meta["hostname"], "username": meta.get("username") or None,
                      "remote_dir": meta["remote_dir"]})
     results_dir = data_home() / "results" / f"{jobs[0]['hostname']}-{job_ids[0]}"
-    facts = run_facts(checked["config"], details)
+    facts = run_facts(config, details)
     return ledger.update(record.id, status="submitted", config_hash=config_hash(config_path, overrides),
                          invocation_id=f"nel-next:slurm:{job_ids[0]}", executor="slurm", host=jobs[0]["hostname"],
-                         details={**details, "engine": "nel-next", "tasks": checked["benchmarks"],
+                         details={**details, "engine": "nel-next",
                                   "slurm_jobs": jobs, "argv": argv, "results_dir": str(results_dir), "run_facts": facts},
                          message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
 

@@ -41,7 +41,7 @@ local_programs = {name: row.binaries for name, row in clustertypes.CLUSTER_TYPES
 NOT_FINISHED = "its job ended ({how}) without finishing it"
 
 
-def read_launch(config_path: str, overrides: list[str]) -> dict:
+def read_launch(config_path: str, overrides: list[str]) -> nelnext.NextReading:
     """What a launch plan keeps of the config: nel-next's own reading (its schema check, one child)."""
     return nelnext.check_schema(config_path, overrides)
 
@@ -49,33 +49,32 @@ def read_launch(config_path: str, overrides: list[str]) -> dict:
 def launch_paths(plan: LaunchPlan) -> list[tuple[str, Path]]:
     return config.launch_paths(plan.reading, plan.config_path)
 
-
 def compose(plan: LaunchPlan) -> Composed:
     return Composed(config_hash=nelnext.config_hash(plan.config_path, plan.override_list),
-                    tasks=plan.reading.get("benchmarks", []))
+                    tasks=plan.reading.benchmarks)
 
 
 def dry_run(plan: LaunchPlan, progress: ProgressFn) -> DryRunOutput:
     """nel-next has nothing to render for the local cluster: its own schema check is the dry-run."""
     config_path, overrides, checked = plan.config_path, plan.override_list, plan.reading
     error = None
-    if not checked["ok"]:
-        error = "; ".join(f"{p['path'] or '(config)'}: {p['message']}" for p in checked["problems"][:5])
+    if not checked.ok:
+        error = "; ".join(f"{p['path'] or '(config)'}: {p['message']}" for p in checked.problems[:5])
     command = [*nelnext.nel_command(), "eval", "run", config_path, *[x for o in overrides for x in ("-O", o)]]
     record = ledger.add("dry_run", status="failed" if error else "passed", config_path=config_path,
-                        config_hash=nelnext.config_hash(config_path, overrides), executor=checked.get("cluster"),
+                        config_hash=nelnext.config_hash(config_path, overrides), executor=checked.cluster,
                         details={"engine": "nel-next", "error": error, "overrides": overrides}, message=error)
     text = shlex.join(command)
     scripts = [RenderedScript(name="nel eval run", path=None, size_bytes=len(text), head=[text])]
     if error is None:
-        scripts += skills_prompts(checked["config"].get("benchmarks") or [])
-    if error is None and (cluster := clustertypes.of(checked.get("cluster"))) and cluster.submits:
+        scripts += skills_prompts((checked.resolved or {}).get("benchmarks") or [])
+    if error is None and (cluster := clustertypes.of(checked.cluster)) and cluster.submits:
         rendered, error = nelnext.render_sbatch(config_path, overrides)
         secrets = secret_values()
         scripts += [rendered_script(path.name, path, body, secrets) for path, body in rendered[:MAX_SCRIPTS]]
         if error:
             ledger.update(record.id, status="failed", details={"error": error}, message=error)
-    return DryRunOutput(ok=error is None, record_id=record.id, config_hash=record.config_hash, executor=checked.get("cluster"),
+    return DryRunOutput(ok=error is None, record_id=record.id, config_hash=record.config_hash, executor=checked.cluster,
                         invocation_id=None, invocation_dir=None, scripts=scripts, secrets_files_protected=[], error=error)
 
 
@@ -111,11 +110,11 @@ def check_launchable(plan: LaunchPlan) -> None:
         raise ToolError(problem)
 
 
-def _run_dir(config_path: str, cluster: clustertypes.ClusterType, checked: dict, kind: str) -> Path:
+def _run_dir(config_path: str, cluster: clustertypes.ClusterType, checked: nelnext.NextReading, kind: str) -> Path:
     """A directory of its own for the run under output.dir: here, relative to the config as nel-next resolves it; on a
     cluster, the path there as written."""
-    here = cluster.executor.local_path(Path(config_path).parent / Path(checked["output_dir"]).expanduser())
-    base = Path(checked["output_dir"]) if here is None else here
+    here = cluster.executor.local_path(Path(config_path).parent / Path(str(checked.output_dir)).expanduser())
+    base = Path(str(checked.output_dir)) if here is None else here
     return base / f"{kind.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid() % 10000:04d}"
 
 
@@ -142,10 +141,10 @@ def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: Ca
     extra: list[str] = []
     notes: list[str] = []
     if canary:
-        extra = nelnext.canary_overrides(len(checked.get("benchmarks") or []), canary.limit, canary.repeats)
+        extra = nelnext.canary_overrides(len(checked.benchmarks), canary.limit, canary.repeats)
         notes.append(f"The canary runs max_problems={canary.limit}" + (f" and repeats={canary.repeats}" if canary.repeats else "")
                      + " per benchmark; the full run uses the config's.")
-    cluster = clustertypes.launched(checked["cluster"])
+    cluster = clustertypes.launched(checked.cluster)
     run_dir = _run_dir(config_path, cluster, checked, kind)
     if cluster.submits:  # nel-next's submit takes no -o: each run's own directory on the cluster as output.dir
         extra.append(f"output.dir={run_dir.as_posix()}")
