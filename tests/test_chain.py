@@ -254,14 +254,21 @@ def test_a_candidate_served_with_its_own_kv_cache_is_comparable_and_the_kv_cache
 
 
 def test_a_kv_cache_difference_between_the_checkpoints_is_named_only_when_there_is_one(tmp_path: Path) -> None:
-    bf16, fp8, nvfp4 = (str(EXAMPLES / name) for name in ("llama-tiny-bf16", "llama-tiny-fp8", "qwen3-tiny-nvfp4"))
-    named = compare.kv_cache_difference(bf16, fp8)
+    """What compare_results adds to its reasons for each pair of checkpoints (their quantization facts as inspected)."""
+    from quanteval.serving.checkpoint import InspectCheckpointInput, inspect_checkpoint
+
+    def difference(baseline: str, candidate: str) -> str | None:
+        quant = [inspect_checkpoint(InspectCheckpointInput(checkpoint=str(EXAMPLES / name))).quantization
+                 for name in (baseline, candidate)]
+        return compare._kv_difference(*quant)
+
+    bf16, fp8, nvfp4 = "llama-tiny-bf16", "llama-tiny-fp8", "qwen3-tiny-nvfp4"
+    named = difference(bf16, fp8)
     assert named is not None and named.startswith("KV cache: the baseline's is 16-bit, the candidate's FP8:")
-    assert compare.kv_cache_difference(fp8, bf16).startswith("KV cache: the baseline's is FP8, the candidate's 16-bit:")
-    assert compare.kv_cache_difference(fp8, nvfp4) is None  # both FP8 KV (NVFP4 weights)
-    assert compare.kv_cache_difference(bf16, bf16) is None
-    assert compare.kv_cache_difference(bf16, str(tmp_path / "not-here")) is None  # unreadable: not guessed
-    assert compare.kv_cache_difference(bf16, None) is None
+    assert (difference(fp8, bf16) or "").startswith("KV cache: the baseline's is FP8, the candidate's 16-bit:")
+    assert difference(fp8, nvfp4) is None  # both FP8 KV (NVFP4 weights)
+    assert difference(bf16, bf16) is None
+    assert compare._kv_difference(None, None) is None  # a checkpoint not readable here: not guessed
 
 
 def test_a_different_model_family_is_not_comparable(tmp_path: Path) -> None:
