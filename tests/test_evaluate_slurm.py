@@ -360,7 +360,8 @@ def test_a_candidate_whose_canary_fails_on_the_cluster_is_anomalous_with_its_job
     assert placed is not None and set(placed.jobs) == {"canary"} and placed.nodes.get("canary") == "localhost"
     assert f"SLURM job {placed.jobs['canary']} on {slurm_cluster.ssh_alias}, node localhost, logs " in result.reasons[0]
     assert result.responses and result.baseline.full_run_record_id and result.baseline.cluster.jobs.keys() == {"canary", "full_run"}
-    assert not _queued(slurm_cluster, {job for placed in (result.baseline.cluster, placed) for job in placed.jobs.values()})
+    jobs = {job for side in (result.baseline.cluster, placed) for job in side.jobs.values()}
+    _until(lambda: not _queued(slurm_cluster, jobs), 30, "every job of the evaluation gone")
 
 
 @requires("vllm")
@@ -514,7 +515,7 @@ def test_a_canary_killed_by_its_walltime_is_reported_with_its_job_and_the_fix(sl
                      str(failed.value)), failed.value
     assert ledger.get(canary.id).status == "failed"
     everything = _job_ids([record for record in ledger.find(kind="canary") if record.details.get("slurm_jobs")])
-    assert not _queued(slurm_cluster, everything)
+    _until(lambda: not _queued(slurm_cluster, everything), 30, "the other side's job cancelled")  # COMPLETING a moment
 
 
 @requires("vllm")

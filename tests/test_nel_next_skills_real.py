@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from tiers import CHECKPOINTS, REPO, own_lane, requires, user_env
 
+from quanteval import ledger
 from quanteval.engines.nel_next import nelnext, nextresults, skills
 from quanteval.engines.nel_next import runs as next_runs
 from quanteval.evalserver.backend import ServerSettings
@@ -151,7 +152,7 @@ def nel_next_run(served, env) -> dict:
                        ("services.model.model", served.served_model_name), ("services.model.generation.max_tokens", MAX_TOKENS)):
         _call("set_config_value", config_path=config, key=key, value=value)
     done = anyio.run(_through_mcp, config)
-    run_dir = Path(runs._record(done["full"]).details["run_dir"])
+    run_dir = Path(ledger.get(done["full"]).details["run_dir"])
     return {"run_dir": run_dir, "validate": done["validate"], "canary": done["canary"]}
 
 
@@ -299,14 +300,14 @@ def test_skills_on_slurm_in_shards_with_repeats_and_max_problems_judges_as_the_l
     canary = runs.launch_canary(runs.LaunchCanaryInput(config_path=config, limit_samples=6))
     assert _until_done(canary.record_id, 600).status == "succeeded"
     full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=config))
-    assert len(runs._record(full.record_id).details["slurm_jobs"]) == 2
+    assert len(ledger.get(full.record_id).details["slurm_jobs"]) == 2
     status = _until_done(full.record_id, 900)
     assert status.status == "succeeded", status
     report = validate_run(ValidateRunInput(run=full.record_id))
     assert report.verdict == "pass", report.reasons
     assert [task.evaluated_samples for task in report.tasks] == [80]
 
-    record = runs._record(full.record_id)
+    record = ledger.get(full.record_id)
     run_dir = next_runs.results_dir(record)  # the run's results fetched from the cluster, shards merged
     (bundle,) = nextresults.bundles(run_dir).values()
     records = nextresults.paired_records(bundle.directory)
