@@ -19,7 +19,7 @@ one every ssh that NEL and nel-next run reads (ssh_home).
 The host name `local` means this machine without SSH (commands run in a local bash); every other
 name, `localhost` included, goes through SSH.
 
-Other modules use `open_connection`, `run_remote`, `tail_remote`, `fetch_tree` (the SLURM client in clusters.slurm and
+Other modules use `open_connection`, `run_remote`, `fetch_tree` (the SLURM client in clusters.slurm and
 the tools in clusters.tools among them). Connections are kept open per host and reused (polling the queue
 costs one round trip, not a handshake); a dead one is replaced on the next call.
 """
@@ -32,7 +32,6 @@ import hashlib
 import logging
 import os
 import re
-import shlex
 import shutil
 import socket
 import stat
@@ -681,14 +680,6 @@ def _run_local(command: str, timeout: float) -> RemoteResult:
     out.add(done.stdout)
     err.add(done.stderr)
     return RemoteResult(done.returncode, out.text(), err.text(), out.truncated or err.truncated)
-
-
-def tail_remote(host: str, path: str, lines: int = 200) -> str:
-    """The last `lines` lines of a file on `host` (bounded by OUTPUT_LIMIT bytes)."""
-    result = run_remote(host, f"tail -n {int(lines)} -- {shlex.quote(path)}", timeout=60)
-    if result.exit_code != 0:
-        raise ToolError(f"{host}:{path}: cannot read ({result.stderr.strip()[-300:]}). Check the path.")
-    return result.stdout
 
 
 def fetch_tree(host: str, remote_dir: str, local_dir: Path, patterns: list[str], max_files: int = 2000) -> list[Path]:
