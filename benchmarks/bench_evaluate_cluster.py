@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from infra.slurm_cluster import SlurmCluster, free_port  # noqa: E402
+from infra.slurm_cluster import SlurmCluster  # noqa: E402
 
 CHECKPOINTS = REPO / "examples" / "checkpoints"
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
@@ -44,16 +44,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-problems", type=int, default=200)
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="quanteval-slurm-"))
-    cluster = SlurmCluster(workdir=workdir, port=free_port(), slurmctld_port=free_port(), slurmd_port=free_port())
-    cluster.up()
-    cluster.write_files()
+    cluster = SlurmCluster.fresh()
     state = Path(tempfile.mkdtemp(prefix="quanteval-bench-"))
     env = {**os.environ, "QUANTEVAL_STATE_DIR": str(state), "QUANTEVAL_SSH_CONFIG": str(cluster.ssh_config),
            "NEMO_SKILLS_EXTRA_BENCHMARK_MAP": str(SHIPPED / "benchmark_map.json"), "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0",
            "PATH": f"{cluster.bin_dir}{os.pathsep}{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     common = ["--max-problems", str(args.max_problems)]
     try:
+        cluster.up()
+        cluster.write_files()
         local, local_s = evaluate([*common, "--output-dir", str(state / "local")], env)
         there, cluster_s = evaluate([
             *common, "--output-dir", str(state / "cluster"), "--host", cluster.ssh_alias, "--partition", "debug",
@@ -66,7 +65,7 @@ def main() -> None:
         print(f"cluster / here: {cluster_s / local_s:.2f}x (target <= 1.3)")
     finally:
         cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
 
 

@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from timing import median_seconds  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from infra.slurm_cluster import SlurmCluster, free_port  # noqa: E402
+from infra.slurm_cluster import SlurmCluster  # noqa: E402
 
 from quanteval.clusters.tools import (  # noqa: E402
     ClusterInfoInput,
@@ -47,8 +46,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="quanteval-slurm-"))
-    cluster = SlurmCluster(workdir=workdir, port=free_port(), slurmctld_port=free_port(), slurmd_port=free_port())
+    cluster = SlurmCluster.fresh()
     started = time.perf_counter()
     cluster.up()
     cluster.write_files()
@@ -98,7 +96,7 @@ def main() -> None:
         started = time.perf_counter()
         cluster.stop()
         print(f"cluster teardown: {time.perf_counter() - started:.2f} s")
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,13 @@ class SlurmCluster:
     def __post_init__(self) -> None:
         self.bin_dir = self.workdir / "bin"
 
+    @classmethod
+    def fresh(cls) -> SlurmCluster:
+        """A cluster (not started) in a new working directory, on free ports. Not under pytest's basetemp: its parents
+        are mode 700, and munged wants a socket directory every user can reach; a short path keeps the socket's short."""
+        workdir = Path(tempfile.mkdtemp(prefix="quanteval-slurm-"))
+        return cls(workdir=workdir, port=free_port(), slurmctld_port=free_port(), slurmd_port=free_port())
+
     @property
     def key_path(self) -> Path:
         return self.workdir / "ssh" / "client_key"
@@ -185,10 +192,7 @@ class SlurmCluster:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
-    # Not under pytest's basetemp: its parents are mode 700, and munged wants a socket
-    # directory every user can reach; a short path also keeps the socket path short.
-    workdir = Path(tempfile.mkdtemp(prefix="quanteval-slurm-"))
-    cluster = SlurmCluster(workdir=workdir, port=free_port(), slurmctld_port=free_port(), slurmd_port=free_port())
+    cluster = SlurmCluster.fresh()
     started = time.monotonic()
     try:
         cluster.up()
@@ -200,4 +204,4 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             yield cluster
     finally:
         cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
