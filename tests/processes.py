@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -28,3 +29,13 @@ def running_with(*needles: str, state_dir: str | Path | None = None) -> list[str
 def own_state_dir() -> str:
     """The state dir conftest gave the running test."""
     return os.environ["QUANTEVAL_STATE_DIR"]
+
+
+def wait_until(condition, timeout_s: float, what) -> float:
+    """Seconds until condition() holds, polled every 0.5 s; what: a description, or a function giving one (the state
+    at the deadline, not at the start)."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"timed out after {timeout_s} s waiting for {what() if callable(what) else what}"
+        time.sleep(0.5)
+    return time.monotonic() - started

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from processes import wait_until
 from tiers import CHECKPOINTS, REPO, VLLM_PYTHON, own_lane, requires
 
 from quanteval import ledger
@@ -63,6 +64,8 @@ def test_a_server_that_dies_in_its_job_is_named_with_its_job_node_and_the_last_l
     (server,) = [tail for tail in logs.tails if tail.job_id.startswith("model server")]
     assert server.file.endswith(f"/logs/server-model-{job['job_id']}.log") and server.lines, logs.tails
     assert logs.diagnosis is not None and logs.diagnosis.failure_class, logs
-    # the candidate's canary, submitted beside it, was cancelled: nothing of the evaluation is left queued
-    assert not [queued for queued in slurm.squeue(slurm_cluster.ssh_alias)
-                if queued.state in slurm.ACTIVE_JOB_STATES and queued.name.startswith("nel")]
+    # the candidate's canary, submitted beside it, was cancelled: nothing of the evaluation is left queued (its vLLM
+    # may keep the job COMPLETING a moment)
+    wait_until(lambda: not [queued for queued in slurm.squeue(slurm_cluster.ssh_alias)
+                            if queued.state in slurm.ACTIVE_JOB_STATES and queued.name.startswith("nel")], 30,
+               "the candidate's cancelled canary gone from squeue")

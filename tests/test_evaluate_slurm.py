@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from processes import wait_until
 from tiers import CHECKPOINTS, REPO, VENV_BIN, VLLM_PYTHON, own_lane, requires
 
 from quanteval import ledger
@@ -155,7 +156,7 @@ def _evaluate(arguments: list[str], env: dict[str, str]) -> tuple[dict, float]:
     done = subprocess.run(["quanteval", "evaluate", str(BASE), str(LOSSY), "--benchmarks", "skills://tiny_mcq",
                            "--max-drop", "1.5", "--json", *arguments], capture_output=True, text=True, env=env,
                           timeout=2400, check=False)
-    assert done.returncode in (0, 3, 4), done.stderr[-4000:]
+    assert done.returncode in (0, 3, 4), f"{done.stdout[-3000:]}\n{done.stderr[-1500:]}"  # --json: the reasons on stdout
     return json.loads(done.stdout), time.monotonic() - started
 
 
@@ -272,14 +273,6 @@ def _job_ids(records: list[ledger.Record]) -> set[str]:
     return {job["job_id"] for record in records for job in record.details["slurm_jobs"]}
 
 
-def _until(condition, timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
-        time.sleep(0.5)
-    return time.monotonic() - started
-
-
 def _queued(slurm_cluster, job_ids: set[str]) -> dict[str, slurm.SlurmJob]:
     return {job.job_id: job for job in _queue(slurm_cluster) if job.job_id in job_ids and job.state in slurm.ACTIVE_JOB_STATES}
 
@@ -296,10 +289,10 @@ def test_sigterm_and_sigkill_of_a_cluster_evaluation_leave_no_job_behind_and_a_r
         process, log = _start(slurm_cluster, tmp_path, "sigterm")
         canaries = _canaries(2)
         jobs = _job_ids(canaries)
-        _until(lambda: "PENDING (Resources)" in log.read_text() and len(_queued(slurm_cluster, jobs)) == 2, 60,
+        wait_until(lambda: "PENDING (Resources)" in log.read_text() and len(_queued(slurm_cluster, jobs)) == 2, 60,
                "both canaries PENDING (Resources) in the progress")
         process.send_signal(signal.SIGTERM)
-        gone = _until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel after SIGTERM")  # from the signal
+        gone = wait_until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel after SIGTERM")  # from the signal
         process.wait(timeout=120)
         assert {ledger.get(record.id).status for record in canaries} == {"cancelled"}, log.read_text()[-2000:]
         print(f"SIGTERM while PENDING: no job left {gone:.1f} s after the signal")
@@ -307,7 +300,7 @@ def test_sigterm_and_sigkill_of_a_cluster_evaluation_leave_no_job_behind_and_a_r
         process, log = _start(slurm_cluster, tmp_path, "sigkill")
         canaries = _canaries(4)[:2]  # the newest two: this call's
         jobs = _job_ids(canaries)
-        _until(lambda: len(_queued(slurm_cluster, jobs)) == 2, 60, "both canaries queued")
+        wait_until(lambda: len(_queued(slurm_cluster, jobs)) == 2, 60, "both canaries queued")
         process.kill()
         process.wait(timeout=30)
         listed = {run.record_id: run for run in list_runs(ListRunsInput(kind="canary")).runs}
@@ -315,13 +308,13 @@ def test_sigterm_and_sigkill_of_a_cluster_evaluation_leave_no_job_behind_and_a_r
         assert len(_queued(slurm_cluster, jobs)) == 2  # SIGKILL: nothing could cancel them
 
         process, log = _start(slurm_cluster, tmp_path, "rerun")
-        _until(lambda: log.read_text().count("picking up its canary") == 2, 120, "the rerun picks both canaries up")
+        wait_until(lambda: log.read_text().count("picking up its canary") == 2, 120, "the rerun picks both canaries up")
         assert len(ledger.find(kind="canary")) == 4 and _job_ids(ledger.find(kind="canary")[:2]) == jobs  # none submitted again
         process.kill()
         process.wait(timeout=30)
         for record in canaries:
             assert kill_run(RunRef(record_id=record.id)).status == "killed"
-        gone = _until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel by kill_run")
+        gone = wait_until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel by kill_run")
         print(f"kill_run after SIGKILL: no job left after {gone:.1f} s")
     finally:
         slurm.scancel(slurm_cluster.ssh_alias, [blocker])
@@ -331,10 +324,10 @@ def test_sigterm_while_the_jobs_run_cancels_them(slurm_cluster, tmp_path):
     process, log = _start(slurm_cluster, tmp_path, "running")
     canaries = _canaries(2)
     jobs = _job_ids(canaries)
-    _until(lambda: {job.state for job in _queued(slurm_cluster, jobs).values()} == {"RUNNING"}, 120, "both canaries RUNNING")
-    _until(lambda: "RUNNING on localhost" in log.read_text(), 30, "progress names the node")
+    wait_until(lambda: {job.state for job in _queued(slurm_cluster, jobs).values()} == {"RUNNING"}, 120, "both canaries RUNNING")
+    wait_until(lambda: "RUNNING on localhost" in log.read_text(), 30, "progress names the node")
     process.send_signal(signal.SIGTERM)
-    gone = _until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel after SIGTERM")  # from the signal
+    gone = wait_until(lambda: not _queued(slurm_cluster, jobs), 30, "scancel after SIGTERM")  # from the signal
     process.wait(timeout=120)
     print(f"SIGTERM while RUNNING: no job left {gone:.1f} s after the signal")
     assert {ledger.get(record.id).status for record in canaries} == {"cancelled"}
@@ -361,7 +354,7 @@ def test_a_candidate_whose_canary_fails_on_the_cluster_is_anomalous_with_its_job
     assert f"SLURM job {placed.jobs['canary']} on {slurm_cluster.ssh_alias}, node localhost, logs " in result.reasons[0]
     assert result.responses and result.baseline.full_run_record_id and result.baseline.cluster.jobs.keys() == {"canary", "full_run"}
     jobs = {job for side in (result.baseline.cluster, placed) for job in side.jobs.values()}
-    _until(lambda: not _queued(slurm_cluster, jobs), 30, "every job of the evaluation gone")
+    wait_until(lambda: not _queued(slurm_cluster, jobs), 30, "every job of the evaluation gone")
 
 
 @requires("vllm")
@@ -405,7 +398,7 @@ def _both_pending(slurm_cluster) -> set[str]:
     """The job ids of both sides' canaries, once both wait PENDING behind the blocker (Resources, or Priority behind
     the other)."""
     jobs = _job_ids(_canaries(2))
-    _until(lambda: [job.state for job in _queued(slurm_cluster, jobs).values()] == ["PENDING"] * 2, 60,
+    wait_until(lambda: [job.state for job in _queued(slurm_cluster, jobs).values()] == ["PENDING"] * 2, 60,
            "both canaries PENDING")
     return jobs
 
@@ -430,7 +423,7 @@ def test_an_mcp_client_that_leaves_a_blocking_cluster_evaluation_leaves_no_job_b
 
         left_at, closing = anyio.run(call_then_leave)
         jobs = found["jobs"]
-        _until(lambda: not _queued(slurm_cluster, jobs), 30, "no job of the evaluation in squeue")
+        wait_until(lambda: not _queued(slurm_cluster, jobs), 30, "no job of the evaluation in squeue")
         gone = time.monotonic() - left_at
         canaries = [record for record in ledger.find(kind="canary") if _job_ids([record]) & jobs]
         assert {record.status for record in canaries} == {"cancelled"}, [(r.id, r.status) for r in canaries]
@@ -465,7 +458,7 @@ def test_wait_for_run_on_a_new_mcp_server_follows_a_cluster_evaluation_and_kill_
         waited, killed_at = anyio.run(follow_then_kill)
         assert waited["status"] == "running" and re.search(r"canary \S+: job \d+ PENDING \((Resources|Priority)\)",
                                                            waited["progress"] or ""), waited
-        _until(lambda: not _queued(slurm_cluster, jobs), 30, "no job of the evaluation in squeue after kill_run")
+        wait_until(lambda: not _queued(slurm_cluster, jobs), 30, "no job of the evaluation in squeue after kill_run")
         print(f"kill_run from a new server: no job left {time.monotonic() - killed_at:.1f} s after it answered")
         assert ledger.get(record_id).status == "cancelled"
         assert {record.status for record in ledger.find(kind="canary")} == {"cancelled"}
@@ -488,7 +481,7 @@ def _baseline_canary_running(slurm_cluster) -> tuple[ledger.Record, str]:
     """The baseline's canary record and its SLURM job, once that job runs."""
     canary = next(record for record in _canaries(2) if record.details.get("checkpoint") == str(TINY_ADD[0]))
     (job_id,) = _job_ids([canary])
-    _until(lambda: [job.state for job in _queued(slurm_cluster, {job_id}).values()] == ["RUNNING"], 120, "its job RUNNING")
+    wait_until(lambda: [job.state for job in _queued(slurm_cluster, {job_id}).values()] == ["RUNNING"], 120, "its job RUNNING")
     return canary, job_id
 
 
@@ -515,7 +508,7 @@ def test_a_canary_killed_by_its_walltime_is_reported_with_its_job_and_the_fix(sl
                      str(failed.value)), failed.value
     assert ledger.get(canary.id).status == "failed"
     everything = _job_ids([record for record in ledger.find(kind="canary") if record.details.get("slurm_jobs")])
-    _until(lambda: not _queued(slurm_cluster, everything), 30, "the other side's job cancelled")  # COMPLETING a moment
+    wait_until(lambda: not _queued(slurm_cluster, everything), 30, "the other side's job cancelled")  # COMPLETING a moment
 
 
 @requires("vllm")
@@ -535,11 +528,11 @@ def test_a_requeued_canary_job_is_followed_until_it_runs_again_and_passes(slurm_
             done = run_remote(alias, command)
             assert done.exit_code == 0, (command, done.stderr)
         requeued_at = time.monotonic()
-        _until(lambda: f"job {job_id} PENDING" in log.read_text(), 60, "the progress says the requeued job is PENDING")
+        wait_until(lambda: f"job {job_id} PENDING" in log.read_text(), 60, "the progress says the requeued job is PENDING")
         said = log.read_text()
         run_remote(alias, f"scontrol update JobId={job_id} StartTime=now")  # SLURM holds a requeued job 2 min (BeginTime)
-        _until(lambda: f"job {job_id} RUNNING" in log.read_text()[len(said):], 120, "the progress says it RUNNING again")
-        passed = _until(lambda: ledger.get(canary.id).status not in ("submitted", "pending", "running"), 300,
+        wait_until(lambda: f"job {job_id} RUNNING" in log.read_text()[len(said):], 120, "the progress says it RUNNING again")
+        passed = wait_until(lambda: ledger.get(canary.id).status not in ("submitted", "pending", "running"), 300,
                         "the rerun canary ends")
         print(f"requeued canary: ended {time.monotonic() - requeued_at:.0f} s after the requeue ({passed:.0f} s after it ran again)")
         statuses = [event.status for event in ledger.events(canary.id)]
@@ -550,7 +543,7 @@ def test_a_requeued_canary_job_is_followed_until_it_runs_again_and_passes(slurm_
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
     everything = _job_ids([record for record in ledger.find(kinds=["canary", "full_run"]) if record.details.get("slurm_jobs")])
-    _until(lambda: not _queued(slurm_cluster, everything), 30, "no job left after SIGTERM")
+    wait_until(lambda: not _queued(slurm_cluster, everything), 30, "no job left after SIGTERM")
 
 
 @requires("vllm")
@@ -578,4 +571,4 @@ def test_a_canary_whose_node_fails_is_reported_as_not_rerun_with_its_job(slurm_c
     assert re.search(r"(baseline|candidate) canary canary-\w+: SLURM ended job \d+ because its node failed \(NODE_FAIL\) "
                      r"\(SLURM job .*\); nel-next submits it with --no-requeue, so SLURM does not rerun it\. Call again",
                      str(failed.value)), failed.value
-    _until(lambda: "idle" in run_remote(alias, "sinfo -h -n localhost -p debug -o %t").stdout, 60, "the node back")
+    wait_until(lambda: "idle" in run_remote(alias, "sinfo -h -n localhost -p debug -o %t").stdout, 60, "the node back")

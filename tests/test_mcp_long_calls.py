@@ -27,7 +27,7 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client
-from processes import own_state_dir, running_with
+from processes import own_state_dir, running_with, wait_until
 from tiers import BENCH, CHECKPOINTS, INSPECTOR, MCP_CLIENTS, NODE, REPO, VENV_BIN, own_lane, requires, user_env
 
 from quanteval import ledger
@@ -76,14 +76,6 @@ def left_running(tmp_path: Path) -> list[str]:
     mine = own_state_dir()
     return [*running_with("--model", str(BASELINE), state_dir=mine), *running_with("--model", str(CANDIDATE), state_dir=mine),
             *running_with("time.sleep(3600)", state_dir=mine), *running_with(str(tmp_path))]  # sleep: a stand-in's child
-
-
-def wait_until(condition, timeout_s: float, what) -> None:
-    """what: a description, or a function giving one (the state at the deadline, not at the start)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what() if callable(what) else what}"
-        time.sleep(0.5)
 
 
 def assert_nothing_left(tmp_path: Path) -> None:

@@ -66,18 +66,20 @@ def test_a_nel_next_run_with_every_answer_wrong_is_suspect_with_its_causes_over_
     assert validate_run(ValidateRunInput(run=str(half))).verdict == "pass"
 
 
-def test_a_nel_026_task_at_zero_or_at_chance_is_suspect_and_above_chance_passes(tmp_path):
-    """gpqa's recipe knows its four choices: 24 points is no better than picking at random; 0 is every answer wrong."""
-    def run(name: str, value: float) -> Path:
+def test_a_nel_026_task_at_zero_or_at_chance_over_enough_answers_is_suspect_and_above_chance_passes(tmp_path):
+    """gpqa's recipe knows its four choices: 24 points over 80 answers is no better than picking at random; over a
+    canary's 10 it says nothing (a model at 40% scores that low in one draw of six), and 0 is every answer wrong."""
+    def run(name: str, value: float, count: int = 10) -> Path:
         return make_task(make_invocation(tmp_path / name), "ns_gpqa", metric="pass@1[avg-of-5]", score="symbolic_correct",
-                         value=value, count=10, limit_samples=10)
+                         value=value, count=count, limit_samples=count)
 
-    zero, chance, weak = (validate_run(ValidateRunInput(run=str(run(n, v)))) for n, v in
-                          (("zero", 0.0), ("chance", 24.0), ("weak", 40.0)))
+    zero, chance, small, weak = (validate_run(ValidateRunInput(run=str(run(*args)))) for args in
+                                 (("zero", 0.0), ("chance", 24.0, 80), ("small", 20.0), ("weak", 40.0, 80)))
     assert zero.verdict == "suspect" and _suspect(zero).startswith("every one of the 10 scored answers is wrong")
     assert "The run asked through the chat endpoint." in _suspect(zero)
     assert chance.verdict == "suspect" and _suspect(chance).startswith(
-        "the score 24.0 sits at or below chance (25.0 for 4 choices) over 10 scored answers")
+        "the score 24.0 sits at or below chance (25.0 for 4 choices) over 80 scored answers")
+    assert small.verdict == "pass", small.reasons
     assert weak.verdict == "pass", weak.reasons
 
 

@@ -8,6 +8,7 @@ same reader as RunBenchmarks: each benchmark's scores, its per-problem rewards a
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,7 +139,10 @@ def failure_finding(diagnosis: Diagnosis) -> Finding:
 # A score no working setup gives: every scored answer wrong, or a multiple-choice score no better than picking at random.
 # A real model that weak exists (a canary of 10 problems of a weak model can score 0), so the verdict is "suspect", not
 # "fail": what it says is to look at the setup before trusting or extending the run, and the canary gate asks the person
-# to confirm (launch_full_run's allow_suspect_canary). Chance: at or below 1/choices, where the recipe knows the choices.
+# to confirm (launch_full_run's allow_suspect_canary). Chance: at or below 1/choices, where the recipe knows the choices,
+# over enough answers to tell: a canary of 10 problems of a model at 28% on four choices lands at or below 25% in about
+# half its draws, so a score at chance says "guessing" only where a model CHANCE_MARGIN above chance would rarely show it.
+CHANCE_MARGIN = 0.10  # what "no better than guessing" allows: a 95% interval at chance no wider than 10 points each side
 LIKELY_CAUSES = (
     "the protocol (a chat model asked through completions, or a base model through chat_completions, rarely answers "
     "in the form the scorer reads)",
@@ -160,12 +164,19 @@ def implausible_score(score: ScoreValue | None, scored: int | None, choices: int
     check = f"{setup} Likely causes: {causes}. Read a few responses before trusting the score or running more."
     if fraction <= 0:
         said = f"every one of the {scored} scored answers is wrong (score 0): a setup problem, more often than the model."
-    elif choices and choices > 1 and fraction <= 1 / choices:
+    elif choices and choices > 1 and fraction <= 1 / choices and scored >= answers_to_tell_chance(choices):
         said = (f"the score {100 * fraction:.1f} sits at or below chance ({100 / choices:.1f} for {choices} choices) over "
                 f"{scored} scored answers: the model may be guessing or answering in a form the scorer cannot read.")
     else:
         return None
     return Finding(severity="suspect", check="implausible_score", message=f"{said} {check.strip()}", evidence=evidence or [])
+
+
+def answers_to_tell_chance(choices: int) -> int:
+    """The fewest scored answers at which a score at chance is evidence of guessing: where the 95% interval of a
+    guesser's score is no wider than CHANCE_MARGIN each side (72 answers for four choices, 96 for two)."""
+    chance = 1 / choices
+    return math.ceil(1.96 ** 2 * chance * (1 - chance) / CHANCE_MARGIN ** 2)
 
 
 def run_verdict(run: str, tasks: list[TaskValidation]) -> ValidateRunOutput:
