@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import yaml
 from processes import wait_until
 from tiers import CHECKPOINTS, REPO, VENV_BIN, VLLM_PYTHON, own_lane, requires
 
@@ -376,6 +377,12 @@ def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tm
     submitted = [index for index, message in enumerate(messages) if "submitting its canary" in message]
     first_poll = next(index for index, message in enumerate(messages) if " canary canary-" in message)
     assert len(submitted) == 3 and max(submitted) < first_poll  # all three canaries went in before any was polled
+    # each side's server on a port of its own: their jobs share the node, and a vLLM that cannot bind its port would
+    # leave its job asking another job's server
+    model = [yaml.safe_load(Path(side.config_path).read_text())["services"]["model"]
+             for side in (result.baseline, result.candidate, floor)]
+    assert len({service["port"] for service in model}) == 3, model
+    assert all(f"--port {service['port']}" in service["pre_cmd"] for service in model), model
 
 
 # --- an MCP client that goes away, a server that restarts, a job SLURM ends or requeues ------------------------------

@@ -145,3 +145,23 @@ def test_a_real_canary_whose_model_answers_nothing_gradable_is_suspect_and_close
     assert "The run asked through completions." in validated.structured_content["reasons"][0]
     assert gated.is_error and "every one of the 5 scored answers is wrong" in gated.content[0].text
     assert ledger.find(kind="full_run") == []
+
+
+def test_a_candidate_canary_whose_requests_got_no_answer_is_an_error_of_the_serving_not_anomalous(real_run, tmp_path):
+    """Seen on the cluster: the candidate's canary asked a port no server held any more (10 of 10 infra_error). A
+    canary whose every answer is wrong is the verdict's to judge against the baseline's (CanaryFailed: ANOMALOUS);
+    one whose requests got no answer says nothing about the checkpoint and stays an error naming them."""
+    from quanteval.workflow import evaluate
+
+    config = _next_config(tmp_path)
+    unanswered = _run(real_run, tmp_path / "unanswered", None)
+    bundle_path = next((unanswered / "tiny_add").glob("eval-*.json"))
+    bundle = json.loads(bundle_path.read_text())
+    rows = bundle["benchmark"]["samples"]
+    bundle["benchmark"]["scores"]["failures"] = {"total_steps": rows, "total_failures": rows, "failure_rate": 1.0,
+                                                 "categories": {"infra_error": {"count": rows, "percentage": 1.0}}}
+    bundle_path.write_text(json.dumps(bundle))
+    with pytest.raises(evaluate.RequestsUnanswered, match=f"{rows} requests got no answer .*infra_error {rows}"):
+        evaluate._require_canary_pass(_canary_of(config, unanswered), "candidate canary", config)
+    with pytest.raises(evaluate.CanaryFailed, match="every one of the 40 scored answers is wrong"):
+        evaluate._require_canary_pass(_canary_of(config, _run(real_run, tmp_path / "wrong", None)), "candidate canary", config)

@@ -273,8 +273,16 @@ def _require_pass(record: ledger.Record, what: str, max_error_share: float = Val
     report = results.validate_run(ValidateRunInput(run=record.id, max_error_share=max_error_share))
     # a full run's setup was vouched for by its canary: a score at 0 or at chance there is the comparison's to judge
     if report.verdict != "pass" and not (report.verdict == "suspect" and record.kind == "full_run"):
-        raise ToolError(f"{what} {record.id} did not pass validate_run ({report.verdict}): {'; '.join(report.reasons[:3])}")
+        said = f"{what} {record.id} did not pass validate_run ({report.verdict}): {'; '.join(report.reasons[:3])}"
+        if any(finding.check == "http_errors" and finding.severity == "fail" for task in report.tasks for finding in task.findings):
+            raise RequestsUnanswered(said)
+        raise ToolError(said)
     return report
+
+
+class RequestsUnanswered(ToolError):
+    """A run whose requests got no answer (the endpoint down or unreachable): the serving's failure, never a verdict
+    on the checkpoint, whichever side it is."""
 
 
 class CanaryFailed(ToolError):
@@ -291,6 +299,8 @@ class CanaryFailed(ToolError):
 def _require_canary_pass(record: ledger.Record, what: str, config_path: str) -> ValidateRunOutput:
     try:
         return _require_pass(record, what)
+    except RequestsUnanswered:
+        raise
     except ToolError as exc:
         if record.status in ("succeeded", "failed"):  # it ran to its end: not killed, timed out or cancelled
             raise CanaryFailed(str(exc), record, config_path) from None
@@ -826,8 +836,9 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
     progress(0, _total(request), f"asking {request.host} for its partitions, paths, nel-next and vLLM")
     cluster = evaluate_cluster.preflight(request.host or "", settings, paths, request.startup_timeout_s,
                                          cluster_tensor_parallel_size(request))
-    sides = [_ClusterSide(checkpoint, cluster, checkpoint.request) for checkpoint in checkpoints]
-    extra = _ClusterSide(optional, cluster, optional.request) if optional is not None else None
+    ports = evaluate_cluster.job_ports(len(checkpoints) + 1)
+    sides = [_ClusterSide(checkpoint, cluster, checkpoint.request, port) for checkpoint, port in zip(checkpoints, ports[:-1], strict=True)]
+    extra = _ClusterSide(optional, cluster, optional.request, ports[-1]) if optional is not None else None
     total = _total(request)
     submitting: list[Future[None]] = []
     every = [*sides, *([extra] if extra else [])]
@@ -884,8 +895,9 @@ def _cancel_sides(host: str, sides: list[_ClusterSide]) -> None:
 class _ClusterSide:
     """One side on the cluster: its config, its canary's job, then its full run's; polled until it has an answer."""
 
-    def __init__(self, side: _Checkpoint, cluster: evaluate_cluster.Cluster, request: EvaluateQuantizationInput) -> None:
-        self.side, self.cluster, self.request, self.role = side, cluster, request, side.role
+    def __init__(self, side: _Checkpoint, cluster: evaluate_cluster.Cluster, request: EvaluateQuantizationInput,
+                 port: int) -> None:
+        self.side, self.cluster, self.request, self.role, self.port = side, cluster, request, side.role, port
         self.stage = "done" if side.done is not None else "config"
         self.answer: CheckpointEvaluation | CanaryFailed | None = side.reused() if side.done is not None else None
         self.active: str | None = None  # the record of the run whose job is queued or running
@@ -938,7 +950,7 @@ class _ClusterSide:
     def submit_canary(self) -> None:
         mark = time.monotonic()
         plan = _plan(self.side.dir, self.request, check_args=False)
-        port = plan.port
+        port = self.port  # not the plan's: that one is free here, not on the job's node
         where = "baseline" if self.role == "noise-floor" else self.role
         command = evaluate_cluster.server_command(self.cluster, where, plan.server_args, plan.env, port)
         context = _option(plan.server_args, "--max-model-len")

