@@ -1,6 +1,6 @@
-"""vLLM-for-CPU with its engine in the API server's process (VLLM_ENABLE_V1_MULTIPROCESSING=0, what quanteval sets:
-frameworks.VLLM_CPU_ENV) against vLLM's own three processes: the start's wall seconds, and whether the answers are
-the same numbers.
+"""vLLM-for-CPU with its worker in the engine's process (VLLM_ENABLE_V1_MULTIPROCESSING=0, what quanteval sets:
+frameworks.VLLM_CPU_ENV: two processes) against vLLM's own three: the start's wall seconds, and whether the answers
+are the same numbers.
 
     .venv/bin/python benchmarks/bench_vllm_in_process.py [--checkpoint DIR] [--problems 200]
 
@@ -73,10 +73,10 @@ def main() -> None:
     problems = [json.loads(line)["problem"] for line in lines[: args.problems]]
     logs = Path(tempfile.mkdtemp(prefix="bench-vllm-in-process-"))
     three, three_answers = serve_and_ask(args.checkpoint, False, problems, logs / "three-processes.log")
-    one, one_answers = serve_and_ask(args.checkpoint, True, problems, logs / "in-process.log")
+    one, one_answers = serve_and_ask(args.checkpoint, True, problems, logs / "two-processes.log")
     texts = sum(a[0] == b[0] for a, b in zip(three_answers, one_answers, strict=True))
     logprobs = sum(a[1] == b[1] for a, b in zip(three_answers, one_answers, strict=True))
-    print(f"start until /health: three processes {three:.1f} s, in process {one:.1f} s ({one / three:.2f}x)")
+    print(f"start until /health: three processes {three:.1f} s, two {one:.1f} s ({one / three:.2f}x)")
     print(f"answers identical: {texts} of {len(problems)}; every token's logprob identical: {logprobs} of {len(problems)}")
     print(f"server logs: {logs}")
 

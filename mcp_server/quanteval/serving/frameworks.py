@@ -219,8 +219,8 @@ VLLM_CPU_KV_CACHE_GIB = "1"
 #   inductor's own caches (FX graph, AOTAutograd) load its kernels on the next start: the same default numeric path
 #   (tiny-skills' 200 tiny_mcq answers identical compiled fresh, loaded from the cache, and with AOT), about half the
 #   CPU of a first start (benchmarks/bench_vllm_start.py).
-# - VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine and its one worker run in the API server's process, where vLLM
-#   otherwise spawns two more processes that each import torch and vLLM again: a start alone 20.1 s instead of 26.3 s,
+# - VLLM_ENABLE_V1_MULTIPROCESSING=0: the model's one worker runs in the engine's process (vLLM's uni executor), where
+#   vLLM otherwise spawns a third process that imports torch and vLLM again: a start alone 18.9 s instead of 26.7 s,
 #   and less CPU where starts share cores (two canaries' jobs on one node). The same numeric path: tiny-skills-w2's
 #   200 tiny_mcq answers and every token's logprob identical either way (benchmarks/bench_vllm_in_process.py).
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KV_CACHE_GIB, "VLLM_USE_AOT_COMPILE": "0",
