@@ -6,6 +6,10 @@ that module (the grader is nemo_skills.evaluation.math_grader), so math fails wi
 silently compares the response's first character. This writes a module at that path re-exporting the real grader,
 only while it is needed: not when nel-next no longer imports that path, nor when NeMo-Skills has the module itself
 (then it says the alias can go). Then it checks that this NeMo-Skills fits nel-next's skills.py.
+Its extract_answer gives "" where NeMo-Skills' gives None (a response with no answer in it): nel-next's multichoice
+grading calls .strip() on it, retries the problem as a system error and, after three draws without an answer (a weak
+model sampled at temperature 1), aborts the whole benchmark; NeMo-Skills' own evaluation scores such an answer wrong,
+and so does nel-next's with "" (math_equal too: "" equals no non-empty answer).
 """
 
 from __future__ import annotations
@@ -17,6 +21,18 @@ from pathlib import Path
 
 MARK = "# quanteval alias (scripts/setup-nel-next)"
 WANTED = "nemo_skills.evaluation.evaluator.math_grader"
+ALIAS = f"""{MARK}: nel-next 0.3.0 imports the grader from here; NeMo-Skills keeps it in
+# nemo_skills.evaluation.math_grader. extract_answer: "" for no answer, where nel-next's multichoice grading would
+# call .strip() on None and abort the benchmark.
+from nemo_skills.evaluation.math_grader import *  # noqa: F401,F403
+from nemo_skills.evaluation.math_grader import extract_answer as _extract_answer
+from nemo_skills.evaluation.math_grader import math_equal  # noqa: F401
+
+
+def extract_answer(*args, **kwargs):
+    found = _extract_answer(*args, **kwargs)
+    return "" if found is None else found
+"""
 
 
 def main() -> int:
@@ -32,11 +48,8 @@ def main() -> int:
         if ours:
             alias.unlink()
         print(f"setup-nel-next: no {WANTED} alias: {why}; drop the alias from scripts/setup-nel-next")
-    elif not ours:
-        alias.write_text(f"{MARK}: nel-next 0.3.0 imports the grader from here; NeMo-Skills keeps it in "
-                         "nemo_skills.evaluation.math_grader.\n"
-                         "from nemo_skills.evaluation.math_grader import *  # noqa: F401,F403\n"
-                         "from nemo_skills.evaluation.math_grader import extract_answer, math_equal  # noqa: F401\n")
+    elif not ours or alias.read_text() != ALIAS:
+        alias.write_text(ALIAS)
         print(f"setup-nel-next: wrote the {WANTED} alias")
     found = utils.get_dataset_module("gsm8k")
     if isinstance(found, tuple) and len(found) != 2:

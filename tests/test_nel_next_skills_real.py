@@ -228,6 +228,7 @@ def _ns_correct(output: Path, name: str) -> dict[str, bool]:
 
 
 @pytest.mark.parametrize("name", ["tiny_math", "tiny_mcq", *REAL])
+@pytest.mark.timeout(1200)  # the first also sets up the module: a server, nel-next's runs and two `ns eval` jobs (675 s loaded)
 def test_nel_next_judges_every_problem_as_ns_eval_does(nel_next_run, ns_eval, name):
     ours, theirs = _nel_next_correct(nel_next_run["run_dir"], name), _ns_correct(ns_eval, name)
     assert len(ours) == len(theirs) == len(_rows(name)) and set(ours) == set(theirs)

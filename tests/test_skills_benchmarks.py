@@ -260,3 +260,28 @@ def test_recipes_nel_next_forms_are_sent_nemo_skills_prompt(tmp_path):
     assert "\\boxed{}" in Path(aime["instruction_template"]).read_text()
     assert "mcq-4choices-boxed" in forms["gpqa"].benchmark["instruction_template"]  # the form nel-next's grading reads
     assert "instruction_template" in forms["gpqa"].note
+
+
+@requires("slow")  # a real nel-next canary against the stand-in: ~20 s
+def test_a_multichoice_answer_with_no_letter_in_it_scores_wrong_instead_of_aborting_the_benchmark(tmp_path, monkeypatch):
+    """nel-next 0.3.0's multichoice grading called .strip() on NeMo-Skills' None (no answer in the response), retried the
+    problem as a system error and aborted the whole benchmark after three draws: seen in the suite when the 2-bit model,
+    sampled at temperature 1, answered one problem three times without a \\boxed{} letter. NeMo-Skills' own evaluation
+    scores such an answer wrong; the alias setup writes (scripts/nemo-skills-alias.py) makes nel-next's do the same."""
+    from next_runs import standin_server
+
+    from quanteval.workflow.results import ValidateRunInput, validate_run
+    from quanteval.workflow.runs import LaunchCanaryInput, WaitForRunInput, launch_canary, wait_for_run
+
+    monkeypatch.setenv("NEMO_SKILLS_EXTRA_BENCHMARK_MAP", str(SHIPPED / "benchmark_map.json"))
+    config = build_config(BuildConfigInput(engine="nel-next", execution="local", deployment="none", model_type="chat_reasoning",
+                                           benchmarks=["skills://tiny_mcq"], config_path=str(tmp_path / "eval.yaml"))).config_path
+    with standin_server("--model", "tiny", "--served-model-name", "tiny") as port:  # every answer "hello"
+        for key, value in {"services.model.url": f"http://127.0.0.1:{port}/v1/chat/completions", "services.model.model": "tiny",
+                           "services.model.generation.max_tokens": 16, "output.dir": str(tmp_path / "out")}.items():
+            set_config_value(SetConfigValueInput(config_path=config, key=key, value=value))
+        canary = launch_canary(LaunchCanaryInput(config_path=config, limit_samples=5))
+        finished = wait_for_run(WaitForRunInput(record_id=canary.record_id, timeout_s=240))
+    assert finished.status == "succeeded", finished
+    report = validate_run(ValidateRunInput(run=canary.record_id))
+    assert report.verdict == "suspect" and "every one of the 5 scored answers is wrong" in report.reasons[0], report.reasons
