@@ -63,6 +63,14 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def _answer(args: argparse.Namespace, result: Any, text: Callable[[Any], str], extra: dict[str, Any] | None = None) -> None:
+    """A friendly command's answer: the result as JSON with --json, else as text."""
+    if args.json:
+        emit_json(result.model_dump(mode="json") | (extra or {}))
+    else:
+        sys.stdout.write(text(result) + "\n")
+
+
 def _load_json_arguments(text: str) -> dict[str, Any]:
     if text == "-":
         text = sys.stdin.read()
@@ -86,24 +94,12 @@ def cmd_tools(args: argparse.Namespace) -> int:
     from quanteval.toolsets import TOOLSETS
 
     if args.json:
-        emit_json(
-            [
-                {
-                    "name": spec.name,
-                    "toolset": spec.toolset,
-                    "description": spec.description,
+        emit_json([{"name": spec.name, "toolset": spec.toolset, "description": spec.description,
                     "input_schema": spec.input_model.model_json_schema(),
                     "output_schema": spec.output_model.model_json_schema(),
-                    "annotations": {
-                        "read_only": spec.read_only,
-                        "destructive": spec.destructive,
-                        "idempotent": spec.idempotent,
-                        "open_world": spec.open_world,
-                    },
-                }
-                for spec in registry.TOOLS.values()
-            ]
-        )
+                    "annotations": {"read_only": spec.read_only, "destructive": spec.destructive,
+                                    "idempotent": spec.idempotent, "open_world": spec.open_world}}
+                   for spec in registry.TOOLS.values()])
         return EXIT_OK
     width = max(len(name) for name in registry.TOOLS)
     for number, (name, toolset) in enumerate(TOOLSETS.items()):
@@ -130,12 +126,9 @@ def cmd_call(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     with stdout_to_stderr():
         report = run_tool("inspect_checkpoint", {"checkpoint": args.checkpoint})
-    if args.json:
-        emit_json(report.model_dump(mode="json"))
-    else:
-        from quanteval.serving.checkpoint import format_report
+    from quanteval.serving.checkpoint import format_report
 
-        sys.stdout.write(format_report(report) + "\n")
+    _answer(args, report, format_report)
     return EXIT_OK
 
 
@@ -150,20 +143,21 @@ def _key_values(items: list[str]) -> dict[str, str]:
     return pairs
 
 
+def _progress(command: str) -> Callable[..., None]:
+    """A friendly command's progress lines, on stderr: `[plan 2/7] message`."""
+    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        print(f"[{command} {done:g}/{total:g}] {message or ''}".rstrip(), file=sys.stderr, flush=True)
+
+    return progress
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from quanteval.workflow.plan import PlanRequest, format_plan, make_plan
 
     request = PlanRequest.model_validate(field_values(args, PlanRequest) | {"set_values": _key_values(args.set_values or [])})
-
-    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
-        print(f"[plan {done:g}/{total:g}] {message or ''}".rstrip(), file=sys.stderr)
-
     with stdout_to_stderr():
-        plan = make_plan(request, progress)
-    if args.json:
-        emit_json(plan.model_dump(mode="json") | {"ready": plan.ready})
-    else:
-        sys.stdout.write(format_plan(plan) + "\n")
+        plan = make_plan(request, _progress("plan"))
+    _answer(args, plan, format_plan, {"ready": plan.ready})
     return EXIT_OK
 
 
@@ -180,15 +174,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
-    def progress(done: float, total: float | None = None, message: str | None = None) -> None:
-        print(f"[evaluate {done:g}/{total:g}] {message or ''}".rstrip(), file=sys.stderr, flush=True)
-
     with stdout_to_stderr():
-        result = evaluate_quantization(request, progress)
-    if args.json:
-        emit_json(result.model_dump(mode="json"))
-    else:
-        sys.stdout.write(format_evaluation(result) + "\n")
+        result = evaluate_quantization(request, _progress("evaluate"))
+    _answer(args, result, format_evaluation)
     return evaluation_exit_code(result)
 
 
@@ -254,10 +242,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
     with stdout_to_stderr():
         result: Any = run_tool("gate_results", field_values(args, GateResultsInput))
-    if args.json:
-        emit_json(result.model_dump(mode="json"))
-    else:
-        sys.stdout.write(format_gate(result) + "\n")
+    _answer(args, result, format_gate)
     return {"NO-GO": EXIT_GATE_NO_GO, "INCONCLUSIVE": EXIT_GATE_INCONCLUSIVE}.get(result.release_verdict, EXIT_OK)
 
 
@@ -431,10 +416,8 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     field_argument(parser, EvaluateQuantizationInput, "baseline_checkpoint", metavar="baseline")
     field_argument(parser, EvaluateQuantizationInput, "candidate_checkpoint", metavar="candidate")
     for name in ("benchmarks", "output_dir", "canary_problems", "max_problems", "max_tokens", "repeats", "temperature",
-                 "top_p", "max_drop", "max_length_change", "confidence", "policy", "eager", "noise_floor"):
-        field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
-    field_argument(parser, EvaluateQuantizationInput, "reference_tolerance", "--reference-tolerance")
-    for name in ("host", "startup_timeout_s", "run_timeout_s"):
+                 "top_p", "max_drop", "max_length_change", "confidence", "policy", "eager", "noise_floor",
+                 "reference_tolerance", "host", "startup_timeout_s", "run_timeout_s"):
         field_argument(parser, EvaluateQuantizationInput, name, "--" + name.replace("_", "-"))
     # with --host a cluster: its settings (cluster_* in the namespace: output_dir is also the evaluation's own)
     for name in ClusterSettings.model_fields:
