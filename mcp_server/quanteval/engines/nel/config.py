@@ -24,9 +24,6 @@ from quanteval.models import ToolError
 from quanteval.serving import checkpoint, frameworks
 from quanteval.serving.serverflags import parse_extra_args
 
-SECTIONS = frozenset({"defaults", "execution", "deployment", "evaluation", "target", "export"})
-
-
 # ---------------------------------------------------------------------------
 # The skeleton: NEL's own templates, merged as `nel skills build-config` does
 
@@ -309,18 +306,12 @@ def task_generation(doc: Any, task_path: str) -> dict[str, tuple[Any, str]]:
     return found
 
 
-def thinking_setting(doc: Any, task_path: str | None = None) -> tuple[Any, str] | None:
-    """(enable_thinking value, key) as the payload modifier sends it for a task (task level wins), or None."""
-    prefixes = ["evaluation.nemo_evaluator_config"] + ([f"{task_path}.nemo_evaluator_config"] if task_path else [])
-    found = None
-    for prefix in prefixes:
-        key = f"{prefix}.target.api_endpoint.adapter_config.params_to_add.chat_template_kwargs"
-        kwargs = value_at(doc, key)
-        if isinstance(kwargs, dict):
-            for name in ("enable_thinking", "thinking"):
-                if name in kwargs:
-                    found = (kwargs[name], f"{key}.{name}")
-    return found
+def thinking_setting(doc: Any) -> tuple[Any, str] | None:
+    """(enable_thinking value, key) as the payload modifier sends it to every task, or None."""
+    key = "evaluation.nemo_evaluator_config.target.api_endpoint.adapter_config.params_to_add.chat_template_kwargs"
+    kwargs = value_at(doc, key)
+    names = [name for name in ("enable_thinking", "thinking") if name in kwargs] if isinstance(kwargs, dict) else []
+    return (kwargs[names[-1]], f"{key}.{names[-1]}") if names else None
 
 
 def serving_context(doc: Any, report: checkpoint.CheckpointReport | None) -> tuple[int | None, str]:
