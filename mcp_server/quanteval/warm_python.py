@@ -2,12 +2,11 @@
 config ops.
 
 plan_deployment asks vLLM's or SGLang's own code about the arguments it plans (and nelexec asks NEL to compose or
-dry-run a config); each such check used to start a Python that imported the framework (5-10 s of CPU) to spend
-milliseconds parsing. One warm process (zygote.py) per
-Python, preload and environment imports the framework once and forks a fresh child per check, so a session's second
-plan costs milliseconds and two checkpoints of one evaluation share one import. Where no warm process can run (no
-fork, a preload that fails, or one that leaves a Python thread running, which zygote.py refuses to fork beside) the
-check runs cold. The warm try may take WARM_SHARE of the check's time: past it (a preload or a forked check that
+dry-run a config): importing the framework costs 5-10 s of CPU, the check milliseconds. One warm process (zygote.py)
+per Python, preload and environment imports the framework once and forks a fresh child per check, so a session's
+second plan costs milliseconds and two checkpoints of one evaluation share one import. Where no warm process can run
+(no fork, a preload that fails, or one that leaves a Python thread running, which zygote.py refuses to fork beside)
+the check runs cold. The warm try may take WARM_SHARE of the check's time: past it (a preload or a forked check that
 hangs) the warm process is stopped and the check runs cold once in the rest. What the warm processes print (the
 preload's warnings, a refusal) goes to LOG_NAME in quanteval's state dir.
 """

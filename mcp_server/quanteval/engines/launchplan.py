@@ -1,9 +1,8 @@
 """A launch's config, read once: what confinement, the launch check, compose and launch all work from.
 
-A launch used to read its config at each step: the YAML parsed by the tool and again by the engine, nel-next's schema
-check (a ~1 s child in its own venv) asked at check, compose and launch, its launch check asked three times. Now the
-tool asks `plan(config_path, overrides)` once and passes the plan down; `quanteval-mcp --root`'s confinement, which
-runs before the tool in the same process, gets the same plan back for the same file and overrides (keyed by the file's
+The tool asks `plan(config_path, overrides)` once and passes the plan down, so the YAML is parsed and nel-next's
+schema check (a ~1 s child in its own venv) runs once per launch; `quanteval-mcp --root`'s confinement, which runs
+before the tool in the same process, gets the same plan back for the same file and overrides (keyed by the file's
 size and mtime, so an edit in between is read afresh).
 """
 
