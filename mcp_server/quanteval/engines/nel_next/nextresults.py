@@ -159,16 +159,19 @@ def run_outcome(run_dir: Path) -> Outcome:
 
 def paired_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
     """results.jsonl by (problem_idx, repeat), as nel compare pairs them."""
-    path = bench_dir / "results.jsonl"
+    return _by_problem(bench_dir / "results.jsonl")
+
+
+def _by_problem(path: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """A nel-next JSON-lines file by (problem_idx, repeat), the last line of a pair winning as nel-next reads it; a meta
+    line and a torn last line are skipped. orjson: rows carry whole trajectories, parsed several times faster."""
     records: dict[tuple[int, int], dict[str, Any]] = {}
-    if not path.is_file():
-        return records
-    for line in path.read_bytes().splitlines():  # orjson: rows carry whole trajectories, parsed several times faster
+    for line in path.read_bytes().splitlines() if path.is_file() else []:
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(record, dict) and record.get("problem_idx") is not None:
+        if isinstance(record, dict) and record.get("_type") != "meta" and record.get("problem_idx") is not None:
             records[(int(record["problem_idx"]), int(record.get("repeat", 0)))] = record
     return records
 
@@ -288,20 +291,8 @@ RUNTIME_STATS = "runtime_stats.json"
 
 
 def inference_records(bench_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
-    """inference_log.jsonl by (problem_idx, repeat): finish_reason, completion_tokens, reasoning_tokens, response. Its
-    meta line and a torn last line are skipped; the last line of a (problem, repeat) wins, as nel-next reads it."""
-    path = bench_dir / INFERENCE_LOG
-    records: dict[tuple[int, int], dict[str, Any]] = {}
-    if not path.is_file():
-        return records
-    for line in path.read_bytes().splitlines():
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("_type") != "meta" and record.get("problem_idx") is not None:
-            records[(int(record["problem_idx"]), int(record.get("repeat", 0)))] = record
-    return records
+    """inference_log.jsonl by (problem_idx, repeat): finish_reason, completion_tokens, reasoning_tokens, response."""
+    return _by_problem(bench_dir / INFERENCE_LOG)
 
 
 def runtime_stats(bench_dir: Path) -> dict[str, Any]:
