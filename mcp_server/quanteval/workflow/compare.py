@@ -133,12 +133,8 @@ def _what_differs(b: str, c: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _fraction_factor(scale: str) -> float:
-    return 0.01 if scale == "percent" else 1.0
-
-
 def _as_fraction(score: ScoreValue) -> tuple[float, float | None]:
-    factor = _fraction_factor(score.scale)
+    factor = 0.01 if score.scale == "percent" else 1.0
     return score.value * factor, None if score.stderr is None else score.stderr * factor
 
 

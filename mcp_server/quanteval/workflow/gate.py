@@ -69,19 +69,15 @@ Verdict = Literal["GO", "NO-GO", "INCONCLUSIVE"]
 # ---------------------------------------------------------------- the policy (nel gate's schema, read as it is)
 
 
-def _non_negative(name: str, value: float | None) -> float | None:
-    if value is not None and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
-
 class _Thresholds(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     @field_validator("max_drop", "max_relative_drop", check_fields=False)
     @classmethod
     def _drops(cls, value: float | None, info: Any) -> float | None:
-        return _non_negative(info.field_name, value)
+        if value is not None and value < 0:
+            raise ValueError(f"{info.field_name} must be >= 0, got {value}")
+        return value
 
     @field_validator("relative_guard_below", check_fields=False)
     @classmethod

@@ -326,18 +326,14 @@ def _adopted(executor: Executor, record: ledger.Record) -> Iterator[Any]:
         yield executor.adopt(job["job_id"], _recorded(job))
 
 
-def _job_statuses(record: ledger.Record, jobs: list[dict]) -> list[JobStatus]:
-    executor, handles = _watch(record, jobs)
-    return executor.states(handles)
-
-
 def refresh(record: ledger.Record) -> Refreshed:
     """Ask NEL/SLURM for the current state and record a change in the ledger; an unreachable cluster changes nothing."""
     if not record.invocation_id or record.kind == "dry_run":
         return Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
     jobs = _jobs(record)
     try:
-        statuses = _job_statuses(record, jobs)
+        executor, handles = _watch(record, jobs)
+        statuses = executor.states(handles)
     except Unreachable as exc:
         ledger.update(record.id, message=f"status poll failed: {exc}")
         return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
