@@ -1,19 +1,11 @@
 """Where a run executes, behind one interface: this machine ("local") or a SLURM cluster over SSH ("slurm").
 
-An engine renders its runs and starts them (on this machine through LocalExecutor.start; on SLURM with its own
-submit command); the executor answers for the jobs once they exist, through the verbs every executor implements:
-`states` (SLURM job chains and the auto-resume successors queued behind them included), `cancel`, `log_lines` and
-`fetch` (the job's files where this process can read them), `log_failures`, and the extras only some executors have,
-no-ops on the others (`protect_secrets`, `cancel_leftovers`); `stop` (local and SLURM) ends one job and waits for it,
-as a deployment's server is stopped. A job is the executor's own handle: a LocalJob (a process group under the
-exit-code wrapper) or a ClusterJob (a SLURM job and its chain); `adopt` turns what an engine recorded of a job it
-submitted into one, where the executor can watch such a job at all. Beside the jobs, an executor answers where a run's
-files lie (`local_path`, `local_paths`, `results_location`, `resolve_output_dir`) and what its settings mean
-(`on_cluster`, `output_dir_problem`, `login_host`, `gpus_per_node`, `container_mount`), so that engines call these
-instead of asking which executor a run has; what an engine itself runs or requires there (NEL's programs on this
-machine, its required `execution` keys) is the engine's. The name an executor goes by is stored in each run's ledger
-record (`record.executor`), and `for_name` gives the executor back; a new executor is one class here (or a module
-beside it) with those verbs, and one line in EXECUTORS.
+An engine starts its runs (here through LocalExecutor.start; on SLURM with its own submit command); the executor then
+answers for the jobs through the verbs every executor implements (the extras only some have are no-ops on the others),
+and says where a run's files lie and what its settings mean, so that no engine asks which executor a run has. A job is
+the executor's own handle: a LocalJob (a process group under the exit-code wrapper) or a ClusterJob (a SLURM job and
+its chain), which `adopt` makes of what an engine recorded of a job it submitted. docs/ARCHITECTURE.md's Executor
+section walks through the verbs; a new executor is one class here with them, and one line in EXECUTORS.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ that launch would write there, mount it into a container or import it. Before dr
 launch_full_run (and launch_deployment's plan) run, every such local path, as the engine itself reads the config, must
 resolve inside the root, or the call is refused naming the key. A run record (run_status, run_logs, resume_run, and
 the result tools given a record id) is read only when its config, run directory and logs lie inside the root: the
-ledger is shared with the CLI. Paths of a
-SLURM run are on the cluster: not ours.
+ledger is shared with the CLI. Paths of a SLURM run are on the cluster: not ours.
 
 A model server's arguments are values too: plan_deployment's extra_args (its framework's argument check reads them
 here, even on --read-only) and a launched plan's server_args name no file outside the root, and a flag or plan
