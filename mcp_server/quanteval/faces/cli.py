@@ -63,7 +63,8 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def _answer(args: argparse.Namespace, result: Any, text: Callable[[Any], str], extra: dict[str, Any] | None = None) -> None:
+def _answer(args: argparse.Namespace, result: Any, text: Callable[[Any], str],
+            extra: dict[str, Any] | None = None) -> None:
     """A friendly command's answer: the result as JSON with --json, else as text."""
     if args.json:
         emit_json(result.model_dump(mode="json") | (extra or {}))
