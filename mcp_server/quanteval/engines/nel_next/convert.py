@@ -28,8 +28,8 @@ ADAPTER = "nemo_evaluator_config.target.api_endpoint.adapter_config"
 
 # NEL key (a global param, or a task's own under evaluation.tasks[i]) -> where nel-next reads it.
 GENERATION_PARAMS = {"temperature": "temperature", "top_p": "top_p", "max_new_tokens": "max_tokens"}
-BENCHMARK_PARAMS = {"limit_samples": "max_problems", "parallelism": "max_concurrent", "request_timeout": "timeout"}
-REPEAT_PARAMS = ("extra.num_repeats", "extra.n_samples")  # NeMo-Skills and lm-eval's repeats -> benchmarks[i].repeats
+BENCHMARK_PARAMS = {"limit_samples": "max_problems", "parallelism": "max_concurrent", "request_timeout": "timeout",
+                    "extra.num_repeats": "repeats", "extra.n_samples": "repeats"}  # NeMo-Skills and lm-eval's repeats
 # A NEL deployment -> the nel-next service that serves it: the servers nel-next starts itself keep their name.
 SERVICE_TYPES = {**{name: name for name in NEL_NEXT_SERVICES}, "nim": "nim", "none": "api"}
 DEPLOYMENT_KEYS = {"checkpoint_path": "model", "hf_model_handle": "model", "served_model_name": "served_model_name", "port": "port",
@@ -89,8 +89,11 @@ class Conversion:
     def put(self, target: str, value: Any, source: str | None = None) -> None:
         configfile.set_path(self.out, target, _env_syntax(value))
         if source is not None:
-            self.mapped.append(MappedField(source=source, target=target))
-            self.consumed.add(source)
+            self.carried(source, target)
+
+    def carried(self, source: str, target: str) -> None:
+        self.mapped.append(MappedField(source=source, target=target))
+        self.consumed.add(source)
 
     def source(self, path: str) -> Any:
         return configfile.value_at(self.doc, path)
@@ -108,20 +111,20 @@ def refusal(doc: Any) -> str | None:
 def convert(doc: dict[str, Any]) -> tuple[Conversion, list[UnmappedField]]:
     """Every part of a NEL 0.2.6 config as nel-next writes it: service, benchmarks, cluster; then what was left."""
     conversion = Conversion(doc)
-    framework = _service(conversion)
-    _benchmarks(conversion, framework)
+    _service(conversion)
+    _benchmarks(conversion)
     _cluster(conversion)
     return conversion, _unmapped(conversion)
 
 
-def _service(c: Conversion) -> str:
+def _service(c: Conversion) -> None:
     """deployment (+ target.api_endpoint for an existing endpoint) -> services.model."""
     framework = c.engine.deployment_type(c.doc)
     service_type = SERVICE_TYPES.get(framework)
     if service_type is None:
         c.put(f"{SERVICE}.type", "api")
         c.put(f"{SERVICE}.url", configfile.MISSING)
-        return framework
+        return
     c.put(f"{SERVICE}.type", service_type, "deployment.type" if c.source("deployment.type") is not None else None)
     c.consumed.add("deployment.type")
     endpoint_types = {str(task.get("endpoint_type") or "chat") for _, task in c.engine.config_tasks(c.doc) if isinstance(task, dict)}
@@ -146,12 +149,11 @@ def _service(c: Conversion) -> str:
         memory = c.source("deployment.gpu_memory_utilization")
         if memory is not None and framework in MEMORY_FLAGS:
             args += [MEMORY_FLAGS[framework], str(memory)]
-            c.mapped.append(MappedField(source="deployment.gpu_memory_utilization", target=f"{SERVICE}.extra_args ({MEMORY_FLAGS[framework]})"))
-            c.consumed.add("deployment.gpu_memory_utilization")
+            c.carried("deployment.gpu_memory_utilization", f"{SERVICE}.extra_args ({MEMORY_FLAGS[framework]})")
         if args:
             c.put(f"{SERVICE}.extra_args", args)
             if c.source("deployment.extra_args"):
-                c.mapped.append(MappedField(source="deployment.extra_args", target=f"{SERVICE}.extra_args"))
+                c.carried("deployment.extra_args", f"{SERVICE}.extra_args")
         env = c.source("deployment.env_vars") or {}
         for name, value in env.items():
             expanded = _env_value(value)
@@ -166,44 +168,34 @@ def _service(c: Conversion) -> str:
     added = c.source(f"evaluation.{ADAPTER}.params_to_add") or {}
     for key, value in added.items() if isinstance(added, dict) else ():
         c.put(f"{SERVICE}.proxy.extra_body.{key}", value, f"evaluation.{ADAPTER}.params_to_add.{key}")
-    return framework
 
 
-def _benchmarks(c: Conversion, framework: str) -> None:
+def _benchmarks(c: Conversion) -> None:
     """evaluation.tasks -> benchmarks: NeMo-Skills tasks as skills://NAME, each with its own samples, repeats, sampling."""
 
     benchmarks: list[dict[str, Any]] = []
     for path, task in c.engine.config_tasks(c.doc):
         if not isinstance(task, dict) or not isinstance(task.get("name"), str):
             continue
-        name, why = nel_next_benchmark(task["name"])
+        name, why = skills.benchmark_for_task(task["name"])
         if name is None:  # _unmapped names the task with why, and each of its settings as going with it
             c.reasons[f"{path}.name"] = why
             c.reasons[path] = f"a setting of {task['name']}, which is not converted (see its name)."
             continue
         benchmark = skills.benchmark_item(name)
-        c.mapped.append(MappedField(source=f"{path}.name", target=f"benchmarks[{len(benchmarks)}].name ({benchmark['name']})"))
-        c.consumed.add(f"{path}.name")
         index = len(benchmarks)
+        c.carried(f"{path}.name", f"benchmarks[{index}].name ({benchmark['name']})")
         for scope in ("evaluation", path):  # the task's own value wins over the global one
             for nel_key, next_key in BENCHMARK_PARAMS.items():
                 value = c.source(f"{scope}.{PARAMS}.{nel_key}")
                 if value is not None:
                     benchmark[next_key] = value
-                    c.mapped.append(MappedField(source=f"{scope}.{PARAMS}.{nel_key}", target=f"benchmarks[{index}].{next_key}"))
-                    c.consumed.add(f"{scope}.{PARAMS}.{nel_key}")
-            for nel_key in REPEAT_PARAMS:
-                value = c.source(f"{scope}.{PARAMS}.{nel_key}")
-                if value is not None:
-                    benchmark["repeats"] = value
-                    c.mapped.append(MappedField(source=f"{scope}.{PARAMS}.{nel_key}", target=f"benchmarks[{index}].repeats"))
-                    c.consumed.add(f"{scope}.{PARAMS}.{nel_key}")
+                    c.carried(f"{scope}.{PARAMS}.{nel_key}", f"benchmarks[{index}].{next_key}")
         for nel_key, next_key in GENERATION_PARAMS.items():
             value = c.source(f"{path}.{PARAMS}.{nel_key}")
             if value is not None:
                 benchmark["solver"].setdefault("generation", {})[next_key] = value
-                c.mapped.append(MappedField(source=f"{path}.{PARAMS}.{nel_key}", target=f"benchmarks[{index}].solver.generation.{next_key}"))
-                c.consumed.add(f"{path}.{PARAMS}.{nel_key}")
+                c.carried(f"{path}.{PARAMS}.{nel_key}", f"benchmarks[{index}].solver.generation.{next_key}")
         c.consumed.add(f"{path}.endpoint_type")
         benchmarks.append(benchmark)
     c.out["benchmarks"] = benchmarks
@@ -231,8 +223,7 @@ def _cluster(c: Conversion) -> None:
         value = c.source(f"execution.{key}")
         if value not in (None, configfile.MISSING):
             pool[field] = value
-            c.mapped.append(MappedField(source=f"execution.{key}", target=f"cluster.node_pools.default.{field}"))
-            c.consumed.add(f"execution.{key}")
+            c.carried(f"execution.{key}", f"cluster.node_pools.default.{field}")
     pool.setdefault("partition", configfile.MISSING)
     c.put("cluster.node_pools.default", pool)
     if configfile.value_at(c.out, f"{SERVICE}.type") != "api":
@@ -242,8 +233,7 @@ def _cluster(c: Conversion) -> None:
         if isinstance(pairs, dict):
             for source, target in pairs.items():
                 mounts.append(f"{source}:{target}")
-                c.mapped.append(MappedField(source=f"execution.mounts.{role}.{source}", target="cluster.container_mounts"))
-                c.consumed.add(f"execution.mounts.{role}.{source}")
+                c.carried(f"execution.mounts.{role}.{source}", "cluster.container_mounts")
     if mounts:
         c.put("cluster.container_mounts", mounts)
 
@@ -284,12 +274,3 @@ def _env_value(value: Any) -> str | None:
     if text.startswith(("host:", "runtime:")):
         return f"${{{text.split(':', 1)[1]}}}"
     return None
-
-
-# --- a NEL task as a nel-next benchmark (get_task_recipe's nel-next form is skills.task_form, from the same mapping)
-
-
-def nel_next_benchmark(nel_task: str) -> tuple[str | None, str]:
-    """The nel-next benchmark that runs this NEL task in-process (`skills://NAME` for a NeMo-Skills task whose
-    metrics nel-next grades), or None; and why (skills.benchmark_for_task)."""
-    return skills.benchmark_for_task(nel_task)
