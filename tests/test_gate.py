@@ -21,7 +21,7 @@ from tiers import requires
 
 from quanteval.models import ToolError
 from quanteval.workflow.gate import GateResultsInput, gate_results
-from quanteval.workflow.paired import t_quantile_975
+from quanteval.workflow.paired import t_quantile
 
 N_PROBLEMS = 40
 
@@ -254,7 +254,7 @@ def test_a_run_folder_without_benchmarks_or_a_missing_policy_is_a_clear_error(re
 def test_t_quantile_matches_scipy():
     # scipy.stats.t.ppf(0.975, df), from nel-next's venv
     for df, expected in ((1, 12.706204736174694), (5, 2.5705818356363146), (39, 2.022690920036761), (999, 1.9623414611334493)):
-        assert t_quantile_975(df) == pytest.approx(expected, rel=1e-12)
+        assert t_quantile(0.975, df) == pytest.approx(expected, rel=1e-12)
 
 
 def test_gate_results_over_a_real_mcp_session(real_run, tmp_path):

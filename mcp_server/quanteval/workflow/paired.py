@@ -131,10 +131,6 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-def t_quantile_975(df: int) -> float:
-    return t_quantile(0.975, df)
-
-
 def normal_quantile(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
@@ -233,22 +229,22 @@ def problems_to_decide(spread: float, delta: float, max_drop: float, confidence:
     return None if needed > MOST_PROBLEMS_ADVISED else max(MIN_PAIRED_ITEMS, math.ceil(needed))
 
 
-def advice(interval: PairedInterval, max_drop: float | None, power: float = DEFAULT_POWER) -> str:
+def advice(interval: PairedInterval, max_drop: float | None) -> str:
     """What would decide an inconclusive comparison: the number of problems, at the discordance observed, if the true
     delta is the observed one and if there is no true drop."""
     changed = f"{interval.discordant} of {interval.n} paired problems changed ({100 * interval.discordant / interval.n:.1f}%)"
     delta = f"{100 * interval.delta:+.2f} points"
     if max_drop is None:
         return f"Give max_drop (points) to judge: {changed}, delta {delta}."
-    needed = problems_to_decide(interval.spread, interval.delta, max_drop, interval.confidence, power)
-    no_drop = problems_to_decide(interval.spread, 0.0, max_drop, interval.confidence, power)
+    needed = problems_to_decide(interval.spread, interval.delta, max_drop, interval.confidence)
+    no_drop = problems_to_decide(interval.spread, 0.0, max_drop, interval.confidence)
     level = f"{100 * interval.confidence:g}%"
     if needed is None:
         return (f"{changed}, delta {delta}: the measured drop sits at the {100 * max_drop:g}-point margin, so no feasible "
                 f"number of problems decides it at {level} (the drop is about the margin itself)"
                 + ("." if no_drop is None else f"; ~{no_drop} would if there is no true drop."))
     return (f"~{needed} paired problems would decide the {100 * max_drop:g}-point margin at {level} confidence in "
-            f"{100 * power:g}% of runs if the true delta is the observed {delta}"
+            f"{100 * DEFAULT_POWER:g}% of runs if the true delta is the observed {delta}"
             + ("" if no_drop is None else f"; ~{no_drop} if there is no true drop")
             + f" ({changed}). Run more problems (max_problems, or a larger benchmark).")
 
@@ -270,13 +266,12 @@ def sampling_variance(base_rewards: dict[Any, list[float]], cand_rewards: dict[A
     return sum(parts) / len(parts) if parts else None
 
 
-def repeats_to_decide(interval: PairedInterval, repeats: int, within: float, max_drop: float,
-                      power: float = DEFAULT_POWER) -> int | None:
-    """Repeats per side that would decide the margin over the same problems, in a share `power` of runs, if the true
-    delta is the observed one: the spread's sampling part (`within`, at `repeats`) shrinks as 1/repeats, the rest
+def repeats_to_decide(interval: PairedInterval, repeats: int, within: float, max_drop: float) -> int | None:
+    """Repeats per side that would decide the margin over the same problems, in a share DEFAULT_POWER of runs, if the
+    true delta is the observed one: the spread's sampling part (`within`, at `repeats`) shrinks as 1/repeats, the rest
     (how problems truly differ) does not. None when no number of repeats can (then only more problems help)."""
     gap = abs(interval.delta + max_drop)
-    z = normal_quantile(two_sided(interval.confidence)) + normal_quantile(power)
+    z = normal_quantile(two_sided(interval.confidence)) + normal_quantile(DEFAULT_POWER)
     target = (gap * math.sqrt(interval.n) / z) ** 2  # the largest per-problem variance that decides
     between = max(interval.spread**2 - within, 0.0)
     if gap == 0 or between >= target:

@@ -106,17 +106,16 @@ def repeats_note(repeats: int, temperature: float | None) -> str | None:
     return None
 
 
-def repeats_for_margin(problems: int, max_drop_points: float, confidence: float, variance: float = WORST_VARIANCE,
-                      power: float = DEFAULT_POWER) -> int:
-    """Repeats per side that decide a margin (points) over `problems` problems in a share `power` of runs, if there
-    is no true drop and each problem's answers vary by `variance` (q(1-q)) between samples."""
-    z = normal_quantile(two_sided(confidence)) + normal_quantile(power)
-    return max(1, math.ceil(z * z * 2 * variance / (problems * (max_drop_points / 100) ** 2)))
+def repeats_for_margin(problems: int, max_drop_points: float, confidence: float) -> int:
+    """Repeats per side that decide a margin (points) over `problems` problems in a share DEFAULT_POWER of runs, if
+    there is no true drop and each problem's answers vary by WORST_VARIANCE (q(1-q)) between samples."""
+    z = normal_quantile(two_sided(confidence)) + normal_quantile(DEFAULT_POWER)
+    return max(1, math.ceil(z * z * 2 * WORST_VARIANCE / (problems * (max_drop_points / 100) ** 2)))
 
 
-def half_width_points(problems: int, repeats: int, confidence: float, variance: float = WORST_VARIANCE) -> float:
-    """The paired interval's half width in points over these problems and repeats, answers varying by `variance`."""
-    return 100 * normal_quantile(two_sided(confidence)) * math.sqrt(2 * variance / repeats / problems)
+def half_width_points(problems: int, repeats: int, confidence: float) -> float:
+    """The paired interval's half width in points over these problems and repeats, answers varying by WORST_VARIANCE."""
+    return 100 * normal_quantile(two_sided(confidence)) * math.sqrt(2 * WORST_VARIANCE / repeats / problems)
 
 
 def power_before(benchmark: str, problems: int | None, repeats: int, temperature: float | None,
