@@ -174,10 +174,10 @@ def test_a_skills_benchmarks_size_is_counted_before_serving_and_the_margin_it_ca
 
 @requires("skills-in-nel-next")
 def test_defaults_come_from_the_benchmarks_recipe_and_a_users_own_benchmark_runs_greedy_once():
-    from quanteval.engines.recipes import load_recipe
+    from quanteval.engines.recipes import parse_recipe, recipes_dir
     from quanteval.workflow.evaluate import resolve_protocol
 
-    aime = load_recipe("aime2025")
+    aime = parse_recipe(recipes_dir() / "aime2025.md")
     assert (aime.repeats, aime.temperature, aime.top_p) == (16, 0.6, 0.95)  # read from its YAML fragment's params
     args = {"baseline_checkpoint": "a", "candidate_checkpoint": "b"}
     request, (note,) = resolve_protocol(EvaluateQuantizationInput(**args, benchmarks=["skills://aime25"]))

@@ -21,7 +21,7 @@ ADVICE = "Keep the response_stats interceptor on"
 
 
 def test_aime2025_recipe_path_is_read_where_nel_writes_a_second_task(tmp_path: Path) -> None:
-    recipe = recipes.load_recipe("aime2025")
+    recipe = recipes.parse_recipe(recipes.recipes_dir() / "aime2025.md")
     invocation = make_invocation(tmp_path / "results", "a2025001")
     # Config order: ns_gpqa first, ns_aime2025 second -> NEL writes ns_gpqa.0 and ns_aime2025.1.
     make_task(invocation, "ns_gpqa", 0)

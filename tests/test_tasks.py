@@ -181,7 +181,7 @@ def test_list_tasks_marks_tasks_with_recipes(recipes: Path) -> None:
 
 
 def test_recipe_is_parsed(recipes: Path) -> None:
-    recipe = recipe_files.load_recipe("gpqa")
+    recipe = recipe_files.parse_recipe(recipes / "gpqa.md")
     assert (recipe.nel_task, recipe.harness, recipe.repeats, recipe.env_vars) == ("ns_gpqa", "nemo_skills", 8, ["HF_TOKEN"])
     assert recipe.score_path == "results.tasks.ns_gpqa.metrics.pass@1.scores.accuracy.value"
     assert set(recipe_files.RECIPE_SECTIONS) <= set(recipe.sections)
@@ -203,7 +203,7 @@ def test_recipe_is_parsed(recipes: Path) -> None:
 def test_broken_recipes_name_the_file_and_problem(recipes: Path, broken: str, message: str) -> None:
     (recipes / "gpqa.md").write_text(broken, encoding="utf-8")
     with pytest.raises(ToolError, match=message) as error:
-        recipe_files.load_recipe("gpqa")
+        recipe_files.parse_recipe(recipes / "gpqa.md")
     assert "gpqa.md" in str(error.value)
 
 

@@ -6,7 +6,6 @@ add them.
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 
@@ -211,16 +210,6 @@ def task_context_problem(task: str, recipe: Recipe | None, context: int | None, 
                 f"max tokens {budget} is below the {recipe.answer_tokens} '{task}' answers need (recipe {recipe.name}): truncated answers score 0.",
                 f"Set it to at least {recipe.answer_tokens}; the {context}-token context leaves room up to {context - recipe.prompt_tokens}.")
     return None
-
-
-def load_recipe(name: str) -> Recipe:
-    path = recipes_dir() / f"{name}.md"
-    if not path.is_file():
-        known = [recipe.name for recipe in list_recipes()]
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f" Did you mean: {', '.join(close)}?" if close else f" Known recipes: {', '.join(known) or 'none'}."
-        raise ToolError(f"{path}: no recipe named '{name}'.{hint}")
-    return _cached_recipe(path)
 
 
 def recipes_by_task() -> dict[str, Recipe]:
