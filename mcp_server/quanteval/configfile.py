@@ -159,12 +159,6 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def unified_diff(before: str, after: str, path: Path) -> str:
-    return "".join(
-        difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path.name}", f"b/{path.name}")
-    )
-
-
 def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None], check: Check | None = None) -> str:
     """Apply `mutate` to the config under an exclusive lock and replace the file atomically.
 
@@ -182,7 +176,8 @@ def edit_config(path: str | Path, mutate: Callable[[CommentedMap], None], check:
         if after == before:
             return ""
         paths.write_file(path, after)
-    return unified_diff(before, after, path)
+    lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    return "".join(difflib.unified_diff(*lines, f"a/{path.name}", f"b/{path.name}"))
 
 
 # ---------------------------------------------------------------------------

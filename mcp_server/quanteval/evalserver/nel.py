@@ -17,7 +17,6 @@ import yaml
 
 from quanteval import engines, paths
 from quanteval.engines.catalogue import catalogue
-from quanteval.engines.runresults import ResultsReader
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
     EvalRequest,
@@ -117,18 +116,14 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
     return result
 
 
-def _nel_reader() -> ResultsReader:
-    """NEL 0.2.6's results reader, from the engine registry: this backend runs `nel run`, so its runs are NEL 0.2.6's."""
-    return next(reader for reader in engines.readers() if reader.name == "nel")
-
-
-def _scores(output_dir: Path, wait_s: float) -> tuple[dict[str, Any], int | None]:
+def _scores(output_dir: Path, wait_s: float) -> dict[str, Any]:
     """Scores of one NEL output dir as {metric: {score: value}}, read by NEL 0.2.6's results reader (extract_scores')."""
     deadline = time.monotonic() + wait_s
     while not any(output_dir.glob(f"**/artifacts/{RESULTS_FILE}")) and time.monotonic() < deadline:
         time.sleep(2)  # NEL's executors return at submission; results.yml comes later
     try:
-        found = _nel_reader().extract_scores(str(output_dir)).tasks
+        reader = next(reader for reader in engines.readers() if reader.name == "nel")  # this backend runs `nel run`
+        found = reader.extract_scores(str(output_dir)).tasks
     except ToolError:
         found = []
     scores = [score for task in found for score in task.scores]
@@ -137,17 +132,16 @@ def _scores(output_dir: Path, wait_s: float) -> tuple[dict[str, Any], int | None
         raise ToolError(f"no results.yml scores under {output_dir} within {wait_s:.0f} s of NEL returning"
                         + (f" ({problems})" if problems else ""))
     metrics: dict[str, Any] = {}
-    count = None
     for score in scores:
         metrics.setdefault(score.metric, {})[score.score] = score.value
         if score.count is not None:
-            metrics[score.metric]["num_entries"] = count = score.count
-    return metrics, count
+            metrics[score.metric]["num_entries"] = score.count
+    return metrics
 
 
 def metrics(settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
             commands: list[ShardCommand]) -> dict[str, Any]:
-    parts = [_scores(c.output_dir, settings.results_wait_s)[0] for c in commands]
+    parts = [_scores(c.output_dir, settings.results_wait_s) for c in commands]
     return merge_shard_metrics(parts)
 
 

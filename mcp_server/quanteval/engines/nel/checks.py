@@ -46,14 +46,6 @@ def _nel_default_keys(section: str) -> frozenset[str]:
     return frozenset(keys)
 
 
-def known_execution_keys() -> frozenset[str]:
-    return _nel_default_keys("execution") | EXTRA_EXECUTION_KEYS
-
-
-def known_deployment_keys() -> frozenset[str]:
-    return _nel_default_keys("deployment") | EXTRA_DEPLOYMENT_KEYS
-
-
 # A Hydra override: optional +, ++ or ~ prefix, a key path, "=", a value (~key may stand alone).
 _OVERRIDE = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][\w\-]*(?:\.[\w\-]+)*)(?P<eq>=(?P<value>.*))?$", re.S)
 
@@ -126,8 +118,8 @@ def check_missing(ctx: Context) -> None:
 
 def check_top_level(ctx: Context) -> None:
     _check_keys(ctx, ctx.doc, "", TOP_LEVEL_KEYS, "top-level")
-    _check_keys(ctx, ctx.section("execution"), "execution", known_execution_keys(), "execution")
-    _check_keys(ctx, ctx.section("deployment"), "deployment", known_deployment_keys(), "deployment")
+    for section, extra in (("execution", EXTRA_EXECUTION_KEYS), ("deployment", EXTRA_DEPLOYMENT_KEYS)):
+        _check_keys(ctx, ctx.section(section), section, _nel_default_keys(section) | extra, section)
     target = ctx.section("target")
     _check_keys(ctx, target, "target", {"api_endpoint"}, "target")
     endpoint = target.get("api_endpoint")
@@ -283,7 +275,7 @@ def check_overrides(ctx: Context, overrides: list[str]) -> None:
         if not match or (not match.group("eq") and match.group("prefix") != "~"):
             ctx.add(path, "error", "malformed_override", "Not a Hydra override: expected [+|++|~]key.path=value.", "Write it like ++evaluation.nemo_evaluator_config.config.params.limit_samples=10.")
             continue
-        exists = _hydra_key_exists(plain, match.group("key"))
+        exists = _hydra_node(plain, match.group("key")) is not _ABSENT
         prefix = match.group("prefix")
         if not prefix and not exists:
             parent_key, _, last = match.group("key").rpartition(".")
@@ -310,10 +302,6 @@ def _hydra_node(plain: Any, key: str) -> Any:
         else:
             return _ABSENT
     return node
-
-
-def _hydra_key_exists(plain: Any, key: str) -> bool:
-    return _hydra_node(plain, key) is not _ABSENT
 
 
 def check_tasks(ctx: Context, recipes: dict[str, Recipe]) -> None:

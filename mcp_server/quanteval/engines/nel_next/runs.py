@@ -251,7 +251,7 @@ def _server_logs(record: ledger.Record, lines: int) -> LogFailures:
     executor = executors.for_name(record.executor)
     here = executor.local_path(run_dir) if run_dir else None
     if here is not None:
-        return read_log_failures(servers.server_logs(here), lines)
+        return read_log_failures(sorted(here.glob(servers.SERVER_LOG_GLOB)), lines)
     tails: list[tuple[str, list[str]]] = []
     hits: list[tuple[str, int, str]] = []
     if not record.details.get("slurm_jobs"):

@@ -33,11 +33,6 @@ def server_log(run_dir: Path, framework: str) -> Path:
     return run_dir / "logs" / f"quanteval-server-{framework}.log"
 
 
-def server_logs(run_dir: Path) -> list[Path]:
-    """The output of the run's managed servers, from their first line (server_launch writes it)."""
-    return sorted(run_dir.glob(SERVER_LOG_GLOB))
-
-
 def managed_services(config: Any) -> dict[str, dict[str, Any]]:
     """The services nel-next starts on this machine as `python -m MODULE`: a vllm or sglang service of a run on a
     cluster type that starts its servers here (local). None for a SLURM run: its job starts them on the node."""

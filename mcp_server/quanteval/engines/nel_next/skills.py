@@ -260,15 +260,12 @@ def jinja_template(user: str) -> str:
     return "".join(parts)
 
 
-def prompt_dir() -> Path:
-    return paths.make_dir(paths.call_state_dir() / "nel-next-prompts")
-
-
 def template_file(prompt_config: str, user: str) -> Path:
     """The instruction_template file for a prompt config, written once per content (named by config and hash)."""
     text = jinja_template(user)
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    path = prompt_dir() / f"nemo-skills-{prompt_config.replace('/', '--')}-{digest}.md"
+    folder = paths.make_dir(paths.call_state_dir() / "nel-next-prompts")
+    path = folder / f"nemo-skills-{prompt_config.replace('/', '--')}-{digest}.md"
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         path = paths.write_file(path, text)
     return path
