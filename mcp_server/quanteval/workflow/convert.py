@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines, paths
 from quanteval.engines.nel_next import convert
+from quanteval.engines.nel_next.configrole import owns as nel_next_config
 from quanteval.engines.nel_next.convert import MappedField, UnmappedField
 from quanteval.models import StrictModel, ToolError
 from quanteval.workflow.validation import ValidateConfigInput, validate_config
@@ -37,9 +38,8 @@ def convert_config(request: ConvertConfigInput) -> ConvertConfigOutput:
     why) and validates it.
     """
     doc = configfile.to_plain(engines.load_config(request.config_path))
-    refusal = convert.refusal(doc)
-    if refusal:
-        raise ToolError(f"{request.config_path}: {refusal}")
+    if nel_next_config(doc):
+        raise ToolError(f"{request.config_path}: already a nel-next config (services/benchmarks); nothing to convert.")
     target = Path(request.output_path).expanduser()
     if target.suffix not in (".yaml", ".yml"):
         raise ToolError(f"output_path: {target} must name a .yaml file.")

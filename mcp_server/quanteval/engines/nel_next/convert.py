@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 
 from quanteval import configfile, engines
 from quanteval.engines.nel_next import clustertypes, skills
-from quanteval.engines.nel_next.configrole import owns as nel_next_config
 from quanteval.serving.frameworks import MEMORY_FLAGS, NEL_NEXT_SERVICES
 
 SERVICE = "services.model"
@@ -99,13 +98,6 @@ class Conversion:
         return configfile.value_at(self.doc, path)
 
 
-
-
-def refusal(doc: Any) -> str | None:
-    """Why `doc` cannot be converted (it is not a NEL 0.2.6 config), or None."""
-    if nel_next_config(doc):
-        return "already a nel-next config (services/benchmarks); nothing to convert."
-    return None
 
 
 def convert(doc: dict[str, Any]) -> tuple[Conversion, list[UnmappedField]]:
