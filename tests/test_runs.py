@@ -24,12 +24,19 @@ from results_factory import make_invocation, make_task  # noqa: E402
 from tiers import BENCH, CHECKPOINTS, REPO, requires  # noqa: E402
 
 from quanteval import failures, ledger, paths
+from quanteval.engines import launchplan
 from quanteval.engines.base import SCRIPT_HEAD_LINES
 from quanteval.engines.nel.runs import repeat_overrides
 from quanteval.models import ToolError
 from quanteval.workflow import runs
 
 PLANTED = "planted-judge-secret-9f8e7d"
+
+
+def config_hash_of(path: str, overrides: list[str] | None = None) -> str:
+    """The hash the canary gate matches: the config as its engine composes it (NEL: defaults + file + overrides)."""
+    plan = launchplan.plan(path, overrides or [])
+    return plan.engine.run.compose(plan).config_hash
 
 
 @pytest.fixture(autouse=True)
@@ -139,10 +146,10 @@ def test_config_hash_ignores_the_canary_limit_and_the_file_location(tmp_path: Pa
     copy = tmp_path / "elsewhere" / "same.yaml"
     copy.parent.mkdir()
     copy.write_text(config.read_text())
-    base = runs.config_hash(str(config))
+    base = config_hash_of(str(config))
 
-    assert runs.config_hash(str(copy)) == base
-    assert runs.config_hash(str(config), ["target.api_endpoint.model_id=other"]) != base
+    assert config_hash_of(str(copy)) == base
+    assert config_hash_of(str(config), ["target.api_endpoint.model_id=other"]) != base
     # The canary's own limit override does not change the hash it is recorded with.
     with pytest.raises(ToolError):
         runs.launch_canary(runs.LaunchCanaryInput(config_path=str(config), limit_samples=3))
@@ -319,7 +326,7 @@ def test_failure_patterns_work_in_gnu_grep(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_gate_passes_a_validated_canary_and_refuses_a_failed_one(tmp_path: Path, nel_env: Path) -> None:
     config = write_config(tmp_path)
-    config_hash = runs.config_hash(str(config))
+    config_hash = config_hash_of(str(config))
     failed = record_finished_local_run(tmp_path, nel_env, "cc11bb22cc33dd44", exit_code=1, config_hash=config_hash)
     with pytest.raises(ToolError, match=f"{failed.id}: failed"):
         runs.launch_full_run(runs.LaunchFullRunInput(config_path=str(config)))
@@ -463,8 +470,8 @@ evaluation:
                          "++evaluation.tasks.0.nemo_evaluator_config.config.params.extra.num_repeats=1"]
     assert "ns_aime2025: the canary runs num_repeats=1 (config: 16); the full run uses 16." in notes
     # NEL composes them, and the canary's overrides stay out of the hash that ties it to the full run.
-    full = runs.config_hash(str(config))
-    assert runs.config_hash(str(config), overrides) != full
+    full = config_hash_of(str(config))
+    assert config_hash_of(str(config), overrides) != full
     assert repeat_overrides(_plain(config), 16)[0] == ["++evaluation.nemo_evaluator_config.config.params.extra.n_samples=16"]
 
 

@@ -101,10 +101,11 @@ def _canary_of(config: str, run_dir: Path) -> ledger.Record:
     from quanteval.engines import launchplan
 
     plan = launchplan.plan(config, [])
-    return ledger.add("canary", status="succeeded", config_path=config, config_hash=runs.config_hash(config),
+    composed = plan.engine.run.compose(plan)
+    return ledger.add("canary", status="succeeded", config_path=config, config_hash=composed.config_hash,
                       invocation_id="suspect-canary", executor="local",
                       details={"engine": "nel-next", "run_dir": str(run_dir), "pgid": 0,
-                               "tasks": plan.engine.run.compose(plan).tasks})
+                               "tasks": composed.tasks})
 
 
 def test_the_gate_refuses_a_full_run_on_a_suspect_canary_over_mcp_unless_the_person_accepts_it(real_run, tmp_path):

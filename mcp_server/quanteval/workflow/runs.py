@@ -59,12 +59,6 @@ def _launchable(config_path: str, overrides: list[str]) -> LaunchPlan:
     return plan
 
 
-def config_hash(path: str, overrides: list[str] | None = None) -> str:
-    """Hash of the config as its engine composes it (NEL: defaults + file + overrides, env values not resolved)."""
-    plan = launchplan.plan(_config_file(path), overrides or [])
-    return plan.engine.run.compose(plan).config_hash
-
-
 # ---------------------------------------------------------------- dry_run
 
 

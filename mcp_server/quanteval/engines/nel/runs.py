@@ -65,11 +65,6 @@ def _nel(op: str, timeout: float, **args: object) -> dict:
 
 
 
-def config_hash(config_path: str, overrides: list[str] | None = None) -> str:
-    """Hash of the config as NEL composes it (defaults + file + overrides), env values not resolved."""
-    return compose(config_path, overrides or []).config_hash
-
-
 def compose(plan: LaunchPlan) -> Composed:
     config_path, overrides = plan.config_path, plan.override_list
     answer = _nel("hash", QUERY_TIMEOUT_S, config_path=config_path, overrides=overrides)
