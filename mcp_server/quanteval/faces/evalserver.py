@@ -79,10 +79,6 @@ def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
-def _client_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
-
-
 def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
     """Use when an RL training loop should delegate periodic evaluations: starts the eval server (slime's eval-
     delegate API) in the background with any serve-eval option and waits for /health. Beyond loopback
@@ -101,7 +97,8 @@ def start_eval_server(request: StartEvalServerInput) -> EvalServerInfo:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     adopt(proc)
-    url = f"http://{_client_host(settings.bind_host)}:{settings.port}"
+    host = "127.0.0.1" if settings.bind_host in ("0.0.0.0", "::") else settings.bind_host  # a wildcard: ask loopback
+    url = f"http://{host}:{settings.port}"
     deadline = time.monotonic() + 30
     health = None
     while time.monotonic() < deadline and health is None:

@@ -324,7 +324,7 @@ def plan_deployment(request: PlanDeploymentInput, progress: ProgressFn = no_prog
     check = ParserCheck(checked=False, message=unchecked) if unchecked else check_server_args(framework, server_args, local_model)
     if cpu:  # GPU kernel findings do not apply; the CPU backend's own do
         warnings = [w for w in warnings if w.level == "error"] + _cpu_warnings(report, check.this_machine.get("vllm_cpu_gemm_wna16"))
-    warnings += _resolution_warnings(check, report, name)
+    warnings += _resolution_warnings(check, report)
     if not local and (unknown := host_problem(request.host or "")):
         warnings.append(PlanWarning(level="warning", message=unknown))
     argv = [*launcher, *server_args]
@@ -371,7 +371,7 @@ def _cpu_warnings(report: CheckpointReport, wna16_kernel: bool | None) -> list[P
     return [PlanWarning(level=level, message=message) for level, message in findings]
 
 
-def _resolution_warnings(check: ParserCheck, report: CheckpointReport, name: str) -> list[PlanWarning]:
+def _resolution_warnings(check: ParserCheck, report: CheckpointReport) -> list[PlanWarning]:
     """Where vLLM's own config resolution disagrees with what quanteval read from the checkpoint."""
     resolved = check.resolved
     warnings: list[PlanWarning] = []

@@ -302,7 +302,7 @@ def compare_results(request: CompareResultsInput, progress: ProgressFn = no_prog
     cand_report = _report(request.candidate_checkpoint or reader.served_checkpoint(cand_run)) if rows else None
     base_report = _report(request.baseline_checkpoint or reader.served_checkpoint(base_run)) if rows else None
     cand_quant, unquantized = _quantization_of(cand_report)
-    _flag_anomalies(rows, request, _weight_bits(cand_quant), unquantized)
+    _flag_anomalies(rows, cand_quant, unquantized)
     if rows and (kv_cache := _kv_difference(_quantization_of(base_report)[0], cand_quant)):
         reasons.append(kv_cache)
     _copies_counted_once(rows, output_checks)
@@ -384,11 +384,6 @@ def _copies_counted_once(rows: list[TaskComparison], checks: list[release.Output
             row.repeats = 1
 
 
-def _weight_bits(quant: QuantizationInfo | None) -> int | None:
-    """The candidate's weight bits; None when unknown (not readable, or undetected: e.g. stored dequantized)."""
-    return quant.weights.bits if quant and quant.weights else None
-
-
 def _kv_cache(quant: QuantizationInfo | None) -> str | None:
     """A KV-cache precision as people name it (16-bit, FP8, NVFP4); None when the checkpoint is not readable here."""
     if quant is None:
@@ -408,9 +403,10 @@ def _kv_difference(baseline: QuantizationInfo | None, candidate: QuantizationInf
             "most on long contexts), not the weights alone.")
 
 
-def _flag_anomalies(rows: list[TaskComparison], request: CompareResultsInput, bits: int | None, unquantized: bool) -> None:
+def _flag_anomalies(rows: list[TaskComparison], quant: QuantizationInfo | None, unquantized: bool) -> None:
     """Drops too large to be quantization for the candidate's weight bits (or from a candidate with none), and
     baselines off their published score (anomaly.py), become 'suspect', never a quantization loss or an acceptable one."""
+    bits = quant.weights.bits if quant and quant.weights else None  # None: not readable, or undetected (dequantized)
     for row in rows:
         row.anomaly = anomaly.anomaly(row.task, row.baseline, row.candidate, bits, unquantized)
         failed = row.reference_check.message if row.reference_check.status == "failed" else None
