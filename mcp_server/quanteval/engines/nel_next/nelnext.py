@@ -122,19 +122,14 @@ def benchmark_item(name: str) -> dict[str, Any]:
     return {"name": name, "solver": {"type": "simple", "service": "model"}}
 
 
-def config_document(*, benchmarks: list[str], endpoint_url: str = MISSING, model_id: str = MISSING,
-                    protocol: str = "chat_completions", output_dir: str = MISSING, execution: str = "local",
-                    temperature: float | None = 0.0, max_tokens: int | str = MISSING) -> dict[str, Any]:
+def config_document(*, benchmarks: list[str], protocol: str, output_dir: str, execution: str) -> dict[str, Any]:
     """A nel-next config for an existing OpenAI-compatible endpoint (`type: api`), one simple solver per benchmark.
 
     `???` marks what only the deployment, the checkpoint or the person can tell (list_missing_values finds them).
     """
-    generation: dict[str, Any] = {"max_tokens": max_tokens}
-    if temperature is not None:
-        generation["temperature"] = temperature
     return {
-        "services": {"model": {"type": "api", "url": endpoint_url, "protocol": protocol, "model": model_id,
-                               "generation": generation}},
+        "services": {"model": {"type": "api", "url": MISSING, "protocol": protocol, "model": MISSING,
+                               "generation": {"max_tokens": MISSING, "temperature": 0.0}}},
         "benchmarks": [{**benchmark_item(name), "repeats": 1} for name in benchmarks],
         "cluster": cluster.cluster_section() if (cluster := clustertypes.of(execution)) else {"type": execution},
         "output": {"dir": output_dir, "timestamped": False},
