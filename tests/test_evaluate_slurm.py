@@ -35,7 +35,9 @@ from quanteval.workflow.evaluate_cluster import ClusterSettings, preflight
 BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rtn"
 SHIPPED = REPO / "examples" / "benchmarks" / "skills"
 
-pytestmark = requires("nel-next", "skills-in-nel-next", "slurm")
+# its SLURM-only tests share a lane (and that worker's cluster) apart from the other SLURM modules' lane: together they
+# took 26 minutes one after another; its vLLM tests take the vLLM cluster lanes below
+pytestmark = [*requires("nel-next", "skills-in-nel-next", "slurm"), own_lane("slurm-evaluate")]
 # The tests that serve with vLLM inside the cluster's jobs: a lane of their own (their cluster is their worker's, and
 # they check only its queue), beside the tiny-add vLLM lane rather than after it.
 CLUSTER_VLLM_LANE = "vllm-cluster"
@@ -221,6 +223,13 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine_from_the_cli_and
         assert answer["verdict"] == local["verdict"] and answer["gate"]["verdict"] == local["gate"]["verdict"]
         (there,) = answer["comparisons"]
         assert {key: there[key] for key in flips} == {key: here[key] for key in flips}
+        # the release rules read the same per-sample facts there: output length and truncation, never "unverified"
+        (check,) = answer["outputs"]
+        for role in ("baseline", "candidate"):
+            side, same = check[role], local["outputs"][0][role]
+            assert side["truncated"]["count"] is not None and side["tokens_counted"] == side["samples"], check
+            assert {key: side[key] for key in ("samples", "mean_completion_tokens", "truncated")} == \
+                {key: same[key] for key in ("samples", "mean_completion_tokens", "truncated")}
         for role in ("baseline", "candidate"):
             placed = answer[role]["cluster"]
             assert placed["host"] == slurm_cluster.ssh_alias and placed["gres"] == "gpu:1" and placed["partition"] == "debug"
@@ -504,8 +513,12 @@ def test_a_canary_killed_by_its_walltime_is_reported_with_its_job_and_the_fix(sl
     with ThreadPoolExecutor(1) as pool:
         evaluation = pool.submit(evaluate_quantization, _tiny_add(slurm_cluster, tmp_path))
         canary, job_id = _baseline_canary_running(slurm_cluster)
+        # its processes held still (SIGSTOP, on the node: this machine), as a canary slower than its walltime: left to
+        # run, the job ends well within the minute (vLLM's start ~20 s, the canary seconds) and the limit never bites
+        wait_until(lambda: len(slurm_cluster.run(f"scontrol listpids {job_id}").stdout.splitlines()) > 2, 30, "its processes")
+        held = slurm_cluster.run(f"scontrol listpids {job_id} | awk 'NR > 1 {{print $1}}' | xargs -r kill -STOP")
         limited = run_remote(slurm_cluster.ssh_alias, f"scontrol update JobId={job_id} TimeLimit=1")
-        assert limited.exit_code == 0, limited.stderr
+        assert held.returncode == 0 and limited.exit_code == 0, (held.stderr, limited.stderr)
         limited_at = time.monotonic()
         with pytest.raises(ToolError) as failed:
             evaluation.result(timeout=300)

@@ -52,8 +52,11 @@ CHECK_TIMEOUT_S = 120.0
 SUBMIT_TIMEOUT_S = 180.0
 SUBMITTED = re.compile(r"SLURM job submitted: (\d+)")
 CHAIN_FILE = ".nel_job_chain"
-# What a run's verdict is read from on the cluster (not trajectories, logs or caches: those can be large).
-RESULT_FILES = ["checkpoint.json", "nel_run.json", "eval-*.json", "results.jsonl", "runtime_stats.json", "nel_eval.sbatch"]
+# What a run's verdict is read from on the cluster (not trajectories, logs or caches: those can be large). The
+# inference log holds each answer's finish reason and token counts: without it a cluster run's truncation and output
+# length were "unverified" where the same run here had them (its responses are results.jsonl's again: twice the bytes).
+RESULT_FILES = ["checkpoint.json", "nel_run.json", "eval-*.json", "results.jsonl", "inference_log.jsonl",
+                "runtime_stats.json", "nel_eval.sbatch"]
 MAX_PROBLEMS_OVERRIDE = "benchmarks.{index}.max_problems={value}"
 REPEATS_OVERRIDE = "benchmarks.{index}.repeats={value}"
 
