@@ -18,9 +18,9 @@ FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 # waiting on the cluster), the cluster evaluations' and their faults' (~900 each: vLLM inside SLURM jobs), the tiny-add
 # vLLM lane's and the one-call evaluations' (~700 each), tiny-skills' against ns eval (~650), its verdict's and its
 # sampled repeats' (~500 each), the disconnect-per-phase test's (~350); the other groups after them.
-FIRST_LANES = {name: order for order, name in enumerate((
-    "slurm", "vllm-cluster", "vllm-cluster-faults", "vllm", "vllm-evaluate", "vllm-tiny-skills", "vllm-skills-verdict",
-    "vllm-sampled", "vllm-disconnect"))}
+FIRST_LANES = {name: order for order, name in enumerate((  # the longest first (a full run's lane sums, loaded)
+    "vllm-cluster", "vllm-tiny-skills", "vllm-cluster-faults", "slurm-evaluate", "slurm-nel-next", "slurm", "vllm",
+    "vllm-evaluate", "vllm-skills-verdict", "vllm-sampled", "vllm-disconnect"))}
 
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tiers import REPO
+from tiers import REPO, own_lane
 
 NVFP4 = REPO / "examples" / "checkpoints" / "qwen3-tiny-nvfp4"
+pytestmark = own_lane("slurm-nel-next")  # beside test_nel_next_slurm, apart from the other SLURM modules' lane
 
 
 def call(env: dict[str, str], cwd: Path, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-from tiers import BENCH, requires
+from tiers import BENCH, own_lane, requires
 
 from quanteval import ledger
 from quanteval.engines.nel_next import nelnext
@@ -59,7 +59,7 @@ def sums_scorer(sample: ScorerInput) -> dict:
 """
 SUMS = [{"question": f"What is {a}+{b}?", "answer": str(a + b)} for a in range(1, 5) for b in range(1, 4)]  # 11 of 12 right
 
-pytestmark = requires("nel-next", "slurm")
+pytestmark = [*requires("nel-next", "slurm"), own_lane("slurm-nel-next")]  # a lane of its own, as test_evaluate_slurm
 
 
 def _config(tmp_path: Path, slurm_cluster, url: str = "http://127.0.0.1:9/v1", model: str = "tiny-add",
