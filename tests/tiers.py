@@ -6,8 +6,9 @@ the tier markers: `vllm` (starts a real vLLM), `slurm` (the real sshd + SLURM cl
 from the fixtures a test uses (`slurm_cluster`, the shared vLLM servers), so a test cannot forget them.
 
 `bash scripts/test --fast` (pytest's `--fast`, conftest) runs what none of these mark; the full suite runs everything
-with pytest-xdist on twice as many workers as cores, each heavy marker in a lane of its own (LANES): one worker owns
-the SLURM cluster, one starts the tiny-add vLLM servers one at a time (the tests that check "no vLLM left running"
+with pytest-xdist on twice as many workers as cores, each heavy marker in a lane of its own (LANES): the SLURM tests
+share a worker and its cluster (each worker that needs one starts its own; the two largest SLURM modules take lanes
+of their own), one lane starts the tiny-add vLLM servers one at a time (the tests that check "no vLLM left running"
 would see another test's server otherwise); modules that check only their own servers take vLLM lanes of their own.
 """
 
