@@ -250,8 +250,9 @@ def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str],
 
 # The ports the sides' servers listen on in their jobs. nel-next writes the port into the job's script, and jobs share
 # a node when GRES shares out its GPUs: a job whose vLLM could not bind a port another job's server holds would find
-# that server healthy and send its requests there (seen: both sides on one port, the candidate's canary asked the
-# baseline's server until its job ended). A random block per evaluation, one port per side in it.
+# that server healthy and send its requests there; the plan's port is free here, not on the node, and the same for
+# both sides planned at once. A random block per evaluation, one port per side in it. (nel-next's adapter proxy in the
+# job, on 127.0.0.1:4000, races the same way between jobs on one node: not yet given a port of its own.)
 JOB_PORTS = range(20000, 60000, 8)
 
 
