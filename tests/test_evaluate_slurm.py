@@ -392,6 +392,14 @@ def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tm
              for side in (result.baseline, result.candidate, floor)]
     assert len({service["port"] for service in model}) == 3, model
     assert all(f"--port {service['port']}" in service["pre_cmd"] for service in model), model
+    # and each job's adapter proxy too: nel-next's own `nel` puts it on 127.0.0.1:4000 when free, and of two jobs on one
+    # node the loser's requests went to the other's proxy (the CI failure of the cluster one call)
+    logs = [log for side in (result.baseline, result.candidate, floor)
+            for record_id in (side.canary_record_id, side.full_run_record_id)
+            for job in ledger.get(record_id or "").details["slurm_jobs"]
+            for log in Path(job["remote_dir"], "logs").glob("eval-*-*.log")]
+    proxies = [int(port) for log in logs for port in re.findall(r"Adapter proxy ready at http://127\.0\.0\.1:(\d+)", log.read_text())]
+    assert len(proxies) == 6 and 4000 not in proxies, (logs, proxies)
 
 
 # --- an MCP client that goes away, a server that restarts, a job SLURM ends or requeues ------------------------------

@@ -89,6 +89,42 @@ def test_each_local_run_puts_its_adapter_proxy_on_a_port_of_its_own():
     assert port("quanteval") not in (4000, port("quanteval"))
 
 
+SLURM_CONFIG = """
+services:
+  model: {{type: vllm, model: /models/m, served_model_name: m, protocol: chat_completions, port: 8123,
+          startup_timeout: 600,
+          pre_cmd: exec vllm serve /models/m --port 8123}}
+benchmarks:
+  - {{name: {bench}, solver: {{type: simple, service: model}}, max_problems: 10}}
+cluster: {{type: slurm, hostname: login, walltime: "00:30:00", node_pools: {{default: {{partition: debug, nodes: 1}}}}}}
+output: {{dir: {out}, timestamped: false}}
+"""
+
+
+def test_each_slurm_job_quanteval_submits_puts_its_proxy_on_a_port_of_its_own(tmp_path):
+    """Inside a SLURM job nel-next's script runs the node's plain `nel`, whose proxy takes 127.0.0.1:4000: two jobs on
+    one node (a baseline and a candidate sharing its GPUs) raced for it, and one side's requests went to the other's
+    model or nowhere (CI: 200 of 200 infra_error). The script quanteval's `nel` writes defines a `nel` that picks a
+    port from the OS, with the node's own Python, and polls its server's health every second on the same budget."""
+    config = tmp_path / "config.yaml"
+    config.write_text(SLURM_CONFIG.format(bench=BENCH, out=tmp_path / "out"))
+    done = subprocess.run([*nelnext.nel_command(), "eval", "run", str(config), "--dry-run"], capture_output=True,
+                          text=True, env=nelnext.child_env(), cwd=tmp_path, timeout=120, check=True)
+    script = Path(next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("Generated:"))).read_text()
+    assert "seq 1 $(( 120 * 5 ))" in script and "    sleep 1\ndone" in script  # 600 s either way
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    function = script[script.index("# quanteval: nel-next"):script.index("\nnel eval run ")]
+    job = f"""{function}
+nel --help | head -1
+cli=$(type -P nel); "${{cli%/*}}/python" -P -c "${{_QUANTEVAL_NEL%%if __name__*}}
+print('proxy port', proxy._find_free_port(4000))"
+"""
+    ran = subprocess.run(["bash", "-c", job], capture_output=True, text=True, timeout=120,
+                         env={**nelnext.child_env(), "PATH": f"{nelnext.venv() / 'bin'}:/usr/bin:/bin"})
+    assert ran.stdout.startswith("Usage: nel "), ran.stderr
+    assert int(ran.stdout.split("proxy port")[1]) != 4000
+
+
 @requires("slow")  # whole nel-next runs: 25-90 s
 def test_a_benchmark_failing_inside_nel_eval_run_fails_the_canary_and_nothing_runs_after_it(standin_vllm, tmp_path):
     bench = tmp_path / "broken.py"

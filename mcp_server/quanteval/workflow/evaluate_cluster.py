@@ -252,7 +252,7 @@ def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str],
 # a node when GRES shares out its GPUs: a job whose vLLM could not bind a port another job's server holds would find
 # that server healthy and send its requests there; the plan's port is free here, not on the node, and the same for
 # both sides planned at once. A random block per evaluation, one port per side in it. (nel-next's adapter proxy in the
-# job, on 127.0.0.1:4000, races the same way between jobs on one node: not yet given a port of its own.)
+# job races the same way for 127.0.0.1:4000: the job's `nel` is quanteval's, engines/nel_next/nel_cli.py.)
 JOB_PORTS = range(20000, 60000, 8)
 
 

@@ -79,10 +79,10 @@ def nel_binary() -> Path:
 
 
 def nel_command() -> list[str]:
-    """How quanteval starts a local `nel`: its CLI with each adapter proxy on a port of its own (own_proxy_port.py says
+    """How quanteval starts a local `nel`: its CLI with each adapter proxy on a port of its own (nel_cli.py says
     why; `-P`: the script's folder, quanteval's modules, stays off the child's import path)."""
     nel_binary()
-    return [str(venv() / "bin" / "python"), "-P", str(Path(__file__).with_name("own_proxy_port.py"))]
+    return [str(venv() / "bin" / "python"), "-P", str(Path(__file__).with_name("nel_cli.py"))]
 
 
 def data_home() -> Path:
@@ -463,7 +463,7 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], config
     if not (config.get("cluster") or {}).get("hostname"):
         raise ToolError("cluster.hostname: nel-next submits over ssh to the login host it names; set it (the ssh config "
                         "alias, as for ssh_check), or run on this machine with cluster.type local.")
-    argv = [str(nel_binary()), "eval", "run", str(Path(config_path).resolve()), "--submit"]
+    argv = [*nel_command(), "eval", "run", str(Path(config_path).resolve()), "--submit"]
     argv += [item for override in overrides for item in ("-O", override)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
@@ -509,7 +509,7 @@ def fetch_results(executor: executors.Executor, details: dict[str, Any]) -> Path
         for job in run_jobs:  # a shard whose job never started has no directory: it counts as unfinished
             (local / job.directory.rstrip("/").rsplit("/", 1)[-1]).mkdir(exist_ok=True)
         if not nextresults.bundles(local) and any(local.glob("shard_*/**/results.jsonl")):
-            done = subprocess.run([str(nel_binary()), "eval", "merge", str(local)], capture_output=True, text=True,
+            done = subprocess.run([*nel_command(), "eval", "merge", str(local)], capture_output=True, text=True,
                                   timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, env=child_env(), check=False)
             if done.returncode != 0:
                 said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-3:]
@@ -531,7 +531,7 @@ def resume(config_path: str, details: dict[str, Any]) -> tuple[str, dict[str, An
 
 def resubmit(job: dict[str, Any]) -> dict[str, Any]:
     """`nel eval resume` for one submitted job (its retry counters reset, its sbatch script submitted again)."""
-    argv = [str(nel_binary()), "eval", "resume", "--job-id", job["job_id"], "--host", job["hostname"]]
+    argv = [*nel_command(), "eval", "resume", "--job-id", job["job_id"], "--host", job["hostname"]]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
                               env=child_env(), check=False)
@@ -546,7 +546,7 @@ def resubmit(job: dict[str, Any]) -> dict[str, Any]:
 
 def render_sbatch(config_path: str, overrides: list[str]) -> tuple[list[tuple[Path, str]], str | None]:
     """nel-next's own `--dry-run` for a SLURM config: the sbatch scripts it would submit (path, text), or its error."""
-    argv = [str(nel_binary()), "eval", "run", str(Path(config_path).resolve()), "--dry-run"]
+    argv = [*nel_command(), "eval", "run", str(Path(config_path).resolve()), "--dry-run"]
     argv += [item for override in overrides for item in ("-O", override)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
