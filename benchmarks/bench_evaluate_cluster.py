@@ -62,6 +62,8 @@ def main() -> None:
         print(f"verdicts: here {local['verdict']}, on the cluster {there['verdict']}")
         print(f"here: {local_s:.0f} s; stages {local['seconds']}")
         print(f"cluster: {cluster_s:.0f} s; stages {there['seconds']}")
+        for role in ("baseline", "candidate"):  # per side: each stage's seconds, the queue waits apart
+            print(f"{role}: here {local[role]['seconds']}; on the cluster {there[role]['seconds']}")
         print(f"cluster / here: {cluster_s / local_s:.2f}x (target <= 1.3)")
     finally:
         cluster.stop()

@@ -818,7 +818,7 @@ class _InJob:
     placement: dict[str, Any]
 
 
-CLUSTER_POLL_S = 3.0  # a poll is an ssh round trip per side (squeue, the job's chain file)
+CLUSTER_POLL_S = 3.0  # from one poll's start to the next: a side's poll is a few ssh round trips (squeue, chain file)
 # How SLURM itself, not the run, ended a job (the engine records such a run as failed).
 SLURM_ENDED = {"TIMEOUT": "at its walltime", "NODE_FAIL": "because its node failed (NODE_FAIL)",
                "PREEMPTED": "for a job of higher priority (PREEMPTED)", "BOOT_FAIL": "as its node failed to boot (BOOT_FAIL)",
@@ -853,11 +853,12 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
         for side, future in zip([s for s in every if s.adopted is None and s.side.done is None], submitting, strict=True):
             side.guarded(future.result, side is extra)
         while not all(side.finished for side in every):
+            began = time.monotonic()
             for side in every:  # a poll of a side is a few ssh round trips: a cancel is seen before the next side's
                 cancellation_point()
                 side.guarded(lambda side=side: side.step(progress, total), side is extra)
-            if not all(side.finished for side in every):
-                pause(CLUSTER_POLL_S)  # a client that left may SIGKILL this process 4 s later: its jobs are cancelled first
+            if not all(side.finished for side in every):  # a client that left may SIGKILL this process 4 s later:
+                pause(CLUSTER_POLL_S - (time.monotonic() - began))  # its jobs are cancelled first
     except BaseException:
         with interrupts_held():  # a second Ctrl-C must not leave a job holding the cluster's GPUs
             concurrent.futures.wait(submitting)  # a submission under way ends with its job recorded, then cancelled
