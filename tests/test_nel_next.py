@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from factories import next_config_against
 from next_runs import standin_server
-from processes import own_state_dir, running_with
+from processes import own_state_dir, running_with, wait_until
 from tiers import BENCH, REPO, requires
 
 from quanteval import ledger
-from quanteval.engines.nel_next import nelnext
+from quanteval.engines.nel_next import nel_cli, nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.evaluate import EvaluateQuantizationInput, evaluate_quantization
 
@@ -61,7 +61,7 @@ def _standins_running() -> list[str]:
 PROXY_PORT = """
 import runpy, sys
 if sys.argv[1] == "quanteval":
-    runpy.run_path(sys.argv[2], run_name="launched")  # what nel_command runs before nel's CLI
+    runpy.run_path(sys.argv[2], run_name="launched")["own_proxy_port"]()  # what nel_command runs before nel's CLI
 from nemo_evaluator.adapters import proxy
 print(proxy._find_free_port(4000))
 """
@@ -117,12 +117,88 @@ def test_each_slurm_job_quanteval_submits_puts_its_proxy_on_a_port_of_its_own(tm
     job = f"""{function}
 nel --help | head -1
 cli=$(type -P nel); "${{cli%/*}}/python" -P -c "${{_QUANTEVAL_NEL%%if __name__*}}
+own_proxy_port()
+from nemo_evaluator.adapters import proxy
 print('proxy port', proxy._find_free_port(4000))"
 """
     ran = subprocess.run(["bash", "-c", job], capture_output=True, text=True, timeout=120,
                          env={**nelnext.child_env(), "PATH": f"{nelnext.venv() / 'bin'}:/usr/bin:/bin"})
     assert ran.stdout.startswith("Usage: nel "), ran.stderr
     assert int(ran.stdout.split("proxy port")[1]) != 4000
+
+
+STUB_NEL = """#!/bin/bash
+echo "$* | ${NEL_OUTPUT_DIR:-}" >> "$STUB_CALLS"
+"""
+
+
+def _held_job(tmp_path: Path, wait_s: int) -> tuple[subprocess.Popen, Path, Path]:
+    """A canary's job at the end of its benchmarks, as nel-next's script reaches `nel eval report` with quanteval's
+    `nel` function (a stub `nel` on the PATH stands for nel-next, recording its calls)."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "canary"
+    bin_dir.mkdir()
+    (out / "logs").mkdir(parents=True)
+    (bin_dir / "nel").write_text(STUB_NEL)
+    (bin_dir / "nel").chmod(0o755)
+    function = nel_cli.JOB_NEL.format(source="", end=nel_cli.END_OF_SOURCE, wait=nel_cli.WAIT_VARIABLE,
+                                      done=nel_cli.DONE_FILE, claim=nel_cli.CLAIM_DIR, next=nel_cli.NEXT_FILE)
+    calls = tmp_path / "calls"
+    job = subprocess.Popen(["bash", "-c", f'{function}\nnel eval report "$OUTPUT_DIR" -f markdown'], text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={
+                               "PATH": f"{bin_dir}:/usr/bin:/bin", "OUTPUT_DIR": str(out), "SLURM_JOB_ID": "7",
+                               "NEL_EXIT_CODE": "0", nel_cli.WAIT_VARIABLE: str(wait_s), "STUB_CALLS": str(calls)})
+    return job, out, calls
+
+
+def test_a_canary_job_serves_on_for_the_full_run_quanteval_names_and_ends_when_none_comes(tmp_path):
+    """A cluster evaluation's canary job keeps its server once its benchmarks are done: quanteval writes the full
+    run's configs (nel-next's own, from its dry-run) and names their directory; the job evaluates them against the
+    same server and ends. One server start per side instead of one per run (the cluster ratio 1.33x -> 0.9x). A job
+    that hears nothing ends by itself, and a word that comes too late is not written where nobody reads it."""
+    config = tmp_path / "config.yaml"
+    full = tmp_path / "full-run"
+    config.write_text(SLURM_CONFIG.format(bench=BENCH, out=full))
+    job, out, calls = _held_job(tmp_path, wait_s=60)
+    wait_until(lambda: (out / nel_cli.DONE_FILE).is_file(), 30, "the canary's job to say its run is over")
+    assert (out / nel_cli.DONE_FILE).read_text().strip() == "0" and job.poll() is None  # serving on
+    cluster_job = {"job_id": "7", "hostname": "local", "username": None, "remote_dir": str(out),
+                   "done_file": nel_cli.DONE_FILE}
+    held = ledger.add("canary", status="succeeded", details={"slurm_jobs": [cluster_job]})
+    record = ledger.add("full_run", status="launching")
+    continued = nelnext.continue_in_job(record, held, str(config), [f"output.dir={full}"],
+                                        {"output": {"dir": str(full)}}, {})
+    assert continued is not None and continued.details["slurm_jobs"] == [
+        {"job_id": "7", "hostname": "local", "username": None, "remote_dir": str(full)}]
+    said, _ = job.communicate(timeout=60)
+    assert job.returncode == 0, said
+    name = BENCH.name.replace(".", "_")
+    ran = calls.read_text().splitlines()
+    assert ran[0].startswith(f"eval run {full}/config_") and ran[0].endswith(f" | {full}/{ran[0].split('config_')[1].split('.yaml')[0]}")
+    assert ran[1:] == [f"eval report {full} -f markdown -o {full}/report.md | ", f"eval report {out} -f markdown | "], ran
+    assert name in ran[0] and "not submitted; this run ran in SLURM job 7" in (full / "nel_eval.sbatch").read_text()
+    assert list((full / "logs").glob("eval-*-7.log"))
+
+    # nobody names a next run: the job stops waiting and ends, and a word after that is refused, not left unread
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    job, out, calls = _held_job(quiet, wait_s=1)
+    said, _ = job.communicate(timeout=30)
+    assert job.returncode == 0 and "no next run" in said and calls.read_text().splitlines() == [
+        f"eval report {out} -f markdown | "]
+    late = nelnext.continue_in_job(ledger.add("full_run", status="launching"), ledger.add(
+        "canary", status="succeeded", details={"slurm_jobs": [{**cluster_job, "remote_dir": str(out)}]}), str(config),
+        [f"output.dir={full}"], {"output": {"dir": str(full)}}, {})
+    assert late is None and not (out / nel_cli.NEXT_FILE).exists()
+
+    # a canary that failed (or kill_run of it): its job is told no next run comes, and ends now
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    job, out, calls = _held_job(failed, wait_s=600)
+    wait_until(lambda: (out / nel_cli.DONE_FILE).is_file(), 30, "the canary's job to say its run is over")
+    canary = ledger.add("canary", status="failed", details={"slurm_jobs": [{**cluster_job, "remote_dir": str(out)}]})
+    assert nelnext.release_hold(canary) and not nelnext.release_hold(canary)  # told once
+    said, _ = job.communicate(timeout=30)
+    assert "no next run" in said and calls.read_text().splitlines() == [f"eval report {out} -f markdown | "]
 
 
 @requires("slow")  # whole nel-next runs: 25-90 s

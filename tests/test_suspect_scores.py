@@ -122,8 +122,8 @@ def test_the_gate_refuses_a_full_run_on_a_suspect_canary_over_mcp_unless_the_per
     assert ledger.find(kind="full_run") == []
     assert ledger.get(canary.id).details["validation_passed"] is False
     # accepted by the person: the gate vouches, and says on what
-    gate = runs._gate(canary.config_hash or "", [], lambda *args: None, allow_suspect=True)
-    assert gate.startswith(f"canary {canary.id} (suspect-canary) suspect, accepted by the person (allow_suspect_canary)")
+    gate, vouching = runs._gate(canary.config_hash or "", [], lambda *args: None, allow_suspect=True)
+    assert vouching == canary.id and gate.startswith(f"canary {canary.id} (suspect-canary) suspect, accepted by the person (allow_suspect_canary)")
     with pytest.raises(ToolError, match="its score is suspect"):
         runs._gate(canary.config_hash or "", [], lambda *args: None)
 

@@ -55,6 +55,9 @@ class ClusterJob(BaseModel):
         "File in remote_dir listing every SLURM job of the job's auto-resume chain; None for a lone job (a deployment)."))
     retries_failed: bool = Field(False, description=(
         "The chain's successor also reruns a FAILED job (nel-next's cluster.max_retries), not only a walltime end."))
+    done_file: str | None = Field(None, description=(
+        "File in remote_dir the job writes once its run is over while the job serves on for a next run (its text: the "
+        "run's exit code); None: the run ends with its job."))
 
     @property
     def login(self) -> str:
@@ -305,6 +308,9 @@ class EngineManagedExecutor(Executor):
         raise self._refuse()
 
 
+DONE = " (done file)"  # _chains' key suffix for what a job's done_file says
+
+
 class SlurmExecutor(Executor):
     """A SLURM cluster reached over quanteval's pooled SSH connections; all of a run's SLURM shell is here."""
     name: ClassVar[str] = "slurm"
@@ -396,7 +402,9 @@ class SlurmExecutor(Executor):
         return [status for host_jobs in by_login.values() for status in self._login_states(host_jobs)]
 
     def _chains(self, host_jobs: list[ClusterJob]) -> dict[str, list[str]]:
+        """Each job's chain (by job_id) and, under (job_id, DONE), what its done_file says: one round trip."""
         files = {job.job_id: f"{job.remote_dir}/{job.chain_file}" for job in host_jobs if job.chain_file}
+        files.update({job.job_id + DONE: f"{job.remote_dir}/{job.done_file}" for job in host_jobs if job.done_file})
         try:
             return slurm_client.job_chains(host_jobs[0].login, files, timeout=SSH_TIMEOUT_S) if files else {}
         except ToolError as exc:
@@ -418,6 +426,8 @@ class SlurmExecutor(Executor):
             state = _slurm_state(queue[latest].state if latest in queue else "")
             restart = _restart_job(latest, queue)
             status, note = _map_slurm(state, restart, latest != job.slurm_job_id, job.retries_failed)
+            if (said := chains.get(job.job_id + DONE)) and status != "pending":  # ended, though its job serves on
+                status, note = ("succeeded", None) if said[0] == "0" else ("failed", f"its run exited {said[0]}")
             statuses.append(JobStatus(job_id=job.job_id, status=status, slurm_job_id=job.slurm_job_id,
                                       current_slurm_job_id=latest if latest != job.slurm_job_id else None,
                                       restart_job_id=restart, slurm_state=state, note=note))

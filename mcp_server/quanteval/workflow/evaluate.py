@@ -874,6 +874,13 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
     return answers  # type: ignore[return-value]
 
 
+def _release(canary_id: str) -> None:
+    """A canary's job that serves on for a full run which will not come ends now (kill_run of an ended run tells it);
+    a cluster that does not answer leaves it to its own limit (jobserving.NEXT_RUN_WAIT_S)."""
+    with contextlib.suppress(ToolError):
+        runs.kill_run(runs.RunRef(record_id=canary_id))
+
+
 def _cancel_sides(host: str, sides: list[_ClusterSide]) -> None:
     """Every side's queued or running job scancelled in one round trip, then each side's run recorded cancelled: an
     MCP client that left SIGKILLs this server 4 s after closing stdin, and under load each side's own cancel (a status
@@ -1042,14 +1049,21 @@ class _ClusterSide:
     def _canary_ended(self, finished: ledger.Record) -> None:
         try:
             passed = _require_canary_pass(finished, f"{self.role} canary{self._where('canary')}", self.config_path)
-        except CanaryFailed as failed:
+        except BaseException as failed:
+            _release(finished.id)  # its job serves on for a full run that will not come
+            if not isinstance(failed, CanaryFailed):
+                raise
             failed.served, failed.placement = self.served, self.placement
             if self.role != "candidate":
                 raise  # the baseline's own canary: an error to fix, not a verdict (the other side's jobs are cancelled)
             self.answer, self.stage = failed, "done"
             return
         self.side.seconds["canary"] = round(time.monotonic() - self.started, 1)
-        full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=self.config_path), validated={finished.id: passed})
+        try:  # into the canary's job where it serves on, else a job of its own
+            full = runs.launch_full_run(runs.LaunchFullRunInput(config_path=self.config_path), validated={finished.id: passed})
+        except BaseException:
+            _release(finished.id)
+            raise
         self.full_id = self.active = full.record_id
         self.stage, self.started = "full_run", time.monotonic()
         self._note_job(full.record_id, "full_run")

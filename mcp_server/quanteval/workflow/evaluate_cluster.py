@@ -1,12 +1,15 @@
 """evaluate_quantization on a SLURM cluster: what the cluster must have, asked before anything is submitted, and how
 each side is served there.
 
-Each canary and full run is one SLURM job that nel-next submits itself (`nel eval run --submit`): its managed vllm
-service starts on the job's node, nel-next evaluates against it on localhost, the job ends with the server. quanteval
-writes the server's command (`services.model.pre_cmd`: the cluster's vLLM, the same flags plan_deployment gives a
-local server) and the job's placement (partition, account, GRES, walltime, nel-next on the job's PATH); the run is then
-an ordinary nel-next SLURM run: the SLURM executor watches and cancels it, its results are fetched here and compared
-as any other. Why this and not a quanteval deployment job plus nel-next runs against it: docs/ARCHITECTURE.md.
+Each side is one SLURM job that nel-next submits itself (`nel eval run --submit` of the canary): its managed vllm
+service starts on the job's node, nel-next evaluates the canary against it on localhost, and the job serves on until
+quanteval, having validated the canary here, names the full run (its configs written beside the canary's): the full
+run is evaluated in the same job against the same server (engines/nel_next/nel_cli.py's hold, nelnext.continue_in_job),
+and the job ends with it. quanteval writes the server's command (`services.model.pre_cmd`: the cluster's vLLM, the same
+flags plan_deployment gives a local server) and the job's placement (partition, account, GRES, walltime, nel-next on
+the job's PATH); each run is then an ordinary nel-next SLURM run: the SLURM executor watches and cancels it, its
+results are fetched here and compared as any other. Why this and not a quanteval deployment job plus nel-next runs
+against it: docs/ARCHITECTURE.md.
 
 `preflight` is one SSH round trip plus the cluster's partitions (cluster_info's query): an unreachable host, a
 partition that does not exist, is down or has too few GPUs, a walltime shorter than a canary needs or longer than the
@@ -39,7 +42,7 @@ class ClusterSettings(StrictModel):
     """With host a SLURM login alias; paths are the cluster's."""
     partition: str | None = Field(None, pattern=r"^[\w.-]+$", description="Default: the cluster's.")
     account: str | None = Field(None, pattern=r"^[\w.-]+$", description="SLURM account.")
-    walltime: str = Field("01:00:00", pattern=r"^[\d:-]+$", description="Per job (one run with its server).")
+    walltime: str = Field("01:00:00", pattern=r"^[\d:-]+$", description="Per side's job: its server, canary and full run.")
     gpus_per_node: int | None = Field(None, ge=0, description="GRES gpu:N; default the plan's TP.")
     output_dir: str | None = Field(None, description="Default ~/.quanteval/evaluations.")
     nel_next_venv: str | None = Field(None, description="Default: nel on the PATH.")
@@ -56,7 +59,8 @@ class ClusterPlacement(BaseModel):
     vllm: str = Field(description="The server's launcher and release.")
     nel_next: str
     checkpoint: str = Field(description="Its path on the cluster.")
-    jobs: dict[str, str] = Field(default_factory=dict, description="SLURM job per run (canary, full_run).")
+    jobs: dict[str, str] = Field(default_factory=dict, description=(
+        "SLURM job per run (canary, full_run): one job for both where the full run ran in the canary's."))
     nodes: dict[str, str] = Field(default_factory=dict, description="Node per run.")
 
 

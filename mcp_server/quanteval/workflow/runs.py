@@ -145,10 +145,11 @@ def _canary_verdict(canary: ledger.Record, report: ValidateRunOutput | None) -> 
 
 
 def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_suspect: bool = False,
-          validated: dict[str, ValidateRunOutput] | None = None) -> str:
-    """The passing canary that vouches for a full run of these tasks, or a ToolError saying why there is none. A
-    suspect canary (it ran, but every answer is wrong or at chance) vouches only when the person allowed it: a setup
-    problem found on 10 problems is not run again on all of them. validated: canaries' reports already read, by id."""
+          validated: dict[str, ValidateRunOutput] | None = None) -> tuple[str, str]:
+    """The passing canary that vouches for a full run of these tasks (what the gate says, its record id), or a
+    ToolError saying why there is none. A suspect canary (it ran, but every answer is wrong or at chance) vouches only
+    when the person allowed it: a setup problem found on 10 problems is not run again on all of them. validated:
+    canaries' reports already read, by id."""
     canaries = ledger.find(kind="canary", config_hash=config_hash_value, limit=20)
     if not canaries:
         raise ToolError(
@@ -169,9 +170,10 @@ def _gate(config_hash_value: str, tasks: list[str], progress: ProgressFn, allow_
         verdict, why = _canary_verdict(canary, (validated or {}).get(canary.id))
         ledger.update(canary.id, details={"validation": why, "validation_passed": verdict == "pass"}, message=f"gate check: {why}")
         if verdict == "pass":
-            return f"canary {canary.id} ({canary.invocation_id}) passed: {why}"
+            return f"canary {canary.id} ({canary.invocation_id}) passed: {why}", canary.id
         if verdict == "suspect" and allow_suspect:
-            return f"canary {canary.id} ({canary.invocation_id}) suspect, accepted by the person (allow_suspect_canary): {why}"
+            return (f"canary {canary.id} ({canary.invocation_id}) suspect, accepted by the person (allow_suspect_canary): "
+                    f"{why}", canary.id)
         (suspect if verdict == "suspect" else problems).append(f"{canary.id}: {why}")
     if suspect:
         raise ToolError(
@@ -199,11 +201,13 @@ def launch_full_run(request: LaunchFullRunInput, progress: ProgressFn = no_progr
     plan = _launchable(config_path, request.overrides)
     composed = plan.engine.run.compose(plan)
     if request.force:
-        gate = f"forced: {request.reason.strip()}"
+        gate, canary_id = f"forced: {request.reason.strip()}", None
     else:
-        gate = _gate(composed.config_hash, request.tasks or composed.tasks, progress, request.allow_suspect_canary, validated)
+        gate, canary_id = _gate(composed.config_hash, request.tasks or composed.tasks, progress,
+                                request.allow_suspect_canary, validated)
     explained = request.force or request.allow_suspect_canary
-    details = {"gate": gate, "forced": request.force, "reason": request.reason.strip() if explained and request.reason else None}
+    details = {"gate": gate, "vouched_by": canary_id, "forced": request.force,
+               "reason": request.reason.strip() if explained and request.reason else None}
     return _launch(plan, "full_run", request.tasks, None, details, progress)
 
 

@@ -1,7 +1,9 @@
 """nel-next serving a checkpoint inside its own SLURM job (evaluate_quantization on a cluster).
 
 nel-next's managed `vllm` service on `cluster.type: slurm` starts in the batch script, on the job's node, before
-`nel eval run`; nel-next waits for its /health (`startup_timeout`) and evaluates against it on localhost. Its own
+`nel eval run`; nel-next waits for its /health (`startup_timeout`) and evaluates against it on localhost. The job then
+serves on (nel_cli.py's hold) until quanteval names the full run to evaluate against the same server, once the canary
+passed (nelnext.continue_in_job), or says there is none. Its own
 command there is a bare `vllm serve` (0.3.0's slurm_gen), so quanteval gives the whole command as the service's
 `pre_cmd` (nel-next's knob for a service whose command the user owns): the cluster's vLLM, with plan_deployment's flags.
 """
@@ -12,7 +14,12 @@ import os
 import shlex
 from typing import Any
 
+from quanteval.engines.nel_next import nel_cli
 from quanteval.engines.nel_next.nelnext import SKILLS_BENCHMARK_MAP
+
+# How long a canary's job serves on for quanteval's word once its benchmarks are done: quanteval polls every 3 s and
+# validates in about one; past this (the evaluation died) the job ends, and a later full run gets a job of its own.
+NEXT_RUN_WAIT_S = 300
 
 
 def serve_in_job(values: dict[str, Any], model_path: str, served_model_name: str, port: int, command: list[str],
@@ -38,6 +45,7 @@ def serve_in_job(values: dict[str, Any], model_path: str, served_model_name: str
     # cluster for the map's file)
     exports = [f"PATH={placement['path']}"] if placement.get("path") else []
     exports += [f"{SKILLS_BENCHMARK_MAP}={mapping}"] if (mapping := os.environ.get(SKILLS_BENCHMARK_MAP)) else []
-    if exports:
-        kept["cluster.sbatch_extra_flags.export"] = ",".join(["ALL", *exports])
+    # the canary's job serves on for its full run (nel_cli's hold): one server start per side, not one per run
+    exports += [f"{nel_cli.WAIT_VARIABLE}={NEXT_RUN_WAIT_S}"]
+    kept["cluster.sbatch_extra_flags.export"] = ",".join(["ALL", *exports])
     return kept

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
 from quanteval.configfile import MISSING
 from quanteval.engines.base import Reading
-from quanteval.engines.nel_next import clustertypes, servers, skillnames
+from quanteval.engines.nel_next import clustertypes, nel_cli, servers, skillnames
 from quanteval.localproc import missing_programs, require_writable_dir
 from quanteval.models import ToolError
 
@@ -284,7 +285,8 @@ def cluster_jobs(details: dict[str, Any]) -> list[ClusterJob]:
     submitted = details["slurm_jobs"]
     return [ClusterJob(job_id=f"shard {index}" if len(submitted) > 1 else LOCAL_JOB, hostname=job["hostname"],
                        username=job["username"] or ssh.ssh_user(job["hostname"]), remote_dir=job["remote_dir"],
-                       slurm_job_id=str(job["job_id"]), chain_file=CHAIN_FILE, retries_failed=True)
+                       slurm_job_id=str(job["job_id"]), chain_file=CHAIN_FILE, retries_failed=True,
+                       done_file=job.get("done_file"))
             for index, job in enumerate(submitted)]
 
 
@@ -475,11 +477,12 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], config
     if done.returncode != 0 or not job_ids:
         said = [line for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()][-4:]
         raise ToolError(f"nel-next did not submit the {kind.replace('_', ' ')}: {redact.scrub(' | '.join(said))[-800:]}")
+    holds = nel_cli.WAIT_VARIABLE in job_exports(config.get("cluster")) and len(job_ids) == 1
     jobs = []
     for job_id in job_ids:
         meta = json.loads((data_home() / "nel" / "jobs" / job_id / "slurm_job.json").read_text())
         jobs.append({"job_id": job_id, "hostname": meta["hostname"], "username": meta.get("username") or None,
-                     "remote_dir": meta["remote_dir"]})
+                     "remote_dir": meta["remote_dir"], **({"done_file": nel_cli.DONE_FILE} if holds else {})})
     results_dir = data_home() / "results" / f"{jobs[0]['hostname']}-{job_ids[0]}"
     facts = run_facts(config, details)
     return ledger.update(record.id, status="submitted", config_hash=config_hash(config_path, overrides),
@@ -487,6 +490,83 @@ def submit(record: ledger.Record, config_path: str, overrides: list[str], config
                          details={**details, "engine": "nel-next",
                                   "slurm_jobs": jobs, "argv": argv, "results_dir": str(results_dir), "run_facts": facts},
                          message=f"submitted to {jobs[0]['hostname']}: SLURM job {', '.join(job_ids)}")
+
+
+def without_hold(config: dict[str, Any]) -> list[str]:
+    """The override that takes nel_cli's hold out of a SLURM job's export (a full run submitted as a job of its own
+    has no next run to serve on for); none where the config sets no hold."""
+    exports = job_exports(config.get("cluster"))
+    if nel_cli.WAIT_VARIABLE not in exports:
+        return []
+    kept = ",".join(name if value == "" else f"{name}={value}" for name, value in exports.items()
+                    if name != nel_cli.WAIT_VARIABLE)
+    return [f"cluster.sbatch_extra_flags.export={kept}"]
+
+
+def continue_in_job(record: ledger.Record, held: ledger.Record, config_path: str, overrides: list[str],
+                    config: dict[str, Any], details: dict[str, Any]) -> ledger.Record | None:
+    """The run inside the SLURM job of the run `held` (a canary whose job serves on once it is done, nel_cli's hold):
+    its configs (nel-next's own, as `--submit` would write them) put in the run's directory on the cluster, then the
+    job told to evaluate them against its server: one ssh round trip. None, with nothing started, where that job
+    no longer waits (it gave up, ended, or is not one that holds)."""
+    submitted = held.details.get("slurm_jobs") or []
+    job = submitted[0] if len(submitted) == 1 else None
+    if job is None or not job.get("done_file"):
+        return None
+    remote_dir = str(config.get("output", {}).get("dir") or "")
+    rendered, error = render_sbatch(config_path, overrides)
+    if error or not rendered or not remote_dir.startswith("/"):
+        raise ToolError(f"nel-next did not write the {record.kind.replace('_', ' ')}'s configs: {error or 'no output.dir'}")
+    staged = rendered[0][0].parent
+    try:
+        sidecars = {path.name: path.read_text() for path in sorted(staged.glob("config_*.yaml"))}
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    held_dir = job["remote_dir"].rstrip("/")
+    # the script nel-next would have submitted: the run's directory laid out as a submitted run's (nextresults reads
+    # it so), saying where the run went instead
+    script_path, script = rendered[0]
+    shebang, _, body = script.partition("\n")
+    sidecars[script_path.name] = (f"{shebang}\n# quanteval: not submitted; this run ran in SLURM job {job['job_id']} "
+                                  f"({held.kind.replace('_', ' ')} {held.id}), against that job's server\n{body}")
+    writes = "".join(f"cat > {shlex.quote(f'{remote_dir}/{name}')} <<'{END_OF_CONFIG}'\n{text.rstrip()}\n{END_OF_CONFIG}\n"
+                     for name, text in sidecars.items())
+    # the claim first: a job that gave up waiting made it itself, and must not be told after it left
+    command = (f"mkdir -p {shlex.quote(remote_dir)} && {writes}"
+               f"mkdir {shlex.quote(f'{held_dir}/{nel_cli.CLAIM_DIR}')} 2>/dev/null || {{ echo gone; exit 0; }}\n"
+               f"printf %s {shlex.quote(remote_dir)} > {shlex.quote(f'{held_dir}/{nel_cli.NEXT_FILE}.tmp')} && "
+               f"mv {shlex.quote(f'{held_dir}/{nel_cli.NEXT_FILE}.tmp')} {shlex.quote(f'{held_dir}/{nel_cli.NEXT_FILE}')} && echo told")
+    told = ssh.run_remote(job["hostname"], command, timeout=CHECK_TIMEOUT_S).stdout.split()[-1:] == ["told"]
+    if not told:
+        return None
+    jobs = [{key: value for key, value in job.items() if key != "done_file"} | {"remote_dir": remote_dir}]
+    results_dir = data_home() / "results" / f"{job['hostname']}-{job['job_id']}-{record.id}"
+    return ledger.update(record.id, status="running", config_hash=config_hash(config_path, overrides),
+                         invocation_id=f"nel-next:slurm:{job['job_id']}", executor="slurm", host=job["hostname"],
+                         details={**details, "engine": "nel-next", "slurm_jobs": jobs, "in_job_of": held.id,
+                                  "results_dir": str(results_dir), "run_facts": run_facts(config, details)},
+                         message=f"running in SLURM job {job['job_id']} on {job['hostname']}, after {held.id}, "
+                                 "against its server")
+
+
+END_OF_CONFIG = "QUANTEVAL_CONFIG_END"
+
+
+def release_hold(held: ledger.Record) -> bool:
+    """Tell the job that serves on after the run `held` (nel_cli's hold) that no next run comes: it ends now, its report
+    written. False where it waits for nothing (no hold, or already told, or it gave up), or the cluster did not answer."""
+    submitted = held.details.get("slurm_jobs") or []
+    if len(submitted) != 1 or not submitted[0].get("done_file"):
+        return False
+    job = submitted[0]
+    word = shlex.quote(f"{job['remote_dir'].rstrip('/')}/{nel_cli.NEXT_FILE}")
+    claim = shlex.quote(f"{job['remote_dir'].rstrip('/')}/{nel_cli.CLAIM_DIR}")
+    try:
+        said = ssh.run_remote(job["hostname"], f"mkdir {claim} 2>/dev/null && : > {word}.tmp && mv {word}.tmp {word} && echo told",
+                              timeout=CHECK_TIMEOUT_S).stdout
+    except ToolError:
+        return False
+    return said.split()[-1:] == ["told"]
 
 
 def fetch_results(executor: executors.Executor, details: dict[str, Any]) -> Path:

@@ -151,15 +151,34 @@ def launch(record: ledger.Record, plan: LaunchPlan, tasks: list[str], canary: Ca
     extra += servers.port_overrides(plan.doc, overrides)
     if not details.get("checkpoint"):
         details = {**details, **_model_facts(plan)}
-    record = nelnext.launch(record, config_path, overrides, extra, checked, cluster, run_dir,
-                            {**details, "canary_overrides": extra, "limit_samples": canary.limit if canary else None,
-                             "repeats": canary.repeats if canary else None})
+    details = {**details, "canary_overrides": extra, "limit_samples": canary.limit if canary else None,
+               "repeats": canary.repeats if canary else None}
+    continued = _in_canary_job(record, config_path, overrides, extra, checked, details) if cluster.submits else None
+    if continued is not None:
+        record = continued
+    else:
+        extra = [*extra, *([] if canary else nelnext.without_hold(checked.resolved or {}))]  # no next run to serve on for
+        record = nelnext.launch(record, config_path, overrides, extra, checked, cluster, run_dir, details)
     jobs = record.details.get("slurm_jobs")
     progress(3, 3, f"submitted to {record.host}: SLURM job {', '.join(j['job_id'] for j in jobs)}" if jobs
              else f"running in {run_dir}")
     return LaunchOutput(record_id=record.id, kind=kind, invocation_id=record.invocation_id or "",
                         config_hash=record.config_hash or "", executor=record.executor or executors.LOCAL.name,
                         host=record.host, status=record.status, gate=details.get("gate"), notes=notes)
+
+
+def _in_canary_job(record: ledger.Record, config_path: str, overrides: list[str], extra: list[str],
+                   checked: nelnext.NextReading, details: dict) -> ledger.Record | None:
+    """A full run in the job of the canary that vouched for it, where that job serves on for it (nel_cli's hold: a
+    cluster evaluation's canary): no second job, no second server start. None where it does not."""
+    vouched_by = details.get("vouched_by")
+    held = ledger.get(vouched_by) if record.kind == "full_run" and vouched_by else None
+    if held is None or not any(job.get("done_file") for job in held.details.get("slurm_jobs") or []):
+        return None
+    run_overrides = [*overrides, *extra]
+    return nelnext.continue_in_job(record, held, config_path, run_overrides, nelnext.with_overrides(checked.resolved or {}, extra),
+                                   {**details, "overrides": overrides, "run_overrides": run_overrides,
+                                    "tasks": checked.benchmarks})
 
 
 # ---------------------------------------------------------------- state, through the run's executor
@@ -298,6 +317,8 @@ def kill(record: ledger.Record, progress: ProgressFn) -> KillRunOutput:
     # that succeeded still lets the full run through the gate.
     record = refresh(record).record if record.status in LIVE else record
     if record.status not in LIVE:
+        if nelnext.release_hold(record):  # its job serves on for a next run that will not come now: it ends
+            ledger.update(record.id, message="kill_run: its job, serving on for a next run, was told none comes")
         return KillRunOutput(record_id=record.id, status=record.status, jobs=[])
     jobs = nelnext.jobs(record.details)
     try:
