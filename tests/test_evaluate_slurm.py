@@ -382,6 +382,9 @@ def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tm
     floor = result.noise_floor_run
     assert floor is not None and floor.serving is not None and floor.serving.numerics == "eager", result.reasons
     assert floor.cluster is not None and set(floor.cluster.jobs) == {"canary", "full_run"}
+    # each side's full run went into its canary's job, against the server that job started: one start per side
+    assert all(side.cluster and side.cluster.jobs["canary"] == side.cluster.jobs["full_run"]
+               for side in (result.baseline, result.candidate, floor)), [side.cluster for side in (result.baseline, result.candidate, floor)]
     assert result.noise_floor and result.noise_floor[0].message in result.reasons
     submitted = [index for index, message in enumerate(messages) if "submitting its canary" in message]
     first_poll = next(index for index, message in enumerate(messages) if " canary canary-" in message)
@@ -507,6 +510,28 @@ def _baseline_canary_running(slurm_cluster) -> tuple[ledger.Record, str]:
     (job_id,) = _job_ids([canary])
     wait_until(lambda: [job.state for job in _queued(slurm_cluster, {job_id}).values()] == ["RUNNING"], 120, "its job RUNNING")
     return canary, job_id
+
+
+@requires("vllm")
+@own_lane(CLUSTER_FAULTS_LANE)
+@pytest.mark.timeout(900)
+def test_a_full_run_whose_canary_job_stopped_serving_on_gets_a_job_of_its_own_without_the_hold(slurm_cluster, tmp_path,
+                                                                                                monkeypatch):
+    """A canary's job serves on for its full run only so long (jobserving.NEXT_RUN_WAIT_S: the evaluation may have
+    died): a full run after that is submitted as a job of its own that starts its own server and ends with its run (its
+    export without the hold, so it does not wait in turn), and the evaluation answers as ever."""
+    from quanteval.engines.nel_next import jobserving, nel_cli
+
+    monkeypatch.setattr(jobserving, "NEXT_RUN_WAIT_S", 0)  # each canary's job stops waiting at once
+    result = evaluate_quantization(_tiny_add(slurm_cluster, tmp_path))
+    assert result.verdict in ("acceptable", "not acceptable", "inconclusive"), result.reasons
+    for side in (result.baseline, result.candidate):
+        assert side.cluster and side.cluster.jobs["canary"] != side.cluster.jobs["full_run"], side.cluster
+        (job,) = ledger.get(side.full_run_record_id or "").details["slurm_jobs"]
+        script = Path(job["remote_dir"], "nel_eval.sbatch").read_text()
+        export = next(line for line in script.splitlines() if line.startswith("#SBATCH --export="))
+        assert nel_cli.WAIT_VARIABLE not in export and "PATH=" in export, export
+        assert (Path(job["remote_dir"]) / "logs" / f"slurm-{job['job_id']}.log").is_file()
 
 
 @requires("vllm")
