@@ -36,7 +36,7 @@ IFS= read -r -d '' _QUANTEVAL_NEL <<'{end}' || true
 {end}
 nel() {{
     local cli python
-    cli=$(type -P nel) || {{ echo "nel: not on the PATH" >&2; return 127; }}
+    cli=$(type -P nel) || {{ command nel "$@"; return; }}  # the shell's own "command not found"
     python="${{cli%/*}}/python"
     if [ "${{1-}} ${{2-}}" = "eval report" ] && [ -n "${{{wait}:-}}" ] && [ -z "${{_QUANTEVAL_HELD:-}}" ]; then
         _QUANTEVAL_HELD=1
