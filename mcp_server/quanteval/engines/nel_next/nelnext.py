@@ -503,15 +503,30 @@ def without_hold(config: dict[str, Any]) -> list[str]:
     return [f"cluster.sbatch_extra_flags.export={kept}"]
 
 
+def _held_job(held: ledger.Record) -> dict[str, Any] | None:
+    """The one SLURM job of the run `held` where it serves on once the run is done (nel_cli's hold), else None."""
+    submitted = held.details.get("slurm_jobs") or []
+    return submitted[0] if len(submitted) == 1 and submitted[0].get("done_file") else None
+
+
+def _tell(job: dict[str, Any], word: str, before: str = "") -> bool:
+    """Claim the held job (nel_cli.CLAIM_DIR: a job that gave up waiting made it itself, and must not be told after it
+    left), then give it `word`, in one ssh round trip after the shell text `before`: whether the job was told."""
+    held_dir = job["remote_dir"].rstrip("/")
+    claim, next_file = (shlex.quote(f"{held_dir}/{name}") for name in (nel_cli.CLAIM_DIR, nel_cli.NEXT_FILE))
+    command = (f"{before}mkdir {claim} 2>/dev/null && printf %s {shlex.quote(word)} > {next_file}.tmp && "
+               f"mv {next_file}.tmp {next_file} && echo told")
+    return ssh.run_remote(job["hostname"], command, timeout=CHECK_TIMEOUT_S).stdout.split()[-1:] == ["told"]
+
+
 def continue_in_job(record: ledger.Record, held: ledger.Record, config_path: str, overrides: list[str],
                     config: dict[str, Any], details: dict[str, Any]) -> ledger.Record | None:
     """The run inside the SLURM job of the run `held` (a canary whose job serves on once it is done, nel_cli's hold):
     its configs (nel-next's own, as `--submit` would write them) put in the run's directory on the cluster, then the
     job told to evaluate them against its server: one ssh round trip. None, with nothing started, where that job
     no longer waits (it gave up, ended, or is not one that holds)."""
-    submitted = held.details.get("slurm_jobs") or []
-    job = submitted[0] if len(submitted) == 1 else None
-    if job is None or not job.get("done_file"):
+    job = _held_job(held)
+    if job is None:
         return None
     remote_dir = str(config.get("output", {}).get("dir") or "")
     rendered, error = render_sbatch(config_path, overrides)
@@ -522,7 +537,6 @@ def continue_in_job(record: ledger.Record, held: ledger.Record, config_path: str
         sidecars = {path.name: path.read_text() for path in sorted(staged.glob("config_*.yaml"))}
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-    held_dir = job["remote_dir"].rstrip("/")
     # the script nel-next would have submitted: the run's directory laid out as a submitted run's (nextresults reads
     # it so), saying where the run went instead
     script_path, script = rendered[0]
@@ -531,13 +545,7 @@ def continue_in_job(record: ledger.Record, held: ledger.Record, config_path: str
                                   f"({held.kind.replace('_', ' ')} {held.id}), against that job's server\n{body}")
     writes = "".join(f"cat > {shlex.quote(f'{remote_dir}/{name}')} <<'{END_OF_CONFIG}'\n{text.rstrip()}\n{END_OF_CONFIG}\n"
                      for name, text in sidecars.items())
-    # the claim first: a job that gave up waiting made it itself, and must not be told after it left
-    command = (f"mkdir -p {shlex.quote(remote_dir)} && {writes}"
-               f"mkdir {shlex.quote(f'{held_dir}/{nel_cli.CLAIM_DIR}')} 2>/dev/null || {{ echo gone; exit 0; }}\n"
-               f"printf %s {shlex.quote(remote_dir)} > {shlex.quote(f'{held_dir}/{nel_cli.NEXT_FILE}.tmp')} && "
-               f"mv {shlex.quote(f'{held_dir}/{nel_cli.NEXT_FILE}.tmp')} {shlex.quote(f'{held_dir}/{nel_cli.NEXT_FILE}')} && echo told")
-    told = ssh.run_remote(job["hostname"], command, timeout=CHECK_TIMEOUT_S).stdout.split()[-1:] == ["told"]
-    if not told:
+    if not _tell(job, remote_dir, before=f"mkdir -p {shlex.quote(remote_dir)} && {writes}"):
         return None
     jobs = [{key: value for key, value in job.items() if key != "done_file"} | {"remote_dir": remote_dir}]
     results_dir = data_home() / "results" / f"{job['hostname']}-{job['job_id']}-{record.id}"
@@ -555,18 +563,13 @@ END_OF_CONFIG = "QUANTEVAL_CONFIG_END"
 def release_hold(held: ledger.Record) -> bool:
     """Tell the job that serves on after the run `held` (nel_cli's hold) that no next run comes: it ends now, its report
     written. False where it waits for nothing (no hold, or already told, or it gave up), or the cluster did not answer."""
-    submitted = held.details.get("slurm_jobs") or []
-    if len(submitted) != 1 or not submitted[0].get("done_file"):
+    job = _held_job(held)
+    if job is None:
         return False
-    job = submitted[0]
-    word = shlex.quote(f"{job['remote_dir'].rstrip('/')}/{nel_cli.NEXT_FILE}")
-    claim = shlex.quote(f"{job['remote_dir'].rstrip('/')}/{nel_cli.CLAIM_DIR}")
     try:
-        said = ssh.run_remote(job["hostname"], f"mkdir {claim} 2>/dev/null && : > {word}.tmp && mv {word}.tmp {word} && echo told",
-                              timeout=CHECK_TIMEOUT_S).stdout
+        return _tell(job, "")
     except ToolError:
         return False
-    return said.split()[-1:] == ["told"]
 
 
 def fetch_results(executor: executors.Executor, details: dict[str, Any]) -> Path:

@@ -172,11 +172,11 @@ def _in_canary_job(record: ledger.Record, config_path: str, overrides: list[str]
     """A full run in the job of the canary that vouched for it, where that job serves on for it (nel_cli's hold: a
     cluster evaluation's canary): no second job, no second server start. None where it does not."""
     vouched_by = details.get("vouched_by")
-    held = ledger.get(vouched_by) if record.kind == "full_run" and vouched_by else None
-    if held is None or not any(job.get("done_file") for job in held.details.get("slurm_jobs") or []):
+    if record.kind != "full_run" or not vouched_by:
         return None
     run_overrides = [*overrides, *extra]
-    return nelnext.continue_in_job(record, held, config_path, run_overrides, nelnext.with_overrides(checked.resolved or {}, extra),
+    return nelnext.continue_in_job(record, ledger.get(vouched_by), config_path, run_overrides,
+                                   nelnext.with_overrides(checked.resolved or {}, extra),
                                    {**details, "overrides": overrides, "run_overrides": run_overrides,
                                     "tasks": checked.benchmarks})
 
