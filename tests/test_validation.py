@@ -277,6 +277,26 @@ def test_bad_yaml_is_a_tool_error_with_position(tmp_path: Path) -> None:
         _validate(ValidateConfigInput(config_path=str(config)))
 
 
+def test_a_config_beside_its_run_outputs_is_checked_without_composing_and_a_group_folder_is_composed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NEL's output folder beside the config (its run configs are YAML) is never a config group: validate_config stays
+    in-process. A folder the defaults list names (`- deployment: vllm`) is one, and the config is composed."""
+    from quanteval.engines.nel import nelexec
+
+    config = filled_config(tmp_path, "local", "vllm", "base", DRY_RUN_BUNDLES["base"])
+    run = tmp_path / "nel-results" / "20261128_000000-abcd"
+    run.mkdir(parents=True)
+    (run / "run_config.yml").write_text(config.read_text())
+    asked: list[str] = []
+    real_call = nelexec.call
+    monkeypatch.setattr(nelexec, "call", lambda op, *args, **kwargs: asked.append(op) or real_call(op, *args, **kwargs))
+    assert _validate(ValidateConfigInput(config_path=str(config))).valid and asked == []
+    group = tmp_path / "deployment"
+    group.mkdir()
+    (group / "mine.yaml").write_text("type: vllm\n")
+    assert _validate(ValidateConfigInput(config_path=str(config))).valid and asked == ["resolved"]
+
+
 def test_warm_validation_is_fast() -> None:
     config = CORPUS / "valid_slurm_vllm.yaml"
     _validate(ValidateConfigInput(config_path=str(config)))  # warm: imports, task catalogue, checkpoint facts

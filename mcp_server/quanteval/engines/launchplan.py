@@ -50,23 +50,33 @@ def plan(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def self_contained(config_path: Path, doc: dict[str, Any], overrides: list[str]) -> bool:
     """Whether the file alone is what its engine runs, so a check needs no composing (validate_config stays a matter
     of milliseconds): no overrides, no interpolation, no file named to compose in (nel-next's `defaults: [base.yaml]`,
-    `_base_`, a playbook), and no YAML in a subfolder of its folder, where a config group could come from (NEL 0.2.6
-    reads <folder>/<group>/<name>.yaml before its packaged ones, nel-next <folder>/clusters/). The engines' packaged
-    defaults are theirs."""
+    `_base_`, a playbook), and no YAML in a folder beside it that a config group the file chooses is read from (NEL
+    0.2.6 reads <folder>/<group>/<name>.yaml before its packaged ones for each `- group: name` of the defaults list,
+    and Hydra's own groups from <folder>/hydra/; nel-next reads a subfolder only where a defaults entry names a file).
+    Other folders there (run outputs such as nel-results/) are never read. The engines' packaged defaults are theirs."""
     text = config_path.read_text(errors="replace")
     if overrides or any(mark in text for mark in ("${", "_base_", "playbook")):
         return False
     defaults = doc.get("defaults") or []
     if not isinstance(defaults, list) or any(not isinstance(entry, dict) and entry != "_self_" for entry in defaults):
         return False
+    groups = {"hydra", *(_group_folder(str(key)) for entry in defaults for key in entry)}
     top = config_path.resolve().parent
     seen = 0
     for folder, dirs, files in os.walk(top):
-        dirs[:] = [name for name in dirs if not name.startswith(".")]
+        dirs[:] = [name for name in dirs if not name.startswith(".") and (Path(folder) != top or name in groups)]
         seen += len(dirs) + len(files)
         if seen > _SCANNED or (Path(folder) != top and any(name.endswith((".yaml", ".yml")) for name in files)):
             return False
     return True
+
+
+def _group_folder(key: str) -> str:
+    """The folder beside the config a defaults key's group is read from: `deployment` for `deployment`,
+    `override hydra/launcher`, `optional /deployment@target`."""
+    for keyword in ("override ", "optional "):
+        key = key.removeprefix(keyword)
+    return key.split("@")[0].strip().lstrip("/").split("/")[0]
 
 
 def as_written(config_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LaunchPlan:
