@@ -1067,6 +1067,9 @@ class _ClusterSide:
         self.full_id = self.active = full.record_id
         self.stage, self.started = "full_run", time.monotonic()
         self._note_job(full.record_id, "full_run")
+        if self.placement.jobs.get("full_run") == self.placement.jobs.get("canary") and "canary" in self.placement.nodes:
+            # in the canary's job, so on its node: a short full run may end between two polls that would have seen it
+            self.placement.nodes["full_run"] = self.placement.nodes["canary"]
         self._keep(full.record_id)
 
     def _full_run_ended(self, finished: ledger.Record) -> None:
