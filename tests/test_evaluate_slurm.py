@@ -56,11 +56,14 @@ def _settings(slurm_cluster, tmp_path: Path, **changes) -> dict:
             "vllm_venv": str(VLLM_PYTHON.parent.parent), **changes}
 
 
+# Served --enforce-eager (evaluate's `eager`, the CLI's --eager): what these tests check is the cluster path, not
+# numerics, and an eager start takes ~5 CPU-s and ~15 s less (the compile-cache load). vLLM's default, compiled path
+# inside the jobs is the noise-floor test's, which serves both.
 def _request(slurm_cluster, tmp_path: Path, host: str | None = None, **changes) -> EvaluateQuantizationInput:
     return EvaluateQuantizationInput(
         baseline_checkpoint=str(BASE), candidate_checkpoint=str(LOSSY), benchmarks=["skills://tiny_mcq"],
         host=host or slurm_cluster.ssh_alias, cluster=ClusterSettings(**_settings(slurm_cluster, tmp_path, **changes)),
-        output_dir=str(tmp_path / "evaluate"), max_drop=1.5, startup_timeout_s=600)
+        output_dir=str(tmp_path / "evaluate"), max_drop=1.5, startup_timeout_s=600, eager=True)
 
 
 def _queue(slurm_cluster) -> list[slurm.SlurmJob]:
@@ -157,7 +160,7 @@ def test_a_partition_or_gpus_per_node_with_fewer_gpus_than_the_plans_tp_is_refus
 def _evaluate(arguments: list[str], env: dict[str, str]) -> tuple[dict, float]:
     started = time.monotonic()
     done = subprocess.run(["quanteval", "evaluate", str(BASE), str(LOSSY), "--benchmarks", "skills://tiny_mcq",
-                           "--max-drop", "1.5", "--json", *arguments], capture_output=True, text=True, env=env,
+                           "--max-drop", "1.5", "--json", "--eager", *arguments], capture_output=True, text=True, env=env,
                           timeout=2400, check=False)
     assert done.returncode in (0, 3, 4), f"{done.stdout[-3000:]}\n{done.stderr[-1500:]}"  # --json: the reasons on stdout
     return json.loads(done.stdout), time.monotonic() - started
@@ -257,7 +260,7 @@ def _start(slurm_cluster, tmp_path: Path, name: str, pair: tuple[Path, Path] = (
     settings = _settings(slurm_cluster, tmp_path)
     log = tmp_path / f"{name}.log"
     argv = [str(VENV_BIN / "quanteval"), "evaluate", *map(str, pair), "--benchmarks", benchmark,
-            "--max-problems", "10", "--canary-problems", "5", "--max-drop", "1.5", "--json",
+            "--max-problems", "10", "--canary-problems", "5", "--max-drop", "1.5", "--json", "--eager",
             "--output-dir", str(tmp_path / "evaluate"), "--host", slurm_cluster.ssh_alias, "--startup-timeout-s", "600",
             "--partition", "debug", "--account", settings["account"], "--walltime", settings["walltime"],
             "--cluster-output-dir", settings["output_dir"], "--nel-next-venv", settings["nel_next_venv"],
@@ -376,7 +379,7 @@ def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tm
     request = _request(slurm_cluster, tmp_path).model_copy(update={
         "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
         "benchmarks": [str(REPO / "examples" / "benchmarks" / "tiny_add.py")], "max_problems": 10, "canary_problems": 5,
-        "noise_floor": True})
+        "noise_floor": True, "eager": False})  # both sides on vLLM's default path in the jobs, the floor eager
     messages: list[str] = []
     result = evaluate_quantization(request, lambda done, total=None, message=None: messages.append(message or ""))
     floor = result.noise_floor_run
