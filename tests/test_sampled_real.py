@@ -34,7 +34,7 @@ def sampled(tmp_path_factory):
             answer = evaluate_quantization(EvaluateQuantizationInput(
                 baseline_checkpoint=str(BASE), candidate_checkpoint=str(LOSSY), benchmarks=["skills://tiny_mcq"],
                 output_dir=str(root / f"x{repeats}"), canary_problems=20, max_problems=PROBLEMS, max_tokens=32, repeats=repeats,
-                temperature=1.0, max_drop=max_drop, startup_timeout_s=900, eager=True),  # the subject is sampling
+                temperature=1.0, max_drop=max_drop, startup_timeout_s=900),
                 lambda done, total=None, message=None: said.append(message or ""))
             return answer, said
 
