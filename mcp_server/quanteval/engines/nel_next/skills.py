@@ -23,6 +23,7 @@ Facts (nemo-evaluator 0.3.0's environments/skills.py, NeMo-Skills 467b057; see s
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -168,15 +169,54 @@ class Probe:
     benchmarks: dict[str, Benchmark] = field(default_factory=dict)
 
 
+# probe's answers that found every benchmark ready, by (venv, names, benchmark map), with the files they read as they
+# were: an evaluation asks about its benchmarks 5-7 times (preflight, each side's config check and launches), each a
+# ~1 CPU-s child. Kept only while those files are unchanged: data is prepared, and benchmark maps change, while a
+# server runs; an answer that found anything missing or wrong is never kept (the next ask may find it fixed).
+_PROBES: dict[tuple[str, tuple[str, ...], str], tuple[Probe, tuple[tuple[str, int, int], ...]]] = {}
+
+
+def _files_read(found: Probe) -> tuple[tuple[str, int, int], ...]:
+    """(path, size, mtime) of the benchmark map, what it maps, and each benchmark's data file; -1s where missing."""
+    paths_read = [str(path) for _, path in map_paths()]
+    paths_read += [str(Path(path) / "__init__.py") for path in paths_read[1:]]
+    paths_read += [benchmark.data_file for benchmark in found.benchmarks.values()]
+    stats = []
+    for path in paths_read:
+        try:
+            stat = os.stat(path)
+            stats.append((path, stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            stats.append((path, -1, -1))
+    return tuple(stats)
+
+
+def _ready(found: Probe) -> bool:
+    return found.problem is None and all(
+        not b.unknown and b.rows and b.bad_row is None and not (b.prepared or {}).get("error") for b in found.benchmarks.values())
+
+
 def probe(names: list[str]) -> Probe:
-    """Ask the NeMo-Skills in nel-next's venv, as nel-next itself resolves things (its own helpers), about `names`.
-    Not cached: data is prepared, and benchmark maps change, while the server runs."""
+    """Ask the NeMo-Skills in nel-next's venv, as nel-next itself resolves things (its own helpers), about `names`."""
     python = nelnext.venv() / "bin" / "python"
     if not python.exists():
         return Probe(problem=f"nel-next is not installed at {nelnext.venv()}")
     if refusal := map_outside_root():
         return Probe(problem=refusal)
     names = [name for name in names if name_problem(name) is None]  # never imported: the caller says why
+    raw_map = os.environ.get(MAP_VARIABLE)
+    key = (str(python), tuple(sorted(set(names))), str(Path(raw_map).expanduser().absolute()) if raw_map else "")
+    if (kept := _PROBES.get(key)) is not None and _files_read(kept[0]) == kept[1]:
+        return copy.deepcopy(kept[0])
+    found = _ask(python, names)
+    if _ready(found):
+        if len(_PROBES) >= 32:
+            _PROBES.clear()
+        _PROBES[key] = (copy.deepcopy(found), _files_read(found))
+    return found
+
+
+def _ask(python: Path, names: list[str]) -> Probe:
     try:
         done = nelnext.run_script(python, _PROBE, json.dumps(sorted(set(names))), json.dumps(BOXED_PROMPTS))
         answer = nelnext.last_json(done.stdout)
