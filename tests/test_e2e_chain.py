@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 from chain_scenarios import cli_env, enforced_checks, run_scenario, scenarios
+from tiers import requires
+
+# Every test reads the module's four scenarios, each a dozen `quanteval call` processes (~30 s in all): the slow tier.
+pytestmark = requires("slow")
 
 MOST_CALLS = 12  # the skill's flow: build, add tasks, inspect, apply, list missing, 3 SLURM values, validate, dry-run
 
@@ -29,7 +33,6 @@ def transcripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
 SCENARIOS = ["nvfp4-qwen3-sglang-slurm", "fp8-llama-vllm-local", "bf16-baseline-from-quantized-config", "reasoning-thinking-on-vllm-local"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_scenario_reaches_a_canary_ready_config_that_the_server_accepts(transcripts: dict[str, tuple], name: str) -> None:
     scenario, transcript, config = transcripts[name]
