@@ -46,15 +46,20 @@ class Reading:
     files_read: list[str] = field(default_factory=list)  # the other files composed in, or that would be if written
 
     def stats(self) -> tuple[tuple[str, int, int], ...]:
-        """(path, size, mtime) of each of files_read (-1: missing): a reading older than one of them is not what runs now."""
-        found = []
-        for file in self.files_read:
-            try:
-                stat = Path(file).stat()
-            except OSError:
-                stat = None
-            found.append((str(file), stat.st_size, stat.st_mtime_ns) if stat else (str(file), -1, -1))
-        return tuple(found)
+        """file_stats of files_read: a reading older than one of them is not what runs now."""
+        return file_stats(self.files_read)
+
+
+def file_stats(files: list[str]) -> tuple[tuple[str, int, int], ...]:
+    """(path, size, mtime) of each file (-1s where missing): what an answer kept in memory was made from."""
+    found = []
+    for file in files:
+        try:
+            stat = Path(file).stat()
+        except OSError:
+            stat = None
+        found.append((str(file), stat.st_size, stat.st_mtime_ns) if stat else (str(file), -1, -1))
+    return tuple(found)
 
 
 @dataclass(frozen=True)

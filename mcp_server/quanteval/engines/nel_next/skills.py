@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from quanteval import configfile, envvars, paths
+from quanteval.engines.base import file_stats
 from quanteval.engines.nel_next import nelnext
 from quanteval.engines.nel_next.skillnames import SCHEME, name_problem, skills_names  # noqa: F401 (config.py, runs.py read skills.*)
 from quanteval.engines.nemo_skills_source import NEMO_SKILLS_COMMIT, NEMO_SKILLS_UPSTREAM  # noqa: F401 (config.py reads skills.NEMO_SKILLS_*)
@@ -170,7 +171,7 @@ class Probe:
 
 
 # probe's answers that found every benchmark ready, by (venv, names, benchmark map), with the files they read as they
-# were: an evaluation asks about its benchmarks 5-7 times (preflight, each side's config check and launches), each a
+# were: an evaluation asks about its benchmarks up to 7 times (preflight, each side's config check and launches), each a
 # ~1 CPU-s child. Kept only while those files are unchanged: data is prepared, and benchmark maps change, while a
 # server runs; an answer that found anything missing or wrong is never kept (the next ask may find it fixed).
 _PROBES: dict[tuple[str, tuple[str, ...], str], tuple[Probe, tuple[tuple[str, int, int], ...]]] = {}
@@ -181,14 +182,7 @@ def _files_read(found: Probe) -> tuple[tuple[str, int, int], ...]:
     paths_read = [str(path) for _, path in map_paths()]
     paths_read += [str(Path(path) / "__init__.py") for path in paths_read[1:]]
     paths_read += [benchmark.data_file for benchmark in found.benchmarks.values()]
-    stats = []
-    for path in paths_read:
-        try:
-            stat = os.stat(path)
-            stats.append((path, stat.st_size, stat.st_mtime_ns))
-        except OSError:
-            stats.append((path, -1, -1))
-    return tuple(stats)
+    return file_stats(paths_read)
 
 
 def _ready(found: Probe) -> bool:
