@@ -1,5 +1,5 @@
-"""scripts/setup shows what it installs and how long it has taken (issue 29, item 10): from a fresh clone it used to
-print nothing for about three minutes of quiet pip. Each step is a line on stderr with the seconds since setup began,
+"""scripts/setup shows what it installs and how long it has taken: from a fresh clone it used to print nothing for
+about three minutes of quiet pip. Each step is a line on stderr with the seconds since setup began,
 a heartbeat while a long step runs, the tools' output in the log; `--dry-run` lists the steps and changes nothing.
 The scripts run from a throwaway copy of the checkout, with every venv (QUANTEVAL_*_VENV) in a temporary directory:
 a setup that ignored --dry-run (as the old one ignored every option) must not touch this checkout's venvs."""
