@@ -115,7 +115,8 @@ def test_slurm_deployment_crash_is_reported_with_the_fix(slurm_cluster, monkeypa
 def test_sbatch_rejection_is_a_clear_error(slurm_cluster, monkeypatch):
     monkeypatch.setenv("QUANTEVAL_SGLANG_LAUNCHER", shlex.join([sys.executable, str(STANDIN)]))
     plan = plan_deployment(PlanDeploymentInput(checkpoint=str(CHECKPOINT), check_args=False))
-    with pytest.raises(ToolError, match="sbatch on quanteval-test-cluster failed: .*partition"):
+    # the login rc's banner (stderr, before sbatch's own lines) is left out of the reason
+    with pytest.raises(ToolError, match=r"sbatch on quanteval-test-cluster failed: sbatch: error: invalid partition"):
         launch_deployment(LaunchDeploymentInput(
             plan=plan, host=slurm_cluster.ssh_alias, partition="no-such-partition", gpus_per_node=0,
             remote_workdir=str(slurm_cluster.workdir / "deployments"),

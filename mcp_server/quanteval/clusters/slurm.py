@@ -42,9 +42,17 @@ class SlurmJob(BaseModel):
     source: Literal["squeue", "sacct", "sacct -c"]
 
 
+def said_by(command: str, stderr: str) -> str:
+    """What `command` itself printed to stderr: SLURM's tools start each line with their name ("sbatch: error: ..."),
+    and a login shell's rc files print before them (a pyenv rehash, a module system), which would push the reason
+    out of a bounded message. All of stderr when no line is the command's."""
+    own = [line for line in stderr.splitlines() if line.startswith(f"{command}:")]
+    return "\n".join(own) if own else stderr.strip()
+
+
 def slurm_error(host: str, command: str, stderr: str) -> ToolError:
     """A failed SLURM command as an error a person can act on (not a login node, no config, controller down)."""
-    text = stderr.strip()[-400:]
+    text = said_by(command, stderr)[-400:]
     if "command not found" in text:
         return ToolError(f"{host}: {command} not found. Use a SLURM login node (check with ssh_check).")
     if "configuration source" in text or "Unable to process configuration file" in text:
@@ -160,7 +168,7 @@ def sbatch(host: str, directory: str, script: str, file_name: str = "job.sbatch"
                f"sbatch --parsable {file_name} && pwd")
     result = run_remote(host, command, timeout=90)
     if result.exit_code != 0:
-        raise ToolError(f"sbatch on {host} failed: {result.stderr.strip()[-500:]}")
+        raise ToolError(f"sbatch on {host} failed: {said_by('sbatch', result.stderr)[-500:]}")
     job_line, absolute_dir = (result.stdout.strip().splitlines() + ["", ""])[:2]
     return job_line.split(";")[0].strip(), absolute_dir
 
