@@ -68,10 +68,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item not in dropped]
 
 
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the whole run (xdist's workers share their base's parent), new each run: a test's processes reuse
+    what another's made (a framework's check of the same server arguments on the same checkpoint, NEL's facts), as
+    one user's do."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cache"
+
+
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("QUANTEVAL_STATE_DIR", str(state))
+    monkeypatch.setenv("QUANTEVAL_CACHE_DIR", str(_session_cache(tmp_path_factory)))
     monkeypatch.setenv("QUANTEVAL_LEDGER", str(state / "ledger.sqlite3"))
     monkeypatch.setenv("NEMO_EVALUATOR_TELEMETRY_LEVEL", "0")
     return state

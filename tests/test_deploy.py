@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import struct
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from factories import make_checkpoint
-from tiers import CHECKPOINTS, REPO
+from tiers import CHECKPOINTS, REPO, requires
 
 from quanteval import ledger
 from quanteval.localproc import group_members
@@ -674,3 +675,36 @@ def test_a_cluster_jobs_vllm_for_cpu_gets_the_same_environment_as_a_local_one_an
     assert command[command.index("--model") + 1] == "/ckpt" and command[command.index("--port") + 1] == "8001"
     gpu = server_command(cluster(False), "baseline", [], {}, 8002)
     assert gpu[0] == "python" and not any(part.startswith("VLLM_") for part in gpu)
+
+
+@requires("vllm")
+def test_an_accepted_server_check_is_kept_for_the_next_call_until_what_it_read_changes(tmp_path, monkeypatch):
+    """vLLM's own check of a plan's arguments (its parser and model-config resolution: ~7 CPU-s of imports in a process
+    that has not warmed one, as each `quanteval evaluate` is) is asked once: the same arguments on another port get the
+    kept answer without asking vLLM; a checkpoint file that changed is asked again (and answers the new value), and a
+    refusal is asked each time (its fix is the user's next step)."""
+    from quanteval import warm_python
+    from quanteval.serving.deploy import check_server_args
+
+    monkeypatch.setenv("QUANTEVAL_CACHE_DIR", str(tmp_path / "cache"))
+    checkpoint = tmp_path / "tiny-add-bf16"
+    checkpoint.mkdir()
+    for item in (CHECKPOINTS / "tiny-add-bf16").iterdir():
+        (checkpoint / item.name).symlink_to(item) if item.name != "config.json" else shutil.copy(item, checkpoint / item.name)
+    asked: list[list[str]] = []
+    ask = warm_python.run
+    monkeypatch.setattr(warm_python, "run", lambda python, preload, code, argv, *rest, **named: (
+        asked.append(json.loads(argv[0])), ask(python, preload, code, argv, *rest, **named))[1])
+
+    def check(port: int, *more: str):
+        return check_server_args("vllm", ["--model", str(checkpoint), "--served-model-name", "tiny", "--port", str(port),
+                                          *more], local_model=True)
+
+    first, again = check(8001), check(8002)
+    assert first.ok and again == first and first.resolved["max_model_len"] == 256 and len(asked) == 1
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
+    changed = check(8003)
+    assert changed.ok and changed.resolved["max_model_len"] == 128 and len(asked) == 2
+    refused, refused_again = check(8004, "--max-model-len", "two"), check(8004, "--max-model-len", "two")
+    assert refused.ok is False and refused_again.ok is False and len(asked) == 4

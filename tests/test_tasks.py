@@ -117,11 +117,18 @@ def test_unknown_name_is_empty_and_suggestions_are_usable() -> None:
     assert all(len(tasks.lookup(name)) == 1 for name in tasks.suggest("mmlu_pr"))
 
 
-def test_cache_is_written_reused_and_invalidated_when_the_file_changes(tmp_path: Path, isolated_state: Path) -> None:
+@pytest.fixture
+def own_cache(isolated_state: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's cache, not the session's (conftest shares one across tests): the files it looks at are its own."""
+    monkeypatch.setenv("QUANTEVAL_CACHE_DIR", str(isolated_state / "cache"))
+    return isolated_state / "cache"
+
+
+def test_cache_is_written_reused_and_invalidated_when_the_file_changes(tmp_path: Path, own_cache: Path) -> None:
     source = tmp_path / "all_tasks_irs.yaml"
     shutil.copy(catalogue.nel_tasks_file(), source)
     assert len(tasks.catalogue(source)) == 421
-    cache_files = list(isolated_state.glob("tasks-catalogue-nel-*.json"))
+    cache_files = list(own_cache.glob("tasks-catalogue-nel-*.json"))
     assert len(cache_files) == 1
 
     catalogue._memo.clear()  # a new process: only the JSON cache is left
@@ -136,9 +143,10 @@ def test_cache_is_written_reused_and_invalidated_when_the_file_changes(tmp_path:
     assert [entry.name for entry in tasks.catalogue(source)] == [task["name"] for task in document["tasks"]]
 
 
-def test_corrupt_cache_is_rebuilt(isolated_state: Path) -> None:
+def test_corrupt_cache_is_rebuilt(own_cache: Path) -> None:
+    catalogue._memo.clear()
     tasks.catalogue()
-    (cache,) = isolated_state.glob("tasks-catalogue-nel-*.json")
+    (cache,) = own_cache.glob("tasks-catalogue-nel-*.json")
     cache.write_text("{not json", encoding="utf-8")
     catalogue._memo.clear()
     assert len(tasks.catalogue()) == 421

@@ -22,6 +22,8 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "MODELOPT_WORKSPACE_ROOT": "Root of ModelOpt quantization/deployment workspaces to reuse.",
     "QUANTEVAL_STATE_DIR": "Where quanteval keeps its state (ledger, caches). Default: $XDG_STATE_HOME/quanteval.",
     "QUANTEVAL_LEDGER": "Path of the SQLite ledger of runs and deployments. Default: <state dir>/ledger.sqlite3.",
+    "QUANTEVAL_CACHE_DIR": "Answers quanteval reuses across processes (NEL's facts and tasks, server arguments a framework "
+                           "accepted), each keyed by what it was made from. Default: <state dir>/cache.",
     "QUANTEVAL_SGLANG_LAUNCHER": "Command that replaces `python3 -m sglang.launch_server` in deployments (a specific Python, a container wrapper).",
     "QUANTEVAL_VLLM_LAUNCHER": "Command that replaces `vllm serve` in deployments.",
     "QUANTEVAL_TRTLLM_LAUNCHER": "Command that replaces `trtllm-serve` in deployments.",
@@ -61,6 +63,14 @@ def state_dir() -> Path:
     else:
         base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         path = Path(base).expanduser() / "quanteval"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_dir() -> Path:
+    """Where answers reused across processes are kept: safe to delete, each is made again when missing."""
+    explicit = os.environ.get("QUANTEVAL_CACHE_DIR")
+    path = Path(explicit).expanduser() if explicit else state_dir() / "cache"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

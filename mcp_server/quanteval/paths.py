@@ -228,3 +228,15 @@ def new_file_folder(path: Path, field: str) -> Path:
     except OSError as exc:
         raise ToolError(f"{field}: cannot create the folder {folder} ({exc.strerror or exc}). Choose another path.") from None
     return folder
+
+
+def file_stats(files: list[str] | list[Path]) -> tuple[tuple[str, int, int], ...]:
+    """(path, size, mtime) of each file (-1s where missing): what an answer kept for reuse was made from."""
+    found = []
+    for file in files:
+        try:
+            stat = Path(file).stat()
+        except OSError:
+            stat = None
+        found.append((str(file), stat.st_size, stat.st_mtime_ns) if stat else (str(file), -1, -1))
+    return tuple(found)

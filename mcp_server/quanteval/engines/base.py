@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 from ruamel.yaml.comments import CommentedMap
 
-from quanteval import configfile, failures, ledger
+from quanteval import configfile, failures, ledger, paths
 from quanteval.clusters.executor import JobStatus
 from quanteval.failures import Diagnosis
 from quanteval.models import ProgressFn, StrictModel, ToolError
@@ -47,19 +47,7 @@ class Reading:
 
     def stats(self) -> tuple[tuple[str, int, int], ...]:
         """file_stats of files_read: a reading older than one of them is not what runs now."""
-        return file_stats(self.files_read)
-
-
-def file_stats(files: list[str]) -> tuple[tuple[str, int, int], ...]:
-    """(path, size, mtime) of each file (-1s where missing): what an answer kept in memory was made from."""
-    found = []
-    for file in files:
-        try:
-            stat = Path(file).stat()
-        except OSError:
-            stat = None
-        found.append((str(file), stat.st_size, stat.st_mtime_ns) if stat else (str(file), -1, -1))
-    return tuple(found)
+        return paths.file_stats(self.files_read)
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def catalogue(source: Path | None = None) -> list[TaskEntry]:
     if key in _memo:
         return _memo[key]
 
-    cache_file = envvars.state_dir() / f"tasks-catalogue-nel-{version}.json"
+    cache_file = envvars.cache_dir() / f"tasks-catalogue-nel-{version}.json"
     entries = _read_cache(cache_file, key)
     if entries is None:
         entries = _parse_tasks_file(source)

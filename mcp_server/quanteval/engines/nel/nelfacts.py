@@ -102,7 +102,7 @@ def _facts_from_nel() -> dict[str, Any]:
 
 @functools.cache
 def _facts() -> dict[str, Any]:
-    cache_file = envvars.state_dir() / f"nel-facts-{_versions()}.json"
+    cache_file = envvars.cache_dir() / f"nel-facts-{_versions()}.json"
     try:
         cached = json.loads(cache_file.read_text(encoding="utf-8"))
         if cached.get("schema") == CACHE_SCHEMA:

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from quanteval import configfile, envvars, paths
-from quanteval.engines.base import file_stats
 from quanteval.engines.nel_next import nelnext
 from quanteval.engines.nel_next.skillnames import SCHEME, name_problem, skills_names  # noqa: F401 (config.py, runs.py read skills.*)
 from quanteval.engines.nemo_skills_source import NEMO_SKILLS_COMMIT, NEMO_SKILLS_UPSTREAM  # noqa: F401 (config.py reads skills.NEMO_SKILLS_*)
@@ -182,7 +181,7 @@ def _files_read(found: Probe) -> tuple[tuple[str, int, int], ...]:
     paths_read = [str(path) for _, path in map_paths()]
     paths_read += [str(Path(path) / "__init__.py") for path in paths_read[1:]]
     paths_read += [benchmark.data_file for benchmark in found.benchmarks.values()]
-    return file_stats(paths_read)
+    return paths.file_stats(paths_read)
 
 
 def _ready(found: Probe) -> bool:
