@@ -23,17 +23,16 @@ Facts (nemo-evaluator 0.3.0's environments/skills.py, NeMo-Skills 467b057; see s
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 import string
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quanteval import configfile, envvars, paths
+from quanteval import configfile, envvars, kept, paths
 from quanteval.engines.nel_next import nelnext
 from quanteval.engines.nel_next.skillnames import SCHEME, name_problem, skills_names  # noqa: F401 (config.py, runs.py read skills.*)
 from quanteval.engines.nemo_skills_source import NEMO_SKILLS_COMMIT, NEMO_SKILLS_UPSTREAM  # noqa: F401 (config.py reads skills.NEMO_SKILLS_*)
@@ -169,11 +168,12 @@ class Probe:
     benchmarks: dict[str, Benchmark] = field(default_factory=dict)
 
 
-# probe's answers that found every benchmark ready, by (venv, names, benchmark map), with the files they read as they
-# were: an evaluation asks about its benchmarks up to 7 times (preflight, each side's config check and launches), each a
-# ~1 CPU-s child. Kept only while those files are unchanged: data is prepared, and benchmark maps change, while a
-# server runs; an answer that found anything missing or wrong is never kept (the next ask may find it fixed).
-_PROBES: dict[tuple[str, tuple[str, ...], str], tuple[Probe, tuple[tuple[str, int, int], ...]]] = {}
+# probe's answers that found every benchmark ready are kept (quanteval/kept.py) by (venv and its NeMo-Skills and
+# nel-next installs, names, benchmark map), with the files they read as they were: an evaluation asks about its
+# benchmarks up to 7 times (preflight, each side's config check and launches) in up to three processes, each ask a
+# ~1 CPU-s child. Used only while those files are unchanged: data is prepared, and benchmark maps change, while a server
+# runs; an answer that found anything missing or wrong is never kept (the next ask may find it fixed).
+KEPT_AS = "skills-probes"
 
 
 def _files_read(found: Probe) -> tuple[tuple[str, int, int], ...]:
@@ -198,15 +198,30 @@ def probe(names: list[str]) -> Probe:
         return Probe(problem=refusal)
     names = [name for name in names if name_problem(name) is None]  # never imported: the caller says why
     raw_map = os.environ.get(MAP_VARIABLE)
-    key = (str(python), tuple(sorted(set(names))), str(Path(raw_map).expanduser().absolute()) if raw_map else "")
-    if (kept := _PROBES.get(key)) is not None and _files_read(kept[0]) == kept[1]:
-        return copy.deepcopy(kept[0])
+    installed = sorted(nelnext.venv().glob("lib/python*/site-packages/nemo_[se]*.dist-info/RECORD"))
+    key = kept.key_of(str(python), sorted(set(names)), str(Path(raw_map).expanduser().absolute()) if raw_map else "",
+                      paths.file_stats(installed))
+    if (answer := _kept_probe(key)) is not None:
+        return answer
     found = _ask(python, names)
     if _ready(found):
-        if len(_PROBES) >= 32:
-            _PROBES.clear()
-        _PROBES[key] = (copy.deepcopy(found), _files_read(found))
+        kept.keep(KEPT_AS, key, json.dumps({"probe": asdict(found), "files_read": _files_read(found)}))
     return found
+
+
+def _kept_probe(key: str) -> Probe | None:
+    """The kept answer, while every file it read is as it was."""
+    try:
+        answer = json.loads(kept.read(KEPT_AS, key) or "null")
+        probe = Probe(problem=answer["probe"]["problem"], alias=answer["probe"]["alias"], benchmarks={
+            name: _benchmark(info) for name, info in answer["probe"]["benchmarks"].items()})
+        return probe if [list(stat) for stat in _files_read(probe)] == answer["files_read"] else None
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _benchmark(info: dict[str, Any]) -> Benchmark:
+    return Benchmark(**{key: (tuple(value) if key == "bad_row" and value else value) for key, value in info.items()})
 
 
 def _ask(python: Path, names: list[str]) -> Probe:
@@ -217,7 +232,7 @@ def _ask(python: Path, names: list[str]) -> Probe:
         return Probe(problem=f"the NeMo-Skills probe failed: {exc}")
     if not isinstance(answer, dict):
         return Probe(problem=f"the NeMo-Skills probe failed: {done.stderr.strip()[-300:]}")
-    found = {name: Benchmark(name=name, **{k: (tuple(v) if k == "bad_row" and v else v) for k, v in info.items()})
+    found = {name: _benchmark({"name": name, **info})
              for name, info in (answer.get("benchmarks") or {}).items()}
     return Probe(problem=answer.get("problem"), alias=answer.get("alias", ""), benchmarks=found)
 
