@@ -6,6 +6,8 @@ Prints, with the stand-in server (tests/standins/fake_inference_server.py) as th
   - plan_deployment with SGLang's and vLLM's own argument parsers: the first check of a process (it starts the warm
     process, quanteval/warm_python.py) and the next ones, versus without a check and versus the import every check
     paid before (`python -c "import sglang.srt.server_args"`, vLLM's engine arguments in its venv);
+  - `quanteval call plan_deployment` (vLLM) in a new process, as each `quanteval evaluate` plans: with an empty cache,
+    and after another process's check was kept (quanteval/kept.py), as a ratio;
   - launch -> ready as deployment_status(wait_s) sees it, versus the server's own load time;
   - one deployment_status probe (process, /health, /v1/models, a chat completion, log scan) versus
     the same three requests with curl, as a user would check by hand;
@@ -59,7 +61,21 @@ def launch(*fake: str) -> object:
     return launch_deployment(LaunchDeploymentInput(plan=plan))
 
 
+def plan_in_a_new_process(cache: Path) -> float:
+    arguments = f'{{"checkpoint": "{REPO / "examples" / "checkpoints" / "tiny-add-bf16"}", "framework": "vllm", "port": {free_port()}}}'
+    started = time.perf_counter()
+    subprocess.run([str(REPO / ".venv" / "bin" / "quanteval"), "call", "plan_deployment", "--json", arguments],
+                   env={**os.environ, "QUANTEVAL_CACHE_DIR": str(cache)}, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
 def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-deploy-cache-") as scratch:
+        empty = median_seconds(lambda: plan_in_a_new_process(Path(tempfile.mkdtemp(dir=scratch))), repeats=3)
+        plan_in_a_new_process(Path(scratch) / "kept")
+        kept = median_seconds(lambda: plan_in_a_new_process(Path(scratch) / "kept"), repeats=3)
+        print(f"plan_deployment vllm, new process : {empty:7.3f} s with an empty cache, {kept:.3f} s with the check "
+              f"another process kept (ratio {kept / empty:.2f}x)")
     for framework, importing in (("sglang", [sys.executable, "-c", "import sglang.srt.server_args"]),
                                  ("vllm", [str(vllm_venv() / "bin" / "python"), "-c", "import vllm.engine.arg_utils"])):
         plan = PlanDeploymentInput(checkpoint=str(CHECKPOINT), framework=framework)

@@ -29,7 +29,12 @@ from quanteval.clusters import slurm
 from quanteval.clusters.ssh import run_remote
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
-from quanteval.workflow.evaluate import EvaluateQuantizationInput, cluster_tensor_parallel_size, evaluate_quantization
+from quanteval.workflow.evaluate import (
+    EvaluateQuantizationInput,
+    EvaluateQuantizationOutput,
+    cluster_tensor_parallel_size,
+    evaluate_quantization,
+)
 from quanteval.workflow.evaluate_cluster import ClusterSettings, preflight
 
 BASE, LOSSY = CHECKPOINTS / "tiny-skills-bf16", CHECKPOINTS / "tiny-skills-w2-rtn"
@@ -58,7 +63,7 @@ def _settings(slurm_cluster, tmp_path: Path, **changes) -> dict:
 
 # Served --enforce-eager (evaluate's `eager`, the CLI's --eager): what these tests check is the cluster path, not
 # numerics, and an eager start takes ~5 CPU-s and ~15 s less (the compile-cache load). vLLM's default, compiled path
-# inside the jobs is the noise-floor test's, which serves both.
+# inside the jobs is the one-call test's noise floor.
 def _request(slurm_cluster, tmp_path: Path, host: str | None = None, **changes) -> EvaluateQuantizationInput:
     return EvaluateQuantizationInput(
         baseline_checkpoint=str(BASE), candidate_checkpoint=str(LOSSY), benchmarks=["skills://tiny_mcq"],
@@ -197,7 +202,9 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine_from_the_cli_and
     benchmarks/bench_evaluate_cluster.py): `quanteval evaluate` here, `quanteval evaluate --host` the cluster, and
     start_evaluation + wait_for_run from an MCP client whose every request must end within 60 s. On the cluster each
     side's canary and full run are SLURM jobs whose vLLM serves inside the job; both cluster answers give the local
-    call's verdict, flips and gate, and say where each side ran."""
+    call's verdict, flips and gate, and say where each side ran. The MCP one also measures the noise floor: the baseline
+    on vLLM's default, compiled path in jobs of its own (the sides serve eager), a third side whose canary goes in with
+    the others' and whose flips stand beside the quantization's."""
     from tiers import user_env
 
     env = user_env(QUANTEVAL_STATE_DIR=str(tmp_path / "state"),
@@ -206,7 +213,8 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine_from_the_cli_and
     env["PATH"] = f"{slurm_cluster.bin_dir}{os.pathsep}{env['PATH']}"  # the fixture's ssh/scp wrappers (nel-next submits with them)
     env["QUANTEVAL_SSH_CONFIG"] = os.environ["QUANTEVAL_SSH_CONFIG"]
     settings = _settings(slurm_cluster, tmp_path)
-    arguments = _request(slurm_cluster, tmp_path / "mcp").model_dump(mode="json", exclude_none=True)  # its own state dir: conftest's
+    arguments = _request(slurm_cluster, tmp_path / "mcp").model_copy(update={"noise_floor": True}).model_dump(
+        mode="json", exclude_none=True)  # its own state dir: conftest's
     with ThreadPoolExecutor(3) as pool:
         here = pool.submit(_evaluate, ["--output-dir", str(tmp_path / "local")], env)
         there = pool.submit(_evaluate, [
@@ -242,6 +250,33 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine_from_the_cli_and
         assert any(reason.startswith(f"Ran on {slurm_cluster.ssh_alias} (baseline)") for reason in answer["reasons"])
     assert not [job for job in _queue(slurm_cluster) if job.state in slurm.ACTIVE_JOB_STATES and job.user == slurm_cluster.user
                 and job.name.startswith("nel")]
+    _the_noise_floor_ran_beside_both_sides(EvaluateQuantizationOutput.model_validate(waited["result"]))
+
+
+def _the_noise_floor_ran_beside_both_sides(result: EvaluateQuantizationOutput) -> None:
+    floor = result.noise_floor_run
+    assert floor is not None and floor.serving is not None and floor.serving.numerics == "default", result.reasons
+    assert floor.cluster is not None and set(floor.cluster.jobs) == {"canary", "full_run"}
+    sides = (result.baseline, result.candidate, floor)
+    # each side's full run went into its canary's job, against the server that job started: one start per side
+    assert all(side.cluster and side.cluster.jobs["canary"] == side.cluster.jobs["full_run"] for side in sides), \
+        [side.cluster for side in sides]
+    assert result.noise_floor and result.noise_floor[0].message in result.reasons
+    # the three canaries went in together: each was submitted before any ended
+    canaries = [ledger.events(side.canary_record_id or "") for side in sides]
+    assert max(events[0].at for events in canaries) < min(events[-1].at for events in canaries), canaries
+    # each side's server on a port of its own: their jobs share the node, and a vLLM that cannot bind its port would
+    # leave its job asking another job's server
+    model = [yaml.safe_load(Path(side.config_path or "").read_text())["services"]["model"] for side in sides]
+    assert len({service["port"] for service in model}) == 3, model
+    assert all(f"--port {service['port']}" in service["pre_cmd"] for service in model), model
+    # and each job's adapter proxy too: nel-next's own `nel` puts it on 127.0.0.1:4000 when free, and of two jobs on one
+    # node the loser's requests went to the other's proxy (the CI failure of the cluster one call)
+    logs = [log for side in sides for record_id in (side.canary_record_id, side.full_run_record_id)
+            for job in ledger.get(record_id or "").details["slurm_jobs"]
+            for log in Path(job["remote_dir"], "logs").glob("eval-*-*.log")]
+    proxies = [int(port) for log in logs for port in re.findall(r"Adapter proxy ready at http://127\.0\.0\.1:(\d+)", log.read_text())]
+    assert len(proxies) == 6 and 4000 not in proxies, (logs, proxies)
 
 
 # --- nothing costs GPU hours after the user has gone --------------------------------------------------------------
@@ -368,44 +403,6 @@ def test_a_candidate_whose_canary_fails_on_the_cluster_is_anomalous_with_its_job
     assert result.responses and result.baseline.full_run_record_id and result.baseline.cluster.jobs.keys() == {"canary", "full_run"}
     jobs = {job for side in (result.baseline.cluster, placed) for job in side.jobs.values()}
     wait_until(lambda: not _queued(slurm_cluster, jobs), 30, "every job of the evaluation gone")
-
-
-@requires("vllm")
-@own_lane(CLUSTER_VLLM_LANE)
-@pytest.mark.timeout(1800)
-def test_the_noise_floor_runs_on_the_cluster_beside_both_sides(slurm_cluster, tmp_path):
-    """noise_floor on a cluster: the baseline's run on the other numeric path (--enforce-eager) is a third side whose
-    canary goes in with the others', served in its own jobs, and its flips stand beside the quantization's."""
-    request = _request(slurm_cluster, tmp_path).model_copy(update={
-        "baseline_checkpoint": str(CHECKPOINTS / "tiny-add-bf16"), "candidate_checkpoint": str(CHECKPOINTS / "tiny-add-w8a8"),
-        "benchmarks": [str(REPO / "examples" / "benchmarks" / "tiny_add.py")], "max_problems": 10, "canary_problems": 5,
-        "noise_floor": True, "eager": False})  # both sides on vLLM's default path in the jobs, the floor eager
-    messages: list[str] = []
-    result = evaluate_quantization(request, lambda done, total=None, message=None: messages.append(message or ""))
-    floor = result.noise_floor_run
-    assert floor is not None and floor.serving is not None and floor.serving.numerics == "eager", result.reasons
-    assert floor.cluster is not None and set(floor.cluster.jobs) == {"canary", "full_run"}
-    # each side's full run went into its canary's job, against the server that job started: one start per side
-    assert all(side.cluster and side.cluster.jobs["canary"] == side.cluster.jobs["full_run"]
-               for side in (result.baseline, result.candidate, floor)), [side.cluster for side in (result.baseline, result.candidate, floor)]
-    assert result.noise_floor and result.noise_floor[0].message in result.reasons
-    submitted = [index for index, message in enumerate(messages) if "submitting its canary" in message]
-    first_poll = next(index for index, message in enumerate(messages) if " canary canary-" in message)
-    assert len(submitted) == 3 and max(submitted) < first_poll  # all three canaries went in before any was polled
-    # each side's server on a port of its own: their jobs share the node, and a vLLM that cannot bind its port would
-    # leave its job asking another job's server
-    model = [yaml.safe_load(Path(side.config_path).read_text())["services"]["model"]
-             for side in (result.baseline, result.candidate, floor)]
-    assert len({service["port"] for service in model}) == 3, model
-    assert all(f"--port {service['port']}" in service["pre_cmd"] for service in model), model
-    # and each job's adapter proxy too: nel-next's own `nel` puts it on 127.0.0.1:4000 when free, and of two jobs on one
-    # node the loser's requests went to the other's proxy (the CI failure of the cluster one call)
-    logs = [log for side in (result.baseline, result.candidate, floor)
-            for record_id in (side.canary_record_id, side.full_run_record_id)
-            for job in ledger.get(record_id or "").details["slurm_jobs"]
-            for log in Path(job["remote_dir"], "logs").glob("eval-*-*.log")]
-    proxies = [int(port) for log in logs for port in re.findall(r"Adapter proxy ready at http://127\.0\.0\.1:(\d+)", log.read_text())]
-    assert len(proxies) == 6 and 4000 not in proxies, (logs, proxies)
 
 
 # --- an MCP client that goes away, a server that restarts, a job SLURM ends or requeues ------------------------------
