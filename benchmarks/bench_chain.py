@@ -3,7 +3,7 @@
     PYTHONPATH=mcp_server .venv/bin/python benchmarks/bench_chain.py
 
 Drives the same `quanteval call` subprocesses as tests/test_e2e_chain.py and prints, per scenario, the tool calls
-and the characters of output the assistant reads, with the ratio to issue 13's starting point (~25 calls, ~64k
+and the characters of output the assistant reads, with the ratio to the old skill pack's (~25 calls, ~64k
 characters for the NVFP4 + SGLang on SLURM scenario).
 """
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from chain_scenarios import cli_env, enforced_checks, run_scenario, scenarios  # noqa: E402
 
-BEFORE_CALLS, BEFORE_CHARACTERS = 25, 64_000  # issue 13, measured by a session following the old skill
+BEFORE_CALLS, BEFORE_CHARACTERS = 25, 64_000  # measured by a session following the old skill pack
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
             print(f"{scenario.name:40} {len(transcript.calls):5d} {transcript.characters:7d} {elapsed:8.1f}  {verdict}")
             if scenario.name.startswith("nvfp4"):
                 print(f"{'':40} calls x{len(transcript.calls) / BEFORE_CALLS:.2f}, characters x{transcript.characters / BEFORE_CHARACTERS:.2f} "
-                      f"of issue 13's {BEFORE_CALLS} calls / {BEFORE_CHARACTERS} characters")
+                      f"of the old skill pack's {BEFORE_CALLS} calls / {BEFORE_CHARACTERS} characters")
                 print(f"{'':40} " + ", ".join(f"{tool} {size}" for tool, size in transcript.calls))
 
 

@@ -128,7 +128,7 @@ def test_cache_is_written_reused_and_invalidated_when_the_file_changes(tmp_path:
     source = tmp_path / "all_tasks_irs.yaml"
     shutil.copy(catalogue.nel_tasks_file(), source)
     assert len(tasks.catalogue(source)) == 421
-    cache_files = list(own_cache.glob("tasks-catalogue-nel-*.json"))
+    cache_files = list(own_cache.glob("tasks-catalogue/nel-*.json"))
     assert len(cache_files) == 1
 
     catalogue._memo.clear()  # a new process: only the JSON cache is left, and NEL's YAML is not parsed again
@@ -146,7 +146,7 @@ def test_cache_is_written_reused_and_invalidated_when_the_file_changes(tmp_path:
 def test_corrupt_cache_is_rebuilt(own_cache: Path) -> None:
     catalogue._memo.clear()
     tasks.catalogue()
-    (cache,) = own_cache.glob("tasks-catalogue-nel-*.json")
+    (cache,) = own_cache.glob("tasks-catalogue/nel-*.json")
     cache.write_text("{not json", encoding="utf-8")
     catalogue._memo.clear()
     assert len(tasks.catalogue()) == 421

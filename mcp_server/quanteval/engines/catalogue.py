@@ -17,14 +17,13 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from quanteval import envvars
+from quanteval import envvars, kept
 from quanteval.models import ToolError
 
 log = logging.getLogger(__name__)
@@ -111,35 +110,32 @@ def catalogue(source: Path | None = None) -> list[TaskEntry]:
     if key in _memo:
         return _memo[key]
 
-    cache_file = envvars.cache_dir() / f"tasks-catalogue-nel-{version}.json"
-    entries = _read_cache(cache_file, key)
+    entries = _read_cache(f"nel-{version}", key)
     if entries is None:
         entries = _parse_tasks_file(source)
-        _write_cache(cache_file, key, entries)
+        _write_cache(f"nel-{version}", key, entries)
     _memo.clear()
     _memo[key] = entries
     return entries
 
 
-def _read_cache(cache_file: Path, key: tuple[str, str, int, int]) -> list[TaskEntry] | None:
+KEPT_AS = "tasks-catalogue"
+
+
+def _read_cache(name: str, key: tuple[str, str, int, int]) -> list[TaskEntry] | None:
     try:
-        cached = json.loads(cache_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        cached = json.loads(kept.read(KEPT_AS, name) or "{}")
+    except ValueError:
         return None
     if cached.get("schema") != CATALOGUE_CACHE_SCHEMA or tuple(cached.get("key") or ()) != key:
         return None
     return [TaskEntry.model_construct(**task) for task in cached["tasks"]]
 
 
-def _write_cache(cache_file: Path, key: tuple[str, str, int, int], entries: list[TaskEntry]) -> None:
+def _write_cache(name: str, key: tuple[str, str, int, int], entries: list[TaskEntry]) -> None:
     payload = {"schema": CATALOGUE_CACHE_SCHEMA, "key": list(key), "tasks": [entry.model_dump() for entry in entries]}
-    temporary = cache_file.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(payload), encoding="utf-8")
-        os.replace(temporary, cache_file)
-    except OSError as exc:  # a read-only state dir only costs speed
-        log.warning("could not write the task catalogue cache %s: %s", cache_file, exc)
-        temporary.unlink(missing_ok=True)
+    if failed := kept.keep(KEPT_AS, name, json.dumps(payload)):  # a read-only state dir only costs speed
+        log.warning("could not write the task catalogue cache %s: %s", envvars.cache_dir() / KEPT_AS, failed)
 
 
 def lookup(name: str, source: Path | None = None) -> list[TaskEntry]:

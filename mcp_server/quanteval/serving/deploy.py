@@ -274,19 +274,22 @@ def check_server_args(framework: str, server_args: list[str], local_model: bool 
 def _check_key(module: str, python: str, server_args: list[str], local_model: bool) -> str | None:
     """What a check's answer is made from; None where the framework's install cannot be told apart from its next (no
     dist-info beside the interpreter's venv)."""
-    installed = sorted(Path(python).parent.parent.glob(f"lib/python*/site-packages/{module}[-_]*.dist-info/RECORD"))
+    installed = kept.installs(Path(python).parent.parent, module)
     if not installed:
         return None
     # the port is the one argument every evaluation picks anew, and no check's answer depends on it
     args = [arg for index, arg in enumerate(server_args) if index == 0 or server_args[index - 1] != "--port"]
     named: list[Path] = []  # the checkpoint's files (vLLM resolves its config), a chat template, ...
-    for arg in args:
-        path = Path(arg).expanduser()
-        if not arg.startswith("-") and path.is_absolute():
-            named += sorted(item for item in path.iterdir() if item.is_file()) if path.is_dir() else [path]
+    try:
+        for arg in args:
+            path = Path(arg).expanduser()
+            if not arg.startswith("-") and path.is_absolute():
+                named += sorted(item for item in path.iterdir() if item.is_file()) if path.is_dir() else [path]
+    except OSError:  # a folder it cannot list: the check runs, and its answer is not kept
+        return None
     environment = sorted((name, value) for name, value in os.environ.items()
                          if name.startswith((f"{module.upper()}_", "HF_", "TRANSFORMERS_")))
-    return kept.key_of(module, python, paths.file_stats(installed), args, local_model, paths.file_stats(named), environment)
+    return kept.key_of(module, python, installed, args, local_model, paths.file_stats(named), environment)
 
 
 def _code_unallowed(server_args: list[str]) -> str:

@@ -15,14 +15,13 @@ import functools
 import importlib.metadata
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from quanteval import envvars
+from quanteval import envvars, kept
 from quanteval.models import ToolError
 
 CACHE_SCHEMA = 2
@@ -102,20 +101,14 @@ def _facts_from_nel() -> dict[str, Any]:
 
 @functools.cache
 def _facts() -> dict[str, Any]:
-    cache_file = envvars.cache_dir() / f"nel-facts-{_versions()}.json"
     try:
-        cached = json.loads(cache_file.read_text(encoding="utf-8"))
+        cached = json.loads(kept.read("nel-facts", _versions()) or "{}")
         if cached.get("schema") == CACHE_SCHEMA:
             return cached
-    except (OSError, ValueError):
+    except ValueError:
         pass
     facts = _facts_from_nel()
-    temporary = cache_file.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(facts), encoding="utf-8")
-        os.replace(temporary, cache_file)
-    except OSError:  # a read-only state dir only costs the next process the import again
-        temporary.unlink(missing_ok=True)
+    kept.keep("nel-facts", _versions(), json.dumps(facts))  # one not written costs the next process the import again
     return facts
 
 

@@ -198,9 +198,8 @@ def probe(names: list[str]) -> Probe:
         return Probe(problem=refusal)
     names = [name for name in names if name_problem(name) is None]  # never imported: the caller says why
     raw_map = os.environ.get(MAP_VARIABLE)
-    installed = sorted(nelnext.venv().glob("lib/python*/site-packages/nemo_[se]*.dist-info/RECORD"))
     key = kept.key_of(str(python), sorted(set(names)), str(Path(raw_map).expanduser().absolute()) if raw_map else "",
-                      paths.file_stats(installed))
+                      kept.installs(nelnext.venv(), "nemo_skills", "nemo_evaluator"))
     if (answer := _kept_probe(key)) is not None:
         return answer
     found = _ask(python, names)
