@@ -105,13 +105,15 @@ def reap() -> None:
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in a process group."""
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    # listed, then each read in its own try: pathlib's glob stats each match, and a process ending between the listing
+    # and that stat raised ProcessLookupError out of the glob itself (a stop_deployment racing its server's exit)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = Path("/proc", pid, "stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
         if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(stat.parent.name))
+            members.append(int(pid))
     return members
 
 
