@@ -110,3 +110,31 @@ def test_a_docker_cluster_nel_next_accepts_is_refused_at_launch_by_name_and_its_
     [record] = ledger.find(kind="canary")
     assert record.status == "failed" and "not launched by quanteval" in record.details["error"]
     assert not (tmp_path / "out").exists()
+
+
+@requires("nel-next")
+def test_nel_nexts_schema_check_answers_from_its_warm_process_as_a_fresh_interpreter_does(tmp_path, monkeypatch):
+    """A launch or validation asks nel-next's schema several times: the checks after the first are forked from one
+    warm nel-next Python (its imports done once), and each answers what `python -c` in a fresh interpreter answers: a
+    config it accepts, one it refuses with the key, and the defaults fragment it composed in."""
+    import subprocess
+
+    from quanteval import warm_python
+    from quanteval.engines.nel_next import nelnext
+
+    config = Path(_config(tmp_path, "none"))
+    (tmp_path / "fragment.yaml").write_text("services:\n  model:\n    generation:\n      max_tokens: 64\n")
+    config.write_text("defaults:\n  - _self_\n  - _base_: fragment.yaml\n" + config.read_text())
+    cases = [[], ["services.model.url=http://127.0.0.1:8000/v1/chat/completions", "services.model.model=m"]]
+    cold = [nelnext.run_script(nelnext.venv() / "bin" / "python", nelnext._SCHEMA_CHECK, str(config), json.dumps(overrides))
+            for overrides in cases]
+    started: list[list[str]] = []  # interpreters started for a check (a cold one, or warm_python's own cold retry)
+    run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda argv, *rest, **named: (started.append(argv), run(argv, *rest, **named))[1])
+    warm_python.close_all()
+    warm = [nelnext._ask_schema(str(config), overrides) for overrides in cases]
+    assert started == [] and [nelnext.NextReading(**nelnext.last_json(done.stdout)) for done in cold] == warm
+    refused, accepted = warm
+    assert not refused.ok and "services.model.url" in {problem["path"] for problem in refused.problems}
+    assert accepted.ok and accepted.files_read == [str((tmp_path / "fragment.yaml").resolve())]
+    assert accepted.resolved["services"]["model"]["generation"]["max_tokens"] == 64

@@ -1,5 +1,5 @@
-"""`python -c CODE ARGS` in another Python with a heavy import already done: the frameworks' parser checks and NEL's
-config ops.
+"""`python -c CODE ARGS` in another Python with a heavy import already done: the frameworks' parser checks, NEL's
+config ops and nel-next's schema check.
 
 plan_deployment asks vLLM's or SGLang's own code about the arguments it plans (and nelexec asks NEL to compose or
 dry-run a config): importing the framework costs 5-10 s of CPU, the check milliseconds. One warm process (zygote.py)
@@ -27,7 +27,9 @@ from pathlib import Path
 from quanteval import envvars, localproc
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
-MAX_WARM = 3  # vLLM, SGLang, NEL: each holds its import in memory (vLLM ~230 MB); the least recently used goes first
+# vLLM, SGLang, NEL, nel-next (a session uses two or three): each holds its import in memory (vLLM ~230 MB); the least
+# recently used goes first
+MAX_WARM = 3
 # Read by the framework at import time or by a check; other variables (quanteval's own, pytest's) do not make a new
 # warm process, but every check still runs with the caller's whole environment.
 _IGNORED_PREFIXES = ("QUANTEVAL_", "PYTEST_")

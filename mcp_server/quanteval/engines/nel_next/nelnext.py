@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quanteval import envvars, ledger, paths, redact
+from quanteval import envvars, ledger, paths, redact, warm_python
 from quanteval.clusters import executor as executors
 from quanteval.clusters import ssh
 from quanteval.clusters.executor import ClusterJob, LocalJob
@@ -106,8 +106,11 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_script(python: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """A Python script run by another venv's interpreter (nel-next's, NeMo-Skills'): it answers on its last stdout line."""
+def run_script(python: Path, script: str, *args: str, preload: str | None = None) -> subprocess.CompletedProcess[str]:
+    """A Python script run by another venv's interpreter (nel-next's, NeMo-Skills'): it answers on its last stdout line.
+    With `preload`, in a child forked from a warm process that imported it once (quanteval/warm_python.py)."""
+    if preload is not None:
+        return warm_python.run(str(python), preload, script, list(args), child_env(), CHECK_TIMEOUT_S)
     return subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
                           stdin=subprocess.DEVNULL, env=child_env(), check=False)
 
@@ -149,14 +152,17 @@ def endpoint_url(base_or_chat_url: str, protocol: str) -> str:
     return f"{base}/{'chat/completions' if protocol == 'chat_completions' else 'completions'}"
 
 
-_SCHEMA_CHECK = r"""
-import copy, json, sys
+# What the schema check imports (~0.6 CPU-s a child): a warm process imports it once and forks each check from it.
+_SCHEMA_PRELOAD = """
 from pydantic import ValidationError
 from nemo_evaluator.cli.eval import _apply_override
 from nemo_evaluator.config import parse_eval_config
 from nemo_evaluator.config.compose import _prune_nulls, compose_config
 from nemo_evaluator.config.eval_config import _expand_env, _resolve_playbooks
 from nemo_evaluator.config.output import OutputConfig
+"""
+_SCHEMA_CHECK = _SCHEMA_PRELOAD + r"""
+import copy, json, sys
 import pathlib, nemo_evaluator
 path, overrides = sys.argv[1], json.loads(sys.argv[2])
 problems = []
@@ -233,7 +239,7 @@ def _ask_schema(config_path: str, overrides: list[str] | None) -> NextReading:
     python = venv() / "bin" / "python"
     nel_binary()
     try:
-        done = run_script(python, _SCHEMA_CHECK, config_path, json.dumps(overrides or []))
+        done = run_script(python, _SCHEMA_CHECK, config_path, json.dumps(overrides or []), preload=_SCHEMA_PRELOAD)
     except subprocess.TimeoutExpired:
         raise ToolError(f"nel-next did not read {config_path} within {CHECK_TIMEOUT_S:.0f} s.") from None
     answer = last_json(done.stdout) if done.returncode == 0 else None
