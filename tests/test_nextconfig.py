@@ -114,9 +114,10 @@ def test_a_docker_cluster_nel_next_accepts_is_refused_at_launch_by_name_and_its_
 
 @requires("nel-next")
 def test_nel_nexts_schema_check_answers_from_its_warm_process_as_a_fresh_interpreter_does(tmp_path, monkeypatch):
-    """A launch or validation asks nel-next's schema several times: the checks after the first are forked from one
-    warm nel-next Python (its imports done once), and each answers what `python -c` in a fresh interpreter answers: a
-    config it accepts, one it refuses with the key, and the defaults fragment it composed in."""
+    """A launch or validation asks nel-next's schema several times: the first runs in an interpreter of its own (a
+    one-shot CLI call pays no warm process), the later ones are forked from one warm nel-next Python (its imports done
+    once), and each answers what `python -c` in a fresh interpreter answers: a config it accepts, one it refuses with
+    the key, and the defaults fragment it composed in."""
     import subprocess
 
     from quanteval import warm_python
@@ -132,8 +133,12 @@ def test_nel_nexts_schema_check_answers_from_its_warm_process_as_a_fresh_interpr
     run = subprocess.run
     monkeypatch.setattr(subprocess, "run", lambda argv, *rest, **named: (started.append(argv), run(argv, *rest, **named))[1])
     warm_python.close_all()
+    monkeypatch.setattr(warm_python, "_ASKED", set())
+    first = nelnext._ask_schema(str(config), cases[0])
+    assert len(started) == 1 and started[0][-2:] == [str(config), "[]"]
     warm = [nelnext._ask_schema(str(config), overrides) for overrides in cases]
-    assert started == [] and [nelnext.NextReading(**nelnext.last_json(done.stdout)) for done in cold] == warm
+    assert len(started) == 1 and [nelnext.NextReading(**nelnext.last_json(done.stdout)) for done in cold] == warm
+    assert first == warm[0]
     refused, accepted = warm
     assert not refused.ok and "services.model.url" in {problem["path"] for problem in refused.problems}
     assert accepted.ok and accepted.files_read == [str((tmp_path / "fragment.yaml").resolve())]

@@ -61,6 +61,16 @@ def test_each_check_starts_from_the_preloaded_state_not_the_last_checks():
     assert len(_warm_running()) == 1  # one warm process answered both
 
 
+def test_a_cheap_check_asked_once_starts_no_warm_process_and_its_second_ask_does():
+    """cold_first: a one-shot CLI call of a check whose imports are cheap pays no warm process (its start, and its end
+    with the caller); the same check asked again in this process is forked from one."""
+    preload = f"import json  # {os.getpid()}\n"  # a key no other test of this worker asked
+    once = warm_python.run(PY, preload, "print('once')", [], ENV, timeout_s=60, cold_first=True)
+    assert once.stdout == "once\n" and _warm_running() == []
+    again = warm_python.run(PY, preload, "print('again')", [], ENV, timeout_s=60, cold_first=True)
+    assert again.stdout == "again\n" and len(_warm_running()) == 1
+
+
 def test_a_check_runs_in_the_callers_working_directory_with_no_stdin(tmp_path, monkeypatch):
     """A relative path in a check (`--model ./ckpt`) means what it means to the caller; nothing waits on stdin."""
     code = "import os, sys; print(os.getcwd(), repr(sys.stdin.read()))"

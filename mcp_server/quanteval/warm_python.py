@@ -88,6 +88,7 @@ _WARM_LOCK = threading.Lock()
 _STARTING: set[subprocess.Popen[bytes]] = set()  # importing their preload (under _WARM_LOCK)
 _CLOSED = threading.Event()  # this process is exiting: a check still asked for starts nothing more
 _REFUSED: set[tuple] = set()  # the keys whose warm process refused to fork: cold from then on
+_ASKED: set[tuple] = set()  # the keys asked at least once in this process (cold_first)
 
 
 def _log() -> int:
@@ -160,12 +161,16 @@ def _warm_for(python: str, preload: str, env: dict[str, str], timeout_s: float) 
 
 
 def run(python: str, preload: str, code: str, argv: list[str], env: dict[str, str],
-        timeout_s: float) -> subprocess.CompletedProcess[str]:
+        timeout_s: float, cold_first: bool = False) -> subprocess.CompletedProcess[str]:
     """What `python -c code *argv` under `env`, in this working directory and with no stdin, gives (returncode, stdout,
     stderr), `preload` imported beforehand; raises subprocess.TimeoutExpired past timeout_s, as subprocess.run does.
-    For what starts nothing that outlives it: a timeout stops the warm process's whole process group."""
+    For what starts nothing that outlives it: a timeout stops the warm process's whole process group. `cold_first`:
+    for a check whose imports take well under a second, where a warm process (its start, and its end with this
+    process) costs a one-shot CLI call more than it saves: the first ask in this process runs cold."""
     key = _key(python, preload, env)
-    if not hasattr(os, "fork") or key in _REFUSED:
+    first = key not in _ASKED
+    _ASKED.add(key)
+    if not hasattr(os, "fork") or key in _REFUSED or (cold_first and first):
         return _cold(python, code, argv, env, timeout_s)
     deadline = time.monotonic() + timeout_s  # starting the warm process counts against the check's time
     warm_s = timeout_s * WARM_SHARE

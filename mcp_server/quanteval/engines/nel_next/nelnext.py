@@ -108,9 +108,10 @@ def child_env() -> dict[str, str]:
 
 def run_script(python: Path, script: str, *args: str, preload: str | None = None) -> subprocess.CompletedProcess[str]:
     """A Python script run by another venv's interpreter (nel-next's, NeMo-Skills'): it answers on its last stdout line.
-    With `preload`, in a child forked from a warm process that imported it once (quanteval/warm_python.py)."""
+    With `preload`, from this process's second ask on, in a child forked from a warm process that imported it once
+    (quanteval/warm_python.py)."""
     if preload is not None:
-        return warm_python.run(str(python), preload, script, list(args), child_env(), CHECK_TIMEOUT_S)
+        return warm_python.run(str(python), preload, script, list(args), child_env(), CHECK_TIMEOUT_S, cold_first=True)
     return subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
                           stdin=subprocess.DEVNULL, env=child_env(), check=False)
 
@@ -152,7 +153,7 @@ def endpoint_url(base_or_chat_url: str, protocol: str) -> str:
     return f"{base}/{'chat/completions' if protocol == 'chat_completions' else 'completions'}"
 
 
-# What the schema check imports (~0.6 CPU-s a child): a warm process imports it once and forks each check from it.
+# What the schema check imports (~0.6 CPU-s a child): a warm process imports it once and forks the later checks from it.
 _SCHEMA_PRELOAD = """
 from pydantic import ValidationError
 from nemo_evaluator.cli.eval import _apply_override
