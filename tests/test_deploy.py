@@ -708,3 +708,19 @@ def test_an_accepted_server_check_is_kept_for_the_next_call_until_what_it_read_c
     assert changed.ok and changed.resolved["max_model_len"] == 128 and len(asked) == 2
     refused, refused_again = check(8004, "--max-model-len", "two"), check(8004, "--max-model-len", "two")
     assert refused.ok is False and refused_again.ok is False and len(asked) == 4
+
+
+def test_a_planned_port_lies_outside_the_ephemeral_range_and_is_free(tmp_path, monkeypatch):
+    """A server binds its port seconds after quanteval chose it (an evaluation's sides, a launch whose port was busy);
+    in the kernel's ephemeral range any outgoing connection may take the port meanwhile. The port is free and outside
+    this machine's range; where the range covers every server port (a tuned host), the kernel's own pick is the answer."""
+    from quanteval import localproc
+
+    low, high = localproc.ephemeral_ports()
+    picked = {localproc.free_port() for _ in range(100)}
+    assert all(not low <= port <= high and localproc.port_free(port) for port in picked), picked
+    tuned = tmp_path / "ip_local_port_range"
+    tuned.write_text("1024\t65535\n")
+    monkeypatch.setattr(localproc, "_EPHEMERAL_RANGE_FILE", tuned)
+    assert localproc.ephemeral_ports() == (1024, 65535) and localproc.port_free(localproc.free_port())
+    assert localproc.ephemeral_ports("61000 32768") == localproc.LINUX_EPHEMERAL_PORTS  # nonsense: Linux's default

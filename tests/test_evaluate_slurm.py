@@ -145,6 +145,25 @@ def test_each_job_asks_for_as_many_gpus_as_the_plans_tensor_parallel_size(slurm_
     assert cluster.gres == "gpu:2" and cluster.placement("candidate").gres == "gpu:2"
 
 
+def test_the_jobs_servers_listen_outside_the_nodes_ephemeral_port_range(slurm_cluster, tmp_path):
+    """An outgoing connection on the node may hold any port of the kernel's ephemeral range when a job's vLLM binds its
+    own ("Address already in use": a baseline canary failed so, its node busy with other jobs' requests): preflight
+    reads the range from the login host (this machine, the suite's node) and every side's port lies outside it."""
+    from quanteval import localproc
+    from quanteval.workflow import evaluate_cluster
+
+    request = _request(slurm_cluster, tmp_path)
+    assert request.cluster is not None
+    cluster = preflight(slurm_cluster.ssh_alias, request.cluster, {"baseline": str(BASE)}, request.startup_timeout_s)
+    low, high = cluster.ephemeral_ports
+    assert (low, high) == localproc.ephemeral_ports() and low < high
+    for _ in range(200):
+        ports = evaluate_cluster.job_ports(3, cluster.ephemeral_ports)
+        assert len(set(ports)) == 3 and not any(low <= port <= high for port in ports), ports
+    # a node whose range covers every block leaves nothing better than any block
+    assert len(evaluate_cluster.job_ports(3, (1024, 65535))) == 3
+
+
 def test_a_partition_or_gpus_per_node_with_fewer_gpus_than_the_plans_tp_is_refused_and_more_gpus_per_node_win(slurm_cluster, tmp_path):
     """The suite's partitions have 8 GPUs per node and a plan's TP stays within 8 (checkpoint.MAX_GPUS_PER_NODE), so
     the refusal is asked of preflight with TP 16 against the real cluster's partitions."""

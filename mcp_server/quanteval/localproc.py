@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import random
 import shutil
 import signal
 import socket
@@ -62,7 +63,37 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+# Where a server quanteval starts listens: outside the kernel's ephemeral range (net.ipv4.ip_local_port_range), whose
+# ports any outgoing connection on the machine may take at any moment, between the port's choice and the server's bind
+# seconds later ("Address already in use": a cluster canary's vLLM failed so in the suite, under load).
+SERVER_PORTS = range(20000, 65536)
+LINUX_EPHEMERAL_PORTS = (32768, 60999)  # ip_local_port_range's default
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports(said: str | None = None) -> tuple[int, int]:
+    """The kernel's ephemeral port range: from `said` (ip_local_port_range as another host printed it), else this
+    machine's; Linux's default where neither says (not Linux, no /proc)."""
+    if said is None:
+        try:
+            said = _EPHEMERAL_RANGE_FILE.read_text()
+        except OSError:
+            said = ""
+    numbers = said.split()
+    if len(numbers) == 2 and all(number.isdigit() for number in numbers) and int(numbers[0]) <= int(numbers[1]):
+        return int(numbers[0]), int(numbers[1])
+    return LINUX_EPHEMERAL_PORTS
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port for a server to start on: free now and outside the ephemeral range (SERVER_PORTS); the kernel's own
+    pick where none such is free."""
+    low, high = ephemeral_ports()
+    draw = random.SystemRandom()
+    for _ in range(64):
+        port = draw.choice(SERVER_PORTS)
+        if not low <= port <= high and port_free(port, host):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -836,7 +836,7 @@ def _evaluate_on_cluster(request: EvaluateQuantizationInput, progress: ProgressF
     progress(0, _total(request), f"asking {request.host} for its partitions, paths, nel-next and vLLM")
     cluster = evaluate_cluster.preflight(request.host or "", settings, paths, request.startup_timeout_s,
                                          cluster_tensor_parallel_size(request))
-    ports = evaluate_cluster.job_ports(len(checkpoints) + 1)
+    ports = evaluate_cluster.job_ports(len(checkpoints) + 1, cluster.ephemeral_ports)
     sides = [_ClusterSide(checkpoint, cluster, checkpoint.request, port) for checkpoint, port in zip(checkpoints, ports[:-1], strict=True)]
     extra = _ClusterSide(optional, cluster, optional.request, ports[-1]) if optional is not None else None
     total = _total(request)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from quanteval.clusters import slurm
 from quanteval.clusters.ssh import run_remote
+from quanteval.localproc import LINUX_EPHEMERAL_PORTS, SERVER_PORTS, ephemeral_ports
 from quanteval.models import StrictModel, ToolError
 from quanteval.serving.deployment import with_option
 from quanteval.serving.frameworks import VLLM_CPU_ENV
@@ -79,6 +80,7 @@ class Cluster:
     vllm_release: str
     vllm_cpu: bool
     checkpoints: dict[str, str] = field(default_factory=dict)  # role -> path on the cluster
+    ephemeral_ports: tuple[int, int] = LINUX_EPHEMERAL_PORTS  # the login host's, as its nodes are set up alike
 
     @property
     def gres(self) -> str | None:
@@ -102,6 +104,7 @@ echo @@path; echo "$PATH"
 echo @@nel; PATH={nel_bin}"$PATH" command -v nel || echo missing
 echo @@vllm; {vllm_check}
 echo @@out; {out_check}
+echo @@ephemeral; cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null
 """
 # The output directory: made when an evaluation will write there; else asked of it, or of the nearest folder above it
 # that exists (check_environment changes nothing on the cluster).
@@ -141,6 +144,7 @@ class ClusterProbe:
     output_dir: str
     output_said: str  # "ok" when writable
     checkpoints: dict[str, bool]  # role -> a config.json is there
+    ephemeral_ports: tuple[int, int] = LINUX_EPHEMERAL_PORTS  # the kernel's range for outgoing connections
 
     @property
     def nel_next_missing(self) -> str | None:
@@ -195,7 +199,8 @@ def probe(host: str, settings: ClusterSettings, checkpoints: dict[str, str], mak
         nel_bin=nel_bin, nel=None if nel in ("", "missing") else nel, vllm_python=python,
         vllm_release=release if release.split()[0:1] in (["vllm"], ["vllm-cpu"]) else None, vllm_said=release,
         output_dir=settings.output_dir or f"{home}/.quanteval/evaluations", output_said=said.get("out", ""),
-        checkpoints={role: said.get(f"checkpoint_{role}") == "ok" for role in checkpoints})
+        checkpoints={role: said.get(f"checkpoint_{role}") == "ok" for role in checkpoints},
+        ephemeral_ports=ephemeral_ports(said.get("ephemeral", "")))
 
 
 def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str], startup_timeout_s: float,
@@ -249,19 +254,24 @@ def preflight(host: str, settings: ClusterSettings, checkpoints: dict[str, str],
         job_path=f"{found.nel_bin}:{found.login_path}" if found.nel_bin else found.login_path, nel_next=found.nel,
         vllm_launcher=[found.vllm_python, *VLLM_MODULE] if found.vllm_python else ["vllm", "serve"],
         vllm_release=found.vllm_release, vllm_cpu=found.vllm_release.startswith("vllm-cpu"),
-        checkpoints=dict(checkpoints))
+        checkpoints=dict(checkpoints), ephemeral_ports=found.ephemeral_ports)
 
 
 # The ports the sides' servers listen on in their jobs. nel-next writes the port into the job's script, and jobs share
 # a node when GRES shares out its GPUs: a job whose vLLM could not bind a port another job's server holds would find
 # that server healthy and send its requests there; the plan's port is free here, not on the node, and the same for
-# both sides planned at once. A random block per evaluation, one port per side in it. (nel-next's adapter proxy in the
-# job races the same way for 127.0.0.1:4000: the job's `nel` is quanteval's, engines/nel_next/nel_cli.py.)
-JOB_PORTS = range(20000, 60000, 8)
+# both sides planned at once. A random block per evaluation, one port per side in it, outside the node's ephemeral
+# range (localproc.SERVER_PORTS says why). (nel-next's adapter proxy in the job races the same way for 127.0.0.1:4000:
+# the job's `nel` is quanteval's, engines/nel_next/nel_cli.py.)
+JOB_PORTS = range(SERVER_PORTS.start, SERVER_PORTS.stop - 8, 8)
 
 
-def job_ports(count: int) -> list[int]:
-    first = random.SystemRandom().choice(JOB_PORTS)
+def job_ports(count: int, ephemeral: tuple[int, int] = LINUX_EPHEMERAL_PORTS) -> list[int]:
+    """`count` consecutive ports in a random block of JOB_PORTS that lies outside `ephemeral` (any block where the
+    range covers them all)."""
+    low, high = ephemeral
+    outside = [first for first in JOB_PORTS if first + count - 1 < low or first > high]
+    first = random.SystemRandom().choice(outside or JOB_PORTS)
     return [first + index for index in range(count)]
 
 
