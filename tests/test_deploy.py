@@ -721,6 +721,6 @@ def test_a_planned_port_lies_outside_the_ephemeral_range_and_is_free(tmp_path, m
     assert all(not low <= port <= high and localproc.port_free(port) for port in picked), picked
     tuned = tmp_path / "ip_local_port_range"
     tuned.write_text("1024\t65535\n")
-    monkeypatch.setattr(localproc, "_EPHEMERAL_RANGE_FILE", tuned)
+    monkeypatch.setattr(localproc, "EPHEMERAL_RANGE_FILE", tuned)
     assert localproc.ephemeral_ports() == (1024, 65535) and localproc.port_free(localproc.free_port())
     assert localproc.ephemeral_ports("61000 32768") == localproc.LINUX_EPHEMERAL_PORTS  # nonsense: Linux's default

@@ -68,7 +68,7 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 # seconds later ("Address already in use": a cluster canary's vLLM failed so in the suite, under load).
 SERVER_PORTS = range(20000, 65536)
 LINUX_EPHEMERAL_PORTS = (32768, 60999)  # ip_local_port_range's default
-_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")  # read here, and on a cluster by preflight
 
 
 def ephemeral_ports(said: str | None = None) -> tuple[int, int]:
@@ -76,7 +76,7 @@ def ephemeral_ports(said: str | None = None) -> tuple[int, int]:
     machine's; Linux's default where neither says (not Linux, no /proc)."""
     if said is None:
         try:
-            said = _EPHEMERAL_RANGE_FILE.read_text()
+            said = EPHEMERAL_RANGE_FILE.read_text()
         except OSError:
             said = ""
     numbers = said.split()

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from quanteval.clusters import slurm
 from quanteval.clusters.ssh import run_remote
-from quanteval.localproc import LINUX_EPHEMERAL_PORTS, SERVER_PORTS, ephemeral_ports
+from quanteval.localproc import EPHEMERAL_RANGE_FILE, LINUX_EPHEMERAL_PORTS, SERVER_PORTS, ephemeral_ports
 from quanteval.models import StrictModel, ToolError
 from quanteval.serving.deployment import with_option
 from quanteval.serving.frameworks import VLLM_CPU_ENV
@@ -104,7 +104,7 @@ echo @@path; echo "$PATH"
 echo @@nel; PATH={nel_bin}"$PATH" command -v nel || echo missing
 echo @@vllm; {vllm_check}
 echo @@out; {out_check}
-echo @@ephemeral; cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null
+echo @@ephemeral; cat {ephemeral_file} 2>/dev/null
 """
 # The output directory: made when an evaluation will write there; else asked of it, or of the nearest folder above it
 # that exists (check_environment changes nothing on the cluster).
@@ -189,7 +189,8 @@ def probe(host: str, settings: ClusterSettings, checkpoints: dict[str, str], mak
     checks = "\n".join(f"echo @@checkpoint_{role}; test -f {shlex.quote(path)}/config.json && echo ok || echo missing"
                        for role, path in checkpoints.items())
     script = _PREFLIGHT.format(checkpoints=checks, nel_bin=shlex.quote(nel_bin + ":") if nel_bin else "",
-                               vllm_check=vllm_check, out_check=(_MAKE_OUT if make_output_dir else _ASK_OUT).format(out=quoted_out))
+                               vllm_check=vllm_check, ephemeral_file=shlex.quote(str(EPHEMERAL_RANGE_FILE)),
+                               out_check=(_MAKE_OUT if make_output_dir else _ASK_OUT).format(out=quoted_out))
     said = _sections(run_remote(host, script, timeout=90).stdout)
     nel = (said.get("nel", "").splitlines()[-1:] or [""])[0]
     release = (said.get("vllm", "").splitlines()[-1:] or ["missing"])[0]
