@@ -97,3 +97,23 @@ def test_without_readers_the_tokenizer_goes_and_a_hand_set_one_is_kept_with_a_no
     applied = apply_checkpoint(ApplyCheckpointInput(config_path=str(config), checkpoint=str(CHECKPOINT)))
     assert "tokenizer: Qwen/Qwen3-8B" in config.read_text()
     assert any("set by hand" in n and "ns_gpqa, ns_aime2025 never read it" in n for n in applied.notes), applied.notes
+
+
+def test_nels_packaged_task_list_is_parsed_once_per_process_and_each_lookup_gets_its_own_copy(monkeypatch):
+    """NEL looks its tasks up 1 + 2N times in a SLURM dry run or launch of N tasks, each lookup a ~0.9 CPU-s parse of
+    the same packaged file: the process NEL's calls run in (nelexec) parses it once. Each lookup still gets what a
+    fresh parse gives, and what one caller changes in its copy the next does not see."""
+    from nemo_evaluator_launcher.common import mapping
+    from nemo_evaluator_launcher.common.container_metadata import intermediate_repr
+
+    from quanteval.engines.nel import nelexec
+
+    fresh = mapping.load_tasks_mapping()
+    parse, parses = intermediate_repr._load_irs_from_package, []
+    monkeypatch.setattr(intermediate_repr, "_load_irs_from_package", lambda *args: parses.append(args) or parse(*args))
+    nelexec.parse_packaged_task_list_once()
+    first = mapping.load_tasks_mapping()
+    first[("lm-evaluation-harness", "mmlu")]["defaults"]["config"] = "changed by a caller"
+    second = mapping.load_tasks_mapping()
+    assert len(parses) == 1 and len(fresh) > 400
+    assert second == fresh and second[("lm-evaluation-harness", "mmlu")]["defaults"]["config"] != "changed by a caller"

@@ -86,9 +86,15 @@ def filled_config(tmp_path: Path, execution: str, deployment: str, model_type: s
 
 
 def nel_dry_run(config: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """NEL's own dry-run, in process (the local executor needs no Docker for it, the SLURM one no ssh)."""
+    """NEL's own dry-run, in process (the local executor needs no Docker for it, the SLURM one no ssh), its packaged
+    task list parsed once per process as in quanteval's NEL calls (test_dry_run_review: a lookup gets what a fresh
+    parse gives)."""
     from nemo_evaluator_launcher.api.functional import run_eval
     from nemo_evaluator_launcher.api.types import RunConfig
+
+    from quanteval.engines.nel import nelexec
+
+    nelexec.parse_packaged_task_list_once()
 
     monkeypatch.chdir(workdir)
     with contextlib.redirect_stdout(io.StringIO()):

@@ -12,6 +12,7 @@ or `{"ok": false, "error": "<NEL's message, no traceback>"}` on stdout.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import json
@@ -43,6 +44,7 @@ _PRELOAD = """
 import nemo_evaluator_launcher.api.functional, nemo_evaluator_launcher.api.types
 import nemo_evaluator_launcher.common.override_sugar, omegaconf
 import quanteval.engines.nel.nelexec, quanteval.engines.rendering, quanteval.stdio_guard
+quanteval.engines.nel.nelexec.parse_packaged_task_list_once(now=True)
 """
 _WARM_CHILD = "from quanteval.engines.nel.nelexec import main; main()"
 
@@ -94,6 +96,30 @@ def _answer(op: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any
 
 
 # ---------------------------------------------------------------- child side
+
+
+def parse_packaged_task_list_once(now: bool = False) -> None:
+    """NEL parses its packaged task list (resources/all_tasks_irs.yaml: 421 tasks, ~0.9 CPU-s of pure-Python YAML)
+    each time it looks tasks up: a dry run or launch of N tasks parses it 1 + N times locally, 1 + 2N on SLURM. The
+    file is part of the installed package, so this process parses it once (`now`: at once, so that a warm process's
+    children inherit the parse) and each lookup gets a deep copy of its own, as a fresh parse would give it."""
+    from nemo_evaluator_launcher.common.container_metadata import intermediate_repr
+
+    parse = getattr(intermediate_repr, "_load_irs_from_package", None)
+    if parse is None or getattr(parse, "parsed", None) is not None:  # another NEL, or already kept
+        return
+    parsed: dict[tuple[str, str, str], Any] = {}
+
+    def parsed_once(package_name: str, resource_name: str, source: str) -> Any:
+        key = (package_name, resource_name, source)
+        if key not in parsed:
+            parsed[key] = parse(package_name, resource_name, source)
+        return copy.deepcopy(parsed[key])
+
+    parsed_once.parsed = parsed  # type: ignore[attr-defined]
+    intermediate_repr._load_irs_from_package = parsed_once
+    if now:
+        intermediate_repr.load_harnesses_and_tasks_from_tasks_file()
 
 
 def error_message(exc: BaseException) -> str:
@@ -336,6 +362,7 @@ def main() -> None:
     from quanteval.stdio_guard import stdout_to_stderr
 
     with stdout_to_stderr() as real_stdout, secrets_private_from_creation():
+        parse_packaged_task_list_once()
         request = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())  # argv: in a warm process
         try:
             answer = {"ok": True, **OPS[request["op"]](**request["args"])}
