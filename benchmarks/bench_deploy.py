@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ LOAD_S = 2.0
 os.environ["QUANTEVAL_STATE_DIR"] = tempfile.mkdtemp(prefix="bench-deploy-")
 os.environ.pop("QUANTEVAL_LEDGER", None)
 
+from quanteval.localproc import free_port  # noqa: E402 - the state dir must be set first
 from quanteval.serving.deploy import (  # noqa: E402 - the state dir must be set first
     DeploymentStatusInput,
     LaunchDeploymentInput,
@@ -47,12 +47,6 @@ from quanteval.serving.deploy import (  # noqa: E402 - the state dir must be set
     stop_deployment,
     vllm_venv,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(*fake: str) -> object:

@@ -166,7 +166,7 @@ def main() -> None:
     if args.sequential > 0:
         stand_in(args.sequential, args.concurrent)
     if args.real_ns:
-        real_ns(args.real_ns, args.real_runs)
+        real_ns(str(Path(args.real_ns).resolve()), args.real_runs)  # its runs start in other directories
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from quanteval.localproc import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -184,14 +185,8 @@ def inspector_client(inspector: str, target: list[str], env: dict[str, str], cwd
 # ---------------------------------------------------------------- running
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_http(env: dict[str, str], root: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(BIN / "quanteval-mcp"), "--http", "--port", str(port), "--root", str(root)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/mcp"

@@ -24,7 +24,7 @@ from factories import make_checkpoint
 from tiers import CHECKPOINTS, REPO, requires
 
 from quanteval import ledger
-from quanteval.localproc import group_members
+from quanteval.localproc import free_port, group_members
 from quanteval.models import ToolError
 from quanteval.serving.deploy import (
     DeploymentStatusInput,
@@ -40,12 +40,6 @@ from quanteval.serving.deploy import (
 EXAMPLES = sorted((REPO / "examples" / "checkpoints").iterdir())
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
 LLAMA_BF16 = REPO / "examples" / "checkpoints" / "llama-tiny-bf16"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

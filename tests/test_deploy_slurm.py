@@ -20,6 +20,7 @@ from processes import wait_until
 from tiers import REPO
 
 from quanteval import ledger
+from quanteval.localproc import free_port
 from quanteval.models import ToolError
 from quanteval.serving.deploy import (
     DeploymentStatusInput,
@@ -34,12 +35,6 @@ from quanteval.serving.deploy import (
 
 STANDIN = REPO / "tests" / "standins" / "fake_inference_server.py"
 CHECKPOINT = REPO / "examples" / "checkpoints" / "llama-tiny-fp8"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def port_open(port: int) -> bool:

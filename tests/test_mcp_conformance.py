@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from tiers import CONFORMANCE, MCP_CLIENTS, NODE, VENV_BIN, requires, user_env
+
+from quanteval.localproc import free_port
 
 pytestmark = requires("npm")
 
@@ -74,18 +75,12 @@ def conformance(*args: str, timeout_s: float = 120) -> subprocess.CompletedProce
                           timeout=timeout_s)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """quanteval-mcp --http on a free port of 127.0.0.1, with a state dir of its own, for the module; stopped after."""
     state = tmp_path_factory.mktemp("conformance-state")
     env = user_env(QUANTEVAL_STATE_DIR=str(state), QUANTEVAL_LEDGER=str(state / "ledger.sqlite3"))
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp"), "--http", "--port", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/mcp"

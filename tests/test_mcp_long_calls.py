@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from processes import own_state_dir, running_with, wait_until
 from tiers import BENCH, CHECKPOINTS, INSPECTOR, MCP_CLIENTS, NODE, REPO, VENV_BIN, own_lane, requires, user_env
 
 from quanteval import ledger
+from quanteval.localproc import free_port
 from quanteval.workflow import runs
 
 BASELINE, CANDIDATE = CHECKPOINTS / "tiny-add-bf16", CHECKPOINTS / "tiny-add-w8a8"
@@ -229,15 +229,9 @@ def test_closing_stdio_at_each_phase_of_an_evaluation_leaves_no_vllm_and_no_open
     assert (str(BASELINE), "succeeded") in full_runs and (str(CANDIDATE), "cancelled") in full_runs, full_runs
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_dropping_the_http_session_mid_call_stops_the_servers_and_cancels_the_run(standin_env, tmp_path):
     env = standin_env
-    port = _free_port()
+    port = free_port()
     # --root /: over HTTP the root defaults to the working directory, and the checkpoints and output lie apart
     server = subprocess.Popen([str(VENV_BIN / "quanteval-mcp"), "--http", "--port", str(port), "--root", "/"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

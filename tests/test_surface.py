@@ -15,6 +15,7 @@ from mcp import Client
 
 from quanteval import registry, toolsets
 from quanteval.faces.server import build_server
+from quanteval.localproc import free_port
 
 CONTRACT = """check_environment inspect_checkpoint build_config get_config_value set_config_value
 delete_config_value list_missing_values list_tasks get_task_recipe add_tasks apply_checkpoint validate_config
@@ -291,14 +292,6 @@ def assert_readme_states(default_tools: int, default_chars: int, all_tools: int,
             f"characters; measured {tools} tools, {chars} characters: restate it ({round(chars / 1000)}k)")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_stdio_and_http_transports_give_identical_results(cli_env, repo):
     """The same tools and the same structured answers over stdio and streamable HTTP (127.0.0.1 only)."""
@@ -308,7 +301,7 @@ def test_stdio_and_http_transports_give_identical_results(cli_env, repo):
     from mcp import StdioServerParameters
 
     example = str(repo / "examples" / "checkpoints" / "llama-tiny-fp8")
-    port = _free_port()
+    port = free_port()
     http = subprocess.Popen(["quanteval-mcp", "--http", "--port", str(port)], env=cli_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

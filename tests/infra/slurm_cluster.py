@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,14 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from quanteval.localproc import free_port
+
 INFRA = Path(__file__).resolve().parent
 SSH_ALIAS = "quanteval-test-cluster"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
