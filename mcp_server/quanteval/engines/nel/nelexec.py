@@ -44,7 +44,6 @@ _PRELOAD = """
 import nemo_evaluator_launcher.api.functional, nemo_evaluator_launcher.api.types
 import nemo_evaluator_launcher.common.override_sugar, omegaconf
 import quanteval.engines.nel.nelexec, quanteval.engines.rendering, quanteval.stdio_guard
-quanteval.engines.nel.nelexec.parse_packaged_task_list_once(now=True)
 """
 _WARM_CHILD = "from quanteval.engines.nel.nelexec import main; main()"
 
@@ -98,11 +97,12 @@ def _answer(op: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any
 # ---------------------------------------------------------------- child side
 
 
-def parse_packaged_task_list_once(now: bool = False) -> None:
+def parse_packaged_task_list_once() -> None:
     """NEL parses its packaged task list (resources/all_tasks_irs.yaml: 421 tasks, ~0.9 CPU-s of pure-Python YAML)
     each time it looks tasks up: a dry run or launch of N tasks parses it 1 + N times locally, 1 + 2N on SLURM. The
-    file is part of the installed package, so this process parses it once (`now`: at once, so that a warm process's
-    children inherit the parse) and each lookup gets a deep copy of its own, as a fresh parse would give it."""
+    file is part of the installed package, so this process parses it once, at its first lookup, and each lookup gets
+    a deep copy of its own, as a fresh parse would give it. (Not in the warm process's preload: a one-shot
+    validate_config, which looks no task up, would pay the parse.)"""
     from nemo_evaluator_launcher.common.container_metadata import intermediate_repr
 
     parse = getattr(intermediate_repr, "_load_irs_from_package", None)
@@ -118,8 +118,6 @@ def parse_packaged_task_list_once(now: bool = False) -> None:
 
     parsed_once.parsed = parsed  # type: ignore[attr-defined]
     intermediate_repr._load_irs_from_package = parsed_once
-    if now:
-        intermediate_repr.load_harnesses_and_tasks_from_tasks_file()
 
 
 def error_message(exc: BaseException) -> str:
