@@ -11,7 +11,8 @@ queries the router) and the stand-in OpenAI-compatible router. Prints:
   - N concurrent POST /evaluate (max_concurrent_jobs = N): wall time and per-evaluation latency;
   - the server's resident memory (VmRSS) after the warm-up, and after every batch: growth must stay flat.
 With --real-ns PATH (the `ns` of .venv-nemo-skills) it also compares a few evaluations with the real
-NeMo-Skills through the server against the same `ns eval` command run directly (ratio).
+NeMo-Skills through the server against the same `ns eval` command run directly (ratio): the server forks each
+`ns eval` from a Python that imported NeMo-Skills' pipeline once (quanteval/forkserver.py).
 """
 
 from __future__ import annotations
@@ -147,8 +148,11 @@ def real_ns(ns: str, runs: int) -> None:
             served_times.append(time.perf_counter() - started)
             assert answer["status"] == "succeeded", answer["errors"]
         d, s = statistics.median(direct_times), statistics.median(served_times)
-        print(f"real `ns eval` gsm8k, direct          : {d:8.2f} s (median of {runs})")
-        print(f"real `ns eval` through the server     : {s:8.2f} s, added {s - d:+.2f} s, ratio {s / d:.3f}x")
+        print(f"real `ns eval` gsm8k, direct          : {d:8.2f} s (median of {runs}: "
+              f"{', '.join(f'{t:.2f}' for t in direct_times)})")
+        print(f"real `ns eval` through the server     : {s:8.2f} s, added {s - d:+.2f} s, ratio {s / d:.3f}x "
+              f"({', '.join(f'{t:.2f}' for t in served_times)}; the first also imports the pipeline the server's "
+              "fork server keeps)")
         print(f"server RSS after {runs} real evaluations : {rss_mib(proc.pid):8.1f} MiB")
     finally:
         proc.terminate()

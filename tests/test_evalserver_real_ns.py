@@ -164,6 +164,14 @@ def test_health_reports_the_real_ns_version(real):
     assert health["ns_version"] == version and health["ns_path"] == str(NS)
 
 
+def test_every_ns_eval_was_forked_from_one_warm_import_of_nemo_skills_pipeline(real):
+    """`ns eval`'s driver imports NeMo-Skills' pipeline (~7 CPU-s) before it does anything: the server imports it once
+    per `ns` and forks each run from there (quanteval/forkserver.py). The runs above, their metrics real (the tests
+    below), every one of them forked, the failing svamp too."""
+    runs = [run for job in real["jobs"].values() for run in job["runs"]]
+    assert len(runs) == 6 and all(run.get("forked") for run in runs), runs
+
+
 def test_slime_payload_math_with_samples_gets_real_metrics(real):
     job = real["jobs"]["slime"]
     assert job["status"] == "succeeded", job["errors"]

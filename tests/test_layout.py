@@ -120,8 +120,8 @@ def test_the_cycle_check_finds_a_cycle_through_a_lazy_import():
 
 def test_the_core_at_the_top_is_small_and_each_folder_holds_its_domain():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
-    assert top == ["configfile", "envvars", "failures", "kept", "ledger", "localproc", "models", "paths", "redact", "registry", "stdio_guard",
-                   "toolsets", "warm_python", "zygote"]
+    assert top == ["configfile", "envvars", "failures", "forkserver", "kept", "ledger", "localproc", "models", "paths", "redact",
+                   "registry", "stdio_guard", "toolsets", "warm_python", "zygote"]
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(LAYER)
 
 

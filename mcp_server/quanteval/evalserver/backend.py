@@ -190,6 +190,9 @@ class ShardCommand:
     output_dir: Path
     log_path: Path
     cwd: Path | None = None
+    # What argv[0], a Python console script, imports before anything else: the eval server imports it once in a warm
+    # Python (quanteval/forkserver.py) and forks each such command from it. None: a process of its own.
+    preload: str | None = None
 
 
 class Backend(Protocol):

@@ -18,6 +18,7 @@ import logging
 import os
 import queue
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from quanteval import ledger
+from quanteval import forkserver, ledger
 from quanteval.evalserver import nel, nemo_skills
 from quanteval.evalserver.backend import Backend, BackendName, BenchmarkSpec, EvalRequest, ServerSettings, ShardCommand, tail_lines
 from quanteval.localproc import stop_group
@@ -65,6 +66,9 @@ def flatten_metrics(raw: dict[str, Any]) -> dict[str, float]:
 # Jobs
 # --------------------------------------------------------------------------------------------
 
+Process = subprocess.Popen | forkserver.Started  # a command started cold, or by a fork server
+FORKSERVER_LOG = "forkserver.log"
+
 
 @dataclass
 class Job:
@@ -83,7 +87,7 @@ class Job:
     waiters: int = 0
     orphaned_at: float | None = None
     cancel_reason: str | None = None
-    processes: set[subprocess.Popen] = field(default_factory=set)
+    processes: set[Process] = field(default_factory=set)
 
     def response(self) -> dict[str, Any]:
         commands = [run["command"] for run in self.runs]
@@ -132,6 +136,9 @@ class EvalService:
         self._ledger_queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._ledger_writer = threading.Thread(target=self._write_ledger, name="eval-ledger", daemon=True)
         self._ledger_writer.start()
+        # by (Python, preload, environment): the server that starts such commands, or None where none could start
+        self._forkservers: dict[tuple, forkserver.ForkServer | None] = {}
+        self._forkservers_lock = threading.Lock()
 
     # -- readiness ------------------------------------------------------------------------
     def backend_status(self) -> dict[str, Any]:
@@ -292,7 +299,9 @@ class EvalService:
         run["log_path"] = str(commands[0].log_path)
         if len(commands) > 1:
             run["shards"] = len(commands)
-        exit_codes = self._run_parallel(job, commands)
+        exit_codes, forked = self._run_parallel(job, commands)
+        if forked:
+            run["forked"] = True  # from a warm Python that imported what the command's script imports (forkserver)
         run["duration_s"] = round(time.monotonic() - started, 3)
         if job.cancel_reason:
             return {**run, "status": "cancelled", "error": f"cancelled: {job.cancel_reason}"}
@@ -309,21 +318,16 @@ class EvalService:
         job.raw_metrics[bench.name] = metrics
         return {**run, "status": "succeeded"}
 
-    def _run_parallel(self, job: Job, commands: list[ShardCommand]) -> list[int | None]:
-        """Start every shard, wait for all; None marks one killed at the job timeout."""
-        procs: list[subprocess.Popen | None] = []
+    def _run_parallel(self, job: Job, commands: list[ShardCommand]) -> tuple[list[int | None], bool]:
+        """Start every shard, wait for all: their exit codes (None: killed at the job timeout), and whether every
+        one was forked from a warm Python."""
+        procs: list[Process | None] = []
         for command in commands:
             command.output_dir.mkdir(parents=True, exist_ok=True)
-            with command.log_path.open("ab") as log_file:
-                try:
-                    proc = subprocess.Popen(
-                        command.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        env={**os.environ, **command.env}, cwd=command.cwd, start_new_session=True,
-                    )
-                except OSError as exc:
-                    log_file.write(f"cannot start {command.argv[0]}: {exc.strerror}\n".encode())
-                    procs.append(None)
-                    continue
+            proc = self._start(command)
+            if proc is None:
+                procs.append(None)
+                continue
             with self._lock:
                 job.processes.add(proc)
                 cancelled = job.cancel_reason is not None
@@ -343,7 +347,48 @@ class EvalService:
                 codes.append(None)
             with self._lock:
                 job.processes.discard(proc)
-        return codes
+        return codes, all(isinstance(proc, forkserver.Started) for proc in procs)
+
+    def _start(self, command: ShardCommand) -> Process | None:
+        """The command started in a session of its own, its output appended to its log: forked from a warm Python
+        where its backend names what the script imports (command.preload), else as a process of its own; None (said
+        in the log) when it cannot start."""
+        env = {**os.environ, **command.env}
+        if command.preload and (script := shutil.which(command.argv[0], path=env.get("PATH"))):
+            server = self._forkserver(script, command.preload, env)
+            if server is not None:
+                try:
+                    return server.start(script, command.argv[1:], env, str(command.cwd or os.getcwd()), str(command.log_path))
+                except forkserver.ColdStart as exc:
+                    log.warning("%s: %s; starting its commands as processes of their own", command.argv[0], exc)
+        with command.log_path.open("ab") as log_file:
+            try:
+                return subprocess.Popen(command.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, cwd=command.cwd, start_new_session=True)
+            except OSError as exc:
+                log_file.write(f"cannot start {command.argv[0]}: {exc.strerror}\n".encode())
+                return None
+
+    def _forkserver(self, script: str, preload: str, env: dict[str, str]) -> forkserver.ForkServer | None:
+        """The warm Python for a console script's commands (started at its first command, its preload imported
+        once), or None where the script is no Python's or the preload failed (then never asked again)."""
+        python = forkserver.script_python(script)
+        if python is None:
+            return None
+        key = (python, preload, tuple(sorted(env.items())))
+        with self._forkservers_lock:
+            if key in self._forkservers and ((server := self._forkservers[key]) is None or server.alive):
+                return server
+            if self.stopping:
+                return None
+            try:
+                with (self.settings.root / FORKSERVER_LOG).open("ab") as server_log:
+                    server = forkserver.ForkServer(python, preload, env, log=server_log)
+            except forkserver.ColdStart as exc:
+                log.warning("%s: %s; its commands start as processes of their own", script, exc)
+                server = None
+            self._forkservers[key] = server
+            return server
 
     def shutdown(self, reason: str, wait_s: float = 30) -> None:
         """Refuse new jobs, cancel every queued and running one (their process groups too), wait for them."""
@@ -364,10 +409,14 @@ class EvalService:
             if not job.done.is_set() and job.status == "queued":
                 self._set_status(job, "cancelled")
                 job.done.set()
+        with self._forkservers_lock:
+            servers, self._forkservers = [server for server in self._forkservers.values() if server], {}
+        for server in servers:  # the commands were stopped with their jobs; one still running stops with its server
+            server.close()
         self._ledger_queue.put(None)  # every status written before this one goes in first
         self._ledger_writer.join(max(1.0, deadline - time.monotonic()))
 
 
-def kill_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+def kill_group(proc: Process, grace_s: float = 10) -> None:
     """Stop the process group a command runs in (ns starts children of its own): SIGTERM, SIGKILL after grace_s."""
     stop_group(proc.pid, grace_s=grace_s, on_wait=proc.poll)

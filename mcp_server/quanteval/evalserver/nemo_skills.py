@@ -179,6 +179,11 @@ def cluster_args(settings: ServerSettings) -> list[str]:
     return ["--cluster", LOCAL_CLUSTER, "--config_dir", str(config_dir)]
 
 
+# `ns eval`'s driver spends ~7 of its ~10 CPU-s importing NeMo-Skills' pipeline (nemo_run, litellm, torch) before it
+# starts the generation: the eval server imports it once and forks each `ns eval` from there (ShardCommand.preload).
+NS_PRELOAD = "import nemo_skills.pipeline.cli\n"
+
+
 def ns_env(settings: ServerSettings) -> dict[str, str]:
     path = ns_path(settings)
     env = {"NEMO_SKILLS_DISABLE_UNCOMMITTED_CHANGES_CHECK": "1", "DUMMY_API_KEY": "EMPTY"}
@@ -229,7 +234,7 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
         # with executor none a --data_dir is read relative to the working directory (./<basename>/...):
         # run from its parent so that lands on the data dir itself
         cwd = Path(settings.data_dir).parent if settings.data_dir else out
-        result.append(ShardCommand(argv, ns_env(settings), out, out / "eval.log", cwd=cwd))
+        result.append(ShardCommand(argv, ns_env(settings), out, out / "eval.log", cwd=cwd, preload=NS_PRELOAD))
     return result
 
 

@@ -1,0 +1,313 @@
+"""A warm Python that starts long-running commands: both ends, standard library only.
+
+`ns eval` spends ~7 of the ~10 CPU-s of its driver importing NeMo-Skills' pipeline (nemo_run, litellm, torch) before
+it starts the generation it drives, and the eval server runs one per benchmark of every evaluation, for as long as a
+training run lasts. The server end (this file, run by path in the command's own Python) imports the script's modules
+once (the preload), then forks one child per command, which runs the script as `python SCRIPT ARGS` would: in a
+session of its own (the eval server stops a command's whole process group), its output appended to the command's
+log, in its directory and environment. Unlike zygote.py (checks, one at a time, their output captured), commands run
+side by side and for as long as they take; the owner learns each one's pid at once and its exit status when it ends.
+
+Protocol, one JSON object per line: first {"preload": CODE} on stdin, answered {"ready": true} or {"ready": false,
+"error": TEXT}; then each {"script": PATH, "argv": [...], "env": {...}, "cwd": DIR, "log": PATH} is answered
+{"started": PID}, and each command's end, whenever it comes, {"exited": PID, "returncode": N} (negative: the signal
+that killed it). At EOF on stdin (the owner closed it, or died) the commands still running are stopped, process group
+and all (SIGTERM, SIGKILL STOP_GRACE_S later), and the server ends: nothing it started outlives its owner.
+
+The owner's end is ForkServer: `start()` returns a Started, which has the parts of a Popen the eval server uses (pid,
+poll, wait, returncode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+REAP_POLL_S = 0.2  # how often the server looks for ended commands while no request comes
+STOP_GRACE_S = 5.0
+READY_TIMEOUT_S = 120.0  # the preload's imports: ~7 s on a quiet machine, minutes on a loaded one
+ANSWER_TIMEOUT_S = 30.0  # a fork's answer
+SERVER = Path(__file__)
+
+
+# ---------------------------------------------------------------- the server (the command's Python)
+
+
+def _run_command(request: dict, answers_fd: int) -> None:
+    """In the forked child: the script as `python SCRIPT *argv` would run it; never returns."""
+    code = 127
+    try:
+        os.close(answers_fd)  # held open here, the owner would not see the server's end while a command runs
+        os.setsid()
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [request["script"], *request["argv"]]
+        import runpy
+
+        code = 1
+        runpy.run_path(request["script"], run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - the command's own failure is its exit status
+        traceback.print_exc()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _reap(running: set[int], reply: Any) -> None:
+    while running:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        running.discard(pid)
+        reply({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+
+
+def _stop_all(running: set[int]) -> None:
+    """The owner is gone: stop every command still running, its process group with it."""
+    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        deadline = time.monotonic() + grace
+        while running and time.monotonic() < deadline:
+            _reap(running, lambda message: None)
+            time.sleep(0.05)
+        if not running:
+            return
+
+
+def serve() -> None:
+    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # quanteval's own modules must not shadow the command's imports
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # whatever the preload prints cannot reach the answers
+
+    def reply(message: dict) -> None:
+        answers.write(json.dumps(message) + "\n")
+        answers.flush()
+
+    requests = sys.stdin.fileno()
+    pending = b""
+
+    def lines() -> list[bytes] | None:
+        """The complete lines read so far (None at EOF)."""
+        nonlocal pending
+        chunk = os.read(requests, 1 << 16)
+        if not chunk:
+            return None
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        return complete
+
+    first: list[bytes] = []
+    while not first:
+        got = lines()
+        if got is None:
+            return
+        first = got
+    try:
+        exec(compile(json.loads(first[0])["preload"], "<preload>", "exec"), {"__name__": "__preload__"})
+    except BaseException:  # noqa: BLE001 - said to the owner, who starts its commands cold
+        reply({"ready": False, "error": traceback.format_exc()[-2000:]})
+        return
+    reply({"ready": True})
+    running: set[int] = set()
+    backlog = first[1:]
+    while True:
+        for line in backlog:
+            if line.strip():
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _run_command(request, answers.fileno())
+                running.add(pid)
+                reply({"started": pid})
+        backlog = []
+        if select.select([requests], [], [], REAP_POLL_S)[0]:
+            got = lines()
+            if got is None:
+                _stop_all(running)
+                return
+            backlog = got
+        _reap(running, reply)
+
+
+# ---------------------------------------------------------------- the owner (quanteval's Python)
+
+
+class Started:
+    """A command the fork server started: what the eval server uses of a Popen."""
+
+    def __init__(self, pid: int, argv: list[str]) -> None:
+        self.pid = pid
+        self.args = argv
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def ended(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class ColdStart(Exception):
+    """No fork server for this Python and preload: start commands as processes of their own."""
+
+
+def script_python(script: str) -> str | None:
+    """The Python a console script runs in (`#!/path/to/python` as pip and uv write it), or None for anything else."""
+    try:
+        with open(script, "rb") as handle:
+            first = handle.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    interpreter = first[2:].strip().split(b" ")[0].decode(errors="replace")
+    return interpreter if os.path.basename(interpreter).startswith("python") and os.access(interpreter, os.X_OK) else None
+
+
+class ForkServer:
+    """The owner's end: one server process (its Python, preload and environment), its commands started through it."""
+
+    def __init__(self, python: str, preload: str, env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL,
+                 ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+        try:
+            self._process = subprocess.Popen([python, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=log, env=env, start_new_session=True)
+        except OSError as exc:
+            raise ColdStart(f"{python} did not start: {exc.strerror}") from None
+        self._lock = threading.Lock()
+        self._starting = threading.Lock()  # one start in flight: its answer is the next one read
+        self._answers: queue.Queue[dict | None] = queue.Queue()
+        self._started: dict[int, Started] = {}
+        self._exited: dict[int, int] = {}  # an end read before its start was answered
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._stdin, self._stdout = self._process.stdin, self._process.stdout
+        self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
+        try:
+            self._send({"preload": preload})
+            self._reader.start()
+            ready = self._answer(ready_timeout_s)
+        except (OSError, ColdStart) as exc:
+            self.close()
+            raise ColdStart(f"the fork server did not start: {exc}") from None
+        if not ready.get("ready"):
+            self.close()
+            raise ColdStart(str(ready.get("error", "its preload failed")).strip().splitlines()[-1])
+
+    def _send(self, message: dict) -> None:
+        self._stdin.write((json.dumps(message) + "\n").encode())
+        self._stdin.flush()
+
+    def _answer(self, timeout_s: float) -> dict:
+        try:
+            answer = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            raise ColdStart(f"no answer within {timeout_s:.0f} s") from None
+        if answer is None:
+            raise ColdStart("it ended")
+        return answer
+
+    def _read(self) -> None:
+        for line in self._stdout:
+            message = json.loads(line)
+            if "exited" not in message:
+                self._answers.put(message)
+                continue
+            with self._lock:
+                started = self._started.pop(message["exited"], None)
+                if started is None:
+                    self._exited[message["exited"]] = message["returncode"]
+            if started is not None:
+                started.ended(message["returncode"])
+        self._answers.put(None)
+        with self._lock:  # the server is gone (killed): its commands' ends cannot be known from here
+            orphans, self._started = list(self._started.values()), {}
+        for started in orphans:
+            threading.Thread(target=_ended_orphan, args=(started,), daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def start(self, script: str, argv: list[str], env: dict[str, str], cwd: str, log: str) -> Started:
+        """Start `script argv` in a child of the server; ColdStart if the server cannot (the caller starts it cold)."""
+        with self._starting:
+            if not self.alive:
+                raise ColdStart("the fork server ended")
+            try:
+                self._send({"script": script, "argv": argv, "env": env, "cwd": cwd, "log": log})
+            except OSError as exc:
+                raise ColdStart(f"the fork server is gone: {exc}") from None
+            answer = self._answer(ANSWER_TIMEOUT_S)
+        started = Started(answer["started"], [script, *argv])
+        with self._lock:
+            if (code := self._exited.pop(started.pid, None)) is not None:
+                started.ended(code)
+            else:
+                self._started[started.pid] = started
+        return started
+
+    def close(self) -> None:
+        """End the server; the commands still running are stopped with it (its EOF)."""
+        with contextlib.suppress(OSError):
+            self._stdin.close()
+        try:
+            self._process.wait(timeout=3 * STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+def _ended_orphan(started: Started) -> None:
+    """A command whose server died: ended (status unknown, 1) once no process of its group is left."""
+    while True:
+        try:
+            os.killpg(started.pid, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            pass
+        time.sleep(0.5)
+    started.ended(1)
+
+
+if __name__ == "__main__":
+    serve()
