@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -195,6 +196,11 @@ class ShardCommand:
     preload: str | None = None
 
 
+# Runs commands as the job's own (warm where they can be, stopped with the job): their exit codes, None where killed at
+# the job's timeout.
+RunCommands = Callable[[list[ShardCommand]], list[int | None]]
+
+
 class Backend(Protocol):
     def readiness(self, settings: ServerSettings) -> dict[str, Any]: ...
 
@@ -204,7 +210,7 @@ class Backend(Protocol):
                  expname: str) -> list[ShardCommand]: ...
 
     def metrics(self, settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
-                commands: list[ShardCommand]) -> dict[str, Any]: ...
+                commands: list[ShardCommand], run: RunCommands) -> dict[str, Any]: ...
 
 
 

@@ -312,7 +312,8 @@ class EvalService:
                         "error": f"`{Path(command.argv[0]).name} {command.argv[1]}` {reason}; see {command.log_path}",
                         "log_tail": tail_lines(command.log_path)}
         try:
-            metrics = self.backend.metrics(self.settings, bench, bench_dir, commands)
+            metrics = self.backend.metrics(self.settings, bench, bench_dir, commands,
+                                           lambda more: self._run_parallel(job, more)[0])
         except ToolError as exc:
             return {**run, "status": "failed", "error": str(exc), "log_tail": tail_lines(commands[0].log_path)}
         job.raw_metrics[bench.name] = metrics

@@ -20,6 +20,7 @@ from quanteval.engines.catalogue import catalogue
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
     EvalRequest,
+    RunCommands,
     ServerSettings,
     ShardCommand,
     generation_value,
@@ -140,7 +141,7 @@ def _scores(output_dir: Path, wait_s: float) -> dict[str, Any]:
 
 
 def metrics(settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
-            commands: list[ShardCommand]) -> dict[str, Any]:
+            commands: list[ShardCommand], run: RunCommands) -> dict[str, Any]:
     parts = [_scores(c.output_dir, settings.results_wait_s) for c in commands]
     return merge_shard_metrics(parts)
 

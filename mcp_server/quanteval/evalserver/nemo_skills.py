@@ -24,6 +24,7 @@ from quanteval.engines.nemo_skills_source import NEMO_SKILLS_UPSTREAM
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
     EvalRequest,
+    RunCommands,
     ServerSettings,
     ShardCommand,
     generation_value,
@@ -272,7 +273,7 @@ def merge_chunks(bench: BenchmarkSpec, bench_dir: Path, shard_dirs: list[Path]) 
 
 
 def metrics(settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
-            commands: list[ShardCommand]) -> dict[str, Any]:
+            commands: list[ShardCommand], run: RunCommands) -> dict[str, Any]:
     if len(commands) == 1:
         return _metrics_file(bench, commands[0].output_dir)
     # Shards: merge the evaluated chunks and let NeMo-Skills' own summarize compute the metrics of the
@@ -280,13 +281,12 @@ def metrics(settings: ServerSettings, bench: BenchmarkSpec, bench_dir: Path,
     merge_chunks(bench, bench_dir, [c.output_dir for c in commands])
     log_path = bench_dir / "summarize.log"
     # the same command line `ns eval`'s own summarize step runs (no --cluster: with one of executor none,
-    # summarize_results tries to download the results from that "cluster" and fails)
+    # summarize_results tries to download the results from that "cluster" and fails), run as the job's shards were
     argv = [settings.ns_command, "summarize_results", str(bench_dir / "eval-results"), "--benchmarks", bench.name,
             "--save_metrics_path", str(bench_dir / "eval-results" / bench.name / "metrics.json")]
-    with log_path.open("wb") as log_file:
-        done = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env={**os.environ, **ns_env(settings)}, cwd=commands[0].cwd, timeout=600, check=False)
-    if done.returncode != 0:
+    (code,) = run([ShardCommand(argv, ns_env(settings), bench_dir, log_path, cwd=commands[0].cwd, preload=NS_PRELOAD)])
+    if code != 0:
         tail = "\n".join(tail_lines(log_path, 5))
-        raise ToolError(f"`ns summarize_results` of the merged shards exited with {done.returncode}: {tail}")
+        said = "timed out" if code is None else f"exited with {code}"
+        raise ToolError(f"`ns summarize_results` of the merged shards {said}: {tail}")
     return _metrics_file(bench, bench_dir)
