@@ -2,7 +2,7 @@
 
 dry_run runs NEL's own dry-run in a child of a warm NEL process (the first call starts it): what it adds is the
 isolation, the script collection, the secrets chmod and the ledger record; what it saves is NEL's import and all but
-one parse of NEL's packaged task list (NEL parses it at each task lookup: 1 + N times locally and 1 + 2N on SLURM for
+one parse of NEL's packaged task list (NEL parses it at each task lookup: twice locally and 2 + N times on SLURM for
 N tasks, ~0.9 s each). Two configs: local with two tasks, SLURM with three. list_runs reads the SQLite ledger only.
 
     .venv/bin/python benchmarks/bench_dryrun.py

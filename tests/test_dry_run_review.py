@@ -100,7 +100,7 @@ def test_without_readers_the_tokenizer_goes_and_a_hand_set_one_is_kept_with_a_no
 
 
 def test_nels_packaged_task_list_is_parsed_once_per_process_and_each_lookup_gets_its_own_copy(monkeypatch):
-    """NEL looks its tasks up 1 + 2N times in a SLURM dry run or launch of N tasks, each lookup a ~0.9 CPU-s parse of
+    """NEL looks its tasks up 2 + N times in a SLURM dry run or launch of N tasks, each lookup a ~0.9 CPU-s parse of
     the same packaged file: the process NEL's calls run in (nelexec) parses it once. Each lookup still gets what a
     fresh parse gives, and what one caller changes in its copy the next does not see."""
     from nemo_evaluator_launcher.common import mapping

@@ -99,7 +99,7 @@ def _answer(op: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any
 
 def parse_packaged_task_list_once() -> None:
     """NEL parses its packaged task list (resources/all_tasks_irs.yaml: 421 tasks, ~0.9 CPU-s of pure-Python YAML)
-    each time it looks tasks up: a dry run or launch of N tasks parses it 1 + N times locally, 1 + 2N on SLURM. The
+    each time it looks tasks up: a dry run or launch parses it twice locally, 2 + N times on SLURM for N tasks. The
     file is part of the installed package, so this process parses it once, at its first lookup, and each lookup gets
     a deep copy of its own, as a fresh parse would give it. (Not in the warm process's preload: a one-shot
     validate_config, which looks no task up, would pay the parse.)"""
