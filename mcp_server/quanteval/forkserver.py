@@ -36,8 +36,8 @@ from typing import IO, Any
 
 REAP_POLL_S = 0.2  # how often the server looks for ended commands while no request comes
 STOP_GRACE_S = 5.0
-READY_TIMEOUT_S = 120.0  # the preload's imports: ~7 s on a quiet machine, minutes on a loaded one
-ANSWER_TIMEOUT_S = 30.0  # a fork's answer
+READY_TIMEOUT_S = 600.0  # the preload's imports: ~7 s on a quiet machine, ~12 CPU-s and minutes on a loaded one
+ANSWER_TIMEOUT_S = 120.0  # a fork's answer (a fork takes milliseconds; the margin is a loaded machine's)
 SERVER = Path(__file__)
 
 
@@ -276,7 +276,11 @@ class ForkServer:
                 self._send({"script": script, "argv": argv, "env": env, "cwd": cwd, "log": log})
             except OSError as exc:
                 raise ColdStart(f"the fork server is gone: {exc}") from None
-            answer = self._answer(ANSWER_TIMEOUT_S)
+            try:
+                answer = self._answer(ANSWER_TIMEOUT_S)
+            except ColdStart:
+                self.close()  # a start answered late would run beside the cold one the caller starts instead
+                raise
         started = Started(answer["started"], [script, *argv])
         with self._lock:
             if (code := self._exited.pop(started.pid, None)) is not None:
