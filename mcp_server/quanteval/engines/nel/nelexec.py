@@ -102,7 +102,7 @@ def parse_packaged_task_list_once() -> None:
     each time it looks tasks up: a dry run or launch parses it twice locally, 2 + N times on SLURM for N tasks. The
     file is part of the installed package, so this process parses it once, at its first lookup, and each lookup gets
     a deep copy of its own, as a fresh parse would give it. (Not in the warm process's preload: a one-shot
-    validate_config, which looks no task up, would pay the parse.)"""
+    validate_config, which looks no task up, would pay the parse; op_run asks for it.)"""
     from nemo_evaluator_launcher.common.container_metadata import intermediate_repr
 
     parse = getattr(intermediate_repr, "_load_irs_from_package", None)
@@ -287,6 +287,7 @@ def op_run(config_path: str, overrides: list[str], extra_overrides: list[str], t
            dry_run: bool) -> dict[str, Any]:
     from nemo_evaluator_launcher.api.functional import run_eval
 
+    parse_packaged_task_list_once()  # the one op that looks tasks up (the others need not import NEL's task lists)
     cfg_hash = content_hash(_compose(config_path, overrides))
     cfg = _compose(config_path, overrides + extra_overrides)
     summary = _summary(cfg)
@@ -360,7 +361,6 @@ def main() -> None:
     from quanteval.stdio_guard import stdout_to_stderr
 
     with stdout_to_stderr() as real_stdout, secrets_private_from_creation():
-        parse_packaged_task_list_once()
         request = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())  # argv: in a warm process
         try:
             answer = {"ok": True, **OPS[request["op"]](**request["args"])}
