@@ -191,15 +191,15 @@ class ColdStart(Exception):
 
 
 def script_python(script: str) -> str | None:
-    """The Python a console script runs in (`#!/path/to/python` as pip and uv write it), or None for anything else."""
+    """The Python a console script runs in (`#!/path/to/python` as pip and uv write it), or None for anything else
+    (a binary, a shell script, a file that is not there)."""
     try:
         with open(script, "rb") as handle:
             first = handle.readline(512)
     except OSError:
         return None
-    if not first.startswith(b"#!"):
-        return None
-    interpreter = first[2:].strip().split(b" ")[0].decode(errors="replace")
+    words = first[2:].split() if first.startswith(b"#!") else []
+    interpreter = words[0].decode(errors="replace") if words else ""
     return interpreter if os.path.basename(interpreter).startswith("python") and os.access(interpreter, os.X_OK) else None
 
 

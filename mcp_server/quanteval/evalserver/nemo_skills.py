@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from quanteval import envvars, paths
+from quanteval import envvars, forkserver, paths
 from quanteval.engines.nemo_skills_source import NEMO_SKILLS_UPSTREAM
 from quanteval.evalserver.backend import (
     BenchmarkSpec,
@@ -48,22 +48,10 @@ def ns_path(settings: ServerSettings) -> str | None:
     return shutil.which(settings.ns_command)
 
 
-def ns_python(path: str) -> str | None:
-    """The Python behind this `ns` (its #! line), or None when it is not a Python script."""
-    try:
-        first = Path(path).read_bytes()[:256].split(b"\n", 1)[0].decode(errors="replace")  # a binary has no #! line
-    except OSError:
-        return None
-    python = first[2:].strip().split()[0] if first.startswith("#!") else None
-    if not python or not Path(python).name.startswith("python") or not os.access(python, os.X_OK):
-        return None
-    return python
-
-
 @functools.lru_cache(maxsize=8)
 def _ns_version(path: str, mtime_ns: int) -> str | None:
     """NeMo-Skills' version as the Python behind this `ns` sees it (ns has no --version)."""
-    python = ns_python(path)
+    python = forkserver.script_python(path)
     if python is None:
         return None
     try:
@@ -139,7 +127,7 @@ def _benchmark_refusal(settings: ServerSettings, request: EvalRequest) -> str | 
     `executor: none` cluster: on a cluster config of the user's, the data lies where its jobs run. None when the
     question cannot be asked (no `ns`, not a Python script): `ns eval` then says what is wrong."""
     path = ns_path(settings)
-    python = ns_python(path) if path and not settings.cluster else None
+    python = forkserver.script_python(path) if path and not settings.cluster else None
     if python is None:
         return None
     names = sorted({bench.name for bench in request.benchmarks})
