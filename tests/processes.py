@@ -26,6 +26,14 @@ def running_with(*needles: str, state_dir: str | Path | None = None) -> list[str
     return found
 
 
+def still_running(pid: int) -> bool:
+    """Whether this pid is a process that still runs: there, and not a zombie waiting for its parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def own_state_dir() -> str:
     """The state dir conftest gave the running test."""
     return os.environ["QUANTEVAL_STATE_DIR"]

@@ -13,10 +13,9 @@ import shlex
 import socket
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from processes import wait_until
+from processes import still_running, wait_until
 from tiers import REPO
 
 from quanteval import ledger
@@ -86,14 +85,10 @@ def test_slurm_deployment_serves_then_scancel_stops_it(slurm_cluster, monkeypatc
     workers = json.loads(re.search(r"worker pids: (\[.*\])", log).group(1))
     assert workers
 
-    def alive(pid: int) -> bool:
-        stat = Path(f"/proc/{pid}/stat")
-        return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
     deadline = time.monotonic() + 15  # slurmd kills the job's remaining processes right after the batch step ends
-    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+    while any(still_running(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(alive(pid) for pid in workers), "a server worker outlived scancel"
+    assert not any(still_running(pid) for pid in workers), "a server worker outlived scancel"
     assert deployment_status(DeploymentStatusInput(record_id=result.record_id)).status == "stopped"
 
 

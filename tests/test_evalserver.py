@@ -21,6 +21,7 @@ import anyio
 import pytest
 import yaml
 from mcp import Client
+from processes import still_running
 
 from quanteval import ledger
 from quanteval.evalserver import backend, jobs, liveness, nel
@@ -435,7 +436,7 @@ def test_sigterm_stops_every_job_and_child_and_answers_in_flight_with_503(tmp_pa
             proc.kill()
     assert sorted(status for status, _ in answers) == [503, 503]
     assert all("SIGTERM" in answer["error"] for _, answer in answers)
-    assert all(not os.path.exists(f"/proc/{pid}") or _zombie(pid) for pid in ns_pids)
+    assert not any(still_running(pid) for pid in ns_pids)
     assert len(router.requests) == 0  # gsm8k of either job never started
     assert sorted(r.status for r in ledger.find(kind="eval_job")) == ["cancelled", "cancelled"]
     assert "Traceback" not in (tmp_path / "server.log").read_text()
@@ -470,11 +471,6 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 # ---------------------------------------------------------------------------------------------

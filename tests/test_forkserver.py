@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from processes import wait_until
+from processes import still_running, wait_until
 
 from quanteval import forkserver
 from quanteval.evalserver.jobs import kill_group
@@ -28,14 +28,6 @@ def _script(path: Path, body: str) -> str:
     path.write_text(f"#!{PY}\n" + textwrap.dedent(body))
     path.chmod(0o755)
     return str(path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
@@ -94,7 +86,7 @@ def test_stopping_a_command_stops_what_it_started(server, tmp_path):
     child = int(log.read_text().split()[0])
     kill_group(started, grace_s=5)
     assert started.wait(10) == -signal.SIGTERM
-    wait_until(lambda: not _alive(child), 10, "the command's child gone with its group")
+    wait_until(lambda: not still_running(child), 10, "the command's child gone with its group")
 
 
 def test_nothing_outlives_an_owner_that_is_killed(tmp_path):
@@ -109,10 +101,10 @@ def test_nothing_outlives_an_owner_that_is_killed(tmp_path):
     """)], stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
     command = int(owner.stdout.readline())
-    assert _alive(command)
+    assert still_running(command)
     owner.kill()  # no cleanup of its own: the server sees its requests' pipe close
     owner.wait()
-    wait_until(lambda: not _alive(command), 20, "the command gone with its owner")
+    wait_until(lambda: not still_running(command), 20, "the command gone with its owner")
 
 
 def test_a_preload_that_fails_or_a_script_that_is_no_pythons_means_a_cold_start(tmp_path):
