@@ -37,3 +37,31 @@ def test_a_missing_component_skips_naming_the_command_that_brings_it(monkeypatch
     assert skip.kwargs["reason"] == "no vLLM venv: bash scripts/setup builds .venv-vllm"
     with pytest.raises(ValueError, match="unknown need 'vlm'"):
         requires("vlm")
+
+
+def test_each_group_the_queue_orders_by_its_seconds_is_a_group_of_the_suite():
+    """conftest.GROUP_SECONDS orders xdist's queue by group name: a lane renamed or a module moved would silently fall
+    back to the unmeasured order, a long group then queued last."""
+    import re
+
+    import conftest
+
+    sources = "\n".join(path.read_text() for path in (REPO / "tests").glob("test_*.py"))
+    own_lanes = set(re.findall(r'own_lane\("([\w-]+)"\)', sources)) | set(re.findall(r'_LANE = "([\w-]+)"', sources))
+    groups = own_lanes | set(tiers.LANES) | {path.name for path in (REPO / "tests").glob("test_*.py")}
+    assert set(conftest.GROUP_SECONDS) <= groups, set(conftest.GROUP_SECONDS) - groups
+
+
+def test_the_suite_runs_on_the_versions_quanteval_pins():
+    """setup --dev adds SGLang's parser and its imports to .venv after quanteval: on a fresh machine pip's newest
+    openai (anyio>=4.10) replaced the anyio==4.9.0 quanteval pins for NEL's leptonai, and the suite ran on another
+    anyio than users get. Each exact pin of quanteval's is what .venv holds."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    pinned = [Requirement(line) for line in metadata.requires("quanteval") or []]
+    exact = {req.name: spec.version for req in pinned for spec in req.specifier
+             if spec.operator == "==" and (req.marker is None or req.marker.evaluate({"extra": "dev"}))}
+    assert "anyio" in exact
+    assert {name: metadata.version(name) for name in exact} == exact
