@@ -16,7 +16,7 @@ FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 
 # Seconds each group took in a full run (scripts/test: 4 workers on 2 cores, a fresh machine, 2026-11-29), those over 50:
 # xdist hands out the longest first (pytest_collection_modifyitems), so no long group starts near the end and runs on
-# alone while the other workers idle (test_nel_next.py, ordered by its 15 tests, once started 7 minutes before the end).
+# alone while the other workers idle (test_mcp_long_calls.py, 276 s but ordered by its 5 tests, once ran on to the end).
 # A worker is handed its next group before its current one's last two tests run (xdist), so short groups fill the end.
 GROUP_SECONDS = {
     "vllm-cluster-faults": 814, "vllm-tiny-skills": 707, "slurm": 590, "vllm-cluster": 523, "vllm-evaluate": 473,
