@@ -9,7 +9,9 @@ nothing, the second finds what the first left. Prints each start's wall seconds 
 server's process group, which a loaded machine does not inflate), the second as a ratio of the first (target ≤ 0.5),
 and whether the second compiled again ("Compiling model again due to a load failure" in its log).
 --as-vllm-ships: VLLM_USE_AOT_COMPILE=1, vLLM's own default on torch ≥ 2.10 (what quanteval started before: its AOT
-artifact never loads on torch 2.13, so every start compiles). Prints numbers; asserts nothing.
+artifact never loads on torch 2.13, so every start compiles).
+Then two more warm starts with Python's own garbage-collector threshold (QUANTEVAL_GC_THRESHOLD=700), each after one
+as setup leaves the venv (scripts/startup-gc: 10,000), printed as a ratio. Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -87,6 +89,18 @@ def main() -> None:
     print(f"second start : {second_wall:6.1f} s wall, {second_cpu:6.1f} s CPU"
           f"{'  (compiled again: its AOT artifact failed to load)' if recompiled else ''}")
     print(f"second / first: {second_wall / first_wall:.2f}x wall, {second_cpu / first_cpu:.2f}x CPU  (target <= 0.5)")
+    ours, pythons = [(second_wall, second_cpu)], []
+    for _ in range(2):
+        os.environ["QUANTEVAL_GC_THRESHOLD"] = "700"  # inherited by the server and its spawned engine core
+        pythons.append(start(args.checkpoint)[:2])
+        del os.environ["QUANTEVAL_GC_THRESHOLD"]
+        if len(ours) < 2:
+            ours.append(start(args.checkpoint)[:2])
+    for name, starts in (("GC threshold 10,000 (setup's)", ours), ("GC threshold 700 (Python's)", pythons)):
+        print(f"{name:30s}: " + ", ".join(f"{wall:.1f} s wall {cpu:.1f} s CPU" for wall, cpu in starts))
+    mean = lambda starts, i: sum(start[i] for start in starts) / len(starts)  # noqa: E731
+    print(f"setup's / Python's threshold: {mean(ours, 0) / mean(pythons, 0):.2f}x wall, "
+          f"{mean(ours, 1) / mean(pythons, 1):.2f}x CPU")
 
 
 if __name__ == "__main__":

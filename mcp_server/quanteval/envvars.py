@@ -52,6 +52,8 @@ KNOWN_ENV_VARS: dict[str, str] = {
     "QUANTEVAL_SETUP_HEARTBEAT_S": "Seconds between scripts/setup's 'still installing' lines while a step runs (default 15).",
     "QUANTEVAL_SETUP_INSTALLER": "pip: scripts/setup installs with pip only (default: uv 0.13.9 where it can, scripts/pkg-install).",
     "QUANTEVAL_NS_VENV": "The NeMo-Skills venv scripts/setup-nemo-skills builds and the real-ns tests use (default .venv-nemo-skills).",
+    "QUANTEVAL_GC_THRESHOLD": "First garbage-collector threshold of the Pythons in the venvs scripts/setup builds (default 10000; "
+                              "700 is Python's own): fewer collections while vLLM, torch and NeMo-Skills import (scripts/startup-gc).",
 }
 
 
