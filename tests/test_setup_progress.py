@@ -72,10 +72,13 @@ def test_a_failing_step_names_itself_and_shows_the_end_of_the_log(clone: Path, t
 
 
 def test_setup_vllm_on_a_venv_already_set_up_says_so_at_once(clone: Path, tmp_path: Path) -> None:
-    """Idempotent and quick: a throwaway venv with setup-vllm's stamp is left alone, with one line saying so."""
+    """Idempotent and quick: a throwaway venv with setup-vllm's stamp is left alone, with one line saying so. Its
+    python refuses to run: were the stamp not recognised, setup would install vLLM through it, and a link to a real
+    interpreter (no pyvenv.cfg beside it) once let pip put vLLM into that interpreter's own site-packages."""
     venv = tmp_path / "vllm-venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho 'this test installs nothing' >&2\nexit 3\n")
+    (venv / "bin" / "python").chmod(0o755)
     digest = subprocess.run("cat scripts/setup-vllm scripts/startup-gc | sha256sum", shell=True, cwd=clone,
                             capture_output=True, text=True, check=True).stdout[:16]
     (venv / f".quanteval-vllm-{digest}").touch()
