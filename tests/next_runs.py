@@ -24,6 +24,14 @@ NEL = nelnext.nel_binary()  # `nel gate`, `nel compare`: the oracles, as users r
 NEL_RUN = nelnext.nel_command()  # as quanteval starts runs: test runs side by side must not share one adapter proxy
 
 
+def nel_json(*argv: str | Path) -> dict:
+    """`nel ARGV --format json` (compare, gate: the oracles) as a user runs it, without its report files: its answer."""
+    done = subprocess.run([str(NEL), *map(str, argv), "--format", "json", "--no-report", "--no-strict"], capture_output=True,
+                          text=True, timeout=120, check=False, env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
 @contextmanager
 def standin_server(*args: str) -> Iterator[int]:
     """The inference stand-in (tests/standins, OpenAI API) on a free port with `args` (--model, --served-model-name,

@@ -12,7 +12,6 @@ policy (the same rule, NVFP4-release shaped); each release verdict is checked ag
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,10 +20,10 @@ import anyio
 import pytest
 from factories import noise_checkpoint
 from mcp import Client, StdioServerParameters
+from next_runs import nel_json
 from processes import running_with
 from tiers import BENCH, CHECKPOINTS, REPO, own_lane, requires, user_env
 
-from quanteval.engines.nel_next import nelnext
 from quanteval.faces.cli import evaluation_exit_code, format_evaluation
 from quanteval.workflow.compare import CompareResultsInput, compare_results
 from quanteval.workflow.evaluate import EvaluateQuantizationOutput
@@ -36,17 +35,11 @@ pytestmark = [*requires("vllm", "nel-next"), own_lane("vllm-evaluate")]
 
 
 def _nel_compare(baseline: str | Path, candidate: str | Path) -> dict:
-    done = subprocess.run([str(nelnext.nel_binary()), "compare", str(baseline), str(candidate), "--format", "json",
-                           "--no-report", "--no-strict"], capture_output=True, text=True, check=True, timeout=120)
-    return json.loads(done.stdout)
+    return nel_json("compare", baseline, candidate)
 
 
 def _nel_gate(baseline: str | Path, candidate: str | Path, policy: str | Path) -> dict:
-    done = subprocess.run([str(nelnext.nel_binary()), "gate", "--policy", str(policy), str(baseline), str(candidate),
-                           "--format", "json", "--no-report", "--no-strict"], capture_output=True, text=True, timeout=120,
-                          check=False, env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+    return nel_json("gate", "--policy", policy, baseline, candidate)
 
 
 def _processes_serving(checkpoint: Path, state: dict[str, str]) -> list[str]:

