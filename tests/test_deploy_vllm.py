@@ -206,6 +206,27 @@ def test_a_chat_model_asked_through_completions_is_a_suspect_canary_and_the_gate
     assert seen["full"].is_error and "allow_suspect_canary=true and a reason" in seen["full"].content[0].text
 
 
+def test_the_server_runs_with_quantevals_cpu_environment_in_two_processes(w8a8):
+    """frameworks.VLLM_CPU_ENV reaches the server launch_deployment starts, and through it the engine core vLLM spawns
+    (a spawned child gets its parent's environment; the engine's own /proc environ is overwritten by its process
+    title): the model's one worker inside the engine (two processes serve, not three), its OpenMP threads (torch's
+    libgomp, which vLLM preloads) sleeping when idle instead of spinning on the cores the rest of an evaluation needs."""
+    from quanteval.serving.frameworks import VLLM_CPU_ENV
+
+    launched, _, _ = w8a8
+
+    def read(pid: int, name: str) -> list[str]:
+        return Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace").split("\0")
+
+    commands = {pid: read(pid, "cmdline") for pid in group_members(launched.pid)}  # also launch's shell and its sleep
+    serving = {pid: command for pid, command in commands.items()  # the venv's Pythons, the engine by its process title
+               if (command[0].startswith("VLLM::") or ".venv-vllm" in command[0]) and "resource_tracker" not in " ".join(command)}
+    (api_server,) = [pid for pid, command in serving.items() if "vllm.entrypoints.openai.api_server" in command]
+    assert len(serving) == 2 and any(command[0].startswith("VLLM::EngineCore") for command in serving.values()), commands
+    env = dict(item.split("=", 1) for item in read(api_server, "environ") if "=" in item)
+    assert {key: env.get(key) for key in VLLM_CPU_ENV} == VLLM_CPU_ENV and env["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
 def test_stopping_leaves_no_process_behind(w8a8, monkeypatch):
     launched, _, state = w8a8
     _use_ledger(monkeypatch, state)

@@ -223,8 +223,13 @@ VLLM_CPU_KV_CACHE_GIB = "1"
 #   vLLM otherwise spawns a third process that imports torch and vLLM again: a start alone 18.9 s instead of 26.7 s,
 #   and less CPU where starts share cores (two canaries' jobs on one node). The same numeric path: tiny-skills-w2's
 #   200 tiny_mcq answers and every token's logprob identical either way (benchmarks/bench_vllm_in_process.py).
+# - OMP_WAIT_POLICY=PASSIVE: the engine's OpenMP threads (torch's libgomp, which vLLM preloads) sleep when a parallel
+#   region ends instead of spinning first. On a model this small each forward pass is short and Python runs between
+#   them, so the idle thread's spinning was much of the serving CPU, and it took the cores from whatever else ran
+#   (a second server, nel-next). The same numbers: every answer and token logprob identical either way
+#   (benchmarks/bench_vllm_omp_wait.py, which prints the CPU and wall ratios).
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KV_CACHE_GIB, "VLLM_USE_AOT_COMPILE": "0",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def vllm_cpu_findings(key: str, algo_label: str, weights: tuple[str, int] | None, activations: tuple[str, int] | None,
