@@ -64,7 +64,8 @@ def test_ssh_check_reports_user_host_commands_and_the_verified_key(slurm_cluster
     assert result.commands["enroot"] is False
     assert result.host_key_fingerprint == host_fingerprint(slurm_cluster)
     assert result.host_key_added is False
-    assert 0 < result.latency_ms < 2000
+    # a round trip in milliseconds (a loaded 2-core machine took 2.3 s once): the field, not the machine's speed
+    assert 0 < result.latency_ms < 60_000
     assert any("enroot" in note for note in result.notes)
 
 
