@@ -6,8 +6,11 @@ seconds by kind of process, by test module and per vLLM server start.
 
 Every 0.5 s it reads each process's command line, parent, CPU ticks and (at its first sightings) the PYTEST_CURRENT_TEST
 it was started under, so a server, a nel-next run or an `ns eval` is charged to the test that started it; processes
-inside SLURM jobs (started by slurmd) are charged to "slurm jobs". The suite's time is CPU on a 2-core machine: this
-says which processes to make cheaper or fewer. Standard library only (any python3). Prints numbers; asserts nothing.
+inside SLURM jobs (started by slurmd) are charged to "slurm jobs"; a process already running when the command started
+counts only what it spends after. A process that lives less than 0.5 s is not seen: the machine's line (/proc/stat)
+says how busy the cores were in all, minute by minute, so idle minutes show too. The suite's time is CPU on a 2-core
+machine: this says which processes to make cheaper or fewer. Standard library only (any python3). Prints numbers;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -31,13 +34,30 @@ def _read(pid: str, name: str) -> bytes:
         return file.read()
 
 
-def sample(argv: list[str]) -> tuple[list[dict], float, int]:
-    """Run argv, sampling /proc until it ends: (processes seen, seconds, its exit code)."""
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as file:
+        fields = [int(value) for value in file.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS
+
+
+def sample(argv: list[str]) -> tuple[list[dict], float, int, list[float]]:
+    """Run argv, sampling /proc until it ends: (processes seen, seconds, its exit code, the machine's busy CPU seconds
+    in each minute, counting processes too short-lived to be sampled and the kernel's own)."""
     seen: dict[str, dict] = {}
     started = time.monotonic()
+    busy_since_boot = _machine_busy()
+    minutes: list[float] = []
+    first_pass = True  # the processes already running: the machine's own, from before the command
     child = subprocess.Popen(argv)
     try:
         while child.poll() is None:
+            minute = int((time.monotonic() - started) // 60)
+            if minute >= len(minutes):
+                minutes.append(0.0)
+            now = _machine_busy()
+            minutes[-1] += now - busy_since_boot
+            busy_since_boot = now
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     stat = _read(pid, "stat").decode()
@@ -48,17 +68,21 @@ def sample(argv: list[str]) -> tuple[list[dict], float, int]:
                         cmd = _read(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace")[:400]
                         env = dict(item.split(b"=", 1) for item in _read(pid, "environ").split(b"\0") if b"=" in item)
                         record = record or seen.setdefault(key, {"pid": int(pid), "ppid": int(fields[1]), "looks": 0,
-                                                                 "first": time.monotonic() - started})
+                                                                 "first": time.monotonic() - started,
+                                                                 # before the run: only what it spends from now counts
+                                                                 "before": (int(fields[11]) + int(fields[12])) / TICKS
+                                                                 if first_pass else 0.0})
                         record.update(cmd=cmd, env={k.decode(): env[k].decode(errors="replace") for k in KEYS if k in env})
                     record["looks"] += 1
-                    record["cpu"] = (int(fields[11]) + int(fields[12])) / TICKS
+                    record["cpu"] = (int(fields[11]) + int(fields[12])) / TICKS - record.get("before", 0.0)
                     record["last"] = time.monotonic() - started
                 except (OSError, ValueError, IndexError):
                     continue  # gone meanwhile, or not ours to read
+            first_pass = False
             time.sleep(0.5)
     except KeyboardInterrupt:
         child.send_signal(signal.SIGINT)
-    return list(seen.values()), time.monotonic() - started, child.wait()
+    return list(seen.values()), time.monotonic() - started, child.wait(), minutes
 
 
 def kind(cmd: str) -> str:
@@ -77,7 +101,7 @@ def kind(cmd: str) -> str:
     return "other: " + (cmd.split()[0].rsplit("/", 1)[-1] if cmd.split() else "kernel threads, zombies")
 
 
-def report(processes: list[dict], seconds: float) -> None:
+def report(processes: list[dict], seconds: float, minutes: list[float] | None = None) -> None:
     by_pid = defaultdict(list)
     for record in processes:
         by_pid[record["pid"]].append(record)
@@ -99,6 +123,9 @@ def report(processes: list[dict], seconds: float) -> None:
 
     total = sum(record["cpu"] for record in processes)
     print(f"{total:,.0f} CPU-s in {seconds:,.0f} s ({total / seconds:.2f} cores busy on average)")
+    if minutes:  # /proc/stat: also what ended between two samples, and the kernel's threads
+        print(f"the machine: {sum(minutes):,.0f} CPU-s busy ({sum(minutes) / seconds:.2f} cores on average); cores busy by "
+              f"minute: {' '.join(f'{cpu / min(60.0, seconds - 60 * i):.1f}' for i, cpu in enumerate(minutes))}")
     kinds, modules = Counter(), Counter()
     for record in processes:
         kinds[kind(record["cmd"])] += record["cpu"]
@@ -129,13 +156,13 @@ def main() -> int:
     if args.load:
         with open(args.load) as file:
             saved = json.load(file)
-        report(saved["processes"], saved["seconds"])
+        report(saved["processes"], saved["seconds"], saved.get("minutes"))
         return 0
-    processes, seconds, code = sample(args.command)
+    processes, seconds, code, minutes = sample(args.command)
     if args.save:
         with open(args.save, "w") as file:
-            json.dump({"processes": processes, "seconds": seconds, "command": args.command}, file)
-    report(processes, seconds)
+            json.dump({"processes": processes, "seconds": seconds, "command": args.command, "minutes": minutes}, file)
+    report(processes, seconds, minutes)
     return code
 
 
