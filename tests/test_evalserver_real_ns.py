@@ -23,6 +23,7 @@ import pytest
 from tiers import REPO, requires
 
 from quanteval.evalserver.backend import ServerSettings
+from quanteval.evalserver.jobs import FORKSERVER_LOG
 from quanteval.faces import evalhttp
 from quanteval.localproc import free_port
 from quanteval.workflow import tasks
@@ -106,7 +107,7 @@ def real(tmp_path_factory: pytest.TempPathFactory):
         (own_data / "gsm8k" / "__init__.py").write_bytes((dataset_dir() / "gsm8k" / "__init__.py").read_bytes())
         (own_data / "gsm8k" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in OWN_DATA))
         router = Router()
-        servers = []
+        servers, logs = [], []
         for data_dir in (None, str(own_data)):
             settings = ServerSettings(output_root=tmp_path_factory.mktemp("real-ns-out"), ns_command=str(NS),
                                       port=free_port(), max_concurrent_jobs=3, max_concurrent_requests=8,
@@ -116,6 +117,7 @@ def real(tmp_path_factory: pytest.TempPathFactory):
             thread.start()
             assert ready.wait(10)
             servers.append((f"http://127.0.0.1:{settings.port}", stop, thread))
+            logs.append(settings.root / FORKSERVER_LOG)
         url, own_url = servers[0][0], servers[1][0]
         try:
             health = _request(url, "GET", "/health")
@@ -134,7 +136,7 @@ def real(tmp_path_factory: pytest.TempPathFactory):
                     answer = _request(where, "GET", f"/jobs/{job_id}")[1]
                     if answer["status"] in ("succeeded", "failed", "cancelled"):
                         jobs[name] = answer
-            yield {"health": health, "jobs": jobs, "router": router, "url": url, "own_url": own_url}
+            yield {"health": health, "jobs": jobs, "router": router, "url": url, "own_url": own_url, "forkserver_logs": logs}
         finally:
             for _, stop, thread in servers:
                 stop.set()
@@ -170,6 +172,12 @@ def test_every_ns_eval_was_forked_from_one_warm_import_of_nemo_skills_pipeline(r
     below), every one of them forked, the failing svamp too."""
     runs = [run for job in real["jobs"].values() for run in job["runs"]]
     assert len(runs) == 6 and all(run.get("forked") for run in runs), runs
+    # and each run's generation step, a `python -m` child of `ns eval` (~9 CPU-s of imports cold), from the same
+    # import: one per sample and shard (gsm8k:2, mmlu:2, svamp, gsm8k, mmlu:2 in 2 shards, the own data's gsm8k: 11);
+    # the summary steps run cold (their typer app would see every pipeline command imported)
+    logs = "".join(path.read_text() for path in real["forkserver_logs"] if path.exists())
+    assert logs.count("python -m nemo_skills.inference.generate forked") == 11, logs[-3000:]
+    assert "summarize_results forked" not in logs, logs[-3000:]
 
 
 def test_slime_payload_math_with_samples_gets_real_metrics(real):

@@ -115,3 +115,88 @@ def test_a_preload_that_fails_or_a_script_that_is_no_pythons_means_a_cold_start(
     assert forkserver.script_python(str(shell)) is None
     assert forkserver.script_python(str(tmp_path / "missing")) is None
     assert forkserver.script_python(_script(tmp_path / "py", "pass\n")) == PY
+
+
+# --- a command's own `python -m` (ns eval's generation and summary steps) ------------------------------------------
+
+WARM_MODULE = """
+import json, os, sys, time
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["sleep"]:
+        with open(sys.argv[2], "w") as pid_file:
+            pid_file.write(str(os.getpid()))
+        time.sleep(120)
+    print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "var": os.environ.get("FORK_TEST_VAR"), "name": __name__,
+                      "stdin": sys.stdin.readline(), "warm": "preloaded" in sys.modules, "pid": os.getpid()}))
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(os.environ.get("FORK_TEST_EXIT", "5")))
+"""
+
+
+@pytest.fixture
+def attaching(tmp_path):
+    """A server that preloaded `warmmod` and `unnamed` (and PRELOAD's marker) and may attach `warmmod` and `coldmod`
+    (which it did not import): three copies of one module."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    for name in ("warmmod", "coldmod", "unnamed"):
+        (modules / f"{name}.py").write_text(WARM_MODULE)
+    env = {**os.environ, "PYTHONPATH": str(modules)}
+    started = forkserver.ForkServer(PY, PRELOAD + "import warmmod, unnamed\n", env, attach=("warmmod", "coldmod"))
+    yield started, env
+    started.close()
+
+
+def _command(server: forkserver.ForkServer, env: dict, tmp_path: Path, body: str) -> list[str]:
+    """A command of the server running `body` (with `run(args)`: `python ARGS` as its steps run it, by name on PATH);
+    the lines it printed."""
+    script = _script(tmp_path / "command.py", textwrap.dedent("""
+        import json, subprocess, sys
+        def run(args, **more):
+            done = subprocess.run(["python", *args], capture_output=True, text=True, **more)
+            print(json.dumps({"code": done.returncode, "out": done.stdout, "err": done.stderr}), flush=True)
+    """) + textwrap.dedent(body))
+    log = tmp_path / "command.log"
+    started = server.start(script, [], env, str(tmp_path), str(log))
+    assert started.wait(60) == 0, log.read_text()
+    return log.read_text().splitlines()
+
+
+def test_a_commands_python_dash_m_of_a_preloaded_module_runs_forked_with_its_streams_directory_and_status(attaching, tmp_path):
+    server, env = attaching
+    (tmp_path / "work").mkdir()
+    lines = _command(server, {**env, "FORK_TEST_VAR": "x"}, tmp_path, f"""
+        run(["-m", "warmmod", "a", "b c"], input="hello\\n", cwd={str(tmp_path / 'work')!r})
+        run(["-m", "coldmod", "a"], input="cold\\n")
+        run(["-m", "unnamed", "a"], input="cold\\n")
+        run(["-c", "import sys; print('preloaded' in sys.modules)"])
+    """)
+    warm, cold, unnamed, plain = map(json.loads, lines)
+    assert warm["code"] == 5 and warm["err"] == "to stderr\n"  # its exit status, its stderr: the caller's
+    shown = json.loads(warm["out"])
+    assert {key: shown[key] for key in ("argv", "cwd", "var", "name", "stdin", "warm")} == {
+        "argv": ["a", "b c"], "cwd": str(tmp_path / "work"), "var": "x", "name": "__main__", "stdin": "hello\n", "warm": True}
+    # a module the preload did not import, one the owner did not name, and anything but `-m`: the real Python, cold
+    for ran in (cold, unnamed):
+        assert ran["code"] == 5 and json.loads(ran["out"])["warm"] is False and json.loads(ran["out"])["stdin"] == "cold\n"
+    assert plain == {"code": 0, "out": "False\n", "err": ""}
+
+
+def test_a_signal_to_the_caller_reaches_the_forked_module_and_a_killed_caller_leaves_none(attaching, tmp_path):
+    server, env = attaching
+    lines = _command(server, env, tmp_path, f"""
+        import os, signal, time
+        for sig, name in ((signal.SIGTERM, "term"), (signal.SIGKILL, "kill")):
+            pid_file = {str(tmp_path)!r} + "/" + name
+            caller = subprocess.Popen(["python", "-m", "warmmod", "sleep", pid_file])
+            while not os.path.exists(pid_file) or not open(pid_file).read():
+                time.sleep(0.05)
+            module = int(open(pid_file).read())
+            caller.send_signal(sig)
+            print(json.dumps({{"caller": caller.wait(30), "module": module}}), flush=True)
+    """)
+    term, kill = map(json.loads, lines)
+    assert term["caller"] == -signal.SIGTERM  # passed on; the module ended by it, and the caller by the same signal
+    assert kill["caller"] == -signal.SIGKILL
+    for ended in (term, kill):
+        wait_until(lambda module=ended["module"]: not still_running(module), 10, "the forked module gone with its caller")

@@ -14,6 +14,15 @@ Protocol, one JSON object per line: first {"preload": CODE} on stdin, answered {
 that killed it). At EOF on stdin (the owner closed it, or died) the commands still running are stopped, process group
 and all (SIGTERM, SIGKILL STOP_GRACE_S later), and the server ends: nothing it started outlives its owner.
 
+A command's own steps are Python processes too: `ns eval` runs its generation and its summary as `python -m
+nemo_skills...` children (~8 and ~4 CPU-s of imports each, for seconds of work). The server also listens on a Unix
+socket (ATTACH_VARIABLE in the commands' environment), and the commands' PATH starts with a folder whose `python` and
+`python3` run this file as `--attach`: a `python -m MODULE ...` whose module the owner named (`attach`) and the preload
+imported is sent there with the caller's stdin, stdout and stderr, its directory and environment, and runs in a fork of
+the server (in a session of its own) as `python -m` would; the caller waits for it, passes it SIGTERM, SIGINT, SIGHUP and SIGQUIT, and exits with its
+status. A caller that is killed outright leaves no child: the child ends when the caller's end of the socket closes.
+Anything else, or no server to ask, runs the real Python.
+
 The owner's end is ForkServer: `start()` returns a Started, which has the parts of a Popen the eval server uses (pid,
 poll, wait, returncode).
 """
@@ -25,9 +34,13 @@ import json
 import os
 import queue
 import select
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -39,6 +52,9 @@ STOP_GRACE_S = 5.0
 READY_TIMEOUT_S = 600.0  # the preload's imports: ~7 s on a quiet machine, ~12 CPU-s and minutes on a loaded one
 ANSWER_TIMEOUT_S = 120.0  # a fork's answer (a fork takes milliseconds; the margin is a loaded machine's)
 SERVER = Path(__file__)
+ATTACH_VARIABLE = "QUANTEVAL_FORKSERVER_SOCKET"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+MESSAGE_BYTES = 1 << 20  # one request: its environment is the largest part
 
 
 # ---------------------------------------------------------------- the server (the command's Python)
@@ -78,29 +94,105 @@ def _run_command(request: dict, answers_fd: int) -> None:
     os._exit(code)
 
 
-def _reap(running: set[int], reply: Any) -> None:
-    while running:
+def _run_attached(request: dict, fds: list[int], caller: socket.socket, answers_fd: int) -> None:
+    """In the forked child: `python -m MODULE *argv` on the caller's stdin, stdout and stderr; never returns."""
+    code = 127
+    try:
+        os.close(answers_fd)  # held open here, the owner would not see the server's end while the module runs
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+
+        def die_with_caller() -> None:  # the caller's end closes only when it ends: killed, it cannot say so
+            with contextlib.suppress(OSError):
+                caller.recv(1)
+            os.killpg(0, signal.SIGKILL)
+
+        threading.Thread(target=die_with_caller, daemon=True).start()
+        sys.argv = [request["module"], *request["argv"]]
+        sys.path.insert(0, request["cwd"])  # as `python -m` puts its working directory first
+        sys.modules.pop(request["module"], None)  # the preload's copy: the module runs afresh as __main__
+        import runpy
+
+        code = 1
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - the module's own failure is its exit status
+        traceback.print_exc()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _attach(listener: socket.socket, warm: set[str], attached: dict[int, socket.socket], answers_fd: int) -> None:
+    """One caller's `python -m MODULE`: forked when the preload imported MODULE, else refused (it runs cold)."""
+    caller, _ = listener.accept()
+    fds: list[int] = []
+    try:
+        message, fds, _, _ = socket.recv_fds(caller, MESSAGE_BYTES, 3)
+        request = json.loads(message)
+        if request.get("module") not in warm or len(fds) != 3:
+            caller.send(json.dumps({"refused": f"{request.get('module')} is not what this server imported"}).encode())
+            caller.close()
+            return
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            for other in attached.values():
+                other.close()
+            _run_attached(request, fds, caller, answers_fd)
+        attached[pid] = caller
+        print(f"forkserver: python -m {request['module']} forked as {pid}", file=sys.stderr, flush=True)
+        caller.send(json.dumps({"pid": pid}).encode())
+    except (OSError, ValueError) as exc:
+        print(f"forkserver: an attach request failed: {exc}", file=sys.stderr, flush=True)
+        caller.close()
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _reap(running: set[int], reply: Any, attached: dict[int, socket.socket]) -> None:
+    while running or attached:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        code = os.waitstatus_to_exitcode(status)
+        if (caller := attached.pop(pid, None)) is not None:
+            with contextlib.suppress(OSError):
+                caller.send(json.dumps({"returncode": code}).encode())
+            caller.close()
+            continue
         running.discard(pid)
-        reply({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        reply({"exited": pid, "returncode": code})
 
 
-def _stop_all(running: set[int]) -> None:
-    """The owner is gone: stop every command still running, its process group with it."""
+def _stop_all(running: set[int], attached: dict[int, socket.socket]) -> None:
+    """The owner is gone: stop every command still running, its process group with it, and every attached module."""
     for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
-        for pid in running:
+        for pid in (*running, *attached):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
         deadline = time.monotonic() + grace
-        while running and time.monotonic() < deadline:
-            _reap(running, lambda message: None)
+        while (running or attached) and time.monotonic() < deadline:
+            _reap(running, lambda message: None, attached)
             time.sleep(0.05)
-        if not running:
+        if not (running or attached):
             return
 
 
@@ -133,31 +225,84 @@ def serve() -> None:
         if got is None:
             return
         first = got
+    hello = json.loads(first[0])
+    before = set(sys.modules)
     try:
-        exec(compile(json.loads(first[0])["preload"], "<preload>", "exec"), {"__name__": "__preload__"})
+        exec(compile(hello["preload"], "<preload>", "exec"), {"__name__": "__preload__"})
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(hello["socket"])
+        listener.listen(16)
     except BaseException:  # noqa: BLE001 - said to the owner, who starts its commands cold
         reply({"ready": False, "error": traceback.format_exc()[-2000:]})
         return
     reply({"ready": True})
+    # the modules a command's `python -m` may run here: those named that the preload imported
+    _loop(requests, lines, reply, answers.fileno(), listener, set(hello["attach"]) & (set(sys.modules) - before), first[1:])
+
+
+def _loop(requests: int, lines: Any, reply: Any, answers_fd: int, listener: socket.socket, warm: set[str],
+          backlog: list[bytes]) -> None:
+    """Fork each command asked on stdin and each attached module asked on the socket, until stdin's EOF."""
     running: set[int] = set()
-    backlog = first[1:]
+    attached: dict[int, socket.socket] = {}
     while True:
         for line in backlog:
             if line.strip():
-                request = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
-                    _run_command(request, answers.fileno())
+                    for held in (listener, *attached.values()):
+                        held.close()
+                    _run_command(json.loads(line), answers_fd)
                 running.add(pid)
                 reply({"started": pid})
         backlog = []
-        if select.select([requests], [], [], REAP_POLL_S)[0]:
+        readable = select.select([requests, listener], [], [], REAP_POLL_S)[0]
+        if listener in readable:
+            _attach(listener, warm, attached, answers_fd)
+        if requests in readable:
             got = lines()
             if got is None:
-                _stop_all(running)
+                listener.close()
+                _stop_all(running, attached)
                 return
             backlog = got
-        _reap(running, reply)
+        _reap(running, reply, attached)
+
+
+# ---------------------------------------------------------------- a command's `python` (run with -S: stdlib only)
+
+
+def attach(python: str, args: list[str]) -> None:
+    """`python ARGS` for a command of the server: `-m MODULE` through the server's socket when it takes it, else (or
+    without a server) the real Python, exec'd; never returns."""
+    path = os.environ.get(ATTACH_VARIABLE)
+    if path and len(args) >= 2 and args[0] == "-m":
+        answer: dict = {}
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            server.connect(path)
+            request = {"module": args[1], "argv": args[2:], "cwd": os.getcwd(), "env": dict(os.environ)}
+            socket.send_fds(server, [json.dumps(request).encode()], [0, 1, 2])
+            answer = json.loads(server.recv(MESSAGE_BYTES) or b"{}")
+        except (OSError, ValueError):
+            pass
+        if "pid" in answer:
+            pid = answer["pid"]
+
+            def forward(sig: int, _frame: object) -> None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, sig)
+
+            for sig in FORWARDED_SIGNALS:
+                signal.signal(sig, forward)
+            ended = server.recv(MESSAGE_BYTES)  # the server's word when the module ends (nothing: the server died)
+            code = json.loads(ended)["returncode"] if ended else 1
+            if code < 0:  # ended by a signal: end by it too, as the caller's parent expects
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            os._exit(code & 0xFF)
+        server.close()
+    os.execv(python, [python, *args])
 
 
 # ---------------------------------------------------------------- the owner (quanteval's Python)
@@ -207,11 +352,19 @@ class ForkServer:
     """The owner's end: one server process (its Python, preload and environment), its commands started through it."""
 
     def __init__(self, python: str, preload: str, env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL,
-                 ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+                 ready_timeout_s: float = READY_TIMEOUT_S, attach: tuple[str, ...] = ()) -> None:
+        # the socket and the `python` its commands find first on their PATH (attach above)
+        self._folder = Path(tempfile.mkdtemp(prefix="quanteval-forkserver-"))
+        self._socket = str(self._folder / "socket")
+        shim = f"#!/bin/sh\nexec {shlex.quote(python)} -S {shlex.quote(str(SERVER))} --attach {shlex.quote(python)} \"$@\"\n"
+        for name in ("python", "python3"):
+            (self._folder / name).write_text(shim)
+            (self._folder / name).chmod(0o755)
         try:
             self._process = subprocess.Popen([python, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=log, env=env, start_new_session=True)
         except OSError as exc:
+            shutil.rmtree(self._folder, ignore_errors=True)
             raise ColdStart(f"{python} did not start: {exc.strerror}") from None
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # one start in flight: its answer is the next one read
@@ -222,7 +375,7 @@ class ForkServer:
         self._stdin, self._stdout = self._process.stdin, self._process.stdout
         self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
         try:
-            self._send({"preload": preload})
+            self._send({"preload": preload, "socket": self._socket, "attach": list(attach)})
             self._reader.start()
             ready = self._answer(ready_timeout_s)
         except (OSError, ColdStart) as exc:
@@ -273,6 +426,8 @@ class ForkServer:
             if not self.alive:
                 raise ColdStart("the fork server ended")
             try:
+                env = {**env, ATTACH_VARIABLE: self._socket,
+                       "PATH": os.pathsep.join(filter(None, (str(self._folder), env.get("PATH"))))}
                 self._send({"script": script, "argv": argv, "env": env, "cwd": cwd, "log": log})
             except OSError as exc:
                 raise ColdStart(f"the fork server is gone: {exc}") from None
@@ -298,6 +453,7 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def _ended_orphan(started: Started) -> None:
@@ -314,4 +470,6 @@ def _ended_orphan(started: Started) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--attach"]:
+        attach(sys.argv[2], sys.argv[3:])
     serve()

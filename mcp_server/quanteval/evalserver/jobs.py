@@ -356,7 +356,7 @@ class EvalService:
         in the log) when it cannot start."""
         env = {**os.environ, **command.env}
         if command.preload and (script := shutil.which(command.argv[0], path=env.get("PATH"))):
-            server = self._forkserver(script, command.preload, env)
+            server = self._forkserver(script, command.preload, command.attach, env)
             if server is not None:
                 try:
                     return server.start(script, command.argv[1:], env, str(command.cwd or os.getcwd()), str(command.log_path))
@@ -370,13 +370,14 @@ class EvalService:
                 log_file.write(f"cannot start {command.argv[0]}: {exc.strerror}\n".encode())
                 return None
 
-    def _forkserver(self, script: str, preload: str, env: dict[str, str]) -> forkserver.ForkServer | None:
+    def _forkserver(self, script: str, preload: str, attach: tuple[str, ...],
+                    env: dict[str, str]) -> forkserver.ForkServer | None:
         """The warm Python for a console script's commands (started at its first command, its preload imported
         once), or None where the script is no Python's or the preload failed (then never asked again)."""
         python = forkserver.script_python(script)
         if python is None:
             return None
-        key = (python, preload, tuple(sorted(env.items())))
+        key = (python, preload, attach, tuple(sorted(env.items())))
         with self._forkservers_lock:
             if key in self._forkservers and ((server := self._forkservers[key]) is None or server.alive):
                 return server
@@ -384,7 +385,7 @@ class EvalService:
                 return None
             try:
                 with (self.settings.root / FORKSERVER_LOG).open("ab") as server_log:
-                    server = forkserver.ForkServer(python, preload, env, log=server_log)
+                    server = forkserver.ForkServer(python, preload, env, log=server_log, attach=attach)
             except forkserver.ColdStart as exc:
                 log.warning("%s: %s; its commands start as processes of their own", script, exc)
                 server = None

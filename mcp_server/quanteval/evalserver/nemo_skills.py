@@ -170,7 +170,11 @@ def cluster_args(settings: ServerSettings) -> list[str]:
 
 # `ns eval`'s driver spends ~7 of its ~10 CPU-s importing NeMo-Skills' pipeline (nemo_run, litellm, torch) before it
 # starts the generation: the eval server imports it once and forks each `ns eval` from there (ShardCommand.preload).
+# The pipeline imports its generation step's module too: each `python -m nemo_skills.inference.generate` (~9 CPU-s
+# cold, mostly imports) runs forked from the same import (forkserver.py's attach). Not summarize_results: its main
+# runs NeMo-Skills' typer app, which, with every pipeline command imported, asks for a command name instead.
 NS_PRELOAD = "import nemo_skills.pipeline.cli\n"
+NS_ATTACH = ("nemo_skills.inference.generate",)
 
 
 def ns_env(settings: ServerSettings) -> dict[str, str]:
@@ -223,7 +227,8 @@ def commands(settings: ServerSettings, request: EvalRequest, bench: BenchmarkSpe
         # with executor none a --data_dir is read relative to the working directory (./<basename>/...):
         # run from its parent so that lands on the data dir itself
         cwd = Path(settings.data_dir).parent if settings.data_dir else out
-        result.append(ShardCommand(argv, ns_env(settings), out, out / "eval.log", cwd=cwd, preload=NS_PRELOAD))
+        result.append(ShardCommand(argv, ns_env(settings), out, out / "eval.log", cwd=cwd, preload=NS_PRELOAD,
+                                   attach=NS_ATTACH))
     return result
 
 
