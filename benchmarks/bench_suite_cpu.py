@@ -7,8 +7,9 @@ seconds by kind of process, by test module and per vLLM server start.
 Every 0.5 s it reads each process's command line, parent, CPU ticks and (at its first sightings) the PYTEST_CURRENT_TEST
 it was started under, so a server, a nel-next run or an `ns eval` is charged to the test that started it; processes
 inside SLURM jobs (started by slurmd) are charged to "slurm jobs"; a process already running when the command started
-counts only what it spends after. A process that lives less than 0.5 s is not seen: the machine's line (/proc/stat)
-says how busy the cores were in all, minute by minute, so idle minutes show too. The suite's time is CPU on a 2-core
+counts only what it spends after. A process that lives less than 0.5 s is not sampled: its parent's count of its
+ended children's CPU (cutime) charges it to that parent, and the machine's line (/proc/stat) says how busy the cores
+were in all, minute by minute, so idle minutes show too. The suite's time is CPU on a 2-core
 machine: this says which processes to make cheaper or fewer. Standard library only (any python3). Prints numbers;
 asserts nothing.
 """
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 TICKS = os.sysconf("SC_CLK_TCK")
 KEYS = (b"PYTEST_CURRENT_TEST", b"PYTEST_XDIST_WORKER")
@@ -71,10 +73,14 @@ def sample(argv: list[str]) -> tuple[list[dict], float, int, list[float]]:
                                                                  "first": time.monotonic() - started,
                                                                  # before the run: only what it spends from now counts
                                                                  "before": (int(fields[11]) + int(fields[12])) / TICKS
-                                                                 if first_pass else 0.0})
+                                                                 if first_pass else 0.0,
+                                                                 "reaped_before": (int(fields[13]) + int(fields[14])) / TICKS})
                         record.update(cmd=cmd, env={k.decode(): env[k].decode(errors="replace") for k in KEYS if k in env})
                     record["looks"] += 1
                     record["cpu"] = (int(fields[11]) + int(fields[12])) / TICKS - record.get("before", 0.0)
+                    # its children's CPU, counted once each ended and was reaped (cutime + cstime): a child that lived
+                    # under 0.5 s is seen only here
+                    record["reaped"] = (int(fields[13]) + int(fields[14])) / TICKS - record["reaped_before"]
                     record["last"] = time.monotonic() - started
                 except (OSError, ValueError, IndexError):
                     continue  # gone meanwhile, or not ours to read
@@ -136,6 +142,7 @@ def report(processes: list[dict], seconds: float, minutes: list[float] | None = 
     print("\nby the test that started it:")
     for name, cpu in modules.most_common(20):
         print(f"  {cpu:8,.0f} CPU-s  {name}")
+    _report_unseen(processes, parent)
     servers = [record for record in processes if "vllm.entrypoints" in record["cmd"] and "python" in record["cmd"].split()[0]]
     print(f"\nvLLM servers: {len(servers)} starts")
     for server in sorted(servers, key=lambda record: record["first"]):
@@ -145,6 +152,22 @@ def report(processes: list[dict], seconds: float, minutes: list[float] | None = 
         print(f"  at {server['first']:6.0f} s: {server['cpu']:5.1f} + {core:5.1f} CPU-s (API server + engine core) "
               f"{'eager' if '--enforce-eager' in server['cmd'] else 'compiled'} "
               f"{model.group(1).rsplit('/', 1)[-1] if model else '?'}  {test_of(server)}")
+
+
+def _report_unseen(processes: list[dict], parent: Callable[[dict], dict | None]) -> None:
+    """What each process's ended children spent (cutime) beyond the children the samples saw."""
+    unseen: Counter[str] = Counter()
+    seen_children: defaultdict[int, float] = defaultdict(float)
+    for record in processes:
+        if (up := parent(record)) is not None and record["last"] <= up["last"]:
+            seen_children[id(up)] += record["cpu"] + record.get("reaped", 0.0)
+    for record in processes:
+        if (extra := record.get("reaped", 0.0) - seen_children[id(record)]) > 0:
+            unseen[f"{kind(record['cmd'])}: {' '.join(record['cmd'].split()[:3])[-70:]}"] += extra
+    if unseen:
+        print(f"\nchildren too short-lived to be sampled, by their parent: {sum(unseen.values()):,.0f} CPU-s")
+        for name, cpu in unseen.most_common(12):
+            print(f"  {cpu:8,.0f} CPU-s  {name}")
 
 
 def main() -> int:
