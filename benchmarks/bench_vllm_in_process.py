@@ -13,71 +13,30 @@ seconds until /health, the ratio, and how many answers and per-token logprobs ar
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "mcp_server"))
+from vllm_cpu import WEAK_CHECKPOINT, ask, identical, serving, tiny_mcq_problems
 
-from quanteval.serving.frameworks import VLLM_CPU_ENV  # noqa: E402
-
-PROMPT = ("Answer the following multiple choice question. The last line of your response should be in the following "
-          "format: 'Answer: \\boxed{A/B/C/D}' (e.g. 'Answer: \\boxed{A}').\n\n{problem}")
 PORT = 18431
 
 
 def serve_and_ask(checkpoint: Path, in_process: bool, problems: list[str], log: Path) -> tuple[float, list]:
-    env = {**os.environ, **VLLM_CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
-    command = [str(REPO / ".venv-vllm" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model",
-               str(checkpoint), "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(PORT), "--max-model-len", "256"]
-    started = time.monotonic()
-    with log.open("w") as out:
-        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None:
-                    sys.exit(f"the server exited: {log}")
-                time.sleep(0.2)
-        ready = time.monotonic() - started
-        answers = []
-        for problem in problems:
-            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": PROMPT.replace("{problem}", problem)}],
-                               "max_tokens": 64, "temperature": 0, "logprobs": True}).encode()
-            request = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/chat/completions", body,
-                                             {"Content-Type": "application/json"})
-            choice = json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"][0]
-            answers.append((choice["message"]["content"], [token["logprob"] for token in choice["logprobs"]["content"]]))
-        return ready, answers
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
+    with serving(checkpoint, PORT, log, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}) as (_, ready):
+        return ready, [ask(PORT, problem, max_tokens=64, timeout_s=120) for problem in problems]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--checkpoint", type=Path, default=REPO / "examples" / "checkpoints" / "tiny-skills-w2-rtn")
+    parser.add_argument("--checkpoint", type=Path, default=WEAK_CHECKPOINT)
     parser.add_argument("--problems", type=int, default=200)
     args = parser.parse_args()
-    lines = (REPO / "examples" / "benchmarks" / "skills" / "tiny_mcq" / "test.jsonl").read_text().splitlines()
-    problems = [json.loads(line)["problem"] for line in lines[: args.problems]]
+    problems = tiny_mcq_problems()[: args.problems]
     logs = Path(tempfile.mkdtemp(prefix="bench-vllm-in-process-"))
     three, three_answers = serve_and_ask(args.checkpoint, False, problems, logs / "three-processes.log")
     one, one_answers = serve_and_ask(args.checkpoint, True, problems, logs / "two-processes.log")
-    texts = sum(a[0] == b[0] for a, b in zip(three_answers, one_answers, strict=True))
-    logprobs = sum(a[1] == b[1] for a, b in zip(three_answers, one_answers, strict=True))
     print(f"start until /health: three processes {three:.1f} s, two {one:.1f} s ({one / three:.2f}x)")
-    print(f"answers identical: {texts} of {len(problems)}; every token's logprob identical: {logprobs} of {len(problems)}")
+    print(identical(three_answers, one_answers))
     print(f"server logs: {logs}")
 
 

@@ -15,24 +15,16 @@ per-token logprobs are identical. Asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "mcp_server"))
+from vllm_cpu import VLLM_CPU_ENV, WEAK_CHECKPOINT, ask, identical, serving, tiny_mcq_problems
 
-from quanteval.serving.frameworks import VLLM_CPU_ENV  # noqa: E402
-
-PROMPT = ("Answer the following multiple choice question. The last line of your response should be in the following "
-          "format: 'Answer: \\boxed{A/B/C/D}' (e.g. 'Answer: \\boxed{A}').\n\n{problem}")
 PORT = 18433
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -51,51 +43,22 @@ def _cpu_seconds(pid: int) -> float:
 def serve_and_ask(checkpoint: Path, env_changes: dict[str, str | None], problems: list[str], concurrency: int,
                   eager: bool, log: Path) -> tuple[float, float, list]:
     """(serving CPU seconds, serving wall seconds, answers) of one server started with env_changes (None: unset)."""
-    env = {**os.environ, **VLLM_CPU_ENV}
-    for key, value in env_changes.items():
-        env.pop(key, None) if value is None else env.__setitem__(key, value)
-    command = [str(REPO / ".venv-vllm" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model",
-               str(checkpoint), "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(PORT),
-               "--max-model-len", "256", *(["--enforce-eager"] if eager else [])]
-    with log.open("w") as out:
-        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None:
-                    sys.exit(f"the server exited: {log}")
-                time.sleep(0.2)
-
-        def ask(problem: str) -> tuple[str, list[float]]:
-            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": PROMPT.replace("{problem}", problem)}],
-                               "max_tokens": 32, "temperature": 0, "logprobs": True}).encode()
-            request = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/chat/completions", body,
-                                             {"Content-Type": "application/json"})
-            choice = json.loads(urllib.request.urlopen(request, timeout=600).read())["choices"][0]
-            return choice["message"]["content"], [token["logprob"] for token in choice["logprobs"]["content"]]
-
+    with serving(checkpoint, PORT, log, env_changes, ("--enforce-eager",) if eager else ()) as (server, _):
         cpu, started = _cpu_seconds(server.pid), time.monotonic()
         with ThreadPoolExecutor(concurrency) as pool:
-            answers = list(pool.map(ask, problems))
+            answers = list(pool.map(lambda problem: ask(PORT, problem, max_tokens=32), problems))
         return _cpu_seconds(server.pid) - cpu, time.monotonic() - started, answers
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--checkpoint", type=Path, default=REPO / "examples" / "checkpoints" / "tiny-skills-w2-rtn")
+    parser.add_argument("--checkpoint", type=Path, default=WEAK_CHECKPOINT)
     parser.add_argument("--problems", type=int, default=800)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--eager", action="store_true", help="serve with --enforce-eager (default: vLLM's compiled path)")
     parser.add_argument("--busy", action="store_true", help="two busy loops share the cores meanwhile")
     args = parser.parse_args()
-    lines = (REPO / "examples" / "benchmarks" / "skills" / "tiny_mcq" / "test.jsonl").read_text().splitlines()
-    rows = [json.loads(line)["problem"] for line in lines]
+    rows = tiny_mcq_problems()
     problems = [rows[i % len(rows)] for i in range(args.problems)]
     logs = Path(tempfile.mkdtemp(prefix="bench-vllm-omp-wait-"))
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 if args.busy else 0)]
@@ -107,14 +70,12 @@ def main() -> None:
     finally:
         for hog in hogs:
             hog.kill()
-    texts = sum(a[0] == b[0] for a, b in zip(spin, ours, strict=True))
-    logprobs = sum(a[1] == b[1] for a, b in zip(spin, ours, strict=True))
     print(f"{len(problems)} requests, {args.concurrency} at a time, {'eager' if args.eager else 'compiled'}"
           f"{', two busy loops beside' if args.busy else ''}:")
     print(f"  libgomp's default (spin, then sleep): {spin_cpu:.1f} CPU-s, {spin_wall:.1f} s")
     print(f"  OMP_WAIT_POLICY={VLLM_CPU_ENV.get('OMP_WAIT_POLICY')} (quanteval's): {ours_cpu:.1f} CPU-s, {ours_wall:.1f} s "
           f"({ours_cpu / spin_cpu:.2f}x CPU, {ours_wall / spin_wall:.2f}x wall)")
-    print(f"answers identical: {texts} of {len(problems)}; every token's logprob identical: {logprobs} of {len(problems)}")
+    print(identical(spin, ours))
     print(f"server logs: {logs}")
 
 
