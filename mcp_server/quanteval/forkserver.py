@@ -44,8 +44,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 REAP_POLL_S = 0.2  # how often the server looks for ended commands while no request comes
 STOP_GRACE_S = 5.0
@@ -60,10 +61,32 @@ MESSAGE_BYTES = 1 << 20  # one request: its environment is the largest part
 # ---------------------------------------------------------------- the server (the command's Python)
 
 
-def _run_command(request: dict, answers_fd: int) -> None:
-    """In the forked child: the script as `python SCRIPT *argv` would run it; never returns."""
+def _exit_as_python_would(prepare: Callable[[], Callable[[], object]]) -> NoReturn:
+    """In a forked child: prepare() sets the child up and returns what runs as __main__; exit with the status `python`
+    gives it (127 when the setup failed, 1 for an exception, SystemExit's code), the streams flushed."""
     code = 127
     try:
+        main = prepare()
+        code = 1
+        main()
+        code = 0
+    except SystemExit as stop:
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - the child's own failure is its exit status
+        traceback.print_exc()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_command(request: dict, answers_fd: int) -> NoReturn:
+    """In the forked child: the script as `python SCRIPT *argv` would run it."""
+    def prepare() -> Callable[[], object]:
         os.close(answers_fd)  # held open here, the owner would not see the server's end while a command runs
         os.setsid()
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -77,27 +100,19 @@ def _run_command(request: dict, answers_fd: int) -> None:
         sys.argv = [request["script"], *request["argv"]]
         import runpy
 
-        code = 1
-        runpy.run_path(request["script"], run_name="__main__")
-        code = 0
-    except SystemExit as stop:
-        if isinstance(stop.code, int) or stop.code is None:
-            code = stop.code or 0
-        else:
-            print(stop.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - the command's own failure is its exit status
-        traceback.print_exc()
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
+        return lambda: runpy.run_path(request["script"], run_name="__main__")
+
+    _exit_as_python_would(prepare)
 
 
-def _run_attached(request: dict, fds: list[int], caller: socket.socket, answers_fd: int) -> None:
-    """In the forked child: `python -m MODULE *argv` on the caller's stdin, stdout and stderr; never returns."""
-    code = 127
-    try:
+def _run_attached(request: dict, fds: list[int], caller: socket.socket, answers_fd: int) -> NoReturn:
+    """In the forked child: `python -m MODULE *argv` on the caller's stdin, stdout and stderr."""
+    def die_with_caller() -> None:  # the caller's end closes only when it ends: killed, it cannot say so
+        with contextlib.suppress(OSError):
+            caller.recv(1)
+        os.killpg(0, signal.SIGKILL)
+
+    def prepare() -> Callable[[], object]:
         os.close(answers_fd)  # held open here, the owner would not see the server's end while the module runs
         os.setsid()
         for target, fd in enumerate(fds):
@@ -106,33 +121,15 @@ def _run_attached(request: dict, fds: list[int], caller: socket.socket, answers_
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-
-        def die_with_caller() -> None:  # the caller's end closes only when it ends: killed, it cannot say so
-            with contextlib.suppress(OSError):
-                caller.recv(1)
-            os.killpg(0, signal.SIGKILL)
-
         threading.Thread(target=die_with_caller, daemon=True).start()
         sys.argv = [request["module"], *request["argv"]]
         sys.path.insert(0, request["cwd"])  # as `python -m` puts its working directory first
         sys.modules.pop(request["module"], None)  # the preload's copy: the module runs afresh as __main__
         import runpy
 
-        code = 1
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as stop:
-        if isinstance(stop.code, int) or stop.code is None:
-            code = stop.code or 0
-        else:
-            print(stop.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - the module's own failure is its exit status
-        traceback.print_exc()
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
+        return lambda: runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+    _exit_as_python_would(prepare)
 
 
 def _attach(listener: socket.socket, warm: set[str], attached: dict[int, socket.socket], answers_fd: int) -> None:
