@@ -122,6 +122,8 @@ def test_a_preload_that_fails_or_a_script_that_is_no_pythons_means_a_cold_start(
 WARM_MODULE = """
 import json, os, sys, time
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["raise"]:
+        raise ValueError("the module's own failure")
     if sys.argv[1:2] == ["sleep"]:
         with open(sys.argv[2], "w") as pid_file:
             pid_file.write(str(os.getpid()))
@@ -135,14 +137,15 @@ if __name__ == "__main__":
 
 @pytest.fixture
 def attaching(tmp_path):
-    """A server that preloaded `warmmod` and `unnamed` (and PRELOAD's marker) and may attach `warmmod` and `coldmod`
-    (which it did not import): three copies of one module."""
+    """A server that preloaded `warmmod`, `commandmod` and `unnamed` (and PRELOAD's marker) and may attach `warmmod`,
+    `commandmod` (its command name first) and `coldmod` (which it did not import): four copies of one module."""
     modules = tmp_path / "modules"
     modules.mkdir()
-    for name in ("warmmod", "coldmod", "unnamed"):
+    for name in ("warmmod", "commandmod", "coldmod", "unnamed"):
         (modules / f"{name}.py").write_text(WARM_MODULE)
     env = {**os.environ, "PYTHONPATH": str(modules)}
-    started = forkserver.ForkServer(PY, PRELOAD + "import warmmod, unnamed\n", env, attach=("warmmod", "coldmod"))
+    started = forkserver.ForkServer(PY, PRELOAD + "import warmmod, commandmod, unnamed\n", env,
+                                    attach={"warmmod": (), "commandmod": ("its-command",), "coldmod": ()})
     yield started, env
     started.close()
 
@@ -167,15 +170,23 @@ def test_a_commands_python_dash_m_of_a_preloaded_module_runs_forked_with_its_str
     (tmp_path / "work").mkdir()
     lines = _command(server, {**env, "FORK_TEST_VAR": "x"}, tmp_path, f"""
         run(["-m", "warmmod", "a", "b c"], input="hello\\n", cwd={str(tmp_path / 'work')!r})
+        run(["-m", "commandmod", "a"], input="\\n")
+        run(["-m", "warmmod", "raise"])
         run(["-m", "coldmod", "a"], input="cold\\n")
         run(["-m", "unnamed", "a"], input="cold\\n")
         run(["-c", "import sys; print('preloaded' in sys.modules)"])
     """)
-    warm, cold, unnamed, plain = map(json.loads, lines)
+    warm, command, failed, cold, unnamed, plain = map(json.loads, lines)
     assert warm["code"] == 5 and warm["err"] == "to stderr\n"  # its exit status, its stderr: the caller's
     shown = json.loads(warm["out"])
     assert {key: shown[key] for key in ("argv", "cwd", "var", "name", "stdin", "warm")} == {
         "argv": ["a", "b c"], "cwd": str(tmp_path / "work"), "var": "x", "name": "__main__", "stdin": "hello\n", "warm": True}
+    # the arguments the owner named for a module go first (a typer app's command name, as ns eval's summary step needs)
+    assert command["code"] == 5 and json.loads(command["out"])["argv"] == ["its-command", "a"] and json.loads(command["out"])["warm"]
+    # a failure's traceback starts at the module's own frame: the fork server's and runpy's would push the cause out of
+    # a log's last lines
+    assert failed["code"] == 1 and failed["err"].endswith("ValueError: the module's own failure\n"), failed
+    assert "warmmod.py" in failed["err"] and "forkserver" not in failed["err"] and "runpy" not in failed["err"], failed
     # a module the preload did not import, one the owner did not name, and anything but `-m`: the real Python, cold
     for ran in (cold, unnamed):
         assert ran["code"] == 5 and json.loads(ran["out"])["warm"] is False and json.loads(ran["out"])["stdin"] == "cold\n"

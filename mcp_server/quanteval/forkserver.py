@@ -19,9 +19,10 @@ nemo_skills...` children (~8 and ~4 CPU-s of imports each, for seconds of work).
 socket (ATTACH_VARIABLE in the commands' environment), and the commands' PATH starts with a folder whose `python` and
 `python3` run this file as `--attach`: a `python -m MODULE ...` whose module the owner named (`attach`) and the preload
 imported is sent there with the caller's stdin, stdout and stderr, its directory and environment, and runs in a fork of
-the server (in a session of its own) as `python -m` would; the caller waits for it, passes it SIGTERM, SIGINT, SIGHUP and SIGQUIT, and exits with its
-status. A caller that is killed outright leaves no child: the child ends when the caller's end of the socket closes.
-Anything else, or no server to ask, runs the real Python.
+the server (in a session of its own) as `python -m` would, with the arguments the owner named for it first (a
+module whose main dispatches on a command name among all the preload registered); the caller waits for it, passes it
+SIGTERM, SIGINT, SIGHUP and SIGQUIT, and exits with its status. A caller that is killed outright leaves no child: the
+child ends when the caller's end of the socket closes. Anything else, or no server to ask, runs the real Python.
 
 The owner's end is ForkServer: `start()` returns a Started, which has the parts of a Popen the eval server uses (pid,
 poll, wait, returncode).
@@ -44,7 +45,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -76,12 +77,24 @@ def _exit_as_python_would(prepare: Callable[[], Callable[[], object]]) -> NoRetu
         else:
             print(stop.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: BLE001 - the child's own failure is its exit status
-        traceback.print_exc()
+    except BaseException as failure:  # noqa: BLE001 - the child's own failure is its exit status
+        _print_as_python_would(failure)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+def _print_as_python_would(failure: BaseException) -> None:
+    """The traceback from the script's or module's own frames, without this file's and runpy's: a log's last lines (what
+    the eval server's answer carries) keep the cause, as they would cold."""
+    import runpy
+
+    ours = {__file__, runpy.__file__, "<frozen runpy>"}
+    frames = failure.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename in ours:
+        frames = frames.tb_next
+    traceback.print_exception(type(failure), failure, frames or failure.__traceback__)
 
 
 def _run_command(request: dict, answers_fd: int) -> NoReturn:
@@ -132,7 +145,7 @@ def _run_attached(request: dict, fds: list[int], caller: socket.socket, answers_
     _exit_as_python_would(prepare)
 
 
-def _attach(listener: socket.socket, warm: set[str], attached: dict[int, socket.socket], answers_fd: int) -> None:
+def _attach(listener: socket.socket, warm: dict[str, list[str]], attached: dict[int, socket.socket], answers_fd: int) -> None:
     """One caller's `python -m MODULE`: forked when the preload imported MODULE, else refused (it runs cold)."""
     caller, _ = listener.accept()
     fds: list[int] = []
@@ -143,6 +156,7 @@ def _attach(listener: socket.socket, warm: set[str], attached: dict[int, socket.
             caller.send(json.dumps({"refused": f"{request.get('module')} is not what this server imported"}).encode())
             caller.close()
             return
+        request["argv"] = [*warm[request["module"]], *request["argv"]]
         pid = os.fork()
         if pid == 0:
             listener.close()
@@ -233,11 +247,13 @@ def serve() -> None:
         reply({"ready": False, "error": traceback.format_exc()[-2000:]})
         return
     reply({"ready": True})
-    # the modules a command's `python -m` may run here: those named that the preload imported
-    _loop(requests, lines, reply, answers.fileno(), listener, set(hello["attach"]) & (set(sys.modules) - before), first[1:])
+    # the modules a command's `python -m` may run here (with their leading arguments): those named that the preload imported
+    imported = set(sys.modules) - before
+    warm = {module: leading for module, leading in hello["attach"].items() if module in imported}
+    _loop(requests, lines, reply, answers.fileno(), listener, warm, first[1:])
 
 
-def _loop(requests: int, lines: Any, reply: Any, answers_fd: int, listener: socket.socket, warm: set[str],
+def _loop(requests: int, lines: Any, reply: Any, answers_fd: int, listener: socket.socket, warm: dict[str, list[str]],
           backlog: list[bytes]) -> None:
     """Fork each command asked on stdin and each attached module asked on the socket, until stdin's EOF."""
     running: set[int] = set()
@@ -349,7 +365,7 @@ class ForkServer:
     """The owner's end: one server process (its Python, preload and environment), its commands started through it."""
 
     def __init__(self, python: str, preload: str, env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL,
-                 ready_timeout_s: float = READY_TIMEOUT_S, attach: tuple[str, ...] = ()) -> None:
+                 ready_timeout_s: float = READY_TIMEOUT_S, attach: Mapping[str, tuple[str, ...]] | None = None) -> None:
         # the socket and the `python` its commands find first on their PATH (attach above)
         self._folder = Path(tempfile.mkdtemp(prefix="quanteval-forkserver-"))
         self._socket = str(self._folder / "socket")
@@ -372,7 +388,7 @@ class ForkServer:
         self._stdin, self._stdout = self._process.stdin, self._process.stdout
         self._reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
         try:
-            self._send({"preload": preload, "socket": self._socket, "attach": list(attach)})
+            self._send({"preload": preload, "socket": self._socket, "attach": {module: list(leading) for module, leading in (attach or {}).items()}})
             self._reader.start()
             ready = self._answer(ready_timeout_s)
         except (OSError, ColdStart) as exc:

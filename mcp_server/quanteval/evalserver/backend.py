@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -194,9 +194,9 @@ class ShardCommand:
     # What argv[0], a Python console script, imports before anything else: the eval server imports it once in a warm
     # Python (quanteval/forkserver.py) and forks each such command from it. None: a process of its own.
     preload: str | None = None
-    # The modules the preload imported that the command's own `python -m` children may run forked from it (attach):
-    # only those that run as they would cold (a module whose main reads what else was imported may not).
-    attach: tuple[str, ...] = ()
+    # The modules the preload imported that the command's own `python -m` children may run forked from it (attach), each
+    # with the arguments to put first: only those that then run as they would cold.
+    attach: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 # Runs commands as the job's own (warm where they can be, stopped with the job): their exit codes, None where killed at

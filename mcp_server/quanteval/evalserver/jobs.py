@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,14 +370,14 @@ class EvalService:
                 log_file.write(f"cannot start {command.argv[0]}: {exc.strerror}\n".encode())
                 return None
 
-    def _forkserver(self, script: str, preload: str, attach: tuple[str, ...],
+    def _forkserver(self, script: str, preload: str, attach: Mapping[str, tuple[str, ...]],
                     env: dict[str, str]) -> forkserver.ForkServer | None:
         """The warm Python for a console script's commands (started at its first command, its preload imported
         once), or None where the script is no Python's or the preload failed (then never asked again)."""
         python = forkserver.script_python(script)
         if python is None:
             return None
-        key = (python, preload, attach, tuple(sorted(env.items())))
+        key = (python, preload, tuple(sorted(attach.items())), tuple(sorted(env.items())))
         with self._forkservers_lock:
             if key in self._forkservers and ((server := self._forkservers[key]) is None or server.alive):
                 return server

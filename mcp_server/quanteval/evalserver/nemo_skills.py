@@ -16,7 +16,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from quanteval import envvars, forkserver, paths
@@ -170,11 +172,13 @@ def cluster_args(settings: ServerSettings) -> list[str]:
 
 # `ns eval`'s driver spends ~7 of its ~10 CPU-s importing NeMo-Skills' pipeline (nemo_run, litellm, torch) before it
 # starts the generation: the eval server imports it once and forks each `ns eval` from there (ShardCommand.preload).
-# The pipeline imports its generation step's module too: each `python -m nemo_skills.inference.generate` (~9 CPU-s
-# cold, mostly imports) runs forked from the same import (forkserver.py's attach). Not summarize_results: its main
-# runs NeMo-Skills' typer app, which, with every pipeline command imported, asks for a command name instead.
+# The pipeline imports its steps' modules too: each `python -m nemo_skills.inference.generate` (~9 CPU-s cold, mostly
+# imports) and `python -m nemo_skills.pipeline.summarize_results` (~4) runs forked from the same import (forkserver.py's
+# attach). The summary's main runs NeMo-Skills' typer app, which, with every pipeline command imported, dispatches on
+# a command name (cold it holds that one command alone): its own name goes first.
 NS_PRELOAD = "import nemo_skills.pipeline.cli\n"
-NS_ATTACH = ("nemo_skills.inference.generate",)
+NS_ATTACH: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "nemo_skills.inference.generate": (), "nemo_skills.pipeline.summarize_results": ("summarize_results",)})
 
 
 def ns_env(settings: ServerSettings) -> dict[str, str]:
