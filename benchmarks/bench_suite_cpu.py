@@ -157,10 +157,21 @@ def report(processes: list[dict], seconds: float, minutes: list[float] | None = 
 def _report_unseen(processes: list[dict], parent: Callable[[dict], dict | None]) -> None:
     """What each process's ended children spent (cutime) beyond the children the samples saw."""
     unseen: Counter[str] = Counter()
+    children: defaultdict[int, list[dict]] = defaultdict(list)
+    for record in processes:
+        if (up := parent(record)) is not None:
+            children[id(up)].append(record)
+
+    def sampled_below(record: dict, depth: int = 0) -> float:
+        """The CPU the samples saw in this process and everything under it."""
+        return record["cpu"] + (sum(sampled_below(child, depth + 1) for child in children[id(record)]) if depth < 40 else 0.0)
+
     seen_children: defaultdict[int, float] = defaultdict(float)
     for record in processes:
         if (up := parent(record)) is not None and record["last"] <= up["last"]:
-            seen_children[id(up)] += record["cpu"] + record.get("reaped", 0.0)
+            # a child's count at its last sample lacks what its own children spent after it (a server stopped as its
+            # job ends): their samples count it, so it is no unseen CPU of the parent's
+            seen_children[id(up)] += max(record["cpu"] + record.get("reaped", 0.0), sampled_below(record))
     for record in processes:
         if (extra := record.get("reaped", 0.0) - seen_children[id(record)]) > 0:
             unseen[f"{kind(record['cmd'])}: {' '.join(record['cmd'].split()[:3])[-70:]}"] += extra
