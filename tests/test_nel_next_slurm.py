@@ -21,6 +21,7 @@ import yaml
 from tiers import BENCH, own_lane, requires
 
 from quanteval import ledger
+from quanteval.clusters import slurm
 from quanteval.engines.nel_next import nelnext
 from quanteval.models import ToolError
 from quanteval.workflow.nelconfig import BuildConfigInput, SetConfigValueInput, build_config, set_config_value
@@ -164,6 +165,12 @@ def test_with_nel_next_on_the_path_the_job_runs_it_on_the_node_and_kill_and_resu
     assert _wait_until_done(canary.record_id) == "succeeded"
     status = run_status(RunRef(record_id=canary.record_id))
     assert status.jobs[0].slurm_state == "COMPLETED" and second_job in (status.jobs[0].slurm_job_id, status.jobs[0].current_slurm_job_id)
+    # the job queued its auto-resume restart job behind it (afternotok), which can never start once it COMPLETED:
+    # cancelled when the run was seen to end, not left PENDING (DependencyNeverSatisfied) in the user's queue for good
+    chain = {status.jobs[0].slurm_job_id, status.jobs[0].current_slurm_job_id} - {None}
+    queued = [job for job in slurm.squeue(slurm_cluster.ssh_alias, all_states=True)
+              if any(f":{job_id}" in (job.dependency or "") for job_id in chain)]
+    assert queued and all(job.state != "PENDING" for job in queued), queued
     text = "\n".join(line for tail in run_logs(RunLogsInput(record_id=canary.record_id, lines=400)).tails for line in tail.lines)
     assert "command not found" not in text and "=== Evaluation complete ===" in text
     assert "127.0.0.1:9/v1/chat/completions" in text and "/chat/completions/chat/completions" not in text

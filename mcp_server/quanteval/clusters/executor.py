@@ -182,6 +182,11 @@ class Executor(ABC):
         the jobs it knows; raises Unreachable when their side could not be asked."""
         return None
 
+    def cancel_unrunnable(self, jobs: Iterable[Any], statuses: Iterable[JobStatus]) -> None:
+        """Cancel what the jobs left queued that can never start (a restart job behind a job that completed); raises
+        Unreachable when their side could not be asked."""
+        return None
+
 
 class LocalExecutor(Executor):
     """This machine: quanteval's own process groups (one reaper: localproc) or NEL's Docker executor runs the jobs."""
@@ -364,6 +369,16 @@ class SlurmExecutor(Executor):
             leftovers = [job_id for job_id in (status.current_slurm_job_id, status.restart_job_id) if job_id]
             if leftovers and status.status in ACTIVE:
                 self.scancel(by_id[status.job_id], leftovers)
+
+    def cancel_unrunnable(self, jobs: Iterable[ClusterJob], statuses: Iterable[JobStatus]) -> None:
+        """Every job NEL and nel-next submit queues its auto-resume restart job behind it (afternotok): once the job
+        COMPLETED that dependency can never be met, and SLURM keeps the restart job PENDING (DependencyNeverSatisfied)
+        for good unless the cluster sets kill_invalid_depend; it clutters the user's queue and counts against the
+        submit limits of their QOS. Cancelled once the run is seen to have completed."""
+        by_id = {job.job_id: job for job in jobs}
+        for status in statuses:
+            if status.slurm_state == "COMPLETED" and status.restart_job_id and status.job_id in by_id:
+                self.scancel(by_id[status.job_id], [status.restart_job_id])
 
     def log_failures(self, job: ClusterJob, lines: int, max_hits: int) -> LogFailures:
         """Grepped on the cluster, in the job's logs/ (one ssh call); only the lines of a known class are hits."""

@@ -23,6 +23,7 @@ from quanteval.clusters import executor as executors
 from quanteval.clusters.executor import Executor, JobStatus, LogFailures, Unreachable, read_log_failures
 from quanteval.engines.base import (
     ACTIVE,
+    FINISHED,
     MAX_HITS,
     MAX_SCRIPTS,
     CanarySpec,
@@ -329,6 +330,8 @@ def refresh(record: ledger.Record) -> Refreshed:
     try:
         executor, handles = _watch(record, jobs)
         statuses = executor.states(handles)
+        if overall_status([job.status for job in statuses]) in FINISHED:
+            executor.cancel_unrunnable(handles, statuses)
     except Unreachable as exc:
         ledger.update(record.id, message=f"status poll failed: {exc}")
         return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,

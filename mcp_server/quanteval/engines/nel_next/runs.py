@@ -195,8 +195,11 @@ def refresh(record: ledger.Record) -> Refreshed:
     if not record.invocation_id or record.kind == "dry_run" or record.status in ("killed", "cancelled"):
         return Refreshed(record=record, jobs=[], reachable=True, message=record.details.get("error"))
     try:
-        statuses = executors.for_name(record.executor).states(nelnext.jobs(record.details))
+        executor, jobs = executors.for_name(record.executor), nelnext.jobs(record.details)
+        statuses = executor.states(jobs)
         outcome = nextresults.run_outcome(results_dir(record)) if _ended(statuses) else None
+        if outcome is not None:
+            executor.cancel_unrunnable(jobs, statuses)
     except Unreachable as exc:
         ledger.update(record.id, message=f"status poll failed: {exc}")
         return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
