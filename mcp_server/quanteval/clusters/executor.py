@@ -374,11 +374,15 @@ class SlurmExecutor(Executor):
         """Every job NEL and nel-next submit queues its auto-resume restart job behind it (afternotok): once the job
         COMPLETED that dependency can never be met, and SLURM keeps the restart job PENDING (DependencyNeverSatisfied)
         for good unless the cluster sets kill_invalid_depend; it clutters the user's queue and counts against the
-        submit limits of their QOS. Cancelled once the run is seen to have completed."""
+        submit limits of their QOS. Cancelled once the run is seen to have completed: the jobs SLURM says wait on it, not
+        a job the queue only seems to pair with it (the same name: another run's job of the same benchmark)."""
         by_id = {job.job_id: job for job in jobs}
         for status in statuses:
-            if status.slurm_state == "COMPLETED" and status.restart_job_id and status.job_id in by_id:
-                self.scancel(by_id[status.job_id], [status.restart_job_id])
+            if status.slurm_state == "COMPLETED" and status.restart_job_id and (job := by_id.get(status.job_id)):
+                try:
+                    slurm_client.cancel_successors(job.login, job.username, [status.current_slurm_job_id or status.slurm_job_id])
+                except ToolError as exc:
+                    raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
 
     def log_failures(self, job: ClusterJob, lines: int, max_hits: int) -> LogFailures:
         """Grepped on the cluster, in the job's logs/ (one ssh call); only the lines of a known class are hits."""

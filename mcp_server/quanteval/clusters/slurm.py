@@ -180,9 +180,22 @@ def cancel_chain(host: str, user: str, chain_file: str | None, job_id: str, time
     check_job_ids([job_id])
     listed = f"cat {shlex.quote(chain_file)} 2>/dev/null; " if chain_file else ""
     ids = f"$( ({listed}echo {job_id}) | sort -u)"
-    successors = (f"$(squeue -h -u {shlex.quote(user)} -o '%i %E' | "
-                  f"grep -E \"afternotok:($(echo {ids} | tr ' ' '|'))\" | cut -d' ' -f1)")
-    run_remote(host, f"scancel {ids} {successors}", timeout=timeout)
+    alternatives = f"$(echo {ids} | tr ' ' '|')"
+    run_remote(host, f"scancel {ids} {_successors(user, alternatives)}", timeout=timeout)
+
+
+def cancel_successors(host: str, user: str, job_ids: list[str], timeout: float = 60) -> None:
+    """scancel `user`'s jobs queued behind any of `job_ids` by an afternotok dependency (auto-resume's restart jobs),
+    and nothing else. Raises ToolError only when the host cannot be reached."""
+    check_job_ids(job_ids)
+    run_remote(host, f"scancel {_successors(user, '|'.join(job_ids))} 2>/dev/null; true", timeout=timeout)
+
+
+def _successors(user: str, alternatives: str) -> str:
+    """Shell text for the ids of `user`'s jobs that depend afternotok on one of `alternatives` (an ERE alternation
+    of job ids): squeue %E names each as afternotok:ID(state), so job 3's pattern does not take job 31's."""
+    return (f"$(squeue -h -u {shlex.quote(user)} -o '%i %E' | grep -E \"afternotok:({alternatives})\\(\" | "
+            "cut -d' ' -f1)")
 
 
 def job_chains(host: str, chain_files: dict[str, str], timeout: float = 60) -> dict[str, list[str]]:
