@@ -24,8 +24,13 @@ def test_cancel_chain_cancels_the_chain_and_its_afternotok_successors(monkeypatc
     monkeypatch.setattr(slurm, "run_remote", lambda host, command, timeout: sent.append((host, command)))
     slurm.cancel_chain("alice@login", "alice", "/runs/x y/.nel_job_chain", "1234")
     ids = "$( (cat '/runs/x y/.nel_job_chain' 2>/dev/null; echo 1234) | sort -u)"
-    successors = f"$(squeue -h -u alice -o '%i %E' | grep -E \"afternotok:($(echo {ids} | tr ' ' '|'))\" | cut -d' ' -f1)"
+    # squeue %E names a dependency as afternotok:ID(state): the "(" keeps job 3's pattern off job 31's successors
+    successors = f"$(squeue -h -u alice -o '%i %E' | grep -E \"afternotok:($(echo {ids} | tr ' ' '|'))\\(\" | cut -d' ' -f1)"
     assert sent == [("alice@login", f"scancel {ids} {successors}")]
+    sent.clear()
+    slurm.cancel_successors("alice@login", "alice", ["3", "31"])  # what can never start behind completed jobs, only
+    assert sent == [("alice@login", "scancel $(squeue -h -u alice -o '%i %E' | grep -E \"afternotok:(3|31)\\(\" | "
+                                    "cut -d' ' -f1) 2>/dev/null; true")]
     with pytest.raises(ToolError, match="not SLURM job ids"):
         slurm.cancel_chain("alice@login", "alice", "/runs/.nel_job_chain", "1234; rm -rf ~")
 
