@@ -377,12 +377,15 @@ class SlurmExecutor(Executor):
         submit limits of their QOS. Cancelled once the run is seen to have completed: the jobs SLURM says wait on it, not
         a job the queue only seems to pair with it (the same name: another run's job of the same benchmark)."""
         by_id = {job.job_id: job for job in jobs}
+        completed: dict[str, tuple[ClusterJob, list[str]]] = {}  # per login: one scancel for all of a sharded run's jobs
         for status in statuses:
             if status.slurm_state == "COMPLETED" and status.restart_job_id and (job := by_id.get(status.job_id)):
-                try:
-                    slurm_client.cancel_successors(job.login, job.username, [status.current_slurm_job_id or status.slurm_job_id])
-                except ToolError as exc:
-                    raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
+                completed.setdefault(job.login, (job, []))[1].append(status.current_slurm_job_id or status.slurm_job_id)
+        for job, slurm_job_ids in completed.values():
+            try:
+                slurm_client.cancel_successors(job.login, job.username, slurm_job_ids)
+            except ToolError as exc:
+                raise Unreachable(f"ssh {job.hostname} failed: {exc}") from None
 
     def log_failures(self, job: ClusterJob, lines: int, max_hits: int) -> LogFailures:
         """Grepped on the cluster, in the job's logs/ (one ssh call); only the lines of a known class are hits."""

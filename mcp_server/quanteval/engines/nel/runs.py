@@ -330,13 +330,13 @@ def refresh(record: ledger.Record) -> Refreshed:
     try:
         executor, handles = _watch(record, jobs)
         statuses = executor.states(handles)
-        if overall_status([job.status for job in statuses]) in FINISHED:
+        status = overall_status([job.status for job in statuses])
+        if status in FINISHED:
             executor.cancel_unrunnable(handles, statuses)
     except Unreachable as exc:
         ledger.update(record.id, message=f"status poll failed: {exc}")
         return Refreshed(record=ledger.get(record.id), jobs=[], reachable=False,
                          message=f"{exc}. Status unchanged ({record.status}); retry run_status later.")
-    status = overall_status([job.status for job in statuses])
     updated = ledger.update(record.id, status=status, details={"jobs": {job.job_id: job.status for job in statuses}},
                             only_from=(record.status,))  # not over a kill or cancel written since the read
     return Refreshed(record=updated, jobs=statuses, reachable=True, message=None)
